@@ -1,0 +1,767 @@
+//! The event envelope and the catalog of event kinds.
+//!
+//! The JSON form is fixed by the event contract: `type`, `runId`, `seq`,
+//! `timestampMs`, then the scope fields (`nodeId`, `iteration`, `attempt`,
+//! `chapter`), then the kind's own fields. Absent optional fields are omitted.
+
+use serde::de::Error as _;
+use serde::ser::{Error as _, SerializeMap};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+use serde_with::skip_serializing_none;
+
+/// One entry of a run's log.
+///
+/// ```
+/// use cairn_events::{Event, EventKind, Scope};
+/// let ev = Event {
+///     run_id: "r1".into(),
+///     seq: 1,
+///     timestamp_ms: 0,
+///     scope: Scope::node("a", 0).with_attempt(1),
+///     kind: EventKind::NodeStarted {},
+/// };
+/// let json = ev.to_json();
+/// assert!(json.starts_with(r#"{"type":"NodeStarted","runId":"r1","seq":1"#));
+/// assert_eq!(cairn_events::Event::from_json(&json).unwrap(), ev);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub run_id: String,
+    pub seq: u64,
+    pub timestamp_ms: i64,
+    pub scope: Scope,
+    pub kind: EventKind,
+}
+
+/// Which node, pass and attempt an event belongs to. Run-scoped events leave
+/// every field empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Scope {
+    pub node_id: Option<String>,
+    pub iteration: Option<u32>,
+    pub attempt: Option<u32>,
+    pub chapter: Option<String>,
+}
+
+impl Scope {
+    /// The scope of a run-level event.
+    pub fn run() -> Self {
+        Scope::default()
+    }
+
+    /// The scope of a node-level event.
+    pub fn node(node_id: impl Into<String>, iteration: u32) -> Self {
+        Scope {
+            node_id: Some(node_id.into()),
+            iteration: Some(iteration),
+            attempt: None,
+            chapter: None,
+        }
+    }
+
+    /// The same scope narrowed to one attempt.
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    /// The same scope tagged with a stage name.
+    pub fn with_chapter(mut self, chapter: Option<String>) -> Self {
+        self.chapter = chapter;
+        self
+    }
+}
+
+/// The error object carried by failure events: `{kind, message, details?}`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    pub kind: String,
+    pub message: String,
+    #[serde(default)]
+    pub details: Option<Value>,
+}
+
+impl ErrorInfo {
+    /// An error with a kind and a message and no details.
+    pub fn new(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        ErrorInfo {
+            kind: kind.into(),
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    /// The same error with details attached.
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = Some(details);
+        self
+    }
+}
+
+/// A run's status as `RunStatusChanged` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunStatus {
+    Running,
+    WaitingApproval,
+    WaitingInput,
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    /// The status as written in events and shown to people.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::WaitingApproval => "waiting-approval",
+            RunStatus::WaitingInput => "waiting-input",
+            RunStatus::Finished => "finished",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the form [`RunStatus::as_str`] writes.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => RunStatus::Running,
+            "waiting-approval" => RunStatus::WaitingApproval,
+            "waiting-input" => RunStatus::WaitingInput,
+            "finished" => RunStatus::Finished,
+            "failed" => RunStatus::Failed,
+            "cancelled" => RunStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Finished, failed and cancelled runs emit nothing more until resumed.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Finished | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+}
+
+/// How a cancel is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CancelMechanism {
+    Immediate,
+    Graceful,
+}
+
+/// Which stream a piece of node output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+    Text,
+    Reasoning,
+}
+
+/// Counts of how nodes ended, for `RunSummary`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeCounts {
+    pub finished: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    pub cancelled: u64,
+}
+
+/// Token totals, for `RunSummary`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenTotals {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub reasoning: u64,
+}
+
+/// One node pass's duration, for `RunSummary`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTiming {
+    pub node_id: String,
+    pub iteration: u32,
+    pub duration_ms: u64,
+}
+
+/// Success or error of one tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolStatus {
+    Success,
+    Error,
+}
+
+/// Whether a network access went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkAction {
+    Allowed,
+    Blocked,
+}
+
+/// A diagnostic's severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Every event type of the contract, with its own fields.
+///
+/// Adding an event type means adding a variant here (and its name in
+/// [`EventKind::type_name`]); the reducer decides what it does to state.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all_fields = "camelCase")]
+pub enum EventKind {
+    // Run lifecycle
+    RunStarted {
+        workflow: String,
+        workflow_hash: String,
+        #[serde(default)]
+        input: Option<Value>,
+        resumed: bool,
+        #[serde(default)]
+        parent_run_id: Option<String>,
+        #[serde(default)]
+        parent_node_id: Option<String>,
+        depth: u32,
+    },
+    RunStatusChanged {
+        status: RunStatus,
+    },
+    RunCancelRequested {
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        requested_by: Option<String>,
+        mechanism: CancelMechanism,
+    },
+    RunSummary {
+        duration_ms: u64,
+        nodes: NodeCounts,
+        tokens: TokenTotals,
+        #[serde(default)]
+        cost_usd: Option<f64>,
+        timings: Vec<NodeTiming>,
+    },
+    RunFinished {
+        #[serde(default)]
+        output: Option<Value>,
+        duration_ms: u64,
+    },
+    RunFailed {
+        error: ErrorInfo,
+    },
+    RunCancelled {
+        #[serde(default)]
+        reason: Option<String>,
+    },
+
+    // Plan
+    FrameCommitted {
+        frame_no: u64,
+        xml_hash: String,
+        mounted: u64,
+    },
+    LayerStarted {
+        layer_index: u32,
+        node_count: u64,
+    },
+    LayerFinished {
+        layer_index: u32,
+        duration_ms: u64,
+        succeeded: u64,
+        failed: u64,
+        skipped: u64,
+    },
+    EdgeTraversed {
+        from: String,
+        to: String,
+        #[serde(default)]
+        condition: Option<String>,
+    },
+    BranchResolved {
+        chosen: String,
+        candidates: Vec<String>,
+    },
+    ChapterStarted {
+        chapter: String,
+    },
+    ChapterFinished {
+        chapter: String,
+        status: String,
+    },
+
+    // Node lifecycle
+    NodePending {
+        #[serde(default)]
+        layer_index: Option<u32>,
+    },
+    NodeStarted {},
+    NodeHeartbeat {
+        elapsed_ms: u64,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+        #[serde(default)]
+        percent_elapsed: Option<f64>,
+    },
+    NodeOutput {
+        text: String,
+        stream: OutputStream,
+    },
+    NodeFinished {
+        duration_ms: u64,
+        #[serde(default)]
+        output: Option<Value>,
+        #[serde(default)]
+        cached: Option<bool>,
+    },
+    NodeFailed {
+        error: ErrorInfo,
+        will_retry: bool,
+    },
+    NodeRetrying {
+        delay_ms: u64,
+    },
+    NodeSkipped {
+        reason: String,
+    },
+    NodeCancelled {
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    NodeWaitingApproval {},
+    NodeWaitingInput {
+        request_id: String,
+    },
+
+    // People in the loop
+    ApprovalRequested {
+        #[serde(default)]
+        message: Option<String>,
+    },
+    ApprovalGranted {
+        #[serde(default)]
+        decided_by: Option<String>,
+        #[serde(default)]
+        note: Option<String>,
+    },
+    ApprovalDenied {
+        #[serde(default)]
+        decided_by: Option<String>,
+        #[serde(default)]
+        note: Option<String>,
+    },
+    InputRequested {
+        request_id: String,
+        prompt: String,
+        #[serde(default)]
+        schema: Option<Value>,
+    },
+    InputReceived {
+        request_id: String,
+        #[serde(default)]
+        answered_by: Option<String>,
+    },
+
+    // Agents and tools
+    AgentStepStarted {
+        step: u32,
+    },
+    AgentStepFinished {
+        step: u32,
+        tool_calls: u32,
+    },
+    AgentGenerationRetried {
+        step: u32,
+        reason: String,
+    },
+    AgentEvent {
+        engine: String,
+        event: Value,
+    },
+    TokenUsageReported {
+        provider: String,
+        model: String,
+        input_tokens: u64,
+        output_tokens: u64,
+        #[serde(default)]
+        cache_read_tokens: Option<u64>,
+        #[serde(default)]
+        cache_write_tokens: Option<u64>,
+        #[serde(default)]
+        reasoning_tokens: Option<u64>,
+        #[serde(default)]
+        cost_usd: Option<f64>,
+    },
+    ToolCallStarted {
+        tool_name: String,
+        tool_seq: u32,
+        idempotency_key: String,
+        side_effect: bool,
+    },
+    ToolCallFinished {
+        tool_name: String,
+        tool_seq: u32,
+        status: ToolStatus,
+        duration_ms: u64,
+        #[serde(default)]
+        error: Option<ErrorInfo>,
+    },
+    DelegationStarted {
+        child_run_id: String,
+        agent: String,
+    },
+    DelegationFinished {
+        child_run_id: String,
+        status: String,
+    },
+
+    // Runtime
+    McpServerStarting {
+        server: String,
+        command: String,
+        args: Vec<String>,
+    },
+    McpServerConnected {
+        server: String,
+        tool_count: u32,
+        start_ms: u64,
+    },
+    McpServerStderr {
+        server: String,
+        message: String,
+    },
+    McpServerDisconnected {
+        server: String,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    NetworkAccess {
+        action: NetworkAction,
+        target: String,
+        reason: String,
+    },
+    Diagnostic {
+        level: Level,
+        source: String,
+        message: String,
+    },
+
+    // Workspace, reload, scoring
+    RevertStarted {
+        snapshot: String,
+    },
+    RevertFinished {
+        snapshot: String,
+        success: bool,
+        #[serde(default)]
+        error: Option<ErrorInfo>,
+    },
+    WorkflowReloadDetected {
+        changed_files: Vec<String>,
+    },
+    WorkflowReloaded {
+        generation: u64,
+        changed_files: Vec<String>,
+    },
+    WorkflowReloadFailed {
+        error: ErrorInfo,
+        changed_files: Vec<String>,
+    },
+    WorkflowReloadUnsafe {
+        reason: String,
+        changed_files: Vec<String>,
+    },
+    ScorerStarted {
+        scorer_id: String,
+        scorer_name: String,
+    },
+    ScorerFinished {
+        scorer_id: String,
+        scorer_name: String,
+        score: f64,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    ScorerFailed {
+        scorer_id: String,
+        scorer_name: String,
+        error: ErrorInfo,
+    },
+}
+
+macro_rules! type_names {
+    ($($v:ident),* $(,)?) => {
+        impl EventKind {
+            /// The event's `type` as written in JSON.
+            pub fn type_name(&self) -> &'static str {
+                match self { $(EventKind::$v { .. } => stringify!($v),)* }
+            }
+        }
+
+        /// Every event type name of the catalog, in catalog order.
+        pub const EVENT_TYPES: &[&str] = &[$(stringify!($v)),*];
+    };
+}
+
+type_names!(
+    RunStarted,
+    RunStatusChanged,
+    RunCancelRequested,
+    RunSummary,
+    RunFinished,
+    RunFailed,
+    RunCancelled,
+    FrameCommitted,
+    LayerStarted,
+    LayerFinished,
+    EdgeTraversed,
+    BranchResolved,
+    ChapterStarted,
+    ChapterFinished,
+    NodePending,
+    NodeStarted,
+    NodeHeartbeat,
+    NodeOutput,
+    NodeFinished,
+    NodeFailed,
+    NodeRetrying,
+    NodeSkipped,
+    NodeCancelled,
+    NodeWaitingApproval,
+    NodeWaitingInput,
+    ApprovalRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    InputRequested,
+    InputReceived,
+    AgentStepStarted,
+    AgentStepFinished,
+    AgentGenerationRetried,
+    AgentEvent,
+    TokenUsageReported,
+    ToolCallStarted,
+    ToolCallFinished,
+    DelegationStarted,
+    DelegationFinished,
+    McpServerStarting,
+    McpServerConnected,
+    McpServerStderr,
+    McpServerDisconnected,
+    NetworkAccess,
+    Diagnostic,
+    RevertStarted,
+    RevertFinished,
+    WorkflowReloadDetected,
+    WorkflowReloaded,
+    WorkflowReloadFailed,
+    WorkflowReloadUnsafe,
+    ScorerStarted,
+    ScorerFinished,
+    ScorerFailed,
+);
+
+impl EventKind {
+    /// Lifecycle events must be durable before the engine acts on them;
+    /// streaming events (output, heartbeats, raw agent events, diagnostics)
+    /// may be committed in groups (contract, guarantee 2).
+    pub fn is_lifecycle(&self) -> bool {
+        !matches!(
+            self,
+            EventKind::NodeOutput { .. }
+                | EventKind::NodeHeartbeat { .. }
+                | EventKind::AgentEvent { .. }
+                | EventKind::Diagnostic { .. }
+        )
+    }
+
+    /// `RunFinished`, `RunFailed` and `RunCancelled` end a run.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            EventKind::RunFinished { .. } | EventKind::RunFailed { .. } | EventKind::RunCancelled { .. }
+        )
+    }
+}
+
+/// Why a stored line could not be read back as an event.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid event JSON: {0}")]
+pub struct DecodeError(#[from] serde_json::Error);
+
+impl Event {
+    /// The event's JSON line, in the contract's field order. This is the
+    /// exact text the store keeps and the NDJSON mirror repeats.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("events always serialize")
+    }
+
+    /// Reads an event from the JSON that [`Event::to_json`] writes.
+    pub fn from_json(s: &str) -> Result<Event, DecodeError> {
+        Ok(serde_json::from_str(s)?)
+    }
+
+    /// `nodeId` and `iteration` together, for node-scoped events.
+    pub fn node_key(&self) -> Option<(&str, u32)> {
+        Some((
+            self.scope.node_id.as_deref()?,
+            self.scope.iteration.unwrap_or(0),
+        ))
+    }
+
+    /// The event's `type`.
+    pub fn type_name(&self) -> &'static str {
+        self.kind.type_name()
+    }
+}
+
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let fields = serde_json::to_value(&self.kind).map_err(S::Error::custom)?;
+        let Value::Object(fields) = fields else {
+            return Err(S::Error::custom("event kind did not serialize to an object"));
+        };
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("type", self.kind.type_name())?;
+        map.serialize_entry("runId", &self.run_id)?;
+        map.serialize_entry("seq", &self.seq)?;
+        map.serialize_entry("timestampMs", &self.timestamp_ms)?;
+        if let Some(n) = &self.scope.node_id {
+            map.serialize_entry("nodeId", n)?;
+        }
+        if let Some(i) = &self.scope.iteration {
+            map.serialize_entry("iteration", i)?;
+        }
+        if let Some(a) = &self.scope.attempt {
+            map.serialize_entry("attempt", a)?;
+        }
+        if let Some(c) = &self.scope.chapter {
+            map.serialize_entry("chapter", c)?;
+        }
+        for (k, v) in fields.iter() {
+            if k != "type" {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut map = Map::<String, Value>::deserialize(d)?;
+        fn take<T: serde::de::DeserializeOwned, E: serde::de::Error>(
+            map: &mut Map<String, Value>,
+            key: &str,
+        ) -> Result<Option<T>, E> {
+            match map.shift_remove(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => serde_json::from_value(v)
+                    .map(Some)
+                    .map_err(|e| E::custom(format!("field `{key}`: {e}"))),
+            }
+        }
+        let run_id: String =
+            take::<_, D::Error>(&mut map, "runId")?.ok_or_else(|| D::Error::missing_field("runId"))?;
+        let seq: u64 =
+            take::<_, D::Error>(&mut map, "seq")?.ok_or_else(|| D::Error::missing_field("seq"))?;
+        let timestamp_ms: i64 = take::<_, D::Error>(&mut map, "timestampMs")?
+            .ok_or_else(|| D::Error::missing_field("timestampMs"))?;
+        let scope = Scope {
+            node_id: take::<_, D::Error>(&mut map, "nodeId")?,
+            iteration: take::<_, D::Error>(&mut map, "iteration")?,
+            attempt: take::<_, D::Error>(&mut map, "attempt")?,
+            chapter: take::<_, D::Error>(&mut map, "chapter")?,
+        };
+        let kind = EventKind::deserialize(Value::Object(map)).map_err(D::Error::custom)?;
+        Ok(Event {
+            run_id,
+            seq,
+            timestamp_ms,
+            scope,
+            kind,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn field_order_follows_the_contract() {
+        let ev = Event {
+            run_id: "r".into(),
+            seq: 7,
+            timestamp_ms: 42,
+            scope: Scope::node("build", 2)
+                .with_attempt(1)
+                .with_chapter(Some("ship".into())),
+            kind: EventKind::NodeFailed {
+                error: ErrorInfo::new("exit", "exit code 3"),
+                will_retry: true,
+            },
+        };
+        assert_eq!(
+            ev.to_json(),
+            r#"{"type":"NodeFailed","runId":"r","seq":7,"timestampMs":42,"nodeId":"build","iteration":2,"attempt":1,"chapter":"ship","error":{"kind":"exit","message":"exit code 3"},"willRetry":true}"#
+        );
+        assert_eq!(Event::from_json(&ev.to_json()).unwrap(), ev);
+    }
+
+    #[test]
+    fn absent_optionals_are_omitted() {
+        let ev = Event {
+            run_id: "r".into(),
+            seq: 1,
+            timestamp_ms: 1,
+            scope: Scope::run(),
+            kind: EventKind::RunStarted {
+                workflow: "w".into(),
+                workflow_hash: "h".into(),
+                input: None,
+                resumed: false,
+                parent_run_id: None,
+                parent_node_id: None,
+                depth: 0,
+            },
+        };
+        let v: Value = serde_json::from_str(&ev.to_json()).unwrap();
+        assert_eq!(
+            v,
+            json!({"type":"RunStarted","runId":"r","seq":1,"timestampMs":1,
+                   "workflow":"w","workflowHash":"h","resumed":false,"depth":0})
+        );
+    }
+
+    #[test]
+    fn every_type_name_is_listed_once() {
+        let mut names = EVENT_TYPES.to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), EVENT_TYPES.len());
+    }
+
+    #[test]
+    fn unknown_type_is_an_error() {
+        let err = Event::from_json(r#"{"type":"Nope","runId":"r","seq":1,"timestampMs":1}"#);
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,15 @@
+//! Cairn's events: the typed form of every entry of a run's log, its JSON
+//! form as the event contract fixes it, and the reducer that folds a log into
+//! the state every command, endpoint and resume reads.
+//!
+//! This crate does no I/O, so that every layer above it (store, engine, CLI,
+//! server) can depend on it and agree on one meaning of the log.
+
+mod event;
+mod reducer;
+
+pub use event::{
+    CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
+    NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
+};
+pub use reducer::{AttemptState, Decision, NodeState, NodeStatus, RunState};

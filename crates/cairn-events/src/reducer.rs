@@ -1,0 +1,537 @@
+//! The one fold from a run's log to its state (contract, guarantee 4).
+//!
+//! Every command, endpoint and page that shows a run, and the engine when it
+//! resumes one, reads state through [`RunState::apply`]; nothing keeps a second
+//! copy of the truth.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::event::{ErrorInfo, Event, EventKind, RunStatus, TokenTotals};
+
+/// Where a node stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeStatus {
+    Pending,
+    Running,
+    Retrying,
+    WaitingApproval,
+    WaitingInput,
+    Finished,
+    Failed,
+    Skipped,
+    Cancelled,
+}
+
+impl NodeStatus {
+    /// The status as shown to people and templates.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Pending => "pending",
+            NodeStatus::Running => "running",
+            NodeStatus::Retrying => "retrying",
+            NodeStatus::WaitingApproval => "waiting-approval",
+            NodeStatus::WaitingInput => "waiting-input",
+            NodeStatus::Finished => "finished",
+            NodeStatus::Failed => "failed",
+            NodeStatus::Skipped => "skipped",
+            NodeStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// A node in one of these states will not run again in this run.
+    pub fn is_done(self) -> bool {
+        matches!(
+            self,
+            NodeStatus::Finished | NodeStatus::Failed | NodeStatus::Skipped | NodeStatus::Cancelled
+        )
+    }
+}
+
+/// How one attempt of a node went.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptState {
+    pub attempt: u32,
+    pub started_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
+    /// `running`, `finished`, `failed` or `cancelled`.
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    pub tool_calls: u32,
+}
+
+/// A person's decision on an approval gate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub approved: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// One node pass (`nodeId`, `iteration`) as the log tells it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeState {
+    pub node_id: String,
+    pub iteration: u32,
+    pub status: NodeStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chapter: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer_index: Option<u32>,
+    /// The latest attempt number (0 before the first start).
+    pub attempt: u32,
+    pub attempts: Vec<AttemptState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_request_id: Option<String>,
+    pub first_seq: u64,
+}
+
+impl NodeState {
+    fn new(node_id: &str, iteration: u32, seq: u64) -> Self {
+        NodeState {
+            node_id: node_id.to_string(),
+            iteration,
+            status: NodeStatus::Pending,
+            chapter: None,
+            layer_index: None,
+            attempt: 0,
+            attempts: Vec::new(),
+            output: None,
+            duration_ms: None,
+            error: None,
+            reason: None,
+            approval_message: None,
+            decision: None,
+            input_request_id: None,
+            first_seq: seq,
+        }
+    }
+
+    /// The attempt that started but never ended, if the log stops inside one
+    /// (a crash): a resume closes it as failed.
+    pub fn open_attempt(&self) -> Option<u32> {
+        self.attempts
+            .last()
+            .filter(|a| a.status == "running")
+            .map(|a| a.attempt)
+    }
+}
+
+/// A run's whole state, folded from its events.
+///
+/// ```
+/// use cairn_events::{Event, EventKind, RunState, Scope};
+/// let mut state = RunState::new("r1");
+/// state.apply(&Event { run_id: "r1".into(), seq: 1, timestamp_ms: 10,
+///     scope: Scope::node("a", 0), kind: EventKind::NodePending { layer_index: Some(0) } });
+/// assert_eq!(state.node("a", 0).unwrap().status.as_str(), "pending");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunState {
+    pub run_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow_hash: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<RunStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<String>,
+    pub resumes: u32,
+    pub last_seq: u64,
+    pub frame_no: u64,
+    pub mounted: u64,
+    pub tokens: TokenTotals,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    pub tool_calls: u64,
+    pub nodes: Vec<NodeState>,
+    #[serde(skip)]
+    index: HashMap<(String, u32), usize>,
+}
+
+impl RunState {
+    /// The state of a run with no events yet.
+    pub fn new(run_id: impl Into<String>) -> Self {
+        RunState {
+            run_id: run_id.into(),
+            ..RunState::default()
+        }
+    }
+
+    /// Folds a whole log.
+    pub fn from_events<'a>(run_id: &str, events: impl IntoIterator<Item = &'a Event>) -> Self {
+        let mut s = RunState::new(run_id);
+        for e in events {
+            s.apply(e);
+        }
+        s
+    }
+
+    /// One node pass, if the log has mentioned it.
+    pub fn node(&self, node_id: &str, iteration: u32) -> Option<&NodeState> {
+        self.index
+            .get(&(node_id.to_string(), iteration))
+            .map(|&i| &self.nodes[i])
+    }
+
+    /// The latest pass of a node (highest iteration).
+    pub fn latest(&self, node_id: &str) -> Option<&NodeState> {
+        self.nodes
+            .iter()
+            .filter(|n| n.node_id == node_id)
+            .max_by_key(|n| n.iteration)
+    }
+
+    /// Finished + failed + skipped nodes over mounted nodes, 0 to 1.
+    pub fn progress(&self) -> f64 {
+        let total = self.nodes.len();
+        if total == 0 {
+            return if self.status.is_some_and(|s| s.is_terminal()) {
+                1.0
+            } else {
+                0.0
+            };
+        }
+        let done = self
+            .nodes
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n.status,
+                    NodeStatus::Finished | NodeStatus::Failed | NodeStatus::Skipped
+                )
+            })
+            .count();
+        done as f64 / total as f64
+    }
+
+    /// Counts of node passes by status.
+    pub fn counts(&self) -> HashMap<&'static str, u64> {
+        let mut m = HashMap::new();
+        for n in &self.nodes {
+            *m.entry(n.status.as_str()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    fn node_mut(&mut self, ev: &Event) -> Option<&mut NodeState> {
+        let (id, it) = ev.node_key()?;
+        let key = (id.to_string(), it);
+        let idx = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.nodes.push(NodeState::new(id, it, ev.seq));
+                self.index.insert(key, self.nodes.len() - 1);
+                self.nodes.len() - 1
+            }
+        };
+        let n = &mut self.nodes[idx];
+        if ev.scope.chapter.is_some() {
+            n.chapter = ev.scope.chapter.clone();
+        }
+        Some(n)
+    }
+
+    /// Folds one event into the state.
+    pub fn apply(&mut self, ev: &Event) {
+        self.last_seq = self.last_seq.max(ev.seq);
+        let ts = ev.timestamp_ms;
+        match &ev.kind {
+            EventKind::RunStarted {
+                workflow,
+                workflow_hash,
+                input,
+                resumed,
+                ..
+            } => {
+                self.workflow = Some(workflow.clone());
+                self.workflow_hash = Some(workflow_hash.clone());
+                if input.is_some() {
+                    self.input = input.clone();
+                }
+                if *resumed {
+                    self.resumes += 1;
+                } else {
+                    self.started_ms = Some(ts);
+                }
+                self.started_ms.get_or_insert(ts);
+                self.status = Some(RunStatus::Running);
+                self.ended_ms = None;
+                self.error = None;
+                self.cancel_requested = None;
+            }
+            EventKind::RunStatusChanged { status } => self.status = Some(*status),
+            EventKind::RunCancelRequested { reason, .. } => {
+                self.cancel_requested = Some(reason.clone().unwrap_or_default());
+            }
+            EventKind::RunFinished { output, .. } => {
+                self.status = Some(RunStatus::Finished);
+                self.output = output.clone();
+                self.ended_ms = Some(ts);
+            }
+            EventKind::RunFailed { error } => {
+                self.status = Some(RunStatus::Failed);
+                self.error = Some(error.clone());
+                self.ended_ms = Some(ts);
+            }
+            EventKind::RunCancelled { .. } => {
+                self.status = Some(RunStatus::Cancelled);
+                self.ended_ms = Some(ts);
+            }
+            EventKind::FrameCommitted {
+                frame_no, mounted, ..
+            } => {
+                self.frame_no = *frame_no;
+                self.mounted = *mounted;
+            }
+            EventKind::TokenUsageReported {
+                input_tokens,
+                output_tokens,
+                cache_read_tokens,
+                cache_write_tokens,
+                reasoning_tokens,
+                cost_usd,
+                ..
+            } => {
+                self.tokens.input += input_tokens;
+                self.tokens.output += output_tokens;
+                self.tokens.cache_read += cache_read_tokens.unwrap_or(0);
+                self.tokens.cache_write += cache_write_tokens.unwrap_or(0);
+                self.tokens.reasoning += reasoning_tokens.unwrap_or(0);
+                if let Some(c) = cost_usd {
+                    *self.cost_usd.get_or_insert(0.0) += c;
+                }
+            }
+            EventKind::ToolCallStarted { .. } => {
+                self.tool_calls += 1;
+                let attempt = ev.scope.attempt;
+                if let Some(n) = self.node_mut(ev) {
+                    if let Some(a) = n.attempts.iter_mut().rev().find(|a| Some(a.attempt) == attempt) {
+                        a.tool_calls += 1;
+                    }
+                }
+            }
+            EventKind::NodePending { layer_index } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.layer_index = *layer_index;
+                    n.status = NodeStatus::Pending;
+                }
+            }
+            EventKind::NodeStarted {} => {
+                let attempt = ev.scope.attempt.unwrap_or(1);
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::Running;
+                    n.attempt = attempt;
+                    n.error = None;
+                    n.attempts.push(AttemptState {
+                        attempt,
+                        started_ms: ts,
+                        ended_ms: None,
+                        status: "running",
+                        error: None,
+                        tool_calls: 0,
+                    });
+                }
+            }
+            EventKind::NodeFinished {
+                duration_ms, output, ..
+            } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::Finished;
+                    n.output = output.clone();
+                    n.duration_ms = Some(*duration_ms);
+                    close_attempt(n, ts, "finished", None);
+                }
+            }
+            EventKind::NodeFailed { error, will_retry } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = if *will_retry {
+                        NodeStatus::Retrying
+                    } else {
+                        NodeStatus::Failed
+                    };
+                    n.error = Some(error.clone());
+                    close_attempt(n, ts, "failed", Some(error.clone()));
+                    if !*will_retry {
+                        n.duration_ms = Some(total_duration(n));
+                    }
+                }
+            }
+            EventKind::NodeRetrying { .. } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::Retrying;
+                }
+            }
+            EventKind::NodeSkipped { reason } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::Skipped;
+                    n.reason = Some(reason.clone());
+                }
+            }
+            EventKind::NodeCancelled { reason } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::Cancelled;
+                    n.reason = reason.clone();
+                    close_attempt(n, ts, "cancelled", None);
+                }
+            }
+            EventKind::NodeWaitingApproval {} => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::WaitingApproval;
+                }
+            }
+            EventKind::ApprovalRequested { message } => {
+                if let Some(n) = self.node_mut(ev) {
+                    n.approval_message = message.clone();
+                }
+            }
+            EventKind::ApprovalGranted { decided_by, note }
+            | EventKind::ApprovalDenied { decided_by, note } => {
+                let approved = matches!(ev.kind, EventKind::ApprovalGranted { .. });
+                if let Some(n) = self.node_mut(ev) {
+                    n.decision = Some(Decision {
+                        approved,
+                        by: decided_by.clone(),
+                        note: note.clone(),
+                    });
+                    if n.status == NodeStatus::WaitingApproval {
+                        n.status = NodeStatus::Running;
+                    }
+                }
+            }
+            EventKind::NodeWaitingInput { request_id }
+            | EventKind::InputRequested { request_id, .. } => {
+                let rid = request_id.clone();
+                if let Some(n) = self.node_mut(ev) {
+                    n.status = NodeStatus::WaitingInput;
+                    n.input_request_id = Some(rid);
+                }
+            }
+            EventKind::InputReceived { .. } => {
+                if let Some(n) = self.node_mut(ev) {
+                    if n.status == NodeStatus::WaitingInput {
+                        n.status = NodeStatus::Running;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn close_attempt(n: &mut NodeState, ts: i64, status: &'static str, error: Option<ErrorInfo>) {
+    if let Some(a) = n.attempts.last_mut() {
+        if a.status == "running" {
+            a.status = status;
+            a.ended_ms = Some(ts);
+            a.error = error;
+        }
+    }
+}
+
+fn total_duration(n: &NodeState) -> u64 {
+    n.attempts
+        .iter()
+        .map(|a| (a.ended_ms.unwrap_or(a.started_ms) - a.started_ms).max(0) as u64)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Scope;
+
+    fn ev(seq: u64, scope: Scope, kind: EventKind) -> Event {
+        Event {
+            run_id: "r".into(),
+            seq,
+            timestamp_ms: seq as i64 * 10,
+            scope,
+            kind,
+        }
+    }
+
+    #[test]
+    fn retry_then_finish() {
+        let s = RunState::from_events(
+            "r",
+            &[
+                ev(1, Scope::node("a", 0), EventKind::NodePending { layer_index: Some(0) }),
+                ev(2, Scope::node("a", 0).with_attempt(1), EventKind::NodeStarted {}),
+                ev(
+                    3,
+                    Scope::node("a", 0).with_attempt(1),
+                    EventKind::NodeFailed {
+                        error: ErrorInfo::new("exit", "1"),
+                        will_retry: true,
+                    },
+                ),
+                ev(4, Scope::node("a", 0).with_attempt(2), EventKind::NodeRetrying { delay_ms: 5 }),
+                ev(5, Scope::node("a", 0).with_attempt(2), EventKind::NodeStarted {}),
+                ev(
+                    6,
+                    Scope::node("a", 0).with_attempt(2),
+                    EventKind::NodeFinished {
+                        duration_ms: 10,
+                        output: Some(Value::from(3)),
+                        cached: None,
+                    },
+                ),
+            ],
+        );
+        let n = s.node("a", 0).unwrap();
+        assert_eq!(n.status, NodeStatus::Finished);
+        assert_eq!(n.attempt, 2);
+        assert_eq!(n.attempts.len(), 2);
+        assert_eq!(n.attempts[0].status, "failed");
+        assert_eq!(n.output, Some(Value::from(3)));
+        assert_eq!(s.progress(), 1.0);
+        assert_eq!(s.last_seq, 6);
+    }
+
+    #[test]
+    fn open_attempt_is_found() {
+        let s = RunState::from_events(
+            "r",
+            &[
+                ev(1, Scope::node("a", 0), EventKind::NodePending { layer_index: None }),
+                ev(2, Scope::node("a", 0).with_attempt(1), EventKind::NodeStarted {}),
+            ],
+        );
+        assert_eq!(s.node("a", 0).unwrap().open_attempt(), Some(1));
+    }
+}
