@@ -1,1 +1,18 @@
-//! placeholder
+//! Cairn's event store.
+//!
+//! The store keeps every run's event log and the few tables the engine needs
+//! beside it (runs, control requests, tool calls). Storage sits behind the
+//! [`Backend`] trait so that SQLite (here) and PostgreSQL (later) serve the
+//! same [`Journal`]: the per-run sequencer ([`RunLog`]), one writer thread that
+//! commits in groups, the NDJSON mirror and live [`Subscription`]s.
+
+mod backend;
+mod journal;
+mod sqlite;
+
+pub use backend::{
+    Backend, ControlRequest, EventQuery, RunFilter, RunLease, RunRecord, StoreError, StoredEvent,
+    ToolCallRecord,
+};
+pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
+pub use sqlite::SqliteBackend;

@@ -1,0 +1,284 @@
+//! The storage contract: what the journal needs from a database, whatever
+//! the database is.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cairn_events::{DecodeError, Event};
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file exists but is not a Cairn database, or is damaged.
+    #[error("the store {path} is not a Cairn database or is damaged ({detail}); move it aside or point --store elsewhere")]
+    Corrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite (or the schema check) said.
+        detail: String,
+    },
+    /// Another process kept the database locked beyond the busy timeout.
+    #[error("the store {path} is locked by another process; try again when it is done")]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The database was written by a newer Cairn.
+    #[error("the store {path} has schema version {found}, newer than this Cairn understands ({supported}); upgrade Cairn")]
+    TooNew {
+        /// The database file.
+        path: PathBuf,
+        /// The version found in the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// No run with this id.
+    #[error("no run `{0}` in the store")]
+    NotFound(String),
+    /// A run with this id already exists.
+    #[error("a run `{0}` already exists in the store")]
+    RunExists(String),
+    /// The run is being written by another process (or another log in this one).
+    #[error("run `{run}` is in use by another Cairn process")]
+    Busy {
+        /// The run id.
+        run: String,
+    },
+    /// A stored row could not be read back.
+    #[error("run `{run}`: stored data is invalid: {detail}")]
+    BadRow {
+        /// The run id.
+        run: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A SQLite error not covered by a more specific variant.
+    #[error("store error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A file system error, with the path it concerns.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The journal was closed (or its writer stopped) before the request ran.
+    #[error("the store is closed")]
+    Closed,
+    /// A commit failed; the message is the original error's, shared by every
+    /// waiter of the failed batch.
+    #[error("commit failed: {0}")]
+    Commit(Arc<str>),
+}
+
+impl StoreError {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// One event as stored: its JSON text (exactly what the NDJSON mirror and
+/// every channel repeat) and the columns that index it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// The run it belongs to.
+    pub run_id: String,
+    /// Its position in the run's log.
+    pub seq: u64,
+    /// The event's `type`.
+    pub type_name: String,
+    /// `nodeId` for node-scoped events.
+    pub node_id: Option<String>,
+    /// `timestampMs`.
+    pub timestamp_ms: i64,
+    /// The event's JSON, shared so fan-out does not copy it per subscriber.
+    pub json: Arc<str>,
+}
+
+impl StoredEvent {
+    /// Serializes an event once, in the contract's field order.
+    pub fn from_event(e: &Event) -> Self {
+        StoredEvent {
+            run_id: e.run_id.clone(),
+            seq: e.seq,
+            type_name: e.type_name().to_string(),
+            node_id: e.scope.node_id.clone(),
+            timestamp_ms: e.timestamp_ms,
+            json: Arc::from(e.to_json()),
+        }
+    }
+
+    /// Parses the stored JSON back into an event.
+    pub fn decode(&self) -> Result<Event, DecodeError> {
+        Event::from_json(&self.json)
+    }
+
+    /// Whether this event ends the run (until a resume).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.type_name.as_str(),
+            "RunFinished" | "RunFailed" | "RunCancelled"
+        )
+    }
+}
+
+/// Which events of a run to read. The default reads all of them.
+#[derive(Debug, Default, Clone)]
+pub struct EventQuery {
+    /// Only events with `seq > after`.
+    pub after: u64,
+    /// Only these types (empty = all).
+    pub types: Vec<String>,
+    /// Only events of this node.
+    pub node: Option<String>,
+    /// At most this many events (the lowest seqs).
+    pub limit: Option<usize>,
+}
+
+/// A run's row: what was started, with what, and where it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// The run id.
+    pub run_id: String,
+    /// The workflow's name.
+    pub workflow: String,
+    /// The workflow file's path as given when the run was started.
+    pub workflow_path: String,
+    /// SHA-256 of the workflow source.
+    pub workflow_hash: String,
+    /// The workflow file's text, so that resume runs what was started.
+    pub workflow_source: String,
+    /// The run's input.
+    pub input: serde_json::Value,
+    /// `RunStatus::as_str` of the latest status, or `"pending"` before the
+    /// first event.
+    pub status: String,
+    /// When the run was created (Unix ms).
+    pub created_ms: i64,
+    /// When the run's status or log last changed (Unix ms).
+    pub updated_ms: i64,
+    /// The run that delegated this one, if any.
+    pub parent_run_id: Option<String>,
+}
+
+/// Which runs to list; results come newest first.
+#[derive(Debug, Default, Clone)]
+pub struct RunFilter {
+    /// Only runs with this status.
+    pub status: Option<String>,
+    /// Only runs of this workflow (by name).
+    pub workflow: Option<String>,
+    /// At most this many runs.
+    pub limit: Option<usize>,
+    /// Skip this many runs first.
+    pub offset: Option<usize>,
+}
+
+/// A request from a person or another process to a running run; the run's
+/// owner consumes it and acknowledges it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlRequest {
+    /// Assigned by the store on insert (ignored by `put_control`).
+    pub id: i64,
+    /// The run it is for.
+    pub run_id: String,
+    /// `approve`, `deny`, `cancel` or `input`.
+    pub kind: String,
+    /// The node it is for, when it concerns one.
+    pub node_id: Option<String>,
+    /// Note, author, answer... as the kind needs.
+    pub payload: serde_json::Value,
+    /// When it was made (Unix ms).
+    pub created_ms: i64,
+}
+
+/// One tool call of an agent attempt, kept so that a resume can tell which
+/// side effects already happened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallRecord {
+    /// The run.
+    pub run_id: String,
+    /// The node.
+    pub node_id: String,
+    /// The node's loop pass.
+    pub iteration: u32,
+    /// The attempt.
+    pub attempt: u32,
+    /// The call's position within the attempt, from 1.
+    pub tool_seq: u32,
+    /// The tool's name.
+    pub tool: String,
+    /// The key that identifies this call across retries and resumes.
+    pub idempotency_key: String,
+    /// Whether the tool changes anything outside Cairn.
+    pub side_effect: bool,
+    /// Whether repeating the call is harmless.
+    pub idempotent: bool,
+    /// The call's input.
+    pub input: serde_json::Value,
+    /// The call's output once it finished successfully.
+    pub output: Option<serde_json::Value>,
+    /// When it started (Unix ms).
+    pub started_ms: i64,
+    /// When it ended (Unix ms).
+    pub finished_ms: Option<i64>,
+    /// `running`, `success` or `error`.
+    pub status: String,
+    /// The error object when it failed.
+    pub error: Option<serde_json::Value>,
+}
+
+/// Exclusive ownership of a run across processes. Released when dropped, and
+/// by the operating system when the owning process dies.
+pub trait RunLease: Send + Sync {}
+
+/// A database that keeps Cairn's runs. Every method is synchronous and may
+/// block on I/O; the journal calls them from its writer thread or from
+/// blocking contexts.
+pub trait Backend: Send + Sync + 'static {
+    /// Commits a batch of events in one transaction, and keeps the runs
+    /// table's `status`/`updated_ms` in step with the lifecycle events in it
+    /// (`RunStarted` → running, `RunStatusChanged` → its status,
+    /// `RunFinished`/`RunFailed`/`RunCancelled` → finished/failed/cancelled).
+    fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError>;
+    /// A run's events in seq order, as the query selects them.
+    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
+    /// The highest committed seq of a run (0 when it has none).
+    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError>;
+    /// Inserts a run row; `RunExists` if the id is taken.
+    fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
+    /// A run's row, if it exists.
+    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
+    /// Runs matching the filter, newest first.
+    fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
+    /// Deletes finished, failed and cancelled runs last updated before
+    /// `cutoff_ms` (their events, tool calls, control requests and row) and
+    /// returns their ids.
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
+    /// Takes the run's lease; `None` when another process (or another lease
+    /// in this process) holds it.
+    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
+    /// Records a control request and returns its new id.
+    fn put_control(&self, req: &ControlRequest) -> Result<i64, StoreError>;
+    /// A run's control requests not yet acknowledged, oldest first.
+    fn pending_controls(&self, run_id: &str) -> Result<Vec<ControlRequest>, StoreError>;
+    /// Marks a control request consumed.
+    fn ack_control(&self, id: i64) -> Result<(), StoreError>;
+    /// Inserts or replaces a tool call, keyed by (run, node, iteration,
+    /// attempt, tool_seq).
+    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError>;
+    /// The tool calls of one node pass, by attempt then tool_seq.
+    fn tool_calls(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        iteration: u32,
+    ) -> Result<Vec<ToolCallRecord>, StoreError>;
+}
