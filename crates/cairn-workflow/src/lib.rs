@@ -1,1 +1,15 @@
-//! placeholder
+//! Cairn workflow files: the model, parsing and validation, templates and expressions.
+//!
+//! This crate runs nothing; the engine schedules and renders against run state.
+
+mod duration;
+mod error;
+mod model;
+mod parse;
+mod templates;
+
+pub use duration::parse_duration;
+pub use error::{InputError, InputViolation, Problem, WorkflowError};
+pub use model::*;
+pub use parse::{load, parse};
+pub use templates::{TemplateError, Templates};
