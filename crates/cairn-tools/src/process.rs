@@ -1,0 +1,518 @@
+//! The process runner behind the `bash` tool and the engine's `command` nodes.
+//!
+//! A process is spawned without a shell, as the leader of its own process
+//! group, with stdin closed and stdout/stderr piped. Output is streamed to a
+//! [`ProcessObserver`] as it arrives and captured up to a per-stream cap; past
+//! the cap it is still read (so the child never blocks on a full pipe) but
+//! dropped, which keeps memory flat however much a command prints.
+//!
+//! Ending a process means ending its whole group: on timeout or cancel the
+//! group gets SIGKILL (no SIGTERM grace: a grandchild that ignores SIGTERM must
+//! not outlive the limit). When the leader exits on its own, whatever it left
+//! running in its group is killed as well, so no command leaves processes
+//! behind. After a kill the pipes are read only until EOF or a short grace,
+//! because a process that escaped the group (via `setsid`) could hold them
+//! open forever.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::netfilter::NetFilter;
+
+/// How long the pipes are still read after the group was killed: long enough
+/// to collect what is already buffered, short enough that a pipe held by an
+/// escaped process cannot hang the caller.
+const DRAIN_GRACE: Duration = Duration::from_millis(250);
+
+/// Size of each read from a pipe; also the most memory one stream uses beyond
+/// its captured bytes.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Variables kept from the engine's environment when [`ProcessSpec::clear_env`]
+/// is set: what ordinary programs need to run, nothing that carries secrets.
+pub const MINIMAL_ENV_KEYS: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "USER", "LOGNAME", "TMPDIR", "TZ",
+    "SHELL",
+];
+
+/// PATH given to a child when the engine itself has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Everything needed to run one process.
+#[derive(Debug, Clone)]
+pub struct ProcessSpec {
+    /// The program and its arguments; `argv[0]` is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// Working directory of the child.
+    pub cwd: PathBuf,
+    /// Variables added to (or overriding) the child's environment.
+    pub env: Vec<(String, String)>,
+    /// Start from [`MINIMAL_ENV_KEYS`] instead of the engine's whole
+    /// environment, so the engine's secrets never reach the child.
+    pub clear_env: bool,
+    /// Wall-clock limit; on expiry the whole group is killed.
+    pub timeout: Option<Duration>,
+    /// Bytes captured per stream; beyond it output is drained and dropped.
+    pub max_output_bytes: usize,
+    /// Whether the child may open internet sockets.
+    pub network: NetworkPolicy,
+}
+
+impl ProcessSpec {
+    /// A spec with a clean environment, no timeout, a 200,000-byte cap and the
+    /// network shut: the safe defaults, to be loosened explicitly.
+    pub fn new(argv: Vec<String>, cwd: impl Into<PathBuf>) -> Self {
+        ProcessSpec {
+            argv,
+            cwd: cwd.into(),
+            env: Vec::new(),
+            clear_env: true,
+            timeout: None,
+            max_output_bytes: 200_000,
+            network: NetworkPolicy::Deny,
+        }
+    }
+}
+
+/// Whether a child may reach the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkPolicy {
+    /// No restriction.
+    Allow,
+    /// Internet sockets are refused by a seccomp filter in the child
+    /// (see the crate docs for why seccomp).
+    Deny,
+}
+
+/// Which of the child's output streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// The name used in `NodeOutput.stream`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Hears about a process while it runs. Both methods default to doing nothing.
+pub trait ProcessObserver: Send + Sync {
+    /// The child started; `pid` is also its process-group id. The engine
+    /// records it so that a resume after a crash can kill leftovers with
+    /// [`kill_group`].
+    fn spawned(&self, pid: u32) {
+        let _ = pid;
+    }
+    /// A chunk of output, as it arrives, cut on UTF-8 character boundaries
+    /// (invalid bytes replaced). Only the captured part (up to the cap) is
+    /// streamed.
+    fn output(&self, stream: Stream, text: &str) {
+        let _ = (stream, text);
+    }
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopObserver;
+
+impl ProcessObserver for NoopObserver {}
+
+/// How a process ended and what it printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessOutcome {
+    /// Exit code, when the process exited rather than died of a signal.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the process, if any (9 after a timeout or cancel).
+    pub signal: Option<i32>,
+    /// Captured standard output (lossy UTF-8, at most the cap).
+    pub stdout: String,
+    /// Captured standard error (lossy UTF-8, at most the cap).
+    pub stderr: String,
+    /// Standard output went past the cap.
+    pub stdout_truncated: bool,
+    /// Standard error went past the cap.
+    pub stderr_truncated: bool,
+    /// The time limit ended the process.
+    pub timed_out: bool,
+    /// The cancellation token ended the process.
+    pub cancelled: bool,
+    /// From spawn to the end of reading.
+    pub duration: Duration,
+}
+
+impl ProcessOutcome {
+    /// Exited by itself with code 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out && !self.cancelled
+    }
+}
+
+/// Why a process could not be run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The argv was empty.
+    #[error("cannot start a process: argv is empty")]
+    EmptyArgv,
+    /// An argv entry or an environment variable contains a NUL byte.
+    #[error("cannot start `{program}`: {what} contains a NUL byte")]
+    Nul {
+        /// `argv[0]`.
+        program: String,
+        /// Which part held the NUL.
+        what: String,
+    },
+    /// The kernel refused to start the program (not found, not executable,
+    /// bad working directory, ...).
+    #[error("cannot start `{program}`: {source}")]
+    Spawn {
+        /// `argv[0]`.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The network could not be shut on this platform, so the process was
+    /// not started rather than started unrestricted.
+    #[error("cannot start `{program}` with the network shut: {reason}")]
+    NetworkFilter {
+        /// `argv[0]`.
+        program: String,
+        /// Why no filter is available.
+        reason: String,
+    },
+    /// Waiting for the process failed.
+    #[error("waiting for `{program}` failed: {source}")]
+    Wait {
+        /// `argv[0]`.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Sends SIGKILL to a whole process group. Used to clean up a group left behind
+/// by a crashed run; a group that no longer exists is not an error. Ids 0 and 1
+/// are ignored, as killing "our own group" or "every process" is never meant.
+pub fn kill_group(pgid: u32) {
+    if pgid <= 1 || pgid > i32::MAX as u32 {
+        return;
+    }
+    // SAFETY: kill(2) with a negative pid targets the group; no memory involved.
+    unsafe {
+        libc::kill(-(pgid as i32), libc::SIGKILL);
+    }
+}
+
+/// Captured bytes of one stream plus the not-yet-streamed tail of a UTF-8
+/// character cut by a read boundary.
+struct Capture {
+    stream: Stream,
+    cap: usize,
+    bytes: Vec<u8>,
+    streamed: usize,
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(stream: Stream, cap: usize) -> Self {
+        Capture {
+            stream,
+            cap,
+            bytes: Vec::new(),
+            streamed: 0,
+            truncated: false,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8], observer: &dyn ProcessObserver) {
+        let room = self.cap.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        let take = chunk.len().min(room);
+        if take == 0 {
+            return;
+        }
+        self.bytes.extend_from_slice(&chunk[..take]);
+        let pending = &self.bytes[self.streamed..];
+        let complete = complete_prefix_len(pending);
+        if complete > 0 {
+            observer.output(self.stream, &String::from_utf8_lossy(&pending[..complete]));
+            self.streamed += complete;
+        }
+    }
+
+    /// Streams any cut-off tail and returns the captured text.
+    fn finish(mut self, observer: &dyn ProcessObserver) -> (String, bool) {
+        if self.truncated {
+            // The cap may have cut a character in half; drop the fragment
+            // rather than turning it into U+FFFD.
+            let keep = self.streamed + complete_prefix_len(&self.bytes[self.streamed..]);
+            self.bytes.truncate(keep);
+        }
+        if self.streamed < self.bytes.len() {
+            observer.output(
+                self.stream,
+                &String::from_utf8_lossy(&self.bytes[self.streamed..]),
+            );
+        }
+        let text = match String::from_utf8(self.bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
+        (text, self.truncated)
+    }
+}
+
+/// Length of the longest prefix that does not end inside a multi-byte UTF-8
+/// character (invalid bytes count as complete: they become U+FFFD).
+fn complete_prefix_len(b: &[u8]) -> usize {
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&b[start..]) {
+            Ok(_) => return b.len(),
+            Err(e) => match e.error_len() {
+                None => return start + e.valid_up_to(),
+                Some(n) => start += e.valid_up_to() + n,
+            },
+        }
+    }
+}
+
+async fn drain<R: tokio::io::AsyncRead + Unpin>(
+    pipe: Option<R>,
+    capture: &mut Capture,
+    observer: &dyn ProcessObserver,
+) {
+    let Some(mut pipe) = pipe else { return };
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) => return,
+            Ok(n) => capture.push(&buf[..n], observer),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+    }
+}
+
+/// Why the runner ended the group itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Timeout,
+    Cancel,
+}
+
+/// Runs one process to completion, timeout or cancellation.
+///
+/// A non-zero exit is not an error here: it is reported in the outcome, and
+/// callers decide what it means. Errors are for processes that could not be
+/// started or waited for.
+pub async fn run_process(
+    spec: ProcessSpec,
+    observer: &dyn ProcessObserver,
+    cancel: CancellationToken,
+) -> Result<ProcessOutcome, ProcessError> {
+    let program = spec.argv.first().ok_or(ProcessError::EmptyArgv)?.clone();
+    for (i, arg) in spec.argv.iter().enumerate() {
+        if arg.contains('\0') {
+            return Err(ProcessError::Nul {
+                program,
+                what: format!("argv[{i}]"),
+            });
+        }
+    }
+    for (k, v) in &spec.env {
+        if k.contains('\0') || v.contains('\0') || k.contains('=') || k.is_empty() {
+            return Err(ProcessError::Nul {
+                program,
+                what: format!(
+                    "environment variable `{}` (name or value)",
+                    k.replace('\0', "\\0")
+                ),
+            });
+        }
+    }
+
+    let filter = match spec.network {
+        NetworkPolicy::Allow => None,
+        NetworkPolicy::Deny => {
+            Some(
+                NetFilter::build().map_err(|reason| ProcessError::NetworkFilter {
+                    program: program.clone(),
+                    reason: reason.to_string(),
+                })?,
+            )
+        }
+    };
+
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(&spec.argv[1..])
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    if spec.clear_env {
+        cmd.env_clear();
+        for key in MINIMAL_ENV_KEYS {
+            if let Some(v) = std::env::var_os(key) {
+                cmd.env(key, v);
+            }
+        }
+        if std::env::var_os("PATH").is_none() {
+            cmd.env("PATH", DEFAULT_PATH);
+        }
+    }
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
+
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (prctl, getppid) without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            // A direct child dies with the engine even if the engine is
+            // SIGKILLed and cannot clean up.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if let Some(filter) = &filter {
+                filter.install()?;
+            }
+            Ok(())
+        });
+    }
+
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let pid = child.id().unwrap_or(0);
+    observer.spawned(pid);
+
+    let mut out = Capture::new(Stream::Stdout, spec.max_output_bytes);
+    let mut err = Capture::new(Stream::Stderr, spec.max_output_bytes);
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+
+    let mut stop: Option<Stop> = None;
+    let status;
+    {
+        let pipes = async {
+            tokio::join!(
+                drain(stdout, &mut out, observer),
+                drain(stderr, &mut err, observer)
+            )
+        };
+        tokio::pin!(pipes);
+        let deadline = async {
+            match spec.timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(deadline);
+
+        let mut pipes_done = false;
+        let mut exited = None;
+        loop {
+            tokio::select! {
+                _ = &mut pipes, if !pipes_done => {
+                    pipes_done = true;
+                    if exited.is_some() { break; }
+                }
+                res = child.wait(), if exited.is_none() => {
+                    exited = Some(res);
+                    if pipes_done { break; }
+                    // The leader is gone but something in its group still
+                    // holds a pipe: end the group, keep what is buffered.
+                    kill_group(pid);
+                    let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
+                    break;
+                }
+                _ = &mut deadline, if stop.is_none() => {
+                    stop = Some(Stop::Timeout);
+                    break;
+                }
+                _ = cancel.cancelled(), if stop.is_none() => {
+                    stop = Some(Stop::Cancel);
+                    break;
+                }
+            }
+        }
+
+        status = match exited {
+            Some(res) => {
+                // Stragglers that closed their pipes but still run.
+                kill_group(pid);
+                res
+            }
+            None => {
+                // Kill before reaping: while the leader is an unreaped zombie
+                // its pid, and so the group id, cannot be reused.
+                kill_group(pid);
+                let res = child.wait().await;
+                if !pipes_done {
+                    let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
+                }
+                res
+            }
+        };
+    }
+    let status = status.map_err(|source| ProcessError::Wait {
+        program: program.clone(),
+        source,
+    })?;
+
+    let (stdout, stdout_truncated) = out.finish(observer);
+    let (stderr, stderr_truncated) = err.finish(observer);
+    Ok(ProcessOutcome {
+        exit_code: status.code(),
+        signal: status.signal(),
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        timed_out: stop == Some(Stop::Timeout),
+        cancelled: stop == Some(Stop::Cancel),
+        duration: started.elapsed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_prefix_len;
+
+    #[test]
+    fn utf8_prefix_stops_before_a_cut_character() {
+        let s = "aé€😀".as_bytes();
+        assert_eq!(complete_prefix_len(s), s.len());
+        assert_eq!(complete_prefix_len(&s[..2]), 1); // cut inside é
+        assert_eq!(complete_prefix_len(&s[..5]), 3); // cut inside €
+        assert_eq!(complete_prefix_len(&s[..8]), 6); // cut inside 😀
+        assert_eq!(complete_prefix_len(b"a\xffb"), 3); // invalid byte is not "incomplete"
+    }
+}
