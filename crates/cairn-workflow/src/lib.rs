@@ -7,6 +7,7 @@ mod error;
 mod model;
 mod parse;
 mod templates;
+mod yaml;
 
 pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};

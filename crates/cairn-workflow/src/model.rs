@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::InputError;
+use crate::error::{InputError, InputViolation};
 
 /// A parsed and validated workflow file.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,12 +123,22 @@ pub enum NodeKind {
 impl NodeKind {
     /// The kind key as written in files: `command`, `value`, `approval`, `loop`, `for_each`, `tool`.
     pub fn name(&self) -> &'static str {
-        todo!()
+        match self {
+            NodeKind::Command(_) => "command",
+            NodeKind::Value(_) => "value",
+            NodeKind::Approval(_) => "approval",
+            NodeKind::Loop { .. } => "loop",
+            NodeKind::ForEach { .. } => "for_each",
+            NodeKind::Tool { .. } => "tool",
+        }
     }
 
     /// The body of a group node (`loop`, `for_each`); `None` for leaves.
     pub fn children(&self) -> Option<&[NodeSpec]> {
-        todo!()
+        match self {
+            NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } => Some(nodes),
+            _ => None,
+        }
     }
 }
 
@@ -164,6 +174,11 @@ pub enum Backoff {
     Exponential,
 }
 
+/// `retry.delay` when not written.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// `retry.max_delay` when not written.
+pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(60);
+
 /// How often and how patiently a node is retried.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
@@ -180,21 +195,137 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// Delay before attempt `next_attempt` (2, 3, ...), with jitter in [0.5x, 1x] from a
     /// caller-given fraction so tests are deterministic.
+    ///
+    /// `jitter` is clamped to [0, 1] and maps linearly onto a factor in [0.5, 1], so a
+    /// crowd of failing nodes does not retry in lockstep yet never waits longer than the
+    /// policy says. Exponential backoff doubles `delay` per earlier retry; both kinds are
+    /// capped at `max_delay`.
     pub fn delay_before(&self, next_attempt: u32, jitter: f64) -> Duration {
-        let _ = (next_attempt, jitter);
-        todo!()
+        let retries_before = next_attempt.saturating_sub(2);
+        let base = match self.backoff {
+            Backoff::Fixed => self.delay,
+            Backoff::Exponential => {
+                // Past 2^32 the cap has long been reached; saturate instead of overflowing.
+                let factor = 2u32.checked_pow(retries_before).unwrap_or(u32::MAX);
+                self.delay.checked_mul(factor).unwrap_or(Duration::MAX)
+            }
+        };
+        let capped = base.min(self.max_delay);
+        let j = if jitter.is_nan() {
+            1.0
+        } else {
+            jitter.clamp(0.0, 1.0)
+        };
+        capped.mul_f64(0.5 + 0.5 * j)
+    }
+
+    /// The policy used when a node sets none: one attempt, no retry.
+    pub fn none() -> Self {
+        RetryPolicy {
+            attempts: 1,
+            backoff: Backoff::Exponential,
+            delay: DEFAULT_RETRY_DELAY,
+            max_delay: DEFAULT_RETRY_MAX_DELAY,
+        }
     }
 }
 
 impl Workflow {
     /// Checks a run input against the workflow's JSON Schema.
+    ///
+    /// A workflow without a schema accepts any input. The schema was checked when the file was
+    /// parsed, so compiling it here cannot fail in practice; if it does, that is reported as a
+    /// violation at the root rather than a panic.
     pub fn validate_input(&self, input: &serde_json::Value) -> Result<(), InputError> {
-        let _ = input;
-        todo!()
+        let Some(schema) = &self.input_schema else {
+            return Ok(());
+        };
+        let validator = match jsonschema::validator_for(schema) {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(InputError {
+                    violations: vec![InputViolation {
+                        pointer: String::new(),
+                        message: format!("the workflow's input schema is invalid: {e}"),
+                    }],
+                })
+            }
+        };
+        let violations: Vec<InputViolation> = validator
+            .iter_errors(input)
+            .map(|e| InputViolation {
+                pointer: e.instance_path().to_string(),
+                message: e.to_string(),
+            })
+            .collect();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(InputError { violations })
+        }
     }
 
     /// A Mermaid `flowchart TD` of the workflow: groups as subgraphs, edges from `needs`.
+    ///
+    /// Mermaid ids are derived from node paths (`review.fix` becomes `review__fix`) because
+    /// dots are not allowed in them; labels keep the real path and kind.
     pub fn mermaid(&self) -> String {
-        todo!()
+        let mut out = String::from("flowchart TD\n");
+        mermaid_group(&mut out, &self.nodes, "", 1);
+        out
+    }
+}
+
+fn mermaid_id(path: &str) -> String {
+    path.replace('.', "__")
+}
+
+fn mermaid_label(text: &str) -> String {
+    // Quotes would end the label early; Mermaid reads `#quot;` as a double quote.
+    text.replace('"', "#quot;")
+}
+
+fn mermaid_group(out: &mut String, nodes: &[NodeSpec], prefix: &str, depth: usize) {
+    let indent = "    ".repeat(depth);
+    for n in nodes {
+        let path = format!("{prefix}{}", n.id);
+        let id = mermaid_id(&path);
+        match n.kind.children() {
+            Some(children) => {
+                let extra = match &n.kind {
+                    NodeKind::Loop { max_iterations, .. } => {
+                        format!(", at most {max_iterations} passes")
+                    }
+                    NodeKind::ForEach { .. } => String::new(),
+                    _ => String::new(),
+                };
+                out.push_str(&format!(
+                    "{indent}subgraph {id}[\"{}{}\"]\n",
+                    mermaid_label(&format!("{} ({})", n.id, n.kind.name())),
+                    extra
+                ));
+                mermaid_group(out, children, &format!("{path}."), depth + 1);
+                out.push_str(&format!("{indent}end\n"));
+            }
+            None => {
+                let shape = match n.kind {
+                    NodeKind::Approval(_) => ("{{", "}}"),
+                    _ => ("[", "]"),
+                };
+                out.push_str(&format!(
+                    "{indent}{id}{}\"{}\"{}\n",
+                    shape.0,
+                    mermaid_label(&format!("{} ({})", n.id, n.kind.name())),
+                    shape.1
+                ));
+            }
+        }
+    }
+    for n in nodes {
+        let id = mermaid_id(&format!("{prefix}{}", n.id));
+        for need in &n.needs {
+            let from = mermaid_id(&format!("{prefix}{need}"));
+            out.push_str(&format!("{indent}{from} --> {id}\n"));
+        }
     }
 }

@@ -1,16 +1,1154 @@
-use std::path::Path;
+//! Reading a workflow file into the model, reporting every problem found with its position.
 
-use crate::error::WorkflowError;
-use crate::model::Workflow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::duration::parse_duration;
+use crate::error::{Problem, WorkflowError};
+use crate::model::*;
+use crate::templates::Templates;
+use crate::yaml::{self, Node, Pos, Yaml};
+
+const TOP_FIELDS: &[&str] = &[
+    "name",
+    "description",
+    "input",
+    "defaults",
+    "concurrency",
+    "sandbox",
+    "output",
+    "nodes",
+];
+const KIND_KEYS: &[&str] = &["command", "value", "approval", "loop", "for_each", "tool"];
+const COMMON_NODE_FIELDS: &[&str] = &[
+    "id",
+    "needs",
+    "if",
+    "stage",
+    "timeout",
+    "retry",
+    "on_failure",
+];
+const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "delay", "max_delay"];
+const DEFAULTS_FIELDS: &[&str] = &["timeout", "retry"];
+const SANDBOX_FIELDS: &[&str] = &["root", "network", "max_output_bytes", "tool_timeout"];
+const LOOP_FIELDS: &[&str] = &["until", "max_iterations", "nodes"];
+/// Names the engine puts in the template context; an `as` name must not hide them.
+const RESERVED_NAMES: &[&str] = &["input", "nodes", "iteration", "index", "run", "workflow"];
 
 /// Reads and parses a workflow file.
 pub fn load(path: &Path) -> Result<Workflow, WorkflowError> {
-    let _ = path;
-    todo!()
+    let source = std::fs::read_to_string(path).map_err(|e| WorkflowError {
+        problems: vec![Problem {
+            file: path.to_path_buf(),
+            line: None,
+            column: None,
+            field: None,
+            message: format!("cannot read the workflow file: {e}"),
+            hint: None,
+        }],
+    })?;
+    parse(&source, path)
 }
 
-/// Parses and validates workflow text; `path` names the file in errors.
+/// Parses and validates workflow text; `path` names the file in errors, and its folder is the
+/// workflow's base folder.
 pub fn parse(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
-    let _ = (source, path);
-    todo!()
+    let mut cx = Cx {
+        file: path.to_path_buf(),
+        problems: Vec::new(),
+        templates: Templates::new(),
+    };
+    let root = match yaml::load(source) {
+        Ok(root) => root,
+        Err(e) => {
+            cx.at(e.pos, None, format!("YAML syntax error: {}", e.message));
+            return Err(cx.into_error());
+        }
+    };
+    let wf = cx.workflow(&root, source, path);
+    if cx.problems.is_empty() {
+        Ok(wf.expect("a workflow without problems is complete"))
+    } else {
+        cx.problems
+            .sort_by_key(|p| (p.line.unwrap_or(0), p.column.unwrap_or(0)));
+        Err(cx.into_error())
+    }
+}
+
+struct Cx {
+    file: PathBuf,
+    problems: Vec<Problem>,
+    templates: Templates,
+}
+
+/// A node as far as it could be read; sibling checks need ids and needs even when the rest of
+/// the node is broken.
+struct Partial {
+    id: Option<(String, Pos)>,
+    needs: Vec<(String, Pos)>,
+    field: String,
+    pos: Pos,
+    spec: Option<NodeSpec>,
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    // Edit distance with transpositions catches `lgo` for `log`; Jaro-Winkler catches longer
+    // names with a shared stem. The smallest distance wins.
+    let limit = (word.chars().count() / 3).max(2);
+    candidates
+        .into_iter()
+        .map(|c| {
+            (
+                strsim::osa_distance(word, c),
+                strsim::jaro_winkler(word, c),
+                c,
+            )
+        })
+        .filter(|(d, jw, _)| *d <= limit || *jw >= 0.9)
+        .min_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)))
+        .map(|(_, _, c)| c)
+}
+
+fn is_node_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn is_workflow_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+impl Cx {
+    fn into_error(self) -> WorkflowError {
+        WorkflowError {
+            problems: self.problems,
+        }
+    }
+
+    fn at(&mut self, pos: Pos, field: Option<&str>, message: impl Into<String>) {
+        self.at_hint(pos, field, message, None);
+    }
+
+    fn at_hint(
+        &mut self,
+        pos: Pos,
+        field: Option<&str>,
+        message: impl Into<String>,
+        hint: Option<String>,
+    ) {
+        self.problems.push(Problem {
+            file: self.file.clone(),
+            line: (pos.line > 0).then_some(pos.line),
+            column: (pos.line > 0).then_some(pos.col),
+            field: field.map(str::to_string),
+            message: message.into(),
+            hint,
+        });
+    }
+
+    /// The entries of a mapping, reporting duplicate and unknown keys. `None` (with a problem)
+    /// when `node` is not a mapping.
+    fn fields<'n>(
+        &mut self,
+        node: &'n Node,
+        field: &str,
+        allowed: &[&str],
+        what: &str,
+    ) -> Option<BTreeMap<String, (&'n Node, &'n Node)>> {
+        let Yaml::Map(entries) = &node.value else {
+            let f = (!field.is_empty()).then_some(field);
+            self.at(
+                node.pos,
+                f,
+                format!("expected a mapping, found {}", node.value.type_name()),
+            );
+            return None;
+        };
+        let mut out: BTreeMap<String, (&'n Node, &'n Node)> = BTreeMap::new();
+        for (k, v) in entries {
+            let key = k.key_text();
+            let kf = join(field, &key);
+            if !allowed.contains(&key.as_str()) {
+                let mut hint = String::new();
+                if let Some(c) = closest(&key, allowed.iter().copied()) {
+                    hint.push_str(&format!("did you mean `{c}`? "));
+                }
+                hint.push_str(&format!("allowed fields {what}: {}", allowed.join(", ")));
+                self.at_hint(
+                    k.pos,
+                    Some(&kf),
+                    format!("unknown field `{key}`"),
+                    Some(hint),
+                );
+                continue;
+            }
+            if let Some((first, _)) = out.get(&key) {
+                let line = first.pos.line;
+                self.at_hint(
+                    k.pos,
+                    Some(&kf),
+                    format!("duplicate field `{key}`"),
+                    Some(format!("first given on line {line}")),
+                );
+                continue;
+            }
+            out.insert(key, (k, v));
+        }
+        Some(out)
+    }
+
+    fn string(&mut self, node: &Node, field: &str) -> Option<String> {
+        match &node.value {
+            Yaml::Str(s) => Some(s.clone()),
+            other => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("expected a string, found {}", other.type_name()),
+                );
+                None
+            }
+        }
+    }
+
+    /// A string, number or boolean as text (argv words, env values).
+    fn text(&mut self, node: &Node, field: &str) -> Option<String> {
+        let t = node.scalar_text();
+        if t.is_none() {
+            self.at(
+                node.pos,
+                Some(field),
+                format!("expected a string, found {}", node.value.type_name()),
+            );
+        }
+        t
+    }
+
+    fn bool(&mut self, node: &Node, field: &str) -> Option<bool> {
+        match node.value {
+            Yaml::Bool(b) => Some(b),
+            ref other => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("expected true or false, found {}", other.type_name()),
+                );
+                None
+            }
+        }
+    }
+
+    fn uint(&mut self, node: &Node, field: &str, min: i64) -> Option<u64> {
+        match node.value {
+            Yaml::Int(i) if i >= min => Some(i as u64),
+            Yaml::Int(i) => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("must be at least {min}, found {i}"),
+                );
+                None
+            }
+            ref other => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("expected an integer, found {}", other.type_name()),
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, node: &Node, field: &str) -> Option<Duration> {
+        let parsed = match &node.value {
+            Yaml::Str(s) => parse_duration(s),
+            Yaml::Int(i) if *i >= 0 => Ok(Duration::from_secs(*i as u64)),
+            other => Err(format!(
+                "expected a duration like 500ms, 30s, 10m or 1h, found {}",
+                other.type_name()
+            )),
+        };
+        match parsed {
+            Ok(d) => Some(d),
+            Err(msg) => {
+                self.at(node.pos, Some(field), msg);
+                None
+            }
+        }
+    }
+
+    fn template(&mut self, node: &Node, field: &str) -> Option<String> {
+        let s = self.string(node, field)?;
+        self.check_template_at(&s, node.pos, field);
+        Some(s)
+    }
+
+    fn check_template_at(&mut self, s: &str, pos: Pos, field: &str) {
+        if let Err(e) = self.templates.check_template(s) {
+            let msg = match e.line {
+                Some(l) if s.contains('\n') => {
+                    format!(
+                        "template does not parse: {} (line {l} of the template)",
+                        e.message
+                    )
+                }
+                _ => format!("template does not parse: {}", e.message),
+            };
+            self.at(pos, Some(field), msg);
+        }
+    }
+
+    /// An expression; booleans and numbers written bare are accepted as their literal.
+    fn expr(&mut self, node: &Node, field: &str) -> Option<String> {
+        let s = self.text(node, field)?;
+        if let Err(e) = self.templates.check_expr(&s) {
+            self.at(
+                node.pos,
+                Some(field),
+                format!("expression does not parse: {}", e.message),
+            );
+        }
+        Some(s)
+    }
+
+    /// Checks every string inside a JSON-like value as a template.
+    fn check_templates_in(&mut self, node: &Node, field: &str) {
+        match &node.value {
+            Yaml::Str(s) => self.check_template_at(s, node.pos, field),
+            Yaml::Seq(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.check_templates_in(item, &format!("{field}[{i}]"));
+                }
+            }
+            Yaml::Map(entries) => {
+                for (k, v) in entries {
+                    self.check_templates_in(v, &join(field, &k.key_text()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn retry(&mut self, node: &Node, field: &str) -> Option<RetryPolicy> {
+        let f = self.fields(node, field, RETRY_FIELDS, "in retry")?;
+        let mut ok = true;
+        let mut policy = RetryPolicy::none();
+        if let Some((_, v)) = f.get("attempts") {
+            match self.uint(v, &join(field, "attempts"), 1) {
+                Some(n) if n <= u32::MAX as u64 => policy.attempts = n as u32,
+                Some(_) => {
+                    self.at(v.pos, Some(&join(field, "attempts")), "too many attempts");
+                    ok = false;
+                }
+                None => ok = false,
+            }
+        }
+        if let Some((_, v)) = f.get("backoff") {
+            let bf = join(field, "backoff");
+            match self.string(v, &bf).as_deref() {
+                Some("fixed") => policy.backoff = Backoff::Fixed,
+                Some("exponential") => policy.backoff = Backoff::Exponential,
+                Some(other) => {
+                    self.at(
+                        v.pos,
+                        Some(&bf),
+                        format!("`{other}` is not a backoff; use `fixed` or `exponential`"),
+                    );
+                    ok = false;
+                }
+                None => ok = false,
+            }
+        }
+        if let Some((_, v)) = f.get("delay") {
+            match self.duration(v, &join(field, "delay")) {
+                Some(d) => policy.delay = d,
+                None => ok = false,
+            }
+        }
+        if let Some((_, v)) = f.get("max_delay") {
+            match self.duration(v, &join(field, "max_delay")) {
+                Some(d) => {
+                    policy.max_delay = d;
+                    if d < policy.delay {
+                        self.at(
+                            v.pos,
+                            Some(&join(field, "max_delay")),
+                            "max_delay is shorter than delay",
+                        );
+                        ok = false;
+                    }
+                }
+                None => ok = false,
+            }
+        } else if policy.max_delay < policy.delay {
+            // An explicit long delay with no cap: the cap follows the delay.
+            policy.max_delay = policy.delay;
+        }
+        ok.then_some(policy)
+    }
+
+    fn workflow(&mut self, root: &Node, source: &str, path: &Path) -> Option<Workflow> {
+        if matches!(root.value, Yaml::Null) {
+            self.at(
+                root.pos,
+                None,
+                "the workflow file is empty; it needs at least `name` and `nodes`",
+            );
+            return None;
+        }
+        let f = self.fields(root, "", TOP_FIELDS, "at the top level")?;
+
+        let name = match f.get("name") {
+            Some((_, v)) => self.string(v, "name").and_then(|n| {
+                if is_workflow_name(&n) {
+                    Some(n)
+                } else {
+                    self.at(
+                        v.pos,
+                        Some("name"),
+                        format!("`{n}` is not a valid workflow name; use lower-case letters, digits, `_` and `-`"),
+                    );
+                    None
+                }
+            }),
+            None => {
+                self.at(root.pos, Some("name"), "missing required field `name`");
+                None
+            }
+        };
+        let description = f
+            .get("description")
+            .and_then(|(_, v)| self.string(v, "description"));
+
+        let input_schema = f.get("input").and_then(|(_, v)| self.input_schema(v));
+
+        let mut defaults = Defaults::default();
+        if let Some((_, v)) = f.get("defaults") {
+            if let Some(d) = self.fields(v, "defaults", DEFAULTS_FIELDS, "in defaults") {
+                if let Some((_, t)) = d.get("timeout") {
+                    defaults.timeout = self.duration(t, "defaults.timeout");
+                }
+                if let Some((_, r)) = d.get("retry") {
+                    defaults.retry = self.retry(r, "defaults.retry");
+                }
+            }
+        }
+
+        let concurrency = f
+            .get("concurrency")
+            .and_then(|(_, v)| self.uint(v, "concurrency", 1))
+            .map(|n| n as usize);
+
+        let mut sandbox = SandboxSpec::default();
+        if let Some((_, v)) = f.get("sandbox") {
+            if let Some(s) = self.fields(v, "sandbox", SANDBOX_FIELDS, "in sandbox") {
+                if let Some((_, r)) = s.get("root") {
+                    sandbox.root = self.string(r, "sandbox.root");
+                }
+                if let Some((_, n)) = s.get("network") {
+                    sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
+                }
+                if let Some((_, m)) = s.get("max_output_bytes") {
+                    sandbox.max_output_bytes = self.uint(m, "sandbox.max_output_bytes", 1);
+                }
+                if let Some((_, t)) = s.get("tool_timeout") {
+                    sandbox.tool_timeout = self.duration(t, "sandbox.tool_timeout");
+                }
+            }
+        }
+
+        let output = f
+            .get("output")
+            .and_then(|(_, v)| self.template(v, "output"));
+
+        let nodes = match f.get("nodes") {
+            Some((_, v)) => self.nodes(v, "nodes"),
+            None => {
+                self.at(
+                    root.pos,
+                    Some("nodes"),
+                    "missing required field `nodes` (a list of nodes)",
+                );
+                Vec::new()
+            }
+        };
+
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let base_dir = abs
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        Some(Workflow {
+            name: name?,
+            description,
+            input_schema,
+            defaults,
+            concurrency,
+            sandbox,
+            output,
+            nodes,
+            path: abs,
+            base_dir,
+            source: source.to_string(),
+            hash: hex::encode(Sha256::digest(source.as_bytes())),
+        })
+    }
+
+    fn input_schema(&mut self, node: &Node) -> Option<serde_json::Value> {
+        if !matches!(node.value, Yaml::Map(_) | Yaml::Bool(_)) {
+            self.at(
+                node.pos,
+                Some("input"),
+                format!(
+                    "expected a JSON Schema (a mapping), found {}",
+                    node.value.type_name()
+                ),
+            );
+            return None;
+        }
+        let schema = node.to_json();
+        match jsonschema::validator_for(&schema) {
+            Ok(_) => Some(schema),
+            Err(e) => {
+                // Point at the offending part of the schema when the pointer leads somewhere.
+                let pointer = e.instance_path().to_string();
+                let (pos, field) = locate(node, &pointer)
+                    .map(|(n, f)| (n.pos, format!("input{f}")))
+                    .unwrap_or((node.pos, "input".to_string()));
+                self.at(pos, Some(&field), format!("not a valid JSON Schema: {e}"));
+                None
+            }
+        }
+    }
+
+    fn nodes(&mut self, node: &Node, field: &str) -> Vec<NodeSpec> {
+        let Yaml::Seq(items) = &node.value else {
+            self.at(
+                node.pos,
+                Some(field),
+                format!("expected a list of nodes, found {}", node.value.type_name()),
+            );
+            return Vec::new();
+        };
+        if items.is_empty() {
+            self.at(node.pos, Some(field), "needs at least one node");
+            return Vec::new();
+        }
+        let partials: Vec<Partial> = items
+            .iter()
+            .enumerate()
+            .map(|(i, n)| self.node(n, &format!("{field}[{i}]")))
+            .collect();
+        self.siblings(&partials);
+        partials.into_iter().filter_map(|p| p.spec).collect()
+    }
+
+    /// Checks that apply among siblings: unique ids, `needs` naming siblings, no cycles.
+    fn siblings(&mut self, partials: &[Partial]) {
+        let mut first: HashMap<&str, &Partial> = HashMap::new();
+        for p in partials {
+            if let Some((id, pos)) = &p.id {
+                if let Some(prev) = first.get(id.as_str()) {
+                    let line = prev.pos.line;
+                    self.at_hint(
+                        *pos,
+                        Some(&format!("{}.id", p.field)),
+                        format!("duplicate node id `{id}`"),
+                        Some(format!(
+                            "ids must be unique in their group; first used on line {line}"
+                        )),
+                    );
+                } else {
+                    first.insert(id, p);
+                }
+            }
+        }
+        let ids: Vec<&str> = partials
+            .iter()
+            .filter_map(|p| p.id.as_ref().map(|(id, _)| id.as_str()))
+            .collect();
+        for p in partials {
+            for (need, pos) in &p.needs {
+                let nf = format!("{}.needs", p.field);
+                if p.id.as_ref().is_some_and(|(id, _)| id == need) {
+                    self.at(*pos, Some(&nf), format!("`{need}` cannot need itself"));
+                } else if !first.contains_key(need.as_str()) {
+                    let hint = closest(need, ids.iter().copied())
+                        .map(|c| format!("did you mean `{c}`?"))
+                        .or_else(|| {
+                            need.contains('.').then(|| {
+                                "`needs` names a sibling by its id, not a path".to_string()
+                            })
+                        });
+                    self.at_hint(
+                        *pos,
+                        Some(&nf),
+                        format!("`{need}` is not a node in this group"),
+                        hint,
+                    );
+                }
+            }
+        }
+        // Cycles: depth-first search in file order; each cycle is reported once, at the
+        // node where the search first entered it.
+        let index: HashMap<&str, usize> = partials
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.id.as_ref().map(|(id, _)| (id.as_str(), i)))
+            .collect();
+        let edges: Vec<Vec<usize>> = partials
+            .iter()
+            .map(|p| {
+                p.needs
+                    .iter()
+                    .filter_map(|(n, _)| index.get(n.as_str()).copied())
+                    .filter(|&j| {
+                        p.id.as_ref().map(|(id, _)| id.as_str())
+                            != Some(&partials[j].id.as_ref().unwrap().0)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut state = vec![0u8; partials.len()]; // 0 new, 1 on stack, 2 done
+        let mut reported: HashSet<Vec<usize>> = HashSet::new();
+        let mut cycles: Vec<Vec<usize>> = Vec::new();
+        fn dfs(
+            v: usize,
+            edges: &[Vec<usize>],
+            state: &mut [u8],
+            stack: &mut Vec<usize>,
+            reported: &mut HashSet<Vec<usize>>,
+            cycles: &mut Vec<Vec<usize>>,
+        ) {
+            state[v] = 1;
+            stack.push(v);
+            for &w in &edges[v] {
+                if state[w] == 1 {
+                    let start = stack.iter().position(|&x| x == w).unwrap();
+                    let cycle: Vec<usize> = stack[start..].to_vec();
+                    let mut key = cycle.clone();
+                    key.sort_unstable();
+                    if reported.insert(key) {
+                        cycles.push(cycle);
+                    }
+                } else if state[w] == 0 {
+                    dfs(w, edges, state, stack, reported, cycles);
+                }
+            }
+            stack.pop();
+            state[v] = 2;
+        }
+        for v in 0..partials.len() {
+            if state[v] == 0 {
+                dfs(
+                    v,
+                    &edges,
+                    &mut state,
+                    &mut Vec::new(),
+                    &mut reported,
+                    &mut cycles,
+                );
+            }
+        }
+        for cycle in cycles {
+            // Walk the cycle in `needs` direction: a needs b needs ... needs a.
+            let names: Vec<&str> = cycle
+                .iter()
+                .chain(std::iter::once(&cycle[0]))
+                .map(|&i| partials[i].id.as_ref().unwrap().0.as_str())
+                .collect();
+            let p = &partials[cycle[0]];
+            let need_pos = p
+                .needs
+                .iter()
+                .find(|(n, _)| n == names[1])
+                .map(|(_, pos)| *pos)
+                .unwrap_or(p.pos);
+            self.at_hint(
+                need_pos,
+                Some(&format!("{}.needs", p.field)),
+                format!("cycle in needs: {}", names.join(" -> ")),
+                Some("a node cannot (indirectly) wait for itself".into()),
+            );
+        }
+    }
+
+    fn node(&mut self, node: &Node, field: &str) -> Partial {
+        let mut partial = Partial {
+            id: None,
+            needs: Vec::new(),
+            field: field.to_string(),
+            pos: node.pos,
+            spec: None,
+        };
+        let Yaml::Map(entries) = &node.value else {
+            self.at(
+                node.pos,
+                Some(field),
+                format!(
+                    "expected a node (a mapping with `id` and a kind), found {}",
+                    node.value.type_name()
+                ),
+            );
+            return partial;
+        };
+        let kinds: Vec<&str> = entries
+            .iter()
+            .filter_map(|(k, _)| match &k.value {
+                Yaml::Str(s) => KIND_KEYS.iter().copied().find(|kk| kk == s),
+                _ => None,
+            })
+            .collect();
+        let kind = match kinds.as_slice() {
+            [one] => Some(*one),
+            [] => {
+                self.at_hint(
+                    node.pos,
+                    Some(field),
+                    "node has no kind",
+                    Some(format!("give exactly one of: {}", KIND_KEYS.join(", "))),
+                );
+                None
+            }
+            many => {
+                let list: Vec<String> = many.iter().map(|k| format!("`{k}`")).collect();
+                self.at_hint(
+                    node.pos,
+                    Some(field),
+                    format!("node has more than one kind: {}", list.join(" and ")),
+                    Some("give exactly one kind key per node".into()),
+                );
+                None
+            }
+        };
+        let mut allowed: Vec<&str> = COMMON_NODE_FIELDS.to_vec();
+        match kind {
+            Some("command") => allowed.extend(["command", "env", "cwd", "output"]),
+            Some("for_each") => allowed.extend(["for_each", "as", "nodes"]),
+            Some("tool") => allowed.extend(["tool", "args"]),
+            Some(k) => allowed.push(k),
+            // Unknown kind: accept every field some kind allows, so only true typos show.
+            None => allowed.extend(
+                KIND_KEYS
+                    .iter()
+                    .copied()
+                    .chain(["env", "cwd", "output", "as", "nodes", "args"]),
+            ),
+        }
+        let what = match kind {
+            Some(k) => format!("on a `{k}` node"),
+            None => "on a node".to_string(),
+        };
+        // Fields that exist but belong to another kind get a sharper message than "unknown".
+        let mut misplaced = HashSet::new();
+        for (k, _) in entries {
+            let key = k.key_text();
+            if kind.is_some() && !allowed.contains(&key.as_str()) {
+                let owner = match key.as_str() {
+                    "env" | "cwd" | "output" => Some("command"),
+                    "as" => Some("for_each"),
+                    "nodes" => Some("for_each"),
+                    "args" => Some("tool"),
+                    _ => None,
+                };
+                if let Some(owner) = owner {
+                    let hint = if key == "nodes" && kind == Some("loop") {
+                        Some("a loop's nodes go inside `loop:`".to_string())
+                    } else {
+                        None
+                    };
+                    self.at_hint(
+                        k.pos,
+                        Some(&join(field, &key)),
+                        format!("`{key}` is only allowed on `{owner}` nodes"),
+                        hint,
+                    );
+                    misplaced.insert(key);
+                }
+            }
+        }
+        let f = match &node.value {
+            Yaml::Map(entries) => {
+                let filtered: Vec<(Node, Node)> = entries
+                    .iter()
+                    .filter(|(k, _)| !misplaced.contains(&k.key_text()))
+                    .cloned()
+                    .collect();
+                let filtered = Node {
+                    pos: node.pos,
+                    value: Yaml::Map(filtered),
+                };
+                let Some(f) = self.fields(&filtered, field, &allowed, &what) else {
+                    return partial;
+                };
+                // `fields` borrows from the temporary; own the pieces we need.
+                f.into_iter()
+                    .map(|(k, (kn, v))| (k, (kn.clone(), v.clone())))
+                    .collect::<BTreeMap<String, (Node, Node)>>()
+            }
+            _ => unreachable!(),
+        };
+
+        // id
+        let id = match f.get("id") {
+            Some((_, v)) => self.string(v, &join(field, "id")).and_then(|id| {
+                if is_node_id(&id) {
+                    partial.id = Some((id.clone(), v.pos));
+                    Some(id)
+                } else {
+                    self.at_hint(
+                        v.pos,
+                        Some(&join(field, "id")),
+                        format!("`{id}` is not a valid node id"),
+                        Some("use letters, digits, `_` and `-`; `.`, `[` and `]` are reserved for paths".into()),
+                    );
+                    None
+                }
+            }),
+            None => {
+                self.at(node.pos, Some(&join(field, "id")), "missing required field `id`");
+                None
+            }
+        };
+
+        // needs
+        if let Some((_, v)) = f.get("needs") {
+            let nf = join(field, "needs");
+            match &v.value {
+                Yaml::Str(s) => partial.needs.push((s.clone(), v.pos)),
+                Yaml::Seq(items) => {
+                    for item in items {
+                        if let Some(s) = self.string(item, &nf) {
+                            partial.needs.push((s, item.pos));
+                        }
+                    }
+                }
+                other => self.at(
+                    v.pos,
+                    Some(&nf),
+                    format!("expected a list of node ids, found {}", other.type_name()),
+                ),
+            }
+        }
+        let before = self.problems.len();
+
+        let if_ = f
+            .get("if")
+            .and_then(|(_, v)| self.expr(v, &join(field, "if")));
+        let stage = f
+            .get("stage")
+            .and_then(|(_, v)| self.string(v, &join(field, "stage")));
+        let timeout = f
+            .get("timeout")
+            .and_then(|(_, v)| self.duration(v, &join(field, "timeout")));
+        let retry = f
+            .get("retry")
+            .and_then(|(_, v)| self.retry(v, &join(field, "retry")));
+        let on_failure = match f.get("on_failure") {
+            Some((_, v)) => {
+                let of = join(field, "on_failure");
+                match self.string(v, &of).as_deref() {
+                    Some("fail") | None => OnFailure::Fail,
+                    Some("continue") => OnFailure::Continue,
+                    Some(other) => {
+                        self.at(
+                            v.pos,
+                            Some(&of),
+                            format!(
+                                "`{other}` is not an on_failure policy; use `fail` or `continue`"
+                            ),
+                        );
+                        OnFailure::Fail
+                    }
+                }
+            }
+            None => OnFailure::Fail,
+        };
+        let mut env = BTreeMap::new();
+        if let Some((_, v)) = f.get("env") {
+            let ef = join(field, "env");
+            match &v.value {
+                Yaml::Map(entries) => {
+                    for (k, val) in entries {
+                        let key = k.key_text();
+                        let kf = join(&ef, &key);
+                        if let Some(text) = self.text(val, &kf) {
+                            self.check_template_at(&text, val.pos, &kf);
+                            env.insert(key, text);
+                        }
+                    }
+                }
+                other => self.at(
+                    v.pos,
+                    Some(&ef),
+                    format!(
+                        "expected a mapping of variables, found {}",
+                        other.type_name()
+                    ),
+                ),
+            }
+        }
+        let cwd = f
+            .get("cwd")
+            .and_then(|(_, v)| self.template(v, &join(field, "cwd")));
+        let output = match f.get("output") {
+            Some((_, v)) => {
+                let of = join(field, "output");
+                match self.string(v, &of).as_deref() {
+                    Some("text") | None => OutputFormat::Text,
+                    Some("json") => OutputFormat::Json,
+                    Some("lines") => OutputFormat::Lines,
+                    Some(other) => {
+                        self.at(
+                            v.pos,
+                            Some(&of),
+                            format!(
+                                "`{other}` is not an output format; use `text`, `json` or `lines`"
+                            ),
+                        );
+                        OutputFormat::Text
+                    }
+                }
+            }
+            None => OutputFormat::Text,
+        };
+
+        let kind = kind.and_then(|k| self.kind(k, &f, field));
+        if self.problems.len() != before {
+            return partial;
+        }
+        if let (Some(id), Some(kind)) = (id, kind) {
+            partial.spec = Some(NodeSpec {
+                id,
+                kind,
+                needs: partial.needs.iter().map(|(n, _)| n.clone()).collect(),
+                if_,
+                stage,
+                timeout,
+                retry,
+                on_failure,
+                env,
+                cwd,
+                output,
+                line: node.pos.line,
+            });
+        }
+        partial
+    }
+
+    fn kind(
+        &mut self,
+        kind: &str,
+        f: &BTreeMap<String, (Node, Node)>,
+        field: &str,
+    ) -> Option<NodeKind> {
+        let (_, v) = f.get(kind)?;
+        let kf = join(field, kind);
+        match kind {
+            "command" => {
+                let Yaml::Seq(items) = &v.value else {
+                    self.at_hint(
+                        v.pos,
+                        Some(&kf),
+                        format!("expected a list (the argv), found {}", v.value.type_name()),
+                        Some("commands run without a shell; write [\"sh\", \"-c\", \"...\"] to use one".into()),
+                    );
+                    return None;
+                };
+                if items.is_empty() {
+                    self.at(v.pos, Some(&kf), "the argv is empty");
+                    return None;
+                }
+                let mut argv = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    let af = format!("{kf}[{i}]");
+                    let text = self.text(item, &af)?;
+                    self.check_template_at(&text, item.pos, &af);
+                    argv.push(text);
+                }
+                Some(NodeKind::Command(argv))
+            }
+            "value" => {
+                self.check_templates_in(v, &kf);
+                Some(NodeKind::Value(v.to_json()))
+            }
+            "approval" => self.template(v, &kf).map(NodeKind::Approval),
+            "tool" => {
+                let tool = self.string(v, &kf)?;
+                if tool.trim().is_empty() {
+                    self.at(v.pos, Some(&kf), "the tool name is empty");
+                    return None;
+                }
+                let args = match f.get("args") {
+                    Some((_, a)) => {
+                        let af = join(field, "args");
+                        if !matches!(a.value, Yaml::Map(_)) {
+                            self.at(
+                                a.pos,
+                                Some(&af),
+                                format!(
+                                    "expected a mapping of arguments, found {}",
+                                    a.value.type_name()
+                                ),
+                            );
+                            return None;
+                        }
+                        self.check_templates_in(a, &af);
+                        a.to_json()
+                    }
+                    None => serde_json::Value::Object(Default::default()),
+                };
+                Some(NodeKind::Tool { tool, args })
+            }
+            "loop" => {
+                let lf = self.fields(v, &kf, LOOP_FIELDS, "in loop")?;
+                let until = match lf.get("until") {
+                    Some((_, u)) => self.expr(u, &join(&kf, "until")),
+                    None => {
+                        self.at(
+                            v.pos,
+                            Some(&join(&kf, "until")),
+                            "missing required field `until` (the expression that ends the loop)",
+                        );
+                        None
+                    }
+                };
+                let max_iterations = match lf.get("max_iterations") {
+                    Some((_, m)) => self.uint(m, &join(&kf, "max_iterations"), 1).and_then(|n| {
+                        u32::try_from(n).ok().or_else(|| {
+                            self.at(m.pos, Some(&join(&kf, "max_iterations")), "too large");
+                            None
+                        })
+                    }),
+                    None => {
+                        self.at(
+                            v.pos,
+                            Some(&join(&kf, "max_iterations")),
+                            "missing required field `max_iterations` (the most passes the loop makes)",
+                        );
+                        None
+                    }
+                };
+                let nodes = match lf.get("nodes") {
+                    Some((_, n)) => self.nodes(n, &join(&kf, "nodes")),
+                    None => {
+                        self.at(
+                            v.pos,
+                            Some(&join(&kf, "nodes")),
+                            "missing required field `nodes` (the loop's body)",
+                        );
+                        Vec::new()
+                    }
+                };
+                Some(NodeKind::Loop {
+                    until: until?,
+                    max_iterations: max_iterations?,
+                    nodes,
+                })
+            }
+            "for_each" => {
+                let list = self.expr(v, &kf);
+                let mut as_ok = true;
+                let as_name = match f.get("as") {
+                    Some((_, a)) => {
+                        let af = join(field, "as");
+                        let name = self.string(a, &af);
+                        match name {
+                            Some(name) if !is_identifier(&name) => {
+                                self.at(
+                                    a.pos,
+                                    Some(&af),
+                                    format!("`{name}` is not a valid name; use letters, digits and `_`, not starting with a digit"),
+                                );
+                                as_ok = false;
+                                None
+                            }
+                            Some(name) if RESERVED_NAMES.contains(&name.as_str()) => {
+                                self.at(
+                                    a.pos,
+                                    Some(&af),
+                                    format!(
+                                        "`{name}` is already a name in templates; choose another"
+                                    ),
+                                );
+                                as_ok = false;
+                                None
+                            }
+                            Some(name) => Some(name),
+                            None => {
+                                as_ok = false;
+                                None
+                            }
+                        }
+                    }
+                    None => None,
+                };
+                let nodes = match f.get("nodes") {
+                    Some((_, n)) => self.nodes(n, &join(field, "nodes")),
+                    None => {
+                        self.at(
+                            v.pos,
+                            Some(&join(field, "nodes")),
+                            "missing required field `nodes` (mounted once per element)",
+                        );
+                        Vec::new()
+                    }
+                };
+                if !as_ok {
+                    return None;
+                }
+                Some(NodeKind::ForEach {
+                    list: list?,
+                    as_name,
+                    nodes,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Follows a JSON pointer through the YAML tree, for positions inside the input schema.
+fn locate<'n>(node: &'n Node, pointer: &str) -> Option<(&'n Node, String)> {
+    let mut cur = node;
+    let mut field = String::new();
+    for raw in pointer.split('/').skip(1) {
+        let seg = raw.replace("~1", "/").replace("~0", "~");
+        cur = match &cur.value {
+            Yaml::Map(entries) => {
+                field.push('.');
+                field.push_str(&seg);
+                &entries.iter().find(|(k, _)| k.key_text() == seg)?.1
+            }
+            Yaml::Seq(items) => {
+                let i: usize = seg.parse().ok()?;
+                field.push_str(&format!("[{i}]"));
+                items.get(i)?
+            }
+            _ => return None,
+        };
+    }
+    Some((cur, field))
 }
