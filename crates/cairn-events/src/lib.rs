@@ -5,11 +5,15 @@
 //! This crate does no I/O, so that every layer above it (store, engine, CLI,
 //! server) can depend on it and agree on one meaning of the log.
 
+mod activity;
 mod event;
+mod metrics;
 mod reducer;
 
+pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
 };
+pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use reducer::{AttemptState, Decision, NodeState, NodeStatus, RunState};

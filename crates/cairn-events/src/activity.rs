@@ -1,0 +1,828 @@
+//! The Activity view: the human-sized story of a run, derived from its log
+//! and never stored as events.
+//!
+//! The log says everything at machine grain (every output chunk, heartbeat,
+//! layer). People watching a run want one line per meaningful action: a
+//! command ran, a file was read or edited, an approval was asked and decided,
+//! a child run was delegated, a node completed, something failed, the run
+//! ended. [`ActivityFolder`] turns events into those entries; entries that
+//! span time (a command, a tool call, an approval) are opened by one event and
+//! closed by a later one, so an entry's `status` and `endedMs` change while
+//! the run goes on, but its `id` and its place in the chain do not.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::event::{Event, EventKind, OutputStream, ToolStatus};
+
+/// The parent run and node of a child run, so a child's activity can be shown
+/// under the delegation that started it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DelegatedBy {
+    /// The parent run.
+    pub run_id: String,
+    /// The parent's node that delegated.
+    pub node_id: String,
+}
+
+/// One entry of a run's activity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Activity {
+    /// `<runId>-<seq>`, where `seq` is the event that opened the entry: stable
+    /// across recomputations of the view, so clients can key on it.
+    pub id: String,
+    /// The run the entry belongs to.
+    pub run_id: String,
+    /// The node the entry belongs to; absent for run-level entries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// The node's loop pass, for node entries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iteration: Option<u32>,
+    /// The entry before this one in the run: the entries form one chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_activity_id: Option<String>,
+    /// Set on every entry of a child run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delegated_by: Option<DelegatedBy>,
+    /// What happened: `run`, `command`, `file-read`, `file-written`,
+    /// `file-edited`, `search`, `tool`, `approval`, `input`, `delegation`,
+    /// `completion` or `error`.
+    pub kind: &'static str,
+    /// One line for people.
+    pub title: String,
+    /// `running`, `waiting`, `success`, `error`, `cancelled`, `approved`,
+    /// `denied` or `answered`.
+    pub status: &'static str,
+    /// When the opening event was appended.
+    pub started_ms: i64,
+    /// When the closing event was appended; absent while the entry is open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
+    /// The `seq` of the opening event.
+    pub seq: u64,
+    /// The `seq` of the last event that changed the entry.
+    pub updated_seq: u64,
+    /// The error message, for entries that ended in error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The Activity view of a whole log.
+///
+/// ```
+/// use cairn_events::{activity, Event, EventKind, Scope};
+/// let ev = |seq, scope, kind| Event { run_id: "r".into(), seq, timestamp_ms: seq as i64, scope, kind };
+/// let log = [
+///     ev(1, Scope::node("build", 0).with_attempt(1), EventKind::NodeStarted {}),
+///     ev(2, Scope::node("build", 0).with_attempt(1),
+///        EventKind::NodeFinished { duration_ms: 1, output: None, cached: None }),
+/// ];
+/// let story = activity(&log);
+/// assert_eq!(story.len(), 1);
+/// assert_eq!(story[0].kind, "completion");
+/// ```
+pub fn activity(events: &[Event]) -> Vec<Activity> {
+    let mut f = ActivityFolder::new();
+    for e in events {
+        f.apply(e);
+    }
+    f.into_entries()
+}
+
+type AttemptKey = (String, u32, u32);
+
+/// Folds events one by one into the Activity view, for callers that keep the
+/// view up to date while a run goes on.
+#[derive(Debug, Default, Clone)]
+pub struct ActivityFolder {
+    entries: Vec<Activity>,
+    node_kinds: HashMap<String, String>,
+    delegated_by: Option<DelegatedBy>,
+    /// Each node attempt still running: (start ts, start seq, made tool calls).
+    attempts: HashMap<AttemptKey, (i64, u64, bool)>,
+    /// The command entry of a running attempt.
+    commands: HashMap<AttemptKey, usize>,
+    /// Open tool-call entries by (node, iteration, attempt, toolSeq).
+    tools: HashMap<(String, u32, u32, u32), usize>,
+    /// Open approval / input entries by (node, iteration).
+    waits: HashMap<(String, u32), usize>,
+    /// Open delegations by child run id.
+    delegations: HashMap<String, usize>,
+}
+
+impl ActivityFolder {
+    /// A folder with no events yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tells the folder each node's kind (`command`, `value`, `tool`, ...) by
+    /// node id, as the workflow declares it. The log does not name node
+    /// kinds; without this hint a command node is recognised only once it
+    /// writes to stdout or stderr.
+    pub fn with_node_kinds(mut self, kinds: HashMap<String, String>) -> Self {
+        self.node_kinds = kinds;
+        self
+    }
+
+    /// The entries so far, oldest first.
+    pub fn entries(&self) -> &[Activity] {
+        &self.entries
+    }
+
+    /// The entries, oldest first.
+    pub fn into_entries(self) -> Vec<Activity> {
+        self.entries
+    }
+
+    fn is_command_node(&self, node_id: &str) -> bool {
+        // Loop and for_each children are named by path (`review.fix`,
+        // `per_line[3].show`); the hint map may hold either form.
+        if let Some(k) = self.node_kinds.get(node_id) {
+            return k == "command";
+        }
+        let generic = strip_indices(node_id);
+        self.node_kinds
+            .get(&generic)
+            .is_some_and(|k| k == "command")
+    }
+
+    fn push(
+        &mut self,
+        ev: &Event,
+        kind: &'static str,
+        title: String,
+        status: &'static str,
+    ) -> usize {
+        self.push_at(ev, ev.timestamp_ms, ev.seq, kind, title, status)
+    }
+
+    fn push_at(
+        &mut self,
+        ev: &Event,
+        started_ms: i64,
+        seq: u64,
+        kind: &'static str,
+        title: String,
+        status: &'static str,
+    ) -> usize {
+        let previous_activity_id = self.entries.last().map(|a| a.id.clone());
+        self.entries.push(Activity {
+            id: format!("{}-{}", ev.run_id, seq),
+            run_id: ev.run_id.clone(),
+            node_id: ev.scope.node_id.clone(),
+            iteration: ev
+                .scope
+                .node_id
+                .as_ref()
+                .map(|_| ev.scope.iteration.unwrap_or(0)),
+            previous_activity_id,
+            delegated_by: self.delegated_by.clone(),
+            kind,
+            title,
+            status,
+            started_ms,
+            ended_ms: None,
+            seq,
+            updated_seq: ev.seq,
+            error: None,
+        });
+        self.entries.len() - 1
+    }
+
+    fn close(&mut self, idx: usize, ev: &Event, status: &'static str, error: Option<String>) {
+        let a = &mut self.entries[idx];
+        a.status = status;
+        a.ended_ms = Some(ev.timestamp_ms);
+        a.updated_seq = ev.seq;
+        if error.is_some() {
+            a.error = error;
+        }
+    }
+
+    fn open_command(&mut self, ev: &Event, key: &AttemptKey) {
+        if self.commands.contains_key(key) {
+            return;
+        }
+        let (ts, seq, _) =
+            self.attempts
+                .get(key)
+                .copied()
+                .unwrap_or((ev.timestamp_ms, ev.seq, false));
+        let title = format!("Ran command `{}`", key.0);
+        let idx = self.push_at(ev, ts, seq, "command", title, "running");
+        self.commands.insert(key.clone(), idx);
+    }
+
+    /// Folds one event.
+    pub fn apply(&mut self, ev: &Event) {
+        let node = ev.scope.node_id.clone();
+        let iteration = ev.scope.iteration.unwrap_or(0);
+        let attempt = ev.scope.attempt.unwrap_or(0);
+        let akey = node.clone().map(|n| (n, iteration, attempt));
+        match &ev.kind {
+            EventKind::RunStarted {
+                workflow,
+                resumed,
+                parent_run_id,
+                parent_node_id,
+                ..
+            } => {
+                if let (Some(r), Some(n)) = (parent_run_id, parent_node_id) {
+                    self.delegated_by = Some(DelegatedBy {
+                        run_id: r.clone(),
+                        node_id: n.clone(),
+                    });
+                }
+                let title = if *resumed {
+                    format!("Resumed run of {workflow}")
+                } else {
+                    format!("Started run of {workflow}")
+                };
+                let idx = self.push(ev, "run", title, "success");
+                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+            }
+            EventKind::NodeStarted {} => {
+                let Some(key) = akey else { return };
+                self.attempts
+                    .insert(key.clone(), (ev.timestamp_ms, ev.seq, false));
+                if self.is_command_node(&key.0) {
+                    self.open_command(ev, &key);
+                }
+            }
+            EventKind::NodeOutput { stream, .. } => {
+                let Some(key) = akey else { return };
+                // Output from a node that calls tools is the tools' output
+                // (a bash call), already told by the tool entry.
+                if matches!(stream, OutputStream::Stdout | OutputStream::Stderr)
+                    && self.attempts.get(&key).is_some_and(|a| !a.2)
+                {
+                    self.open_command(ev, &key);
+                }
+            }
+            EventKind::NodeFinished {
+                duration_ms,
+                cached,
+                ..
+            } => {
+                let Some(key) = akey else { return };
+                let started = self.attempts.remove(&key);
+                if let Some(idx) = self.commands.remove(&key) {
+                    self.close(idx, ev, "success", None);
+                } else {
+                    let cached = if cached == &Some(true) {
+                        " (cached)"
+                    } else {
+                        ""
+                    };
+                    let title =
+                        format!("{} completed in {}{cached}", key.0, human_ms(*duration_ms));
+                    // A completion is told when it happens, so it is named
+                    // after the finishing event, but spans the whole attempt.
+                    let idx = self.push(ev, "completion", title, "success");
+                    if let Some((ts, _, _)) = started {
+                        self.entries[idx].started_ms = ts;
+                    }
+                    self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                }
+            }
+            EventKind::NodeFailed { error, will_retry } => {
+                let Some(key) = akey else { return };
+                self.attempts.remove(&key);
+                if let Some(idx) = self.commands.remove(&key) {
+                    self.close(idx, ev, "error", Some(error.message.clone()));
+                }
+                self.close_tools_of(&key, ev, "error");
+                let retry = if *will_retry { " (will retry)" } else { "" };
+                let title = format!("{} failed: {}{retry}", key.0, error.message);
+                let idx = self.push(ev, "error", title, "error");
+                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                self.entries[idx].error = Some(error.message.clone());
+            }
+            EventKind::NodeCancelled { .. } => {
+                let Some(node) = node else { return };
+                let keys: Vec<AttemptKey> = self
+                    .attempts
+                    .keys()
+                    .filter(|k| k.0 == node && k.1 == iteration)
+                    .cloned()
+                    .collect();
+                for key in keys {
+                    self.attempts.remove(&key);
+                    if let Some(idx) = self.commands.remove(&key) {
+                        self.close(idx, ev, "cancelled", None);
+                    }
+                    self.close_tools_of(&key, ev, "cancelled");
+                }
+                if let Some(idx) = self.waits.remove(&(node, iteration)) {
+                    self.close(idx, ev, "cancelled", None);
+                }
+            }
+            EventKind::ToolCallStarted {
+                tool_name,
+                tool_seq,
+                ..
+            } => {
+                let Some(node) = node else { return };
+                if let Some(a) = akey.as_ref().and_then(|k| self.attempts.get_mut(k)) {
+                    a.2 = true;
+                }
+                let (kind, title) = tool_story(tool_name, &node);
+                let idx = self.push(ev, kind, title, "running");
+                self.tools
+                    .insert((node, iteration, attempt, *tool_seq), idx);
+            }
+            EventKind::ToolCallFinished {
+                tool_seq,
+                status,
+                error,
+                ..
+            } => {
+                let Some(node) = node else { return };
+                if let Some(idx) = self.tools.remove(&(node, iteration, attempt, *tool_seq)) {
+                    let st = match status {
+                        ToolStatus::Success => "success",
+                        ToolStatus::Error => "error",
+                    };
+                    self.close(idx, ev, st, error.as_ref().map(|e| e.message.clone()));
+                }
+            }
+            EventKind::ApprovalRequested { message } => {
+                let Some(node) = node else { return };
+                let title = match message {
+                    Some(m) => format!("Asked for approval: {m}"),
+                    None => format!("Asked for approval of {node}"),
+                };
+                let idx = self.push(ev, "approval", title, "waiting");
+                self.waits.insert((node, iteration), idx);
+            }
+            EventKind::ApprovalGranted { decided_by, note }
+            | EventKind::ApprovalDenied { decided_by, note } => {
+                let Some(node) = node else { return };
+                let granted = matches!(ev.kind, EventKind::ApprovalGranted { .. });
+                let idx = match self.waits.remove(&(node.clone(), iteration)) {
+                    Some(i) => i,
+                    None => self.push(ev, "approval", format!("Approval of {node}"), "waiting"),
+                };
+                let verb = if granted { "Approved" } else { "Denied" };
+                let mut title = format!("{verb} {node}");
+                if let Some(by) = decided_by {
+                    title.push_str(&format!(" by {by}"));
+                }
+                if let Some(n) = note {
+                    title.push_str(&format!(": {n}"));
+                }
+                self.entries[idx].title = title;
+                self.close(idx, ev, if granted { "approved" } else { "denied" }, None);
+            }
+            EventKind::InputRequested { prompt, .. } => {
+                let Some(node) = node else { return };
+                let idx = self.push(ev, "input", format!("Asked for input: {prompt}"), "waiting");
+                self.waits.insert((node, iteration), idx);
+            }
+            EventKind::InputReceived { answered_by, .. } => {
+                let Some(node) = node else { return };
+                if let Some(idx) = self.waits.remove(&(node, iteration)) {
+                    if let Some(by) = answered_by {
+                        let t = format!("{} (answered by {by})", self.entries[idx].title);
+                        self.entries[idx].title = t;
+                    }
+                    self.close(idx, ev, "answered", None);
+                }
+            }
+            EventKind::DelegationStarted {
+                child_run_id,
+                agent,
+            } => {
+                let title = format!("Delegated to {agent} (run {child_run_id})");
+                let idx = self.push(ev, "delegation", title, "running");
+                self.delegations.insert(child_run_id.clone(), idx);
+            }
+            EventKind::DelegationFinished {
+                child_run_id,
+                status,
+            } => {
+                if let Some(idx) = self.delegations.remove(child_run_id) {
+                    let st = match status.as_str() {
+                        "finished" | "success" => "success",
+                        "cancelled" => "cancelled",
+                        _ => "error",
+                    };
+                    self.close(idx, ev, st, None);
+                }
+            }
+            EventKind::RunFinished { duration_ms, .. } => {
+                self.close_all(ev);
+                let title = format!("Run finished in {}", human_ms(*duration_ms));
+                let idx = self.push(ev, "completion", title, "success");
+                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+            }
+            EventKind::RunFailed { error } => {
+                self.close_all(ev);
+                let idx = self.push(
+                    ev,
+                    "error",
+                    format!("Run failed: {}", error.message),
+                    "error",
+                );
+                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                self.entries[idx].error = Some(error.message.clone());
+            }
+            EventKind::RunCancelled { reason } => {
+                self.close_all(ev);
+                let title = match reason {
+                    Some(r) => format!("Run cancelled: {r}"),
+                    None => "Run cancelled".to_string(),
+                };
+                let idx = self.push(ev, "completion", title, "cancelled");
+                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+            }
+            _ => {}
+        }
+    }
+
+    fn close_tools_of(&mut self, key: &AttemptKey, ev: &Event, status: &'static str) {
+        let open: Vec<_> = self
+            .tools
+            .keys()
+            .filter(|t| t.0 == key.0 && t.1 == key.1 && t.2 == key.2)
+            .cloned()
+            .collect();
+        for t in open {
+            if let Some(idx) = self.tools.remove(&t) {
+                self.close(idx, ev, status, None);
+            }
+        }
+    }
+
+    /// A run that ends leaves nothing running; whatever is still open was cut
+    /// short by the end.
+    fn close_all(&mut self, ev: &Event) {
+        let mut open: Vec<usize> = self.commands.drain().map(|(_, i)| i).collect();
+        open.extend(self.tools.drain().map(|(_, i)| i));
+        open.extend(self.waits.drain().map(|(_, i)| i));
+        open.extend(self.delegations.drain().map(|(_, i)| i));
+        self.attempts.clear();
+        for idx in open {
+            if self.entries[idx].ended_ms.is_none() {
+                self.close(idx, ev, "cancelled", None);
+            }
+        }
+    }
+}
+
+/// `per_line[3].show` -> `per_line.show`, the form a workflow declares.
+fn strip_indices(node_id: &str) -> String {
+    let mut out = String::with_capacity(node_id.len());
+    let mut depth = 0;
+    for c in node_id.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn tool_story(tool: &str, node: &str) -> (&'static str, String) {
+    match tool {
+        "read" => ("file-read", format!("Read a file ({node})")),
+        "write" => ("file-written", format!("Wrote a file ({node})")),
+        "edit" => ("file-edited", format!("Edited a file ({node})")),
+        "grep" => ("search", format!("Searched files ({node})")),
+        "bash" => ("command", format!("Ran a shell command ({node})")),
+        other => ("tool", format!("Called tool {other} ({node})")),
+    }
+}
+
+fn human_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{ErrorInfo, Scope};
+
+    fn ev(seq: u64, scope: Scope, kind: EventKind) -> Event {
+        Event {
+            run_id: "r".into(),
+            seq,
+            timestamp_ms: 1000 + seq as i64,
+            scope,
+            kind,
+        }
+    }
+
+    fn started(seq: u64, parent: Option<(&str, &str)>) -> Event {
+        ev(
+            seq,
+            Scope::run(),
+            EventKind::RunStarted {
+                workflow: "wf".into(),
+                workflow_hash: "h".into(),
+                input: None,
+                resumed: false,
+                parent_run_id: parent.map(|p| p.0.to_string()),
+                parent_node_id: parent.map(|p| p.1.to_string()),
+                depth: parent.map_or(0, |_| 1),
+            },
+        )
+    }
+
+    fn a(node: &str, attempt: u32) -> Scope {
+        Scope::node(node, 0).with_attempt(attempt)
+    }
+
+    #[test]
+    fn command_tools_approval_and_end_make_one_chain() {
+        let log = vec![
+            started(1, None),
+            ev(
+                2,
+                Scope::node("build", 0),
+                EventKind::NodePending {
+                    layer_index: Some(0),
+                },
+            ),
+            ev(3, a("build", 1), EventKind::NodeStarted {}),
+            ev(
+                4,
+                a("build", 1),
+                EventKind::NodeOutput {
+                    text: "ok\n".into(),
+                    stream: OutputStream::Stdout,
+                },
+            ),
+            ev(
+                5,
+                a("build", 1),
+                EventKind::NodeOutput {
+                    text: "more\n".into(),
+                    stream: OutputStream::Stdout,
+                },
+            ),
+            ev(
+                6,
+                a("build", 1),
+                EventKind::NodeFinished {
+                    duration_ms: 1500,
+                    output: None,
+                    cached: None,
+                },
+            ),
+            ev(7, a("fix", 1), EventKind::NodeStarted {}),
+            ev(
+                8,
+                a("fix", 1),
+                EventKind::ToolCallStarted {
+                    tool_name: "read".into(),
+                    tool_seq: 1,
+                    idempotency_key: "k1".into(),
+                    side_effect: false,
+                },
+            ),
+            ev(
+                9,
+                a("fix", 1),
+                EventKind::ToolCallFinished {
+                    tool_name: "read".into(),
+                    tool_seq: 1,
+                    status: ToolStatus::Success,
+                    duration_ms: 2,
+                    error: None,
+                },
+            ),
+            ev(
+                10,
+                a("fix", 1),
+                EventKind::ToolCallStarted {
+                    tool_name: "edit".into(),
+                    tool_seq: 2,
+                    idempotency_key: "k2".into(),
+                    side_effect: true,
+                },
+            ),
+            ev(
+                11,
+                a("fix", 1),
+                EventKind::ToolCallFinished {
+                    tool_name: "edit".into(),
+                    tool_seq: 2,
+                    status: ToolStatus::Error,
+                    duration_ms: 2,
+                    error: Some(ErrorInfo::new("patch", "hunk 1 does not apply")),
+                },
+            ),
+            ev(
+                12,
+                a("fix", 1),
+                EventKind::NodeFinished {
+                    duration_ms: 20,
+                    output: None,
+                    cached: None,
+                },
+            ),
+            ev(
+                13,
+                Scope::node("gate", 0),
+                EventKind::NodeWaitingApproval {},
+            ),
+            ev(
+                14,
+                Scope::node("gate", 0),
+                EventKind::ApprovalRequested {
+                    message: Some("Ship it?".into()),
+                },
+            ),
+            ev(
+                15,
+                Scope::node("gate", 0),
+                EventKind::ApprovalGranted {
+                    decided_by: Some("ana".into()),
+                    note: None,
+                },
+            ),
+            ev(
+                16,
+                Scope::run(),
+                EventKind::RunFinished {
+                    output: None,
+                    duration_ms: 2000,
+                },
+            ),
+        ];
+        let story = activity(&log);
+        let kinds: Vec<_> = story.iter().map(|a| a.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                "run",
+                "command",
+                "file-read",
+                "file-edited",
+                "completion",
+                "approval",
+                "completion"
+            ]
+        );
+        let cmd = &story[1];
+        assert_eq!(cmd.id, "r-3", "a command is named after its NodeStarted");
+        assert_eq!(
+            (cmd.status, cmd.ended_ms, cmd.updated_seq),
+            ("success", Some(1006), 6)
+        );
+        assert_eq!(story[3].status, "error");
+        assert_eq!(story[3].error.as_deref(), Some("hunk 1 does not apply"));
+        assert_eq!(story[4].title, "fix completed in 20ms");
+        assert_eq!(story[5].status, "approved");
+        assert_eq!(story[5].title, "Approved gate by ana");
+        assert_eq!(story[6].title, "Run finished in 2.0s");
+        assert_eq!(story[0].previous_activity_id, None);
+        for w in story.windows(2) {
+            assert_eq!(w[1].previous_activity_id.as_deref(), Some(w[0].id.as_str()));
+        }
+        let mut ids: Vec<_> = story.iter().map(|a| &a.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), story.len(), "ids are unique");
+    }
+
+    #[test]
+    fn node_kind_hint_opens_a_silent_command_at_start() {
+        let log = vec![
+            started(1, None),
+            ev(2, a("per_line[2].show", 1), EventKind::NodeStarted {}),
+        ];
+        let kinds = HashMap::from([("per_line.show".to_string(), "command".to_string())]);
+        let mut f = ActivityFolder::new().with_node_kinds(kinds);
+        for e in &log {
+            f.apply(e);
+        }
+        let last = f.entries().last().unwrap();
+        assert_eq!(
+            (last.kind, last.status, last.ended_ms),
+            ("command", "running", None)
+        );
+        assert_eq!(last.node_id.as_deref(), Some("per_line[2].show"));
+    }
+
+    #[test]
+    fn failures_retries_and_run_failure_are_errors() {
+        let fail = |seq, attempt, retry| {
+            ev(
+                seq,
+                a("t", attempt),
+                EventKind::NodeFailed {
+                    error: ErrorInfo::new("exit", "exit code 2"),
+                    will_retry: retry,
+                },
+            )
+        };
+        let log = vec![
+            started(1, None),
+            ev(2, a("t", 1), EventKind::NodeStarted {}),
+            ev(
+                3,
+                a("t", 1),
+                EventKind::NodeOutput {
+                    text: "x".into(),
+                    stream: OutputStream::Stderr,
+                },
+            ),
+            fail(4, 1, true),
+            ev(5, a("t", 2), EventKind::NodeRetrying { delay_ms: 10 }),
+            ev(6, a("t", 2), EventKind::NodeStarted {}),
+            fail(7, 2, false),
+            ev(
+                8,
+                Scope::run(),
+                EventKind::RunFailed {
+                    error: ErrorInfo::new("node", "t failed"),
+                },
+            ),
+        ];
+        let story = activity(&log);
+        let got: Vec<_> = story.iter().map(|a| (a.kind, a.status)).collect();
+        assert_eq!(
+            got,
+            [
+                ("run", "success"),
+                ("command", "error"),
+                ("error", "error"),
+                ("error", "error"),
+                ("error", "error")
+            ]
+        );
+        assert_eq!(story[2].title, "t failed: exit code 2 (will retry)");
+        assert_eq!(story[3].title, "t failed: exit code 2");
+        assert_eq!(story[4].title, "Run failed: t failed");
+    }
+
+    #[test]
+    fn child_runs_carry_their_delegator_and_cancel_closes_open_entries() {
+        let log = vec![
+            started(1, Some(("parent", "agent"))),
+            ev(2, a("w", 1), EventKind::NodeStarted {}),
+            ev(
+                3,
+                a("w", 1),
+                EventKind::ToolCallStarted {
+                    tool_name: "bash".into(),
+                    tool_seq: 1,
+                    idempotency_key: "k".into(),
+                    side_effect: true,
+                },
+            ),
+            ev(
+                4,
+                a("w", 1),
+                EventKind::DelegationStarted {
+                    child_run_id: "c1".into(),
+                    agent: "coder".into(),
+                },
+            ),
+            ev(
+                5,
+                Scope::run(),
+                EventKind::RunCancelled {
+                    reason: Some("stop".into()),
+                },
+            ),
+        ];
+        let story = activity(&log);
+        assert!(story.iter().all(|a| a.delegated_by
+            == Some(DelegatedBy {
+                run_id: "parent".into(),
+                node_id: "agent".into()
+            })));
+        assert_eq!(story[1].kind, "command");
+        assert_eq!(story[1].status, "cancelled");
+        assert_eq!(story[2].kind, "delegation");
+        assert_eq!(story[2].status, "cancelled");
+        assert_eq!(
+            (story[3].kind, story[3].status),
+            ("completion", "cancelled")
+        );
+        let json = serde_json::to_value(&story[0]).unwrap();
+        assert_eq!(json["delegatedBy"]["runId"], "parent");
+        assert_eq!(json["runId"], "r");
+        assert!(json.get("previousActivityId").is_none());
+        assert_eq!(
+            serde_json::to_value(&story[1]).unwrap()["previousActivityId"],
+            "r-1"
+        );
+    }
+}
