@@ -1,0 +1,443 @@
+//! Bad workflow files: each problem is reported with its line, column and field path, and
+//! every problem in a file is reported, not only the first.
+
+use cairn_workflow::{load, Problem};
+
+/// Writes `text` to a real file and returns the problems loading it reports.
+fn problems(text: &str) -> Vec<Problem> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.yaml");
+    std::fs::write(&path, text).unwrap();
+    match load(&path) {
+        Ok(_) => panic!("expected problems in:\n{text}"),
+        Err(e) => {
+            assert!(e.problems.iter().all(|p| p.file == path));
+            e.problems
+        }
+    }
+}
+
+/// Asserts there is exactly one problem, at `line:col`, on `field`, saying `needle`.
+#[track_caller]
+fn one(text: &str, line: usize, col: usize, field: Option<&str>, needle: &str) -> Problem {
+    let ps = problems(text);
+    assert_eq!(ps.len(), 1, "expected one problem, got {ps:#?}");
+    let p = ps.into_iter().next().unwrap();
+    assert_eq!((p.line, p.column), (Some(line), Some(col)), "{p}");
+    assert_eq!(p.field.as_deref(), field, "{p}");
+    assert!(
+        p.to_string().contains(needle),
+        "`{p}` does not contain `{needle}`"
+    );
+    p
+}
+
+const HEAD: &str = "name: t\nnodes:\n";
+
+#[test]
+fn yaml_syntax_error_has_position() {
+    one(
+        "name: t\nnodes:\n  - id: a\n    value: \"open\n",
+        4,
+        12,
+        None,
+        "YAML syntax error",
+    );
+    let ps = problems("name: t\nnodes:\n  - id: a\n    approval: ok\n  bad: 1\n");
+    assert_eq!(ps[0].line, Some(5));
+}
+
+#[test]
+fn json_syntax_error_has_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.json");
+    std::fs::write(
+        &path,
+        "{\n  \"name\": \"t\",\n  \"nodes\": [\n    {\"id\": \"a\" \"value\": 1}\n  ]\n}\n",
+    )
+    .unwrap();
+    let e = load(&path).unwrap_err();
+    assert_eq!(e.problems[0].line, Some(4), "{e}");
+}
+
+#[test]
+fn unknown_top_level_field_lists_the_allowed_ones() {
+    let p = one(
+        &format!("{HEAD}  - id: a\n    value: 1\ndescripton: x\n"),
+        5,
+        1,
+        Some("descripton"),
+        "unknown field `descripton`",
+    );
+    let hint = p.hint.unwrap();
+    assert!(hint.contains("did you mean `description`?"), "{hint}");
+    assert!(
+        hint.contains("name, description, input, defaults"),
+        "{hint}"
+    );
+}
+
+#[test]
+fn unknown_fields_in_nested_mappings() {
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n    retry: {{ attempts: 2, jitter: 1 }}\n"),
+        5,
+        27,
+        Some("nodes[0].retry.jitter"),
+        "allowed fields in retry: attempts, backoff, delay, max_delay",
+    );
+    one(
+        &format!("sandbox:\n  netwrk: true\n{HEAD}  - id: a\n    value: 1\n"),
+        2,
+        3,
+        Some("sandbox.netwrk"),
+        "did you mean `network`?",
+    );
+    one(
+        &format!("defaults:\n  timout: 1s\n{HEAD}  - id: a\n    value: 1\n"),
+        2,
+        3,
+        Some("defaults.timout"),
+        "unknown field",
+    );
+    one(
+        &format!("{HEAD}  - id: l\n    loop:\n      until: \"true\"\n      max_iterations: 2\n      maxiter: 3\n      nodes:\n        - id: a\n          value: 1\n"),
+        7,
+        7,
+        Some("nodes[0].loop.maxiter"),
+        "allowed fields in loop: until, max_iterations, nodes",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n    colour: red\n"),
+        5,
+        5,
+        Some("nodes[0].colour"),
+        "unknown field `colour`",
+    );
+}
+
+#[test]
+fn bad_names_and_ids() {
+    one(
+        &format!("name: Triage\nnodes:\n  - id: a\n    value: 1\n"),
+        1,
+        7,
+        Some("name"),
+        "not a valid workflow name",
+    );
+    one(
+        &format!("{HEAD}  - id: a.b\n    value: 1\n"),
+        3,
+        9,
+        Some("nodes[0].id"),
+        "not a valid node id",
+    );
+    one(
+        &format!("{HEAD}  - id: \"x[1]\"\n    value: 1\n"),
+        3,
+        9,
+        Some("nodes[0].id"),
+        "not a valid node id",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n  - id: a\n    value: 2\n"),
+        5,
+        9,
+        Some("nodes[1].id"),
+        "duplicate node id `a`",
+    );
+    one(
+        "nodes:\n  - id: a\n    value: 1\n",
+        1,
+        1,
+        Some("name"),
+        "missing required field `name`",
+    );
+}
+
+#[test]
+fn same_id_in_different_groups_is_fine() {
+    let text = format!("{HEAD}  - id: a\n    value: 1\n  - id: g\n    for_each: \"[1, 2]\"\n    nodes:\n      - id: a\n        value: 2\n");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.yaml");
+    std::fs::write(&path, text).unwrap();
+    load(&path).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn kind_keys_zero_or_two() {
+    one(
+        &format!("{HEAD}  - id: a\n    needs: []\n"),
+        3,
+        5,
+        Some("nodes[0]"),
+        "node has no kind",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    command: [\"x\"]\n    value: 2\n"),
+        3,
+        5,
+        Some("nodes[0]"),
+        "`command` and `value`",
+    );
+}
+
+#[test]
+fn needs_must_name_a_sibling_with_a_suggestion() {
+    let p = one(
+        &format!("{HEAD}  - id: log\n    value: 1\n  - id: lp\n    value: 1\n  - id: count\n    needs: [lgo]\n    value: 2\n"),
+        8,
+        13,
+        Some("nodes[2].needs"),
+        "`lgo` is not a node in this group (did you mean `log`?)",
+    );
+    assert!(
+        p.to_string().contains("flow.yaml:8:13: nodes[2].needs:"),
+        "{p}"
+    );
+    // Inside a group, only siblings count: the outer `log` is not visible by id.
+    one(
+        &format!("{HEAD}  - id: log\n    value: 1\n  - id: review\n    loop:\n      until: \"true\"\n      max_iterations: 2\n      nodes:\n        - id: fix\n          needs: [log]\n          value: 1\n"),
+        11,
+        19,
+        Some("nodes[1].loop.nodes[0].needs"),
+        "`log` is not a node in this group",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    needs: [a]\n    value: 1\n"),
+        4,
+        13,
+        Some("nodes[0].needs"),
+        "cannot need itself",
+    );
+}
+
+#[test]
+fn cycles_are_named() {
+    one(
+        &format!("{HEAD}  - id: a\n    needs: [c]\n    value: 1\n  - id: b\n    needs: [a]\n    value: 1\n  - id: c\n    needs: [b]\n    value: 1\n"),
+        4,
+        13,
+        Some("nodes[0].needs"),
+        "cycle in needs: a -> c -> b -> a",
+    );
+}
+
+#[test]
+fn bad_durations_and_retry() {
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n    timeout: 5 minutes\n"),
+        5,
+        14,
+        Some("nodes[0].timeout"),
+        "`5 minutes` is not a duration",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n    retry:\n      attempts: 0\n"),
+        6,
+        17,
+        Some("nodes[0].retry.attempts"),
+        "at least 1",
+    );
+    one(
+        &format!("defaults:\n  retry: {{ backoff: linear }}\n{HEAD}  - id: a\n    value: 1\n"),
+        2,
+        21,
+        Some("defaults.retry.backoff"),
+        "use `fixed` or `exponential`",
+    );
+    one(
+        &format!("sandbox:\n  tool_timeout: 1d\n{HEAD}  - id: a\n    value: 1\n"),
+        2,
+        17,
+        Some("sandbox.tool_timeout"),
+        "not a duration",
+    );
+}
+
+#[test]
+fn loop_needs_until_and_positive_max_iterations() {
+    let ps = problems(&format!(
+        "{HEAD}  - id: l\n    loop:\n      max_iterations: 0\n      nodes:\n        - id: a\n          value: 1\n"
+    ));
+    assert_eq!(ps.len(), 2, "{ps:#?}");
+    assert_eq!(ps[0].field.as_deref(), Some("nodes[0].loop.until"));
+    assert_eq!(ps[0].line, Some(5));
+    assert!(ps[0].message.contains("missing required field `until`"));
+    assert_eq!(ps[1].field.as_deref(), Some("nodes[0].loop.max_iterations"));
+    assert_eq!((ps[1].line, ps[1].column), (Some(5), Some(23)));
+}
+
+#[test]
+fn options_that_belong_to_other_kinds() {
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n    as: x\n"),
+        5,
+        5,
+        Some("nodes[0].as"),
+        "`as` is only allowed on `for_each` nodes",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    approval: ok\n    env: {{ A: b }}\n"),
+        5,
+        5,
+        Some("nodes[0].env"),
+        "only allowed on `command` nodes",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    tool: read\n    cwd: /tmp\n"),
+        5,
+        5,
+        Some("nodes[0].cwd"),
+        "only allowed on `command` nodes",
+    );
+    // The loop then also lacks its body; both are said.
+    let ps = problems(&format!("{HEAD}  - id: l\n    loop: {{ until: \"true\", max_iterations: 1 }}\n    nodes:\n      - id: a\n        value: 1\n"));
+    let p = ps
+        .iter()
+        .find(|p| p.field.as_deref() == Some("nodes[0].nodes"))
+        .unwrap_or_else(|| panic!("{ps:#?}"));
+    assert_eq!((p.line, p.column), (Some(5), Some(5)));
+    assert!(p.message.contains("only allowed on `for_each` nodes"));
+    assert!(p.hint.as_deref().unwrap().contains("inside `loop:`"));
+    assert!(ps
+        .iter()
+        .any(|p| p.field.as_deref() == Some("nodes[0].loop.nodes")));
+}
+
+#[test]
+fn output_format_must_be_known() {
+    one(
+        &format!("{HEAD}  - id: a\n    command: [\"x\"]\n    output: xml\n"),
+        5,
+        13,
+        Some("nodes[0].output"),
+        "use `text`, `json` or `lines`",
+    );
+}
+
+#[test]
+fn templates_and_expressions_must_parse() {
+    one(
+        &format!("{HEAD}  - id: a\n    command: [\"echo\", \"{{{{ input.x }}\"]\n"),
+        4,
+        23,
+        Some("nodes[0].command[1]"),
+        "template does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    command: [\"x\"]\n    env: {{ A: \"{{% if %}}\" }}\n"),
+        5,
+        15,
+        Some("nodes[0].env.A"),
+        "template does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    value: {{ deep: [1, \"{{{{ x | }}}}\"] }}\n"),
+        4,
+        24,
+        Some("nodes[0].value.deep[1]"),
+        "template does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    approval: \"{{{{ \"\n"),
+        4,
+        15,
+        Some("nodes[0].approval"),
+        "template does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    tool: write\n    args: {{ path: x, content: \"{{{{ a b }}}}\" }}\n"),
+        5,
+        31,
+        Some("nodes[0].args.content"),
+        "template does not parse",
+    );
+    one(
+        &format!("output: \"{{{{ nodes. }}}}\"\n{HEAD}  - id: a\n    value: 1\n"),
+        1,
+        9,
+        Some("output"),
+        "template does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: a\n    value: 1\n    if: \"x ==\"\n"),
+        5,
+        9,
+        Some("nodes[0].if"),
+        "expression does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: l\n    loop:\n      until: \"nodes[\"\n      max_iterations: 1\n      nodes:\n        - id: a\n          value: 1\n"),
+        5,
+        14,
+        Some("nodes[0].loop.until"),
+        "expression does not parse",
+    );
+    one(
+        &format!("{HEAD}  - id: f\n    for_each: \"{{{{ x }}}}\"\n    nodes:\n      - id: a\n        value: 1\n"),
+        4,
+        15,
+        Some("nodes[0].for_each"),
+        "expression does not parse",
+    );
+}
+
+#[test]
+fn input_schema_must_be_valid() {
+    one(
+        &format!("input:\n  type: object\n  properties:\n    repo: {{ type: strng }}\n{HEAD}  - id: a\n    value: 1\n"),
+        4,
+        19,
+        Some("input.properties.repo.type"),
+        "not a valid JSON Schema",
+    );
+}
+
+#[test]
+fn every_problem_is_reported_in_file_order() {
+    let ps = problems(
+        "name: Bad\nnodes:\n  - id: a\n    value: 1\n    timeout: soon\n  - id: b\n    needs: [z]\n    command: []\n",
+    );
+    let fields: Vec<&str> = ps.iter().filter_map(|p| p.field.as_deref()).collect();
+    assert_eq!(
+        fields,
+        [
+            "name",
+            "nodes[0].timeout",
+            "nodes[1].needs",
+            "nodes[1].command"
+        ],
+        "{ps:#?}"
+    );
+    let lines: Vec<usize> = ps.iter().filter_map(|p| p.line).collect();
+    assert_eq!(lines, [1, 5, 7, 8]);
+}
+
+#[test]
+fn unreadable_and_empty_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.yaml");
+    let e = load(&missing).unwrap_err();
+    assert!(
+        e.to_string().contains("cannot read the workflow file"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("nope.yaml"), "{e}");
+    let p = one("", 1, 1, None, "empty");
+    assert!(p.message.contains("`name` and `nodes`"));
+    one(
+        "name: t\n",
+        1,
+        1,
+        Some("nodes"),
+        "missing required field `nodes`",
+    );
+    one(
+        "name: t\nnodes: []\n",
+        2,
+        8,
+        Some("nodes"),
+        "at least one node",
+    );
+}
