@@ -1,11 +1,58 @@
-//! Cairn's sandboxed tools and the process runner they share with the engine.
+//! Cairn's sandboxed tools (`read`, `write`, `edit`, `grep`, `bash`) and the
+//! process runner they share with the engine's `command` nodes.
 //!
-//! See [`process`] for how child processes are run, limited and killed.
+//! # The sandbox
+//!
+//! * **Paths.** Every path resolves beneath the [`Sandbox`] root with
+//!   `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: resolution and open
+//!   are one system call, so `..`, symlinks leading out, symlink chains,
+//!   `/proc/self/root` and symlinks swapped in by a racing process are all
+//!   refused by the kernel rather than by string checks. Absolute paths must
+//!   start with the (canonical) root. Writes go to a temporary file in the
+//!   target's folder, then `renameat` over it.
+//! * **Network.** With [`NetworkPolicy::Deny`] (the default), `bash` first
+//!   refuses argvs that plainly mean the network (see [`bash::network_use`]),
+//!   reporting each refusal through [`ToolObserver::network`]. Then the child
+//!   runs under a **seccomp filter** that refuses `socket`/`socketpair` for
+//!   every address family except `AF_UNIX` (with `EACCES`) and refuses
+//!   `io_uring_setup`. Seccomp was chosen over Landlock because Landlock's
+//!   network rules (ABI 4) cover only TCP bind/connect, not UDP, and over a
+//!   network namespace because that needs privileges containers often lack.
+//!   Refusals by the kernel happen inside the child and are not reported as
+//!   events; the command sees an ordinary "permission denied".
+//! * **Environment.** Children start from a minimal environment
+//!   ([`process::MINIMAL_ENV_KEYS`]) plus what the workflow passes.
+//! * **Processes.** Each command leads its own process group; timeouts and
+//!   cancellation SIGKILL the whole group, and a direct child dies with the
+//!   engine (`PR_SET_PDEATHSIG`). `bash` children are not confined to the
+//!   root's files: the sandbox governs paths given to the file tools, the
+//!   working directory, the network and the environment.
+//!
+//! # Side effects
+//!
+//! Each tool's [`ToolSpec`] declares `side_effect` and `idempotent`; every call
+//! carries an [`idempotency_key`] that is the same across retries and resumes.
+//! Recording calls (the `tool_calls` table, `ToolCall*` events) is the engine's
+//! part.
 
+pub mod bash;
+pub mod edit;
+mod error;
+pub mod fs;
+pub mod grep;
 mod netfilter;
 pub mod process;
+mod sandbox;
+mod tool;
 
+pub use error::ToolError;
 pub use process::{
     kill_group, run_process, NetworkPolicy, NoopObserver, ProcessError, ProcessObserver,
     ProcessOutcome, ProcessSpec, Stream,
 };
+pub use sandbox::{Limits, Sandbox, SandboxError};
+pub use tool::{idempotency_key, Tool, ToolContext, ToolObserver, ToolRegistry, ToolSpec};
+
+/// Re-exported so observers can be written without depending on
+/// `cairn-events` directly.
+pub use cairn_events::NetworkAction;

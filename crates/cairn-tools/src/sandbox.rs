@@ -1,0 +1,483 @@
+//! The sandbox root and path resolution beneath it.
+//!
+//! Every path a tool receives is resolved and opened in one step with
+//! `openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: the
+//! kernel walks the path from the root's directory descriptor and refuses any
+//! step (`..`, an absolute symlink, a relative symlink climbing out, a
+//! `/proc/.../fd` magic link) that would leave the root. Because the check and
+//! the open are the same system call, a symlink swapped in between "checking"
+//! and "using" has nothing to race against.
+//!
+//! Writes go through a descriptor of the (resolved) parent directory: the new
+//! content is written to a temporary file there and renamed over the target,
+//! so a reader never sees half a file and a failed edit leaves it untouched.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::ToolError;
+use crate::process::NetworkPolicy;
+
+/// Output and time limits of tool calls.
+///
+/// The sandbox's limits are a ceiling: a per-call value (for example `bash`'s
+/// `timeout`) may lower them but never raise them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most bytes of file content or output per stream a call handles.
+    pub max_output_bytes: usize,
+    /// Longest a call may run.
+    pub timeout: Duration,
+}
+
+impl Limits {
+    /// The highest output limit a sandbox accepts, whatever the workflow says:
+    /// tool results travel through the event log and the store.
+    pub const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+    /// The longest timeout a sandbox accepts.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+    /// These limits, lowered to the crate's ceilings.
+    pub fn capped(self) -> Limits {
+        Limits {
+            max_output_bytes: self.max_output_bytes.min(Self::MAX_OUTPUT_BYTES),
+            timeout: self.timeout.min(Self::MAX_TIMEOUT),
+        }
+    }
+
+    /// The timeout for one call: the requested one if lower, else the limit.
+    pub fn timeout_for(&self, requested: Option<Duration>) -> Duration {
+        requested.map_or(self.timeout, |r| r.min(self.timeout))
+    }
+}
+
+impl Default for Limits {
+    /// 200,000 bytes and 60 seconds, the defaults of the workflow format.
+    fn default() -> Self {
+        Limits {
+            max_output_bytes: 200_000,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why a sandbox could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The root does not exist, is not a directory, or cannot be opened.
+    #[error("sandbox root `{root}`: {source}")]
+    Root {
+        /// The root as given.
+        root: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The folder tools may touch, and the policies of their calls.
+#[derive(Debug)]
+pub struct Sandbox {
+    root: PathBuf,
+    root_fd: OwnedFd,
+    network: NetworkPolicy,
+    limits: Limits,
+    env: Vec<(String, String)>,
+}
+
+/// What a resolved path is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Open {
+    /// Reading its content (refuses directories, FIFOs, devices).
+    ReadFile,
+    /// A directory descriptor usable with `*at` calls.
+    Dir,
+    /// Anything, as an `O_PATH` descriptor (existence and containment only).
+    Any,
+}
+
+impl Sandbox {
+    /// A sandbox rooted at `root` (which must be an existing directory), with
+    /// the network shut, default limits and no extra environment.
+    pub fn new(root: impl AsRef<Path>) -> Result<Sandbox, SandboxError> {
+        let given = root.as_ref();
+        let err = |source| SandboxError::Root {
+            root: given.to_path_buf(),
+            source,
+        };
+        let root = std::fs::canonicalize(given).map_err(err)?;
+        let c = CString::new(root.as_os_str().as_bytes()).map_err(|_| {
+            err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "contains a NUL byte",
+            ))
+        })?;
+        // SAFETY: c is a valid C string; the returned fd is owned below.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        Ok(Sandbox {
+            root,
+            // SAFETY: fd was just opened and is owned by nobody else.
+            root_fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            network: NetworkPolicy::Deny,
+            limits: Limits::default(),
+            env: Vec::new(),
+        })
+    }
+
+    /// Sets whether `bash` may reach the network.
+    pub fn with_network(mut self, network: NetworkPolicy) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// Sets the limits (lowered to [`Limits::MAX_OUTPUT_BYTES`] and
+    /// [`Limits::MAX_TIMEOUT`]).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits.capped();
+        self
+    }
+
+    /// Sets variables every `bash` call gets on top of the minimal environment.
+    pub fn with_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// A second descriptor of the root, for work that outlives a borrow of
+    /// the sandbox (searches on blocking threads).
+    pub(crate) fn root_fd(&self) -> std::io::Result<OwnedFd> {
+        self.root_fd.try_clone()
+    }
+
+    /// The canonical root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The network policy for `bash`.
+    pub fn network(&self) -> NetworkPolicy {
+        self.network
+    }
+
+    /// The limits every call is held to.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The extra environment for `bash`.
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// Turns a tool's path argument into a path relative to the root, without
+    /// touching the file system. Absolute paths must start with the root;
+    /// whether the rest stays inside is the kernel's decision at open time.
+    pub fn relative(&self, path: &str) -> Result<PathBuf, ToolError> {
+        if path.contains('\0') {
+            return Err(path_err(path, "contains a NUL byte"));
+        }
+        if path.is_empty() {
+            return Err(path_err(path, "is empty"));
+        }
+        let p = Path::new(path);
+        let rel = if p.is_absolute() {
+            match p.strip_prefix(&self.root) {
+                Ok(rest) => rest.to_path_buf(),
+                Err(_) => {
+                    return Err(path_err(
+                        path,
+                        &format!(
+                            "is an absolute path outside the sandbox root `{}`",
+                            self.root.display()
+                        ),
+                    ))
+                }
+            }
+        } else {
+            p.to_path_buf()
+        };
+        if rel.as_os_str().is_empty() {
+            Ok(PathBuf::from("."))
+        } else {
+            Ok(rel)
+        }
+    }
+
+    /// Resolves `path` beneath the root and opens it in the same step. Returns
+    /// the descriptor and the path relative to the root. This is the function
+    /// the adversarial tests and the fuzz target exercise.
+    pub fn resolve(&self, path: &str) -> Result<(OwnedFd, PathBuf), ToolError> {
+        let rel = self.relative(path)?;
+        let fd = self.open_rel(&rel, Open::Any, path)?;
+        Ok((fd, rel))
+    }
+
+    /// Opens a path relative to the root with `openat2(RESOLVE_BENEATH)`.
+    pub(crate) fn open_rel(
+        &self,
+        rel: &Path,
+        mode: Open,
+        shown: &str,
+    ) -> Result<OwnedFd, ToolError> {
+        openat2_beneath(self.root_fd.as_raw_fd(), rel, mode).map_err(|e| io_path_err(shown, e))
+    }
+
+    /// Opens a regular file for reading.
+    pub(crate) fn open_file(&self, path: &str) -> Result<(File, PathBuf), ToolError> {
+        let rel = self.relative(path)?;
+        let fd = self.open_rel(&rel, Open::ReadFile, path)?;
+        let file = File::from(fd);
+        let meta = file.metadata().map_err(|e| io_path_err(path, e))?;
+        if !meta.is_file() {
+            let what = if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return Err(path_err(path, &format!("is {what}")));
+        }
+        Ok((file, rel))
+    }
+
+    /// Opens the parent directory of `rel` (creating missing folders when
+    /// `create` is set) and returns it with the file name.
+    pub(crate) fn open_parent(
+        &self,
+        path: &str,
+        rel: &Path,
+        create: bool,
+    ) -> Result<(OwnedFd, CString), ToolError> {
+        let name = match rel.components().next_back() {
+            Some(Component::Normal(n)) => n,
+            _ => return Err(path_err(path, "does not name a file")),
+        };
+        let name =
+            CString::new(name.as_bytes()).map_err(|_| path_err(path, "contains a NUL byte"))?;
+        let parent = rel
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        match openat2_beneath(self.root_fd.as_raw_fd(), parent, Open::Dir) {
+            Ok(fd) => return Ok((fd, name)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {}
+            Err(e) => return Err(io_path_err(path, e)),
+        }
+        // Create the missing folders one by one, each through the descriptor
+        // of its (already resolved) parent, re-resolving every prefix from the
+        // root so a symlink planted meanwhile is judged by the kernel too.
+        let mut prefix = PathBuf::new();
+        let mut dir = self.open_rel(Path::new("."), Open::Dir, path)?;
+        for comp in parent.components() {
+            prefix.push(comp);
+            match openat2_beneath(self.root_fd.as_raw_fd(), &prefix, Open::Dir) {
+                Ok(fd) => dir = fd,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    let Component::Normal(n) = comp else {
+                        return Err(io_path_err(path, e));
+                    };
+                    let c = CString::new(n.as_bytes())
+                        .map_err(|_| path_err(path, "contains a NUL byte"))?;
+                    // SAFETY: valid dirfd and C string.
+                    let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o777) };
+                    if rc != 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.raw_os_error() != Some(libc::EEXIST) {
+                            return Err(io_path_err(path, e));
+                        }
+                    }
+                    dir = openat2_beneath(self.root_fd.as_raw_fd(), &prefix, Open::Dir)
+                        .map_err(|e| io_path_err(path, e))?;
+                }
+                Err(e) => return Err(io_path_err(path, e)),
+            }
+        }
+        Ok((dir, name))
+    }
+
+    /// Replaces (or creates) `name` in `dir` with `content`: a temporary file
+    /// in the same folder, synced, then renamed over the target. The target's
+    /// permissions are kept when it existed.
+    pub(crate) fn replace_file(
+        &self,
+        path: &str,
+        dir: &OwnedFd,
+        name: &CString,
+        content: &[u8],
+    ) -> Result<(), ToolError> {
+        let dfd = dir.as_raw_fd();
+        // Keep the mode of the file being replaced (a script stays executable).
+        let mode = {
+            // SAFETY: zeroed stat is a valid out-parameter.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid dirfd, C string and out pointer.
+            let rc =
+                unsafe { libc::fstatat(dfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+            if rc == 0 {
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                    return Err(path_err(path, "is a directory"));
+                }
+                st.st_mode & 0o7777
+            } else {
+                0o666
+            }
+        };
+        let mut tmp_name = None;
+        let mut file = None;
+        for i in 0..100u32 {
+            let candidate = CString::new(format!(
+                ".cairn-tmp-{}-{}-{}",
+                std::process::id(),
+                nanos(),
+                i
+            ))
+            .expect("no NUL in a generated name");
+            // SAFETY: valid dirfd and C string; O_EXCL never follows a symlink.
+            let fd = unsafe {
+                libc::openat(
+                    dfd,
+                    candidate.as_ptr(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_CLOEXEC
+                        | libc::O_NOFOLLOW,
+                    mode as libc::c_uint,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: fresh fd owned by nobody else.
+                file = Some(unsafe { File::from_raw_fd(fd) });
+                tmp_name = Some(candidate);
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(io_path_err(path, e));
+            }
+        }
+        let (Some(mut file), Some(tmp_name)) = (file, tmp_name) else {
+            return Err(path_err(path, "cannot create a temporary file next to it"));
+        };
+        let unlink_tmp = || {
+            // SAFETY: valid dirfd and C string.
+            unsafe { libc::unlinkat(dfd, tmp_name.as_ptr(), 0) };
+        };
+        let written = file
+            .write_all(content)
+            .and_then(|_| file.sync_all())
+            // An explicit fchmod: the create mode was reduced by the umask.
+            .and_then(|_| {
+                // SAFETY: valid fd.
+                if unsafe { libc::fchmod(file.as_raw_fd(), mode) } == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        if let Err(e) = written {
+            unlink_tmp();
+            return Err(io_path_err(path, e));
+        }
+        drop(file);
+        // SAFETY: valid dirfds and C strings. rename replaces a symlink at
+        // `name` instead of following it, so it cannot write elsewhere.
+        let rc = unsafe { libc::renameat(dfd, tmp_name.as_ptr(), dfd, name.as_ptr()) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            unlink_tmp();
+            return Err(io_path_err(path, e));
+        }
+        Ok(())
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// `openat2(dirfd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, retried on
+/// `EAGAIN` (the kernel's answer when a concurrent rename could have let a
+/// `..` step escape).
+pub(crate) fn openat2_beneath(dirfd: RawFd, rel: &Path, mode: Open) -> std::io::Result<OwnedFd> {
+    let c = CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL byte in path"))?;
+    // SAFETY: open_how is plain data; zero is a valid starting value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = match mode {
+        // O_NONBLOCK: opening a FIFO must not hang the call; it is refused
+        // right after by the regular-file check.
+        Open::ReadFile => libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        Open::Dir => libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        Open::Any => libc::O_PATH | libc::O_CLOEXEC,
+    } as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    for _ in 0..64 {
+        // SAFETY: valid dirfd, C string and open_how of the right size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dirfd,
+                c.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            let fd = fd as RawFd;
+            if mode == Open::ReadFile {
+                // Reads should block normally from here on.
+                // SAFETY: valid fd.
+                unsafe {
+                    let fl = libc::fcntl(fd, libc::F_GETFL);
+                    libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                }
+            }
+            // SAFETY: fresh fd owned by nobody else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EAGAIN) && e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+pub(crate) fn path_err(path: &str, reason: &str) -> ToolError {
+    ToolError::Path {
+        path: path.replace('\0', "\\0"),
+        reason: reason.to_string(),
+    }
+}
+
+/// Turns an OS error from resolution into words a workflow author can act on.
+pub(crate) fn io_path_err(path: &str, e: std::io::Error) -> ToolError {
+    let reason = match e.raw_os_error() {
+        Some(libc::EXDEV) => "resolves outside the sandbox root (through `..`, an absolute symlink or a symlink leading out)".to_string(),
+        Some(libc::ELOOP) => "goes through a /proc magic link or too many symlinks".to_string(),
+        Some(libc::ENOENT) => "does not exist".to_string(),
+        Some(libc::ENOTDIR) => "has a component that is not a directory".to_string(),
+        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
+        Some(libc::ENOSYS) => "cannot be resolved safely: this kernel lacks openat2 (Linux 5.6+ is required)".to_string(),
+        Some(libc::ENAMETOOLONG) => "is too long".to_string(),
+        Some(libc::EISDIR) => "is a directory".to_string(),
+        _ => e.to_string(),
+    };
+    path_err(path, &reason)
+}
