@@ -36,6 +36,21 @@ pub enum StoreError {
     /// No run with this id.
     #[error("no run `{0}` in the store")]
     NotFound(String),
+    /// No control request with this id.
+    #[error("no control request {0} in the store")]
+    ControlNotFound(i64),
+    /// A run id that cannot name a run (it is also a file name).
+    #[error("invalid run id `{0}`: use 1-128 letters, digits, `-`, `_`, `.` or `:`, not starting with `.`")]
+    InvalidRunId(String),
+    /// The database file could not be opened.
+    #[error("cannot open the store {path}: {source}")]
+    Open {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite said.
+        #[source]
+        source: rusqlite::Error,
+    },
     /// A run with this id already exists.
     #[error("a run `{0}` already exists in the store")]
     RunExists(String),
@@ -81,6 +96,22 @@ impl StoreError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// Checks that a run id is usable as a key and as a file name (the NDJSON
+/// mirror's directory and the run's lock file are named after it).
+pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
+    let ok = !run_id.is_empty()
+        && run_id.len() <= 128
+        && !run_id.starts_with('.')
+        && run_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidRunId(run_id.to_string()))
     }
 }
 

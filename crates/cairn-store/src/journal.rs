@@ -1,41 +1,202 @@
 //! The journal: per-run sequencers, the group-committing writer thread, the
 //! NDJSON mirror and live fan-out.
+//!
+//! An event's way through: [`RunLog::append`] stamps and sequences it under
+//! the run's lock and queues it for the writer thread. The writer takes
+//! everything queued (up to [`MAX_BATCH`]), commits it in one transaction,
+//! appends the lines to the NDJSON mirror, publishes them to live
+//! subscribers and only then advances the run's committed seq, which
+//! [`RunLog::append_durable`] and [`RunLog::sync`] wait for. So whatever a
+//! subscriber or a waiter sees is already in the store.
 
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use cairn_events::{Event, EventKind, Scope};
+use tokio::sync::{broadcast, watch};
 
-use crate::backend::{Backend, StoreError, StoredEvent};
+use crate::backend::{validate_run_id, Backend, EventQuery, RunLease, StoreError, StoredEvent};
+use crate::sqlite::SqliteBackend;
+
+/// Most events one transaction commits; more wait for the next one.
+const MAX_BATCH: usize = 4096;
+/// Live events a subscriber may fall behind before it is cut off.
+const LIVE_CAPACITY: usize = 16 * 1024;
+/// Capacity of the all-runs feed for dashboards.
+const ALL_CAPACITY: usize = 16 * 1024;
+/// How often a subscription looks at the store for runs written elsewhere.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Events a subscription reads from the store at a time.
+const PAGE: usize = 1000;
 
 /// How a journal mirrors events to files.
 #[derive(Debug, Clone, Default)]
 pub struct JournalOptions {
-    /// Where `<runId>/events.ndjson` mirrors go; `None` disables the mirror.
+    /// Where `<runId>/events.ndjson` mirrors go; `None` disables the mirror
+    /// (`--no-log`).
     pub log_dir: Option<PathBuf>,
+}
+
+/// Why the events after the committed seq will not be committed.
+#[derive(Debug, Clone)]
+enum Failure {
+    Commit(Arc<str>),
+    Closed,
+}
+
+impl Failure {
+    fn to_error(&self) -> StoreError {
+        match self {
+            Failure::Commit(m) => StoreError::Commit(m.clone()),
+            Failure::Closed => StoreError::Closed,
+        }
+    }
+}
+
+/// Where a run's committed log stands.
+#[derive(Debug, Clone, Default)]
+struct Committed {
+    seq: u64,
+    /// Set when events past `seq` were lost; later events of the run are
+    /// refused so the log keeps no gap.
+    failure: Option<Failure>,
+}
+
+/// What this process shares about one run: its live feed and how far its
+/// log is committed. Lives while a `RunLog` or a subscription needs it.
+struct RunShared {
+    live: broadcast::Sender<Arc<StoredEvent>>,
+    /// `RunLog`s of this run in this process (0 or 1; the lease sees to it).
+    owners: AtomicUsize,
+    committed: watch::Sender<Committed>,
+    /// Wakes `sync_blocking` waiters; paired with the watch.
+    cv_lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl RunShared {
+    fn new() -> Self {
+        RunShared {
+            live: broadcast::channel(LIVE_CAPACITY).0,
+            owners: AtomicUsize::new(0),
+            committed: watch::channel(Committed::default()).0,
+            cv_lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Committed)) {
+        self.committed.send_modify(f);
+        let _g = self.cv_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+
+    /// Ok when `seq` is committed, the failure when it never will be, None
+    /// while it may still be.
+    fn check(&self, seq: u64) -> Option<Result<(), StoreError>> {
+        let c = self.committed.borrow();
+        if c.seq >= seq {
+            Some(Ok(()))
+        } else {
+            c.failure.as_ref().map(|f| Err(f.to_error()))
+        }
+    }
+}
+
+enum Msg {
+    Event(StoredEvent, Arc<RunShared>),
+    /// The run's `RunLog` was dropped: release its lease once everything
+    /// queued before is committed, so no other process reads a stale last seq.
+    Release(Box<dyn RunLease>, Arc<RunShared>, String),
+    Stop,
 }
 
 struct Inner {
     backend: Arc<dyn Backend>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    runs: Mutex<HashMap<String, Arc<RunShared>>>,
+    all: broadcast::Sender<Arc<StoredEvent>>,
+    /// Set by the writer when it stops committing.
+    closed: Arc<AtomicBool>,
 }
 
-/// The store as the engine, CLI and server use it. Cheap to clone.
+impl Inner {
+    fn shared(&self, run_id: &str) -> Arc<RunShared> {
+        self.runs
+            .lock()
+            .unwrap()
+            .entry(run_id.to_string())
+            .or_insert_with(|| Arc::new(RunShared::new()))
+            .clone()
+    }
+
+    /// Forgets a run nobody in this process writes or watches any more.
+    fn maybe_forget(&self, run_id: &str) {
+        let mut runs = self.runs.lock().unwrap();
+        if let Some(s) = runs.get(run_id) {
+            // The registry holds one reference; anything else is a RunLog,
+            // a subscription or a queued message.
+            if Arc::strong_count(s) == 1
+                && s.owners.load(Ordering::SeqCst) == 0
+                && s.live.receiver_count() == 0
+            {
+                runs.remove(run_id);
+            }
+        }
+    }
+}
+
+/// The store as the engine, CLI and server use it: sequencers, the writer
+/// thread, the NDJSON mirror and subscriptions over one [`Backend`].
+/// Cheap to clone.
 #[derive(Clone)]
 pub struct Journal {
     inner: Arc<Inner>,
 }
 
 impl Journal {
-    /// Starts a journal (and its writer thread) over a backend.
+    /// Starts a journal (and its writer thread) over a backend. The writer
+    /// holds no database lock while idle, so other processes can read and
+    /// write the same store meanwhile.
     pub fn open(backend: Arc<dyn Backend>, opts: JournalOptions) -> Result<Journal, StoreError> {
-        let _ = (backend, opts);
-        todo!()
+        let (tx, rx) = mpsc::channel();
+        let (all, _) = broadcast::channel(ALL_CAPACITY);
+        let closed = Arc::new(AtomicBool::new(false));
+        let inner = Arc::new(Inner {
+            backend: backend.clone(),
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(None),
+            runs: Mutex::new(HashMap::new()),
+            all: all.clone(),
+            closed: closed.clone(),
+        });
+        let writer = Writer {
+            backend,
+            log_dir: opts.log_dir,
+            all,
+            closed,
+            mirrors: HashMap::new(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("cairn-store-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| StoreError::io("cairn-store-writer thread", e))?;
+        *inner.writer.lock().unwrap() = Some(handle);
+        Ok(Journal { inner })
     }
 
     /// Opens the SQLite store at `path` and starts a journal over it.
     pub fn open_sqlite(path: &Path, opts: JournalOptions) -> Result<Journal, StoreError> {
-        let _ = (path, opts);
-        todo!()
+        let backend = SqliteBackend::open(path)?;
+        Journal::open(Arc::new(backend), opts)
     }
 
     /// The backend, for run rows, controls and tool calls.
@@ -43,42 +204,376 @@ impl Journal {
         &self.inner.backend
     }
 
-    /// Takes the run's lease (`Busy` if held elsewhere) and returns its
-    /// sequencer, continuing from the store's last seq. Only one `RunLog`
-    /// per run exists at a time.
+    /// Takes the run's lease ([`StoreError::Busy`] if another process or
+    /// another `RunLog` here holds it) and returns its sequencer, continuing
+    /// from the store's last seq. The lease is released when the `RunLog` is
+    /// dropped, after its queued events are committed.
     pub fn run_log(&self, run_id: &str) -> Result<RunLog, StoreError> {
-        let _ = run_id;
-        todo!()
+        validate_run_id(run_id)?;
+        let tx = self
+            .inner
+            .tx
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let lease = self
+            .inner
+            .backend
+            .try_lock_run(run_id)?
+            .ok_or_else(|| StoreError::Busy {
+                run: run_id.to_string(),
+            })?;
+        let last = self.inner.backend.last_seq(run_id)?;
+        let shared = self.inner.shared(run_id);
+        shared.owners.fetch_add(1, Ordering::SeqCst);
+        shared.update(|c| {
+            *c = Committed {
+                seq: last,
+                failure: None,
+            }
+        });
+        Ok(RunLog {
+            run_id: run_id.to_string(),
+            inner: self.inner.clone(),
+            shared,
+            tx,
+            lease: Mutex::new(Some(lease)),
+            seq: Mutex::new(Sequencer {
+                last_seq: last,
+                last_ts: 0,
+                observer: None,
+            }),
+        })
     }
 
     /// Events of a run after `after`: first from the store, then live, with
-    /// no gap or duplicate at the switch-over (guarantee 3).
+    /// no gap or duplicate at the switch-over (guarantee 3). Live events come
+    /// straight from this process's writer when the run is written here;
+    /// otherwise the subscription polls the store every ~100 ms.
     pub fn subscribe(&self, run_id: &str, after: u64) -> Result<Subscription, StoreError> {
-        let _ = (run_id, after);
-        todo!()
+        let shared = self.inner.shared(run_id);
+        // Register for live events before reading the store: anything
+        // committed from here on is either in the first read or in `rx`.
+        let rx = shared.live.subscribe();
+        let backend = &self.inner.backend;
+        let mut buffer = VecDeque::new();
+        let mut after_terminal = false;
+        let caught_up;
+        if after > 0 {
+            let q = EventQuery {
+                after: after - 1,
+                limit: Some(PAGE + 1),
+                ..Default::default()
+            };
+            let mut page = backend.read_events(run_id, &q)?;
+            caught_up = page.len() < PAGE + 1;
+            if page.first().is_some_and(|e| e.seq == after) {
+                after_terminal = page.remove(0).is_terminal();
+            }
+            buffer.extend(page.into_iter().map(Arc::new));
+        } else {
+            let q = EventQuery {
+                limit: Some(PAGE),
+                ..Default::default()
+            };
+            let page = backend.read_events(run_id, &q)?;
+            caught_up = page.len() < PAGE;
+            buffer.extend(page.into_iter().map(Arc::new));
+        }
+        Ok(Subscription {
+            inner: self.inner.clone(),
+            run_id: run_id.to_string(),
+            shared: Some(shared),
+            rx,
+            buffer,
+            last: after,
+            last_terminal: after_terminal,
+            caught_up,
+            stop_at_terminal: true,
+            done: false,
+        })
     }
 
-    /// Every event committed by this process from now on, of every run.
-    pub fn subscribe_all(&self) -> tokio::sync::broadcast::Receiver<Arc<StoredEvent>> {
-        todo!()
+    /// Every event committed by this process from now on, of every run, for
+    /// dashboards. A receiver that falls behind gets `Lagged` from tokio.
+    pub fn subscribe_all(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
+        self.inner.all.subscribe()
     }
 
-    /// Rewrites `<log_dir>/<run>/events.ndjson` from the store.
+    /// Rewrites `<log_dir>/<run>/events.ndjson` from the store (a temporary
+    /// file renamed over the old one) and returns its path. Meant for runs
+    /// not being written by this process: the writer keeps its own handle on
+    /// the file it appends to.
     pub fn export(&self, run_id: &str, log_dir: &Path) -> Result<PathBuf, StoreError> {
-        let _ = (run_id, log_dir);
-        todo!()
+        validate_run_id(run_id)?;
+        let backend = &self.inner.backend;
+        if backend.get_run(run_id)?.is_none() && backend.last_seq(run_id)? == 0 {
+            return Err(StoreError::NotFound(run_id.to_string()));
+        }
+        let dir = log_dir.join(run_id);
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        let path = dir.join("events.ndjson");
+        let tmp = dir.join(format!("events.ndjson.tmp-{}", std::process::id()));
+        let write = || -> Result<(), StoreError> {
+            let file = File::create(&tmp).map_err(|e| StoreError::io(&tmp, e))?;
+            let mut out = std::io::BufWriter::new(file);
+            let mut q = EventQuery {
+                limit: Some(PAGE * 10),
+                ..Default::default()
+            };
+            loop {
+                let page = backend.read_events(run_id, &q)?;
+                for ev in &page {
+                    out.write_all(ev.json.as_bytes())
+                        .and_then(|_| out.write_all(b"\n"))
+                        .map_err(|e| StoreError::io(&tmp, e))?;
+                }
+                match page.last() {
+                    Some(l) if page.len() == PAGE * 10 => q.after = l.seq,
+                    _ => break,
+                }
+            }
+            let file = out
+                .into_inner()
+                .map_err(|e| StoreError::io(&tmp, e.into_error()))?;
+            file.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(&path, e))
+        };
+        let r = write();
+        if r.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r.map(|_| path)
     }
 
     /// Waits until everything appended so far is committed, then stops the
-    /// writer.
+    /// writer. Appends after this are refused (their waiters get
+    /// [`StoreError::Closed`]). Call it before the process exits: events
+    /// still queued when the process ends are lost.
     pub fn close(&self) {
-        todo!()
+        let tx = self.inner.tx.lock().unwrap().take();
+        if let Some(tx) = tx {
+            let _ = tx.send(Msg::Stop);
+        }
+        let handle = self.inner.writer.lock().unwrap().take();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                tracing::error!("the store's writer thread panicked");
+            }
+        }
     }
 }
 
-/// A run's sequencer. Send + Sync; share it as `Arc<RunLog>`.
+/// The writer thread's state.
+struct Writer {
+    backend: Arc<dyn Backend>,
+    log_dir: Option<PathBuf>,
+    all: broadcast::Sender<Arc<StoredEvent>>,
+    closed: Arc<AtomicBool>,
+    /// Open mirror files by run; `None` after a failure (reported once).
+    mirrors: HashMap<String, Option<File>>,
+}
+
+impl Writer {
+    fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        let mut stopping = false;
+        while let Ok(first) = rx.recv() {
+            let mut events: Vec<(StoredEvent, Arc<RunShared>)> = Vec::new();
+            let mut releases = Vec::new();
+            let mut msg = Some(first);
+            loop {
+                match msg.take() {
+                    Some(Msg::Event(e, s)) => events.push((e, s)),
+                    Some(Msg::Release(l, s, r)) => releases.push((l, s, r)),
+                    Some(Msg::Stop) => stopping = true,
+                    None => {}
+                }
+                if events.len() >= MAX_BATCH {
+                    break;
+                }
+                match rx.try_recv() {
+                    Ok(m) => msg = Some(m),
+                    Err(_) => break,
+                }
+            }
+            self.commit(events);
+            for (lease, shared, run_id) in releases {
+                drop(lease);
+                shared.owners.fetch_sub(1, Ordering::SeqCst);
+                drop(shared);
+                self.mirrors.remove(&run_id);
+            }
+            if stopping {
+                // Take what was queued before the stop too, then end.
+                let rest: Vec<Msg> = rx.try_iter().collect();
+                let mut events = Vec::new();
+                let mut releases = Vec::new();
+                for m in rest {
+                    match m {
+                        Msg::Event(e, s) => events.push((e, s)),
+                        Msg::Release(l, s, _) => releases.push((l, s)),
+                        Msg::Stop => {}
+                    }
+                    if events.len() >= MAX_BATCH {
+                        self.commit(std::mem::take(&mut events));
+                    }
+                }
+                self.commit(events);
+                for (lease, shared) in releases {
+                    drop(lease);
+                    shared.owners.fetch_sub(1, Ordering::SeqCst);
+                }
+                break;
+            }
+        }
+        // From here on nothing is committed. Appenders check this flag after
+        // queueing, so an event that slips in now still fails its waiters
+        // instead of leaving them waiting.
+        self.closed.store(true, Ordering::SeqCst);
+        for m in rx.try_iter() {
+            match m {
+                Msg::Event(_, s) => s.update(|c| {
+                    c.failure.get_or_insert(Failure::Closed);
+                }),
+                Msg::Release(l, s, _) => {
+                    drop(l);
+                    s.owners.fetch_sub(1, Ordering::SeqCst);
+                }
+                Msg::Stop => {}
+            }
+        }
+    }
+
+    fn commit(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
+        if events.is_empty() {
+            return;
+        }
+        // Events of runs whose log already lost events are refused: storing
+        // them would leave a gap in seq.
+        let (events, refused): (Vec<_>, Vec<_>) = events
+            .into_iter()
+            .partition(|(_, s)| s.committed.borrow().failure.is_none());
+        drop(refused);
+        let batch: Vec<StoredEvent> = events.iter().map(|(e, _)| e.clone()).collect();
+        match self.backend.append(&batch) {
+            Ok(()) => self.publish(events),
+            Err(e) => {
+                // One run's bad batch should not sink the others: retry run
+                // by run, and fail only the runs that fail alone.
+                tracing::error!(error = %e, "committing {} events failed", batch.len());
+                let mut by_run: Vec<(String, Vec<(StoredEvent, Arc<RunShared>)>)> = Vec::new();
+                for (ev, s) in events {
+                    match by_run.iter_mut().find(|(r, _)| *r == ev.run_id) {
+                        Some((_, v)) => v.push((ev, s)),
+                        None => by_run.push((ev.run_id.clone(), vec![(ev, s)])),
+                    }
+                }
+                let single = by_run.len() == 1;
+                for (run, evs) in by_run {
+                    let result = if single {
+                        Err(e.to_string())
+                    } else {
+                        let b: Vec<StoredEvent> = evs.iter().map(|(e, _)| e.clone()).collect();
+                        self.backend.append(&b).map_err(|e| e.to_string())
+                    };
+                    match result {
+                        Ok(()) => self.publish(evs),
+                        Err(msg) => {
+                            tracing::error!(run = %run, error = %msg, "events lost; the run's log stops here");
+                            let failure = Failure::Commit(Arc::from(msg));
+                            evs[0].1.update(|c| c.failure = Some(failure));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a commit: mirror, then live subscribers, then waiters.
+    fn publish(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
+        if let Some(dir) = self.log_dir.clone() {
+            self.mirror(&dir, &events);
+        }
+        let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
+        let mut ended = Vec::new();
+        for (ev, shared) in events {
+            let seq = ev.seq;
+            if ev.is_terminal() {
+                ended.push(ev.run_id.clone());
+            }
+            let ev = Arc::new(ev);
+            let _ = shared.live.send(ev.clone());
+            let _ = self.all.send(ev);
+            match last.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &shared)) {
+                Some(l) => l.1 = seq,
+                None => last.push((shared, seq)),
+            }
+        }
+        for (shared, seq) in last {
+            shared.update(|c| c.seq = c.seq.max(seq));
+        }
+        // A finished run's mirror is reopened if the run is resumed; closing
+        // it keeps a long-lived server from holding a file per run ever run.
+        for run in ended {
+            self.mirrors.remove(&run);
+        }
+    }
+
+    fn mirror(&mut self, dir: &Path, events: &[(StoredEvent, Arc<RunShared>)]) {
+        let mut lines: Vec<(&str, String)> = Vec::new();
+        for (ev, _) in events {
+            let buf = match lines.iter_mut().find(|(r, _)| *r == ev.run_id) {
+                Some((_, b)) => b,
+                None => {
+                    lines.push((&ev.run_id, String::new()));
+                    &mut lines.last_mut().unwrap().1
+                }
+            };
+            buf.push_str(&ev.json);
+            buf.push('\n');
+        }
+        for (run, text) in lines {
+            let slot = self.mirrors.entry(run.to_string()).or_insert_with(|| {
+                let d = dir.join(run);
+                let path = d.join("events.ndjson");
+                let opened = std::fs::create_dir_all(&d)
+                    .and_then(|_| OpenOptions::new().create(true).append(true).open(&path));
+                match opened {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e,
+                            "cannot write the NDJSON mirror; the store still has every event");
+                        None
+                    }
+                }
+            });
+            if let Some(f) = slot {
+                if let Err(e) = f.write_all(text.as_bytes()) {
+                    tracing::warn!(run = %run, error = %e,
+                        "writing the NDJSON mirror failed; `cairn export` regenerates it");
+                    *slot = None;
+                }
+            }
+        }
+    }
+}
+
+struct Sequencer {
+    last_seq: u64,
+    last_ts: i64,
+    observer: Option<Box<dyn Fn(&Event) + Send + Sync>>,
+}
+
+/// A run's sequencer: the one place its events get their `seq`. Send + Sync;
+/// share it as `Arc<RunLog>`. Holds the run's lease until dropped.
 pub struct RunLog {
     run_id: String,
+    inner: Arc<Inner>,
+    shared: Arc<RunShared>,
+    tx: mpsc::Sender<Msg>,
+    lease: Mutex<Option<Box<dyn RunLease>>>,
+    seq: Mutex<Sequencer>,
 }
 
 impl RunLog {
@@ -89,44 +584,137 @@ impl RunLog {
 
     /// The seq of the latest appended event (committed or not).
     pub fn last_seq(&self) -> u64 {
-        todo!()
+        self.lock().last_seq
     }
 
-    /// Stamps, sequences and enqueues one event and returns it. Never blocks
-    /// on I/O.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sequencer> {
+        // An observer that panicked must not take the run's log with it.
+        self.seq.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stamps (now), sequences and queues one event, and returns it. Never
+    /// blocks on I/O. The observer, if set, sees it before this returns; the
+    /// observer must not append to this log (it runs under the sequencer's
+    /// lock, which is what keeps one order everywhere).
     pub fn append(&self, scope: Scope, kind: EventKind) -> Event {
-        let _ = (scope, kind);
-        todo!()
+        let mut s = self.lock();
+        s.last_seq += 1;
+        // Timestamps never go backwards within a run, whatever the clock does.
+        s.last_ts = s.last_ts.max(now_ms());
+        let ev = Event {
+            run_id: self.run_id.clone(),
+            seq: s.last_seq,
+            timestamp_ms: s.last_ts,
+            scope,
+            kind,
+        };
+        let stored = StoredEvent::from_event(&ev);
+        let sent = self.tx.send(Msg::Event(stored, self.shared.clone()));
+        if sent.is_err() || self.inner.closed.load(Ordering::SeqCst) {
+            self.shared.update(|c| {
+                c.failure.get_or_insert(Failure::Closed);
+            });
+        }
+        if let Some(obs) = &s.observer {
+            obs(&ev);
+        }
+        ev
     }
 
-    /// Appends and waits until the event is committed.
+    /// Appends and waits until the event is committed. Use it for lifecycle
+    /// events before acting on them (guarantee 2).
     pub async fn append_durable(&self, scope: Scope, kind: EventKind) -> Result<Event, StoreError> {
-        let _ = (scope, kind);
-        todo!()
+        let ev = self.append(scope, kind);
+        self.wait(ev.seq).await?;
+        Ok(ev)
     }
 
     /// Waits until every event appended so far on this log is committed.
     pub async fn sync(&self) -> Result<(), StoreError> {
-        todo!()
+        let target = self.last_seq();
+        self.wait(target).await
     }
 
-    /// Blocking form of [`RunLog::sync`].
+    async fn wait(&self, seq: u64) -> Result<(), StoreError> {
+        let mut rx = self.shared.committed.subscribe();
+        let r = rx
+            .wait_for(|c| c.seq >= seq || c.failure.is_some())
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        if r.seq >= seq {
+            Ok(())
+        } else {
+            Err(r
+                .failure
+                .as_ref()
+                .map_or(StoreError::Closed, Failure::to_error))
+        }
+    }
+
+    /// Blocking form of [`RunLog::sync`], for code outside an async runtime.
     pub fn sync_blocking(&self) -> Result<(), StoreError> {
-        todo!()
+        let target = self.last_seq();
+        let mut g = self
+            .shared
+            .cv_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = self.shared.check(target) {
+                return r;
+            }
+            g = self
+                .shared
+                .cv
+                .wait_timeout(g, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
-    /// Sets the in-process callback that receives every event in seq order.
+    /// Sets the in-process callback that receives every event in seq order
+    /// (synchronously, from `append`). It replaces any earlier one.
     pub fn set_observer(&self, f: Box<dyn Fn(&Event) + Send + Sync>) {
-        let _ = f;
-        todo!()
+        self.lock().observer = Some(f);
     }
+}
+
+impl Drop for RunLog {
+    fn drop(&mut self) {
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(lease) = lease {
+            let msg = Msg::Release(lease, self.shared.clone(), self.run_id.clone());
+            if let Err(mpsc::SendError(msg)) = self.tx.send(msg) {
+                // The writer is gone, so nothing of ours is queued: release now.
+                drop(msg);
+                self.shared.owners.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.inner.maybe_forget(&self.run_id);
+    }
+}
+
+impl std::fmt::Debug for RunLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunLog")
+            .field("run_id", &self.run_id)
+            .field("last_seq", &self.last_seq())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Why a subscription ended early.
 #[derive(Debug, thiserror::Error)]
 pub enum SubscribeError {
     /// The subscriber fell too far behind the live stream; it has seen
-    /// everything up to `last_seq` and should resubscribe from there.
+    /// everything up to `last_seq` and may subscribe again from there.
     #[error(
         "subscriber lagged behind the live stream after seq {last_seq}; resubscribe from there"
     )]
@@ -139,16 +727,161 @@ pub enum SubscribeError {
     Store(#[from] StoreError),
 }
 
-/// A run's events in seq order: replay, then live.
+/// A run's events in seq order: replay from the store, then live.
 pub struct Subscription {
+    inner: Arc<Inner>,
+    run_id: String,
+    shared: Option<Arc<RunShared>>,
+    rx: broadcast::Receiver<Arc<StoredEvent>>,
+    /// Events read from the store, not yet delivered.
+    buffer: VecDeque<Arc<StoredEvent>>,
+    /// The last seq delivered (or the `after` asked for).
+    last: u64,
+    last_terminal: bool,
+    /// The last store read came back short: the replay has reached the end
+    /// of what was committed, so live events (when written here) suffice.
+    caught_up: bool,
     stop_at_terminal: bool,
+    done: bool,
+}
+
+enum Live {
+    Event(Arc<StoredEvent>),
+    Lagged,
+    Nothing,
 }
 
 impl Subscription {
-    /// The next event; `None` after the run's terminal event when stopping
-    /// at terminal events (the default).
+    /// The next event in seq order. `None` once the run's terminal event
+    /// (`RunFinished`, `RunFailed`, `RunCancelled`) has been delivered when
+    /// stopping at terminal events (the default), also when the subscription
+    /// started right after one and nothing followed. After an error it
+    /// returns `None`.
     pub async fn next(&mut self) -> Option<Result<Arc<StoredEvent>, SubscribeError>> {
-        todo!()
+        loop {
+            if self.done {
+                return None;
+            }
+            // The store is the truth: what it holds is delivered as it is.
+            while let Some(ev) = self.buffer.pop_front() {
+                if ev.seq > self.last {
+                    return Some(Ok(self.deliver(ev)));
+                }
+            }
+            // Live events already here?
+            match self.try_live() {
+                Live::Event(ev) => {
+                    if let Some(ev) = self.take_live(ev) {
+                        return Some(Ok(ev));
+                    }
+                    if self.buffer.is_empty() {
+                        if let Err(e) = self.fill().await {
+                            return Some(Err(e));
+                        }
+                    }
+                    continue;
+                }
+                Live::Lagged => return Some(Err(self.lagged())),
+                Live::Nothing => {}
+            }
+            // Nothing buffered or live. Read the store when the replay is not
+            // finished or the run is written by another process.
+            let owned = self
+                .shared
+                .as_ref()
+                .is_some_and(|s| s.owners.load(Ordering::SeqCst) > 0);
+            if !owned || !self.caught_up {
+                if let Err(e) = self.fill().await {
+                    return Some(Err(e));
+                }
+                if !self.buffer.is_empty() {
+                    continue;
+                }
+            }
+            if self.stop_at_terminal && self.last_terminal {
+                self.done = true;
+                return None;
+            }
+            match tokio::time::timeout(POLL_INTERVAL, self.rx.recv()).await {
+                Ok(Ok(ev)) => {
+                    if let Some(ev) = self.take_live(ev) {
+                        return Some(Ok(ev));
+                    }
+                    if self.buffer.is_empty() {
+                        if let Err(e) = self.fill().await {
+                            return Some(Err(e));
+                        }
+                    }
+                }
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => return Some(Err(self.lagged())),
+                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {}
+            }
+        }
+    }
+
+    fn try_live(&mut self) -> Live {
+        loop {
+            match self.rx.try_recv() {
+                Ok(ev) if ev.seq <= self.last => continue,
+                Ok(ev) => return Live::Event(ev),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => return Live::Lagged,
+                Err(_) => return Live::Nothing,
+            }
+        }
+    }
+
+    /// Delivers a live event if it is the next one. A later one means the
+    /// store has what lies between (the writer publishes after commit), so
+    /// the caller reads it from there.
+    fn take_live(&mut self, ev: Arc<StoredEvent>) -> Option<Arc<StoredEvent>> {
+        if ev.seq == self.last + 1 {
+            Some(self.deliver(ev))
+        } else {
+            None
+        }
+    }
+
+    fn deliver(&mut self, ev: Arc<StoredEvent>) -> Arc<StoredEvent> {
+        self.last = ev.seq;
+        self.last_terminal = ev.is_terminal();
+        if self.last_terminal && self.stop_at_terminal {
+            self.done = true;
+        }
+        ev
+    }
+
+    fn lagged(&mut self) -> SubscribeError {
+        self.done = true;
+        SubscribeError::Lagged {
+            last_seq: self.last,
+        }
+    }
+
+    /// Reads the next page after the last delivered seq from the store,
+    /// off the async threads.
+    async fn fill(&mut self) -> Result<(), SubscribeError> {
+        let backend = self.inner.backend.clone();
+        let run = self.run_id.clone();
+        let q = EventQuery {
+            after: self.last,
+            limit: Some(PAGE),
+            ..Default::default()
+        };
+        let page = tokio::task::spawn_blocking(move || backend.read_events(&run, &q))
+            .await
+            .map_err(|_| StoreError::Closed)
+            .and_then(|r| r);
+        match page {
+            Ok(p) => {
+                self.caught_up = p.len() < PAGE;
+                self.buffer.extend(p.into_iter().map(Arc::new));
+                Ok(())
+            }
+            Err(e) => {
+                self.done = true;
+                Err(SubscribeError::Store(e))
+            }
+        }
     }
 
     /// Whether to end at terminal events (default true). With `false` the
@@ -156,5 +889,21 @@ impl Subscription {
     pub fn stop_at_terminal(mut self, yes: bool) -> Self {
         self.stop_at_terminal = yes;
         self
+    }
+
+    /// The last seq delivered so far.
+    pub fn last_seq(&self) -> u64 {
+        self.last
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        // The receiver must go before the registry checks its count.
+        let (tx, rx) = broadcast::channel(1);
+        drop(tx);
+        drop(std::mem::replace(&mut self.rx, rx));
+        self.shared = None;
+        self.inner.maybe_forget(&self.run_id);
     }
 }

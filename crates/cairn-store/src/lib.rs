@@ -11,8 +11,8 @@ mod journal;
 mod sqlite;
 
 pub use backend::{
-    Backend, ControlRequest, EventQuery, RunFilter, RunLease, RunRecord, StoreError, StoredEvent,
-    ToolCallRecord,
+    validate_run_id, Backend, ControlRequest, EventQuery, RunFilter, RunLease, RunRecord,
+    StoreError, StoredEvent, ToolCallRecord,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
 pub use sqlite::SqliteBackend;

@@ -1,70 +1,804 @@
 //! The SQLite backend.
+//!
+//! Durability: the database runs in WAL mode with `synchronous=NORMAL`. A
+//! committed transaction survives a crash of the Cairn process (the WAL is
+//! written before `COMMIT` returns); after a power loss or an operating system
+//! crash the last transactions before it may be lost, but the database stays
+//! consistent. That is the trade the contract asks for: lifecycle events are
+//! durable before anyone acts on them, as far as a process crash goes.
 
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
+use serde_json::Value;
 
 use crate::backend::*;
 
-/// Cairn's store in one SQLite file (WAL mode).
+/// The schema version kept in `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 1;
+
+/// How long a statement waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Files up to this size get `PRAGMA quick_check` at open: it reads the
+/// whole file, which is cheap for small stores and too slow for big ones.
+const QUICK_CHECK_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Idle read connections kept for reuse.
+const READ_POOL_MAX: usize = 4;
+
+const SCHEMA: &str = r#"
+CREATE TABLE runs (
+    run_id          TEXT PRIMARY KEY,
+    workflow        TEXT NOT NULL,
+    workflow_path   TEXT NOT NULL,
+    workflow_hash   TEXT NOT NULL,
+    workflow_source TEXT NOT NULL,
+    input           TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    created_ms      INTEGER NOT NULL,
+    updated_ms      INTEGER NOT NULL,
+    parent_run_id   TEXT
+);
+CREATE INDEX runs_by_created ON runs(created_ms);
+CREATE INDEX runs_by_status ON runs(status, updated_ms);
+
+-- No foreign key to runs: an insert per event would pay for the check, and
+-- gc deletes a run's events explicitly.
+CREATE TABLE events (
+    run_id  TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    type    TEXT NOT NULL,
+    node_id TEXT,
+    ts      INTEGER NOT NULL,
+    json    TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX events_by_type ON events(run_id, type, seq);
+CREATE INDEX events_by_node ON events(run_id, node_id, seq);
+
+CREATE TABLE controls (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id      TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    kind        TEXT NOT NULL,
+    node_id     TEXT,
+    payload     TEXT NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    consumed_ms INTEGER
+);
+CREATE INDEX controls_pending ON controls(run_id, consumed_ms, id);
+
+CREATE TABLE tool_calls (
+    run_id          TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    node_id         TEXT NOT NULL,
+    iteration       INTEGER NOT NULL,
+    attempt         INTEGER NOT NULL,
+    tool_seq        INTEGER NOT NULL,
+    tool            TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    side_effect     INTEGER NOT NULL,
+    idempotent      INTEGER NOT NULL,
+    input           TEXT NOT NULL,
+    output          TEXT,
+    started_ms      INTEGER NOT NULL,
+    finished_ms     INTEGER,
+    status          TEXT NOT NULL,
+    error           TEXT,
+    PRIMARY KEY (run_id, node_id, iteration, attempt, tool_seq)
+);
+"#;
+
+/// The tables a Cairn store has; a file with other tables is someone else's.
+const TABLES: &[&str] = &[
+    "controls",
+    "events",
+    "runs",
+    "sqlite_sequence",
+    "tool_calls",
+];
+
+/// Cairn's store in one SQLite file (WAL mode, `synchronous=NORMAL`).
+///
+/// Writes go through one connection; reads take a connection from a small
+/// pool, so a reader never waits behind the writer (WAL lets them run at the
+/// same time, also across processes).
 pub struct SqliteBackend {
     path: PathBuf,
+    lock_dir: PathBuf,
+    write: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
 }
 
 impl SqliteBackend {
-    /// Opens (creating if needed) the database at `path`.
+    /// Opens the database at `path`, creating it (and its parent directory)
+    /// when missing. A file that is not a Cairn database, or is damaged, gives
+    /// [`StoreError::Corrupt`] and is left untouched.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let _ = path;
-        todo!()
+        let path = path.to_path_buf();
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+
+        let existing_len = check_header(&path)?;
+        let conn = open_conn(&path, false)?;
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: path.clone(),
+            detail,
+        };
+
+        // Read-only checks first, so nothing is written to a file that turns
+        // out not to be ours.
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| map_err(&path, e))?;
+        let tables: Vec<String> = {
+            let mut st = conn
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+                .map_err(|e| map_err(&path, e))?;
+            let rows = st
+                .query_map([], |r| r.get::<_, String>(0))
+                .map_err(|e| map_err(&path, e))?;
+            rows.collect::<Result<_, _>>()
+                .map_err(|e| map_err(&path, e))?
+        };
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path,
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if let Some(t) = tables.iter().find(|t| !TABLES.contains(&t.as_str())) {
+            return Err(corrupt(format!(
+                "it has a table `{t}` that Cairn does not use"
+            )));
+        }
+        if version == SCHEMA_VERSION {
+            for t in ["runs", "events", "controls", "tool_calls"] {
+                if !tables.iter().any(|x| x == t) {
+                    return Err(corrupt(format!("table `{t}` is missing")));
+                }
+            }
+        } else if !tables.is_empty() {
+            return Err(corrupt(format!(
+                "it has tables ({}) but no Cairn schema version",
+                tables.join(", ")
+            )));
+        }
+        if existing_len > 0 && existing_len <= QUICK_CHECK_MAX_BYTES {
+            let verdict: String = conn
+                .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+                .map_err(|e| map_err(&path, e))?;
+            if verdict != "ok" {
+                return Err(corrupt(verdict));
+            }
+        }
+
+        // WAL is a property of the file; setting it needs a brief write lock.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(|e| map_err(&path, e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(store = %path.display(), mode, "could not switch the store to WAL mode");
+        }
+        if version == 0 {
+            create_schema(&conn).map_err(|e| map_err(&path, e))?;
+        }
+
+        Ok(SqliteBackend {
+            lock_dir: dir.join("locks"),
+            path,
+            write: Mutex::new(conn),
+            readers: Mutex::new(Vec::new()),
+        })
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    fn err(&self, e: rusqlite::Error) -> StoreError {
+        map_err(&self.path, e)
+    }
+
+    /// Runs `f` on a pooled read connection.
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let conn = match self.readers.lock().unwrap().pop() {
+            Some(c) => c,
+            None => open_conn(&self.path, true)?,
+        };
+        let out = f(&conn).map_err(|e| self.err(e));
+        let mut pool = self.readers.lock().unwrap();
+        if pool.len() < READ_POOL_MAX {
+            pool.push(conn);
+        }
+        out
+    }
+
+    /// Runs `f` in a write transaction (taken at once, so that a busy
+    /// database waits at `BEGIN` rather than failing mid-way).
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| self.err(e))?;
+        let out = f(&tx)?;
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(out)
+    }
 }
 
+/// Rejects a file that exists but does not start like a SQLite database,
+/// before SQLite touches it. Returns the file's length (0 when missing).
+fn check_header(path: &Path) -> Result<u64, StoreError> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(StoreError::io(path, e)),
+    };
+    let len = f.metadata().map_err(|e| StoreError::io(path, e))?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut head = [0u8; 16];
+    let n = f.read(&mut head).map_err(|e| StoreError::io(path, e))?;
+    if len < 100 || n < 16 || &head != b"SQLite format 3\0" {
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: "the file does not start with a SQLite header".into(),
+        });
+    }
+    Ok(len)
+}
+
+fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    flags |= if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+    };
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| StoreError::Open {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| map_err(path, e))?;
+    conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+        .map_err(|e| map_err(path, e))?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(conn)
+}
+
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let r = (|| {
+        // Another process may have created it while we waited for the lock.
+        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if v == 0 {
+            conn.execute_batch(SCHEMA)?;
+            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Turns SQLite's error codes into the errors people can act on.
+pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
+    if let rusqlite::Error::SqliteFailure(f, msg) = &e {
+        match f.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                return StoreError::Locked {
+                    path: path.to_path_buf(),
+                }
+            }
+            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
+                return StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: msg.clone().unwrap_or_else(|| f.to_string()),
+                }
+            }
+            _ => {}
+        }
+    }
+    StoreError::Sqlite(e)
+}
+
+fn is_fk_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY)
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The status a lifecycle event puts the run in, if it changes it.
+fn status_of(ev: &StoredEvent) -> Option<String> {
+    match ev.type_name.as_str() {
+        "RunStarted" => Some("running".into()),
+        "RunFinished" => Some("finished".into()),
+        "RunFailed" => Some("failed".into()),
+        "RunCancelled" => Some("cancelled".into()),
+        "RunStatusChanged" => serde_json::from_str::<Value>(&ev.json)
+            .ok()?
+            .get("status")?
+            .as_str()
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+fn json_text(v: &Value) -> String {
+    serde_json::to_string(v).expect("JSON values always serialize")
+}
+
+fn parse_json(run: &str, col: &str, s: &str) -> rusqlite::Result<Value> {
+    serde_json::from_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("run `{run}`: column `{col}` is not JSON: {e}").into(),
+        )
+    })
+}
+
+fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
+    Ok(StoredEvent {
+        run_id: r.get(0)?,
+        seq: r.get::<_, i64>(1)? as u64,
+        type_name: r.get(2)?,
+        node_id: r.get(3)?,
+        timestamp_ms: r.get(4)?,
+        json: r.get::<_, String>(5)?.into(),
+    })
+}
+
+const RUN_COLS: &str = "run_id, workflow, workflow_path, workflow_hash, workflow_source, input, \
+                        status, created_ms, updated_ms, parent_run_id";
+
+fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    let run_id: String = r.get(0)?;
+    let input: String = r.get(5)?;
+    Ok(RunRecord {
+        input: parse_json(&run_id, "input", &input)?,
+        workflow: r.get(1)?,
+        workflow_path: r.get(2)?,
+        workflow_hash: r.get(3)?,
+        workflow_source: r.get(4)?,
+        status: r.get(6)?,
+        created_ms: r.get(7)?,
+        updated_ms: r.get(8)?,
+        parent_run_id: r.get(9)?,
+        run_id,
+    })
+}
+
+fn control_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ControlRequest> {
+    let run_id: String = r.get(1)?;
+    let payload: String = r.get(4)?;
+    Ok(ControlRequest {
+        id: r.get(0)?,
+        payload: parse_json(&run_id, "payload", &payload)?,
+        kind: r.get(2)?,
+        node_id: r.get(3)?,
+        created_ms: r.get(5)?,
+        run_id,
+    })
+}
+
+fn tool_call_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ToolCallRecord> {
+    let run_id: String = r.get(0)?;
+    let input: String = r.get(9)?;
+    let output: Option<String> = r.get(10)?;
+    let error: Option<String> = r.get(14)?;
+    Ok(ToolCallRecord {
+        node_id: r.get(1)?,
+        iteration: r.get(2)?,
+        attempt: r.get(3)?,
+        tool_seq: r.get(4)?,
+        tool: r.get(5)?,
+        idempotency_key: r.get(6)?,
+        side_effect: r.get(7)?,
+        idempotent: r.get(8)?,
+        input: parse_json(&run_id, "input", &input)?,
+        output: output
+            .map(|s| parse_json(&run_id, "output", &s))
+            .transpose()?,
+        started_ms: r.get(11)?,
+        finished_ms: r.get(12)?,
+        status: r.get(13)?,
+        error: error
+            .map(|s| parse_json(&run_id, "error", &s))
+            .transpose()?,
+        run_id,
+    })
+}
+
+/// Holds `flock(LOCK_EX)` on the run's lock file while alive.
+struct FlockLease {
+    _file: File,
+}
+
+impl RunLease for FlockLease {}
+
 impl Backend for SqliteBackend {
-    fn append(&self, _batch: &[StoredEvent]) -> Result<(), StoreError> {
-        todo!()
+    fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.write(|tx| {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT INTO events (run_id, seq, type, node_id, ts, json) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|e| self.err(e))?;
+            // (run, latest ts, latest status) per run of the batch, in order
+            // of first appearance; batches rarely hold more than a few runs.
+            let mut runs: Vec<(&str, i64, Option<String>)> = Vec::new();
+            for ev in batch {
+                ins.execute(params![
+                    ev.run_id,
+                    ev.seq as i64,
+                    ev.type_name,
+                    ev.node_id,
+                    ev.timestamp_ms,
+                    &*ev.json
+                ])
+                .map_err(|e| {
+                    if is_unique_violation(&e) {
+                        StoreError::BadRow {
+                            run: ev.run_id.clone(),
+                            detail: format!("seq {} is already stored", ev.seq),
+                        }
+                    } else {
+                        self.err(e)
+                    }
+                })?;
+                let status = status_of(ev);
+                match runs.iter_mut().find(|r| r.0 == ev.run_id) {
+                    Some(r) => {
+                        r.1 = r.1.max(ev.timestamp_ms);
+                        if status.is_some() {
+                            r.2 = status;
+                        }
+                    }
+                    None => runs.push((&ev.run_id, ev.timestamp_ms, status)),
+                }
+            }
+            let mut upd = tx
+                .prepare_cached(
+                    "UPDATE runs SET updated_ms = max(updated_ms, ?2), \
+                     status = coalesce(?3, status) WHERE run_id = ?1",
+                )
+                .map_err(|e| self.err(e))?;
+            for (run, ts, status) in runs {
+                upd.execute(params![run, ts, status])
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
     }
-    fn read_events(&self, _run_id: &str, _q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        todo!()
+
+    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut sql = String::from(
+            "SELECT run_id, seq, type, node_id, ts, json FROM events WHERE run_id = ?1 AND seq > ?2",
+        );
+        let mut args: Vec<rusqlite::types::Value> = vec![
+            run_id.to_string().into(),
+            (q.after.min(i64::MAX as u64) as i64).into(),
+        ];
+        if !q.types.is_empty() {
+            sql.push_str(" AND type IN (");
+            for (i, t) in q.types.iter().enumerate() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                args.push(t.clone().into());
+                sql.push_str(&format!("?{}", args.len()));
+            }
+            sql.push(')');
+        }
+        if let Some(n) = &q.node {
+            args.push(n.clone().into());
+            sql.push_str(&format!(" AND node_id = ?{}", args.len()));
+        }
+        sql.push_str(" ORDER BY seq");
+        if let Some(l) = q.limit {
+            args.push((l.min(i64::MAX as usize) as i64).into());
+            sql.push_str(&format!(" LIMIT ?{}", args.len()));
+        }
+        self.read(|c| {
+            let mut st = c.prepare_cached(&sql)?;
+            let rows = st.query_map(rusqlite::params_from_iter(args), event_row)?;
+            rows.collect()
+        })
     }
-    fn last_seq(&self, _run_id: &str) -> Result<u64, StoreError> {
-        todo!()
+
+    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
+        self.read(|c| {
+            c.prepare_cached("SELECT max(seq) FROM events WHERE run_id = ?1")?
+                .query_row([run_id], |r| r.get::<_, Option<i64>>(0))
+        })
+        .map(|s| s.unwrap_or(0) as u64)
     }
-    fn create_run(&self, _rec: &RunRecord) -> Result<(), StoreError> {
-        todo!()
+
+    fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        validate_run_id(&rec.run_id)?;
+        self.write(|tx| {
+            tx.execute(
+                &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                params![
+                    rec.run_id,
+                    rec.workflow,
+                    rec.workflow_path,
+                    rec.workflow_hash,
+                    rec.workflow_source,
+                    json_text(&rec.input),
+                    rec.status,
+                    rec.created_ms,
+                    rec.updated_ms,
+                    rec.parent_run_id
+                ],
+            )
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    StoreError::RunExists(rec.run_id.clone())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(())
+        })
     }
-    fn get_run(&self, _run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        todo!()
+
+    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(&format!("SELECT {RUN_COLS} FROM runs WHERE run_id = ?1"))?
+                .query_row([run_id], run_row)
+                .optional()
+        })
     }
-    fn list_runs(&self, _f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-        todo!()
+
+    fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let limit = f
+            .limit
+            .map(|l| l.min(i64::MAX as usize) as i64)
+            .unwrap_or(-1);
+        let offset = f.offset.unwrap_or(0).min(i64::MAX as usize) as i64;
+        self.read(|c| {
+            let mut st = c.prepare_cached(&format!(
+                "SELECT {RUN_COLS} FROM runs \
+                 WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2) \
+                 ORDER BY created_ms DESC, rowid DESC LIMIT ?3 OFFSET ?4"
+            ))?;
+            let rows = st.query_map(params![f.status, f.workflow, limit, offset], run_row)?;
+            rows.collect()
+        })
     }
-    fn delete_finished_before(&self, _cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
-        todo!()
+
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        let candidates: Vec<String> = self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT run_id FROM runs WHERE status IN ('finished', 'failed', 'cancelled') \
+                 AND updated_ms < ?1 ORDER BY created_ms",
+            )?;
+            let rows = st.query_map([cutoff_ms], |r| r.get(0))?;
+            rows.collect()
+        })?;
+        // A run being resumed right now holds its lease: leave it alone. The
+        // leases stay held until the deletion has committed.
+        let mut leases = Vec::new();
+        let mut ids = Vec::new();
+        for id in candidates {
+            if let Some(l) = self.try_lock_run(&id)? {
+                leases.push(l);
+                ids.push(id);
+            }
+        }
+        self.write(|tx| {
+            let mut deleted = Vec::new();
+            for id in ids {
+                // Re-check inside the transaction: the status may have moved on.
+                let still: bool = tx
+                    .query_row(
+                        "SELECT count(*) FROM runs WHERE run_id = ?1 AND status IN \
+                         ('finished', 'failed', 'cancelled') AND updated_ms < ?2",
+                        params![id, cutoff_ms],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .map_err(|e| self.err(e))?
+                    > 0;
+                if !still {
+                    continue;
+                }
+                for sql in [
+                    "DELETE FROM events WHERE run_id = ?1",
+                    "DELETE FROM tool_calls WHERE run_id = ?1",
+                    "DELETE FROM controls WHERE run_id = ?1",
+                    "DELETE FROM runs WHERE run_id = ?1",
+                ] {
+                    tx.execute(sql, [&id]).map_err(|e| self.err(e))?;
+                }
+                deleted.push(id);
+            }
+            Ok(deleted)
+        })
     }
-    fn try_lock_run(&self, _run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
-        todo!()
+
+    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
+        validate_run_id(run_id)?;
+        std::fs::create_dir_all(&self.lock_dir).map_err(|e| StoreError::io(&self.lock_dir, e))?;
+        let path = self.lock_dir.join(format!("{run_id}.lock"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        // flock locks belong to the open file description, so a second open
+        // of the same file in this process conflicts too; the kernel drops
+        // the lock when the descriptor closes, including on process death.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(Some(Box::new(FlockLease { _file: file })));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(None)
+        } else {
+            Err(StoreError::io(&path, err))
+        }
     }
-    fn put_control(&self, _req: &ControlRequest) -> Result<i64, StoreError> {
-        todo!()
+
+    fn put_control(&self, req: &ControlRequest) -> Result<i64, StoreError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO controls (run_id, kind, node_id, payload, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    req.run_id,
+                    req.kind,
+                    req.node_id,
+                    json_text(&req.payload),
+                    req.created_ms
+                ],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::NotFound(req.run_id.clone())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(tx.last_insert_rowid())
+        })
     }
-    fn pending_controls(&self, _run_id: &str) -> Result<Vec<ControlRequest>, StoreError> {
-        todo!()
+
+    fn pending_controls(&self, run_id: &str) -> Result<Vec<ControlRequest>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, run_id, kind, node_id, payload, created_ms FROM controls \
+                 WHERE run_id = ?1 AND consumed_ms IS NULL ORDER BY id",
+            )?;
+            let rows = st.query_map([run_id], control_row)?;
+            rows.collect()
+        })
     }
-    fn ack_control(&self, _id: i64) -> Result<(), StoreError> {
-        todo!()
+
+    fn ack_control(&self, id: i64) -> Result<(), StoreError> {
+        self.write(|tx| {
+            let n = tx
+                .execute(
+                    "UPDATE controls SET consumed_ms = coalesce(consumed_ms, ?2) WHERE id = ?1",
+                    params![id, now_ms()],
+                )
+                .map_err(|e| self.err(e))?;
+            if n == 0 {
+                return Err(StoreError::ControlNotFound(id));
+            }
+            Ok(())
+        })
     }
-    fn put_tool_call(&self, _rec: &ToolCallRecord) -> Result<(), StoreError> {
-        todo!()
+
+    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO tool_calls (run_id, node_id, iteration, attempt, tool_seq, tool, \
+                 idempotency_key, side_effect, idempotent, input, output, started_ms, finished_ms, \
+                 status, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+                 ON CONFLICT (run_id, node_id, iteration, attempt, tool_seq) DO UPDATE SET \
+                 tool = excluded.tool, idempotency_key = excluded.idempotency_key, \
+                 side_effect = excluded.side_effect, idempotent = excluded.idempotent, \
+                 input = excluded.input, output = excluded.output, started_ms = excluded.started_ms, \
+                 finished_ms = excluded.finished_ms, status = excluded.status, error = excluded.error",
+                params![
+                    rec.run_id,
+                    rec.node_id,
+                    rec.iteration,
+                    rec.attempt,
+                    rec.tool_seq,
+                    rec.tool,
+                    rec.idempotency_key,
+                    rec.side_effect,
+                    rec.idempotent,
+                    json_text(&rec.input),
+                    rec.output.as_ref().map(json_text),
+                    rec.started_ms,
+                    rec.finished_ms,
+                    rec.status,
+                    rec.error.as_ref().map(json_text)
+                ],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::NotFound(rec.run_id.clone())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(())
+        })
     }
+
     fn tool_calls(
         &self,
-        _run_id: &str,
-        _node_id: &str,
-        _iteration: u32,
+        run_id: &str,
+        node_id: &str,
+        iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        todo!()
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT run_id, node_id, iteration, attempt, tool_seq, tool, idempotency_key, \
+                 side_effect, idempotent, input, output, started_ms, finished_ms, status, error \
+                 FROM tool_calls WHERE run_id = ?1 AND node_id = ?2 AND iteration = ?3 \
+                 ORDER BY attempt, tool_seq",
+            )?;
+            let rows = st.query_map(params![run_id, node_id, iteration], tool_call_row)?;
+            rows.collect()
+        })
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<SqliteBackend>();
+}
+
+impl std::fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteBackend")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
