@@ -1,0 +1,171 @@
+//! Templates and expressions against a context shaped like the engine's.
+
+use cairn_workflow::Templates;
+use serde_json::{json, Value};
+
+fn ctx() -> Value {
+    json!({
+        "input": {"repo": "/src/app", "n": 3, "tags": ["a", "b"]},
+        "nodes": {
+            "log": {"output": ["one", "two", "three"], "status": "finished", "attempt": 1},
+            "count": {"output": {"entries": 3}, "status": "finished", "attempt": 2},
+            "empty": {"output": {"entries": "0"}, "status": "finished", "attempt": 1},
+            "review.check": {"output": {"ok": true}, "status": "finished", "attempt": 1}
+        },
+        "iteration": 2,
+        "item": "two",
+        "line": "two",
+        "index": 1,
+        "run": {"id": "run-1"},
+        "workflow": {"name": "triage"}
+    })
+}
+
+#[test]
+fn templates_is_send_and_sync() {
+    fn assert<T: Send + Sync>() {}
+    assert::<Templates>();
+}
+
+#[test]
+fn single_expression_yields_native_values() {
+    let t = Templates::new();
+    let c = ctx();
+    assert_eq!(
+        t.render("{{ nodes.log.output | length }}", &c).unwrap(),
+        json!(3)
+    );
+    assert_eq!(
+        t.render("  {{ input.tags }} ", &c).unwrap(),
+        json!(["a", "b"])
+    );
+    assert_eq!(
+        t.render("{{ nodes.count.output }}", &c).unwrap(),
+        json!({"entries": 3})
+    );
+    assert_eq!(t.render("{{- input.n * 2 -}}", &c).unwrap(), json!(6));
+    assert_eq!(
+        t.render("{{ nodes['review.check'].output.ok }}", &c)
+            .unwrap(),
+        json!(true)
+    );
+    // Anything else is a string.
+    assert_eq!(t.render("n={{ input.n }}", &c).unwrap(), json!("n=3"));
+    assert_eq!(
+        t.render("{{ input.n }}{{ input.n }}", &c).unwrap(),
+        json!("33")
+    );
+    assert_eq!(t.render("plain text", &c).unwrap(), json!("plain text"));
+}
+
+#[test]
+fn render_value_renders_nested_strings() {
+    let t = Templates::new();
+    let v = json!({
+        "entries": "{{ nodes.log.output | length }}",
+        "msg": ["{{ index }}: {{ line }}", 7, null, {"deep": "{{ run.id }}"}],
+        "{{ keys }}": "are not templates"
+    });
+    assert_eq!(
+        t.render_value(&v, &ctx()).unwrap(),
+        json!({
+            "entries": 3,
+            "msg": ["1: two", 7, null, {"deep": "run-1"}],
+            "{{ keys }}": "are not templates"
+        })
+    );
+}
+
+#[test]
+fn strict_undefined_is_an_error() {
+    let t = Templates::new();
+    let c = ctx();
+    let e = t.render_string("hello {{ nope }}", &c).unwrap_err();
+    assert!(e.message.contains("undefined"), "{e}");
+    assert_eq!(e.source_text, "hello {{ nope }}");
+    assert!(t.render("{{ input.missing }}", &c).is_err());
+    assert!(t.render_string("{{ nodes.log.outptu }}", &c).is_err());
+    assert!(t.eval("nodes.nope.output", &c).is_err());
+    assert!(t.eval_bool("input.missing", &c).is_err());
+    // `default` still lets an author opt in to a fallback.
+    assert_eq!(
+        t.eval("input.missing | default('x')", &c).unwrap(),
+        json!("x")
+    );
+}
+
+#[test]
+fn filters_and_expressions() {
+    let t = Templates::new();
+    let c = ctx();
+    assert_eq!(
+        t.render_string("{{ input.tags | join(',') | upper }}", &c)
+            .unwrap(),
+        "A,B"
+    );
+    let j = t.render_string("{{ input | tojson }}", &c).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&j).unwrap(), c["input"]);
+    // Objects keep the author's key order through native rendering.
+    let v = t.render("{{ input }}", &c).unwrap();
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["repo", "n", "tags"]);
+    assert!(t
+        .eval_bool("nodes.count.output.entries | int > 0", &c)
+        .unwrap());
+    assert!(!t
+        .eval_bool("nodes.empty.output.entries | int > 0", &c)
+        .unwrap());
+    assert!(t.eval_bool("nodes['review.check'].output.ok", &c).unwrap());
+    assert!(t
+        .eval_bool("nodes.count.status == 'finished' and iteration >= 2", &c)
+        .unwrap());
+    assert_eq!(
+        t.eval("nodes.log.output", &c).unwrap(),
+        json!(["one", "two", "three"])
+    );
+    assert_eq!(
+        t.eval("workflow.name ~ '/' ~ run.id", &c).unwrap(),
+        json!("triage/run-1")
+    );
+    // Jinja truthiness: empty collections and strings are false.
+    assert!(!t.eval_bool("[]", &c).unwrap());
+    assert!(!t.eval_bool("''", &c).unwrap());
+    assert!(t.eval_bool("input.tags", &c).unwrap());
+    // No HTML escaping: output goes to argv and files.
+    assert_eq!(
+        t.render_string("{{ '<a & b>' }}", &json!({})).unwrap(),
+        "<a & b>"
+    );
+}
+
+#[test]
+fn errors_carry_the_line_and_the_source() {
+    let t = Templates::new();
+    let src = "line one\nline two {{ a b }}\nline three";
+    let e = t.check_template(src).unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+    assert_eq!(e.source_text, src);
+    let shown = e.to_string();
+    assert!(shown.contains("line 2"), "{shown}");
+    assert!(shown.contains("line two {{ a b }}"), "{shown}");
+
+    let src = "ok\n{{ nodes.missing.output }}";
+    let e = t.render_string(src, &ctx()).unwrap_err();
+    assert_eq!(e.line, Some(2), "{e}");
+
+    let e = t.check_expr("a ==").unwrap_err();
+    assert!(e.message.contains("syntax error"), "{e}");
+    assert!(t.check_expr("").is_err());
+    t.check_expr("nodes['review.check'].output.ok").unwrap();
+    t.check_template("{% for x in xs %}{{ x }}{% endfor %}")
+        .unwrap();
+    assert!(t.check_template("{% for x in xs %}").is_err());
+}
+
+#[test]
+fn filter_errors_are_template_errors() {
+    let t = Templates::new();
+    let e = t.eval("input.repo | int", &ctx()).unwrap_err();
+    assert!(!e.message.is_empty());
+    assert_eq!(e.source_text, "input.repo | int");
+}
