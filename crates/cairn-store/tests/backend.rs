@@ -1,0 +1,367 @@
+//! The SQLite backend on real files: opening, damage, runs, gc, controls,
+//! tool calls and leases.
+
+mod common;
+
+use std::sync::Arc;
+
+use cairn_events::{EventKind, RunStatus, Scope};
+use cairn_store::{
+    Backend, ControlRequest, EventQuery, RunFilter, SqliteBackend, StoreError, ToolCallRecord,
+};
+use common::*;
+
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn garbage_file_is_corrupt_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(&db, &garbage).unwrap();
+    let err = SqliteBackend::open(&db).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cairn.db") && msg.contains("not a Cairn database"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(&db).unwrap(), garbage);
+    assert_eq!(files_in(dir.path()), vec!["cairn.db"]);
+}
+
+#[test]
+fn foreign_sqlite_database_is_rejected_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("other.db");
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)")
+            .unwrap();
+    }
+    let before = std::fs::read(&db).unwrap();
+    let err = SqliteBackend::open(&db).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("accounts"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+}
+
+#[test]
+fn damaged_store_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    {
+        let b = SqliteBackend::open(&db).unwrap();
+        b.create_run(&run_record("r1", "pending", 1)).unwrap();
+        let evs: Vec<_> = (1..=200)
+            .map(|i| {
+                cairn_store::StoredEvent::from_event(&cairn_events::Event {
+                    run_id: "r1".into(),
+                    seq: i,
+                    timestamp_ms: 1,
+                    scope: node("a"),
+                    kind: output(&"x".repeat(200)),
+                })
+            })
+            .collect();
+        b.append(&evs).unwrap();
+    }
+    // Merge the WAL into the file so the damage below hits the real pages.
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    }
+    let mut bytes = std::fs::read(&db).unwrap();
+    assert!(bytes.len() > 8192);
+    // Keep page 1 (header and schema), scribble over everything after it.
+    for (i, b) in bytes.iter_mut().enumerate().skip(4096) {
+        *b = (i % 251) as u8;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    let err = SqliteBackend::open(&db).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+}
+
+#[test]
+fn missing_parent_directory_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("a/b/cairn.db");
+    let b = SqliteBackend::open(&db).unwrap();
+    assert_eq!(b.path(), db.as_path());
+    assert!(db.exists());
+    // Reopening an existing store works and keeps its rows.
+    b.create_run(&run_record("r", "pending", 1)).unwrap();
+    drop(b);
+    let b = SqliteBackend::open(&db).unwrap();
+    assert!(b.get_run("r").unwrap().is_some());
+}
+
+#[test]
+fn runs_are_listed_newest_first_and_filtered() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    for i in 0..5 {
+        let mut r = run_record(
+            &format!("r{i}"),
+            if i % 2 == 0 { "finished" } else { "failed" },
+            i,
+        );
+        if i == 4 {
+            r.workflow = "other".into();
+        }
+        b.create_run(&r).unwrap();
+    }
+    let err = b.create_run(&run_record("r1", "pending", 9)).unwrap_err();
+    assert!(
+        matches!(err, StoreError::RunExists(ref r) if r == "r1"),
+        "{err:?}"
+    );
+
+    let ids = |f: RunFilter| -> Vec<String> {
+        b.list_runs(&f)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    };
+    assert_eq!(ids(RunFilter::default()), ["r4", "r3", "r2", "r1", "r0"]);
+    assert_eq!(
+        ids(RunFilter {
+            status: Some("finished".into()),
+            ..Default::default()
+        }),
+        ["r4", "r2", "r0"]
+    );
+    assert_eq!(
+        ids(RunFilter {
+            workflow: Some("wf".into()),
+            limit: Some(2),
+            offset: Some(1),
+            ..Default::default()
+        }),
+        ["r2", "r1"]
+    );
+    let r = b.get_run("r3").unwrap().unwrap();
+    assert_eq!(r, run_record("r3", "failed", 3));
+    assert!(b.get_run("nope").unwrap().is_none());
+}
+
+#[test]
+fn invalid_run_ids_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    for bad in ["", "../x", "a/b", ".hidden", "sp ace"] {
+        let err = b.create_run(&run_record(bad, "pending", 1)).unwrap_err();
+        assert!(matches!(err, StoreError::InvalidRunId(_)), "{bad}: {err:?}");
+        assert!(b.try_lock_run(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn controls_are_queued_and_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    let req = |run: &str, kind: &str| ControlRequest {
+        id: 0,
+        run_id: run.into(),
+        kind: kind.into(),
+        node_id: Some("gate".into()),
+        payload: serde_json::json!({"note": "ok", "by": "ann"}),
+        created_ms: 5,
+    };
+    let err = b.put_control(&req("ghost", "approve")).unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        "{err:?}"
+    );
+
+    b.create_run(&run_record("r", "running", 1)).unwrap();
+    let a = b.put_control(&req("r", "approve")).unwrap();
+    let c = b.put_control(&req("r", "cancel")).unwrap();
+    assert!(c > a);
+    let pending = b.pending_controls("r").unwrap();
+    assert_eq!(pending.len(), 2);
+    assert_eq!(
+        pending[0],
+        ControlRequest {
+            id: a,
+            ..req("r", "approve")
+        }
+    );
+    b.ack_control(a).unwrap();
+    let pending = b.pending_controls("r").unwrap();
+    assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), [c]);
+    assert!(matches!(
+        b.ack_control(9999),
+        Err(StoreError::ControlNotFound(9999))
+    ));
+}
+
+#[test]
+fn tool_calls_upsert_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    b.create_run(&run_record("r", "running", 1)).unwrap();
+    let mut call = ToolCallRecord {
+        run_id: "r".into(),
+        node_id: "agent".into(),
+        iteration: 0,
+        attempt: 1,
+        tool_seq: 1,
+        tool: "write".into(),
+        idempotency_key: "r/agent/0/1/1".into(),
+        side_effect: true,
+        idempotent: false,
+        input: serde_json::json!({"path": "a.txt"}),
+        output: None,
+        started_ms: 10,
+        finished_ms: None,
+        status: "running".into(),
+        error: None,
+    };
+    b.put_tool_call(&call).unwrap();
+    call.status = "success".into();
+    call.output = Some(serde_json::json!({"bytes": 3}));
+    call.finished_ms = Some(12);
+    b.put_tool_call(&call).unwrap();
+    let second = ToolCallRecord {
+        tool_seq: 2,
+        status: "error".into(),
+        error: Some(serde_json::json!({"kind": "io", "message": "nope"})),
+        ..call.clone()
+    };
+    b.put_tool_call(&second).unwrap();
+    b.put_tool_call(&ToolCallRecord {
+        iteration: 1,
+        ..call.clone()
+    })
+    .unwrap();
+    assert_eq!(
+        b.tool_calls("r", "agent", 0).unwrap(),
+        vec![call.clone(), second]
+    );
+    let err = b
+        .put_tool_call(&ToolCallRecord {
+            run_id: "ghost".into(),
+            ..call
+        })
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
+}
+
+#[test]
+fn gc_deletes_only_finished_old_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(SqliteBackend::open(&dir.path().join("s.db")).unwrap());
+    let j = cairn_store::Journal::open(b.clone(), Default::default()).unwrap();
+    // (run, final event kind or None for still running)
+    let runs: [(&str, Option<EventKind>); 5] = [
+        ("old-finished", Some(finished())),
+        (
+            "old-failed",
+            Some(EventKind::RunFailed {
+                error: cairn_events::ErrorInfo::new("x", "y"),
+            }),
+        ),
+        (
+            "old-cancelled-leased",
+            Some(EventKind::RunCancelled { reason: None }),
+        ),
+        ("old-running", None),
+        ("new-finished", Some(finished())),
+    ];
+    for (id, end) in runs.iter() {
+        b.create_run(&run_record(id, "pending", 1)).unwrap();
+        let log = j.run_log(id).unwrap();
+        log.append(Scope::run(), started());
+        log.append(node("a"), output("hi"));
+        if let Some(end) = end {
+            log.append(Scope::run(), end.clone());
+        }
+        log.sync_blocking().unwrap();
+        b.put_control(&ControlRequest {
+            id: 0,
+            run_id: id.to_string(),
+            kind: "cancel".into(),
+            node_id: None,
+            payload: serde_json::Value::Null,
+            created_ms: 1,
+        })
+        .unwrap();
+    }
+    assert_eq!(b.get_run("old-failed").unwrap().unwrap().status, "failed");
+    assert_eq!(b.get_run("old-running").unwrap().unwrap().status, "running");
+
+    // Age every run but one by rewriting updated_ms on a side connection.
+    {
+        let c = rusqlite::Connection::open(b.path()).unwrap();
+        c.execute(
+            "UPDATE runs SET updated_ms = 100 WHERE run_id LIKE 'old-%'",
+            [],
+        )
+        .unwrap();
+    }
+    // A run whose lease is held (being resumed) is left alone.
+    let held = loop {
+        match b.try_lock_run("old-cancelled-leased").unwrap() {
+            Some(l) => break l,
+            None => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    };
+    let mut deleted = b.delete_finished_before(1_000).unwrap();
+    deleted.sort();
+    assert_eq!(deleted, ["old-failed", "old-finished"]);
+    for id in ["old-failed", "old-finished"] {
+        assert!(b.get_run(id).unwrap().is_none());
+        assert_eq!(b.last_seq(id).unwrap(), 0);
+        assert!(b.pending_controls(id).unwrap().is_empty());
+    }
+    for id in ["old-cancelled-leased", "old-running", "new-finished"] {
+        assert!(b.get_run(id).unwrap().is_some(), "{id}");
+        assert!(b.last_seq(id).unwrap() >= 2, "{id}");
+        assert_eq!(b.pending_controls(id).unwrap().len(), 1, "{id}");
+    }
+    drop(held);
+    assert_eq!(
+        b.delete_finished_before(1_000).unwrap(),
+        ["old-cancelled-leased"]
+    );
+    j.close();
+}
+
+#[test]
+fn run_status_follows_lifecycle_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let b = j.backend().clone();
+    b.create_run(&run_record("r", "pending", 1)).unwrap();
+    let log = j.run_log("r").unwrap();
+    let st = |b: &Arc<dyn Backend>| b.get_run("r").unwrap().unwrap().status;
+    log.append(Scope::run(), started());
+    log.sync_blocking().unwrap();
+    assert_eq!(st(&b), "running");
+    log.append(Scope::run(), status(RunStatus::WaitingApproval));
+    log.append(node("gate"), output("streaming does not change status"));
+    log.sync_blocking().unwrap();
+    assert_eq!(st(&b), "waiting-approval");
+    log.append(Scope::run(), finished());
+    log.sync_blocking().unwrap();
+    let rec = b.get_run("r").unwrap().unwrap();
+    assert_eq!(rec.status, "finished");
+    assert!(rec.updated_ms > 1);
+    // The event types and nodes are indexed columns; a query by both works.
+    let q = EventQuery {
+        types: vec!["NodeOutput".into()],
+        node: Some("gate".into()),
+        ..Default::default()
+    };
+    assert_eq!(b.read_events("r", &q).unwrap().len(), 1);
+    j.close();
+}

@@ -1,0 +1,414 @@
+//! The journal on real files: sequencing, durability waits, the NDJSON
+//! mirror, subscriptions and leases (also across a real child process).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_events::{Event, EventKind, Scope};
+use cairn_store::{EventQuery, StoreError, SubscribeError};
+use common::*;
+
+fn seqs(evs: &[cairn_store::StoredEvent]) -> Vec<u64> {
+    evs.iter().map(|e| e.seq).collect()
+}
+
+#[tokio::test]
+async fn append_read_and_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    j.backend()
+        .create_run(&run_record("r", "pending", 1))
+        .unwrap();
+    let log = j.run_log("r").unwrap();
+    let e1 = log.append_durable(Scope::run(), started()).await.unwrap();
+    assert_eq!((e1.seq, e1.run_id.as_str()), (1, "r"));
+    log.append(
+        Scope::node("a", 0),
+        EventKind::NodePending {
+            layer_index: Some(0),
+        },
+    );
+    log.append(
+        Scope::node("b", 0),
+        EventKind::NodePending {
+            layer_index: Some(0),
+        },
+    );
+    log.append(node("a"), EventKind::NodeStarted {});
+    log.append(node("a"), output("one"));
+    log.append(node("b"), EventKind::NodeStarted {});
+    log.append(node("a"), output("two"));
+    let last = log.append(Scope::run(), finished());
+    assert_eq!(last.seq, 8);
+    log.sync().await.unwrap();
+
+    let b = j.backend();
+    let all = b.read_events("r", &EventQuery::default()).unwrap();
+    assert_eq!(seqs(&all), (1..=8).collect::<Vec<_>>());
+    // Every stored line decodes to the event that was appended.
+    assert_eq!(all[7].decode().unwrap(), last);
+    assert_eq!(all[0].decode().unwrap(), e1);
+    let q = |types: &[&str], node: Option<&str>, after: u64, limit: Option<usize>| EventQuery {
+        after,
+        types: types.iter().map(|s| s.to_string()).collect(),
+        node: node.map(str::to_string),
+        limit,
+    };
+    assert_eq!(
+        seqs(
+            &b.read_events("r", &q(&["NodeOutput"], None, 0, None))
+                .unwrap()
+        ),
+        [5, 7]
+    );
+    assert_eq!(
+        seqs(&b.read_events("r", &q(&[], Some("a"), 0, None)).unwrap()),
+        [2, 4, 5, 7]
+    );
+    assert_eq!(
+        seqs(
+            &b.read_events("r", &q(&["NodeStarted", "NodePending"], Some("b"), 0, None))
+                .unwrap()
+        ),
+        [3, 6]
+    );
+    assert_eq!(
+        seqs(&b.read_events("r", &q(&[], None, 5, Some(2))).unwrap()),
+        [6, 7]
+    );
+    assert_eq!(b.last_seq("r").unwrap(), 8);
+    assert_eq!(b.last_seq("other").unwrap(), 0);
+    j.close();
+}
+
+#[test]
+fn seq_continues_across_reopen_and_observer_sees_seq_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    {
+        let j = open(&db, None);
+        let log = j.run_log("r").unwrap();
+        for i in 0..3 {
+            log.append(node("a"), output(&i.to_string()));
+        }
+        // Not synced: close must still commit them.
+        j.close();
+    }
+    let j = open(&db, None);
+    let log = Arc::new(j.run_log("r").unwrap());
+    assert_eq!(log.last_seq(), 3);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    log.set_observer(Box::new(move |e: &Event| s2.lock().unwrap().push(e.seq)));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for i in 0..250 {
+                    log.append(node(&format!("n{t}")), output(&i.to_string()));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    log.sync_blocking().unwrap();
+    assert_eq!(*seen.lock().unwrap(), (4..=1003).collect::<Vec<_>>());
+    let all = j
+        .backend()
+        .read_events("r", &EventQuery::default())
+        .unwrap();
+    assert_eq!(seqs(&all), (1..=1003).collect::<Vec<_>>());
+    // Timestamps never go backwards within a run.
+    assert!(all
+        .windows(2)
+        .all(|w| w[0].timestamp_ms <= w[1].timestamp_ms));
+    j.close();
+}
+
+#[tokio::test]
+async fn appends_after_close_fail_their_waiters() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let log = j.run_log("r").unwrap();
+    log.append_durable(Scope::run(), started()).await.unwrap();
+    j.close();
+    let err = log
+        .append_durable(node("a"), output("late"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Closed), "{err:?}");
+    assert!(matches!(log.sync_blocking(), Err(StoreError::Closed)));
+    assert_eq!(j.backend().last_seq("r").unwrap(), 1);
+    assert!(matches!(j.run_log("x"), Err(StoreError::Closed)));
+}
+
+#[test]
+fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let logs = dir.path().join("logs");
+    let j = open(&db, Some(&logs));
+    let log = j.run_log("r").unwrap();
+    log.append(Scope::run(), started());
+    for i in 0..500 {
+        log.append(node("a"), output(&format!("line {i} \"quoted\" ünïcode\n")));
+    }
+    log.sync_blocking().unwrap();
+    drop(log);
+    // A resume appends to the same file.
+    let log = loop {
+        match j.run_log("r") {
+            Ok(l) => break l,
+            Err(StoreError::Busy { .. }) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    log.append(Scope::run(), finished());
+    log.sync_blocking().unwrap();
+
+    let from_store = || -> String {
+        j.backend()
+            .read_events("r", &EventQuery::default())
+            .unwrap()
+            .iter()
+            .map(|e| format!("{}\n", e.json))
+            .collect()
+    };
+    let mirror = logs.join("r/events.ndjson");
+    let expected = from_store();
+    assert_eq!(expected.lines().count(), 502);
+    assert_eq!(std::fs::read_to_string(&mirror).unwrap(), expected);
+
+    // Damage the mirror; export rewrites it from the store.
+    std::fs::write(&mirror, "garbage\n").unwrap();
+    let out = dir.path().join("exported");
+    let path = j.export("r", &out).unwrap();
+    assert_eq!(path, out.join("r/events.ndjson"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
+    let path = j.export("r", &logs).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
+    assert!(matches!(
+        j.export("ghost", &out),
+        Err(StoreError::NotFound(_))
+    ));
+    j.close();
+}
+
+/// Collects a subscription until it ends, checking there is no gap or
+/// duplicate.
+async fn drain(mut sub: cairn_store::Subscription, after: u64) -> Vec<u64> {
+    let mut got = Vec::new();
+    while let Some(ev) = sub.next().await {
+        let ev = ev.unwrap();
+        got.push(ev.seq);
+    }
+    let want: Vec<u64> = (after + 1..=after + got.len() as u64).collect();
+    assert_eq!(
+        got, want,
+        "subscription after {after} had a gap or duplicate"
+    );
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_replays_then_follows_live_without_seam() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let j = open(&db, None);
+    // A second journal on the same file sees the runs only through the
+    // store, as another process would.
+    let other = open(&db, None);
+    for iter in 0..20u64 {
+        let run = format!("r{iter}");
+        let log = Arc::new(j.run_log(&run).unwrap());
+        let total = 300 + iter * 37;
+        let writer = {
+            let log = log.clone();
+            tokio::task::spawn_blocking(move || {
+                log.append(Scope::run(), started());
+                for i in 1..total - 1 {
+                    log.append(node("a"), output(&i.to_string()));
+                    if i % 50 == 0 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                log.append(Scope::run(), finished());
+            })
+        };
+        let mut subs = Vec::new();
+        for k in 0..6u64 {
+            // Subscribe at different moments, from different points.
+            tokio::time::sleep(Duration::from_micros(300 * k)).await;
+            let committed = j.backend().last_seq(&run).unwrap();
+            let after = (committed * k / 6).min(total - 1);
+            let journal = if k % 3 == 2 { &other } else { &j };
+            let sub = journal.subscribe(&run, after).unwrap();
+            subs.push(tokio::spawn(
+                async move { (after, drain(sub, after).await) },
+            ));
+        }
+        writer.await.unwrap();
+        for s in subs {
+            let (after, got) = tokio::time::timeout(Duration::from_secs(30), s)
+                .await
+                .expect("subscription did not end")
+                .unwrap();
+            assert_eq!(got.last().copied(), Some(total), "after {after}");
+        }
+        // Subscribing right after the terminal event ends at once.
+        let mut sub = j.subscribe(&run, total).unwrap();
+        assert!(sub.next().await.is_none());
+    }
+    j.close();
+    other.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_continues_across_resume_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let log = j.run_log("r").unwrap();
+    log.append(Scope::run(), started());
+    log.append(Scope::run(), finished());
+    log.sync().await.unwrap();
+    let mut sub = j.subscribe("r", 0).unwrap().stop_at_terminal(false);
+    assert_eq!(sub.next().await.unwrap().unwrap().seq, 1);
+    assert_eq!(sub.next().await.unwrap().unwrap().seq, 2);
+    drop(log);
+    let log = loop {
+        match j.run_log("r") {
+            Ok(l) => break l,
+            Err(StoreError::Busy { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    log.append(Scope::run(), started());
+    let ev = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((ev.seq, ev.type_name.as_str()), (3, "RunStarted"));
+    j.close();
+}
+
+#[tokio::test]
+async fn lagging_subscriber_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let log = j.run_log("r").unwrap();
+    log.append_durable(Scope::run(), started()).await.unwrap();
+    let mut sub = j.subscribe("r", 0).unwrap();
+    let mut all = j.subscribe_all();
+    assert_eq!(sub.next().await.unwrap().unwrap().seq, 1);
+    // Far more than the live buffer holds, while the subscriber reads nothing.
+    for i in 0..20_000 {
+        log.append(node("a"), output(&i.to_string()));
+    }
+    log.sync().await.unwrap();
+    match sub.next().await {
+        Some(Err(SubscribeError::Lagged { last_seq })) => assert_eq!(last_seq, 1),
+        other => panic!("expected Lagged, got {other:?}"),
+    }
+    assert!(sub.next().await.is_none());
+    assert!(matches!(
+        all.try_recv(),
+        Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_))
+    ));
+    // Resubscribing from where it stopped works and starts from the store.
+    let mut sub = j.subscribe("r", 1).unwrap();
+    assert_eq!(sub.next().await.unwrap().unwrap().seq, 2);
+    j.close();
+}
+
+#[test]
+fn lease_is_exclusive_across_journals() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let a = open(&db, None);
+    let b = open(&db, None);
+    let log = a.run_log("r").unwrap();
+    log.append(Scope::run(), started());
+    assert!(matches!(b.run_log("r"), Err(StoreError::Busy { ref run }) if run == "r"));
+    assert!(matches!(a.run_log("r"), Err(StoreError::Busy { .. })));
+    // Other runs and other writes are not blocked meanwhile.
+    let other = b.run_log("s").unwrap();
+    b.backend()
+        .create_run(&run_record("s", "pending", 1))
+        .unwrap();
+    drop(other);
+    drop(log);
+    // The lease goes once the writer has committed what was queued before.
+    let log = loop {
+        match b.run_log("r") {
+            Ok(l) => break l,
+            Err(StoreError::Busy { .. }) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(log.last_seq(), 1);
+    a.close();
+    b.close();
+}
+
+/// Run by `lease_is_held_by_another_process_until_it_dies` in a child
+/// process: takes the lease, says so, and waits to be killed.
+#[test]
+#[ignore = "helper, run as a child process"]
+fn child_holds_lease() {
+    let Ok(db) = std::env::var("CAIRN_STORE_TEST_DB") else {
+        return;
+    };
+    let j = open(std::path::Path::new(&db), None);
+    let log = j.run_log("shared").unwrap();
+    log.append(Scope::run(), started());
+    log.sync_blocking().unwrap();
+    println!("LOCKED");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn lease_is_held_by_another_process_until_it_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_holds_lease",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CAIRN_STORE_TEST_DB", &db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("child ended before locking").unwrap();
+        if line.contains("LOCKED") {
+            break;
+        }
+    }
+    let j = open(&db, None);
+    assert!(matches!(j.run_log("shared"), Err(StoreError::Busy { .. })));
+    // Another process may still read and queue controls while it runs.
+    j.backend()
+        .create_run(&run_record("shared", "running", 1))
+        .unwrap();
+    assert_eq!(j.backend().last_seq("shared").unwrap(), 1);
+    child.kill().unwrap(); // SIGKILL: the kernel releases the flock.
+    child.wait().unwrap();
+    let log = j.run_log("shared").unwrap();
+    assert_eq!(log.append(Scope::run(), started()).seq, 2);
+    log.sync_blocking().unwrap();
+    j.close();
+}
