@@ -106,6 +106,9 @@ pub struct NodeState {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input_request_id: Option<String>,
     pub first_seq: u64,
+    /// A `NodeRetrying` announced the next attempt, which has not started yet.
+    #[serde(skip)]
+    pub retry_announced: bool,
 }
 
 impl NodeState {
@@ -126,6 +129,7 @@ impl NodeState {
             decision: None,
             input_request_id: None,
             first_seq: seq,
+            retry_announced: false,
         }
     }
 
@@ -340,7 +344,12 @@ impl RunState {
                 self.tool_calls += 1;
                 let attempt = ev.scope.attempt;
                 if let Some(n) = self.node_mut(ev) {
-                    if let Some(a) = n.attempts.iter_mut().rev().find(|a| Some(a.attempt) == attempt) {
+                    if let Some(a) = n
+                        .attempts
+                        .iter_mut()
+                        .rev()
+                        .find(|a| Some(a.attempt) == attempt)
+                    {
                         a.tool_calls += 1;
                     }
                 }
@@ -355,6 +364,7 @@ impl RunState {
                 let attempt = ev.scope.attempt.unwrap_or(1);
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Running;
+                    n.retry_announced = false;
                     n.attempt = attempt;
                     n.error = None;
                     n.attempts.push(AttemptState {
@@ -368,7 +378,9 @@ impl RunState {
                 }
             }
             EventKind::NodeFinished {
-                duration_ms, output, ..
+                duration_ms,
+                output,
+                ..
             } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Finished;
@@ -394,6 +406,7 @@ impl RunState {
             EventKind::NodeRetrying { .. } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Retrying;
+                    n.retry_announced = true;
                 }
             }
             EventKind::NodeSkipped { reason } => {
@@ -490,8 +503,18 @@ mod tests {
         let s = RunState::from_events(
             "r",
             &[
-                ev(1, Scope::node("a", 0), EventKind::NodePending { layer_index: Some(0) }),
-                ev(2, Scope::node("a", 0).with_attempt(1), EventKind::NodeStarted {}),
+                ev(
+                    1,
+                    Scope::node("a", 0),
+                    EventKind::NodePending {
+                        layer_index: Some(0),
+                    },
+                ),
+                ev(
+                    2,
+                    Scope::node("a", 0).with_attempt(1),
+                    EventKind::NodeStarted {},
+                ),
                 ev(
                     3,
                     Scope::node("a", 0).with_attempt(1),
@@ -500,8 +523,16 @@ mod tests {
                         will_retry: true,
                     },
                 ),
-                ev(4, Scope::node("a", 0).with_attempt(2), EventKind::NodeRetrying { delay_ms: 5 }),
-                ev(5, Scope::node("a", 0).with_attempt(2), EventKind::NodeStarted {}),
+                ev(
+                    4,
+                    Scope::node("a", 0).with_attempt(2),
+                    EventKind::NodeRetrying { delay_ms: 5 },
+                ),
+                ev(
+                    5,
+                    Scope::node("a", 0).with_attempt(2),
+                    EventKind::NodeStarted {},
+                ),
                 ev(
                     6,
                     Scope::node("a", 0).with_attempt(2),
@@ -528,8 +559,16 @@ mod tests {
         let s = RunState::from_events(
             "r",
             &[
-                ev(1, Scope::node("a", 0), EventKind::NodePending { layer_index: None }),
-                ev(2, Scope::node("a", 0).with_attempt(1), EventKind::NodeStarted {}),
+                ev(
+                    1,
+                    Scope::node("a", 0),
+                    EventKind::NodePending { layer_index: None },
+                ),
+                ev(
+                    2,
+                    Scope::node("a", 0).with_attempt(1),
+                    EventKind::NodeStarted {},
+                ),
             ],
         );
         assert_eq!(s.node("a", 0).unwrap().open_attempt(), Some(1));

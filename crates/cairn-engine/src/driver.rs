@@ -1,0 +1,1444 @@
+//! One run's driver: the single task that owns the run's state, decides what
+//! happens next, and appends the lifecycle events in one order.
+//!
+//! Node attempts run in their own tasks and report back through a channel;
+//! only the driver turns their results into lifecycle events, so the log's
+//! order is the order of the driver's decisions. Before anything acts on an
+//! event (a node starts, a decision is acknowledged, the run reports its end)
+//! the driver waits for the log to be durable (contract, guarantee 2); it does
+//! so once per round, so that many events share one commit.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_events::{
+    CancelMechanism, ErrorInfo, Event, EventKind, Level, NodeCounts, NodeStatus, NodeTiming,
+    RunState, RunStatus, Scope,
+};
+use cairn_store::RunLog;
+use cairn_workflow::{NodeKind, NodeSpec, OnFailure, RetryPolicy, Templates, Workflow};
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
+use crate::plan::{self, Inst, Key, Plan, Shape, SpecTree};
+use crate::services::Services;
+use crate::{EngineError, RunOutcome, PROCESS_CONTROL};
+
+const HEARTBEAT: Duration = Duration::from_secs(10);
+const CONTROL_POLL: Duration = Duration::from_millis(200);
+const MAX_TIMINGS: usize = 20;
+
+/// Requests from outside the run (the engine API, another process).
+pub(crate) enum Control {
+    Decide {
+        node_id: String,
+        approved: bool,
+        note: Option<String>,
+        by: Option<String>,
+        ack: Option<oneshot::Sender<Result<(), EngineError>>>,
+    },
+    Cancel {
+        graceful: bool,
+        reason: Option<String>,
+        by: Option<String>,
+        ack: Option<oneshot::Sender<Result<(), EngineError>>>,
+    },
+}
+
+enum Msg {
+    Done {
+        key: Key,
+        attempt: u32,
+        result: Result<Value, NodeError>,
+        duration_ms: u64,
+    },
+    RetryDue(Key),
+}
+
+#[derive(Default)]
+struct Tally {
+    total: u64,
+    done: u64,
+    succeeded: u64,
+    failed: u64,
+    skipped: u64,
+    open: bool,
+    started: Option<Instant>,
+}
+
+pub(crate) struct Driver {
+    run_id: String,
+    wf: Arc<Workflow>,
+    tree: SpecTree,
+    templates: Arc<Templates>,
+    log: Arc<RunLog>,
+    services: Arc<Services>,
+    state: RunState,
+    shape: Shape,
+    plan: Plan,
+    frame_no: u64,
+    dependents: HashMap<Key, Vec<Key>>,
+    group_remaining: HashMap<Key, usize>,
+    nodes_ctx: Map<String, Value>,
+    templated: HashMap<usize, bool>,
+    check_queue: VecDeque<Key>,
+    ready: VecDeque<Key>,
+    /// Attempts to continue without a new `NodeStarted` (approvals after a resume).
+    resumed_attempts: HashMap<Key, u32>,
+    running: HashMap<Key, CancellationToken>,
+    waiting: HashMap<Key, oneshot::Sender<Decision>>,
+    retry_pending: usize,
+    msg_tx: mpsc::UnboundedSender<Msg>,
+    msg_rx: mpsc::UnboundedReceiver<Msg>,
+    ask_tx: mpsc::UnboundedSender<Ask>,
+    ask_rx: mpsc::UnboundedReceiver<Ask>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+    run_cancel: CancellationToken,
+    shutdown: CancellationToken,
+    shutdown_grace: Option<Duration>,
+    concurrency: usize,
+    failing: Option<ErrorInfo>,
+    cancelling: Option<(CancelMechanism, Option<String>)>,
+    exit_on_wait: bool,
+    announced: RunStatus,
+    layers: HashMap<u32, Tally>,
+    chapters: HashMap<String, Tally>,
+    store_error: Option<String>,
+}
+
+pub(crate) struct DriverInit {
+    pub run_id: String,
+    pub wf: Arc<Workflow>,
+    pub templates: Arc<Templates>,
+    pub log: Arc<RunLog>,
+    pub services: Arc<Services>,
+    pub state: RunState,
+    pub control_rx: mpsc::UnboundedReceiver<Control>,
+    pub shutdown: CancellationToken,
+    pub max_concurrency: Option<usize>,
+    pub exit_on_wait: bool,
+}
+
+impl Driver {
+    pub(crate) fn new(init: DriverInit) -> Driver {
+        let (msg_tx, msg_rx) = mpsc::unbounded_channel();
+        let (ask_tx, ask_rx) = mpsc::unbounded_channel();
+        let tree = SpecTree::new(&init.wf.nodes);
+        let concurrency = init
+            .max_concurrency
+            .or(init.wf.concurrency)
+            .unwrap_or(8)
+            .max(1);
+        let frame_no = init.state.frame_no;
+        Driver {
+            run_id: init.run_id,
+            tree,
+            templates: init.templates,
+            log: init.log,
+            services: init.services,
+            state: init.state,
+            shape: Shape::default(),
+            plan: Plan {
+                order: Vec::new(),
+                insts: HashMap::new(),
+                xml_hash: String::new(),
+            },
+            frame_no,
+            dependents: HashMap::new(),
+            group_remaining: HashMap::new(),
+            nodes_ctx: Map::new(),
+            templated: HashMap::new(),
+            check_queue: VecDeque::new(),
+            ready: VecDeque::new(),
+            resumed_attempts: HashMap::new(),
+            running: HashMap::new(),
+            waiting: HashMap::new(),
+            retry_pending: 0,
+            msg_tx,
+            msg_rx,
+            ask_tx,
+            ask_rx,
+            control_rx: init.control_rx,
+            run_cancel: CancellationToken::new(),
+            shutdown: init.shutdown,
+            shutdown_grace: None,
+            concurrency,
+            failing: None,
+            cancelling: None,
+            exit_on_wait: init.exit_on_wait,
+            announced: RunStatus::Running,
+            layers: HashMap::new(),
+            chapters: HashMap::new(),
+            store_error: None,
+            wf: init.wf,
+        }
+    }
+
+    fn emit(&mut self, scope: Scope, kind: EventKind) -> Event {
+        let ev = self.log.append(scope, kind);
+        self.state.apply(&ev);
+        ev
+    }
+
+    fn node_scope(&self, key: &Key) -> Scope {
+        let chapter = self.plan.insts.get(key).and_then(|i| i.spec.stage.clone());
+        Scope::node(key.0.clone(), key.1).with_chapter(chapter)
+    }
+
+    fn status_of(&self, key: &Key) -> Option<NodeStatus> {
+        self.state.node(&key.0, key.1).map(|n| n.status)
+    }
+
+    /// Drives the run until it ends, waits for a person (with
+    /// `exit_on_wait`), or the engine shuts down.
+    pub(crate) async fn run(mut self, resumed: bool) -> RunOutcome {
+        // Seed the template context with what the log already holds.
+        for n in &self.state.nodes {
+            if n.status.is_done() {
+                self.nodes_ctx.insert(n.node_id.clone(), node_ctx_entry(n));
+            }
+        }
+        self.rerender();
+        if resumed {
+            self.recover();
+        }
+        let mut poll = tokio::time::interval(CONTROL_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut to_spawn: Vec<(Key, u32)> = Vec::new();
+        loop {
+            // Settle: decide everything that can be decided without waiting.
+            loop {
+                self.process_checks();
+                let before = to_spawn.len();
+                self.start_ready(&mut to_spawn);
+                if self.check_queue.is_empty() && to_spawn.len() == before {
+                    break;
+                }
+            }
+            if let Err(e) = self.log.sync().await {
+                self.store_error = Some(e.to_string());
+            }
+            if let Some(err) = self.store_error.take() {
+                self.run_cancel.cancel();
+                return RunOutcome::Failed(ErrorInfo::new("store", err));
+            }
+            for (key, attempt) in to_spawn.drain(..) {
+                self.spawn_attempt(key, attempt);
+            }
+            if let Some(outcome) = self.maybe_end().await {
+                return outcome;
+            }
+            if self.shutdown_grace.is_none() && self.is_waiting() {
+                if self.announced != RunStatus::WaitingApproval {
+                    self.announced = RunStatus::WaitingApproval;
+                    self.emit(
+                        Scope::run(),
+                        EventKind::RunStatusChanged {
+                            status: RunStatus::WaitingApproval,
+                        },
+                    );
+                    if let Err(e) = self.log.sync().await {
+                        return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
+                    }
+                }
+                if self.exit_on_wait {
+                    self.run_cancel.cancel();
+                    return RunOutcome::Waiting;
+                }
+            }
+            tokio::select! {
+                Some(m) = self.msg_rx.recv() => self.on_msg(m),
+                Some(a) = self.ask_rx.recv() => self.on_ask(a),
+                Some(c) = self.control_rx.recv() => self.on_control(c).await,
+                _ = poll.tick() => self.poll_controls().await,
+                _ = self.shutdown.cancelled(), if self.shutdown_grace.is_none() => {
+                    self.shutdown_grace = Some(crate::SHUTDOWN_GRACE);
+                    let token = self.run_cancel.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(crate::SHUTDOWN_GRACE).await;
+                        token.cancel();
+                    });
+                    // Waiting approvals are safe points already.
+                    for key in self.waiting.keys() {
+                        if let Some(t) = self.running.get(key) { t.cancel(); }
+                    }
+                }
+            }
+            // Batch whatever else is already queued into this round.
+            while let Ok(m) = self.msg_rx.try_recv() {
+                self.on_msg(m);
+            }
+            while let Ok(a) = self.ask_rx.try_recv() {
+                self.on_ask(a);
+            }
+        }
+    }
+
+    fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+            && self.running.len() == self.waiting.len()
+            && self.ready.is_empty()
+            && self.retry_pending == 0
+            && self.cancelling.is_none()
+            && self.failing.is_none()
+    }
+
+    // ---- plan ----
+
+    fn rerender(&mut self) {
+        let plan = plan::render(&self.tree, &self.wf.name, &self.shape);
+        if plan.xml_hash == self.plan.xml_hash {
+            return;
+        }
+        self.frame_no += 1;
+        self.emit(
+            Scope::run(),
+            EventKind::FrameCommitted {
+                frame_no: self.frame_no,
+                xml_hash: plan.xml_hash.clone(),
+                mounted: plan.order.len() as u64,
+            },
+        );
+        let old = std::mem::replace(&mut self.plan, plan);
+        let order = self.plan.order.clone();
+        for key in &order {
+            if old.insts.contains_key(key) {
+                continue;
+            }
+            let inst = self.plan.insts[key].clone();
+            if self.state.node(&key.0, key.1).is_none() {
+                let scope = self.node_scope(key);
+                self.emit(
+                    scope,
+                    EventKind::NodePending {
+                        layer_index: Some(inst.layer),
+                    },
+                );
+            }
+            let status = self.status_of(key).unwrap_or(NodeStatus::Pending);
+            let done = status.is_done();
+            self.layers.entry(inst.layer).or_default().total += 1;
+            if let Some(stage) = &inst.spec.stage {
+                self.chapters.entry(stage.clone()).or_default().total += 1;
+            }
+            for dep in &inst.needs {
+                self.dependents
+                    .entry(dep.clone())
+                    .or_default()
+                    .push(key.clone());
+            }
+            if let Some(parent) = &inst.parent {
+                if !done {
+                    *self.group_remaining.entry(parent.clone()).or_default() += 1;
+                }
+            }
+            if done {
+                self.count_done(&inst, status);
+            } else if status == NodeStatus::Pending {
+                self.check_queue.push_back(key.clone());
+            }
+        }
+        for key in &old.order {
+            if self.plan.insts.contains_key(key) {
+                continue;
+            }
+            if self.status_of(key) == Some(NodeStatus::Pending) {
+                let scope = Scope::node(key.0.clone(), key.1)
+                    .with_chapter(old.insts[key].spec.stage.clone());
+                self.emit(
+                    scope,
+                    EventKind::NodeCancelled {
+                        reason: Some("unmounted".into()),
+                    },
+                );
+            }
+        }
+    }
+
+    /// After a resume: re-enter started groups, close interrupted attempts,
+    /// and kill process groups a crashed engine left behind.
+    fn recover(&mut self) {
+        if let Ok(reqs) = self
+            .services
+            .journal
+            .backend()
+            .pending_controls(&self.run_id)
+        {
+            for r in reqs.into_iter().filter(|r| r.kind == PROCESS_CONTROL) {
+                if let Some(pgid) = r.payload.get("pgid").and_then(Value::as_u64) {
+                    cairn_tools::process::kill_group(pgid as u32);
+                }
+                let _ = self.services.journal.backend().ack_control(r.id);
+            }
+        }
+        // Groups first, repeatedly, since a started group mounts more groups.
+        loop {
+            let mut changed = false;
+            for key in self.plan.order.clone() {
+                let inst = self.plan.insts[&key].clone();
+                let is_group = inst.spec.kind.children().is_some();
+                if !is_group || self.shape.started_groups.contains(&key) {
+                    continue;
+                }
+                if self.status_of(&key) != Some(NodeStatus::Running) {
+                    continue;
+                }
+                if self.enter_group(&key, true).is_ok() {
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+            self.rerender();
+        }
+        for key in self.plan.order.clone() {
+            let inst = self.plan.insts[&key].clone();
+            if inst.spec.kind.children().is_some() {
+                continue;
+            }
+            let Some(n) = self.state.node(&key.0, key.1).cloned() else {
+                continue;
+            };
+            let scope = self.node_scope(&key);
+            match n.status {
+                NodeStatus::WaitingApproval => {
+                    self.check_queue.retain(|k| k != &key);
+                    self.resumed_attempts.insert(key.clone(), n.attempt);
+                    self.ready.push_back(key);
+                }
+                NodeStatus::Running | NodeStatus::WaitingInput
+                    if matches!(inst.spec.kind, NodeKind::Approval(_)) && n.decision.is_some() =>
+                {
+                    self.resumed_attempts.insert(key.clone(), n.attempt);
+                    self.ready.push_back(key);
+                }
+                NodeStatus::Running | NodeStatus::WaitingInput => {
+                    let attempt = n.attempt;
+                    let err = NodeError::new(
+                        "interrupted",
+                        "the engine stopped while this attempt was running",
+                    );
+                    self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+                }
+                NodeStatus::Retrying => {
+                    if !n.retry_announced {
+                        self.emit(
+                            scope.with_attempt(n.attempt + 1),
+                            EventKind::NodeRetrying { delay_ms: 0 },
+                        );
+                    }
+                    self.ready.push_back(key);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // ---- deciding ----
+
+    fn process_checks(&mut self) {
+        while let Some(key) = self.check_queue.pop_front() {
+            self.check(&key);
+        }
+    }
+
+    fn check(&mut self, key: &Key) {
+        let Some(inst) = self.plan.insts.get(key).cloned() else {
+            return;
+        };
+        if self.status_of(key) != Some(NodeStatus::Pending) || self.ready.contains(key) {
+            return;
+        }
+        let mut blocked_by = None;
+        for dep in &inst.needs {
+            match self.status_of(dep) {
+                Some(NodeStatus::Finished) => {}
+                Some(s) if s.is_done() => {
+                    blocked_by.get_or_insert((dep.0.clone(), s));
+                }
+                _ => return,
+            }
+        }
+        if self.cancelling.is_some() || self.failing.is_some() {
+            return;
+        }
+        if let Some((dep, s)) = blocked_by {
+            self.skip(key, format!("dependency `{dep}` {}", s.as_str()));
+            return;
+        }
+        if let Some(cond) = inst.spec.if_.clone() {
+            let vars = self.vars_for(&inst, true);
+            match self.templates.eval_bool(&cond, &vars) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.skip(key, format!("condition `{cond}` is false"));
+                    return;
+                }
+                Err(e) => {
+                    let scope = self.node_scope(key).with_attempt(1);
+                    self.emit(scope, EventKind::NodeStarted {});
+                    let err = NodeError::fatal("template", format!("if: {e}"));
+                    self.fail_attempt(key, &inst, 1, err, Duration::ZERO);
+                    return;
+                }
+            }
+        }
+        self.ready.push_back(key.clone());
+    }
+
+    fn skip(&mut self, key: &Key, reason: String) {
+        let scope = self.node_scope(key);
+        self.emit(scope, EventKind::NodeSkipped { reason });
+        self.node_done(key);
+    }
+
+    fn leaf_slots(&self) -> usize {
+        let busy = self.running.len() - self.waiting.len().min(self.running.len());
+        self.concurrency.saturating_sub(busy)
+    }
+
+    /// Emits `NodeStarted` for what may start now; leaf attempts are spawned
+    /// by the caller once those events are durable.
+    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+        if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
+            return;
+        }
+        let mut budget = self.leaf_slots().saturating_sub(to_spawn.len());
+        let mut deferred = VecDeque::new();
+        while let Some(key) = self.ready.pop_front() {
+            let Some(inst) = self.plan.insts.get(&key).cloned() else {
+                continue;
+            };
+            let is_group = inst.spec.kind.children().is_some();
+            if let Some(attempt) = self.resumed_attempts.remove(&key) {
+                // A person-in-the-loop attempt continues where it stood.
+                to_spawn.push((key, attempt));
+                continue;
+            }
+            if !is_group && budget == 0 {
+                deferred.push_back(key);
+                continue;
+            }
+            let attempt = self.state.node(&key.0, key.1).map_or(0, |n| n.attempt) + 1;
+            let scope = self.node_scope(&key).with_attempt(attempt);
+            self.open_tallies(&inst);
+            self.emit(scope, EventKind::NodeStarted {});
+            if attempt == 1 {
+                for dep in &inst.needs {
+                    self.emit(
+                        Scope::run(),
+                        EventKind::EdgeTraversed {
+                            from: dep.0.clone(),
+                            to: key.0.clone(),
+                            condition: inst.spec.if_.clone(),
+                        },
+                    );
+                }
+            }
+            if is_group {
+                match self.enter_group(&key, false) {
+                    Ok(()) => {
+                        self.rerender();
+                        if self.group_remaining.get(&key).copied().unwrap_or(0) == 0 {
+                            self.finish_group_pass(&key);
+                        }
+                    }
+                    Err(e) => self.fail_attempt(&key, &inst, attempt, e, Duration::ZERO),
+                }
+            } else {
+                budget -= 1;
+                to_spawn.push((key, attempt));
+            }
+        }
+        self.ready = deferred;
+    }
+
+    fn open_tallies(&mut self, inst: &Inst) {
+        let layer = inst.layer;
+        let t = self.layers.entry(layer).or_default();
+        if !t.open {
+            t.open = true;
+            t.started = Some(Instant::now());
+            let node_count = t.total;
+            self.emit(
+                Scope::run(),
+                EventKind::LayerStarted {
+                    layer_index: layer,
+                    node_count,
+                },
+            );
+        }
+        if let Some(stage) = &inst.spec.stage {
+            let t = self.chapters.entry(stage.clone()).or_default();
+            if !t.open {
+                t.open = true;
+                self.emit(
+                    Scope::run(),
+                    EventKind::ChapterStarted {
+                        chapter: stage.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Marks a group instance started and computes its shape (pass, list).
+    fn enter_group(&mut self, key: &Key, resuming: bool) -> Result<(), NodeError> {
+        let inst = self.plan.insts[key].clone();
+        match &inst.spec.kind {
+            NodeKind::Loop { .. } => {
+                let pass = if resuming {
+                    let prefix = format!("{}.", key.0);
+                    self.state
+                        .nodes
+                        .iter()
+                        .filter(|n| {
+                            n.node_id
+                                .strip_prefix(&prefix)
+                                .is_some_and(|rest| !rest.contains(['.', '[']))
+                        })
+                        .map(|n| n.iteration)
+                        .max()
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                self.shape.loop_pass.insert(key.clone(), pass);
+            }
+            NodeKind::ForEach { list, .. } => {
+                let vars = self.vars_for(&inst, true);
+                let value = self
+                    .templates
+                    .eval(list, &vars)
+                    .map_err(|e| NodeError::fatal("template", format!("for_each: {e}")))?;
+                let items = match value {
+                    Value::Array(a) => a,
+                    Value::Null => Vec::new(),
+                    other => {
+                        return Err(NodeError::fatal(
+                            "for_each",
+                            format!(
+                                "for_each `{list}` must yield a list, got {}",
+                                json_type(&other)
+                            ),
+                        ))
+                    }
+                };
+                self.shape.lists.insert(key.clone(), Arc::new(items));
+            }
+            _ => return Err(NodeError::fatal("internal", "not a group")),
+        }
+        self.shape.started_groups.insert(key.clone());
+        Ok(())
+    }
+
+    fn finish_group_pass(&mut self, key: &Key) {
+        let inst = self.plan.insts[key].clone();
+        let children: Vec<Arc<NodeSpec>> = self.tree.children(&inst.spec).to_vec();
+        match &inst.spec.kind {
+            NodeKind::Loop {
+                until,
+                max_iterations,
+                ..
+            } => {
+                let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
+                let mut out = Map::new();
+                for c in &children {
+                    let path = format!("{}.{}", key.0, c.id);
+                    let v = self
+                        .state
+                        .node(&path, pass)
+                        .and_then(|n| n.output.clone())
+                        .unwrap_or(Value::Null);
+                    out.insert(c.id.clone(), v);
+                }
+                let mut vars = self.vars_for(&inst, true);
+                vars["iteration"] = Value::from(pass);
+                match self.templates.eval_bool(until, &vars) {
+                    Ok(done) if done || pass + 1 >= *max_iterations => {
+                        if !done {
+                            self.emit(
+                                Scope::run(),
+                                EventKind::Diagnostic {
+                                    level: Level::Warn,
+                                    source: "loop".into(),
+                                    message: format!(
+                                        "loop `{}` stopped after {max_iterations} passes without `{until}` holding",
+                                        key.0
+                                    ),
+                                },
+                            );
+                        }
+                        self.finish_group(key, Value::Object(out));
+                    }
+                    Ok(_) => {
+                        self.shape.loop_pass.insert(key.clone(), pass + 1);
+                        self.rerender();
+                        if self.group_remaining.get(key).copied().unwrap_or(0) == 0 {
+                            self.finish_group_pass(key);
+                        }
+                    }
+                    Err(e) => {
+                        let attempt = self.state.node(&key.0, key.1).map_or(1, |n| n.attempt);
+                        let err = NodeError::fatal("template", format!("until: {e}"));
+                        self.fail_attempt(key, &inst, attempt, err, Duration::ZERO);
+                    }
+                }
+            }
+            NodeKind::ForEach { .. } => {
+                let len = self.shape.lists.get(key).map_or(0, |l| l.len());
+                let mut list = Vec::with_capacity(len);
+                for i in 0..len {
+                    let mut entry = Map::new();
+                    for c in &children {
+                        let path = format!("{}[{i}].{}", key.0, c.id);
+                        let v = self
+                            .state
+                            .node(&path, key.1)
+                            .and_then(|n| n.output.clone())
+                            .unwrap_or(Value::Null);
+                        entry.insert(c.id.clone(), v);
+                    }
+                    list.push(Value::Object(entry));
+                }
+                self.finish_group(key, Value::Array(list));
+            }
+            _ => {}
+        }
+    }
+
+    fn finish_group(&mut self, key: &Key, output: Value) {
+        let n = self.state.node(&key.0, key.1).cloned();
+        let attempt = n.as_ref().map_or(1, |n| n.attempt);
+        let started = n
+            .as_ref()
+            .and_then(|n| n.attempts.last().map(|a| a.started_ms));
+        let duration_ms = started.map_or(0, |s| (crate::node::now_ms() - s).max(0) as u64);
+        let scope = self.node_scope(key).with_attempt(attempt);
+        self.emit(
+            scope,
+            EventKind::NodeFinished {
+                duration_ms,
+                output: Some(output),
+                cached: None,
+            },
+        );
+        self.node_done(key);
+    }
+
+    /// Bookkeeping once a node instance can no longer change.
+    fn node_done(&mut self, key: &Key) {
+        let Some(inst) = self.plan.insts.get(key).cloned() else {
+            return;
+        };
+        let status = self.status_of(key).unwrap_or(NodeStatus::Failed);
+        if let Some(n) = self.state.node(&key.0, key.1) {
+            self.nodes_ctx.insert(key.0.clone(), node_ctx_entry(n));
+        }
+        self.count_done(&inst, status);
+        if let Some(deps) = self.dependents.get(key) {
+            self.check_queue.extend(deps.iter().cloned());
+        }
+        if let Some(parent) = &inst.parent {
+            if let Some(r) = self.group_remaining.get_mut(parent) {
+                *r = r.saturating_sub(1);
+                if *r == 0
+                    && self.status_of(parent) == Some(NodeStatus::Running)
+                    && self.failing.is_none()
+                    && self.cancelling.is_none()
+                {
+                    let parent = parent.clone();
+                    self.finish_group_pass(&parent);
+                }
+            }
+        }
+    }
+
+    fn count_done(&mut self, inst: &Inst, status: NodeStatus) {
+        let mut events = Vec::new();
+        let t = self.layers.entry(inst.layer).or_default();
+        t.done += 1;
+        match status {
+            NodeStatus::Finished => t.succeeded += 1,
+            NodeStatus::Failed => t.failed += 1,
+            _ => t.skipped += 1,
+        }
+        if t.open && t.done >= t.total {
+            t.open = false;
+            events.push(EventKind::LayerFinished {
+                layer_index: inst.layer,
+                duration_ms: t.started.map_or(0, |s| s.elapsed().as_millis() as u64),
+                succeeded: t.succeeded,
+                failed: t.failed,
+                skipped: t.skipped,
+            });
+        }
+        if let Some(stage) = &inst.spec.stage {
+            let t = self.chapters.entry(stage.clone()).or_default();
+            t.done += 1;
+            if status == NodeStatus::Failed {
+                t.failed += 1;
+            }
+            if t.open && t.done >= t.total {
+                t.open = false;
+                events.push(EventKind::ChapterFinished {
+                    chapter: stage.clone(),
+                    status: if t.failed > 0 { "failed" } else { "finished" }.into(),
+                });
+            }
+        }
+        for e in events {
+            self.emit(Scope::run(), e);
+        }
+    }
+
+    // ---- attempts ----
+
+    fn spawn_attempt(&mut self, key: Key, attempt: u32) {
+        let inst = self.plan.insts[&key].clone();
+        let Some(runner) = runner_for(&inst.spec.kind) else {
+            return;
+        };
+        let vars = self.vars_for(&inst, false);
+        let cancel = self.run_cancel.child_token();
+        let timeout = inst.spec.timeout.or(self.wf.defaults.timeout);
+        let scope = self.node_scope(&key).with_attempt(attempt);
+        let ctx = NodeCtx::new(
+            self.run_id.clone(),
+            &key,
+            attempt,
+            scope.clone(),
+            vars,
+            self.wf.clone(),
+            self.templates.clone(),
+            cancel.clone(),
+            timeout,
+            self.services.clone(),
+            self.log.clone(),
+            self.ask_tx.clone(),
+        );
+        self.running.insert(key.clone(), cancel.clone());
+        let tx = self.msg_tx.clone();
+        let log = self.log.clone();
+        let spec = inst.spec.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let fut = runner.run(&spec, &ctx);
+            tokio::pin!(fut);
+            let mut beat =
+                tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+            let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+            let mut timed_out = false;
+            let result = loop {
+                tokio::select! {
+                    r = &mut fut => break r,
+                    _ = beat.tick() => {
+                        let elapsed_ms = t0.elapsed().as_millis() as u64;
+                        let timeout_ms = timeout.map(|t| t.as_millis() as u64);
+                        log.append(scope.clone(), EventKind::NodeHeartbeat {
+                            elapsed_ms,
+                            timeout_ms,
+                            percent_elapsed: timeout_ms.map(|t| (elapsed_ms as f64 * 100.0 / t.max(1) as f64).min(100.0)),
+                        });
+                    }
+                    _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() && !timed_out => {
+                        timed_out = true;
+                        ctx.cancel.cancel();
+                    }
+                }
+            };
+            let result = if timed_out {
+                Err(NodeError::new(
+                    "timeout",
+                    format!(
+                        "timed out after {}",
+                        fmt_duration(timeout.unwrap_or_default())
+                    ),
+                ))
+            } else {
+                result
+            };
+            let _ = tx.send(Msg::Done {
+                key,
+                attempt,
+                result,
+                duration_ms: t0.elapsed().as_millis() as u64,
+            });
+        });
+    }
+
+    fn on_msg(&mut self, m: Msg) {
+        match m {
+            Msg::Done {
+                key,
+                attempt,
+                result,
+                duration_ms,
+            } => {
+                self.running.remove(&key);
+                self.waiting.remove(&key);
+                let Some(inst) = self.plan.insts.get(&key).cloned() else {
+                    return;
+                };
+                if self.shutdown_grace.is_some() && matches!(&result, Err(e) if e.cancelled) {
+                    // Stopped by the engine's shutdown: the resume decides.
+                    return;
+                }
+                match result {
+                    Ok(output) => {
+                        let scope = self.node_scope(&key).with_attempt(attempt);
+                        self.emit(
+                            scope,
+                            EventKind::NodeFinished {
+                                duration_ms,
+                                output: Some(output),
+                                cached: None,
+                            },
+                        );
+                        self.node_done(&key);
+                    }
+                    Err(e) if e.cancelled => {
+                        let scope = self.node_scope(&key).with_attempt(attempt);
+                        let reason = self
+                            .cancelling
+                            .as_ref()
+                            .and_then(|c| c.1.clone())
+                            .unwrap_or(e.info.message);
+                        self.emit(
+                            scope,
+                            EventKind::NodeCancelled {
+                                reason: Some(reason),
+                            },
+                        );
+                        self.node_done(&key);
+                    }
+                    Err(e) => self.fail_attempt(
+                        &key,
+                        &inst,
+                        attempt,
+                        e,
+                        Duration::from_millis(duration_ms),
+                    ),
+                }
+            }
+            Msg::RetryDue(key) => {
+                self.retry_pending = self.retry_pending.saturating_sub(1);
+                if self.cancelling.is_none() && self.failing.is_none() {
+                    self.ready.push_back(key);
+                }
+            }
+        }
+    }
+
+    fn retry_policy(&self, spec: &NodeSpec) -> Option<RetryPolicy> {
+        spec.retry
+            .clone()
+            .or_else(|| self.wf.defaults.retry.clone())
+    }
+
+    fn fail_attempt(&mut self, key: &Key, inst: &Inst, attempt: u32, e: NodeError, _d: Duration) {
+        let policy = self.retry_policy(&inst.spec);
+        let attempts = policy.as_ref().map_or(1, |p| p.attempts);
+        let will_retry = e.retryable
+            && attempt < attempts
+            && self.cancelling.is_none()
+            && self.failing.is_none()
+            && inst.spec.kind.children().is_none();
+        let scope = self.node_scope(key).with_attempt(attempt);
+        self.emit(
+            scope.clone(),
+            EventKind::NodeFailed {
+                error: e.info.clone(),
+                will_retry,
+            },
+        );
+        if will_retry {
+            let delay = policy
+                .map(|p| p.delay_before(attempt + 1, rand::random::<f64>()))
+                .unwrap_or_default();
+            self.emit(
+                scope.with_attempt(attempt + 1),
+                EventKind::NodeRetrying {
+                    delay_ms: delay.as_millis() as u64,
+                },
+            );
+            self.retry_pending += 1;
+            let tx = self.msg_tx.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = tx.send(Msg::RetryDue(key));
+            });
+            return;
+        }
+        if inst.spec.on_failure == OnFailure::Fail
+            && self.failing.is_none()
+            && self.cancelling.is_none()
+        {
+            let mut info = ErrorInfo::new(
+                "node-failed",
+                format!("node `{}` failed: {}", key.0, e.info.message),
+            );
+            info.details = Some(json!({ "nodeId": key.0, "iteration": key.1, "error": e.info }));
+            self.failing = Some(info);
+            self.run_cancel.cancel();
+        }
+        self.node_done(key);
+    }
+
+    // ---- people ----
+
+    fn on_ask(&mut self, a: Ask) {
+        match a {
+            Ask::Approval {
+                key,
+                message,
+                reply,
+            } => {
+                let node = self.state.node(&key.0, key.1).cloned();
+                if let Some(d) = node.as_ref().and_then(|n| n.decision.clone()) {
+                    let _ = reply.send(Decision {
+                        approved: d.approved,
+                        note: d.note,
+                        by: d.by,
+                    });
+                    return;
+                }
+                if node.map(|n| n.status) != Some(NodeStatus::WaitingApproval) {
+                    let scope = self.node_scope(&key);
+                    self.emit(scope.clone(), EventKind::NodeWaitingApproval {});
+                    self.emit(scope, EventKind::ApprovalRequested { message });
+                }
+                self.waiting.insert(key, reply);
+            }
+        }
+    }
+
+    async fn on_control(&mut self, c: Control) {
+        match c {
+            Control::Decide {
+                node_id,
+                approved,
+                note,
+                by,
+                ack,
+            } => {
+                let r = self.decide(&node_id, approved, note, by).await;
+                if let Some(ack) = ack {
+                    let _ = ack.send(r);
+                }
+            }
+            Control::Cancel {
+                graceful,
+                reason,
+                by,
+                ack,
+            } => {
+                let r = self.request_cancel(graceful, reason, by).await;
+                if let Some(ack) = ack {
+                    let _ = ack.send(r);
+                }
+            }
+        }
+    }
+
+    async fn decide(
+        &mut self,
+        node_id: &str,
+        approved: bool,
+        note: Option<String>,
+        by: Option<String>,
+    ) -> Result<(), EngineError> {
+        let key = self
+            .waiting
+            .keys()
+            .filter(|k| k.0 == node_id)
+            .max_by_key(|k| k.1)
+            .cloned()
+            .ok_or_else(|| {
+                EngineError::Conflict(format!(
+                    "node `{node_id}` of run `{}` is not waiting for approval",
+                    self.run_id
+                ))
+            })?;
+        let scope = self.node_scope(&key);
+        let kind = if approved {
+            EventKind::ApprovalGranted {
+                decided_by: by.clone(),
+                note: note.clone(),
+            }
+        } else {
+            EventKind::ApprovalDenied {
+                decided_by: by.clone(),
+                note: note.clone(),
+            }
+        };
+        self.emit(scope, kind);
+        if self.announced != RunStatus::Running {
+            self.announced = RunStatus::Running;
+            self.emit(
+                Scope::run(),
+                EventKind::RunStatusChanged {
+                    status: RunStatus::Running,
+                },
+            );
+        }
+        self.log.sync().await?;
+        if let Some(reply) = self.waiting.remove(&key) {
+            let _ = reply.send(Decision { approved, note, by });
+        }
+        Ok(())
+    }
+
+    async fn request_cancel(
+        &mut self,
+        graceful: bool,
+        reason: Option<String>,
+        by: Option<String>,
+    ) -> Result<(), EngineError> {
+        if self.cancelling.is_some() {
+            return Ok(());
+        }
+        let mechanism = if graceful {
+            CancelMechanism::Graceful
+        } else {
+            CancelMechanism::Immediate
+        };
+        self.emit(
+            Scope::run(),
+            EventKind::RunCancelRequested {
+                reason: reason.clone(),
+                requested_by: by,
+                mechanism,
+            },
+        );
+        self.log.sync().await?;
+        self.cancelling = Some((mechanism, reason));
+        if graceful {
+            for key in self.waiting.keys() {
+                if let Some(t) = self.running.get(key) {
+                    t.cancel();
+                }
+            }
+        } else {
+            self.run_cancel.cancel();
+        }
+        Ok(())
+    }
+
+    async fn poll_controls(&mut self) {
+        let backend = self.services.journal.backend().clone();
+        let Ok(reqs) = backend.pending_controls(&self.run_id) else {
+            return;
+        };
+        for r in reqs {
+            let p = &r.payload;
+            let s = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
+            match r.kind.as_str() {
+                PROCESS_CONTROL => continue,
+                "approve" | "deny" => {
+                    let node = r.node_id.clone().unwrap_or_default();
+                    if let Err(e) = self
+                        .decide(&node, r.kind == "approve", s("note"), s("by"))
+                        .await
+                    {
+                        self.emit(
+                            Scope::run(),
+                            EventKind::Diagnostic {
+                                level: Level::Warn,
+                                source: "control".into(),
+                                message: e.to_string(),
+                            },
+                        );
+                    }
+                }
+                "cancel" => {
+                    let graceful = p.get("graceful").and_then(Value::as_bool).unwrap_or(false);
+                    let _ = self.request_cancel(graceful, s("reason"), s("by")).await;
+                }
+                other => {
+                    self.emit(
+                        Scope::run(),
+                        EventKind::Diagnostic {
+                            level: Level::Warn,
+                            source: "control".into(),
+                            message: format!("ignored an unknown control request `{other}`"),
+                        },
+                    );
+                }
+            }
+            let _ = backend.ack_control(r.id);
+        }
+    }
+
+    // ---- ending ----
+
+    async fn maybe_end(&mut self) -> Option<RunOutcome> {
+        if !self.running.is_empty() || !self.check_queue.is_empty() {
+            return None;
+        }
+        if self.shutdown_grace.is_some() {
+            return Some(RunOutcome::Interrupted);
+        }
+        let stopping = self.cancelling.is_some() || self.failing.is_some();
+        if !stopping && (self.retry_pending > 0 || !self.ready.is_empty()) {
+            return None;
+        }
+        if stopping {
+            self.retry_pending = 0;
+            self.ready.clear();
+            let reason = if self.cancelling.is_some() {
+                "run cancelled"
+            } else {
+                "run failed"
+            };
+            for key in self.plan.order.clone() {
+                let Some(n) = self.state.node(&key.0, key.1).cloned() else {
+                    continue;
+                };
+                if n.status.is_done() {
+                    continue;
+                }
+                let mut scope = self.node_scope(&key);
+                if n.open_attempt().is_some() {
+                    scope = scope.with_attempt(n.attempt);
+                }
+                self.emit(
+                    scope,
+                    EventKind::NodeCancelled {
+                        reason: Some(reason.into()),
+                    },
+                );
+                self.node_done(&key);
+            }
+        }
+        let not_done: Vec<Key> = self
+            .plan
+            .order
+            .iter()
+            .filter(|k| !self.status_of(k).is_some_and(|s| s.is_done()))
+            .cloned()
+            .collect();
+        if !not_done.is_empty() && !stopping {
+            if !self.waiting.is_empty() {
+                return None;
+            }
+            let names: Vec<&str> = not_done.iter().take(5).map(|k| k.0.as_str()).collect();
+            self.failing = Some(ErrorInfo::new(
+                "stuck",
+                format!("nodes can never start: {}", names.join(", ")),
+            ));
+        }
+        Some(self.finish().await)
+    }
+
+    async fn finish(&mut self) -> RunOutcome {
+        let (status, outcome, kind) = if let Some((_, reason)) = self.cancelling.clone() {
+            (
+                RunStatus::Cancelled,
+                RunOutcome::Cancelled,
+                EventKind::RunCancelled { reason },
+            )
+        } else if let Some(err) = self.failing.clone() {
+            (
+                RunStatus::Failed,
+                RunOutcome::Failed(err.clone()),
+                EventKind::RunFailed { error: err },
+            )
+        } else {
+            let output = match &self.wf.output {
+                Some(t) => {
+                    let vars = self.run_vars();
+                    self.templates
+                        .render(t, &vars)
+                        .map(Some)
+                        .map_err(|e| ErrorInfo::new("template", format!("workflow output: {e}")))
+                }
+                None => Ok(None),
+            };
+            match output {
+                Ok(output) => {
+                    let duration_ms = self.duration_ms();
+                    (
+                        RunStatus::Finished,
+                        RunOutcome::Finished(output.clone()),
+                        EventKind::RunFinished {
+                            output,
+                            duration_ms,
+                        },
+                    )
+                }
+                Err(err) => (
+                    RunStatus::Failed,
+                    RunOutcome::Failed(err.clone()),
+                    EventKind::RunFailed { error: err },
+                ),
+            }
+        };
+        let summary = self.summary();
+        self.emit(Scope::run(), summary);
+        self.emit(Scope::run(), EventKind::RunStatusChanged { status });
+        self.emit(Scope::run(), kind);
+        if let Err(e) = self.log.sync().await {
+            return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
+        }
+        outcome
+    }
+
+    fn duration_ms(&self) -> u64 {
+        self.state
+            .started_ms
+            .map_or(0, |s| (crate::node::now_ms() - s).max(0) as u64)
+    }
+
+    fn summary(&self) -> EventKind {
+        let mut nodes = NodeCounts::default();
+        let mut timings = Vec::new();
+        for n in &self.state.nodes {
+            match n.status {
+                NodeStatus::Finished => nodes.finished += 1,
+                NodeStatus::Failed => nodes.failed += 1,
+                NodeStatus::Skipped => nodes.skipped += 1,
+                NodeStatus::Cancelled => nodes.cancelled += 1,
+                _ => {}
+            }
+            if let Some(d) = n.duration_ms {
+                timings.push(NodeTiming {
+                    node_id: n.node_id.clone(),
+                    iteration: n.iteration,
+                    duration_ms: d,
+                });
+            }
+        }
+        timings.sort_by(|a, b| b.duration_ms.cmp(&a.duration_ms));
+        timings.truncate(MAX_TIMINGS);
+        EventKind::RunSummary {
+            duration_ms: self.duration_ms(),
+            nodes,
+            tokens: self.state.tokens.clone(),
+            cost_usd: self.state.cost_usd,
+            timings,
+        }
+    }
+
+    // ---- template context ----
+
+    fn run_vars(&self) -> Value {
+        json!({
+            "input": self.state.input.clone().unwrap_or(Value::Null),
+            "nodes": Value::Object(self.nodes_ctx.clone()),
+            "iteration": 0,
+            "run": { "id": self.run_id },
+            "workflow": { "name": self.wf.name },
+        })
+    }
+
+    /// The template context of one instance. Nodes without templates get a
+    /// small context: copying every node's output for each of thousands of
+    /// plain nodes would make a run quadratic.
+    fn vars_for(&mut self, inst: &Inst, force: bool) -> Value {
+        let templated = force || {
+            let ptr = Arc::as_ptr(&inst.spec) as usize;
+            *self
+                .templated
+                .entry(ptr)
+                .or_insert_with(|| uses_templates(&inst.spec))
+        };
+        let mut vars = Map::new();
+        vars.insert(
+            "input".into(),
+            self.state.input.clone().unwrap_or(Value::Null),
+        );
+        if templated {
+            let mut nodes = self.nodes_ctx.clone();
+            if !inst.prefix.is_empty() {
+                // Siblings inside a group are known by their plain id too.
+                let sib: Vec<(String, Value)> = self
+                    .nodes_ctx
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        let rest = k.strip_prefix(&inst.prefix)?;
+                        (!rest.contains(['.', '['])).then(|| (rest.to_string(), v.clone()))
+                    })
+                    .collect();
+                for (k, v) in sib {
+                    nodes.insert(k, v);
+                }
+            }
+            vars.insert("nodes".into(), Value::Object(nodes));
+        } else {
+            vars.insert("nodes".into(), Value::Object(Map::new()));
+        }
+        vars.insert("iteration".into(), Value::from(inst.key.1));
+        for (k, v) in inst.vars.iter() {
+            vars.insert(k.clone(), v.clone());
+        }
+        vars.insert("run".into(), json!({ "id": self.run_id }));
+        vars.insert("workflow".into(), json!({ "name": self.wf.name }));
+        Value::Object(vars)
+    }
+}
+
+fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
+    json!({
+        "output": n.output.clone().unwrap_or(Value::Null),
+        "status": n.status.as_str(),
+        "attempt": n.attempt,
+    })
+}
+
+fn uses_templates(spec: &NodeSpec) -> bool {
+    fn has(s: &str) -> bool {
+        s.contains("{{") || s.contains("{%")
+    }
+    fn value_has(v: &Value) -> bool {
+        match v {
+            Value::String(s) => has(s),
+            Value::Array(a) => a.iter().any(value_has),
+            Value::Object(o) => o.values().any(value_has),
+            _ => false,
+        }
+    }
+    spec.if_.is_some()
+        || spec.env.values().any(|v| has(v))
+        || spec.cwd.as_deref().is_some_and(has)
+        || match &spec.kind {
+            NodeKind::Command(argv) => argv.iter().any(|a| has(a)),
+            NodeKind::Value(v) => value_has(v),
+            NodeKind::Approval(m) => has(m),
+            NodeKind::Tool { args, .. } => value_has(args),
+            NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
+        }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+pub(crate) fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        format!("{ms}ms")
+    } else if ms % 60_000 != 0 || ms == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{}m", ms / 60_000)
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<HashSet<Key>>();
+}

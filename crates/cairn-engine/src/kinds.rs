@@ -1,0 +1,236 @@
+//! The built-in leaf node kinds: `command`, `value`, `approval` and `tool`.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use cairn_events::{EventKind, NetworkAction, OutputStream};
+use cairn_store::ControlRequest;
+use cairn_tools::process::{run_process, NetworkPolicy, ProcessObserver, ProcessSpec, Stream};
+use cairn_workflow::{NodeKind, NodeSpec, OutputFormat};
+use serde_json::{json, Value};
+
+use crate::node::{now_ms, NodeCtx, NodeError, NodeRunner};
+
+/// Turns process and tool callbacks into the attempt's events.
+pub(crate) struct EventObserver<'a> {
+    pub ctx: &'a NodeCtx,
+}
+
+impl ProcessObserver for EventObserver<'_> {
+    fn output(&self, stream: Stream, text: &str) {
+        let stream = match stream {
+            Stream::Stdout => OutputStream::Stdout,
+            Stream::Stderr => OutputStream::Stderr,
+        };
+        self.ctx.output(stream, text);
+    }
+}
+
+impl cairn_tools::ToolObserver for EventObserver<'_> {
+    fn network(&self, action: NetworkAction, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+}
+
+/// Also remembers the process group in the store, so that a resume after a
+/// crash of the engine can kill what the dead engine left running.
+struct CommandObserver<'a> {
+    events: EventObserver<'a>,
+    record: Mutex<Option<i64>>,
+}
+
+impl ProcessObserver for CommandObserver<'_> {
+    fn spawned(&self, pid: u32) {
+        let ctx = self.events.ctx;
+        let req = ControlRequest {
+            id: 0,
+            run_id: ctx.run_id.clone(),
+            kind: crate::PROCESS_CONTROL.into(),
+            node_id: Some(ctx.node_id.clone()),
+            payload: json!({ "pgid": pid, "attempt": ctx.attempt }),
+            created_ms: now_ms(),
+        };
+        if let Ok(id) = ctx.services.journal.backend().put_control(&req) {
+            *self.record.lock().unwrap() = Some(id);
+        }
+    }
+
+    fn output(&self, stream: Stream, text: &str) {
+        self.events.output(stream, text);
+    }
+}
+
+/// `command`: runs an argv without a shell.
+pub(crate) struct CommandNode;
+
+#[async_trait]
+impl NodeRunner for CommandNode {
+    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
+        let NodeKind::Command(argv) = &spec.kind else {
+            unreachable!("runner_for maps only command nodes here")
+        };
+        let render = |s: &str| -> Result<String, NodeError> {
+            ctx.templates
+                .render_string(s, &ctx.vars)
+                .map_err(|e| NodeError::fatal("template", e.to_string()))
+        };
+        let argv = argv
+            .iter()
+            .map(|a| render(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cwd = match &spec.cwd {
+            Some(c) => {
+                let c = PathBuf::from(render(c)?);
+                if c.is_absolute() {
+                    c
+                } else {
+                    ctx.workflow.base_dir.join(c)
+                }
+            }
+            None => ctx.workflow.base_dir.clone(),
+        };
+        let mut env = Vec::with_capacity(spec.env.len());
+        for (k, v) in &spec.env {
+            env.push((k.clone(), render(v)?));
+        }
+        let program = argv.first().cloned().unwrap_or_default();
+        let max_output = ctx
+            .workflow
+            .sandbox
+            .max_output_bytes
+            .map(|b| b as usize)
+            .unwrap_or(crate::COMMAND_OUTPUT_LIMIT);
+        let proc_spec = ProcessSpec {
+            argv,
+            cwd,
+            env,
+            clear_env: false,
+            // The node's timeout is enforced by the driver, which cancels us.
+            timeout: None,
+            max_output_bytes: max_output,
+            network: NetworkPolicy::Allow,
+        };
+        let observer = CommandObserver {
+            events: EventObserver { ctx },
+            record: Mutex::new(None),
+        };
+        let outcome = run_process(proc_spec, &observer, ctx.cancel.clone()).await;
+        if let Some(id) = *observer.record.lock().unwrap() {
+            let _ = ctx.services.journal.backend().ack_control(id);
+        }
+        let outcome = outcome.map_err(|e| NodeError::new("spawn", e.to_string()))?;
+        if outcome.cancelled || outcome.timed_out {
+            return Err(NodeError::cancelled(format!("`{program}` was stopped")));
+        }
+        if outcome.exit_code != Some(0) {
+            let how = match (outcome.exit_code, outcome.signal) {
+                (Some(c), _) => format!("exited with code {c}"),
+                (None, Some(s)) => format!("was killed by signal {s}"),
+                _ => "ended abnormally".to_string(),
+            };
+            return Err(
+                NodeError::new("exit", format!("`{program}` {how}")).with_details(json!({
+                    "exitCode": outcome.exit_code,
+                    "signal": outcome.signal,
+                    "stderr": tail(&outcome.stderr, 2000),
+                })),
+            );
+        }
+        parse_output(&outcome.stdout, spec.output)
+    }
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    if s.len() <= n {
+        return s;
+    }
+    let mut start = s.len() - n;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// Turns stdout into the node's output per its `output` format.
+pub(crate) fn parse_output(stdout: &str, format: OutputFormat) -> Result<Value, NodeError> {
+    match format {
+        OutputFormat::Text => Ok(Value::String(
+            stdout.strip_suffix('\n').unwrap_or(stdout).to_string(),
+        )),
+        OutputFormat::Lines => Ok(Value::Array(
+            stdout
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| Value::String(l.to_string()))
+                .collect(),
+        )),
+        OutputFormat::Json => serde_json::from_str(stdout).map_err(|e| {
+            NodeError::fatal(
+                "output",
+                format!("stdout is not valid JSON (output: json): {e}"),
+            )
+            .with_details(json!({ "stdout": tail(stdout, 2000) }))
+        }),
+    }
+}
+
+/// `value`: its rendered value is its output.
+pub(crate) struct ValueNode;
+
+#[async_trait]
+impl NodeRunner for ValueNode {
+    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
+        let NodeKind::Value(v) = &spec.kind else {
+            unreachable!("runner_for maps only value nodes here")
+        };
+        ctx.render_value(v)
+    }
+}
+
+/// `approval`: waits for a person; a denial fails the node.
+pub(crate) struct ApprovalNode;
+
+#[async_trait]
+impl NodeRunner for ApprovalNode {
+    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
+        let NodeKind::Approval(message) = &spec.kind else {
+            unreachable!("runner_for maps only approval nodes here")
+        };
+        let message = ctx
+            .templates
+            .render_string(message, &ctx.vars)
+            .map_err(|e| NodeError::fatal("template", e.to_string()))?;
+        let d = ctx.ask_approval(Some(message)).await?;
+        if d.approved {
+            Ok(json!({ "approved": true, "note": d.note, "by": d.by }))
+        } else {
+            Err(NodeError::fatal(
+                "denied",
+                match &d.note {
+                    Some(n) => format!("approval denied: {n}"),
+                    None => "approval denied".to_string(),
+                },
+            )
+            .with_details(json!({ "approved": false, "note": d.note, "by": d.by })))
+        }
+    }
+}
+
+/// `tool`: calls one sandboxed tool with rendered arguments.
+pub(crate) struct ToolNode;
+
+#[async_trait]
+impl NodeRunner for ToolNode {
+    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
+        let NodeKind::Tool { tool, args } = &spec.kind else {
+            unreachable!("runner_for maps only tool nodes here")
+        };
+        let args = ctx.render_value(args)?;
+        ctx.call_tool(tool, args).await
+    }
+}

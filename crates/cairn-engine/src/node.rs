@@ -1,0 +1,349 @@
+//! The node-kind trait and what a running node may do.
+//!
+//! Every leaf kind (`command`, `value`, `approval`, `tool`, and later `agent`)
+//! implements [`NodeRunner`]; [`runner_for`] is the one place that maps a
+//! workflow's kind to its runner. Groups (`loop`, `for_each`) are structure,
+//! handled by the driver, not runners.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cairn_events::{ErrorInfo, EventKind, OutputStream, Scope, ToolStatus};
+use cairn_store::{RunLog, StoreError, ToolCallRecord};
+use cairn_workflow::{NodeKind, NodeSpec, Templates, Workflow};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::kinds;
+use crate::plan::Key;
+use crate::services::Services;
+
+/// Why a node attempt did not produce an output.
+#[derive(Debug, Clone)]
+pub struct NodeError {
+    pub info: ErrorInfo,
+    /// False for failures a retry cannot mend (a denied approval, a bad template).
+    pub retryable: bool,
+    /// The attempt was stopped by a cancel, not by its own failure.
+    pub cancelled: bool,
+}
+
+impl NodeError {
+    /// A failure that a retry may mend.
+    pub fn new(kind: &str, message: impl Into<String>) -> Self {
+        NodeError {
+            info: ErrorInfo::new(kind, message),
+            retryable: true,
+            cancelled: false,
+        }
+    }
+
+    /// A failure that a retry cannot mend.
+    pub fn fatal(kind: &str, message: impl Into<String>) -> Self {
+        NodeError {
+            retryable: false,
+            ..NodeError::new(kind, message)
+        }
+    }
+
+    /// The attempt was cancelled.
+    pub fn cancelled(reason: impl Into<String>) -> Self {
+        NodeError {
+            info: ErrorInfo::new("cancelled", reason),
+            retryable: false,
+            cancelled: true,
+        }
+    }
+
+    /// The same error with details.
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.info.details = Some(details);
+        self
+    }
+}
+
+impl From<StoreError> for NodeError {
+    fn from(e: StoreError) -> Self {
+        NodeError::new("store", e.to_string())
+    }
+}
+
+/// A person's decision, as an approval node receives it.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub approved: bool,
+    pub note: Option<String>,
+    pub by: Option<String>,
+}
+
+/// Requests a running node sends to its run's driver.
+pub(crate) enum Ask {
+    Approval {
+        key: Key,
+        message: Option<String>,
+        reply: oneshot::Sender<Decision>,
+    },
+}
+
+/// Everything a node attempt can see and do.
+pub struct NodeCtx {
+    pub run_id: String,
+    pub node_id: String,
+    pub iteration: u32,
+    pub attempt: u32,
+    /// The attempt's event scope (node, iteration, attempt, chapter).
+    pub scope: Scope,
+    /// The template context: input, nodes, iteration, item, index, run, workflow.
+    pub vars: Value,
+    pub workflow: Arc<Workflow>,
+    pub templates: Arc<Templates>,
+    /// Cancelled when the run is cancelled or the attempt times out.
+    pub cancel: CancellationToken,
+    pub timeout: Option<Duration>,
+    pub(crate) services: Arc<Services>,
+    pub(crate) log: Arc<RunLog>,
+    pub(crate) asks: mpsc::UnboundedSender<Ask>,
+    tool_seq: AtomicU32,
+}
+
+impl NodeCtx {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        run_id: String,
+        key: &Key,
+        attempt: u32,
+        scope: Scope,
+        vars: Value,
+        workflow: Arc<Workflow>,
+        templates: Arc<Templates>,
+        cancel: CancellationToken,
+        timeout: Option<Duration>,
+        services: Arc<Services>,
+        log: Arc<RunLog>,
+        asks: mpsc::UnboundedSender<Ask>,
+    ) -> Self {
+        NodeCtx {
+            run_id,
+            node_id: key.0.clone(),
+            iteration: key.1,
+            attempt,
+            scope,
+            vars,
+            workflow,
+            templates,
+            cancel,
+            timeout,
+            services,
+            log,
+            asks,
+            tool_seq: AtomicU32::new(0),
+        }
+    }
+
+    /// Streams a piece of output (`NodeOutput`).
+    pub fn output(&self, stream: OutputStream, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        self.log.append(
+            self.scope.clone(),
+            EventKind::NodeOutput {
+                text: text.to_string(),
+                stream,
+            },
+        );
+    }
+
+    /// Appends an attempt-scoped event (tool calls, token usage, network access, ...).
+    pub fn emit(&self, kind: EventKind) {
+        self.log.append(self.scope.clone(), kind);
+    }
+
+    /// Appends an attempt-scoped event and waits until it is durable.
+    pub async fn emit_durable(&self, kind: EventKind) -> Result<(), NodeError> {
+        self.log.append_durable(self.scope.clone(), kind).await?;
+        Ok(())
+    }
+
+    /// Renders a template string against this node's context.
+    pub fn render(&self, template: &str) -> Result<Value, NodeError> {
+        self.templates
+            .render(template, &self.vars)
+            .map_err(|e| NodeError::fatal("template", e.to_string()))
+    }
+
+    /// Renders every string inside a JSON value.
+    pub fn render_value(&self, v: &Value) -> Result<Value, NodeError> {
+        self.templates
+            .render_value(v, &self.vars)
+            .map_err(|e| NodeError::fatal("template", e.to_string()))
+    }
+
+    /// Asks a person to approve; returns once someone decided (or the
+    /// decision already in the log, after a resume).
+    pub async fn ask_approval(&self, message: Option<String>) -> Result<Decision, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.asks
+            .send(Ask::Approval {
+                key: (self.node_id.clone(), self.iteration),
+                message,
+                reply: tx,
+            })
+            .map_err(|_| NodeError::cancelled("run stopped"))?;
+        tokio::select! {
+            d = rx => d.map_err(|_| NodeError::cancelled("run stopped")),
+            _ = self.cancel.cancelled() => Err(NodeError::cancelled("cancelled while waiting for approval")),
+        }
+    }
+
+    /// Calls a sandboxed tool: records it (`tool_calls` row and
+    /// `ToolCallStarted`/`ToolCallFinished`), hands it a stable idempotency key,
+    /// and returns its result.
+    pub async fn call_tool(&self, name: &str, args: Value) -> Result<Value, NodeError> {
+        let tool = self.services.tools.get(name).ok_or_else(|| {
+            NodeError::fatal(
+                "tool",
+                format!(
+                    "no tool named `{name}`; known tools: {}",
+                    self.services.tools.names().join(", ")
+                ),
+            )
+        })?;
+        let spec = tool.spec();
+        let tool_seq = self.tool_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let key =
+            cairn_tools::idempotency_key(&self.run_id, &self.node_id, self.iteration, tool_seq);
+        let started = now_ms();
+        let mut record = ToolCallRecord {
+            run_id: self.run_id.clone(),
+            node_id: self.node_id.clone(),
+            iteration: self.iteration,
+            attempt: self.attempt,
+            tool_seq,
+            tool: name.to_string(),
+            idempotency_key: key.clone(),
+            side_effect: spec.side_effect,
+            idempotent: spec.idempotent,
+            input: args.clone(),
+            output: None,
+            started_ms: started,
+            finished_ms: None,
+            status: "running".into(),
+            error: None,
+        };
+        self.services.journal.backend().put_tool_call(&record)?;
+        self.emit_durable(EventKind::ToolCallStarted {
+            tool_name: name.to_string(),
+            tool_seq,
+            idempotency_key: key.clone(),
+            side_effect: spec.side_effect,
+        })
+        .await?;
+        let observer = kinds::EventObserver { ctx: self };
+        let sandbox = self.services.sandbox_for(&self.workflow)?;
+        let sandbox: &cairn_tools::Sandbox = &sandbox;
+        let tctx = cairn_tools::ToolContext {
+            sandbox,
+            run_id: &self.run_id,
+            node_id: &self.node_id,
+            iteration: self.iteration,
+            attempt: self.attempt,
+            tool_seq,
+            idempotency_key: key,
+            observer: &observer,
+            cancel: self.cancel.clone(),
+        };
+        let t0 = std::time::Instant::now();
+        let result = tool.call(args, &tctx).await;
+        let duration_ms = t0.elapsed().as_millis() as u64;
+        record.finished_ms = Some(now_ms());
+        let (status, error) = match &result {
+            Ok(v) => {
+                record.output = Some(cut_json(v, sandbox.limits().max_output_bytes));
+                record.status = "success".into();
+                (ToolStatus::Success, None)
+            }
+            Err(e) => {
+                let info = ErrorInfo::new(e.kind(), e.to_string());
+                record.status = "error".into();
+                record.error = Some(serde_json::to_value(&info).unwrap_or(Value::Null));
+                (ToolStatus::Error, Some(info))
+            }
+        };
+        self.services.journal.backend().put_tool_call(&record)?;
+        self.emit(EventKind::ToolCallFinished {
+            tool_name: name.to_string(),
+            tool_seq,
+            status,
+            duration_ms,
+            error: error.clone(),
+        });
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) if self.cancel.is_cancelled() => Err(NodeError::cancelled(e.to_string())),
+            Err(_) => {
+                let info = error.expect("error set above");
+                Err(NodeError {
+                    info,
+                    retryable: true,
+                    cancelled: false,
+                })
+            }
+        }
+    }
+
+    /// Side-effecting, non-idempotent tool calls that earlier attempts of this
+    /// node already made (so an agent can be warned before repeating them).
+    pub fn earlier_side_effects(&self) -> Result<Vec<ToolCallRecord>, NodeError> {
+        Ok(crate::earlier_side_effects(
+            self.services.journal.backend().as_ref(),
+            &self.run_id,
+            &self.node_id,
+            self.iteration,
+            self.attempt,
+        )?)
+    }
+}
+
+fn cut_json(v: &Value, limit: usize) -> Value {
+    let s = v.to_string();
+    if s.len() <= limit {
+        v.clone()
+    } else {
+        let mut end = limit;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        serde_json::json!({ "truncated": true, "bytes": s.len(), "head": &s[..end] })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A leaf node kind.
+#[async_trait]
+pub trait NodeRunner: Send + Sync {
+    /// Runs one attempt and returns the node's output.
+    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError>;
+}
+
+/// The runner for a workflow node kind: the one place a new kind is added.
+/// Groups return `None`; the driver mounts their children instead.
+pub fn runner_for(kind: &NodeKind) -> Option<&'static dyn NodeRunner> {
+    match kind {
+        NodeKind::Command(_) => Some(&kinds::CommandNode),
+        NodeKind::Value(_) => Some(&kinds::ValueNode),
+        NodeKind::Approval(_) => Some(&kinds::ApprovalNode),
+        NodeKind::Tool { .. } => Some(&kinds::ToolNode),
+        NodeKind::Loop { .. } | NodeKind::ForEach { .. } => None,
+    }
+}

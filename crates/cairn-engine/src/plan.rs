@@ -1,0 +1,275 @@
+//! The mounted plan: which node instances exist for the run's current state.
+//!
+//! A workflow is static; the plan is not. A `loop` mounts its children for the
+//! current pass only, and a `for_each` mounts one copy of its children per
+//! element once its list is known. The driver renders the plan after every
+//! change that can alter it, and commits a new frame when the plan's canonical
+//! XML changes.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use cairn_workflow::{NodeKind, NodeSpec};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// A node instance: its path (the `nodeId` of events) and its loop pass.
+pub type Key = (String, u32);
+
+/// One mounted node instance.
+#[derive(Debug, Clone)]
+pub struct Inst {
+    pub key: Key,
+    pub spec: Arc<NodeSpec>,
+    /// The instances this one waits for (its `needs`, resolved in its group).
+    pub needs: Vec<Key>,
+    /// The group instance this node belongs to, if any.
+    pub parent: Option<Key>,
+    /// Depth in the mounted graph.
+    pub layer: u32,
+    /// Names that only exist inside a group instance (`item`, the `as` name, `index`, `iteration`).
+    pub vars: Arc<Vec<(String, Value)>>,
+    /// The path prefix of its siblings, so templates can name a sibling by its plain id.
+    pub prefix: String,
+}
+
+/// What the driver knows that shapes the plan: loop passes and `for_each` lists.
+#[derive(Debug, Default)]
+pub struct Shape {
+    /// Group instances that have started (children are mounted only then).
+    pub started_groups: std::collections::HashSet<Key>,
+    /// The current pass of each started loop instance.
+    pub loop_pass: HashMap<Key, u32>,
+    /// The evaluated list of each started `for_each` instance.
+    pub lists: HashMap<Key, Arc<Vec<Value>>>,
+}
+
+/// The result of one render.
+pub struct Plan {
+    /// Instances in mount order.
+    pub order: Vec<Key>,
+    pub insts: HashMap<Key, Inst>,
+    /// SHA-256 hex of the canonical XML.
+    pub xml_hash: String,
+}
+
+/// Spec nodes wrapped once so that instances share them.
+#[derive(Debug)]
+pub struct SpecTree {
+    pub roots: Vec<Arc<NodeSpec>>,
+    children: HashMap<*const NodeSpec, Vec<Arc<NodeSpec>>>,
+}
+
+// The raw pointers are only map keys into specs this tree owns.
+unsafe impl Send for SpecTree {}
+unsafe impl Sync for SpecTree {}
+
+impl SpecTree {
+    /// Wraps a workflow's nodes.
+    pub fn new(nodes: &[NodeSpec]) -> SpecTree {
+        let mut t = SpecTree {
+            roots: Vec::new(),
+            children: HashMap::new(),
+        };
+        t.roots = t.wrap(nodes);
+        t
+    }
+
+    fn wrap(&mut self, nodes: &[NodeSpec]) -> Vec<Arc<NodeSpec>> {
+        nodes
+            .iter()
+            .map(|n| {
+                let a = Arc::new(n.clone());
+                if let Some(kids) = n.kind.children() {
+                    let wrapped = self.wrap(kids);
+                    self.children.insert(Arc::as_ptr(&a), wrapped);
+                }
+                a
+            })
+            .collect()
+    }
+
+    /// The wrapped children of a group spec.
+    pub fn children(&self, spec: &Arc<NodeSpec>) -> &[Arc<NodeSpec>] {
+        self.children
+            .get(&Arc::as_ptr(spec))
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+/// Renders the plan for the current shape.
+pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
+    let mut plan = Plan {
+        order: Vec::new(),
+        insts: HashMap::new(),
+        xml_hash: String::new(),
+    };
+    let mut xml = String::with_capacity(64 * 16);
+    let _ = write!(xml, "<plan workflow=\"{}\">", esc(workflow));
+    mount_group(
+        tree,
+        &tree.roots,
+        "",
+        0,
+        None,
+        0,
+        Arc::new(Vec::new()),
+        shape,
+        &mut plan,
+        &mut xml,
+    );
+    xml.push_str("</plan>");
+    plan.xml_hash = hex::encode(Sha256::digest(xml.as_bytes()));
+    plan
+}
+
+#[allow(clippy::too_many_arguments)]
+fn mount_group(
+    tree: &SpecTree,
+    specs: &[Arc<NodeSpec>],
+    prefix: &str,
+    iteration: u32,
+    parent: Option<&Key>,
+    base_layer: u32,
+    vars: Arc<Vec<(String, Value)>>,
+    shape: &Shape,
+    plan: &mut Plan,
+    xml: &mut String,
+) {
+    let depths = depths(specs);
+    for (spec, depth) in specs.iter().zip(depths) {
+        let key: Key = (format!("{prefix}{}", spec.id), iteration);
+        let layer = base_layer + depth;
+        let needs: Vec<Key> = spec
+            .needs
+            .iter()
+            .map(|n| (format!("{prefix}{n}"), iteration))
+            .collect();
+        let _ = write!(
+            xml,
+            "<node id=\"{}\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
+            esc(&key.0),
+            iteration,
+            spec.kind.name(),
+            layer
+        );
+        if !needs.is_empty() {
+            let joined: Vec<&str> = needs.iter().map(|k| k.0.as_str()).collect();
+            let _ = write!(xml, " needs=\"{}\"", esc(&joined.join(" ")));
+        }
+        plan.order.push(key.clone());
+        plan.insts.insert(
+            key.clone(),
+            Inst {
+                key: key.clone(),
+                spec: spec.clone(),
+                needs,
+                parent: parent.cloned(),
+                layer,
+                vars: vars.clone(),
+                prefix: prefix.to_string(),
+            },
+        );
+        if !shape.started_groups.contains(&key) {
+            xml.push_str("/>");
+            continue;
+        }
+        xml.push('>');
+        match &spec.kind {
+            NodeKind::Loop { .. } => {
+                let pass = shape.loop_pass.get(&key).copied().unwrap_or(0);
+                let mut v = (*vars).clone();
+                set_var(&mut v, "iteration", Value::from(pass));
+                mount_group(
+                    tree,
+                    tree.children(spec),
+                    &format!("{}.", key.0),
+                    pass,
+                    Some(&key),
+                    layer + 1,
+                    Arc::new(v),
+                    shape,
+                    plan,
+                    xml,
+                );
+            }
+            NodeKind::ForEach { as_name, .. } => {
+                if let Some(list) = shape.lists.get(&key) {
+                    for (i, item) in list.iter().enumerate() {
+                        let mut v = (*vars).clone();
+                        set_var(&mut v, "item", item.clone());
+                        if let Some(name) = as_name {
+                            set_var(&mut v, name, item.clone());
+                        }
+                        set_var(&mut v, "index", Value::from(i));
+                        mount_group(
+                            tree,
+                            tree.children(spec),
+                            &format!("{}[{i}].", key.0),
+                            iteration,
+                            Some(&key),
+                            layer + 1,
+                            Arc::new(v),
+                            shape,
+                            plan,
+                            xml,
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+        xml.push_str("</node>");
+    }
+}
+
+fn set_var(vars: &mut Vec<(String, Value)>, name: &str, value: Value) {
+    if let Some(slot) = vars.iter_mut().find(|(n, _)| n == name) {
+        slot.1 = value;
+    } else {
+        vars.push((name.to_string(), value));
+    }
+}
+
+/// Depth of each sibling within its group: 0 without needs, else one more than
+/// the deepest need. Iterative (Kahn's order) so a chain of thousands of nodes
+/// needs no deep recursion; the workflow was validated acyclic.
+fn depths(specs: &[Arc<NodeSpec>]) -> Vec<u32> {
+    let index: HashMap<&str, usize> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.as_str(), i))
+        .collect();
+    let mut indegree = vec![0usize; specs.len()];
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); specs.len()];
+    for (i, s) in specs.iter().enumerate() {
+        for n in &s.needs {
+            if let Some(&j) = index.get(n.as_str()) {
+                indegree[i] += 1;
+                dependents[j].push(i);
+            }
+        }
+    }
+    let mut depth = vec![0u32; specs.len()];
+    let mut queue: std::collections::VecDeque<usize> =
+        (0..specs.len()).filter(|&i| indegree[i] == 0).collect();
+    while let Some(j) = queue.pop_front() {
+        for &i in &dependents[j] {
+            depth[i] = depth[i].max(depth[j] + 1);
+            indegree[i] -= 1;
+            if indegree[i] == 0 {
+                queue.push_back(i);
+            }
+        }
+    }
+    depth
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
