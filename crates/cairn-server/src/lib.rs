@@ -1,1 +1,185 @@
-//! placeholder
+//! `cairn serve`: Cairn's runs over HTTP, their live events over SSE and
+//! WebSocket, Prometheus metrics, and a small client the CLI uses to follow
+//! a run on a server.
+//!
+//! Runs execute inside the server process (the [`Engine`]); watchers are fed
+//! by push from the store's sequencer ([`cairn_store::Journal::subscribe`]),
+//! each through its own bounded buffer, so a slow watcher is cut off with a
+//! reason instead of slowing a run. Every event a watcher receives is the
+//! store's JSON text, byte for byte.
+//!
+//! The HTTP API is described by the OpenAPI document served at
+//! `/openapi.json` (see [`OPENAPI`]).
+
+mod api;
+mod auth;
+pub mod client;
+mod engine;
+mod error;
+mod sse;
+mod ws;
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+pub use engine::{Engine, EngineError, EngineOptions, RunHandle, StartOptions};
+
+/// The OpenAPI 3.1 document of the HTTP API, as served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// The address `cairn serve` listens on by default.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7700";
+
+/// How a server listens and behaves.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Where to listen. Without a token only loopback is allowed: any other
+    /// host is replaced by 127.0.0.1.
+    pub addr: SocketAddr,
+    /// The bearer token every route but `/healthz` requires; `None` leaves
+    /// the API open, to loopback clients only.
+    pub token: Option<String>,
+    /// Where workflows named by `POST /v1/runs` are looked up.
+    pub workflows_dir: Option<PathBuf>,
+    /// How long running nodes get to reach a safe point when the server
+    /// stops, before they are cancelled.
+    pub grace: Duration,
+    /// How often an idle SSE stream sends a comment, so proxies and clients
+    /// can tell a quiet run from a dead connection.
+    pub heartbeat: Duration,
+    /// Largest request body accepted, in bytes.
+    pub body_limit: usize,
+    /// Largest WebSocket message accepted from a client, in bytes.
+    pub ws_message_limit: usize,
+    /// Messages queued for one WebSocket client before its subscriptions
+    /// stop reading and, if the store's live buffer overflows meanwhile,
+    /// the client is cut off.
+    pub ws_queue: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            addr: DEFAULT_ADDR.parse().expect("default address parses"),
+            token: None,
+            workflows_dir: None,
+            grace: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(15),
+            body_limit: 1024 * 1024,
+            ws_message_limit: 64 * 1024,
+            ws_queue: 256,
+        }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving connections failed.
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A bound server, ready to [`Server::run`]. Binding first lets callers (and
+/// tests) learn the port before any request arrives.
+pub struct Server {
+    listener: TcpListener,
+    state: api::AppState,
+    loopback_forced: bool,
+}
+
+impl Server {
+    /// Binds the listening socket. Without a token the host is forced to
+    /// 127.0.0.1 (see [`Server::loopback_forced`]).
+    pub async fn bind(cfg: ServeConfig, engine: Engine) -> Result<Server, ServerError> {
+        let mut addr = cfg.addr;
+        let loopback_forced = cfg.token.is_none() && !addr.ip().is_loopback();
+        if loopback_forced {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        let state = api::AppState::new(cfg, engine);
+        Ok(Server {
+            listener,
+            state,
+            loopback_forced,
+        })
+    }
+
+    /// The address actually bound (the port is known even when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// True when a non-loopback address was asked for without a token and
+    /// the server listens on 127.0.0.1 instead.
+    pub fn loopback_forced(&self) -> bool {
+        self.loopback_forced
+    }
+
+    /// Resumes the runs a previous server left running, then serves until
+    /// `shutdown` completes. Then it stops taking new runs, lets the engine
+    /// stop (running nodes get the grace period), ends every watcher's
+    /// stream once the last event is committed, and returns.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let state = self.state;
+        let resumed = state.engine().resume_interrupted().await;
+        if !resumed.is_empty() {
+            tracing::info!(runs = ?resumed, "resumed interrupted runs");
+        }
+        let metrics_task = tokio::spawn(api::fold_metrics(state.clone()));
+        let router = api::router(state.clone());
+        let stopping = state.clone();
+        let graceful = async move {
+            shutdown.await;
+            tracing::info!("stopping: no new runs; waiting for running nodes");
+            stopping.begin_drain();
+            stopping.engine().shutdown(stopping.grace()).await;
+            // Every event is committed now: watchers may go.
+            stopping.close_watchers();
+        };
+        let result = axum::serve(self.listener, router)
+            .with_graceful_shutdown(graceful)
+            .await;
+        metrics_task.abort();
+        result.map_err(ServerError::Io)
+    }
+}
+
+/// Binds, says where it listens (on stderr), and serves until `shutdown`
+/// completes; see [`Server::run`].
+pub async fn serve(
+    cfg: ServeConfig,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let has_token = cfg.token.is_some();
+    let server = Server::bind(cfg, engine).await?;
+    if server.loopback_forced() {
+        eprintln!("cairn serve: no token configured, so listening on 127.0.0.1 only (set --token or CAIRN_TOKEN to listen elsewhere)");
+    } else if !has_token {
+        eprintln!("cairn serve: no token configured; the API is open to local clients");
+    }
+    eprintln!("cairn serve: listening on http://{}", server.local_addr());
+    server.run(shutdown).await
+}

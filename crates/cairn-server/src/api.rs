@@ -1,0 +1,674 @@
+//! The HTTP routes and the state they share.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::{Json, Router};
+use cairn_events::{ActivityFolder, Event, Metrics, RunStatus, EVENT_TYPES};
+use cairn_store::{EventQuery, Journal, RunFilter, RunRecord};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::engine::{Engine, StartOptions};
+use crate::error::ApiError;
+use crate::ServeConfig;
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct AppState(Arc<Inner>);
+
+struct Inner {
+    engine: Engine,
+    cfg: ServeConfig,
+    metrics: Mutex<Metrics>,
+    draining: AtomicBool,
+    /// Flips to true when watchers must end their streams.
+    closing: watch::Sender<bool>,
+}
+
+impl AppState {
+    pub fn new(cfg: ServeConfig, engine: Engine) -> Self {
+        AppState(Arc::new(Inner {
+            engine,
+            cfg,
+            metrics: Mutex::new(Metrics::new()),
+            draining: AtomicBool::new(false),
+            closing: watch::channel(false).0,
+        }))
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.0.engine
+    }
+
+    pub fn journal(&self) -> &Journal {
+        self.0.engine.journal()
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.0.cfg.token.as_deref()
+    }
+
+    pub fn cfg(&self) -> &ServeConfig {
+        &self.0.cfg
+    }
+
+    pub fn grace(&self) -> Duration {
+        self.0.cfg.grace
+    }
+
+    /// Stop taking new runs and commands that would start work.
+    pub fn begin_drain(&self) {
+        self.0.draining.store(true, Ordering::SeqCst);
+    }
+
+    fn draining(&self) -> bool {
+        self.0.draining.load(Ordering::SeqCst)
+    }
+
+    /// Ends every watcher's stream.
+    pub fn close_watchers(&self) {
+        self.0.closing.send_replace(true);
+    }
+
+    /// Resolves when watchers must end.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.0.closing.subscribe()
+    }
+}
+
+/// Resolves once watchers must end (or the server is gone).
+pub(crate) async fn closed(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|c| *c).await;
+}
+
+/// Runs blocking store work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
+}
+
+/// The run's row, or a 404 naming the run.
+pub(crate) async fn existing_run(state: &AppState, run_id: &str) -> Result<RunRecord, ApiError> {
+    let journal = state.journal().clone();
+    let id = run_id.to_string();
+    blocking(move || {
+        journal
+            .backend()
+            .get_run(&id)?
+            .ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))
+    })
+    .await
+}
+
+/// Every route of the API: the router is built from this table, and a test
+/// checks it against the OpenAPI document both ways.
+pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
+    vec![
+        (Method::GET, "/healthz", on(MethodFilter::GET, healthz)),
+        (Method::GET, "/metrics", on(MethodFilter::GET, metrics)),
+        (Method::GET, "/openapi.json", on(MethodFilter::GET, openapi)),
+        (Method::GET, "/v1/runs", on(MethodFilter::GET, list_runs)),
+        (Method::POST, "/v1/runs", on(MethodFilter::POST, start_run)),
+        (Method::GET, "/v1/runs/{id}", on(MethodFilter::GET, get_run)),
+        (
+            Method::GET,
+            "/v1/runs/{id}/activity",
+            on(MethodFilter::GET, activity),
+        ),
+        (
+            Method::GET,
+            "/v1/runs/{id}/events",
+            on(MethodFilter::GET, events_page),
+        ),
+        (
+            Method::GET,
+            "/v1/runs/{id}/events/stream",
+            on(MethodFilter::GET, crate::sse::stream),
+        ),
+        (
+            Method::POST,
+            "/v1/runs/{id}/approvals/{node}",
+            on(MethodFilter::POST, decide),
+        ),
+        (
+            Method::POST,
+            "/v1/runs/{id}/inputs/{requestId}",
+            on(MethodFilter::POST, answer),
+        ),
+        (
+            Method::POST,
+            "/v1/runs/{id}/cancel",
+            on(MethodFilter::POST, cancel),
+        ),
+        (
+            Method::POST,
+            "/v1/runs/{id}/resume",
+            on(MethodFilter::POST, resume),
+        ),
+        (
+            Method::GET,
+            "/v1/ws",
+            on(MethodFilter::GET, crate::ws::upgrade),
+        ),
+    ]
+}
+
+pub(crate) fn router(state: AppState) -> Router {
+    let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
+    for (_, path, mr) in routes() {
+        match by_path.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, existing)) => {
+                let merged = std::mem::take(existing).merge(mr);
+                *existing = merged;
+            }
+            None => by_path.push((path, mr)),
+        }
+    }
+    let mut r = Router::new();
+    for (path, mr) in by_path {
+        r = r.route(path, mr.fallback(method_not_allowed));
+    }
+    r.fallback(no_route)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::require_token,
+        ))
+        .layer(DefaultBodyLimit::max(state.cfg().body_limit))
+        .with_state(state)
+}
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_route",
+        format!("no route {method} {}; see /openapi.json", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}; see /openapi.json",
+            uri.path()
+        ),
+    )
+}
+
+/// A JSON body with errors in the API's shape: 413 for an oversized body,
+/// 400 with line and column for bad JSON or a wrong field. An empty body
+/// reads as `{}` so optional bodies may be left out.
+pub(crate) struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            let status = r.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    status,
+                    "payload_too_large",
+                    "the request body is larger than this server accepts",
+                )
+            } else {
+                ApiError::new(status, "bad_body", r.body_text())
+            }
+        })?;
+        let text: &[u8] = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text).map(JsonBody).map_err(|e| {
+            let code = if e.is_data() {
+                "invalid_body"
+            } else {
+                "bad_json"
+            };
+            ApiError::new(StatusCode::BAD_REQUEST, code, format!("request body: {e}"))
+        })
+    }
+}
+
+fn parse_param<T: std::str::FromStr>(
+    q: &HashMap<String, String>,
+    name: &str,
+    what: &str,
+) -> Result<Option<T>, ApiError> {
+    match q.get(name) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("query parameter `{name}`: `{v}` is not {what}"))
+        }),
+    }
+}
+
+pub(crate) fn parse_bool(q: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
+    match q.get(name).map(String::as_str) {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("") | Some("true") | Some("1") => Ok(true),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "query parameter `{name}`: `{v}` is not true or false"
+        ))),
+    }
+}
+
+/// Rejects query parameters a route does not know, so a typo is an error
+/// rather than a silently ignored filter.
+pub(crate) fn known_params(q: &HashMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
+    for k in q.keys() {
+        if !known.contains(&k.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter `{k}`; this route takes: {}",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+type Params = Query<HashMap<String, String>>;
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], crate::OPENAPI).into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.0.metrics.lock().unwrap().render_prometheus();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Folds every event this process commits into the metrics.
+pub(crate) async fn fold_metrics(state: AppState) {
+    let mut rx = state.journal().subscribe_all();
+    loop {
+        match rx.recv().await {
+            Ok(stored) => match stored.decode() {
+                Ok(ev) => state.0.metrics.lock().unwrap().apply(&ev),
+                Err(e) => tracing::warn!(run = %stored.run_id, seq = stored.seq, "metrics: {e}"),
+            },
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!("metrics fell behind and missed {n} events");
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+fn run_json(r: &RunRecord) -> Value {
+    let mut v = json!({
+        "runId": r.run_id,
+        "workflow": r.workflow,
+        "status": r.status,
+        "createdMs": r.created_ms,
+        "updatedMs": r.updated_ms,
+    });
+    if let Some(p) = &r.parent_run_id {
+        v["parentRunId"] = json!(p);
+    }
+    v
+}
+
+async fn list_runs(
+    State(state): State<AppState>,
+    Query(q): Params,
+) -> Result<Json<Value>, ApiError> {
+    known_params(&q, &["status", "workflow", "limit", "offset"])?;
+    if let Some(s) = q.get("status") {
+        if RunStatus::parse(s).is_none() {
+            return Err(ApiError::bad_request(format!(
+                "query parameter `status`: `{s}` is not one of running, waiting-approval, waiting-input, finished, failed, cancelled"
+            )));
+        }
+    }
+    let limit: usize = parse_param(&q, "limit", "a count")?.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "query parameter `limit`: must be 1 to 1000",
+        ));
+    }
+    let offset: usize = parse_param(&q, "offset", "a count")?.unwrap_or(0);
+    let filter = RunFilter {
+        status: q.get("status").cloned(),
+        workflow: q.get("workflow").cloned(),
+        // One more than asked tells whether another page exists.
+        limit: Some(limit + 1),
+        offset: Some(offset),
+    };
+    let journal = state.journal().clone();
+    let mut runs = blocking(move || Ok(journal.backend().list_runs(&filter)?)).await?;
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    let mut body = json!({
+        "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+        "limit": limit,
+        "offset": offset,
+    });
+    if more {
+        body["nextOffset"] = json!(offset + limit);
+    }
+    Ok(Json(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct StartBody {
+    workflow: String,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    run_id: Option<String>,
+    #[serde(default)]
+    max_concurrency: Option<usize>,
+}
+
+async fn start_run(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<StartBody>,
+) -> Result<Response, ApiError> {
+    if state.draining() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is stopping and takes no new runs",
+        ));
+    }
+    if body.workflow.trim().is_empty() {
+        return Err(ApiError::bad_request("request body: `workflow` is empty"));
+    }
+    let engine = state.engine().clone();
+    let dir = state.cfg().workflows_dir.clone();
+    let name = body.workflow.clone();
+    let wf = blocking(move || Ok(engine.load_workflow(&name, dir.as_deref())?)).await?;
+    let opts = StartOptions {
+        run_id: body.run_id,
+        max_concurrency: body.max_concurrency,
+    };
+    let input = body.input.unwrap_or_else(|| json!({}));
+    let handle = state.engine().start(wf, input, opts).await?;
+    let run_id = handle.run_id.clone();
+    // The run goes on in the engine; nobody here waits for its end.
+    drop(handle);
+    Ok((StatusCode::CREATED, Json(json!({"runId": run_id}))).into_response())
+}
+
+async fn get_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rec = existing_run(&state, &id).await?;
+    let engine = state.engine().clone();
+    let run = id.clone();
+    let st = blocking(move || Ok(engine.state(&run)?)).await?;
+    let mut v = serde_json::to_value(&st).map_err(|e| ApiError::internal(e.to_string()))?;
+    v["progress"] = json!(st.progress());
+    v["counts"] = json!(st.counts());
+    v["workflow"] = json!(rec.workflow);
+    if v.get("status").is_none() {
+        v["status"] = json!(rec.status);
+    }
+    if let Some(p) = &rec.parent_run_id {
+        v["parentRunId"] = json!(p);
+    }
+    Ok(Json(v))
+}
+
+/// Node kinds by node path, from the workflow text the run was started
+/// with, so the Activity view can tell command nodes from the others.
+fn node_kinds(rec: &RunRecord) -> HashMap<String, String> {
+    fn walk(prefix: &str, nodes: &[cairn_workflow::NodeSpec], out: &mut HashMap<String, String>) {
+        for n in nodes {
+            let path = if prefix.is_empty() {
+                n.id.clone()
+            } else {
+                format!("{prefix}.{}", n.id)
+            };
+            out.insert(path.clone(), n.kind.name().to_string());
+            if let Some(children) = n.kind.children() {
+                walk(&path, children, out);
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    if let Ok(wf) = cairn_workflow::parse(
+        &rec.workflow_source,
+        std::path::Path::new(&rec.workflow_path),
+    ) {
+        walk("", &wf.nodes, &mut out);
+    }
+    out
+}
+
+async fn activity(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rec = existing_run(&state, &id).await?;
+    let journal = state.journal().clone();
+    let run = id.clone();
+    let entries = blocking(move || {
+        let stored = journal
+            .backend()
+            .read_events(&run, &EventQuery::default())?;
+        let mut f = ActivityFolder::new().with_node_kinds(node_kinds(&rec));
+        for s in stored {
+            let ev: Event = s
+                .decode()
+                .map_err(|e| ApiError::internal(format!("run `{run}` seq {}: {e}", s.seq)))?;
+            f.apply(&ev);
+        }
+        Ok(f.into_entries())
+    })
+    .await?;
+    Ok(Json(json!({"runId": id, "activity": entries})))
+}
+
+/// Most events one page returns.
+const MAX_PAGE: usize = 10_000;
+
+async fn events_page(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Params,
+) -> Result<Response, ApiError> {
+    known_params(&q, &["after", "type", "node", "limit"])?;
+    let after: u64 = parse_param(&q, "after", "a seq")?.unwrap_or(0);
+    let limit: usize = parse_param(&q, "limit", "a count")?.unwrap_or(1000);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "query parameter `limit`: must be 1 to {MAX_PAGE}"
+        )));
+    }
+    let mut types = Vec::new();
+    if let Some(t) = q.get("type") {
+        for name in t.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if !EVENT_TYPES.contains(&name) {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter `type`: `{name}` is not an event type of the contract"
+                )));
+            }
+            types.push(name.to_string());
+        }
+    }
+    existing_run(&state, &id).await?;
+    let query = EventQuery {
+        after,
+        types,
+        node: q.get("node").cloned(),
+        limit: Some(limit + 1),
+    };
+    let journal = state.journal().clone();
+    let run = id.clone();
+    let mut events = blocking(move || Ok(journal.backend().read_events(&run, &query)?)).await?;
+    let more = events.len() > limit;
+    events.truncate(limit);
+    // Built by hand so each event is the store's text, byte for byte.
+    let mut body =
+        String::with_capacity(events.iter().map(|e| e.json.len() + 1).sum::<usize>() + 64);
+    body.push_str("{\"runId\":");
+    body.push_str(&serde_json::to_string(&id).expect("strings serialize"));
+    body.push_str(",\"events\":[");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&e.json);
+    }
+    body.push(']');
+    if more {
+        let next = events.last().map_or(after, |e| e.seq);
+        body.push_str(&format!(",\"nextAfter\":{next}"));
+    }
+    body.push('}');
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from(body),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecideBody {
+    approved: bool,
+    #[serde(default)]
+    note: Option<String>,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+async fn decide(
+    State(state): State<AppState>,
+    Path((id, node)): Path<(String, String)>,
+    JsonBody(body): JsonBody<DecideBody>,
+) -> Result<Json<Value>, ApiError> {
+    existing_run(&state, &id).await?;
+    state
+        .engine()
+        .decide(&id, &node, body.approved, body.note, body.by)
+        .await?;
+    Ok(Json(
+        json!({"runId": id, "nodeId": node, "approved": body.approved}),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerBody {
+    value: Value,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+async fn answer(
+    State(state): State<AppState>,
+    Path((id, request_id)): Path<(String, String)>,
+    JsonBody(body): JsonBody<AnswerBody>,
+) -> Result<Json<Value>, ApiError> {
+    existing_run(&state, &id).await?;
+    state
+        .engine()
+        .answer(&id, &request_id, body.value, body.by)
+        .await?;
+    Ok(Json(json!({"runId": id, "requestId": request_id})))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    #[serde(default)]
+    graceful: bool,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<CancelBody>,
+) -> Result<Response, ApiError> {
+    existing_run(&state, &id).await?;
+    state
+        .engine()
+        .cancel(&id, body.graceful, body.reason, body.by)
+        .await?;
+    let mechanism = if body.graceful {
+        "graceful"
+    } else {
+        "immediate"
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"runId": id, "mechanism": mechanism})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ResumeBody {
+    #[serde(default)]
+    max_concurrency: Option<usize>,
+}
+
+async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ResumeBody>,
+) -> Result<Response, ApiError> {
+    if state.draining() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is stopping and resumes no runs",
+        ));
+    }
+    existing_run(&state, &id).await?;
+    let opts = StartOptions {
+        run_id: None,
+        max_concurrency: body.max_concurrency,
+    };
+    let handle = state.engine().resume(&id, opts).await?;
+    let run_id = handle.run_id.clone();
+    drop(handle);
+    Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response())
+}
+
+/// Exposed for the WebSocket's `listRuns`, which answers like `GET /v1/runs`.
+pub(crate) async fn list_runs_value(
+    state: &AppState,
+    q: HashMap<String, String>,
+) -> Result<Value, ApiError> {
+    list_runs(State(state.clone()), Query(q))
+        .await
+        .map(|Json(v)| v)
+}

@@ -1,0 +1,574 @@
+//! `GET /v1/ws`: one WebSocket per client, JSON messages both ways.
+//!
+//! The client sends requests `{"type": ..., "id": ..., ...}`; the server
+//! answers each with `{"kind":"reply","id":...,"ok":true,"result":...}` or
+//! `{"kind":"reply","id":...,"ok":false,"error":{"code","message"}}` and
+//! pushes events as `{"kind":"event","event":<the store's JSON>}`.
+//!
+//! Outgoing messages go through one bounded queue per socket, drained by a
+//! writer task. A subscription that finds the queue full waits, which only
+//! stops it reading its store subscription; if the store's live buffer
+//! overflows meanwhile, the client is sent a `lagged` error and the socket is
+//! closed with code 4000 and the run and seq to resume from. The engine
+//! never waits on a socket.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use cairn_store::SubscribeError;
+use futures::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::api::{blocking, existing_run, AppState};
+use crate::auth::{self, Check};
+use crate::error::ApiError;
+
+/// Close code for a client that fell behind (application range).
+pub const CLOSE_LAGGED: u16 = 4000;
+/// Close code for a policy violation (RFC 6455): no or wrong token.
+pub const CLOSE_POLICY: u16 = 1008;
+/// Close code for a server going away (RFC 6455).
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// How long a client that has not authenticated gets to send its token.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one write to the client may block before the client is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) async fn upgrade(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let authed = match auth::check(&state, &headers) {
+        Check::Allowed => true,
+        Check::Missing => false,
+        Check::Wrong => return auth::unauthorized(false),
+    };
+    let limit = state.cfg().ws_message_limit;
+    ws.max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| session(state, socket, authed))
+}
+
+enum Out {
+    Text(String),
+    Close(u16, String),
+}
+
+#[derive(Deserialize)]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
+enum Request {
+    Auth {
+        token: String,
+    },
+    Subscribe {
+        run_id: String,
+        #[serde(default)]
+        after_seq: u64,
+        #[serde(default)]
+        follow: bool,
+    },
+    Unsubscribe {
+        run_id: String,
+    },
+    SubscribeAll {},
+    UnsubscribeAll {},
+    Replay {
+        run_id: String,
+        #[serde(default)]
+        after_seq: u64,
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    ListRuns {
+        #[serde(default)]
+        status: Option<String>,
+        #[serde(default)]
+        workflow: Option<String>,
+        #[serde(default)]
+        limit: Option<usize>,
+        #[serde(default)]
+        offset: Option<usize>,
+    },
+    Cancel {
+        run_id: String,
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        graceful: bool,
+        #[serde(default)]
+        by: Option<String>,
+    },
+    Approve {
+        run_id: String,
+        node_id: String,
+        #[serde(default)]
+        note: Option<String>,
+        #[serde(default)]
+        by: Option<String>,
+    },
+    Deny {
+        run_id: String,
+        node_id: String,
+        #[serde(default)]
+        note: Option<String>,
+        #[serde(default)]
+        by: Option<String>,
+    },
+    Answer {
+        run_id: String,
+        request_id: String,
+        value: Value,
+        #[serde(default)]
+        by: Option<String>,
+    },
+    Ping {},
+}
+
+fn reply_ok(id: &Value, result: Value) -> String {
+    json!({"kind": "reply", "id": id, "ok": true, "result": result}).to_string()
+}
+
+fn reply_err(id: &Value, e: &ApiError) -> String {
+    json!({"kind": "reply", "id": id, "ok": false, "error": e.body()}).to_string()
+}
+
+/// A close reason fits in a control frame (123 bytes).
+fn close_reason(s: &str) -> String {
+    let mut end = s.len().min(123);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+struct Session {
+    state: AppState,
+    tx: mpsc::Sender<Out>,
+    subs: HashMap<String, JoinHandle<()>>,
+    all: Option<JoinHandle<()>>,
+    pending_go: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
+    let (mut sink, mut stream) = socket.split();
+    let (tx, mut rx) = mpsc::channel::<Out>(state.cfg().ws_queue.max(1));
+    let writer = tokio::spawn(async move {
+        while let Some(out) = rx.recv().await {
+            let (msg, last) = match out {
+                Out::Text(t) => (Message::Text(Utf8Bytes::from(t)), false),
+                Out::Close(code, reason) => (
+                    Message::Close(Some(CloseFrame {
+                        code,
+                        reason: Utf8Bytes::from(close_reason(&reason)),
+                    })),
+                    true,
+                ),
+            };
+            match tokio::time::timeout(WRITE_TIMEOUT, sink.send(msg)).await {
+                Ok(Ok(())) if !last => {}
+                _ => break,
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut s = Session {
+        state: state.clone(),
+        tx: tx.clone(),
+        subs: HashMap::new(),
+        all: None,
+        pending_go: None,
+    };
+    let mut closing = state.closing();
+    loop {
+        let wait = if authed { Duration::MAX } else { AUTH_TIMEOUT };
+        let msg = tokio::select! {
+            _ = crate::api::closed(&mut closing) => {
+                let _ = tx.send(Out::Close(CLOSE_GOING_AWAY, "the server is stopping; resubscribe from your last seq".into())).await;
+                break;
+            }
+            m = tokio::time::timeout(wait, stream.next()) => match m {
+                Err(_) => {
+                    let _ = tx.send(Out::Close(CLOSE_POLICY, "no token sent in time".into())).await;
+                    break;
+                }
+                Ok(None) | Ok(Some(Err(_))) => break,
+                Ok(Some(Ok(m))) => m,
+            }
+        };
+        let text = match msg {
+            Message::Text(t) => t,
+            Message::Binary(_) => {
+                let e = ApiError::bad_request("binary messages are not understood; send JSON text");
+                let _ = tx
+                    .send(Out::Text(
+                        reply_err(&Value::Null, &e).replace("bad_request", "bad_message"),
+                    ))
+                    .await;
+                continue;
+            }
+            Message::Close(_) => break,
+            // The WebSocket layer answers pings itself.
+            Message::Ping(_) | Message::Pong(_) => continue,
+        };
+        let (id, parsed) = parse(text.as_str());
+        let req = match parsed {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(Out::Text(reply_err(&id, &e))).await;
+                if !authed {
+                    let _ = tx
+                        .send(Out::Close(
+                            CLOSE_POLICY,
+                            "authenticate first: {\"type\":\"auth\",\"token\":...}".into(),
+                        ))
+                        .await;
+                    break;
+                }
+                continue;
+            }
+        };
+        if !authed {
+            let ok = match (&req, state.token()) {
+                (Request::Auth { token }, Some(expected)) => {
+                    auth::ct_eq(token.as_bytes(), expected.as_bytes())
+                }
+                _ => false,
+            };
+            if ok {
+                authed = true;
+                let _ = tx
+                    .send(Out::Text(reply_ok(&id, json!({"authenticated": true}))))
+                    .await;
+                continue;
+            }
+            let e = ApiError::new(
+                axum::http::StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "send {\"type\":\"auth\",\"token\":...} with the right token first",
+            );
+            let _ = tx.send(Out::Text(reply_err(&id, &e))).await;
+            let _ = tx
+                .send(Out::Close(CLOSE_POLICY, "unauthorized".into()))
+                .await;
+            break;
+        }
+        let out = match s.handle(req).await {
+            Ok(v) => reply_ok(&id, v),
+            Err(e) => reply_err(&id, &e),
+        };
+        if tx.send(Out::Text(out)).await.is_err() {
+            break;
+        }
+        s.start_pending();
+    }
+    for (_, h) in s.subs.drain() {
+        h.abort();
+    }
+    if let Some(h) = s.all.take() {
+        h.abort();
+    }
+    drop(s);
+    drop(tx);
+    let _ = writer.await;
+}
+
+/// Reads the request id first, so even a request that does not parse gets
+/// an answer its sender can match.
+fn parse(text: &str) -> (Value, Result<Request, ApiError>) {
+    let mut v: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                Value::Null,
+                Err(ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "bad_json",
+                    format!("message is not JSON: {e}"),
+                )),
+            )
+        }
+    };
+    let id = v
+        .as_object_mut()
+        .and_then(|m| m.remove("id"))
+        .unwrap_or(Value::Null);
+    let r = serde_json::from_value::<Request>(v).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "bad_message",
+            format!("message: {e}"),
+        )
+    });
+    (id, r)
+}
+
+impl Session {
+    /// Subscriptions start after their reply is queued, so a client always
+    /// sees the reply before the first event. `handle` parks them here.
+    fn start_pending(&mut self) {
+        if let Some(go) = self.pending_go.take() {
+            let _ = go.send(());
+        }
+    }
+
+    async fn handle(&mut self, req: Request) -> Result<Value, ApiError> {
+        let state = self.state.clone();
+        match req {
+            Request::Auth { .. } => Ok(json!({"authenticated": true})),
+            Request::Ping {} => Ok(json!({"pong": true})),
+            Request::Subscribe {
+                run_id,
+                after_seq,
+                follow,
+            } => {
+                self.subs.retain(|_, h| !h.is_finished());
+                if self.subs.contains_key(&run_id) {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::CONFLICT,
+                        "already_subscribed",
+                        format!("already subscribed to run `{run_id}`; unsubscribe first"),
+                    ));
+                }
+                existing_run(&state, &run_id).await?;
+                let journal = state.journal().clone();
+                let run = run_id.clone();
+                let sub = blocking(move || Ok(journal.subscribe(&run, after_seq)?)).await?;
+                let sub = sub.stop_at_terminal(!follow);
+                // Queue the reply before the task can queue any event.
+                let reply = json!({"runId": run_id, "afterSeq": after_seq});
+                let tx = self.tx.clone();
+                let run = run_id.clone();
+                let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+                let task = tokio::spawn(async move {
+                    if go_rx.await.is_err() {
+                        return;
+                    }
+                    forward(sub, run, tx).await;
+                });
+                self.subs.insert(run_id, task);
+                self.pending_go = Some(go_tx);
+                Ok(reply)
+            }
+            Request::Unsubscribe { run_id } => match self.subs.remove(&run_id) {
+                Some(h) => {
+                    h.abort();
+                    Ok(json!({"runId": run_id}))
+                }
+                None => Err(ApiError::not_found(format!(
+                    "not subscribed to run `{run_id}`"
+                ))),
+            },
+            Request::SubscribeAll {} => {
+                if self.all.as_ref().is_some_and(|h| !h.is_finished()) {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::CONFLICT,
+                        "already_subscribed",
+                        "already subscribed to every run",
+                    ));
+                }
+                let rx = state.journal().subscribe_all();
+                let tx = self.tx.clone();
+                self.all = Some(tokio::spawn(forward_all(rx, tx)));
+                Ok(json!({}))
+            }
+            Request::UnsubscribeAll {} => {
+                if let Some(h) = self.all.take() {
+                    h.abort();
+                }
+                Ok(json!({}))
+            }
+            Request::Replay {
+                run_id,
+                after_seq,
+                limit,
+            } => {
+                existing_run(&state, &run_id).await?;
+                let limit = limit.unwrap_or(1000).clamp(1, 10_000);
+                let journal = state.journal().clone();
+                let run = run_id.clone();
+                let events = blocking(move || {
+                    let q = cairn_store::EventQuery {
+                        after: after_seq,
+                        limit: Some(limit),
+                        ..Default::default()
+                    };
+                    Ok(journal.backend().read_events(&run, &q)?)
+                })
+                .await?;
+                let count = events.len();
+                let last = events.last().map_or(after_seq, |e| e.seq);
+                for e in &events {
+                    if self
+                        .tx
+                        .send(Out::Text(event_message(&e.json)))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Ok(
+                    json!({"runId": run_id, "count": count, "lastSeq": last, "more": count == limit}),
+                )
+            }
+            Request::ListRuns {
+                status,
+                workflow,
+                limit,
+                offset,
+            } => {
+                let mut q = HashMap::new();
+                if let Some(s) = status {
+                    q.insert("status".to_string(), s);
+                }
+                if let Some(w) = workflow {
+                    q.insert("workflow".to_string(), w);
+                }
+                if let Some(l) = limit {
+                    q.insert("limit".to_string(), l.to_string());
+                }
+                if let Some(o) = offset {
+                    q.insert("offset".to_string(), o.to_string());
+                }
+                crate::api::list_runs_value(&state, q).await
+            }
+            Request::Cancel {
+                run_id,
+                reason,
+                graceful,
+                by,
+            } => {
+                existing_run(&state, &run_id).await?;
+                state.engine().cancel(&run_id, graceful, reason, by).await?;
+                let mechanism = if graceful { "graceful" } else { "immediate" };
+                Ok(json!({"runId": run_id, "mechanism": mechanism}))
+            }
+            Request::Approve {
+                run_id,
+                node_id,
+                note,
+                by,
+            } => decide(&state, run_id, node_id, true, note, by).await,
+            Request::Deny {
+                run_id,
+                node_id,
+                note,
+                by,
+            } => decide(&state, run_id, node_id, false, note, by).await,
+            Request::Answer {
+                run_id,
+                request_id,
+                value,
+                by,
+            } => {
+                existing_run(&state, &run_id).await?;
+                state
+                    .engine()
+                    .answer(&run_id, &request_id, value, by)
+                    .await?;
+                Ok(json!({"runId": run_id, "requestId": request_id}))
+            }
+        }
+    }
+}
+
+async fn decide(
+    state: &AppState,
+    run_id: String,
+    node_id: String,
+    approved: bool,
+    note: Option<String>,
+    by: Option<String>,
+) -> Result<Value, ApiError> {
+    existing_run(state, &run_id).await?;
+    state
+        .engine()
+        .decide(&run_id, &node_id, approved, note, by)
+        .await?;
+    Ok(json!({"runId": run_id, "nodeId": node_id, "approved": approved}))
+}
+
+fn event_message(json: &str) -> String {
+    let mut s = String::with_capacity(json.len() + 28);
+    s.push_str("{\"kind\":\"event\",\"event\":");
+    s.push_str(json);
+    s.push('}');
+    s
+}
+
+async fn forward(mut sub: cairn_store::Subscription, run_id: String, tx: mpsc::Sender<Out>) {
+    loop {
+        match sub.next().await {
+            Some(Ok(ev)) => {
+                if tx.send(Out::Text(event_message(&ev.json))).await.is_err() {
+                    return;
+                }
+            }
+            Some(Err(SubscribeError::Lagged { last_seq })) => {
+                let msg =
+                    format!("lagged: run {run_id} after seq {last_seq}; resubscribe from there");
+                let err = json!({"kind": "error", "error": {
+                    "code": "lagged",
+                    "message": format!("this client fell behind run `{run_id}` and was cut off after seq {last_seq}; resubscribe with afterSeq {last_seq}"),
+                    "runId": run_id,
+                    "lastSeq": last_seq,
+                }});
+                let _ = tx.send(Out::Text(err.to_string())).await;
+                let _ = tx.send(Out::Close(CLOSE_LAGGED, msg)).await;
+                return;
+            }
+            Some(Err(SubscribeError::Store(e))) => {
+                let err = json!({"kind": "error", "error": {"code": "store", "message": e.to_string(), "runId": run_id, "lastSeq": sub.last_seq()}});
+                let _ = tx.send(Out::Text(err.to_string())).await;
+                return;
+            }
+            None => {
+                let end = json!({"kind": "end", "runId": run_id, "lastSeq": sub.last_seq()});
+                let _ = tx.send(Out::Text(end.to_string())).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn forward_all(
+    mut rx: tokio::sync::broadcast::Receiver<std::sync::Arc<cairn_store::StoredEvent>>,
+    tx: mpsc::Sender<Out>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match rx.recv().await {
+            Ok(ev) => {
+                if tx.send(Out::Text(event_message(&ev.json))).await.is_err() {
+                    return;
+                }
+            }
+            Err(RecvError::Lagged(n)) => {
+                let err = json!({"kind": "error", "error": {
+                    "code": "lagged",
+                    "message": format!("this client fell behind the all-runs feed and missed {n} events; reconnect and subscribe to the runs you need"),
+                }});
+                let _ = tx.send(Out::Text(err.to_string())).await;
+                let _ = tx
+                    .send(Out::Close(CLOSE_LAGGED, "lagged: the all-runs feed".into()))
+                    .await;
+                return;
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
