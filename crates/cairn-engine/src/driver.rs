@@ -223,6 +223,7 @@ impl Driver {
             }
             if let Some(err) = self.store_error.take() {
                 self.run_cancel.cancel();
+                self.drain_running().await;
                 return RunOutcome::Failed(ErrorInfo::new("store", err));
             }
             for (key, attempt) in to_spawn.drain(..) {
@@ -246,6 +247,7 @@ impl Driver {
                 }
                 if self.exit_on_wait {
                     self.run_cancel.cancel();
+                    self.drain_running().await;
                     return RunOutcome::Waiting;
                 }
             }
@@ -273,6 +275,21 @@ impl Driver {
             }
             while let Ok(a) = self.ask_rx.try_recv() {
                 self.on_ask(a);
+            }
+        }
+    }
+
+    /// Waits for attempts stopped without events (waiting approvals when the
+    /// run exits to wait) so that nothing holds the run's log, and with it
+    /// the run's lease, once the driver returns.
+    async fn drain_running(&mut self) {
+        while !self.running.is_empty() {
+            match self.msg_rx.recv().await {
+                Some(Msg::Done { key, .. }) => {
+                    self.running.remove(&key);
+                }
+                Some(Msg::RetryDue(_)) => {}
+                None => break,
             }
         }
     }

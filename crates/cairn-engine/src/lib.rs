@@ -370,7 +370,7 @@ impl Engine {
             .backend()
             .get_run(run_id)?
             .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))?;
-        let log = match self.journal().run_log(run_id) {
+        let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::Busy { .. }) => {
                 return Err(EngineError::Conflict(format!(
@@ -465,6 +465,23 @@ impl Engine {
         Ok(state)
     }
 
+    /// Takes the run's sequencer. A lease this process just gave up is
+    /// released by the store's writer once the run's queued events are
+    /// committed, so a short wait tells "released a moment ago" from "held by
+    /// another process".
+    async fn take_log(&self, run_id: &str) -> Result<cairn_store::RunLog, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.journal().run_log(run_id) {
+                Err(StoreError::Busy { .. }) if tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Runs driven by this engine right now.
     pub fn active_runs(&self) -> Vec<String> {
         self.inner.active.lock().unwrap().keys().cloned().collect()
@@ -509,7 +526,7 @@ impl Engine {
         self.backend()
             .get_run(run_id)?
             .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))?;
-        match self.journal().run_log(run_id) {
+        match self.take_log(run_id).await {
             Ok(log) => {
                 // Nobody drives the run: record the decision ourselves.
                 let state = self.fold(run_id)?;
@@ -581,7 +598,7 @@ impl Engine {
         self.backend()
             .get_run(run_id)?
             .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))?;
-        match self.journal().run_log(run_id) {
+        match self.take_log(run_id).await {
             Ok(log) => {
                 let state = self.fold(run_id)?;
                 if state.status.is_some_and(|s| s.is_terminal()) {

@@ -1,0 +1,176 @@
+//! End-to-end runs of small workflows on a real SQLite store.
+
+use std::sync::{Arc, Mutex};
+
+use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
+use cairn_events::{Event, EventKind};
+use cairn_store::{Journal, JournalOptions};
+use serde_json::json;
+
+fn setup(dir: &std::path::Path, yaml: &str) -> (Engine, cairn_workflow::Workflow) {
+    let journal = Journal::open_sqlite(
+        &dir.join("cairn.db"),
+        JournalOptions {
+            log_dir: Some(dir.join("logs")),
+        },
+    )
+    .unwrap();
+    let path = dir.join("wf.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let wf = cairn_workflow::load(&path).unwrap();
+    (Engine::new(journal, EngineOptions::default()), wf)
+}
+
+fn collector() -> (Arc<Mutex<Vec<Event>>>, StartOptions) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e2 = events.clone();
+    let opts = StartOptions {
+        observer: Some(Arc::new(move |ev: &Event| {
+            e2.lock().unwrap().push(ev.clone())
+        })),
+        ..StartOptions::default()
+    };
+    (events, opts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_commands_and_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, wf) = setup(
+        dir.path(),
+        r#"
+name: smoke
+output: "{{ nodes.count.output.n }}"
+nodes:
+  - id: log
+    command: ["printf", "a\nb\nc\n"]
+    output: lines
+  - id: count
+    needs: [log]
+    value: { n: "{{ nodes.log.output | length }}" }
+  - id: per_line
+    needs: [log]
+    for_each: "nodes.log.output"
+    as: line
+    nodes:
+      - id: show
+        command: ["echo", "{{ index }}: {{ line }}"]
+  - id: review
+    needs: [count]
+    loop:
+      until: "iteration >= 2"
+      max_iterations: 5
+      nodes:
+        - id: step
+          value: "pass {{ iteration }}"
+  - id: never
+    needs: [count]
+    if: "nodes.count.output.n > 10"
+    value: 1
+  - id: after_never
+    needs: [never]
+    value: 2
+"#,
+    );
+    let (events, opts) = collector();
+    let outcome = engine
+        .start(wf, json!({}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    let events = events.lock().unwrap();
+    for e in events.iter() {
+        eprintln!("{}", e.to_json());
+    }
+    assert_eq!(outcome, RunOutcome::Finished(Some(json!(3))));
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1);
+    }
+    let state = engine.state(&events[0].run_id).unwrap();
+    assert_eq!(
+        state.node("per_line[2].show", 0).unwrap().output,
+        Some(json!("2: c"))
+    );
+    assert_eq!(
+        state.node("review.step", 2).unwrap().output,
+        Some(json!("pass 2"))
+    );
+    assert_eq!(state.node("never", 0).unwrap().status.as_str(), "skipped");
+    assert_eq!(
+        state.node("after_never", 0).unwrap().status.as_str(),
+        "skipped"
+    );
+    assert!(matches!(
+        events.last().unwrap().kind,
+        EventKind::RunFinished { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_then_fails_and_approval_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, wf) = setup(
+        dir.path(),
+        r#"
+name: retry
+nodes:
+  - id: flaky
+    command: ["sh", "-c", "exit 3"]
+    retry: { attempts: 2, delay: 10ms }
+"#,
+    );
+    let (events, opts) = collector();
+    let outcome = engine
+        .start(wf, json!({}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Failed(_)));
+    let types: Vec<&str> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| e.type_name())
+        .collect::<Vec<_>>()
+        .leak()
+        .to_vec();
+    let joined = types.join(",");
+    assert!(
+        joined.contains("NodeStarted,NodeFailed,NodeRetrying,NodeStarted,NodeFailed"),
+        "{joined}"
+    );
+
+    let (engine, wf) = setup(
+        dir.path(),
+        r#"
+name: gate
+nodes:
+  - id: gate
+    approval: "ship it?"
+  - id: after
+    needs: [gate]
+    value: done
+"#,
+    );
+    let (_events, mut opts) = collector();
+    opts.exit_on_wait = true;
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run_id = h.run_id.clone();
+    assert_eq!(h.wait().await, RunOutcome::Waiting);
+    engine
+        .decide(&run_id, "gate", true, Some("ok".into()), Some("me".into()))
+        .await
+        .unwrap();
+    let outcome = engine
+        .resume(&run_id, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Finished(None));
+    let st = engine.state(&run_id).unwrap();
+    assert_eq!(st.node("gate", 0).unwrap().attempts.len(), 1);
+    assert_eq!(st.node("after", 0).unwrap().output, Some(json!("done")));
+}
