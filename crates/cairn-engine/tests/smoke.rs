@@ -174,3 +174,86 @@ nodes:
     assert_eq!(st.node("gate", 0).unwrap().attempts.len(), 1);
     assert_eq!(st.node("after", 0).unwrap().output, Some(json!("done")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_nodes_are_recorded_with_stable_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "alpha\nTODO beta\n").unwrap();
+    let (engine, wf) = setup(
+        dir.path(),
+        r#"
+name: tools
+nodes:
+  - id: todos
+    tool: grep
+    args: { pattern: "TODO", path: "." , glob: "*.txt" }
+  - id: save
+    needs: [todos]
+    tool: write
+    args: { path: "out/found.txt", content: "found {{ nodes.todos.output.matches | length }}" }
+  - id: escape
+    needs: [save]
+    on_failure: continue
+    tool: read
+    args: { path: "../../etc/passwd" }
+"#,
+    );
+    let (events, opts) = collector();
+    let outcome = engine
+        .start(wf, json!({}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Finished(None));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out/found.txt")).unwrap(),
+        "found 1"
+    );
+    let events = events.lock().unwrap();
+    let run_id = events[0].run_id.clone();
+    let started: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCallStarted {
+                tool_name,
+                tool_seq,
+                idempotency_key,
+                side_effect,
+            } => Some((
+                e.scope.node_id.clone().unwrap(),
+                tool_name.clone(),
+                *tool_seq,
+                idempotency_key.clone(),
+                *side_effect,
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started.len(), 3);
+    assert_eq!(started[1].1, "write");
+    assert!(started[1].4, "write has a side effect");
+    assert_eq!(
+        started[1].3,
+        cairn_tools::idempotency_key(&run_id, "save", 0, 1)
+    );
+    let st = engine.state(&run_id).unwrap();
+    assert_eq!(st.node("escape", 0).unwrap().status.as_str(), "failed");
+    let calls = engine
+        .journal()
+        .backend()
+        .tool_calls(&run_id, "save", 0)
+        .unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, "success");
+    // A later attempt of `save` would be warned about the write.
+    let earlier = cairn_engine::earlier_side_effects(
+        engine.journal().backend().as_ref(),
+        &run_id,
+        "save",
+        0,
+        2,
+    )
+    .unwrap();
+    assert_eq!(earlier.len(), 1);
+}
