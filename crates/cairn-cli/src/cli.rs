@@ -1,0 +1,244 @@
+//! The command line, as clap parses it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Cairn runs durable workflows: every step is an event in a log, so a run
+/// survives a crash and `cairn resume` continues it where it stopped.
+#[derive(Debug, Parser)]
+#[command(name = "cairn", version, after_help = crate::EXIT_CODES)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The store (SQLite database file).
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_STORE",
+        value_name = "PATH",
+        default_value = ".cairn/cairn.db"
+    )]
+    pub store: PathBuf,
+    /// Where each run's NDJSON mirror (`<run>/events.ndjson`) is written
+    /// [default: `logs` beside the store, i.e. .cairn/logs]
+    #[arg(long, global = true, env = "CAIRN_LOG_DIR", value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Do not write the NDJSON mirror (the store keeps every event anyway).
+    #[arg(long, global = true)]
+    pub no_log: bool,
+}
+
+impl Global {
+    /// The mirror folder: `--log-dir`, or `logs` next to the store.
+    pub fn log_dir(&self) -> PathBuf {
+        match &self.log_dir {
+            Some(d) => d.clone(),
+            None => self
+                .store
+                .parent()
+                .map(|p| p.join("logs"))
+                .unwrap_or_else(|| PathBuf::from("logs")),
+        }
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a workflow file and show its progress.
+    Run(RunArgs),
+    /// Continue a run that crashed, was interrupted, or exited to wait.
+    Resume(ResumeArgs),
+    /// Grant a waiting approval (works whether or not a process drives the run).
+    Approve(DecideArgs),
+    /// Deny a waiting approval (the node fails; its on_failure decides what follows).
+    Deny(DecideArgs),
+    /// Cancel a run, from any process.
+    Cancel(CancelArgs),
+    /// List runs, newest first.
+    Runs(RunsArgs),
+    /// Show a run's state: nodes, attempts, durations, outputs.
+    Status(StatusArgs),
+    /// Print a run's events.
+    Logs(LogsArgs),
+    /// Check a workflow file without running it.
+    Validate(FileArgs),
+    /// Print a workflow's graph as a Mermaid flowchart.
+    Graph(FileArgs),
+    /// Rewrite a run's NDJSON mirror from the store.
+    Export(ExportArgs),
+    /// Delete finished, failed and cancelled runs older than a duration, with their logs.
+    Gc(GcArgs),
+    /// Serve the HTTP API (runs, live events, metrics).
+    Serve(ServeArgs),
+}
+
+/// How a run's progress is shown (shared by `run` and `resume`).
+#[derive(Debug, Args, Clone)]
+pub struct DisplayArgs {
+    /// Print each event as its stored JSON line on stdout (NDJSON) instead of progress.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit with code 3 as soon as the run waits for a person, instead of
+    /// asking on the terminal or waiting for `cairn approve` from elsewhere.
+    #[arg(long)]
+    pub exit_on_wait: bool,
+    /// Most nodes running at once (overrides the workflow's `concurrency`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrency: Option<u32>,
+}
+
+/// `cairn run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The workflow file (YAML or JSON).
+    pub file: PathBuf,
+    /// The run's input: a JSON text, or @FILE to read it from a file [default: {}].
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub input: Option<String>,
+    /// The run's id [default: generated].
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
+    #[command(flatten)]
+    pub display: DisplayArgs,
+}
+
+/// `cairn resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// The run's id.
+    pub run: String,
+    #[command(flatten)]
+    pub display: DisplayArgs,
+}
+
+/// `cairn approve` and `cairn deny`.
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    /// The run's id.
+    pub run: String,
+    /// The approval node's id (its path, e.g. `per_item[2].gate`).
+    pub node: String,
+    /// A note kept with the decision.
+    #[arg(long)]
+    pub note: Option<String>,
+    /// Who decides [default: $USER].
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// `cairn cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The run's id.
+    pub run: String,
+    /// Let running nodes finish instead of killing their processes.
+    #[arg(long)]
+    pub graceful: bool,
+    /// Why, kept in the log.
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// `cairn runs`.
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    /// Only runs with this status: running, waiting-approval, waiting-input,
+    /// finished, failed, cancelled, pending.
+    #[arg(long, value_name = "S")]
+    pub status: Option<String>,
+    /// At most this many runs.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub limit: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `cairn status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The run's id.
+    pub run: String,
+    /// The state as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Ask a `cairn serve` at this URL instead of reading the store.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// Bearer token for --server.
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// `cairn logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The run's id.
+    pub run: String,
+    /// Keep printing new events until the run ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Only events after this seq.
+    #[arg(long, value_name = "SEQ", default_value_t = 0)]
+    pub since: u64,
+    /// Only events of this type (repeatable), e.g. NodeFinished.
+    #[arg(long = "type", value_name = "T")]
+    pub types: Vec<String>,
+    /// Only events of this node.
+    #[arg(long, value_name = "N")]
+    pub node: Option<String>,
+    /// The stored JSON lines, byte for byte (NDJSON).
+    #[arg(long)]
+    pub json: bool,
+    /// Read from a `cairn serve` at this URL instead of the store.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// Bearer token for --server.
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// `cairn validate` and `cairn graph`.
+#[derive(Debug, Args)]
+pub struct FileArgs {
+    /// The workflow file.
+    pub file: PathBuf,
+}
+
+/// `cairn export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The run's id.
+    pub run: String,
+}
+
+/// `cairn gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Age of the runs to delete: 30m, 12h, 7d, 2w (last change before now minus this).
+    #[arg(long, value_name = "DURATION")]
+    pub older_than: String,
+}
+
+/// `cairn serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub addr: String,
+    /// Bearer token the API requires; without one only loopback is served.
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Folder of workflows that `POST /v1/runs` may name.
+    #[arg(long, value_name = "DIR")]
+    pub workflows: Option<PathBuf>,
+}

@@ -1,0 +1,546 @@
+//! The commands that read: `runs`, `status`, `logs`, `validate`, `graph`,
+//! `export`, `gc`; and `serve`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use cairn_events::{Event, RunState, RunStatus, EVENT_TYPES};
+use cairn_store::{EventQuery, RunFilter, StoredEvent, SubscribeError};
+use serde_json::{json, Value};
+
+use crate::bad_input;
+use crate::cli::{ExportArgs, FileArgs, GcArgs, Global, LogsArgs, RunsArgs, ServeArgs, StatusArgs};
+use crate::format::{datetime_ms, duration_ms, event_line, short_value};
+use crate::store;
+
+/// `cairn runs`.
+pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
+    if let Some(s) = &a.status {
+        if s != "pending" && RunStatus::parse(s).is_none() {
+            return Err(bad_input(format!(
+                "--status `{s}`: use one of pending, running, waiting-approval, waiting-input, finished, failed, cancelled"
+            )));
+        }
+    }
+    if !g.store.exists() {
+        // No store yet means no runs: nothing to list, nothing to create.
+        if !a.json {
+            println!("no runs");
+        }
+        return Ok(crate::EXIT_OK);
+    }
+    let j = store::open(g, false)?;
+    let runs = j.backend().list_runs(&RunFilter {
+        status: a.status.clone(),
+        limit: Some(a.limit),
+        ..Default::default()
+    })?;
+    j.close();
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        for r in &runs {
+            let v = json!({
+                "runId": r.run_id,
+                "workflow": r.workflow,
+                "status": r.status,
+                "createdMs": r.created_ms,
+                "updatedMs": r.updated_ms,
+                "workflowPath": r.workflow_path,
+                "parentRunId": r.parent_run_id,
+            });
+            writeln!(out, "{v}")?;
+        }
+        return Ok(crate::EXIT_OK);
+    }
+    if runs.is_empty() {
+        writeln!(out, "no runs")?;
+        return Ok(crate::EXIT_OK);
+    }
+    let id_w = runs
+        .iter()
+        .map(|r| r.run_id.len())
+        .max()
+        .unwrap_or(3)
+        .max(3);
+    let wf_w = runs
+        .iter()
+        .map(|r| r.workflow.len())
+        .max()
+        .unwrap_or(8)
+        .max(8);
+    writeln!(
+        out,
+        "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  UPDATED",
+        "RUN", "WORKFLOW", "STATUS", "CREATED"
+    )?;
+    for r in &runs {
+        writeln!(
+            out,
+            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}",
+            r.run_id,
+            r.workflow,
+            r.status,
+            datetime_ms(r.created_ms),
+            datetime_ms(r.updated_ms)
+        )?;
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// A run's state as JSON: the reducer's state plus progress, counts and the
+/// workflow name (the same shape `GET /v1/runs/{id}` answers).
+fn state_json(st: &RunState, workflow: &str, status: &str) -> anyhow::Result<Value> {
+    let mut v = serde_json::to_value(st)?;
+    v["progress"] = json!(st.progress());
+    v["counts"] = json!(st.counts());
+    v["workflow"] = json!(workflow);
+    if v.get("status").is_none() {
+        v["status"] = json!(status);
+    }
+    Ok(v)
+}
+
+/// Folds the run's log from the store.
+fn fold(j: &cairn_store::Journal, run_id: &str) -> anyhow::Result<RunState> {
+    let events = j.backend().read_events(run_id, &EventQuery::default())?;
+    let mut st = RunState::new(run_id);
+    for e in &events {
+        let ev = e.decode().with_context(|| {
+            format!("run `{run_id}`: event {} in the store is not valid", e.seq)
+        })?;
+        st.apply(&ev);
+    }
+    Ok(st)
+}
+
+/// `cairn status`.
+pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
+    let v = match &a.server {
+        Some(url) => {
+            let client = cairn_server::client::Client::new(url, a.token.clone())
+                .map_err(|e| bad_input(e.to_string()))?;
+            client.run(&a.run).await.map_err(client_error)?
+        }
+        None => {
+            let j = store::open(g, false)?;
+            let rec = store::require_run(&j, &a.run)?;
+            let st = fold(&j, &a.run)?;
+            j.close();
+            state_json(&st, &rec.workflow, &rec.status)?
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render_status(&v));
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// A server's "not found" or "bad request" is bad input like a local one.
+fn client_error(e: cairn_server::client::ClientError) -> anyhow::Error {
+    use cairn_server::client::ClientError;
+    match &e {
+        ClientError::Status { status, .. } if (400..500).contains(status) => {
+            bad_input(e.to_string())
+        }
+        ClientError::Url { .. } => bad_input(e.to_string()),
+        _ => anyhow::Error::new(e),
+    }
+}
+
+/// The state for people: a header, then one line per node pass.
+fn render_status(v: &Value) -> String {
+    let mut out = String::new();
+    let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+    out.push_str(&format!("run       {}\n", s("runId")));
+    out.push_str(&format!("workflow  {}\n", s("workflow")));
+    out.push_str(&format!("status    {}\n", s("status")));
+    if let Some(start) = v["startedMs"].as_i64() {
+        out.push_str(&format!("started   {}\n", datetime_ms(start)));
+        if let Some(end) = v["endedMs"].as_i64() {
+            out.push_str(&format!(
+                "ended     {} (after {})\n",
+                datetime_ms(end),
+                duration_ms(end.saturating_sub(start).max(0) as u64)
+            ));
+        }
+    }
+    if let Some(p) = v["progress"].as_f64() {
+        out.push_str(&format!("progress  {:.0}%\n", p * 100.0));
+    }
+    if let Some(r) = v["resumes"].as_u64().filter(|&r| r > 0) {
+        out.push_str(&format!("resumes   {r}\n"));
+    }
+    if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+        out.push_str(&format!(
+            "error     {}: {}\n",
+            e["kind"].as_str().unwrap_or(""),
+            e["message"].as_str().unwrap_or("")
+        ));
+    }
+    if let Some(o) = v.get("output").filter(|o| !o.is_null()) {
+        out.push_str(&format!("output    {}\n", short_value(o, 200)));
+    }
+    let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+    if nodes.is_empty() {
+        return out;
+    }
+    let label = |n: &Value| {
+        let id = n["nodeId"].as_str().unwrap_or("?");
+        match n["iteration"].as_u64().unwrap_or(0) {
+            0 => id.to_string(),
+            i => format!("{id}#{i}"),
+        }
+    };
+    let w = nodes
+        .iter()
+        .map(|n| label(n).chars().count())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 48);
+    out.push('\n');
+    out.push_str(&format!(
+        "{:<w$}  {:<16}  {:>8}  {:>9}  OUTPUT / ERROR\n",
+        "NODE", "STATUS", "ATTEMPTS", "DURATION"
+    ));
+    for n in &nodes {
+        let attempts = n["attempts"].as_array().map_or(0, |a| a.len());
+        let dur = n["durationMs"]
+            .as_u64()
+            .or_else(|| {
+                // A node that did not finish: the time its attempts took.
+                let a = n["attempts"].as_array()?;
+                let start = a.first()?["startedMs"].as_i64()?;
+                let end = a.last()?["endedMs"].as_i64()?;
+                Some(end.saturating_sub(start).max(0) as u64)
+            })
+            .map(duration_ms)
+            .unwrap_or_default();
+        let tail = if let Some(e) = n.get("error").filter(|e| !e.is_null()) {
+            format!(
+                "{}: {}",
+                e["kind"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )
+        } else if let Some(o) = n.get("output").filter(|o| !o.is_null()) {
+            short_value(o, 60)
+        } else if let Some(r) = n["reason"].as_str() {
+            r.to_string()
+        } else if let Some(m) = n["approvalMessage"].as_str() {
+            m.to_string()
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "{:<w$}  {:<16}  {:>8}  {:>9}  {}\n",
+            label(n),
+            n["status"].as_str().unwrap_or("?"),
+            attempts,
+            dur,
+            tail
+        ));
+    }
+    out
+}
+
+/// Checks `--type` values against the contract's catalog.
+fn check_types(types: &[String]) -> anyhow::Result<()> {
+    for t in types {
+        if !EVENT_TYPES.contains(&t.as_str()) {
+            return Err(bad_input(format!(
+                "--type `{t}` is not an event type (e.g. RunStarted, NodeFinished, NodeFailed, ApprovalRequested)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether an event passes `--type` and `--node` (for streams that cannot
+/// filter at the source).
+fn selected(a: &LogsArgs, ev: &Event) -> bool {
+    (a.types.is_empty() || a.types.iter().any(|t| t == ev.type_name()))
+        && a.node
+            .as_ref()
+            .is_none_or(|n| ev.scope.node_id.as_deref() == Some(n.as_str()))
+}
+
+fn print_event(out: &mut impl Write, json: &str, ev: &Event, as_json: bool) -> std::io::Result<()> {
+    if as_json {
+        out.write_all(json.as_bytes())?;
+        out.write_all(b"\n")
+    } else {
+        writeln!(out, "{}", event_line(ev))
+    }
+}
+
+/// `cairn logs`.
+pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
+    check_types(&a.types)?;
+    if let Some(url) = a.server.clone() {
+        return logs_from_server(&url, &a).await;
+    }
+    let j = store::open(g, false)?;
+    store::require_run(&j, &a.run)?;
+    let stdout = std::io::stdout();
+    if !a.follow {
+        let mut q = EventQuery {
+            after: a.since,
+            types: a.types.clone(),
+            node: a.node.clone(),
+            limit: Some(5000),
+        };
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        loop {
+            let page = j.backend().read_events(&a.run, &q)?;
+            for e in &page {
+                let ev = decode(e)?;
+                print_event(&mut out, &e.json, &ev, a.json)?;
+            }
+            match page.last() {
+                Some(l) if page.len() == 5000 => q.after = l.seq,
+                _ => break,
+            }
+        }
+        out.flush()?;
+        j.close();
+        return Ok(crate::EXIT_OK);
+    }
+    // Follow: until the run's terminal event (a run that waits or is
+    // interrupted keeps the stream open: it may be resumed).
+    let mut sub = j.subscribe(&a.run, a.since)?;
+    loop {
+        match sub.next().await {
+            Some(Ok(e)) => {
+                let ev = decode(&e)?;
+                if selected(&a, &ev) {
+                    let mut out = stdout.lock();
+                    print_event(&mut out, &e.json, &ev, a.json)?;
+                    out.flush()?;
+                }
+            }
+            Some(Err(SubscribeError::Lagged { last_seq })) => {
+                sub = j.subscribe(&a.run, last_seq)?;
+            }
+            Some(Err(SubscribeError::Store(e))) => return Err(e.into()),
+            None => break,
+        }
+    }
+    j.close();
+    Ok(crate::EXIT_OK)
+}
+
+fn decode(e: &StoredEvent) -> anyhow::Result<Event> {
+    e.decode().with_context(|| {
+        format!(
+            "run `{}`: event {} in the store is not valid",
+            e.run_id, e.seq
+        )
+    })
+}
+
+async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
+    let client = cairn_server::client::Client::new(url, a.token.clone())
+        .map_err(|e| bad_input(e.to_string()))?;
+    let stdout = std::io::stdout();
+    if a.follow {
+        let mut stream = client
+            .events(&a.run, a.since, false)
+            .await
+            .map_err(client_error)?;
+        while let Some(line) = stream.next_event().await {
+            let line = line.map_err(client_error)?;
+            let ev = Event::from_json(&line)
+                .with_context(|| format!("the server sent an invalid event: {line}"))?;
+            if selected(a, &ev) {
+                let mut out = stdout.lock();
+                print_event(&mut out, &line, &ev, a.json)?;
+                out.flush()?;
+            }
+        }
+        return Ok(crate::EXIT_OK);
+    }
+    let mut after = a.since;
+    loop {
+        let mut path = format!("/v1/runs/{}/events?after={after}&limit=5000", a.run);
+        if !a.types.is_empty() {
+            path.push_str(&format!("&type={}", a.types.join(",")));
+        }
+        if let Some(n) = &a.node {
+            path.push_str(&format!("&node={}", percent_encode(n)));
+        }
+        let page = client.get_json(&path).await.map_err(client_error)?;
+        let mut out = stdout.lock();
+        for v in page["events"].as_array().into_iter().flatten() {
+            // serde_json wrote the stored text; writing the parsed value
+            // again (keys in order) gives the same bytes.
+            let line = v.to_string();
+            let ev = Event::from_json(&line)
+                .with_context(|| format!("the server sent an invalid event: {line}"))?;
+            print_event(&mut out, &line, &ev, a.json)?;
+        }
+        out.flush()?;
+        match page["nextAfter"].as_u64() {
+            Some(n) => after = n,
+            None => break,
+        }
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// Percent-encodes a query value (node paths hold `[`, `]` and `.`).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn count_nodes(nodes: &[cairn_workflow::NodeSpec]) -> usize {
+    nodes
+        .iter()
+        .map(|n| 1 + n.kind.children().map_or(0, count_nodes))
+        .sum()
+}
+
+/// `cairn validate`.
+pub fn validate(a: FileArgs) -> anyhow::Result<u8> {
+    if !a.file.is_file() {
+        return Err(bad_input(format!(
+            "{}: no such workflow file",
+            a.file.display()
+        )));
+    }
+    match cairn_workflow::load(&a.file) {
+        Ok(wf) => {
+            println!("ok: {} ({} nodes)", wf.name, count_nodes(&wf.nodes));
+            Ok(crate::EXIT_OK)
+        }
+        Err(e) => {
+            for p in &e.problems {
+                eprintln!("error: {p}");
+            }
+            Ok(crate::EXIT_BAD_INPUT)
+        }
+    }
+}
+
+/// `cairn graph`.
+pub fn graph(a: FileArgs) -> anyhow::Result<u8> {
+    if !a.file.is_file() {
+        return Err(bad_input(format!(
+            "{}: no such workflow file",
+            a.file.display()
+        )));
+    }
+    let wf = cairn_workflow::load(&a.file)?;
+    print!("{}", wf.mermaid());
+    Ok(crate::EXIT_OK)
+}
+
+/// `cairn export`.
+pub fn export(g: &Global, a: ExportArgs) -> anyhow::Result<u8> {
+    let j = store::open(g, false)?;
+    store::require_run(&j, &a.run)?;
+    let path = j.export(&a.run, &g.log_dir())?;
+    j.close();
+    println!("{}", path.display());
+    Ok(crate::EXIT_OK)
+}
+
+/// Parses `--older-than`: an integer and one of s, m, h, d, w.
+pub fn parse_age(s: &str) -> anyhow::Result<Duration> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let bad = || {
+        bad_input(format!(
+            "--older-than `{s}`: write an integer and a unit: 30m, 12h, 7d, 2w"
+        ))
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(secs).map(Duration::from_secs).ok_or_else(bad)
+}
+
+/// `cairn gc`.
+pub fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
+    let age = parse_age(&a.older_than)?;
+    if !g.store.exists() {
+        println!("deleted 0 runs");
+        return Ok(crate::EXIT_OK);
+    }
+    let j = store::open(g, false)?;
+    let cutoff = crate::display::now_ms().saturating_sub(age.as_millis() as i64);
+    let deleted = j.backend().delete_finished_before(cutoff)?;
+    j.close();
+    let log_dir = g.log_dir();
+    for id in &deleted {
+        // Ids were validated as file names when the runs were created.
+        let dir = log_dir.join(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!("warning: {}: {e}", dir.display()),
+        }
+        println!("deleted {id}");
+    }
+    println!(
+        "deleted {} run{}",
+        deleted.len(),
+        if deleted.len() == 1 { "" } else { "s" }
+    );
+    Ok(crate::EXIT_OK)
+}
+
+/// `cairn serve`.
+pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
+    let addr = a.addr.parse().map_err(|e| {
+        bad_input(format!(
+            "--addr `{}`: {e} (write HOST:PORT, e.g. 127.0.0.1:7700)",
+            a.addr
+        ))
+    })?;
+    if let Some(d) = &a.workflows {
+        if !d.is_dir() {
+            return Err(bad_input(format!(
+                "--workflows {}: not a folder",
+                d.display()
+            )));
+        }
+    }
+    let journal = store::open(g, true)?;
+    let engine = cairn_server::Engine::new(journal.clone(), cairn_server::EngineOptions::default());
+    let cfg = cairn_server::ServeConfig {
+        addr,
+        token: a.token.filter(|t| !t.is_empty()),
+        workflows_dir: a.workflows.clone(),
+        ..Default::default()
+    };
+    let shutdown = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+        eprintln!("cairn serve: stopping");
+    };
+    let r = cairn_server::serve(cfg, engine, shutdown).await;
+    journal.close();
+    r?;
+    Ok(crate::EXIT_OK)
+}

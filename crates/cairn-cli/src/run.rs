@@ -1,0 +1,365 @@
+//! `cairn run`, `resume`, `approve`, `deny` and `cancel`.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use cairn_engine::{Engine, RunHandle, RunOutcome, StartOptions};
+use cairn_events::Event;
+use cairn_store::SubscribeError;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::bad_input;
+use crate::cli::{CancelArgs, DecideArgs, DisplayArgs, Global, ResumeArgs, RunArgs};
+use crate::display::{now_ms, Ask, Mode, Progress};
+use crate::store;
+
+/// How often the terminal table refreshes its elapsed times.
+const REDRAW: Duration = Duration::from_millis(100);
+/// How long the display waits for the last events of a session to be
+/// committed before giving up on them (they stay in the store regardless).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads `--input`: inline JSON, or `@file`.
+fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
+    let Some(arg) = arg else {
+        return Ok(Value::Object(Default::default()));
+    };
+    let (text, origin) = match arg.strip_prefix('@') {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| bad_input(format!("--input @{path}: cannot read the file: {e}")))?,
+            format!("--input @{path}"),
+        ),
+        None => (arg.to_string(), "--input".to_string()),
+    };
+    serde_json::from_str(&text).map_err(|e| {
+        bad_input(format!(
+            "{origin}: not valid JSON at line {}, column {}: {e}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+/// The run-id rules of the engine, checked before the store is touched.
+fn check_run_id(id: &str) -> anyhow::Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(bad_input(format!(
+            "--run-id `{id}`: use 1 to 128 letters, digits, `-`, `_` or `.` (not first)"
+        )))
+    }
+}
+
+/// `cairn run`.
+pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
+    // Everything the user gave is checked before the store is opened, so a
+    // mistake leaves nothing behind.
+    let wf = load_workflow(&a.file)?;
+    let input = parse_input(a.input.as_deref())?;
+    wf.validate_input(&input)?;
+    if let Some(id) = &a.run_id {
+        check_run_id(id)?;
+    }
+    let engine = store::engine(g, true)?;
+    let run_id = a.run_id.clone().unwrap_or_else(cairn_engine::new_run_id);
+    if engine.journal().backend().get_run(&run_id)?.is_some() {
+        return Err(bad_input(format!(
+            "a run `{run_id}` already exists in this store; pick another --run-id or `cairn resume {run_id}`"
+        )));
+    }
+    let session = Session::new(&engine, &run_id, &a.display, 0)?;
+    let handle = engine
+        .start(wf, input, session.start_options(&a.display, &run_id))
+        .await;
+    session.drive(&engine, handle).await
+}
+
+/// `cairn resume`.
+pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
+    let engine = store::engine(g, false)?;
+    store::require_run(engine.journal(), &a.run)?;
+    let from = engine.journal().backend().last_seq(&a.run)?;
+    let session = Session::new(&engine, &a.run, &a.display, from)?;
+    let handle = engine
+        .resume(&a.run, session.start_options(&a.display, &a.run))
+        .await;
+    session.drive(&engine, handle).await
+}
+
+fn load_workflow(path: &Path) -> anyhow::Result<cairn_workflow::Workflow> {
+    if !path.is_file() {
+        return Err(bad_input(format!(
+            "{}: no such workflow file",
+            path.display()
+        )));
+    }
+    Ok(cairn_workflow::load(path)?)
+}
+
+/// One `run`/`resume` session: the display fed by a subscription to the
+/// run's committed events, and the prompt for approvals on a terminal.
+struct Session {
+    run_id: String,
+    /// Ask on the terminal (stdin and stdout are terminals, and the run is
+    /// not meant to exit when it waits).
+    ask: bool,
+    progress: Arc<Mutex<Progress>>,
+    sub: cairn_store::Subscription,
+    /// The seq of the last event the engine appended in this session.
+    appended: Arc<AtomicU64>,
+    from: u64,
+}
+
+impl Session {
+    fn new(engine: &Engine, run_id: &str, d: &DisplayArgs, from: u64) -> anyhow::Result<Session> {
+        let tty = std::io::stdout().is_terminal();
+        let mode = if d.json {
+            Mode::Json
+        } else if tty {
+            Mode::Tty
+        } else {
+            Mode::Plain
+        };
+        let ask = !d.exit_on_wait && tty && std::io::stdin().is_terminal();
+        // Subscribed before the run starts: nothing committed can be missed.
+        let sub = engine
+            .journal()
+            .subscribe(run_id, 0)?
+            .stop_at_terminal(false);
+        Ok(Session {
+            run_id: run_id.to_string(),
+            ask,
+            progress: Arc::new(Mutex::new(Progress::new(mode, run_id, from))),
+            sub,
+            appended: Arc::new(AtomicU64::new(from)),
+            from,
+        })
+    }
+
+    fn start_options(&self, d: &DisplayArgs, run_id: &str) -> StartOptions {
+        let appended = self.appended.clone();
+        StartOptions {
+            run_id: Some(run_id.to_string()),
+            max_concurrency: d.max_concurrency.map(|n| n as usize),
+            exit_on_wait: d.exit_on_wait,
+            observer: Some(Arc::new(move |e: &Event| {
+                appended.fetch_max(e.seq, Ordering::SeqCst);
+            })),
+        }
+    }
+
+    async fn drive(
+        self,
+        engine: &Engine,
+        handle: Result<RunHandle, cairn_engine::EngineError>,
+    ) -> anyhow::Result<u8> {
+        let handle = handle?;
+        let Session {
+            run_id,
+            ask,
+            progress,
+            mut sub,
+            appended,
+            from,
+        } = self;
+        let (ask_tx, ask_rx) = mpsc::unbounded_channel::<Ask>();
+        let prompter = if ask {
+            Some(tokio::spawn(prompt_loop(
+                engine.clone(),
+                run_id.clone(),
+                progress.clone(),
+                ask_rx,
+            )))
+        } else {
+            drop(ask_rx);
+            None
+        };
+        // The session ends when the engine says so; the display then shows
+        // every event up to the last one appended.
+        let (done_tx, mut done_rx) = tokio::sync::watch::channel(None::<u64>);
+        let stopper = engine.clone();
+        let waiter = tokio::spawn(async move {
+            let outcome = wait_with_signals(handle, stopper).await;
+            let _ = done_tx.send(Some(appended.load(Ordering::SeqCst)));
+            outcome
+        });
+        let mut tick = tokio::time::interval(REDRAW);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut target: Option<u64> = None;
+        let mut deadline: Option<tokio::time::Instant> = None;
+        let mut told_waiting = std::collections::HashSet::new();
+        loop {
+            if let Some(t) = target {
+                if progress.lock().unwrap().last_seq() >= t {
+                    break;
+                }
+            }
+            tokio::select! {
+                next = sub.next() => match next {
+                    Some(Ok(stored)) => {
+                        let ev = stored.decode().with_context(|| {
+                            format!("run `{run_id}`: event {} in the store is not valid", stored.seq)
+                        })?;
+                        let asked = progress.lock().unwrap().on_event(&stored.json, &ev);
+                        if let Some(a) = asked {
+                            if ask {
+                                let _ = ask_tx.send(a);
+                            } else if !told_waiting.contains(&a.node_id) && ev.seq > from {
+                                progress.lock().unwrap().note_waiting_elsewhere(&a);
+                                told_waiting.insert(a.node_id.clone());
+                            }
+                        }
+                    }
+                    Some(Err(SubscribeError::Lagged { last_seq })) => {
+                        sub = engine.journal().subscribe(&run_id, last_seq)?.stop_at_terminal(false);
+                    }
+                    Some(Err(SubscribeError::Store(e))) => return Err(e.into()),
+                    // Not stopping at terminal events, it ends only with the journal.
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    progress.lock().unwrap().tick(now_ms());
+                    if deadline.is_some_and(|d| tokio::time::Instant::now() > d) {
+                        eprintln!("warning: the last events of run {run_id} were not shown; `cairn logs {run_id}` has them");
+                        break;
+                    }
+                }
+                changed = done_rx.changed(), if target.is_none() => {
+                    if changed.is_ok() {
+                        target = *done_rx.borrow();
+                        deadline = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+                    }
+                }
+            }
+        }
+        if let Some(p) = prompter {
+            p.abort();
+        }
+        let outcome = waiter.await.context("the run's task stopped")?;
+        engine.journal().close();
+        progress.lock().unwrap().finish(&outcome);
+        Ok(outcome.exit_code() as u8)
+    }
+}
+
+/// Waits for the run; on Ctrl-C or SIGTERM the engine stops running nodes
+/// at a safe point (the run stays resumable), a second signal exits at once.
+async fn wait_with_signals(handle: RunHandle, engine: Engine) -> RunOutcome {
+    use tokio::signal::unix::{signal, SignalKind};
+    let run_id = handle.run_id.clone();
+    let mut wait = Box::pin(handle.wait());
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut stopping = false;
+    loop {
+        let got = async {
+            tokio::select! {
+                _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending::<()>().await } } => {},
+                _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending::<()>().await } } => {},
+            }
+        };
+        tokio::select! {
+            outcome = &mut wait => return outcome,
+            _ = got => {
+                if stopping {
+                    eprintln!("\nstopping now; `cairn resume {run_id}` continues the run");
+                    std::process::exit(130);
+                }
+                stopping = true;
+                eprintln!("\nstopping: running nodes get a few seconds to reach a safe point (again to quit now)");
+                let e = engine.clone();
+                tokio::spawn(async move { e.shutdown(Duration::from_secs(5)).await });
+            }
+        }
+    }
+}
+
+/// Asks about approvals on the terminal, one at a time, and records the
+/// answers through the engine.
+async fn prompt_loop(
+    engine: Engine,
+    run_id: String,
+    progress: Arc<Mutex<Progress>>,
+    mut asks: mpsc::UnboundedReceiver<Ask>,
+) {
+    let by = std::env::var("USER").ok();
+    while let Some(ask) = asks.recv().await {
+        // Someone else may have decided while an earlier question was open.
+        if let Ok(state) = engine.state(&run_id) {
+            let waiting = state
+                .latest(&ask.node_id)
+                .is_some_and(|n| n.status == cairn_events::NodeStatus::WaitingApproval);
+            if !waiting {
+                continue;
+            }
+        }
+        progress.lock().unwrap().pause();
+        let question = format!("Approve {}: {}? [y/N] ", ask.node_id, ask.message);
+        let answer = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut err = std::io::stderr();
+            let _ = write!(err, "{question}");
+            let _ = err.flush();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map(|_| line)
+        })
+        .await;
+        let approved = matches!(
+            answer.as_ref().map(|r| r.as_ref().map(|l| l.trim().to_ascii_lowercase())),
+            Ok(Ok(l)) if l == "y" || l == "yes"
+        );
+        if let Err(e) = engine
+            .decide(&run_id, &ask.node_id, approved, None, by.clone())
+            .await
+        {
+            eprintln!("note: {e}");
+        }
+        progress.lock().unwrap().resume_drawing();
+    }
+}
+
+/// `cairn approve` and `cairn deny`.
+pub async fn decide(g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result<u8> {
+    let engine = store::engine(g, false)?;
+    store::require_run(engine.journal(), &a.run)?;
+    let by = a.by.or_else(|| std::env::var("USER").ok());
+    let r = engine.decide(&a.run, &a.node, approved, a.note, by).await;
+    engine.journal().close();
+    r?;
+    println!(
+        "{} {} of run {}",
+        if approved { "approved" } else { "denied" },
+        a.node,
+        a.run
+    );
+    Ok(crate::EXIT_OK)
+}
+
+/// `cairn cancel`.
+pub async fn cancel(g: &Global, a: CancelArgs) -> anyhow::Result<u8> {
+    let engine = store::engine(g, false)?;
+    store::require_run(engine.journal(), &a.run)?;
+    let by = std::env::var("USER").ok();
+    let r = engine.cancel(&a.run, a.graceful, a.reason, by).await;
+    engine.journal().close();
+    r?;
+    println!(
+        "cancel{} requested for run {}",
+        if a.graceful { " (graceful)" } else { "" },
+        a.run
+    );
+    Ok(crate::EXIT_OK)
+}
