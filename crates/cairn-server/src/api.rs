@@ -18,9 +18,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::engine::{Engine, StartOptions};
 use crate::error::ApiError;
 use crate::ServeConfig;
+use cairn_engine::{Engine, StartOptions};
 
 /// What every handler shares. Cheap to clone.
 #[derive(Clone)]
@@ -410,6 +410,7 @@ async fn start_run(
     let opts = StartOptions {
         run_id: body.run_id,
         max_concurrency: body.max_concurrency,
+        ..StartOptions::default()
     };
     let input = body.input.unwrap_or_else(|| json!({}));
     let handle = state.engine().start(wf, input, opts).await?;
@@ -654,8 +655,8 @@ async fn resume(
     }
     existing_run(&state, &id).await?;
     let opts = StartOptions {
-        run_id: None,
         max_concurrency: body.max_concurrency,
+        ..StartOptions::default()
     };
     let handle = state.engine().resume(&id, opts).await?;
     let run_id = handle.run_id.clone();
@@ -671,4 +672,29 @@ pub(crate) async fn list_runs_value(
     list_runs(State(state.clone()), Query(q))
         .await
         .map(|Json(v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The router is built from `routes()`; this holds that table and the
+    /// OpenAPI document to each other, both ways.
+    #[test]
+    fn routes_and_openapi_document_agree() {
+        let doc: Value = serde_json::from_str(crate::OPENAPI).unwrap();
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                documented.push((method.to_uppercase(), path.clone()));
+            }
+        }
+        let mut routed: Vec<(String, String)> = routes()
+            .into_iter()
+            .map(|(m, p, _)| (m.to_string(), p.to_string()))
+            .collect();
+        documented.sort();
+        routed.sort();
+        assert_eq!(routed, documented);
+    }
 }

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::engine::EngineError;
+use cairn_engine::EngineError;
 
 /// An API failure: status, a stable machine code and a message for people.
 #[derive(Debug)]
@@ -59,13 +59,15 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let code = match status.as_u16() {
-            400 => "invalid_workflow",
-            404 => "not_found",
-            409 => "conflict",
-            422 => "invalid_input",
-            503 => "unavailable",
-            _ => "internal",
+        let code = match &e {
+            EngineError::Workflow(_) => "invalid_workflow",
+            EngineError::Input(_) => "invalid_input",
+            EngineError::NotFound(_) => "not_found",
+            EngineError::Conflict(_) => "conflict",
+            EngineError::BadRequest(_) => "bad_request",
+            EngineError::ShuttingDown => "shutting_down",
+            EngineError::Store(_) if status == StatusCode::CONFLICT => "conflict",
+            EngineError::Store(_) => "store",
         };
         let details = match &e {
             EngineError::Workflow(w) => Some(Value::Array(

@@ -14,7 +14,6 @@
 mod api;
 mod auth;
 pub mod client;
-mod engine;
 mod error;
 mod sse;
 mod ws;
@@ -26,7 +25,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-pub use engine::{Engine, EngineError, EngineOptions, RunHandle, StartOptions};
+pub use cairn_engine::{Engine, EngineError, EngineOptions};
 
 /// The OpenAPI 3.1 document of the HTTP API, as served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
