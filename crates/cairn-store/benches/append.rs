@@ -1,1 +1,137 @@
-fn main() {}
+//! Append throughput: the journal against a bare SQLite insert loop.
+//!
+//! `cargo bench -p cairn-store --bench append` (a few seconds).
+//!
+//! - baseline: rusqlite alone, same schema and pragmas (WAL,
+//!   synchronous=NORMAL), one prepared INSERT, one transaction per 1000 rows,
+//!   rows serialized beforehand (so it measures the database only);
+//! - journal: `RunLog::append` of the same events (stamping, sequencing and
+//!   JSON serialization included), then one `sync`; group commit decides the
+//!   transaction sizes; without and with the NDJSON mirror;
+//! - durable: `append_durable` one at a time, each waiting for its commit.
+
+use std::path::Path;
+use std::time::Instant;
+
+use cairn_events::{Event, EventKind, OutputStream, Scope};
+use cairn_store::{Journal, JournalOptions, SqliteBackend, StoredEvent};
+
+const N: u64 = 100_000;
+const DURABLE_N: u64 = 3_000;
+
+fn kind(i: u64) -> EventKind {
+    EventKind::NodeOutput {
+        text: format!("line {i}: some output a command printed while it ran"),
+        stream: OutputStream::Stdout,
+    }
+}
+
+fn scope() -> Scope {
+    Scope::node("build", 0).with_attempt(1)
+}
+
+fn baseline(db: &Path) -> f64 {
+    // Let the store create the schema, then write it with rusqlite alone.
+    drop(SqliteBackend::open(db).unwrap());
+    let rows: Vec<StoredEvent> = (1..=N)
+        .map(|seq| {
+            StoredEvent::from_event(&Event {
+                run_id: "bench".into(),
+                seq,
+                timestamp_ms: 1_700_000_000_000,
+                scope: scope(),
+                kind: kind(seq),
+            })
+        })
+        .collect();
+    let mut conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
+        .unwrap();
+    let start = Instant::now();
+    for chunk in rows.chunks(1000) {
+        let tx = conn.transaction().unwrap();
+        {
+            let mut st = tx
+                .prepare_cached(
+                    "INSERT INTO events (run_id, seq, type, node_id, ts, json) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .unwrap();
+            for r in chunk {
+                st.execute(rusqlite::params![
+                    r.run_id,
+                    r.seq as i64,
+                    r.type_name,
+                    r.node_id,
+                    r.timestamp_ms,
+                    &*r.json
+                ])
+                .unwrap();
+            }
+        }
+        tx.commit().unwrap();
+    }
+    N as f64 / start.elapsed().as_secs_f64()
+}
+
+fn journal_bulk(db: &Path, log_dir: Option<&Path>) -> f64 {
+    let j = Journal::open_sqlite(
+        db,
+        JournalOptions {
+            log_dir: log_dir.map(Path::to_path_buf),
+        },
+    )
+    .unwrap();
+    let log = j.run_log("bench").unwrap();
+    let start = Instant::now();
+    for i in 0..N {
+        log.append(scope(), kind(i));
+    }
+    log.sync_blocking().unwrap();
+    let rate = N as f64 / start.elapsed().as_secs_f64();
+    drop(log);
+    j.close();
+    rate
+}
+
+fn journal_durable(db: &Path) -> f64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let j = Journal::open_sqlite(db, JournalOptions::default()).unwrap();
+    let log = j.run_log("bench").unwrap();
+    let start = Instant::now();
+    rt.block_on(async {
+        for i in 0..DURABLE_N {
+            log.append_durable(scope(), kind(i)).await.unwrap();
+        }
+    });
+    let rate = DURABLE_N as f64 / start.elapsed().as_secs_f64();
+    drop(log);
+    j.close();
+    rate
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing here takes arguments.
+    let dir = tempfile::tempdir().unwrap();
+    let a = baseline(&dir.path().join("baseline.db"));
+    let b = journal_bulk(&dir.path().join("journal.db"), None);
+    let logs = dir.path().join("logs");
+    let m = journal_bulk(&dir.path().join("mirror.db"), Some(&logs));
+    let d = journal_durable(&dir.path().join("durable.db"));
+    println!("events: {N} NodeOutput rows (~170 bytes of JSON each)");
+    println!("(a) bare rusqlite, prepared INSERT, 1000 rows/txn  : {a:>10.0} events/s");
+    println!(
+        "(b) RunLog::append x{N} then sync, no mirror  : {b:>10.0} events/s  ({:.0}% of a)",
+        100.0 * b / a
+    );
+    println!(
+        "    same, with the NDJSON mirror                   : {m:>10.0} events/s  ({:.0}% of a)",
+        100.0 * m / a
+    );
+    println!(
+        "    append_durable one at a time (x{DURABLE_N})      : {d:>10.0} events/s  (one commit each)"
+    );
+}

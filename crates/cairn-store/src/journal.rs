@@ -462,7 +462,7 @@ impl Writer {
                 // One run's bad batch should not sink the others: retry run
                 // by run, and fail only the runs that fail alone.
                 tracing::error!(error = %e, "committing {} events failed", batch.len());
-                let mut by_run: Vec<(String, Vec<(StoredEvent, Arc<RunShared>)>)> = Vec::new();
+                let mut by_run: Vec<(String, Vec<Queued>)> = Vec::new();
                 for (ev, s) in events {
                     match by_run.iter_mut().find(|(r, _)| *r == ev.run_id) {
                         Some((_, v)) => v.push((ev, s)),
@@ -559,10 +559,15 @@ impl Writer {
     }
 }
 
+/// The in-process callback of a run's log.
+type Observer = Box<dyn Fn(&Event) + Send + Sync>;
+/// An event waiting for the writer, with its run's shared state.
+type Queued = (StoredEvent, Arc<RunShared>);
+
 struct Sequencer {
     last_seq: u64,
     last_ts: i64,
-    observer: Option<Box<dyn Fn(&Event) + Send + Sync>>,
+    observer: Option<Observer>,
 }
 
 /// A run's sequencer: the one place its events get their `seq`. Send + Sync;
