@@ -119,7 +119,7 @@ fn unknown_fields_in_nested_mappings() {
 #[test]
 fn bad_names_and_ids() {
     one(
-        &format!("name: Triage\nnodes:\n  - id: a\n    value: 1\n"),
+        "name: Triage\nnodes:\n  - id: a\n    value: 1\n",
         1,
         7,
         Some("name"),

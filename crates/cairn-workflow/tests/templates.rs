@@ -169,3 +169,59 @@ fn filter_errors_are_template_errors() {
     assert!(!e.message.is_empty());
     assert_eq!(e.source_text, "input.repo | int");
 }
+
+/// The shared, lazily read context gives the same results as a copied one.
+#[test]
+fn shared_context_matches_copied_context() {
+    use cairn_workflow::Context;
+    let t = Templates::new();
+    let c = ctx();
+    let shared = Context::new(std::sync::Arc::new(c.clone()));
+    for tpl in [
+        "{{ nodes.log.output | length }}",
+        "{{ nodes['review.check'].output.ok }}",
+        "{{ nodes.count.output }}",
+        "{{ input }}",
+        "{{ input.tags[-1] }}",
+        "{{ input | tojson }}",
+        "{% for k, v in nodes | dictsort %}{{ k }}={{ v.attempt }};{% endfor %}",
+        "{% for l in nodes.log.output %}{{ loop.index }}:{{ l }} {% endfor %}",
+        "{{ 'log' in nodes }}/{{ 'nope' in nodes }}",
+        "{{ nodes.log.output | join('+') }} {{ input.tags | list }}",
+        "{{ index }}: {{ line }}",
+    ] {
+        assert_eq!(
+            t.render_in(tpl, &shared).unwrap(),
+            t.render(tpl, &c).unwrap(),
+            "{tpl}"
+        );
+    }
+    for expr in [
+        "nodes.count.output.entries | int > 0",
+        "nodes.empty.output.entries | int > 0",
+        "input.tags",
+        "nodes.nothing",
+    ] {
+        assert_eq!(
+            t.eval_bool_in(expr, &shared).ok(),
+            t.eval_bool(expr, &c).ok(),
+            "{expr}"
+        );
+    }
+    assert!(t.render_string_in("{{ nope }}", &shared).is_err());
+    assert!(t.eval_in("input.missing", &shared).is_err());
+    let v = json!({"a": ["{{ run.id }}", {"b": "{{ input.n + 1 }}"}]});
+    assert_eq!(
+        t.render_value_in(&v, &shared).unwrap(),
+        t.render_value(&v, &c).unwrap()
+    );
+    let keys: Vec<String> = t
+        .eval_in("input", &shared)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(keys, ["repo", "n", "tags"]);
+}
