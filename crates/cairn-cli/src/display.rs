@@ -10,6 +10,7 @@ use std::io::Write;
 
 use cairn_engine::RunOutcome;
 use cairn_events::{Event, EventKind, NodeCounts, NodeTiming, RunStatus, TokenTotals};
+use cairn_store::StoredEvent;
 
 use crate::format::{duration_ms, short_value, truncate};
 
@@ -102,6 +103,8 @@ pub struct Progress {
     /// While a question is on screen, the table is not redrawn.
     paused: bool,
     dirty: bool,
+    /// An undecodable event was reported already.
+    warned: bool,
     out: std::io::Stdout,
 }
 
@@ -124,6 +127,7 @@ impl Progress {
             drawn: 0,
             paused: false,
             dirty: true,
+            warned: false,
             out: std::io::stdout(),
         }
     }
@@ -133,17 +137,32 @@ impl Progress {
         self.last_seq
     }
 
-    /// Takes one committed event (its stored JSON and its decoded form).
-    /// Returns an approval to ask about when the event requests one.
-    pub fn on_event(&mut self, json: &str, ev: &Event) -> Option<Ask> {
-        self.last_seq = self.last_seq.max(ev.seq);
-        let loud = ev.seq > self.quiet_until;
+    /// Takes one committed event. Returns an approval to ask about when the
+    /// event requests one.
+    pub fn on_event(&mut self, stored: &StoredEvent) -> Option<Ask> {
+        self.last_seq = self.last_seq.max(stored.seq);
+        let loud = stored.seq > self.quiet_until;
         if loud && self.mode == Mode::Json {
             let mut out = self.out.lock();
-            let _ = out.write_all(json.as_bytes());
+            let _ = out.write_all(stored.json.as_bytes());
             let _ = out.write_all(b"\n");
             let _ = out.flush();
         }
+        let ev = match stored.decode() {
+            Ok(ev) => ev,
+            Err(e) => {
+                // The run goes on; only this display misses the event.
+                if !self.warned {
+                    self.warned = true;
+                    eprintln!(
+                        "warning: run {}: cannot show event {} ({e}); `cairn logs --json` has it",
+                        self.run_id, stored.seq
+                    );
+                }
+                return None;
+            }
+        };
+        let ev = &ev;
         self.dirty = true;
         let ts = ev.timestamp_ms;
         match &ev.kind {
@@ -280,12 +299,10 @@ impl Progress {
                 .started_ms
                 .map(|s| duration_ms(ev.timestamp_ms.saturating_sub(s).max(0) as u64))
                 .unwrap_or_default();
-            let mut line = format!(
-                "{since:>8}  {:<24} {:<16} attempt {}",
-                row.label(),
-                status,
-                row.attempt.max(1)
-            );
+            let mut line = format!("{since:>8}  {:<24} {:<16}", row.label(), status);
+            if row.attempt > 0 {
+                line.push_str(&format!(" attempt {}", row.attempt));
+            }
             if matches!(status, "finished" | "failed" | "cancelled") {
                 if let Some(d) = row.elapsed(ev.timestamp_ms) {
                     line.push_str(&format!("  {}", duration_ms(d)));

@@ -86,7 +86,15 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let code = exit_code_of(&e);
-            eprintln!("error: {}", render_error(&e));
+            match e.downcast_ref::<cairn_workflow::WorkflowError>() {
+                // One line per problem, each with its file:line:col.
+                Some(we) => {
+                    for p in &we.problems {
+                        eprintln!("error: {p}");
+                    }
+                }
+                None => eprintln!("error: {}", render_error(&e)),
+            }
             ExitCode::from(code)
         }
     }

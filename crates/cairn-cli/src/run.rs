@@ -37,13 +37,7 @@ fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
         ),
         None => (arg.to_string(), "--input".to_string()),
     };
-    serde_json::from_str(&text).map_err(|e| {
-        bad_input(format!(
-            "{origin}: not valid JSON at line {}, column {}: {e}",
-            e.line(),
-            e.column()
-        ))
-    })
+    serde_json::from_str(&text).map_err(|e| bad_input(format!("{origin}: not valid JSON: {e}")))
 }
 
 /// The run-id rules of the engine, checked before the store is touched.
@@ -121,6 +115,7 @@ struct Session {
     /// The seq of the last event the engine appended in this session.
     appended: Arc<AtomicU64>,
     from: u64,
+    exit_on_wait: bool,
 }
 
 impl Session {
@@ -146,6 +141,7 @@ impl Session {
             sub,
             appended: Arc::new(AtomicU64::new(from)),
             from,
+            exit_on_wait: d.exit_on_wait,
         })
     }
 
@@ -174,6 +170,7 @@ impl Session {
             mut sub,
             appended,
             from,
+            exit_on_wait,
         } = self;
         let (ask_tx, ask_rx) = mpsc::unbounded_channel::<Ask>();
         let prompter = if ask {
@@ -210,16 +207,12 @@ impl Session {
             tokio::select! {
                 next = sub.next() => match next {
                     Some(Ok(stored)) => {
-                        let ev = stored.decode().with_context(|| {
-                            format!("run `{run_id}`: event {} in the store is not valid", stored.seq)
-                        })?;
-                        let asked = progress.lock().unwrap().on_event(&stored.json, &ev);
+                        let asked = progress.lock().unwrap().on_event(&stored);
                         if let Some(a) = asked {
                             if ask {
                                 let _ = ask_tx.send(a);
-                            } else if !told_waiting.contains(&a.node_id) && ev.seq > from {
+                            } else if !exit_on_wait && stored.seq > from && told_waiting.insert(a.node_id.clone()) {
                                 progress.lock().unwrap().note_waiting_elsewhere(&a);
-                                told_waiting.insert(a.node_id.clone());
                             }
                         }
                     }
