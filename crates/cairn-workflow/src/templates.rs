@@ -232,7 +232,8 @@ impl Templates {
 
     /// A string that is exactly one `{{ expr }}` (whitespace around allowed) yields the
     /// expression's native JSON value (number, list, object...); any other string renders to
-    /// a string.
+    /// a string. Copies `ctx` into template values on every call; for large contexts use
+    /// [`Templates::render_in`] with a shared [`Context`].
     pub fn render(
         &self,
         template: &str,
