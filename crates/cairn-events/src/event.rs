@@ -595,7 +595,9 @@ impl EventKind {
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            EventKind::RunFinished { .. } | EventKind::RunFailed { .. } | EventKind::RunCancelled { .. }
+            EventKind::RunFinished { .. }
+                | EventKind::RunFailed { .. }
+                | EventKind::RunCancelled { .. }
         )
     }
 }
@@ -635,7 +637,9 @@ impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let fields = serde_json::to_value(&self.kind).map_err(S::Error::custom)?;
         let Value::Object(fields) = fields else {
-            return Err(S::Error::custom("event kind did not serialize to an object"));
+            return Err(S::Error::custom(
+                "event kind did not serialize to an object",
+            ));
         };
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("type", self.kind.type_name())?;
@@ -677,8 +681,8 @@ impl<'de> Deserialize<'de> for Event {
                     .map_err(|e| E::custom(format!("field `{key}`: {e}"))),
             }
         }
-        let run_id: String =
-            take::<_, D::Error>(&mut map, "runId")?.ok_or_else(|| D::Error::missing_field("runId"))?;
+        let run_id: String = take::<_, D::Error>(&mut map, "runId")?
+            .ok_or_else(|| D::Error::missing_field("runId"))?;
         let seq: u64 =
             take::<_, D::Error>(&mut map, "seq")?.ok_or_else(|| D::Error::missing_field("seq"))?;
         let timestamp_ms: i64 = take::<_, D::Error>(&mut map, "timestampMs")?
