@@ -323,8 +323,11 @@ impl Progress {
         let _ = out.flush();
     }
 
-    /// Stops redrawing (a question is on screen).
+    /// Draws the table as it stands, then stops redrawing while a question
+    /// is on screen.
     pub fn pause(&mut self) {
+        self.dirty = true;
+        self.tick(now_ms());
         self.paused = true;
     }
 

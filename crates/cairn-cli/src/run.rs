@@ -300,7 +300,8 @@ async fn prompt_loop(
             }
         }
         progress.lock().unwrap().pause();
-        let question = format!("Approve {}: {}? [y/N] ", ask.node_id, ask.message);
+        let message = ask.message.trim().trim_end_matches('?');
+        let question = format!("Approve {}: {message}? [y/N] ", ask.node_id);
         let answer = tokio::task::spawn_blocking(move || {
             use std::io::Write;
             let mut err = std::io::stderr();
