@@ -86,6 +86,9 @@ pub(crate) struct Driver {
     templated: HashMap<usize, bool>,
     check_queue: VecDeque<Key>,
     ready: VecDeque<Key>,
+    /// Pending nodes already in `ready`, so a node checked once per finished
+    /// dependency is queued once (a `VecDeque::contains` would be quadratic).
+    queued: HashSet<Key>,
     /// Attempts to continue without a new `NodeStarted` (approvals after a resume).
     resumed_attempts: HashMap<Key, u32>,
     running: HashMap<Key, CancellationToken>,
@@ -153,6 +156,7 @@ impl Driver {
             templated: HashMap::new(),
             check_queue: VecDeque::new(),
             ready: VecDeque::new(),
+            queued: HashSet::new(),
             resumed_attempts: HashMap::new(),
             running: HashMap::new(),
             waiting: HashMap::new(),
@@ -467,7 +471,7 @@ impl Driver {
         let Some(inst) = self.plan.insts.get(key).cloned() else {
             return;
         };
-        if self.status_of(key) != Some(NodeStatus::Pending) || self.ready.contains(key) {
+        if self.status_of(key) != Some(NodeStatus::Pending) || self.queued.contains(key) {
             return;
         }
         let mut blocked_by = None;
@@ -504,6 +508,7 @@ impl Driver {
                 }
             }
         }
+        self.queued.insert(key.clone());
         self.ready.push_back(key.clone());
     }
 
@@ -525,8 +530,18 @@ impl Driver {
             return;
         }
         let mut budget = self.leaf_slots().saturating_sub(to_spawn.len());
-        let mut deferred = VecDeque::new();
-        while let Some(key) = self.ready.pop_front() {
+        // Leaves past the concurrency budget stay queued; so does a group
+        // behind them, which waits for a slot like a leaf would.
+        while budget > 0
+            || self
+                .ready
+                .front()
+                .is_some_and(|k| self.resumed_attempts.contains_key(k))
+        {
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
+            self.queued.remove(&key);
             let Some(inst) = self.plan.insts.get(&key).cloned() else {
                 continue;
             };
@@ -534,10 +549,6 @@ impl Driver {
             if let Some(attempt) = self.resumed_attempts.remove(&key) {
                 // A person-in-the-loop attempt continues where it stood.
                 to_spawn.push((key, attempt));
-                continue;
-            }
-            if !is_group && budget == 0 {
-                deferred.push_back(key);
                 continue;
             }
             let attempt = self.state.node(&key.0, key.1).map_or(0, |n| n.attempt) + 1;
@@ -571,7 +582,6 @@ impl Driver {
                 to_spawn.push((key, attempt));
             }
         }
-        self.ready = deferred;
     }
 
     fn open_tallies(&mut self, inst: &Inst) {
@@ -1208,6 +1218,7 @@ impl Driver {
         if stopping {
             self.retry_pending = 0;
             self.ready.clear();
+            self.queued.clear();
             let reason = if self.cancelling.is_some() {
                 "run cancelled"
             } else {
@@ -1452,10 +1463,4 @@ pub(crate) fn fmt_duration(d: Duration) -> String {
     } else {
         format!("{}m", ms / 60_000)
     }
-}
-
-#[allow(dead_code)]
-fn _assert_send() {
-    fn is_send<T: Send>() {}
-    is_send::<HashSet<Key>>();
 }
