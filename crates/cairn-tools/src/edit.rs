@@ -241,16 +241,16 @@ pub fn parse_patch(text: &str) -> Result<Vec<Hunk>, ToolError> {
             hunks.push(hunk);
             continue;
         }
-        if raw.starts_with("--- ") && !seen_file_header {
-            if raw[4..].trim_start().starts_with("/dev/null") {
+        if let (Some(name), false) = (raw.strip_prefix("--- "), seen_file_header) {
+            if name.trim_start().starts_with("/dev/null") {
                 return Err(patch_err(
                     no,
                     "the patch creates a file; use `write` to create files",
                 ));
             }
             seen_file_header = true;
-        } else if raw.starts_with("+++ ") {
-            if raw[4..].trim_start().starts_with("/dev/null") {
+        } else if let Some(name) = raw.strip_prefix("+++ ") {
+            if name.trim_start().starts_with("/dev/null") {
                 return Err(patch_err(
                     no,
                     "the patch deletes the file, which `edit` does not do",

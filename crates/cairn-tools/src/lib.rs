@@ -35,6 +35,8 @@
 //! Recording calls (the `tool_calls` table, `ToolCall*` events) is the engine's
 //! part.
 
+#![warn(missing_docs)]
+
 pub mod bash;
 pub mod edit;
 mod error;
