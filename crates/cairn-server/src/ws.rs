@@ -167,20 +167,33 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
     let (mut sink, mut stream) = socket.split();
     let (tx, mut rx) = mpsc::channel::<Out>(state.cfg().ws_queue.max(1));
     let writer = tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
-            let (msg, last) = match out {
-                Out::Text(t) => (Message::Text(Utf8Bytes::from(t)), false),
-                Out::Close(code, reason) => (
-                    Message::Close(Some(CloseFrame {
-                        code,
-                        reason: Utf8Bytes::from(close_reason(&reason)),
-                    })),
-                    true,
-                ),
-            };
-            match tokio::time::timeout(WRITE_TIMEOUT, sink.send(msg)).await {
-                Ok(Ok(())) if !last => {}
-                _ => break,
+        // Messages already queued are fed together and flushed once: one
+        // write per batch instead of one per event when the socket is busy.
+        let mut batch = Vec::with_capacity(64);
+        'outer: while rx.recv_many(&mut batch, 64).await > 0 {
+            let mut close = false;
+            let sent = tokio::time::timeout(WRITE_TIMEOUT, async {
+                for out in batch.drain(..) {
+                    let msg = match out {
+                        Out::Text(t) => Message::Text(Utf8Bytes::from(t)),
+                        Out::Close(code, reason) => {
+                            close = true;
+                            Message::Close(Some(CloseFrame {
+                                code,
+                                reason: Utf8Bytes::from(close_reason(&reason)),
+                            }))
+                        }
+                    };
+                    sink.feed(msg).await?;
+                    if close {
+                        break;
+                    }
+                }
+                sink.flush().await
+            })
+            .await;
+            if !matches!(sent, Ok(Ok(()))) || close {
+                break 'outer;
             }
         }
         let _ = sink.close().await;
