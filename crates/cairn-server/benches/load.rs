@@ -204,6 +204,11 @@ async fn bench() {
         let _ = stopped.await;
     }));
 
+    // Serving starts after the server resumes interrupted runs; the bench's
+    // run must not be mistaken for one.
+    cairn_server::client::wait_healthy(&format!("http://{addr}"), Duration::from_secs(30))
+        .await
+        .unwrap();
     journal
         .backend()
         .create_run(&RunRecord {

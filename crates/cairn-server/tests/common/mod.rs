@@ -61,12 +61,18 @@ impl TestServer {
                 .await
                 .unwrap();
         });
+        // Serving starts after the resume of interrupted runs: once healthy,
+        // runs written here cannot be taken for interrupted ones.
+        let url = format!("http://{addr}");
+        cairn_server::client::wait_healthy(&url, Duration::from_secs(30))
+            .await
+            .unwrap();
         TestServer {
             dir,
             journal,
             engine,
             addr,
-            url: format!("http://{addr}"),
+            url,
             token: token.map(str::to_string),
             stop: Some(stop),
             task: Some(task),
