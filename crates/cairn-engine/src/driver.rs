@@ -1026,6 +1026,12 @@ impl Driver {
                 message,
                 reply,
             } => {
+                // The attempt may have been cancelled, and its end handled,
+                // before its question came through: a gate opened now would
+                // follow the node's terminal event.
+                if !self.running.contains_key(&key) {
+                    return;
+                }
                 let node = self.state.node(&key.0, key.1).cloned();
                 if let Some(d) = node.as_ref().and_then(|n| n.decision.clone()) {
                     let _ = reply.send(Decision {
