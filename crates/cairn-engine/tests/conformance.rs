@@ -1,0 +1,1211 @@
+//! Conformance of the engine to the event contract, on random workflows.
+//!
+//! Proptest generates workflows (random DAGs of `value`, `command`, `tool`
+//! and `approval` nodes, `loop` and `for_each` groups, `if`, retries and
+//! `on_failure`), writes them as YAML, and runs them on a real SQLite store
+//! while a task answers approvals and another cancels the run at a random
+//! moment. Some runs exit when they wait for a person, are decided (or
+//! cancelled) from outside, and resumed. Every run's log is then checked
+//! against the contract's ordering rules and guarantees 1 to 6, and the
+//! nodes' final states against a model of what the workflow must do.
+//!
+//! `CAIRN_CONFORMANCE_CASES=N` runs more cases than the default 64.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
+use cairn_events::{Event, EventKind, NodeStatus, RunState, RunStatus};
+use cairn_store::{EventQuery, Journal, JournalOptions};
+use proptest::prelude::*;
+use proptest::sample::Index;
+use serde_json::{json, Value};
+
+// ---------------------------------------------------------------- model ----
+
+/// What a leaf node does.
+#[derive(Debug, Clone)]
+enum Leaf {
+    /// `value: "v-<id>"`.
+    Value,
+    /// A command that succeeds: `true`, `echo hi`, `sh -c "exit 0"`.
+    Ok(u8),
+    /// `sh -c "exit N"`, N > 0: fails every attempt.
+    Fail(u8),
+    /// Fails its first N attempts, then succeeds (a counter file).
+    Flaky(u8),
+    /// An approval, granted or denied.
+    Approval(bool),
+    /// `tool: read` of a file that exists (or not).
+    Read(bool),
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Leaf(Leaf),
+    /// `until: "iteration >= until"`, `max_iterations: max`.
+    Loop {
+        until: u32,
+        max: u32,
+        body: Vec<Gen>,
+    },
+    /// `for_each` over a list of `len` numbers.
+    ForEach {
+        len: usize,
+        body: Vec<Gen>,
+    },
+}
+
+/// One generated node; `needs` index earlier siblings.
+#[derive(Debug, Clone)]
+struct Gen {
+    needs: Vec<Index>,
+    cond: Option<bool>,
+    attempts: u32,
+    cont: bool,
+    kind: Kind,
+}
+
+/// One generated case.
+#[derive(Debug, Clone)]
+struct Case {
+    nodes: Vec<Gen>,
+    concurrency: usize,
+    /// Exit when waiting for a person; decide (or cancel) offline and resume.
+    exit_on_wait: bool,
+    /// Cancel once the observer has seen this many events (or, with
+    /// `exit_on_wait`, at the first wait), gracefully or not.
+    cancel: Option<(u64, bool)>,
+}
+
+fn leaf(top: bool) -> BoxedStrategy<Leaf> {
+    let mut choices: Vec<BoxedStrategy<Leaf>> = vec![
+        Just(Leaf::Value).boxed(),
+        (0u8..3).prop_map(Leaf::Ok).boxed(),
+        (1u8..4).prop_map(Leaf::Fail).boxed(),
+        (1u8..3).prop_map(Leaf::Flaky).boxed(),
+        any::<bool>().prop_map(Leaf::Read).boxed(),
+    ];
+    if top {
+        choices.push(any::<bool>().prop_map(Leaf::Approval).boxed());
+    }
+    proptest::strategy::Union::new(choices).boxed()
+}
+
+fn gen_leaf(top: bool) -> impl Strategy<Value = Gen> {
+    (
+        prop::collection::vec(any::<Index>(), 0..3),
+        prop::option::weighted(0.25, any::<bool>()),
+        1u32..4,
+        prop::bool::weighted(0.4),
+        leaf(top),
+    )
+        .prop_map(|(needs, cond, attempts, cont, l)| {
+            // Approvals and tools fail for good; a retry policy on them is moot.
+            let attempts = match l {
+                Leaf::Approval(_) | Leaf::Read(_) => 1,
+                _ => attempts,
+            };
+            Gen {
+                needs,
+                cond,
+                attempts,
+                cont,
+                kind: Kind::Leaf(l),
+            }
+        })
+}
+
+fn gen_node() -> impl Strategy<Value = Gen> {
+    let body = || prop::collection::vec(gen_leaf(false), 1..4);
+    prop_oneof![
+        6 => gen_leaf(true),
+        1 => (prop::collection::vec(any::<Index>(), 0..2), prop::option::weighted(0.2, any::<bool>()),
+              0u32..3, 1u32..4, body())
+            .prop_map(|(needs, cond, until, max, body)| Gen {
+                needs, cond, attempts: 1, cont: false,
+                kind: Kind::Loop { until, max, body },
+            }),
+        1 => (prop::collection::vec(any::<Index>(), 0..2), prop::option::weighted(0.2, any::<bool>()),
+              0usize..4, body())
+            .prop_map(|(needs, cond, len, body)| Gen {
+                needs, cond, attempts: 1, cont: false,
+                kind: Kind::ForEach { len, body },
+            }),
+    ]
+}
+
+fn gen_case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(gen_node(), 1..8),
+        1usize..5,
+        prop::bool::weighted(0.3),
+        prop::option::weighted(0.3, (1u64..60, any::<bool>())),
+    )
+        .prop_map(|(nodes, concurrency, exit_on_wait, cancel)| Case {
+            nodes,
+            concurrency,
+            exit_on_wait,
+            cancel,
+        })
+}
+
+/// The needs of node `i` among its siblings, as indices.
+fn needs_of(g: &Gen, i: usize) -> BTreeSet<usize> {
+    if i == 0 {
+        return BTreeSet::new();
+    }
+    g.needs.iter().map(|ix| ix.index(i)).collect()
+}
+
+fn id_of(i: usize) -> String {
+    format!("n{i}")
+}
+
+// ----------------------------------------------------------------- YAML ----
+
+fn q(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+fn yaml(case: &Case) -> String {
+    let mut y = String::from("name: conformance\nnodes:\n");
+    write_nodes(&mut y, &case.nodes, "", 1, None);
+    y
+}
+
+/// `marker` names the group instance inside the template of a flaky
+/// command's counter file, so that every instance counts its own attempts.
+fn write_nodes(y: &mut String, nodes: &[Gen], path: &str, depth: usize, marker: Option<&str>) {
+    let pad = "  ".repeat(depth);
+    for (i, g) in nodes.iter().enumerate() {
+        let id = id_of(i);
+        y.push_str(&format!("{pad}- id: {id}\n"));
+        let needs: Vec<String> = needs_of(g, i).into_iter().map(id_of).collect();
+        if !needs.is_empty() {
+            y.push_str(&format!("{pad}  needs: [{}]\n", needs.join(", ")));
+        }
+        if let Some(c) = g.cond {
+            let e = if c { "1 < 2" } else { "2 < 1" };
+            y.push_str(&format!("{pad}  if: {}\n", q(e)));
+        }
+        if g.attempts > 1 {
+            y.push_str(&format!(
+                "{pad}  retry: {{ attempts: {}, delay: 1ms, backoff: fixed }}\n",
+                g.attempts
+            ));
+        }
+        if g.cont {
+            y.push_str(&format!("{pad}  on_failure: continue\n"));
+        }
+        let full = format!("{path}{id}");
+        match &g.kind {
+            Kind::Leaf(l) => match l {
+                Leaf::Value => y.push_str(&format!("{pad}  value: {}\n", q(&format!("v-{id}")))),
+                Leaf::Ok(0) => y.push_str(&format!("{pad}  command: [\"true\"]\n")),
+                Leaf::Ok(1) => y.push_str(&format!("{pad}  command: [\"echo\", \"hi\"]\n")),
+                Leaf::Ok(_) => {
+                    y.push_str(&format!("{pad}  command: [\"sh\", \"-c\", \"exit 0\"]\n"))
+                }
+                Leaf::Fail(n) => y.push_str(&format!(
+                    "{pad}  command: [\"sh\", \"-c\", {}]\n",
+                    q(&format!("echo failing >&2; exit {n}"))
+                )),
+                Leaf::Flaky(k) => {
+                    let file = format!(
+                        ".flaky-{}{}",
+                        full.replace(['.', '[', ']'], "_"),
+                        marker.unwrap_or("")
+                    );
+                    let script = format!(
+                        "f={file}; n=$(cat $f 2>/dev/null || echo 0); echo $((n+1)) > $f; [ \"$n\" -ge {k} ]"
+                    );
+                    y.push_str(&format!(
+                        "{pad}  command: [\"sh\", \"-c\", {}]\n",
+                        q(&script)
+                    ));
+                }
+                Leaf::Approval(_) => {
+                    y.push_str(&format!("{pad}  approval: {}\n", q(&format!("go {id}?"))))
+                }
+                Leaf::Read(exists) => {
+                    let f = if *exists { "data.txt" } else { "missing.txt" };
+                    y.push_str(&format!(
+                        "{pad}  tool: read\n{pad}  args: {{ path: {f} }}\n"
+                    ));
+                }
+            },
+            Kind::Loop { until, max, body } => {
+                y.push_str(&format!(
+                    "{pad}  loop:\n{pad}    until: {}\n{pad}    max_iterations: {max}\n{pad}    nodes:\n",
+                    q(&format!("iteration >= {until}"))
+                ));
+                write_nodes(
+                    y,
+                    body,
+                    &format!("{full}."),
+                    depth + 3,
+                    Some("-{{ iteration }}"),
+                );
+            }
+            Kind::ForEach { len, body } => {
+                let list: Vec<String> = (0..*len).map(|i| (i * 10).to_string()).collect();
+                y.push_str(&format!(
+                    "{pad}  for_each: {}\n{pad}  nodes:\n",
+                    q(&format!("[{}]", list.join(", ")))
+                ));
+                write_nodes(
+                    y,
+                    body,
+                    &format!("{full}-each-"),
+                    depth + 2,
+                    Some("-{{ index }}"),
+                );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ the oracle ----
+
+/// What the model says about one node instance when nothing stops the run.
+#[derive(Debug, Clone, PartialEq)]
+struct Expect {
+    status: NodeStatus,
+    /// How many attempts start (`NodeStarted` events).
+    attempts: u32,
+    /// The output of a finished leaf whose output is known.
+    output: Option<Value>,
+    /// Its siblings it needs, as instance keys.
+    needs: Vec<(String, u32)>,
+}
+
+/// Plays the workflow through in dependency order, the way it must go when
+/// nothing cancels it. Returns whether a node fails with `on_failure: fail`
+/// (then the run must fail, and nodes may be cancelled instead).
+fn simulate(
+    nodes: &[Gen],
+    path: &str,
+    iteration: u32,
+    out: &mut BTreeMap<(String, u32), Expect>,
+) -> bool {
+    let mut fatal = false;
+    let mut status: Vec<NodeStatus> = Vec::new();
+    for (i, g) in nodes.iter().enumerate() {
+        let id = format!("{path}{}", id_of(i));
+        let needs = needs_of(g, i);
+        let blocked = needs.iter().any(|&j| status[j] != NodeStatus::Finished);
+        let need_keys = needs
+            .iter()
+            .map(|&j| (format!("{path}{}", id_of(j)), iteration))
+            .collect();
+        let (st, attempts, output) = if blocked || g.cond == Some(false) {
+            (NodeStatus::Skipped, 0, None)
+        } else {
+            match &g.kind {
+                Kind::Leaf(l) => match l {
+                    Leaf::Value => (
+                        NodeStatus::Finished,
+                        1,
+                        Some(json!(format!("v-{}", id_of(i)))),
+                    ),
+                    Leaf::Ok(1) => (NodeStatus::Finished, 1, Some(json!("hi"))),
+                    Leaf::Ok(_) => (NodeStatus::Finished, 1, Some(json!(""))),
+                    Leaf::Fail(_) => (NodeStatus::Failed, g.attempts, None),
+                    Leaf::Flaky(k) if (*k as u32) < g.attempts => {
+                        (NodeStatus::Finished, *k as u32 + 1, Some(json!("")))
+                    }
+                    Leaf::Flaky(_) => (NodeStatus::Failed, g.attempts, None),
+                    Leaf::Approval(true) => (NodeStatus::Finished, 1, None),
+                    Leaf::Approval(false) => (NodeStatus::Failed, 1, None),
+                    Leaf::Read(true) => (NodeStatus::Finished, 1, None),
+                    Leaf::Read(false) => (NodeStatus::Failed, 1, None),
+                },
+                Kind::Loop { until, max, body } => {
+                    let passes = (*until + 1).min(*max);
+                    for p in 0..passes {
+                        fatal |= simulate(body, &format!("{id}."), p, out);
+                    }
+                    (NodeStatus::Finished, 1, None)
+                }
+                Kind::ForEach { len, body } => {
+                    for e in 0..*len {
+                        fatal |= simulate(body, &format!("{id}[{e}]."), iteration, out);
+                    }
+                    (NodeStatus::Finished, 1, None)
+                }
+            }
+        };
+        if st == NodeStatus::Failed && !g.cont {
+            fatal = true;
+        }
+        status.push(st);
+        out.insert(
+            (id, iteration),
+            Expect {
+                status: st,
+                attempts,
+                output,
+                needs: need_keys,
+            },
+        );
+    }
+    fatal
+}
+
+// --------------------------------------------------------------- running ----
+
+type Events = Arc<Mutex<Vec<Event>>>;
+
+/// Everything one case produced.
+struct Ran {
+    run_id: String,
+    observed: Vec<Event>,
+    outcome: RunOutcome,
+    /// Whether a cancel request was accepted.
+    cancelled: bool,
+    /// Events delivered by subscriptions: (asked after, delivered).
+    subscriptions: Vec<(u64, Vec<(u64, String)>)>,
+}
+
+async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ran {
+    let engine = Engine::new(journal.clone(), EngineOptions::default());
+    let path = dir.join("wf.yaml");
+    std::fs::write(&path, yaml(case)).unwrap();
+    std::fs::write(dir.join("data.txt"), "some data\n").unwrap();
+    let wf = cairn_workflow::load(&path).unwrap_or_else(|e| panic!("generated workflow: {e}"));
+
+    let events: Events = Arc::default();
+    // Approvals seen, decisions to make, and the cancel trigger: all driven
+    // from the observer through channels, since it must not block.
+    let (ask_tx, mut ask_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (sub_tx, mut sub_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let cancel_at = if case.exit_on_wait {
+        None
+    } else {
+        case.cancel.map(|c| c.0)
+    };
+    // A mid-run subscription from the seq the observer reaches at this count.
+    let sub_at = 1 + (case.nodes.len() as u64 * 7) % 23;
+    let observer = {
+        let events = events.clone();
+        Arc::new(move |ev: &Event| {
+            let mut evs = events.lock().unwrap();
+            evs.push(ev.clone());
+            let n = evs.len() as u64;
+            if let EventKind::ApprovalRequested { .. } = ev.kind {
+                let _ = ask_tx.send(ev.scope.node_id.clone().unwrap());
+            }
+            if Some(n) == cancel_at {
+                let _ = cancel_tx.send(());
+            }
+            if n == sub_at {
+                let _ = sub_tx.send(ev.seq);
+            }
+        })
+    };
+    let opts = StartOptions {
+        run_id: Some(run_id.to_string()),
+        max_concurrency: Some(case.concurrency),
+        exit_on_wait: case.exit_on_wait,
+        observer: Some(observer),
+    };
+
+    // A subscription that joins before the run exists and follows it live.
+    let live = {
+        let mut sub = journal.subscribe(run_id, 0).unwrap();
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(ev) = sub.next().await {
+                let ev = ev.expect("live subscription failed");
+                got.push((ev.seq, ev.json.to_string()));
+            }
+            (0, got)
+        })
+    };
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+    let mid = {
+        let journal = journal.clone();
+        let run_id = run_id.to_string();
+        tokio::spawn(async move {
+            // The run may end before the observer reaches `sub_at`.
+            let after = tokio::select! {
+                biased;
+                a = sub_rx.recv() => a?,
+                _ = &mut done_rx => return None,
+            };
+            // The observer runs before the commit. A subscriber asks after
+            // a seq it has seen, i.e. one already committed; one asking
+            // after a seq that is not (yet) in the store and turns out to be
+            // the terminal event would wait for more forever.
+            while journal.backend().last_seq(&run_id).unwrap() < after {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mut sub = journal.subscribe(&run_id, after).unwrap();
+            let mut got = Vec::new();
+            while let Some(ev) = sub.next().await {
+                let ev = ev.expect("mid-run subscription failed");
+                got.push((ev.seq, ev.json.to_string()));
+            }
+            Some((after, got))
+        })
+    };
+
+    let decisions: HashMap<String, bool> = case
+        .nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, g)| match g.kind {
+            Kind::Leaf(Leaf::Approval(yes)) => Some((id_of(i), yes)),
+            _ => None,
+        })
+        .collect();
+    if !case.exit_on_wait {
+        let engine = engine.clone();
+        let run_id = run_id.to_string();
+        let decisions = decisions.clone();
+        tokio::spawn(async move {
+            while let Some(node) = ask_rx.recv().await {
+                // A run that is failing or cancelled may no longer wait.
+                let _ = engine
+                    .decide(
+                        &run_id,
+                        &node,
+                        decisions[&node],
+                        Some("n".into()),
+                        Some("prop".into()),
+                    )
+                    .await;
+            }
+        });
+    }
+    let cancel_ok = Arc::new(Mutex::new(false));
+    if let Some((_, graceful)) = case.cancel.filter(|_| !case.exit_on_wait) {
+        let engine = engine.clone();
+        let run_id = run_id.to_string();
+        let ok = cancel_ok.clone();
+        tokio::spawn(async move {
+            if cancel_rx.recv().await.is_some() {
+                let r = engine
+                    .cancel(&run_id, graceful, Some("proptest".into()), None)
+                    .await;
+                *ok.lock().unwrap() = r.is_ok();
+            }
+        });
+    }
+
+    let handle = within(engine.start(wf, json!({}), opts.clone()))
+        .await
+        .unwrap();
+    let mut outcome = within(handle.wait()).await;
+    let mut sessions = 1;
+    while outcome == RunOutcome::Waiting {
+        assert!(case.exit_on_wait, "waiting without exit_on_wait");
+        sessions += 1;
+        assert!(sessions < 30, "too many sessions");
+        if let Some((_, graceful)) = case.cancel {
+            // Nobody drives the run: the cancel ends it right here.
+            within(engine.cancel(run_id, graceful, Some("offline".into()), None))
+                .await
+                .expect("offline cancel");
+            *cancel_ok.lock().unwrap() = true;
+            outcome = RunOutcome::Cancelled;
+            break;
+        }
+        let state = engine.state(run_id).unwrap();
+        let waiting: Vec<String> = state
+            .nodes
+            .iter()
+            .filter(|n| n.status == NodeStatus::WaitingApproval)
+            .map(|n| n.node_id.clone())
+            .collect();
+        assert!(
+            !waiting.is_empty(),
+            "Waiting, but no node waits for approval"
+        );
+        for node in waiting {
+            within(engine.decide(
+                run_id,
+                &node,
+                decisions[&node],
+                None,
+                Some("offline".into()),
+            ))
+            .await
+            .expect("offline decision");
+        }
+        let h = within(engine.resume(run_id, opts.clone()))
+            .await
+            .expect("resume");
+        outcome = within(h.wait()).await;
+    }
+    // Every session's events are committed once its handle returns.
+    let _ = done_tx.send(());
+    let mut subscriptions = vec![within(live).await.unwrap()];
+    if let Some(s) = within(mid).await.unwrap() {
+        subscriptions.push(s);
+    }
+    let observed = events.lock().unwrap().clone();
+    let cancelled = *cancel_ok.lock().unwrap();
+    Ran {
+        run_id: run_id.to_string(),
+        observed,
+        outcome,
+        cancelled,
+        subscriptions,
+    }
+}
+
+/// Bounds every wait: a hung run is a failure, not a hung test suite.
+async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("the run did not get there within 60 s")
+}
+
+// -------------------------------------------------------------- checking ----
+
+/// Where one node instance stands in the contract's per-node grammar.
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    Pending,
+    Running(u32),
+    /// `NodeFailed(a, willRetry)` seen; `NodeRetrying(a+1)` must follow.
+    Failing(u32),
+    /// `NodeRetrying(a)` seen; `NodeStarted(a)` comes next.
+    Retrying(u32),
+    Done,
+}
+
+#[derive(Debug, Default)]
+struct NodeLog {
+    phase: Option<Phase>,
+    started: u32,
+    gate: u8,
+    terminal: Option<&'static str>,
+    /// Open tool calls of the current attempt.
+    tools: BTreeSet<u32>,
+    last_tool: u32,
+    started_without_attempt_end: bool,
+}
+
+fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), String> {
+    let stored = journal
+        .backend()
+        .read_events(&ran.run_id, &EventQuery::default())
+        .map_err(|e| e.to_string())?;
+    let evs: Vec<Event> = stored
+        .iter()
+        .map(|s| s.decode().map_err(|e| format!("seq {}: {e}", s.seq)))
+        .collect::<Result<_, _>>()?;
+    let evs = &evs;
+    let n = evs.len() as u64;
+    // Envelope and guarantee 1: seq 1..n, no gap, one order.
+    for (i, e) in evs.iter().enumerate() {
+        if e.seq != i as u64 + 1 {
+            return Err(format!("event #{i} has seq {} (want {})", e.seq, i + 1));
+        }
+        if e.run_id != ran.run_id {
+            return Err(format!("seq {} has runId {}", e.seq, e.run_id));
+        }
+        if i > 0 && e.timestamp_ms < evs[i - 1].timestamp_ms {
+            return Err(format!("seq {}: timestamp goes back", e.seq));
+        }
+        if e.to_json() != *stored[i].json {
+            return Err(format!("seq {}: stored JSON does not round-trip", e.seq));
+        }
+        let s = &stored[i];
+        if s.seq != e.seq || s.type_name != e.type_name() || s.node_id != e.scope.node_id {
+            return Err(format!(
+                "seq {}: stored columns disagree with the JSON",
+                e.seq
+            ));
+        }
+    }
+    // Guarantee 1: the observer saw the store's events, byte for byte. Only
+    // what was written while no engine drove the run (an offline decision
+    // or cancel between sessions) escapes it.
+    let mut seen = ran.observed.iter().peekable();
+    for e in evs {
+        match seen.peek() {
+            Some(o) if o.seq == e.seq => {
+                if o.to_json() != e.to_json() {
+                    return Err(format!("seq {}: observer and store differ", e.seq));
+                }
+                seen.next();
+            }
+            _ => {
+                let offline = matches!(
+                    e.kind,
+                    EventKind::ApprovalGranted { .. }
+                        | EventKind::ApprovalDenied { .. }
+                        | EventKind::RunCancelRequested { .. }
+                        | EventKind::NodeCancelled { .. }
+                        | EventKind::RunStatusChanged { .. }
+                        | EventKind::RunCancelled { .. }
+                );
+                if !case.exit_on_wait || !offline {
+                    return Err(format!(
+                        "seq {} {} never reached the observer",
+                        e.seq,
+                        e.type_name()
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(o) = seen.next() {
+        return Err(format!(
+            "the observer saw seq {} out of order or not in the store",
+            o.seq
+        ));
+    }
+    // Guarantee 5: the NDJSON mirror holds the same lines.
+    let mirror = std::fs::read_to_string(dir.join("logs").join(&ran.run_id).join("events.ndjson"))
+        .map_err(|e| format!("NDJSON mirror: {e}"))?;
+    let lines: Vec<&str> = mirror.lines().collect();
+    if lines.len() != stored.len() || !mirror.ends_with('\n') {
+        return Err(format!(
+            "mirror has {} lines, store {}",
+            lines.len(),
+            stored.len()
+        ));
+    }
+    for (l, s) in lines.iter().zip(&stored) {
+        if *l != &*s.json {
+            return Err(format!("seq {}: mirror line differs from the store", s.seq));
+        }
+    }
+    // Guarantee 3: subscriptions deliver after+1.. exactly once, in order.
+    let mut subs = ran.subscriptions.clone();
+    let after = (n * 3 + 1) / 5; // one more, joined after the run
+    let mut late = Vec::new();
+    let rt_sub = journal
+        .subscribe(&ran.run_id, after)
+        .map_err(|e| e.to_string())?;
+    drain(rt_sub, &mut late);
+    subs.push((after, late));
+    let mut rt_all = Vec::new();
+    drain(
+        journal
+            .subscribe(&ran.run_id, n)
+            .map_err(|e| e.to_string())?,
+        &mut rt_all,
+    );
+    subs.push((n, rt_all));
+    for (after, got) in &subs {
+        let want: Vec<(u64, String)> = stored
+            .iter()
+            .filter(|s| s.seq > *after)
+            .map(|s| (s.seq, s.json.to_string()))
+            .collect();
+        if *got != want {
+            let seqs: Vec<u64> = got.iter().map(|g| g.0).collect();
+            return Err(format!(
+                "subscription after {after} delivered seqs {seqs:?}, want {}..={n}",
+                after + 1
+            ));
+        }
+    }
+    // Guarantee 4: the reducer over the store, the mirror and the observed
+    // events agree, and `Engine::state` is that fold.
+    let from_observed = if ran.observed.len() == evs.len() {
+        RunState::from_events(&ran.run_id, ran.observed.iter())
+    } else {
+        RunState::from_events(&ran.run_id, evs.iter())
+    };
+    let from_store = RunState::from_events(&ran.run_id, evs.iter());
+    let from_mirror_evs: Vec<Event> = lines.iter().map(|l| Event::from_json(l).unwrap()).collect();
+    let from_mirror = RunState::from_events(&ran.run_id, from_mirror_evs.iter());
+    if from_observed != from_store || from_store != from_mirror {
+        return Err("folds of observer, store and mirror differ".into());
+    }
+    let engine_state = Engine::new(journal.clone(), EngineOptions::default())
+        .state(&ran.run_id)
+        .map_err(|e| e.to_string())?;
+    if engine_state != from_store {
+        return Err("Engine::state differs from a fresh fold of the store".into());
+    }
+    let state = from_store;
+
+    // Run-level: sessions, terminal, guarantee 6.
+    if !matches!(evs[0].kind, EventKind::RunStarted { resumed: false, .. }) {
+        return Err("the log does not open with RunStarted(resumed=false)".into());
+    }
+    let terminals: Vec<usize> = evs
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind.is_terminal())
+        .map(|(i, _)| i)
+        .collect();
+    if terminals != vec![evs.len() - 1] {
+        return Err(format!(
+            "terminal events at {terminals:?} of {} (guarantee 6)",
+            evs.len()
+        ));
+    }
+    let last = &evs[evs.len() - 1].kind;
+    let (want_status, ok) = match (&ran.outcome, last) {
+        (RunOutcome::Finished(_), EventKind::RunFinished { .. }) => (RunStatus::Finished, true),
+        (RunOutcome::Failed(_), EventKind::RunFailed { .. }) => (RunStatus::Failed, true),
+        (RunOutcome::Cancelled, EventKind::RunCancelled { .. }) => (RunStatus::Cancelled, true),
+        _ => (RunStatus::Failed, false),
+    };
+    if !ok {
+        return Err(format!(
+            "outcome {:?} but the log ends with {}",
+            ran.outcome,
+            evs.last().unwrap().type_name()
+        ));
+    }
+    if state.status != Some(want_status) {
+        return Err(format!(
+            "folded status {:?}, want {want_status:?}",
+            state.status
+        ));
+    }
+    let n_starts = evs
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+        .count();
+    for e in evs.iter().skip(1) {
+        if let EventKind::RunStarted { resumed, .. } = e.kind {
+            if !resumed {
+                return Err(format!(
+                    "seq {}: a second RunStarted not marked resumed",
+                    e.seq
+                ));
+            }
+        }
+    }
+    if !case.exit_on_wait && n_starts != 1 {
+        return Err(format!("{n_starts} sessions without exit_on_wait"));
+    }
+    let cancel_requested = evs
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::RunCancelRequested { .. }));
+    if ran.cancelled != cancel_requested {
+        return Err(format!(
+            "cancel accepted: {}, RunCancelRequested logged: {cancel_requested}",
+            ran.cancelled
+        ));
+    }
+    if cancel_requested != (ran.outcome == RunOutcome::Cancelled) {
+        return Err(format!(
+            "cancel requested: {cancel_requested}, outcome {:?}",
+            ran.outcome
+        ));
+    }
+    // A summary precedes the end and counts what the fold counts.
+    let summary = evs.iter().rev().find_map(|e| match &e.kind {
+        EventKind::RunSummary { nodes, .. } => Some(nodes.clone()),
+        _ => None,
+    });
+    let count = |s: NodeStatus| state.nodes.iter().filter(|x| x.status == s).count() as u64;
+    if let Some(s) = summary {
+        let folded = (
+            count(NodeStatus::Finished),
+            count(NodeStatus::Failed),
+            count(NodeStatus::Skipped),
+            count(NodeStatus::Cancelled),
+        );
+        if (s.finished, s.failed, s.skipped, s.cancelled) != folded {
+            return Err(format!("RunSummary counts {s:?}, fold {folded:?}"));
+        }
+    } else if !(case.exit_on_wait && ran.cancelled) {
+        return Err("no RunSummary".into());
+    }
+
+    // Frames count up by one; nodes appear only after a frame.
+    let mut frame = 0;
+    let mut layers: HashMap<u32, bool> = HashMap::new();
+    let mut finished_ids: BTreeSet<String> = BTreeSet::new();
+    let mut nodes: BTreeMap<(String, u32), NodeLog> = BTreeMap::new();
+    for e in evs {
+        let at = e.seq;
+        match &e.kind {
+            EventKind::FrameCommitted { frame_no, .. } => {
+                if *frame_no != frame + 1 {
+                    return Err(format!("seq {at}: frame {frame_no} after {frame}"));
+                }
+                frame = *frame_no;
+            }
+            EventKind::LayerStarted { layer_index, .. } => {
+                if layers.insert(*layer_index, true) == Some(true) {
+                    return Err(format!("seq {at}: layer {layer_index} started twice"));
+                }
+            }
+            EventKind::LayerFinished { layer_index, .. } => {
+                if layers.insert(*layer_index, false) != Some(true) {
+                    return Err(format!(
+                        "seq {at}: layer {layer_index} finished but not started"
+                    ));
+                }
+            }
+            EventKind::EdgeTraversed { from, to, .. } => {
+                if !finished_ids.contains(from) {
+                    return Err(format!(
+                        "seq {at}: edge {from} -> {to} before {from} finished"
+                    ));
+                }
+            }
+            EventKind::RunStarted { resumed: true, .. } => {
+                // Layer tallies are per session: a resume starts them afresh.
+                layers.clear();
+            }
+            _ => {}
+        }
+        let Some((id, it)) = e.node_key() else {
+            continue;
+        };
+        let key = (id.to_string(), it);
+        let nl = nodes.entry(key.clone()).or_default();
+        let t = e.type_name();
+        let phase = nl.phase.clone();
+        macro_rules! err {
+            ($m:expr) => {
+                return Err(format!(
+                    "seq {at} {t} of {}#{}: {} (phase {:?})",
+                    key.0, key.1, $m, phase
+                ))
+            };
+        }
+        if frame == 0 {
+            err!("node event before any frame");
+        }
+        let attempt = e.scope.attempt;
+        match (phase.clone(), &e.kind) {
+            (None, EventKind::NodePending { .. }) => nl.phase = Some(Phase::Pending),
+            (None, _) => err!("first event of a node is not NodePending"),
+            (Some(_), EventKind::NodePending { .. }) => err!("NodePending twice"),
+            (Some(Phase::Done), _) => err!("event after the node ended"),
+            (Some(Phase::Pending), EventKind::NodeStarted {}) => {
+                if attempt != Some(1) {
+                    err!("first attempt is not 1");
+                }
+                nl.started += 1;
+                nl.phase = Some(Phase::Running(1));
+            }
+            (Some(Phase::Pending), EventKind::NodeSkipped { .. }) => {
+                if attempt.is_some() || nl.started > 0 {
+                    err!("skipped with an attempt");
+                }
+                nl.phase = Some(Phase::Done);
+                nl.terminal = Some("skipped");
+            }
+            (Some(Phase::Pending), EventKind::NodeCancelled { .. }) => {
+                if attempt.is_some() {
+                    err!("cancelled with an attempt that never started");
+                }
+                nl.phase = Some(Phase::Done);
+                nl.terminal = Some("cancelled");
+            }
+            (Some(Phase::Pending), _) => err!("before NodeStarted"),
+            (Some(Phase::Failing(a)), EventKind::NodeRetrying { .. }) => {
+                if attempt != Some(a + 1) {
+                    err!("NodeRetrying does not name the next attempt");
+                }
+                nl.phase = Some(Phase::Retrying(a + 1));
+            }
+            (Some(Phase::Failing(_)), _) => {
+                err!("NodeFailed(willRetry) not followed by NodeRetrying")
+            }
+            (Some(Phase::Retrying(a)), EventKind::NodeStarted {}) => {
+                if attempt != Some(a) {
+                    err!("NodeStarted does not continue the announced attempt");
+                }
+                nl.started += 1;
+                nl.phase = Some(Phase::Running(a));
+                nl.tools.clear();
+                nl.last_tool = 0;
+            }
+            (Some(Phase::Retrying(_)), EventKind::NodeCancelled { .. }) => {
+                // Cancelled between attempts: the announced attempt never
+                // started, so the event carries none.
+                if attempt.is_some() {
+                    err!("cancelled between attempts with an attempt");
+                }
+                nl.phase = Some(Phase::Done);
+                nl.terminal = Some("cancelled");
+                nl.started_without_attempt_end = true;
+            }
+            (Some(Phase::Retrying(_)), _) => err!("between NodeRetrying and NodeStarted"),
+            (Some(Phase::Running(a)), kind) => {
+                let attempt_scoped = matches!(
+                    kind,
+                    EventKind::NodeOutput { .. }
+                        | EventKind::NodeHeartbeat { .. }
+                        | EventKind::NodeFinished { .. }
+                        | EventKind::NodeFailed { .. }
+                        | EventKind::ToolCallStarted { .. }
+                        | EventKind::ToolCallFinished { .. }
+                        | EventKind::NetworkAccess { .. }
+                );
+                if attempt_scoped && attempt != Some(a) {
+                    err!(&format!("attempt {attempt:?} inside attempt {a}"));
+                }
+                match kind {
+                    EventKind::NodeFinished { .. } => {
+                        if !nl.tools.is_empty() {
+                            err!("attempt ended with open tool calls");
+                        }
+                        nl.phase = Some(Phase::Done);
+                        nl.terminal = Some("finished");
+                        finished_ids.insert(key.0.clone());
+                    }
+                    EventKind::NodeFailed { will_retry, .. } => {
+                        if *will_retry {
+                            nl.phase = Some(Phase::Failing(a));
+                        } else {
+                            nl.phase = Some(Phase::Done);
+                            nl.terminal = Some("failed");
+                        }
+                    }
+                    EventKind::NodeCancelled { .. } => {
+                        if attempt.is_some() && attempt != Some(a) {
+                            err!("cancelled naming another attempt");
+                        }
+                        if attempt.is_none() {
+                            err!("a started attempt cancelled without its attempt");
+                        }
+                        nl.phase = Some(Phase::Done);
+                        nl.terminal = Some("cancelled");
+                    }
+                    EventKind::NodeStarted {} => err!("NodeStarted inside an attempt"),
+                    EventKind::NodeRetrying { .. } => err!("NodeRetrying inside an attempt"),
+                    EventKind::NodeSkipped { .. } => err!("skipped after it started"),
+                    EventKind::ToolCallStarted { tool_seq, .. } => {
+                        if *tool_seq != nl.last_tool + 1 {
+                            err!("toolSeq does not count up from 1");
+                        }
+                        nl.last_tool = *tool_seq;
+                        nl.tools.insert(*tool_seq);
+                    }
+                    EventKind::ToolCallFinished { tool_seq, .. } => {
+                        if !nl.tools.remove(tool_seq) {
+                            err!("ToolCallFinished without its ToolCallStarted");
+                        }
+                    }
+                    EventKind::NodeWaitingApproval {} => {
+                        if nl.gate != 0 {
+                            err!("NodeWaitingApproval twice");
+                        }
+                        nl.gate = 1;
+                    }
+                    EventKind::ApprovalRequested { .. } => {
+                        if nl.gate != 1 {
+                            err!("ApprovalRequested not right after NodeWaitingApproval");
+                        }
+                        nl.gate = 2;
+                    }
+                    EventKind::ApprovalGranted { .. } | EventKind::ApprovalDenied { .. } => {
+                        if nl.gate != 2 {
+                            err!("a decision without ApprovalRequested, or twice");
+                        }
+                        nl.gate = 3;
+                    }
+                    _ => {}
+                }
+                if nl.gate == 1
+                    && !matches!(kind, EventKind::NodeWaitingApproval {})
+                    && !matches!(kind, EventKind::ApprovalRequested { .. })
+                {
+                    err!("NodeWaitingApproval not followed by ApprovalRequested");
+                }
+            }
+        }
+    }
+    // For a run that ended: every layer that started has finished unless
+    // the run was stopped; every mounted node reached a terminal state.
+    for (key, nl) in &nodes {
+        if nl.phase != Some(Phase::Done) {
+            return Err(format!(
+                "{}#{} never ended (phase {:?})",
+                key.0, key.1, nl.phase
+            ));
+        }
+        if nl.gate == 3 && nl.terminal == Some("cancelled") {
+            // Decided, then cancelled before it acted: allowed.
+        }
+        let folded = state.node(&key.0, key.1).map(|s| s.status.as_str());
+        if folded != nl.terminal {
+            return Err(format!(
+                "{}#{}: log ends {:?}, fold says {folded:?}",
+                key.0, key.1, nl.terminal
+            ));
+        }
+    }
+    if ran.outcome == RunOutcome::Finished(None) || matches!(ran.outcome, RunOutcome::Finished(_)) {
+        if let Some((l, _)) = layers.iter().find(|(_, open)| **open) {
+            return Err(format!("layer {l} never finished in a finished run"));
+        }
+    }
+
+    // The model: what each node instance must have come to.
+    let mut expect = BTreeMap::new();
+    let fatal = simulate(&case.nodes, "", 0, &mut expect);
+    let exact = !fatal && !cancel_requested;
+    if exact && !matches!(ran.outcome, RunOutcome::Finished(_)) {
+        return Err(format!(
+            "nothing should stop this run, yet it ended {:?}",
+            ran.outcome
+        ));
+    }
+    if fatal && !cancel_requested && !matches!(ran.outcome, RunOutcome::Failed(_)) {
+        return Err(format!(
+            "a node fails with on_failure=fail, yet the run ended {:?}",
+            ran.outcome
+        ));
+    }
+    for (key, nl) in &nodes {
+        let Some(x) = expect.get(key) else {
+            return Err(format!(
+                "{}#{} was mounted but the workflow has no such instance",
+                key.0, key.1
+            ));
+        };
+        let got = state.node(&key.0, key.1).unwrap();
+        // A stopping run cancels what has not ended, and takes no more
+        // retries: a node that needed them may end failed instead.
+        let cut_short = got.status == NodeStatus::Failed && nl.started < x.attempts;
+        if got.status != x.status && got.status != NodeStatus::Cancelled && !cut_short {
+            return Err(format!(
+                "{}#{} ended {}, want {} (or cancelled)",
+                key.0,
+                key.1,
+                got.status.as_str(),
+                x.status.as_str()
+            ));
+        }
+        // A run that stops takes no more retries, so attempts are exact
+        // only when nothing stops it.
+        if exact && nl.started != x.attempts {
+            return Err(format!(
+                "{}#{} ended {} after {} attempts, want {}",
+                key.0,
+                key.1,
+                got.status.as_str(),
+                nl.started,
+                x.attempts
+            ));
+        }
+        if nl.started > x.attempts.max(1) {
+            return Err(format!(
+                "{}#{} started {} attempts, at most {}",
+                key.0, key.1, nl.started, x.attempts
+            ));
+        }
+        if got.status == NodeStatus::Finished {
+            if let Some(o) = &x.output {
+                if got.output.as_ref() != Some(o) {
+                    return Err(format!(
+                        "{}#{} output {:?}, want {o}",
+                        key.0, key.1, got.output
+                    ));
+                }
+            }
+        }
+        // Dependents of nodes that did not finish never start.
+        for need in &x.needs {
+            let ns = state.node(&need.0, need.1).map(|s| s.status);
+            if ns != Some(NodeStatus::Finished) && nl.started > 0 {
+                return Err(format!(
+                    "{}#{} started though its need {} is {:?}",
+                    key.0, key.1, need.0, ns
+                ));
+            }
+            if matches!(ns, Some(NodeStatus::Failed | NodeStatus::Skipped))
+                && !matches!(got.status, NodeStatus::Skipped | NodeStatus::Cancelled)
+            {
+                return Err(format!(
+                    "{}#{} is {} though its need {} is {:?}",
+                    key.0,
+                    key.1,
+                    got.status.as_str(),
+                    need.0,
+                    ns
+                ));
+            }
+        }
+    }
+    if exact {
+        let mounted: BTreeSet<&(String, u32)> = nodes.keys().collect();
+        let want: BTreeSet<&(String, u32)> = expect.keys().collect();
+        if mounted != want {
+            let missing: Vec<_> = want.difference(&mounted).collect();
+            let extra: Vec<_> = mounted.difference(&want).collect();
+            return Err(format!(
+                "mounted instances differ: missing {missing:?}, extra {extra:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Drains a subscription of a run that has ended, on a runtime of its own
+/// (the caller is not async).
+fn drain(mut sub: cairn_store::Subscription, out: &mut Vec<(u64, String)>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("a subscription of an ended run did not end")
+        {
+            let ev = ev.expect("subscription failed");
+            out.push((ev.seq, ev.json.to_string()));
+        }
+    });
+}
+
+fn cases() -> u32 {
+    std::env::var("CAIRN_CONFORMANCE_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+static CASE_NO: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_workflows_keep_the_contract(case in gen_case()) {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open_sqlite(
+            &dir.path().join("cairn.db"),
+            JournalOptions { log_dir: Some(dir.path().join("logs")) },
+        )
+        .unwrap();
+        let no = CASE_NO.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let run_id = format!("conf-{no}");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let ran = rt.block_on(run_case(&case, dir.path(), journal.clone(), &run_id));
+        drop(rt);
+        let verdict = check(&case, dir.path(), &journal, &ran);
+        if std::env::var_os("CAIRN_CONFORMANCE_VERBOSE").is_some() {
+            eprintln!("{run_id} exit_on_wait={} cancel={:?}: {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
+        }
+        journal.close();
+        if let Err(e) = verdict {
+            let dump: Vec<String> = ran.observed.iter().map(|e| e.to_json()).collect();
+            prop_assert!(false, "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- log:\n{}", yaml(&case), case, dump.join("\n"));
+        }
+    }
+}
