@@ -575,3 +575,74 @@ fn help_documents_the_exit_codes() {
         assert!(help.contains(line), "{help}");
     }
 }
+
+/// `cairn serve` on a free port; returns the child and its base URL.
+fn serve(env: &Env) -> (Child, String) {
+    use std::io::BufRead;
+    let mut child = env.spawn(&["serve", "--addr", "127.0.0.1:0"]);
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(url) = line.split("listening on ").nth(1) {
+                let _ = tx.send(url.trim().to_string());
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(PATIENCE)
+        .expect("cairn serve says where it listens");
+    (child, url)
+}
+
+#[test]
+fn status_and_logs_through_a_server() {
+    let env = Env::new();
+    let hello = examples().join("hello.yaml");
+    assert_code(
+        &env.run(&["run", hello.to_str().unwrap(), "--run-id", "s1"]),
+        0,
+    );
+    let mirror = std::fs::read_to_string(env.mirror("s1")).unwrap();
+    let (mut server, url) = serve(&env);
+
+    let st = env.run(&["status", "s1", "--json", "--server", &url]);
+    assert_code(&st, 0);
+    let remote: Value = serde_json::from_slice(&st.stdout).unwrap();
+    let local = env.state("s1").unwrap();
+    assert_eq!(remote["status"], "finished");
+    assert_eq!(remote["nodes"], local["nodes"]);
+
+    let page = env.run(&["logs", "s1", "--json", "--server", &url]);
+    assert_code(&page, 0);
+    assert_eq!(text(&page.stdout), mirror);
+    let follow = env.run(&["logs", "s1", "--json", "--follow", "--server", &url]);
+    assert_code(&follow, 0);
+    assert_eq!(text(&follow.stdout), mirror);
+    let filtered = env.run(&["logs", "s1", "--server", &url, "--node", "report"]);
+    assert_code(&filtered, 0);
+    let lines = text(&filtered.stdout);
+    assert!(
+        !lines.is_empty() && lines.lines().all(|l| l.contains(" report")),
+        "{lines}"
+    );
+
+    // Unknown runs are bad input there too.
+    assert_code(&env.run(&["status", "nope", "--server", &url]), 4);
+
+    // SAFETY: signalling the server process this test started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    while server.try_wait().unwrap().is_none() {
+        if start.elapsed() > PATIENCE {
+            let _ = server.kill();
+            panic!("cairn serve did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Nothing listens any more: reaching it is an error, not bad input.
+    assert_code(&env.run(&["status", "s1", "--server", &url]), 1);
+}
