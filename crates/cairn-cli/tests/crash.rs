@@ -1,0 +1,379 @@
+//! The crash test: the real `cairn` binary runs a workflow of a few hundred
+//! command nodes, is killed with SIGKILL at random moments over and over, and
+//! is resumed until the run is done. Afterwards the store must show every
+//! node finished exactly once, `seq` without a gap, and no side effect beyond
+//! the attempts the log started; no process of a killed run may survive the
+//! resume that follows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_events::{Event, EventKind};
+use cairn_store::{Backend, EventQuery, SqliteBackend};
+
+/// Kills of `cairn run`/`cairn resume` before the final resume.
+const KILLS: usize = 15;
+const CHAINS: usize = 16;
+const CHAIN_LEN: usize = 10;
+const FANOUT: usize = 100;
+/// Fan-out nodes whose command leaves a long-lived grandchild: if a resume
+/// did not kill the process groups a killed run left behind, these would
+/// still be alive when checked.
+const SLOW: usize = 3;
+/// Upper bound on any wait: a hang fails instead of blocking CI.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A small xorshift generator: the test needs varied delays, not crypto.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Rng {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let seed = std::env::var("CAIRN_CRASH_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(t | 1);
+        eprintln!("crash test seed {seed} (CAIRN_CRASH_SEED reruns it)");
+        Rng(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The workflow: a root, chains hanging off it, a wide fan-out, and a join.
+/// Every command appends its node's id to `side-effects.txt`.
+fn workflow(marker: &str) -> (String, Vec<String>) {
+    let mut ids = Vec::new();
+    let mut y = String::from(
+        "name: crash\nconcurrency: 8\ndefaults:\n  retry: { attempts: 40, delay: 1ms, backoff: fixed }\nnodes:\n",
+    );
+    let mut node = |y: &mut String, id: &str, needs: &[String], extra: &str| {
+        ids.push(id.to_string());
+        y.push_str(&format!("  - id: {id}\n"));
+        if !needs.is_empty() {
+            y.push_str(&format!("    needs: [{}]\n", needs.join(", ")));
+        }
+        let script = format!("echo {id} >> side-effects.txt{extra}");
+        y.push_str(&format!(
+            "    command: [\"sh\", \"-c\", {}]\n",
+            serde_json::to_string(&script).unwrap()
+        ));
+    };
+    node(&mut y, "root", &[], "");
+    let mut tails = Vec::new();
+    for c in 0..CHAINS {
+        let mut prev = "root".to_string();
+        for i in 0..CHAIN_LEN {
+            let id = format!("c{c}_{i}");
+            node(&mut y, &id, &[prev.clone()], "");
+            prev = id;
+        }
+        tails.push(prev);
+    }
+    for f in 0..FANOUT {
+        let id = format!("f{f}");
+        // Two commands, so the inner shell is not replaced by `sleep` and
+        // keeps the marker in its argv.
+        let extra = if f < SLOW {
+            format!("; sh -c 'sleep 5; true' {marker}")
+        } else {
+            String::new()
+        };
+        node(&mut y, &id, &["root".to_string()], &extra);
+        if f % 10 == 0 {
+            tails.push(id);
+        }
+    }
+    node(&mut y, "join", &tails, "");
+    (y, ids)
+}
+
+fn cairn(dir: &Path, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .args(args)
+        .args(["--store", ".cairn/cairn.db"])
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cairn")
+}
+
+/// Processes whose command line carries `marker`.
+fn marked(marker: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(marker) {
+                out.insert(pid);
+            }
+        }
+    }
+    out
+}
+
+fn alive_with(pid: u32, marker: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).contains(marker))
+        .unwrap_or(false)
+}
+
+fn events(store: &Path, run: &str) -> Vec<Event> {
+    let backend = SqliteBackend::open(store).expect("open the store");
+    backend
+        .read_events(run, &EventQuery::default())
+        .expect("read events")
+        .iter()
+        .map(|s| s.decode().expect("stored events decode"))
+        .collect()
+}
+
+/// How many sessions have started, and whether the latest got past its
+/// recovery (which kills what a killed session left running): recovery
+/// comes before the session's first node event.
+fn sessions(store: &Path, run: &str) -> (usize, bool) {
+    let evs = events(store, run);
+    let starts: Vec<usize> = evs
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.kind, EventKind::RunStarted { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    let Some(&last) = starts.last() else {
+        return (0, false);
+    };
+    let recovered = evs[last + 1..].iter().any(|e| {
+        matches!(
+            e.kind,
+            EventKind::NodeStarted {}
+                | EventKind::NodeFailed { .. }
+                | EventKind::NodeFinished { .. }
+        )
+    });
+    (starts.len(), recovered)
+}
+
+fn run_exists(store: &Path, run: &str) -> bool {
+    store.exists()
+        && SqliteBackend::open(store)
+            .ok()
+            .and_then(|b| b.get_run(run).ok())
+            .flatten()
+            .is_some()
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "cairn did not end within {PATIENCE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigkill_at_random_moments_then_resume_until_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let marker = format!("cairn-crash-orphan-{}", std::process::id());
+    let (yaml, ids) = workflow(&marker);
+    std::fs::write(dir.join("crash.yaml"), yaml).unwrap();
+    let store: PathBuf = dir.join(".cairn/cairn.db");
+    let run = "crash-run";
+    let mut rng = Rng::seeded();
+
+    let mut kills = 0;
+    let mut ended_early = None;
+    // Orphans a killed session left, to be gone once a resume has recovered.
+    let mut orphans: BTreeSet<u32> = BTreeSet::new();
+    let mut checked_orphans = 0;
+    let mut started = false;
+    while kills < KILLS {
+        let before = if started { sessions(&store, run).0 } else { 0 };
+        let mut child = if started {
+            cairn(dir, &["resume", run])
+        } else {
+            cairn(dir, &["run", "crash.yaml", "--run-id", run])
+        };
+        std::thread::sleep(Duration::from_millis(20 + rng.below(281)));
+        if let Some(status) = child.try_wait().unwrap() {
+            let code = status.code();
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            if code == Some(0) {
+                ended_early = Some(kills);
+                break;
+            }
+            panic!("cairn exited with {code:?} before being killed: {err}");
+        }
+        child.kill().unwrap(); // SIGKILL
+        wait_exit(&mut child);
+        kills += 1;
+        // Killed before the run existed: `run` it again.
+        started = started || run_exists(&store, run);
+        if !started {
+            continue;
+        }
+        // A session that recovered killed the orphans seen before it.
+        let (now, recovered) = sessions(&store, run);
+        if !orphans.is_empty() && now > before && recovered {
+            let t0 = Instant::now();
+            while orphans.iter().any(|&p| alive_with(p, &marker)) {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(2),
+                    "processes of a killed run survived the resume: {:?}",
+                    orphans
+                        .iter()
+                        .filter(|&&p| alive_with(p, &marker))
+                        .collect::<Vec<_>>()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            checked_orphans += orphans.len();
+            orphans.clear();
+        }
+        orphans.extend(marked(&marker));
+    }
+
+    if ended_early.is_none() {
+        let mut child = cairn(dir, &["resume", run]);
+        let status = wait_exit(&mut child);
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "the final resume failed: {err}");
+    }
+    eprintln!(
+        "{kills} kills (run ended early: {ended_early:?}); {checked_orphans} orphans checked"
+    );
+
+    // No process of any session survives.
+    let left = marked(&marker);
+    assert!(left.is_empty(), "processes survived the run: {left:?}");
+
+    let evs = events(&store, run);
+    // seq 1..n without a gap, one RunStarted per session, one end.
+    for (i, e) in evs.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1, "seq gap at position {i}");
+    }
+    let sessions = evs
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+        .count();
+    assert!(
+        sessions >= 2,
+        "the run was never resumed ({sessions} sessions)"
+    );
+    assert!(
+        matches!(evs.last().unwrap().kind, EventKind::RunFinished { .. }),
+        "the run did not finish: {}",
+        evs.last().unwrap().to_json()
+    );
+    assert_eq!(
+        evs.iter().filter(|e| e.kind.is_terminal()).count(),
+        1,
+        "more than one terminal event"
+    );
+
+    // Per node: one NodeFinished, nothing after it, and no more side effects
+    // than started attempts.
+    let mut finished: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut starts: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut first_attempt_finished: BTreeSet<&str> = BTreeSet::new();
+    let mut after_finish: Vec<String> = Vec::new();
+    for e in &evs {
+        let Some(id) = e.scope.node_id.as_deref() else {
+            continue;
+        };
+        if finished.get(id).copied().unwrap_or(0) > 0 {
+            after_finish.push(format!("seq {} {} of {id}", e.seq, e.type_name()));
+        }
+        match e.kind {
+            EventKind::NodeStarted {} => *starts.entry(id).or_default() += 1,
+            EventKind::NodeFinished { .. } => {
+                *finished.entry(id).or_default() += 1;
+                if e.scope.attempt == Some(1) {
+                    first_attempt_finished.insert(id);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        after_finish.is_empty(),
+        "events after NodeFinished: {after_finish:?}"
+    );
+    let text = std::fs::read_to_string(dir.join("side-effects.txt")).unwrap();
+    let mut lines: BTreeMap<&str, u32> = BTreeMap::new();
+    for l in text.lines() {
+        *lines.entry(l.trim()).or_default() += 1;
+    }
+    let mut retried = 0;
+    for id in &ids {
+        let id = id.as_str();
+        assert_eq!(
+            finished.get(id),
+            Some(&1),
+            "{id} finished {:?} times",
+            finished.get(id)
+        );
+        let n = lines.get(id).copied().unwrap_or(0);
+        let s = starts[id];
+        assert!(n >= 1, "{id} finished without its side effect");
+        assert!(
+            n <= s,
+            "{id}: {n} side effects but {s} attempts started: a command ran outside a logged attempt"
+        );
+        if first_attempt_finished.contains(id) {
+            assert_eq!(n, 1, "{id} finished on its first attempt yet ran {n} times");
+        }
+        if s > 1 {
+            retried += 1;
+        }
+    }
+    let unknown: Vec<&&str> = lines
+        .keys()
+        .filter(|l| !ids.iter().any(|i| i == *l))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "side effects of unknown nodes: {unknown:?}"
+    );
+    eprintln!(
+        "{} nodes finished once; {retried} needed more than one attempt; {} events",
+        ids.len(),
+        evs.len()
+    );
+}
