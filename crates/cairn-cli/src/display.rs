@@ -313,7 +313,7 @@ impl Progress {
                     line.push_str(&format!("  {}", truncate(e, 200)));
                 }
             }
-            self.plain(&line);
+            self.plain(line.trim_end());
         }
     }
 

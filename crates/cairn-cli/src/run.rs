@@ -272,7 +272,7 @@ async fn wait_with_signals(handle: RunHandle, engine: Engine) -> RunOutcome {
                     std::process::exit(130);
                 }
                 stopping = true;
-                eprintln!("\nstopping: running nodes get a few seconds to reach a safe point (again to quit now)");
+                eprintln!("\nstopping: running nodes get a grace period to reach a safe point, then are stopped (Ctrl-C again to quit now)");
                 let e = engine.clone();
                 tokio::spawn(async move { e.shutdown(Duration::from_secs(5)).await });
             }
