@@ -691,7 +691,12 @@ impl<'de> Deserialize<'de> for Event {
             node_id: take::<_, D::Error>(&mut map, "nodeId")?,
             iteration: take::<_, D::Error>(&mut map, "iteration")?,
             attempt: take::<_, D::Error>(&mut map, "attempt")?,
-            chapter: take::<_, D::Error>(&mut map, "chapter")?,
+            // `ChapterStarted`/`ChapterFinished` carry `chapter` as their own
+            // field; everywhere else it is the scope's stage name.
+            chapter: match map.get("type").and_then(Value::as_str) {
+                Some("ChapterStarted" | "ChapterFinished") => None,
+                _ => take::<_, D::Error>(&mut map, "chapter")?,
+            },
         };
         let kind = EventKind::deserialize(Value::Object(map)).map_err(D::Error::custom)?;
         Ok(Event {
@@ -761,6 +766,21 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), EVENT_TYPES.len());
+    }
+
+    #[test]
+    fn chapter_events_keep_their_own_field() {
+        let ev = Event {
+            run_id: "r".into(),
+            seq: 3,
+            timestamp_ms: 1,
+            scope: Scope::run(),
+            kind: EventKind::ChapterFinished {
+                chapter: "ship".into(),
+                status: "finished".into(),
+            },
+        };
+        assert_eq!(Event::from_json(&ev.to_json()).unwrap(), ev);
     }
 
     #[test]
