@@ -577,6 +577,32 @@ impl Driver {
                     }
                     Err(e) => self.fail_attempt(&key, &inst, attempt, e, Duration::ZERO),
                 }
+            } else if let NodeKind::Value(v) = &inst.spec.kind {
+                // A value node touches nothing outside the log, so it ends in
+                // the round it starts in and takes no slot: a chain of them
+                // shares one commit instead of paying one per node. Its
+                // NodeFinished still commits with (never before) anything
+                // that follows from it.
+                let t0 = Instant::now();
+                let vars = self.vars_for(&inst, false);
+                match self.templates.render_value(v, &vars) {
+                    Ok(output) => {
+                        let scope = self.node_scope(&key).with_attempt(attempt);
+                        self.emit(
+                            scope,
+                            EventKind::NodeFinished {
+                                duration_ms: t0.elapsed().as_millis() as u64,
+                                output: Some(output),
+                                cached: None,
+                            },
+                        );
+                        self.node_done(&key);
+                    }
+                    Err(e) => {
+                        let err = NodeError::fatal("template", e.to_string());
+                        self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+                    }
+                }
             } else {
                 budget -= 1;
                 to_spawn.push((key, attempt));
