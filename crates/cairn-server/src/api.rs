@@ -33,6 +33,8 @@ struct Inner {
     draining: AtomicBool,
     /// Flips to true when watchers must end their streams.
     closing: watch::Sender<bool>,
+    /// Events' wire forms, built once per run for all its watchers.
+    frames: crate::frames::Registry,
 }
 
 impl AppState {
@@ -43,7 +45,12 @@ impl AppState {
             metrics: Mutex::new(Metrics::new()),
             draining: AtomicBool::new(false),
             closing: watch::channel(false).0,
+            frames: crate::frames::Registry::default(),
         }))
+    }
+
+    pub fn frames(&self, run_id: &str) -> Arc<crate::frames::RunFrames> {
+        self.0.frames.run(run_id)
     }
 
     pub fn engine(&self) -> &Engine {

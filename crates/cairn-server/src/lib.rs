@@ -15,6 +15,7 @@ mod api;
 mod auth;
 pub mod client;
 mod error;
+mod frames;
 mod sse;
 mod ws;
 

@@ -10,8 +10,12 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
+
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +24,8 @@ use serde_json::json;
 
 use crate::api::{blocking, existing_run, known_params, parse_bool, AppState};
 use crate::error::ApiError;
+use crate::frames::RunFrames;
+use bytes::BytesMut;
 
 pub(crate) async fn stream(
     State(state): State<AppState>,
@@ -69,7 +75,17 @@ type Next = Option<Result<std::sync::Arc<cairn_store::StoredEvent>, SubscribeErr
 
 struct Watch {
     sub: Subscription,
-    closing: tokio::sync::watch::Receiver<bool>,
+    /// Resolves when the server stops. Made once: a fresh wait per event
+    /// would register with the server-wide watch (one lock for all
+    /// watchers) at every event.
+    closing: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Fires a heartbeat period after the last write. It is moved when it
+    /// fires early (something was written meanwhile), not at every event, so
+    /// a busy stream does not touch the timer per event.
+    heartbeat: Pin<Box<tokio::time::Sleep>>,
+    period: std::time::Duration,
+    last_write: tokio::time::Instant,
+    frames: Arc<RunFrames>,
     run_id: String,
     /// An outcome read ahead while batching, to deliver next.
     pending: Option<Next>,
@@ -77,44 +93,72 @@ struct Watch {
 }
 
 impl Watch {
-    /// The bytes for one outcome of the subscription, and whether the
-    /// stream ends after them.
-    fn outcome(&mut self, next: Next, out: &mut String) -> bool {
-        match next {
-            Some(Ok(ev)) => {
-                push_frame(out, ev.seq, &ev.json);
-                false
-            }
+    /// The bytes for one outcome of the subscription that is not an event,
+    /// after which the stream ends.
+    fn ending(&mut self, next: Next) -> Bytes {
+        let text = match next {
+            Some(Ok(_)) => unreachable!("events are framed by the caller"),
             Some(Err(SubscribeError::Lagged { last_seq })) => {
                 let data = json!({"error": {
                     "code": "lagged",
                     "message": format!("this watcher fell behind the run and was cut off after seq {last_seq}; reconnect with Last-Event-ID: {last_seq}"),
                     "lastSeq": last_seq,
                 }});
-                out.push_str(&format!("event: error\ndata: {data}\n\n"));
-                true
+                format!("event: error\ndata: {data}\n\n")
             }
             Some(Err(SubscribeError::Store(e))) => {
                 let data = json!({"error": {"code": "store", "message": e.to_string(), "lastSeq": self.sub.last_seq()}});
-                out.push_str(&format!("event: error\ndata: {data}\n\n"));
-                true
+                format!("event: error\ndata: {data}\n\n")
             }
             None => {
                 // Tells EventSource clients not to reconnect.
                 let data = json!({"runId": self.run_id, "lastSeq": self.sub.last_seq()});
-                out.push_str(&format!("event: end\ndata: {data}\n\n"));
-                true
+                format!("event: end\ndata: {data}\n\n")
+            }
+        };
+        self.done = true;
+        Bytes::from(text)
+    }
+
+    /// The next chunk for the socket: the first event (or ending) plus
+    /// everything else the subscription already has. A lone event is its
+    /// shared frame as is, with no copy.
+    fn chunk(&mut self, first: Next) -> Bytes {
+        use futures::FutureExt;
+        let ev = match first {
+            Some(Ok(ev)) => ev,
+            other => return self.ending(other),
+        };
+        let one = self.frames.get(&ev).sse.clone();
+        let mut more: Option<BytesMut> = None;
+        let mut n = 1;
+        // Whatever else is ready goes in the same chunk.
+        while n < MAX_BATCH {
+            let next = match self.sub.next().now_or_never() {
+                Some(next) => next,
+                None => break,
+            };
+            let buf = more.get_or_insert_with(|| {
+                let mut b = BytesMut::with_capacity(one.len() * 8);
+                b.extend_from_slice(&one);
+                b
+            });
+            match next {
+                Some(Ok(ev)) => {
+                    buf.extend_from_slice(&self.frames.get(&ev).sse);
+                    n += 1;
+                }
+                other => {
+                    self.pending = Some(other);
+                    break;
+                }
             }
         }
+        match more {
+            Some(b) => b.freeze(),
+            None => one,
+        }
     }
-}
-
-fn push_frame(out: &mut String, seq: u64, json: &str) {
-    out.push_str("id: ");
-    out.push_str(&seq.to_string());
-    out.push_str("\ndata: ");
-    out.push_str(json);
-    out.push_str("\n\n");
 }
 
 fn events(
@@ -122,11 +166,16 @@ fn events(
     run_id: String,
     sub: Subscription,
 ) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
-    use futures::FutureExt;
-    let heartbeat = state.cfg().heartbeat;
+    let period = state.cfg().heartbeat;
+    let now = tokio::time::Instant::now();
+    let mut closing = state.closing();
     let w = Watch {
         sub,
-        closing: state.closing(),
+        closing: Box::pin(async move { crate::api::closed(&mut closing).await }),
+        heartbeat: Box::pin(tokio::time::sleep_until(now + period)),
+        period,
+        last_write: now,
+        frames: state.frames(&run_id),
         run_id,
         pending: None,
         done: false,
@@ -135,42 +184,33 @@ fn events(
         if w.done {
             return None;
         }
-        let mut out = String::new();
         let first = match w.pending.take() {
-            Some(next) => Some(next),
-            None => tokio::select! {
-                biased;
-                _ = crate::api::closed(&mut w.closing) => {
-                    let data = json!({"runId": w.run_id, "lastSeq": w.sub.last_seq(), "reason": "the server is stopping; reconnect with Last-Event-ID"});
-                    out.push_str(&format!("event: shutdown\ndata: {data}\n\n"));
-                    w.done = true;
-                    None
-                }
-                next = w.sub.next() => Some(next),
-                _ = tokio::time::sleep(heartbeat) => {
-                    out.push_str(": heartbeat\n\n");
-                    None
+            Some(next) => next,
+            None => loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut w.closing => {
+                        let data = json!({"runId": w.run_id, "lastSeq": w.sub.last_seq(), "reason": "the server is stopping; reconnect with Last-Event-ID"});
+                        w.done = true;
+                        return Some((Ok(Bytes::from(format!("event: shutdown\ndata: {data}\n\n"))), w));
+                    }
+                    next = w.sub.next() => break next,
+                    _ = &mut w.heartbeat => {
+                        let due = w.last_write + w.period;
+                        let now = tokio::time::Instant::now();
+                        if due > now {
+                            w.heartbeat.as_mut().reset(due);
+                        } else {
+                            w.last_write = now;
+                            w.heartbeat.as_mut().reset(now + w.period);
+                            return Some((Ok(Bytes::from_static(b": heartbeat\n\n")), w));
+                        }
+                    }
                 }
             },
         };
-        if let Some(next) = first {
-            w.done = w.outcome(next, &mut out);
-            let mut n = 1;
-            // Whatever else is ready goes in the same chunk.
-            while !w.done && n < MAX_BATCH {
-                match w.sub.next().now_or_never() {
-                    Some(Some(Ok(ev))) => {
-                        push_frame(&mut out, ev.seq, &ev.json);
-                        n += 1;
-                    }
-                    Some(other) => {
-                        w.pending = Some(other);
-                        break;
-                    }
-                    None => break,
-                }
-            }
-        }
-        Some((Ok(Bytes::from(out)), w))
+        w.last_write = tokio::time::Instant::now();
+        let chunk = w.chunk(first);
+        Some((Ok(chunk), w))
     })
 }

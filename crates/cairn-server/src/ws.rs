@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use crate::api::{blocking, existing_run, AppState};
 use crate::auth::{self, Check};
 use crate::error::ApiError;
+use crate::frames::{ws_event_text, RunFrames};
 
 /// Close code for a client that fell behind (application range).
 pub const CLOSE_LAGGED: u16 = 4000;
@@ -53,13 +54,17 @@ pub(crate) async fn upgrade(
         Check::Wrong => return auth::unauthorized(false),
     };
     let limit = state.cfg().ws_message_limit;
+    // Clients send small requests: the default 128 KiB read buffer, zeroed
+    // when first read into, would cost that much memory per socket.
     ws.max_message_size(limit)
         .max_frame_size(limit)
+        .read_buffer_size(4096)
         .on_upgrade(move |socket| session(state, socket, authed))
 }
 
 enum Out {
-    Text(String),
+    /// Shared with every other watcher when it is an event.
+    Text(Utf8Bytes),
     Close(u16, String),
 }
 
@@ -138,12 +143,16 @@ enum Request {
     Ping {},
 }
 
-fn reply_ok(id: &Value, result: Value) -> String {
-    json!({"kind": "reply", "id": id, "ok": true, "result": result}).to_string()
+fn reply_ok(id: &Value, result: Value) -> Utf8Bytes {
+    json!({"kind": "reply", "id": id, "ok": true, "result": result})
+        .to_string()
+        .into()
 }
 
-fn reply_err(id: &Value, e: &ApiError) -> String {
-    json!({"kind": "reply", "id": id, "ok": false, "error": e.body()}).to_string()
+fn reply_err(id: &Value, e: &ApiError) -> Utf8Bytes {
+    json!({"kind": "reply", "id": id, "ok": false, "error": e.body()})
+        .to_string()
+        .into()
 }
 
 /// A close reason fits in a control frame (123 bytes).
@@ -170,12 +179,12 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
         // Messages already queued are fed together and flushed once: one
         // write per batch instead of one per event when the socket is busy.
         let mut batch = Vec::with_capacity(64);
-        'outer: while rx.recv_many(&mut batch, 64).await > 0 {
-            let mut close = false;
-            let sent = tokio::time::timeout(WRITE_TIMEOUT, async {
+        while rx.recv_many(&mut batch, 64).await > 0 {
+            let write = async {
+                let mut close = false;
                 for out in batch.drain(..) {
                     let msg = match out {
-                        Out::Text(t) => Message::Text(Utf8Bytes::from(t)),
+                        Out::Text(t) => Message::Text(t),
                         Out::Close(code, reason) => {
                             close = true;
                             Message::Close(Some(CloseFrame {
@@ -189,11 +198,18 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
                         break;
                     }
                 }
-                sink.flush().await
-            })
-            .await;
-            if !matches!(sent, Ok(Ok(()))) || close {
-                break 'outer;
+                sink.flush().await.map(|()| close)
+            };
+            tokio::pin!(write);
+            // A write the socket takes at once needs no deadline; arming a
+            // timer for every batch would cost more than the write.
+            let sent = match futures::poll!(&mut write) {
+                std::task::Poll::Ready(r) => Ok(r),
+                std::task::Poll::Pending => tokio::time::timeout(WRITE_TIMEOUT, write).await,
+            };
+            match sent {
+                Ok(Ok(false)) => {}
+                _ => break,
             }
         }
         let _ = sink.close().await;
@@ -228,7 +244,10 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
                 let e = ApiError::bad_request("binary messages are not understood; send JSON text");
                 let _ = tx
                     .send(Out::Text(
-                        reply_err(&Value::Null, &e).replace("bad_request", "bad_message"),
+                        reply_err(&Value::Null, &e)
+                            .as_str()
+                            .replace("bad_request", "bad_message")
+                            .into(),
                     ))
                     .await;
                 continue;
@@ -365,12 +384,13 @@ impl Session {
                 let reply = json!({"runId": run_id, "afterSeq": after_seq});
                 let tx = self.tx.clone();
                 let run = run_id.clone();
+                let frames = state.frames(&run_id);
                 let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
                 let task = tokio::spawn(async move {
                     if go_rx.await.is_err() {
                         return;
                     }
-                    forward(sub, run, tx).await;
+                    forward(sub, run, frames, tx).await;
                 });
                 self.subs.insert(run_id, task);
                 self.pending_go = Some(go_tx);
@@ -427,7 +447,7 @@ impl Session {
                 for e in &events {
                     if self
                         .tx
-                        .send(Out::Text(event_message(&e.json)))
+                        .send(Out::Text(ws_event_text(&e.json).into()))
                         .await
                         .is_err()
                     {
@@ -515,19 +535,20 @@ async fn decide(
     Ok(json!({"runId": run_id, "nodeId": node_id, "approved": approved}))
 }
 
-fn event_message(json: &str) -> String {
-    let mut s = String::with_capacity(json.len() + 28);
-    s.push_str("{\"kind\":\"event\",\"event\":");
-    s.push_str(json);
-    s.push('}');
-    s
-}
-
-async fn forward(mut sub: cairn_store::Subscription, run_id: String, tx: mpsc::Sender<Out>) {
+async fn forward(
+    mut sub: cairn_store::Subscription,
+    run_id: String,
+    frames: std::sync::Arc<RunFrames>,
+    tx: mpsc::Sender<Out>,
+) {
     loop {
         match sub.next().await {
             Some(Ok(ev)) => {
-                if tx.send(Out::Text(event_message(&ev.json))).await.is_err() {
+                if tx
+                    .send(Out::Text(frames.get(&ev).ws.clone()))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -540,18 +561,18 @@ async fn forward(mut sub: cairn_store::Subscription, run_id: String, tx: mpsc::S
                     "runId": run_id,
                     "lastSeq": last_seq,
                 }});
-                let _ = tx.send(Out::Text(err.to_string())).await;
+                let _ = tx.send(Out::Text(err.to_string().into())).await;
                 let _ = tx.send(Out::Close(CLOSE_LAGGED, msg)).await;
                 return;
             }
             Some(Err(SubscribeError::Store(e))) => {
                 let err = json!({"kind": "error", "error": {"code": "store", "message": e.to_string(), "runId": run_id, "lastSeq": sub.last_seq()}});
-                let _ = tx.send(Out::Text(err.to_string())).await;
+                let _ = tx.send(Out::Text(err.to_string().into())).await;
                 return;
             }
             None => {
                 let end = json!({"kind": "end", "runId": run_id, "lastSeq": sub.last_seq()});
-                let _ = tx.send(Out::Text(end.to_string())).await;
+                let _ = tx.send(Out::Text(end.to_string().into())).await;
                 return;
             }
         }
@@ -566,7 +587,11 @@ async fn forward_all(
     loop {
         match rx.recv().await {
             Ok(ev) => {
-                if tx.send(Out::Text(event_message(&ev.json))).await.is_err() {
+                if tx
+                    .send(Out::Text(ws_event_text(&ev.json).into()))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -575,7 +600,7 @@ async fn forward_all(
                     "code": "lagged",
                     "message": format!("this client fell behind the all-runs feed and missed {n} events; reconnect and subscribe to the runs you need"),
                 }});
-                let _ = tx.send(Out::Text(err.to_string())).await;
+                let _ = tx.send(Out::Text(err.to_string().into())).await;
                 let _ = tx
                     .send(Out::Close(CLOSE_LAGGED, "lagged: the all-runs feed".into()))
                     .await;
