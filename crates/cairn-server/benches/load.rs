@@ -259,6 +259,29 @@ async fn clients(addr: std::net::SocketAddr) {
     for w in watchers {
         seens.push(w.await.unwrap());
     }
+    // Per protocol, to tell which path is slower (watchers alternate
+    // SSE, WebSocket while both are left).
+    let mut by_kind: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    for (i, s) in seens.iter().enumerate() {
+        let kind = if i < 2 * n_sse.min(n_ws) {
+            i % 2
+        } else {
+            usize::from(n_ws > n_sse)
+        };
+        by_kind[kind].extend(&s.latencies_us);
+    }
+    for (name, mut l) in ["SSE", "WebSocket"].into_iter().zip(by_kind) {
+        l.sort_unstable();
+        let p = |q: f64| {
+            l.get(((l.len() as f64 * q) as usize).min(l.len().saturating_sub(1)))
+                .map_or(0.0, |&v| v as f64 / 1000.0)
+        };
+        eprintln!(
+            "load: {name} latency p50 {:.2} ms, p99 {:.2} ms",
+            p(0.5),
+            p(0.99)
+        );
+    }
     for s in &seens {
         expected = expected.max(s.events);
     }
@@ -380,6 +403,29 @@ async fn server() {
     println!(
         "load: busy run: {n_events} NodeOutput events of {bytes} bytes of text at {rate} events/s for {secs} s"
     );
+    // The store's share of the latency: a subscription on its own thread
+    // and runtime, so it waits on neither the server's sockets nor its
+    // workers.
+    let probe = {
+        let journal = journal.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut sub = journal.subscribe("bench", 1).unwrap();
+                let mut lat = Vec::new();
+                while let Some(Ok(ev)) = sub.next().await {
+                    if let Some(sent) = number_after(ev.json.as_bytes(), b"\"text\":\"t=") {
+                        lat.push(now_us().saturating_sub(sent));
+                    }
+                }
+                lat.sort_unstable();
+                lat
+            })
+        })
+    };
     let pad = "x".repeat(bytes);
     let t0 = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
@@ -419,6 +465,13 @@ async fn server() {
         panic!("bad result line from the client process: {result}");
     };
     let ms = |us: u64| us as f64 / 1000.0;
+    let store = probe.join().unwrap();
+    let spct = |p: f64| {
+        store
+            .get(((store.len() as f64 * p) as usize).min(store.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
     println!(
         "load: appended in {:.2} s ({:.0} events/s); {complete} of {} watchers got all {expected} events in order{}",
         appended.as_secs_f64(),
@@ -436,6 +489,12 @@ async fn server() {
         ms(p50),
         ms(p99),
         ms(max),
+    );
+    println!(
+        "load: of which the store (append to commit and publish, one in-process subscriber): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms(spct(0.50)),
+        ms(spct(0.99)),
+        ms(store.last().copied().unwrap_or(0)),
     );
     println!(
         "load: peak memory (VmHWM): server process {} MiB, client process {} MiB",
