@@ -802,6 +802,11 @@ impl Subscription {
                 if !self.buffer.is_empty() {
                     continue;
                 }
+                if !owned && self.stop_at_terminal && self.ended_before_start().await {
+                    // Asked for events after the run's end: there will be none.
+                    self.done = true;
+                    return None;
+                }
             }
             if self.stop_at_terminal && self.last_terminal {
                 self.done = true;
@@ -864,6 +869,34 @@ impl Subscription {
 
     /// Reads the next page after the last delivered seq from the store,
     /// off the async threads.
+    /// Whether the run's last stored event is terminal and at or before
+    /// where this subscription starts, so nothing will ever follow.
+    async fn ended_before_start(&self) -> bool {
+        let backend = self.inner.backend.clone();
+        let run = self.run_id.clone();
+        let last = self.last;
+        tokio::task::spawn_blocking(move || {
+            let Ok(end) = backend.last_seq(&run) else {
+                return false;
+            };
+            if end == 0 || end > last {
+                return false;
+            }
+            let q = EventQuery {
+                after: end - 1,
+                limit: Some(1),
+                ..Default::default()
+            };
+            backend
+                .read_events(&run, &q)
+                .ok()
+                .and_then(|p| p.into_iter().next())
+                .is_some_and(|e| e.is_terminal())
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     async fn fill(&mut self) -> Result<(), SubscribeError> {
         let backend = self.inner.backend.clone();
         let run = self.run_id.clone();

@@ -412,3 +412,33 @@ fn lease_is_held_by_another_process_until_it_dies() {
     log.sync_blocking().unwrap();
     j.close();
 }
+
+#[tokio::test]
+async fn subscribing_after_a_finished_runs_end_ends_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    j.backend()
+        .create_run(&run_record("r", "pending", 1))
+        .unwrap();
+    let log = j.run_log("r").unwrap();
+    log.append(Scope::run(), started());
+    log.append_durable(
+        Scope::run(),
+        EventKind::RunFinished {
+            output: None,
+            duration_ms: 1,
+        },
+    )
+    .await
+    .unwrap();
+    drop(log);
+    // Let the writer give the lease back, as a finished `cairn run` would.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for after in [2, 5] {
+        let mut sub = j.subscribe("r", after).unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), sub.next())
+            .await
+            .expect("a subscription past a finished run's end must end, not hang");
+        assert!(next.is_none());
+    }
+}
