@@ -18,8 +18,11 @@
 //!   `io_uring_setup`. Seccomp was chosen over Landlock because Landlock's
 //!   network rules (ABI 4) cover only TCP bind/connect, not UDP, and over a
 //!   network namespace because that needs privileges containers often lack.
-//!   Refusals by the kernel happen inside the child and are not reported as
-//!   events; the command sees an ordinary "permission denied".
+//!   The filter hands those calls to a supervisor thread in the engine
+//!   (`SECCOMP_RET_USER_NOTIF`), which answers `EACCES` (the command sees an
+//!   ordinary "permission denied") and reports each refusal through
+//!   [`ProcessObserver::network_refused`]; `bash` forwards it as a blocked
+//!   [`ToolObserver::network`].
 //! * **Environment.** Children start from a minimal environment
 //!   ([`process::MINIMAL_ENV_KEYS`]) plus what the workflow passes.
 //! * **Processes.** Each command leads its own process group; timeouts and

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::netfilter::NetFilter;
+use crate::netfilter::{ListenerChannel, NetFilter, Refusal, Supervisor};
 
 /// How long the pipes are still read after the group was killed: long enough
 /// to collect what is already buffered, short enough that a pipe held by an
@@ -85,7 +85,8 @@ pub enum NetworkPolicy {
     /// No restriction.
     Allow,
     /// Internet sockets are refused by a seccomp filter in the child
-    /// (see the crate docs for why seccomp).
+    /// (see the crate docs for why seccomp); each refusal is reported through
+    /// [`ProcessObserver::network_refused`].
     Deny,
 }
 
@@ -108,7 +109,7 @@ impl Stream {
     }
 }
 
-/// Hears about a process while it runs. Both methods default to doing nothing.
+/// Hears about a process while it runs. Every method defaults to doing nothing.
 pub trait ProcessObserver: Send + Sync {
     /// The child started; `pid` is also its process-group id. The engine
     /// records it so that a resume after a crash can kill leftovers with
@@ -121,6 +122,14 @@ pub trait ProcessObserver: Send + Sync {
     /// streamed.
     fn output(&self, stream: Stream, text: &str) {
         let _ = (stream, text);
+    }
+    /// With [`NetworkPolicy::Deny`], the kernel filter refused the process
+    /// (or one of its descendants) a socket. `target` names the call, e.g.
+    /// `socket(AF_INET, SOCK_STREAM)`; `reason` says why and which process.
+    /// Called on the task running the process, before [`run_process`]
+    /// returns; at most 100 times per process.
+    fn network_refused(&self, target: &str, reason: &str) {
+        let _ = (target, reason);
     }
 }
 
@@ -310,6 +319,14 @@ async fn drain<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
+/// The next refusal from the supervisor; pending forever once there is none.
+async fn next_refusal(rx: &mut Option<Supervisor>) -> Option<Refusal> {
+    match rx {
+        Some(sup) => sup.refusals.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Why the runner ended the group itself.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -383,10 +400,24 @@ pub async fn run_process(
         cmd.env(k, v);
     }
 
+    // The child sends its seccomp listener back over this, so refusals can
+    // be answered and reported here.
+    let channel = match &filter {
+        Some(_) => Some(
+            ListenerChannel::new().map_err(|e| ProcessError::NetworkFilter {
+                program: program.clone(),
+                reason: format!("cannot create the listener channel: {e}"),
+            })?,
+        ),
+        None => None,
+    };
+    let report_fd = channel.as_ref().map(ListenerChannel::child_fd);
+
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid) without allocating.
+    // async-signal-safe calls (prctl, getppid, seccomp, sendmsg, close)
+    // without allocating.
     unsafe {
         cmd.pre_exec(move || {
             // A direct child dies with the engine even if the engine is
@@ -399,7 +430,7 @@ pub async fn run_process(
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             if let Some(filter) = &filter {
-                filter.install()?;
+                filter.install(report_fd)?;
             }
             Ok(())
         });
@@ -411,6 +442,10 @@ pub async fn run_process(
         source,
     })?;
     let pid = child.id().unwrap_or(0);
+    // Until the supervisor runs, a refused call in the child just waits.
+    let mut supervisor = channel
+        .and_then(ListenerChannel::receive)
+        .and_then(|listener| Supervisor::start(listener).ok());
     observer.spawned(pid);
 
     let mut out = Capture::new(Stream::Stdout, spec.max_output_bytes);
@@ -461,6 +496,10 @@ pub async fn run_process(
                     stop = Some(Stop::Cancel);
                     break;
                 }
+                refusal = next_refusal(&mut supervisor) => match refusal {
+                    Some(r) => observer.network_refused(&r.target, &r.reason),
+                    None => supervisor = None,
+                },
             }
         }
 
@@ -481,6 +520,18 @@ pub async fn run_process(
                 res
             }
         };
+    }
+    // The group is dead: stop the supervisor and report what it queued. Each
+    // refusal is queued before it is answered, so none the program saw is
+    // missed; the grace only bounds the wait for the thread to notice.
+    if let Some(sup) = supervisor {
+        let mut rx = sup.stop();
+        let _ = tokio::time::timeout(DRAIN_GRACE, async {
+            while let Some(r) = rx.recv().await {
+                observer.network_refused(&r.target, &r.reason);
+            }
+        })
+        .await;
     }
     let status = status.map_err(|source| ProcessError::Wait {
         program: program.clone(),

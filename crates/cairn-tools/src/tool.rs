@@ -53,6 +53,9 @@ impl ProcessObserver for AsProcessObserver<'_> {
     fn output(&self, stream: Stream, text: &str) {
         self.0.output(stream, text)
     }
+    fn network_refused(&self, target: &str, reason: &str) {
+        self.0.network(NetworkAction::Blocked, target, reason)
+    }
 }
 
 /// Everything a call knows about where it runs.

@@ -26,20 +26,38 @@ fn listener() -> (TcpListener, u16) {
     (l, port)
 }
 
-async fn python(script: &str, network: NetworkPolicy) -> cairn_tools::ProcessOutcome {
-    let mut spec = ProcessSpec::new(argv(&["python3", "-c", script]), std::env::temp_dir());
+/// Runs a script and returns what the observer heard about refusals too.
+async fn python_seen(
+    script: &str,
+    network: NetworkPolicy,
+) -> (cairn_tools::ProcessOutcome, Vec<(String, String)>) {
+    run_seen(argv(&["python3", "-c", script]), network).await
+}
+
+async fn run_seen(
+    argv: Vec<String>,
+    network: NetworkPolicy,
+) -> (cairn_tools::ProcessOutcome, Vec<(String, String)>) {
+    let mut spec = ProcessSpec::new(argv, std::env::temp_dir());
     spec.network = network;
     spec.timeout = Some(Duration::from_secs(30));
-    run_process(spec, &Recorder::default(), CancellationToken::new())
+    let rec = Recorder::default();
+    let out = run_process(spec, &rec, CancellationToken::new())
         .await
-        .unwrap()
+        .unwrap();
+    let refused = rec.refused.lock().unwrap().clone();
+    (out, refused)
 }
 
 #[tokio::test]
 async fn tcp_connect_is_refused_while_shut_and_reaches_the_listener_while_allowed() {
     let (l, port) = listener();
-    let denied = python(&connect_script(port), NetworkPolicy::Deny).await;
+    let (denied, refused) = python_seen(&connect_script(port), NetworkPolicy::Deny).await;
     assert_ne!(denied.exit_code, Some(0));
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, "socket(AF_INET, SOCK_STREAM)");
+    assert!(refused[0].1.contains("network is shut"), "{}", refused[0].1);
+    assert!(refused[0].1.contains("python3"), "{}", refused[0].1);
     assert!(
         denied.stderr.contains("PermissionError"),
         "{}",
@@ -47,8 +65,9 @@ async fn tcp_connect_is_refused_while_shut_and_reaches_the_listener_while_allowe
     );
     assert!(l.accept().is_err(), "nothing may have reached the listener");
 
-    let allowed = python(&connect_script(port), NetworkPolicy::Allow).await;
+    let (allowed, refused) = python_seen(&connect_script(port), NetworkPolicy::Allow).await;
     assert_eq!(allowed.exit_code, Some(0), "{}", allowed.stderr);
+    assert!(refused.is_empty(), "{refused:?}");
     assert_eq!(allowed.stdout, "connected\n");
     let (mut conn, _) = l.accept().expect("the allowed child reached the listener");
     conn.set_nonblocking(false).unwrap();
@@ -72,8 +91,19 @@ a, b = socket.socketpair(socket.AF_UNIX)
 a.sendall(b'x')
 print('unix', b.recv(1))
 "#;
-    let out = python(script, NetworkPolicy::Deny).await;
+    let (out, reported) = python_seen(script, NetworkPolicy::Deny).await;
     assert_eq!(out.exit_code, Some(0), "{}", out.stderr);
+    let targets: Vec<&str> = reported.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        targets,
+        [
+            "socket(AF_INET, SOCK_DGRAM)",
+            "socket(AF_INET6, SOCK_STREAM)",
+            "socket(AF_PACKET, SOCK_RAW)",
+            "socket(AF_NETLINK, SOCK_RAW)",
+        ],
+        "the AF_UNIX socketpair is not a refusal"
+    );
     let refused = out
         .stdout
         .lines()
@@ -152,6 +182,12 @@ async fn bash_tool_cheap_refusal_emits_blocked_and_kernel_refusal_fails_the_call
         other => panic!("expected an exit error, got {other}"),
     }
     assert!(l.accept().is_err());
+    // ... and the refusal is reported like the cheap ones.
+    let events = rec.network.lock().unwrap().clone();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[2].0, NetworkAction::Blocked);
+    assert_eq!(events[2].1, "socket(AF_INET, SOCK_STREAM)");
+    assert!(events[2].2.contains("seccomp"), "{}", events[2].2);
 
     // Allowed: the same call reaches the listener.
     let open = Sandbox::new(dir.path())
@@ -177,4 +213,52 @@ async fn bash_tool_cheap_refusal_emits_blocked_and_kernel_refusal_fails_the_call
         .unwrap();
     assert_eq!(out["stdout"], "connected\n");
     assert!(l.accept().is_ok());
+    assert_eq!(
+        rec.network.lock().unwrap().len(),
+        3,
+        "an allowed connection is not a refusal"
+    );
+}
+
+#[tokio::test]
+async fn refusals_in_grandchildren_are_reported_to_the_same_run() {
+    let (l, port) = listener();
+    // The shell forks python twice in the background; both inherit the filter.
+    let script = connect_script(port);
+    let cmd = format!(
+        "python3 -c \"{s}\" & python3 -c \"{s}\" & wait; echo done",
+        s = script
+    );
+    let (out, refused) = run_seen(argv(&["sh", "-c", &cmd]), NetworkPolicy::Deny).await;
+    assert_eq!(out.exit_code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "done\n");
+    assert_eq!(
+        out.stderr.matches("PermissionError").count(),
+        2,
+        "{}",
+        out.stderr
+    );
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused
+        .iter()
+        .all(|r| r.0 == "socket(AF_INET, SOCK_STREAM)"));
+    assert!(l.accept().is_err());
+}
+
+#[tokio::test]
+async fn a_socket_loop_is_refused_every_time_but_reported_at_most_100_times() {
+    let script = r#"
+import socket
+n = 0
+for _ in range(150):
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except PermissionError:
+        n += 1
+print(n)
+"#;
+    let (out, refused) = python_seen(script, NetworkPolicy::Deny).await;
+    assert_eq!(out.stdout, "150\n", "{}", out.stderr);
+    assert_eq!(refused.len(), 100);
+    assert!(refused[99].1.contains("not reported"), "{}", refused[99].1);
 }

@@ -14,6 +14,8 @@ pub struct Recorder {
     pub stderr: Mutex<String>,
     pub chunks: Mutex<usize>,
     pub network: Mutex<Vec<(NetworkAction, String, String)>>,
+    /// What `ProcessObserver::network_refused` heard (the runner alone).
+    pub refused: Mutex<Vec<(String, String)>>,
 }
 
 impl ProcessObserver for Recorder {
@@ -26,6 +28,12 @@ impl ProcessObserver for Recorder {
             Stream::Stdout => self.stdout.lock().unwrap().push_str(text),
             Stream::Stderr => self.stderr.lock().unwrap().push_str(text),
         }
+    }
+    fn network_refused(&self, target: &str, reason: &str) {
+        self.refused
+            .lock()
+            .unwrap()
+            .push((target.to_string(), reason.to_string()));
     }
 }
 
