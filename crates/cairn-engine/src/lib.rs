@@ -366,10 +366,7 @@ impl Engine {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
-        let rec = self
-            .backend()
-            .get_run(run_id)?
-            .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))?;
+        let rec = self.require_run(run_id)?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::Busy { .. }) => {
@@ -508,24 +505,16 @@ impl Engine {
         by: Option<String>,
     ) -> Result<(), EngineError> {
         if let Some(ctl) = self.control_of(run_id) {
-            let (tx, rx) = oneshot::channel();
-            ctl.send(Control::Decide {
+            return Self::ask_driver(&ctl, run_id, |ack| Control::Decide {
                 node_id: node_id.into(),
                 approved,
                 note,
                 by,
-                ack: Some(tx),
+                ack,
             })
-            .map_err(|_| EngineError::Conflict(format!("run `{run_id}` has just stopped")))?;
-            return rx.await.unwrap_or_else(|_| {
-                Err(EngineError::Conflict(format!(
-                    "run `{run_id}` has just stopped"
-                )))
-            });
+            .await;
         }
-        self.backend()
-            .get_run(run_id)?
-            .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))?;
+        self.require_run(run_id)?;
         match self.take_log(run_id).await {
             Ok(log) => {
                 // Nobody drives the run: record the decision ourselves.
@@ -581,23 +570,15 @@ impl Engine {
         by: Option<String>,
     ) -> Result<(), EngineError> {
         if let Some(ctl) = self.control_of(run_id) {
-            let (tx, rx) = oneshot::channel();
-            ctl.send(Control::Cancel {
+            return Self::ask_driver(&ctl, run_id, |ack| Control::Cancel {
                 graceful,
                 reason,
                 by,
-                ack: Some(tx),
+                ack,
             })
-            .map_err(|_| EngineError::Conflict(format!("run `{run_id}` has just stopped")))?;
-            return rx.await.unwrap_or_else(|_| {
-                Err(EngineError::Conflict(format!(
-                    "run `{run_id}` has just stopped"
-                )))
-            });
+            .await;
         }
-        self.backend()
-            .get_run(run_id)?
-            .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))?;
+        self.require_run(run_id)?;
         match self.take_log(run_id).await {
             Ok(log) => {
                 let state = self.fold(run_id)?;
@@ -659,6 +640,25 @@ impl Engine {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Hands a request to the driver of a run live in this engine and waits
+    /// for its answer (given once the request's event is durable).
+    async fn ask_driver(
+        ctl: &mpsc::UnboundedSender<Control>,
+        run_id: &str,
+        make: impl FnOnce(Option<oneshot::Sender<Result<(), EngineError>>>) -> Control,
+    ) -> Result<(), EngineError> {
+        let stopped = || EngineError::Conflict(format!("run `{run_id}` has just stopped"));
+        let (tx, rx) = oneshot::channel();
+        ctl.send(make(Some(tx))).map_err(|_| stopped())?;
+        rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    fn require_run(&self, run_id: &str) -> Result<RunRecord, EngineError> {
+        self.backend()
+            .get_run(run_id)?
+            .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))
     }
 
     async fn wait_for_event(
