@@ -860,7 +860,7 @@ impl Driver {
         let cancel = self.run_cancel.child_token();
         let timeout = inst.spec.timeout.or(self.wf.defaults.timeout);
         let scope = self.node_scope(&key).with_attempt(attempt);
-        let ctx = NodeCtx::new(
+        let mut ctx = NodeCtx::new(
             self.run_id.clone(),
             &key,
             attempt,
@@ -874,6 +874,7 @@ impl Driver {
             self.log.clone(),
             self.ask_tx.clone(),
         );
+        ctx.max_output_bytes = inst.spec.max_output_bytes.map(|b| b as usize);
         self.running.insert(key.clone(), cancel.clone());
         let tx = self.msg_tx.clone();
         let log = self.log.clone();

@@ -103,6 +103,8 @@ pub struct NodeCtx {
     /// Cancelled when the run is cancelled or the attempt times out.
     pub cancel: CancellationToken,
     pub timeout: Option<Duration>,
+    /// The node's own output limit for tool calls (`max_output_bytes`).
+    pub max_output_bytes: Option<usize>,
     pub(crate) services: Arc<Services>,
     pub(crate) log: Arc<RunLog>,
     pub(crate) asks: mpsc::UnboundedSender<Ask>,
@@ -136,6 +138,7 @@ impl NodeCtx {
             templates,
             cancel,
             timeout,
+            max_output_bytes: None,
             services,
             log,
             asks,
@@ -243,7 +246,9 @@ impl NodeCtx {
         })
         .await?;
         let observer = kinds::EventObserver { ctx: self };
-        let sandbox = self.services.sandbox_for(&self.workflow)?;
+        let sandbox =
+            self.services
+                .sandbox_for(&self.workflow, self.max_output_bytes, self.timeout)?;
         let sandbox: &cairn_tools::Sandbox = &sandbox;
         let tctx = cairn_tools::ToolContext {
             sandbox,

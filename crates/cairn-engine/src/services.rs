@@ -26,8 +26,35 @@ impl Services {
         }
     }
 
-    /// The sandbox a workflow's tools run in, built once per workflow text.
-    pub fn sandbox_for(&self, wf: &Workflow) -> Result<Arc<Sandbox>, NodeError> {
+    /// The sandbox a node's tool calls run in: the workflow's (built once
+    /// per workflow text), with the node's own lower limits when it has any.
+    /// Limits only ever go down: workflow ≥ node ≥ call.
+    pub fn sandbox_for(
+        &self,
+        wf: &Workflow,
+        node_output: Option<usize>,
+        node_timeout: Option<Duration>,
+    ) -> Result<Arc<Sandbox>, NodeError> {
+        let base = self.workflow_sandbox(wf)?;
+        if node_output.is_none() && node_timeout.is_none() {
+            return Ok(base);
+        }
+        let ceiling = base.limits();
+        let limits = Limits {
+            max_output_bytes: node_output.map_or(ceiling.max_output_bytes, |b| {
+                b.min(ceiling.max_output_bytes)
+            }),
+            timeout: node_timeout.map_or(ceiling.timeout, |t| t.min(ceiling.timeout)),
+        };
+        let sandbox = Sandbox::new(base.root())
+            .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
+            .with_network(base.network())
+            .with_limits(limits)
+            .with_env(base.env().to_vec());
+        Ok(Arc::new(sandbox))
+    }
+
+    fn workflow_sandbox(&self, wf: &Workflow) -> Result<Arc<Sandbox>, NodeError> {
         if let Some(s) = self.sandboxes.lock().unwrap().get(&wf.hash) {
             return Ok(s.clone());
         }
@@ -62,6 +89,3 @@ impl Services {
         Ok(sandbox)
     }
 }
-
-#[allow(dead_code)]
-const _: Duration = Duration::ZERO;

@@ -257,3 +257,44 @@ nodes:
     .unwrap();
     assert_eq!(earlier.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_own_limit_lowers_the_workflows() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.txt"), "x".repeat(100)).unwrap();
+    let (engine, wf) = setup(
+        dir.path(),
+        r#"
+name: limits
+sandbox: { max_output_bytes: 1000 }
+nodes:
+  - id: whole
+    tool: read
+    args: { path: big.txt }
+  - id: capped
+    on_failure: continue
+    max_output_bytes: 10
+    tool: read
+    args: { path: big.txt }
+  - id: raised
+    max_output_bytes: 5000
+    tool: read
+    args: { path: big.txt }
+"#,
+    );
+    let (_events, opts) = collector();
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run_id = h.run_id.clone();
+    assert_eq!(h.wait().await, RunOutcome::Finished(None));
+    let st = engine.state(&run_id).unwrap();
+    assert_eq!(st.node("whole", 0).unwrap().status.as_str(), "finished");
+    let capped = st.node("capped", 0).unwrap();
+    assert_eq!(capped.status.as_str(), "failed");
+    assert!(
+        capped.error.as_ref().unwrap().message.contains("10"),
+        "{:?}",
+        capped.error
+    );
+    // A node cannot raise the workflow's ceiling, but 100 bytes fit under it.
+    assert_eq!(st.node("raised", 0).unwrap().status.as_str(), "finished");
+}

@@ -80,6 +80,9 @@ pub struct NodeSpec {
     pub cwd: Option<String>,
     /// How a command's stdout becomes its output.
     pub output: OutputFormat,
+    /// A `tool` node's own output/content limit, lower than the sandbox's
+    /// `max_output_bytes` (the sandbox's stays the ceiling).
+    pub max_output_bytes: Option<u64>,
     /// 1-based line where the node starts in the file.
     pub line: usize,
 }

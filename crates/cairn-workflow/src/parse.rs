@@ -747,7 +747,7 @@ impl Cx {
         match kind {
             Some("command") => allowed.extend(["command", "env", "cwd", "output"]),
             Some("for_each") => allowed.extend(["for_each", "as", "nodes"]),
-            Some("tool") => allowed.extend(["tool", "args"]),
+            Some("tool") => allowed.extend(["tool", "args", "max_output_bytes"]),
             Some(k) => allowed.push(k),
             // Unknown kind: accept every field some kind allows, so only true typos show.
             None => allowed.extend(
@@ -866,6 +866,9 @@ impl Cx {
         let retry = f
             .get("retry")
             .and_then(|(_, v)| self.retry(v, &join(field, "retry")));
+        let max_output_bytes = f
+            .get("max_output_bytes")
+            .and_then(|(_, v)| self.uint(v, &join(field, "max_output_bytes"), 1));
         let on_failure = match f.get("on_failure") {
             Some((_, v)) => {
                 let of = join(field, "on_failure");
@@ -952,6 +955,7 @@ impl Cx {
                 env,
                 cwd,
                 output,
+                max_output_bytes,
                 line: node.pos.line,
             });
         }
