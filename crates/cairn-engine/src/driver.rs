@@ -395,6 +395,21 @@ impl Driver {
                 let _ = self.services.journal.backend().ack_control(r.id);
             }
         }
+        // A crash between spawning a command and recording its group leaves
+        // processes no record names; their environment still does.
+        let killed = crate::kill_leftovers(&self.run_id);
+        if killed > 0 {
+            self.emit(
+                Scope::run(),
+                EventKind::Diagnostic {
+                    level: Level::Info,
+                    source: "resume".into(),
+                    message: format!(
+                        "killed {killed} leftover process(es) of the interrupted session"
+                    ),
+                },
+            );
+        }
         // Groups first, repeatedly, since a started group mounts more groups.
         loop {
             let mut changed = false;

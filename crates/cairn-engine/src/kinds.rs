@@ -98,6 +98,9 @@ impl NodeRunner for CommandNode {
         for (k, v) in &spec.env {
             env.push((k.clone(), render(v)?));
         }
+        // Inherited by every descendant, so a resume can find what a
+        // crashed engine left running even before its group was recorded.
+        env.push((crate::RUN_ENV.to_string(), ctx.run_id.clone()));
         let program = argv.first().cloned().unwrap_or_default();
         let max_output = ctx
             .workflow

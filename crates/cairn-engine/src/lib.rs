@@ -53,6 +53,9 @@ use driver::{Control, Driver, DriverInit};
 /// The control-table kind under which a running command's process group is
 /// remembered, so a resume can kill what a crashed engine left behind.
 pub(crate) const PROCESS_CONTROL: &str = "process";
+/// The environment variable every command and `bash` call of a run gets,
+/// holding the run's id: a resume finds and kills leftovers by it.
+pub const RUN_ENV: &str = "CAIRN_RUN_ID";
 /// Default per-stream output cap of `command` nodes.
 pub(crate) const COMMAND_OUTPUT_LIMIT: usize = 1_000_000;
 /// How long a shutdown lets running nodes reach a safe point.
@@ -729,6 +732,42 @@ impl Engine {
             }
         }
     }
+}
+
+/// Kills every process whose environment says it belongs to `run_id`
+/// ([`RUN_ENV`]), except this process. Called by a resume, when no process
+/// of the run may legitimately be alive: whoever drove it before is dead.
+/// Returns how many were killed.
+pub(crate) fn kill_leftovers(run_id: &str) -> usize {
+    let needle = format!("{RUN_ENV}={run_id}");
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if environ.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()) {
+            // SAFETY: kill(2) with a pid read from /proc; no memory is touched.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+            killed += 1;
+        }
+    }
+    killed
 }
 
 fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> EngineError {
