@@ -171,12 +171,8 @@ pub struct StatusArgs {
     /// The state as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Ask a `cairn serve` at this URL instead of reading the store.
-    #[arg(long, value_name = "URL")]
-    pub server: Option<String>,
-    /// Bearer token for --server.
-    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// `cairn logs`.
@@ -199,6 +195,13 @@ pub struct LogsArgs {
     /// The stored JSON lines, byte for byte (NDJSON).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// Where `status` and `logs` read from when not from the local store.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
     /// Read from a `cairn serve` at this URL instead of the store.
     #[arg(long, value_name = "URL")]
     pub server: Option<String>,

@@ -116,9 +116,9 @@ fn fold(j: &cairn_store::Journal, run_id: &str) -> anyhow::Result<RunState> {
 
 /// `cairn status`.
 pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
-    let v = match &a.server {
+    let v = match &a.remote.server {
         Some(url) => {
-            let client = cairn_server::client::Client::new(url, a.token.clone())
+            let client = cairn_server::client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
             client.run(&a.run).await.map_err(client_error)?
         }
@@ -283,7 +283,7 @@ fn print_event(out: &mut impl Write, json: &str, as_json: bool) -> anyhow::Resul
 /// `cairn logs`.
 pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
     check_types(&a.types)?;
-    if let Some(url) = a.server.clone() {
+    if let Some(url) = a.remote.server.clone() {
         return logs_from_server(&url, &a).await;
     }
     let j = store::open(g, false)?;
@@ -335,7 +335,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
 }
 
 async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
-    let client = cairn_server::client::Client::new(url, a.token.clone())
+    let client = cairn_server::client::Client::new(url, a.remote.token.clone())
         .map_err(|e| bad_input(e.to_string()))?;
     let stdout = std::io::stdout();
     if a.follow {
