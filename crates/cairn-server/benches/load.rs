@@ -67,6 +67,14 @@ fn vm_hwm_kb() -> u64 {
         .unwrap_or(0)
 }
 
+/// User and system CPU time this process has used so far, in µs.
+fn cpu_us() -> (u64, u64) {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    (us(u.ru_utime), us(u.ru_stime))
+}
+
 fn raise_fd_limit() {
     unsafe {
         let mut r = libc::rlimit {
@@ -251,6 +259,7 @@ async fn clients(addr: std::net::SocketAddr) {
         }
     }
     ready.wait().await;
+    let cpu0 = cpu_us();
     println!("ready");
     std::io::stdout().flush().unwrap();
     let mut lat: Vec<u32> = Vec::new();
@@ -259,6 +268,7 @@ async fn clients(addr: std::net::SocketAddr) {
     for w in watchers {
         seens.push(w.await.unwrap());
     }
+    let cpu1 = cpu_us();
     // Per protocol, to tell which path is slower (watchers alternate
     // SSE, WebSocket while both are left).
     let mut by_kind: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
@@ -299,12 +309,14 @@ async fn clients(addr: std::net::SocketAddr) {
             .unwrap_or(0)
     };
     println!(
-        "result {delivered} {complete} {expected} {} {} {} {} {}",
+        "result {delivered} {complete} {expected} {} {} {} {} {} {} {}",
         lat.len(),
         pct(0.50),
         pct(0.99),
         lat.last().copied().unwrap_or(0),
-        vm_hwm_kb()
+        vm_hwm_kb(),
+        cpu1.0 - cpu0.0,
+        cpu1.1 - cpu0.1,
     );
 }
 
@@ -427,6 +439,7 @@ async fn server() {
         })
     };
     let pad = "x".repeat(bytes);
+    let cpu0 = cpu_us();
     let t0 = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -455,13 +468,15 @@ async fn server() {
 
     let result = lines.recv().await.expect("the client process's result");
     let elapsed = t0.elapsed();
+    let cpu1 = cpu_us();
     let _ = child.wait();
     let f: Vec<u64> = result
         .split_whitespace()
         .skip(1)
         .map(|x| x.parse().unwrap())
         .collect();
-    let [delivered, complete, expected, samples, p50, p99, max, client_hwm] = f[..] else {
+    let [delivered, complete, expected, samples, p50, p99, max, client_hwm, c_user, c_sys] = f[..]
+    else {
         panic!("bad result line from the client process: {result}");
     };
     let ms = |us: u64| us as f64 / 1000.0;
@@ -495,6 +510,17 @@ async fn server() {
         ms(spct(0.50)),
         ms(spct(0.99)),
         ms(store.last().copied().unwrap_or(0)),
+    );
+    let per = |us: u64| us as f64 / delivered.max(1) as f64;
+    let (s_user, s_sys) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
+    println!(
+        "load: CPU per delivered event, busy phase: server {:.2} µs ({:.2} user + {:.2} system), clients {:.2} µs ({:.2} user + {:.2} system)",
+        per(s_user + s_sys),
+        per(s_user),
+        per(s_sys),
+        per(c_user + c_sys),
+        per(c_user),
+        per(c_sys),
     );
     println!(
         "load: peak memory (VmHWM): server process {} MiB, client process {} MiB",

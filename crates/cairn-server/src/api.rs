@@ -33,8 +33,8 @@ struct Inner {
     draining: AtomicBool,
     /// Flips to true when watchers must end their streams.
     closing: watch::Sender<bool>,
-    /// Events' wire forms, built once per run for all its watchers.
-    frames: crate::frames::Registry,
+    /// Each watched run's live feed, shared by its watchers.
+    feeds: Arc<crate::feed::Feeds>,
 }
 
 impl AppState {
@@ -45,12 +45,28 @@ impl AppState {
             metrics: Mutex::new(Metrics::new()),
             draining: AtomicBool::new(false),
             closing: watch::channel(false).0,
-            frames: crate::frames::Registry::default(),
+            feeds: Arc::default(),
         }))
     }
 
-    pub fn frames(&self, run_id: &str) -> Arc<crate::frames::RunFrames> {
-        self.0.frames.run(run_id)
+    /// A watcher of the run's events after `after` (see [`crate::feed`]).
+    pub async fn watch(
+        &self,
+        run_id: &str,
+        after: u64,
+        follow: bool,
+    ) -> Result<crate::feed::Watcher, ApiError> {
+        Ok(self
+            .0
+            .feeds
+            .watch(
+                self.journal(),
+                run_id,
+                after,
+                follow,
+                self.0.cfg.watcher_queue,
+            )
+            .await?)
     }
 
     pub fn engine(&self) -> &Engine {

@@ -15,6 +15,7 @@ mod api;
 mod auth;
 pub mod client;
 mod error;
+mod feed;
 mod frames;
 mod sse;
 mod ws;
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use axum::serve::ListenerExt;
 pub use cairn_engine::{Engine, EngineError, EngineOptions};
 
 /// The OpenAPI 3.1 document of the HTTP API, as served at `/openapi.json`.
@@ -55,10 +57,11 @@ pub struct ServeConfig {
     pub body_limit: usize,
     /// Largest WebSocket message accepted from a client, in bytes.
     pub ws_message_limit: usize,
-    /// Messages queued for one WebSocket client before its subscriptions
-    /// stop reading and, if the store's live buffer overflows meanwhile,
-    /// the client is cut off.
-    pub ws_queue: usize,
+    /// Events that may wait for one watcher (an SSE stream, or one run
+    /// subscribed on a WebSocket) while its connection is busy. A watcher
+    /// that falls this far behind is cut off with the seq to resume from;
+    /// the run never waits for it.
+    pub watcher_queue: usize,
 }
 
 impl Default for ServeConfig {
@@ -71,7 +74,7 @@ impl Default for ServeConfig {
             heartbeat: Duration::from_secs(15),
             body_limit: 1024 * 1024,
             ws_message_limit: 64 * 1024,
-            ws_queue: 256,
+            watcher_queue: 8192,
         }
     }
 }
@@ -158,7 +161,12 @@ impl Server {
             // Every event is committed now: watchers may go.
             stopping.close_watchers();
         };
-        let result = axum::serve(self.listener, router)
+        // Events are small writes a client is waiting for: Nagle's algorithm
+        // would hold one back until the client acknowledged the previous one.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let result = axum::serve(listener, router)
             .with_graceful_shutdown(graceful)
             .await;
         metrics_task.abort();

@@ -5,7 +5,7 @@
 //! `Last-Event-ID` resumes right after the last event it saw (contract,
 //! guarantee 3). The body is pulled by the connection as the client reads:
 //! a client that stops reading stops pulling, falls behind the store's live
-//! buffer and gets a final `event: error` (code `lagged`, with the last seq
+//! queue and gets a final `event: error` (code `lagged`, with the last seq
 //! it was sent) before the stream closes. The engine never waits for it.
 
 use std::collections::HashMap;
@@ -19,12 +19,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use cairn_store::{SubscribeError, Subscription};
 use serde_json::json;
 
-use crate::api::{blocking, existing_run, known_params, parse_bool, AppState};
+use crate::api::{existing_run, known_params, parse_bool, AppState};
 use crate::error::ApiError;
-use crate::frames::RunFrames;
+use crate::feed::{Cut, Watcher};
+use crate::frames::Frame;
 use bytes::BytesMut;
 
 pub(crate) async fn stream(
@@ -50,11 +50,8 @@ pub(crate) async fn stream(
     };
     let follow = parse_bool(&q, "follow")?;
     existing_run(&state, &id).await?;
-    let journal = state.journal().clone();
-    let run = id.clone();
-    let sub = blocking(move || Ok(journal.subscribe(&run, after)?)).await?;
-    let sub = sub.stop_at_terminal(!follow);
-    let body = Body::from_stream(events(state, id, sub));
+    let feed = state.watch(&id, after, follow).await?;
+    let body = Body::from_stream(events(state, id, feed));
     Ok((
         [
             (header::CONTENT_TYPE, "text/event-stream"),
@@ -71,10 +68,10 @@ pub(crate) async fn stream(
 /// server) is busy, without delaying anything: nothing waits to fill a batch.
 const MAX_BATCH: usize = 256;
 
-type Next = Option<Result<std::sync::Arc<cairn_store::StoredEvent>, SubscribeError>>;
+type Next = Option<Result<Arc<Frame>, Cut>>;
 
 struct Watch {
-    sub: Subscription,
+    feed: Watcher,
     /// Resolves when the server stops. Made once: a fresh wait per event
     /// would register with the server-wide watch (one lock for all
     /// watchers) at every event.
@@ -85,7 +82,6 @@ struct Watch {
     heartbeat: Pin<Box<tokio::time::Sleep>>,
     period: std::time::Duration,
     last_write: tokio::time::Instant,
-    frames: Arc<RunFrames>,
     run_id: String,
     /// An outcome read ahead while batching, to deliver next.
     pending: Option<Next>,
@@ -98,7 +94,8 @@ impl Watch {
     fn ending(&mut self, next: Next) -> Bytes {
         let text = match next {
             Some(Ok(_)) => unreachable!("events are framed by the caller"),
-            Some(Err(SubscribeError::Lagged { last_seq })) => {
+            Some(Err(Cut::Lagged)) => {
+                let last_seq = self.feed.last_seq();
                 let data = json!({"error": {
                     "code": "lagged",
                     "message": format!("this watcher fell behind the run and was cut off after seq {last_seq}; reconnect with Last-Event-ID: {last_seq}"),
@@ -106,13 +103,13 @@ impl Watch {
                 }});
                 format!("event: error\ndata: {data}\n\n")
             }
-            Some(Err(SubscribeError::Store(e))) => {
-                let data = json!({"error": {"code": "store", "message": e.to_string(), "lastSeq": self.sub.last_seq()}});
+            Some(Err(Cut::Failed(e))) => {
+                let data = json!({"error": {"code": "store", "message": e, "lastSeq": self.feed.last_seq()}});
                 format!("event: error\ndata: {data}\n\n")
             }
             None => {
                 // Tells EventSource clients not to reconnect.
-                let data = json!({"runId": self.run_id, "lastSeq": self.sub.last_seq()});
+                let data = json!({"runId": self.run_id, "lastSeq": self.feed.last_seq()});
                 format!("event: end\ndata: {data}\n\n")
             }
         };
@@ -124,17 +121,16 @@ impl Watch {
     /// everything else the subscription already has. A lone event is its
     /// shared frame as is, with no copy.
     fn chunk(&mut self, first: Next) -> Bytes {
-        use futures::FutureExt;
         let ev = match first {
             Some(Ok(ev)) => ev,
             other => return self.ending(other),
         };
-        let one = self.frames.get(&ev).sse.clone();
+        let one = ev.sse.clone();
         let mut more: Option<BytesMut> = None;
         let mut n = 1;
         // Whatever else is ready goes in the same chunk.
         while n < MAX_BATCH {
-            let next = match self.sub.next().now_or_never() {
+            let next = match self.feed.try_next() {
                 Some(next) => next,
                 None => break,
             };
@@ -145,7 +141,7 @@ impl Watch {
             });
             match next {
                 Some(Ok(ev)) => {
-                    buf.extend_from_slice(&self.frames.get(&ev).sse);
+                    buf.extend_from_slice(&ev.sse);
                     n += 1;
                 }
                 other => {
@@ -164,18 +160,17 @@ impl Watch {
 fn events(
     state: AppState,
     run_id: String,
-    sub: Subscription,
+    feed: Watcher,
 ) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let period = state.cfg().heartbeat;
     let now = tokio::time::Instant::now();
     let mut closing = state.closing();
     let w = Watch {
-        sub,
+        feed,
         closing: Box::pin(async move { crate::api::closed(&mut closing).await }),
         heartbeat: Box::pin(tokio::time::sleep_until(now + period)),
         period,
         last_write: now,
-        frames: state.frames(&run_id),
         run_id,
         pending: None,
         done: false,
@@ -190,11 +185,11 @@ fn events(
                 tokio::select! {
                     biased;
                     _ = &mut w.closing => {
-                        let data = json!({"runId": w.run_id, "lastSeq": w.sub.last_seq(), "reason": "the server is stopping; reconnect with Last-Event-ID"});
+                        let data = json!({"runId": w.run_id, "lastSeq": w.feed.last_seq(), "reason": "the server is stopping; reconnect with Last-Event-ID"});
                         w.done = true;
                         return Some((Ok(Bytes::from(format!("event: shutdown\ndata: {data}\n\n"))), w));
                     }
-                    next = w.sub.next() => break next,
+                    next = w.feed.next() => break next,
                     _ = &mut w.heartbeat => {
                         let due = w.last_write + w.period;
                         let now = tokio::time::Instant::now();

@@ -5,12 +5,11 @@
 //! `{"kind":"reply","id":...,"ok":false,"error":{"code","message"}}` and
 //! pushes events as `{"kind":"event","event":<the store's JSON>}`.
 //!
-//! Outgoing messages go through one bounded queue per socket, drained by a
-//! writer task. A subscription that finds the queue full waits, which only
-//! stops it reading its store subscription; if the store's live buffer
-//! overflows meanwhile, the client is sent a `lagged` error and the socket is
-//! closed with code 4000 and the run and seq to resume from. The engine
-//! never waits on a socket.
+//! One writer task per socket sends replies and every subscription's events,
+//! polling the subscriptions itself. A subscription whose events pile up
+//! while the socket is busy (see [`crate::feed`]) sends a `lagged` error and
+//! the socket is closed with code 4000 and the run and seq to resume from.
+//! The engine never waits on a socket.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,17 +18,18 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgr
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use cairn_store::SubscribeError;
-use futures::{SinkExt, StreamExt};
+use futures::stream::{BoxStream, SelectAll, SplitSink, TakeUntil};
+use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::api::{blocking, existing_run, AppState};
 use crate::auth::{self, Check};
 use crate::error::ApiError;
-use crate::frames::{ws_event_text, RunFrames};
+use crate::feed::{Cut, Watcher};
+use crate::frames::ws_event_text;
 
 /// Close code for a client that fell behind (application range).
 pub const CLOSE_LAGGED: u16 = 4000;
@@ -66,6 +66,124 @@ enum Out {
     /// Shared with every other watcher when it is an event.
     Text(Utf8Bytes),
     Close(u16, String),
+    /// Start sending a subscription's events, after everything queued
+    /// before (its reply first).
+    Watch(Subscribed),
+}
+
+/// One subscription's messages; ends when its sender in the session's map is
+/// dropped (unsubscribe, or the session ends).
+type Subscribed = TakeUntil<BoxStream<'static, Out>, oneshot::Receiver<()>>;
+
+/// Messages other than subscribed events (replies, replays, the all-runs
+/// feed) queued for the socket before their senders wait.
+const CONTROL_QUEUE: usize = 256;
+/// Most messages written before one flush.
+const MAX_BATCH: usize = 64;
+
+/// Owns the socket's sending half: writes the session's messages and every
+/// subscription's events. Subscriptions are polled here, not by tasks of
+/// their own, so an event costs one wake-up of this task and nothing else.
+async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: mpsc::Receiver<Out>) {
+    let mut subs: SelectAll<Subscribed> = SelectAll::new();
+    loop {
+        let first = tokio::select! {
+            biased;
+            m = rx.recv() => match m {
+                Some(m) => m,
+                // The session ended.
+                None => break,
+            },
+            Some(m) = subs.next(), if !subs.is_empty() => m,
+        };
+        let write = async {
+            let mut next = Some(first);
+            let mut written = 0;
+            while let Some(out) = next.take() {
+                let msg = match out {
+                    Out::Watch(s) => {
+                        subs.push(s);
+                        None
+                    }
+                    Out::Text(t) => Some(Message::Text(t)),
+                    Out::Close(code, reason) => {
+                        sink.feed(Message::Close(Some(CloseFrame {
+                            code,
+                            reason: Utf8Bytes::from(close_reason(&reason)),
+                        })))
+                        .await?;
+                        return sink.flush().await.map(|()| true);
+                    }
+                };
+                if let Some(msg) = msg {
+                    sink.feed(msg).await?;
+                    written += 1;
+                }
+                if written == MAX_BATCH {
+                    break;
+                }
+                // Whatever else is ready goes out with the same flush.
+                next = match rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => subs.next().now_or_never().flatten(),
+                };
+            }
+            sink.flush().await.map(|()| false)
+        };
+        tokio::pin!(write);
+        // A write the socket takes at once needs no deadline; arming a
+        // timer for every batch would cost more than the write.
+        let sent = match futures::poll!(&mut write) {
+            std::task::Poll::Ready(r) => Ok(r),
+            std::task::Poll::Pending => tokio::time::timeout(WRITE_TIMEOUT, write).await,
+        };
+        match sent {
+            Ok(Ok(false)) => {}
+            _ => break,
+        }
+    }
+    let _ = sink.close().await;
+}
+
+/// A subscription's messages: its events, then `end` (or a `lagged` error
+/// and the close that cuts the client off).
+fn subscription(feed: Watcher, run_id: String) -> BoxStream<'static, Out> {
+    enum St {
+        Live(Watcher, String),
+        Closing(String),
+        Done,
+    }
+    futures::stream::unfold(St::Live(feed, run_id), |st| async move {
+        match st {
+            St::Done => None,
+            St::Closing(msg) => Some((Out::Close(CLOSE_LAGGED, msg), St::Done)),
+            St::Live(mut feed, run_id) => match feed.next().await {
+                Some(Ok(f)) => Some((Out::Text(f.ws.clone()), St::Live(feed, run_id))),
+                Some(Err(Cut::Lagged)) => {
+                    let last_seq = feed.last_seq();
+                    let msg = format!(
+                        "lagged: run {run_id} after seq {last_seq}; resubscribe from there"
+                    );
+                    let err = json!({"kind": "error", "error": {
+                        "code": "lagged",
+                        "message": format!("this client fell behind run `{run_id}` and was cut off after seq {last_seq}; resubscribe with afterSeq {last_seq}"),
+                        "runId": run_id,
+                        "lastSeq": last_seq,
+                    }});
+                    Some((Out::Text(err.to_string().into()), St::Closing(msg)))
+                }
+                Some(Err(Cut::Failed(e))) => {
+                    let err = json!({"kind": "error", "error": {"code": "store", "message": e, "runId": run_id, "lastSeq": feed.last_seq()}});
+                    Some((Out::Text(err.to_string().into()), St::Done))
+                }
+                None => {
+                    let end = json!({"kind": "end", "runId": run_id, "lastSeq": feed.last_seq()});
+                    Some((Out::Text(end.to_string().into()), St::Done))
+                }
+            },
+        }
+    })
+    .boxed()
 }
 
 #[derive(Deserialize)]
@@ -167,59 +285,23 @@ fn close_reason(s: &str) -> String {
 struct Session {
     state: AppState,
     tx: mpsc::Sender<Out>,
-    subs: HashMap<String, JoinHandle<()>>,
+    /// Dropping a run's sender ends its subscription.
+    subs: HashMap<String, oneshot::Sender<()>>,
     all: Option<JoinHandle<()>>,
-    pending_go: Option<tokio::sync::oneshot::Sender<()>>,
+    /// A subscription to hand to the writer once its reply is queued.
+    pending: Option<Out>,
 }
 
 async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
-    let (mut sink, mut stream) = socket.split();
-    let (tx, mut rx) = mpsc::channel::<Out>(state.cfg().ws_queue.max(1));
-    let writer = tokio::spawn(async move {
-        // Messages already queued are fed together and flushed once: one
-        // write per batch instead of one per event when the socket is busy.
-        let mut batch = Vec::with_capacity(64);
-        while rx.recv_many(&mut batch, 64).await > 0 {
-            let write = async {
-                let mut close = false;
-                for out in batch.drain(..) {
-                    let msg = match out {
-                        Out::Text(t) => Message::Text(t),
-                        Out::Close(code, reason) => {
-                            close = true;
-                            Message::Close(Some(CloseFrame {
-                                code,
-                                reason: Utf8Bytes::from(close_reason(&reason)),
-                            }))
-                        }
-                    };
-                    sink.feed(msg).await?;
-                    if close {
-                        break;
-                    }
-                }
-                sink.flush().await.map(|()| close)
-            };
-            tokio::pin!(write);
-            // A write the socket takes at once needs no deadline; arming a
-            // timer for every batch would cost more than the write.
-            let sent = match futures::poll!(&mut write) {
-                std::task::Poll::Ready(r) => Ok(r),
-                std::task::Poll::Pending => tokio::time::timeout(WRITE_TIMEOUT, write).await,
-            };
-            match sent {
-                Ok(Ok(false)) => {}
-                _ => break,
-            }
-        }
-        let _ = sink.close().await;
-    });
+    let (sink, mut stream) = socket.split();
+    let (tx, rx) = mpsc::channel::<Out>(CONTROL_QUEUE);
+    let writer = tokio::spawn(write_loop(sink, rx));
     let mut s = Session {
         state: state.clone(),
         tx: tx.clone(),
         subs: HashMap::new(),
         all: None,
-        pending_go: None,
+        pending: None,
     };
     let mut closing = state.closing();
     loop {
@@ -305,11 +387,13 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
         if tx.send(Out::Text(out)).await.is_err() {
             break;
         }
-        s.start_pending();
+        if let Some(w) = s.pending.take() {
+            if tx.send(w).await.is_err() {
+                break;
+            }
+        }
     }
-    for (_, h) in s.subs.drain() {
-        h.abort();
-    }
+    s.subs.clear();
     if let Some(h) = s.all.take() {
         h.abort();
     }
@@ -349,14 +433,6 @@ fn parse(text: &str) -> (Value, Result<Request, ApiError>) {
 }
 
 impl Session {
-    /// Subscriptions start after their reply is queued, so a client always
-    /// sees the reply before the first event. `handle` parks them here.
-    fn start_pending(&mut self) {
-        if let Some(go) = self.pending_go.take() {
-            let _ = go.send(());
-        }
-    }
-
     async fn handle(&mut self, req: Request) -> Result<Value, ApiError> {
         let state = self.state.clone();
         match req {
@@ -367,7 +443,7 @@ impl Session {
                 after_seq,
                 follow,
             } => {
-                self.subs.retain(|_, h| !h.is_finished());
+                self.subs.retain(|_, c| !c.is_closed());
                 if self.subs.contains_key(&run_id) {
                     return Err(ApiError::new(
                         axum::http::StatusCode::CONFLICT,
@@ -376,31 +452,18 @@ impl Session {
                     ));
                 }
                 existing_run(&state, &run_id).await?;
-                let journal = state.journal().clone();
-                let run = run_id.clone();
-                let sub = blocking(move || Ok(journal.subscribe(&run, after_seq)?)).await?;
-                let sub = sub.stop_at_terminal(!follow);
-                // Queue the reply before the task can queue any event.
-                let reply = json!({"runId": run_id, "afterSeq": after_seq});
-                let tx = self.tx.clone();
-                let run = run_id.clone();
-                let frames = state.frames(&run_id);
-                let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
-                let task = tokio::spawn(async move {
-                    if go_rx.await.is_err() {
-                        return;
-                    }
-                    forward(sub, run, frames, tx).await;
-                });
-                self.subs.insert(run_id, task);
-                self.pending_go = Some(go_tx);
-                Ok(reply)
+                let feed = state.watch(&run_id, after_seq, follow).await?;
+                let (stop, stopped) = oneshot::channel();
+                // Handed to the writer after the reply, so a client always
+                // sees the reply before the first event.
+                self.pending = Some(Out::Watch(
+                    subscription(feed, run_id.clone()).take_until(stopped),
+                ));
+                self.subs.insert(run_id.clone(), stop);
+                Ok(json!({"runId": run_id, "afterSeq": after_seq}))
             }
             Request::Unsubscribe { run_id } => match self.subs.remove(&run_id) {
-                Some(h) => {
-                    h.abort();
-                    Ok(json!({"runId": run_id}))
-                }
+                Some(_stop) => Ok(json!({"runId": run_id})),
                 None => Err(ApiError::not_found(format!(
                     "not subscribed to run `{run_id}`"
                 ))),
@@ -533,50 +596,6 @@ async fn decide(
         .decide(&run_id, &node_id, approved, note, by)
         .await?;
     Ok(json!({"runId": run_id, "nodeId": node_id, "approved": approved}))
-}
-
-async fn forward(
-    mut sub: cairn_store::Subscription,
-    run_id: String,
-    frames: std::sync::Arc<RunFrames>,
-    tx: mpsc::Sender<Out>,
-) {
-    loop {
-        match sub.next().await {
-            Some(Ok(ev)) => {
-                if tx
-                    .send(Out::Text(frames.get(&ev).ws.clone()))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            Some(Err(SubscribeError::Lagged { last_seq })) => {
-                let msg =
-                    format!("lagged: run {run_id} after seq {last_seq}; resubscribe from there");
-                let err = json!({"kind": "error", "error": {
-                    "code": "lagged",
-                    "message": format!("this client fell behind run `{run_id}` and was cut off after seq {last_seq}; resubscribe with afterSeq {last_seq}"),
-                    "runId": run_id,
-                    "lastSeq": last_seq,
-                }});
-                let _ = tx.send(Out::Text(err.to_string().into())).await;
-                let _ = tx.send(Out::Close(CLOSE_LAGGED, msg)).await;
-                return;
-            }
-            Some(Err(SubscribeError::Store(e))) => {
-                let err = json!({"kind": "error", "error": {"code": "store", "message": e.to_string(), "runId": run_id, "lastSeq": sub.last_seq()}});
-                let _ = tx.send(Out::Text(err.to_string().into())).await;
-                return;
-            }
-            None => {
-                let end = json!({"kind": "end", "runId": run_id, "lastSeq": sub.last_seq()});
-                let _ = tx.send(Out::Text(end.to_string().into())).await;
-                return;
-            }
-        }
-    }
 }
 
 async fn forward_all(

@@ -308,7 +308,7 @@ async fn a_slow_sse_watcher_is_cut_off_and_resumes_from_its_last_seq() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_websocket_is_closed_with_a_reason() {
-    let srv = TestServer::start_with(None, |c| c.ws_queue = 16).await;
+    let srv = TestServer::start_with(None, |c| c.watcher_queue = 16).await;
     let log = srv.manual_run("busy");
     log.sync().await.unwrap();
     let mut w = ws(&srv, None).await;
