@@ -32,11 +32,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use cairn_events::{EventKind, OutputStream, Scope};
 use cairn_server::{Engine, EngineOptions, ServeConfig, Server};
 use cairn_store::{Journal, JournalOptions, RunRecord};
-use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::tungstenite::Message;
 
 /// Set in the child's environment: the server address to watch.
 const CLIENT_MODE: &str = "CAIRN_BENCH_CLIENT_OF";
@@ -138,16 +135,12 @@ impl Seen {
             let l = now_us().saturating_sub(sent);
             self.latencies_us.push(l.min(u32::MAX as u64) as u32);
         }
-        find(json, b"\"type\":\"RunFinished\"").is_some()
+        json.starts_with(b"{\"type\":\"RunFinished\"")
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
 fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {
-    let i = find(hay, key)? + key.len();
+    let i = memchr::memmem::find(hay, key)? + key.len();
     let mut n = 0u64;
     let mut any = false;
     for &b in &hay[i..] {
@@ -160,35 +153,71 @@ fn number_after(hay: &[u8], key: &[u8]) -> Option<u64> {
     any.then_some(n)
 }
 
-/// A raw HTTP/1.1 reader: no HTTP client, no per-line allocation. Chunked
-/// framing lines are skipped like any line that is not `data: `.
+/// A raw connection read into one buffer, so that a watcher costs the
+/// server's machine no more than its socket reads: the clients share the
+/// cores with the server they measure.
+struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+    /// Unparsed bytes are `buf[start..filled]`.
+    start: usize,
+    filled: usize,
+}
+
+impl Conn {
+    async fn open(addr: std::net::SocketAddr, request: &[u8]) -> Conn {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        s.write_all(request).await.unwrap();
+        Conn {
+            s,
+            buf: vec![0; 16 * 1024],
+            start: 0,
+            filled: 0,
+        }
+    }
+
+    fn unparsed(&self) -> &[u8] {
+        &self.buf[self.start..self.filled]
+    }
+
+    /// Reads more; false at the end of the stream.
+    async fn fill(&mut self) -> bool {
+        if self.start == self.filled {
+            (self.start, self.filled) = (0, 0);
+        } else if self.start > self.buf.len() / 2 {
+            self.buf.copy_within(self.start..self.filled, 0);
+            (self.start, self.filled) = (0, self.filled - self.start);
+        }
+        if self.filled == self.buf.len() {
+            self.buf.resize(self.buf.len() * 2, 0);
+        }
+        match self.s.read(&mut self.buf[self.filled..]).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.filled += n;
+                true
+            }
+        }
+    }
+}
+
+/// SSE over raw HTTP/1.1: every `data: ` line is an event (chunked framing
+/// lines are skipped like any other line).
 async fn sse_watcher(addr: std::net::SocketAddr, ready: Arc<tokio::sync::Barrier>) -> Seen {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.set_nodelay(true).unwrap();
-    s.write_all(
+    let mut c = Conn::open(
+        addr,
         b"GET /v1/runs/bench/events/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
-    .await
-    .unwrap();
+    .await;
     let mut seen = Seen::new();
     let mut last = 0;
     let mut waited = false;
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut filled = 0;
-    'read: loop {
-        if filled == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        let n = match s.read(&mut buf[filled..]).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        filled += n;
-        let mut start = 0;
-        while let Some(nl) = buf[start..filled].iter().position(|&b| b == b'\n') {
-            let line = &buf[start..start + nl];
-            start += nl + 1;
-            let Some(json) = line.strip_prefix(b"data: ") else {
+    while c.fill().await {
+        while let Some(nl) = memchr::memchr(b'\n', c.unparsed()) {
+            let (a, b) = (c.start, c.start + nl);
+            c.start = b + 1;
+            let Some(json) = c.buf[a..b].strip_prefix(b"data: ") else {
                 continue;
             };
             if !json.starts_with(b"{\"type\"") {
@@ -200,47 +229,99 @@ async fn sse_watcher(addr: std::net::SocketAddr, ready: Arc<tokio::sync::Barrier
                 ready.wait().await;
             }
             if end {
-                break 'read;
+                return seen;
             }
         }
-        buf.copy_within(start..filled, 0);
-        filled -= start;
     }
     seen
 }
 
+/// One complete WebSocket frame at the start of `b`: its opcode and where
+/// its payload lies. The server sends whole, unmasked messages.
+fn ws_frame(b: &[u8]) -> Option<(u8, usize, usize)> {
+    if b.len() < 2 {
+        return None;
+    }
+    assert!(b[0] & 0x80 != 0, "the server sends unfragmented messages");
+    assert!(b[1] & 0x80 == 0, "server frames are not masked");
+    let (len, head) = match b[1] & 0x7f {
+        126 if b.len() >= 4 => (u16::from_be_bytes([b[2], b[3]]) as usize, 4),
+        127 if b.len() >= 10 => (
+            u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
+            10,
+        ),
+        126 | 127 => return None,
+        n => (n as usize, 2),
+    };
+    (b.len() >= head + len).then_some((b[0] & 0x0f, head, head + len))
+}
+
+/// A masked text frame, as clients must send.
+fn ws_text(payload: &[u8]) -> Vec<u8> {
+    let key = [0x37, 0xfa, 0x21, 0x3d];
+    let mut f = vec![0x81];
+    match payload.len() {
+        n if n < 126 => f.push(0x80 | n as u8),
+        n => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    f.extend_from_slice(&key);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    f
+}
+
+/// WebSocket over raw TCP: the upgrade, one `subscribe`, then frames.
 async fn ws_watcher(addr: std::net::SocketAddr, ready: Arc<tokio::sync::Barrier>) -> Seen {
-    // The default 128 KiB read buffer is zeroed on every read; events are
-    // a few hundred bytes.
-    let cfg = WebSocketConfig::default().read_buffer_size(8 * 1024);
-    let (mut ws, _) =
-        tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/v1/ws"), Some(cfg), true)
-            .await
-            .unwrap();
-    ws.send(Message::text(
-        r#"{"type":"subscribe","id":1,"runId":"bench"}"#,
-    ))
-    .await
-    .unwrap();
+    let mut c = Conn::open(
+        addr,
+        b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await;
+    loop {
+        assert!(c.fill().await, "the server closed during the upgrade");
+        if let Some(i) = memchr::memmem::find(c.unparsed(), b"\r\n\r\n") {
+            assert!(c.unparsed().starts_with(b"HTTP/1.1 101"), "upgrade refused");
+            c.start += i + 4;
+            break;
+        }
+    }
+    c.s.write_all(&ws_text(br#"{"type":"subscribe","id":1,"runId":"bench"}"#))
+        .await
+        .unwrap();
+    const EVENT: &[u8] = b"{\"kind\":\"event\",\"event\":";
     let mut seen = Seen::new();
     let mut last = 0;
     let mut waited = false;
-    while let Some(Ok(m)) = ws.next().await {
-        let Message::Text(t) = m else { continue };
-        let t = t.as_bytes();
-        if t.starts_with(b"{\"kind\":\"end\"") {
-            break;
+    loop {
+        while let Some((op, a, b)) = ws_frame(c.unparsed()) {
+            let (a, b) = (c.start + a, c.start + b);
+            c.start = b;
+            match op {
+                1 => {}
+                // Close.
+                8 => return seen,
+                _ => continue,
+            }
+            let text = &c.buf[a..b];
+            if text.starts_with(b"{\"kind\":\"end\"") {
+                return seen;
+            }
+            let Some(json) = text.strip_prefix(EVENT) else {
+                continue;
+            };
+            seen.event(json, &mut last);
+            if !waited {
+                waited = true;
+                ready.wait().await;
+            }
         }
-        if !t.starts_with(b"{\"kind\":\"event\"") {
-            continue;
-        }
-        seen.event(t, &mut last);
-        if !waited {
-            waited = true;
-            ready.wait().await;
+        if !c.fill().await {
+            return seen;
         }
     }
-    seen
 }
 
 /// Connects every watcher, says `ready` on stdout once each has the run's
@@ -415,27 +496,20 @@ async fn server() {
     println!(
         "load: busy run: {n_events} NodeOutput events of {bytes} bytes of text at {rate} events/s for {secs} s"
     );
-    // The store's share of the latency: a subscription on its own thread
-    // and runtime, so it waits on neither the server's sockets nor its
-    // workers.
+    // The store's share of the latency, as the server's feeds see it: a
+    // subscription on the server's runtime.
     let probe = {
         let journal = journal.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let mut sub = journal.subscribe("bench", 1).unwrap();
-                let mut lat = Vec::new();
-                while let Some(Ok(ev)) = sub.next().await {
-                    if let Some(sent) = number_after(ev.json.as_bytes(), b"\"text\":\"t=") {
-                        lat.push(now_us().saturating_sub(sent));
-                    }
+        tokio::spawn(async move {
+            let mut sub = journal.subscribe("bench", 1).unwrap();
+            let mut lat = Vec::new();
+            while let Some(Ok(ev)) = sub.next().await {
+                if let Some(sent) = number_after(ev.json.as_bytes(), b"\"text\":\"t=") {
+                    lat.push(now_us().saturating_sub(sent));
                 }
-                lat.sort_unstable();
-                lat
-            })
+            }
+            lat.sort_unstable();
+            lat
         })
     };
     let pad = "x".repeat(bytes);
@@ -480,7 +554,7 @@ async fn server() {
         panic!("bad result line from the client process: {result}");
     };
     let ms = |us: u64| us as f64 / 1000.0;
-    let store = probe.join().unwrap();
+    let store = probe.await.unwrap();
     let spct = |p: f64| {
         store
             .get(((store.len() as f64 * p) as usize).min(store.len().saturating_sub(1)))
@@ -506,7 +580,7 @@ async fn server() {
         ms(max),
     );
     println!(
-        "load: of which the store (append to commit and publish, one in-process subscriber): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "load: of which the store (append to commit and publish, to a subscriber on the server's runtime): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         ms(spct(0.50)),
         ms(spct(0.99)),
         ms(store.last().copied().unwrap_or(0)),

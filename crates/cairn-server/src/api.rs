@@ -100,6 +100,7 @@ impl AppState {
 
     /// Ends every watcher's stream.
     pub fn close_watchers(&self) {
+        self.0.feeds.close();
         self.0.closing.send_replace(true);
     }
 

@@ -21,18 +21,23 @@
 //! seq and reads the rest from the store.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cairn_store::{Backend, EventQuery, Journal, StoreError, SubscribeError, Subscription};
-use tokio::sync::mpsc::{self, error::TryRecvError, error::TrySendError};
-use tokio::sync::Notify;
+use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::{Notify, Semaphore};
 
 use crate::frames::Frame;
 
 /// Recent frames a hub keeps, so that a watcher done replaying the store can
-/// join although the run went on meanwhile.
-const WINDOW: usize = 1024;
+/// join although the run went on meanwhile (a few more events than a store
+/// read takes).
+const WINDOW: usize = 256;
+/// Store reads for replaying watchers at once. A thousand watchers
+/// connecting together would otherwise hold a thousand blocking threads
+/// that wait on the same database.
+const READS: usize = 8;
 /// Events read from the store per replay page.
 const PAGE: usize = 1000;
 
@@ -44,6 +49,8 @@ const LAGGED: u8 = 1;
 /// again under its id): read the store again.
 const REPLAY: u8 = 2;
 const FAILED: u8 = 3;
+/// The server is stopping.
+const CLOSED: u8 = 4;
 
 /// Why a watcher's stream ends before the run does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +60,8 @@ pub(crate) enum Cut {
     Lagged,
     /// The run's feed failed (the store could not be read).
     Failed(String),
+    /// The server is stopping ([`Feeds::close`]).
+    Closed,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -60,9 +69,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Every watched run's hub.
-#[derive(Default)]
 pub(crate) struct Feeds {
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
+    closed: AtomicBool,
+    reads: Semaphore,
+}
+
+impl Default for Feeds {
+    fn default() -> Self {
+        Feeds {
+            hubs: Mutex::default(),
+            closed: AtomicBool::new(false),
+            reads: Semaphore::new(READS),
+        }
+    }
 }
 
 struct Hub {
@@ -94,10 +114,22 @@ impl HubState {
 
 /// One live watcher, as the hub sees it.
 struct Slot {
-    tx: mpsc::Sender<Arc<Frame>>,
+    tx: mpsc::UnboundedSender<Arc<Frame>>,
     /// The watcher has (or has buffered) every event up to here.
     after: u64,
-    why: Arc<AtomicU8>,
+    queue: Arc<Queue>,
+}
+
+/// What the hub and a watcher share about the watcher's queue. The queue is
+/// an unbounded channel bounded by `len` here: a bounded channel's receiver
+/// takes a lock to return each permit.
+struct Queue {
+    /// Frames sent and not yet received.
+    len: AtomicUsize,
+    /// How many may wait.
+    cap: usize,
+    /// Why the hub dropped the sender.
+    why: AtomicU8,
 }
 
 /// Keeps a hub alive; the last one dropped stops it.
@@ -146,6 +178,20 @@ impl Feeds {
             started: false,
             done: false,
         })
+    }
+
+    /// Ends every watcher (with [`Cut::Closed`]) and refuses new ones: the
+    /// server is stopping. Watchers learn it from their queues, so a live
+    /// watcher checks nothing more per event than its queue.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let hubs: Vec<Arc<Hub>> = lock(&self.hubs).values().cloned().collect();
+        for hub in hubs {
+            let mut st = lock(&hub.state);
+            for s in st.slots.drain(..) {
+                s.queue.why.store(CLOSED, Ordering::SeqCst);
+            }
+        }
     }
 
     fn held(self: &Arc<Self>, hubs: &HashMap<String, Arc<Hub>>, run_id: &str) -> Option<HubRef> {
@@ -236,7 +282,7 @@ impl Hub {
             st.window.clear();
             st.base = frame.seq.saturating_sub(1);
             for s in st.slots.drain(..) {
-                s.why.store(REPLAY, Ordering::SeqCst);
+                s.queue.why.store(REPLAY, Ordering::SeqCst);
             }
         }
         if st.window.len() == WINDOW {
@@ -248,14 +294,13 @@ impl Hub {
             if frame.seq <= s.after {
                 return true;
             }
-            match s.tx.try_send(frame.clone()) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => {
-                    s.why.store(LAGGED, Ordering::SeqCst);
-                    false
-                }
-                Err(TrySendError::Closed(_)) => false,
+            if s.queue.len.load(Ordering::Acquire) >= s.queue.cap {
+                s.queue.why.store(LAGGED, Ordering::SeqCst);
+                return false;
             }
+            s.queue.len.fetch_add(1, Ordering::AcqRel);
+            // Fails only when the watcher is gone.
+            s.tx.send(frame.clone()).is_ok()
         });
     }
 
@@ -272,7 +317,7 @@ impl Hub {
         let mut st = lock(&self.state);
         st.failed = Some(message);
         for s in st.slots.drain(..) {
-            s.why.store(FAILED, Ordering::SeqCst);
+            s.queue.why.store(FAILED, Ordering::SeqCst);
         }
     }
 }
@@ -283,7 +328,7 @@ pub(crate) struct Watcher {
     hub: HubRef,
     backend: Arc<dyn Backend>,
     queue: usize,
-    live: Option<(mpsc::Receiver<Arc<Frame>>, Arc<AtomicU8>)>,
+    live: Option<(mpsc::UnboundedReceiver<Arc<Frame>>, Arc<Queue>)>,
     /// Frames to deliver before anything live.
     buffer: VecDeque<Arc<Frame>>,
     /// The last seq delivered (or the `after` asked for).
@@ -305,14 +350,20 @@ impl Watcher {
             if self.done {
                 return None;
             }
-            if let Some(r) = self.ready() {
-                return Some(r);
+            if let Some(f) = self.buffered() {
+                return Some(Ok(f));
             }
-            if let Some((rx, _)) = &mut self.live {
+            if let Some((rx, queue)) = &mut self.live {
                 match rx.recv().await {
-                    Some(f) => self.buffer.push_back(f),
-                    // Closed: `ready` says why.
-                    None => {}
+                    Some(f) => {
+                        queue.len.fetch_sub(1, Ordering::AcqRel);
+                        self.buffer.push_back(f);
+                    }
+                    None => {
+                        if let Some(cut) = self.closed() {
+                            return Some(Err(cut));
+                        }
+                    }
                 }
                 continue;
             }
@@ -325,6 +376,9 @@ impl Watcher {
                     Err(cut) => return Some(Err(self.cut(cut))),
                 }
             }
+            if self.hub.feeds.closed.load(Ordering::SeqCst) {
+                return Some(Err(self.cut(Cut::Closed)));
+            }
             if let Err(e) = self.read_page().await {
                 return Some(Err(self.cut(Cut::Failed(e.to_string()))));
             }
@@ -336,10 +390,28 @@ impl Watcher {
     ///
     /// [`next`]: Watcher::next
     pub fn try_next(&mut self) -> Option<Option<Result<Arc<Frame>, Cut>>> {
-        if self.done {
-            return Some(None);
+        loop {
+            if self.done {
+                return Some(None);
+            }
+            if let Some(f) = self.buffered() {
+                return Some(Some(Ok(f)));
+            }
+            let (rx, queue) = self.live.as_mut()?;
+            match rx.try_recv() {
+                Ok(f) => {
+                    queue.len.fetch_sub(1, Ordering::AcqRel);
+                    self.buffer.push_back(f);
+                }
+                Err(TryRecvError::Empty) => return None,
+                Err(TryRecvError::Disconnected) => {
+                    if let Some(cut) = self.closed() {
+                        return Some(Some(Err(cut)));
+                    }
+                    return None;
+                }
+            }
         }
-        self.ready().map(Some)
     }
 
     /// The last seq delivered so far.
@@ -347,42 +419,40 @@ impl Watcher {
         self.last
     }
 
-    /// The next buffered or queued event, or the cut the hub left, if any.
-    fn ready(&mut self) -> Option<Result<Arc<Frame>, Cut>> {
-        loop {
-            while let Some(f) = self.buffer.pop_front() {
-                if f.seq == self.last + 1 {
-                    return Some(Ok(self.deliver(f)));
-                }
-                if f.seq > self.last + 1 {
-                    // Never expected (replay pages and the hub's frames run
-                    // on without gaps), but a gap must not reach a client:
-                    // read the store again from the last seq delivered.
-                    self.buffer.clear();
-                    self.live = None;
-                    return None;
-                }
+    /// The next buffered event, if any.
+    fn buffered(&mut self) -> Option<Arc<Frame>> {
+        while let Some(f) = self.buffer.pop_front() {
+            if f.seq == self.last + 1 {
+                return Some(self.deliver(f));
             }
-            let (rx, why) = self.live.as_mut()?;
-            match rx.try_recv() {
-                Ok(f) => self.buffer.push_back(f),
-                Err(TryRecvError::Empty) => return None,
-                Err(TryRecvError::Disconnected) => match why.load(Ordering::SeqCst) {
-                    REPLAY | OPEN => {
-                        self.live = None;
-                        return None;
-                    }
-                    FAILED => {
-                        let msg = lock(&self.hub.hub.state)
-                            .failed
-                            .clone()
-                            .unwrap_or_else(|| StoreError::Closed.to_string());
-                        return Some(Err(self.cut(Cut::Failed(msg))));
-                    }
-                    _ => return Some(Err(self.cut(Cut::Lagged))),
-                },
+            if f.seq > self.last + 1 {
+                // Never expected (replay pages and the hub's frames run on
+                // without gaps), but a gap must not reach a client: read the
+                // store again from the last seq delivered.
+                self.buffer.clear();
+                self.live = None;
+                return None;
             }
         }
+        None
+    }
+
+    /// The hub closed the live queue and it is drained: the cut it left, or
+    /// `None` when the watcher is to read the store again.
+    fn closed(&mut self) -> Option<Cut> {
+        let (_, queue) = self.live.take()?;
+        let cut = match queue.why.load(Ordering::SeqCst) {
+            REPLAY | OPEN => return None,
+            FAILED => Cut::Failed(
+                lock(&self.hub.hub.state)
+                    .failed
+                    .clone()
+                    .unwrap_or_else(|| StoreError::Closed.to_string()),
+            ),
+            CLOSED => Cut::Closed,
+            _ => Cut::Lagged,
+        };
+        Some(self.cut(cut))
     }
 
     fn deliver(&mut self, f: Arc<Frame>) -> Arc<Frame> {
@@ -407,21 +477,30 @@ impl Watcher {
         if let Some(msg) = &st.failed {
             return Err(Cut::Failed(msg.clone()));
         }
+        // Checked under the hub's lock, which `Feeds::close` takes after
+        // setting the flag: no watcher joins after its slots were closed.
+        if self.hub.feeds.closed.load(Ordering::SeqCst) {
+            return Err(Cut::Closed);
+        }
         if self.last < st.base {
             return Ok(false);
         }
         let last = self.last;
         self.buffer
             .extend(st.window.iter().filter(|f| f.seq > last).cloned());
-        let (tx, rx) = mpsc::channel(self.queue);
-        let why = Arc::new(AtomicU8::new(OPEN));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(Queue {
+            len: AtomicUsize::new(0),
+            cap: self.queue,
+            why: AtomicU8::new(OPEN),
+        });
         let after = st.last().max(self.last);
         st.slots.push(Slot {
             tx,
             after,
-            why: why.clone(),
+            queue: queue.clone(),
         });
-        self.live = Some((rx, why));
+        self.live = Some((rx, queue));
         Ok(true)
     }
 
@@ -437,6 +516,13 @@ impl Watcher {
         };
         let backend = self.backend.clone();
         let run = self.hub.hub.run_id.clone();
+        let _turn = self
+            .hub
+            .feeds
+            .reads
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Closed)?;
         let mut page = tokio::task::spawn_blocking(move || backend.read_events(&run, &q))
             .await
             .map_err(|_| StoreError::Closed)??;
@@ -585,6 +671,29 @@ mod tests {
         let (seqs, cut) = fast.await.unwrap();
         assert_eq!(cut, None);
         assert_eq!(seqs.len() as u64, log.last_seq());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closing_ends_live_and_replaying_watchers_and_refuses_new_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = journal(dir.path());
+        let log = run(&j, "r");
+        out(&log, 2500);
+        log.sync().await.unwrap();
+        let feeds = Arc::new(Feeds::default());
+        let mut live = feeds.watch(&j, "r", 2500, true, 16).await.unwrap();
+        assert!(tokio::time::timeout(Duration::from_millis(50), live.next())
+            .await
+            .is_err());
+        let mut replaying = feeds.watch(&j, "r", 0, true, 16).await.unwrap();
+        assert_eq!(replaying.next().await.unwrap().unwrap().seq, 1);
+        feeds.close();
+        assert_eq!(drain(&mut live).await, (vec![], Some(Cut::Closed)));
+        let (seqs, cut) = drain(&mut replaying).await;
+        assert_eq!(cut, Some(Cut::Closed));
+        assert!(seqs.len() < 2500, "stops at the next page, not the end");
+        let mut late = feeds.watch(&j, "r", 2500, true, 16).await.unwrap();
+        assert_eq!(drain(&mut late).await, (vec![], Some(Cut::Closed)));
     }
 
     #[tokio::test]

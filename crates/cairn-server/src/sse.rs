@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -71,11 +70,9 @@ const MAX_BATCH: usize = 256;
 type Next = Option<Result<Arc<Frame>, Cut>>;
 
 struct Watch {
+    /// Ends with [`Cut::Closed`] when the server stops: waiting on the
+    /// server-wide signal here too would take its lock at every event.
     feed: Watcher,
-    /// Resolves when the server stops. Made once: a fresh wait per event
-    /// would register with the server-wide watch (one lock for all
-    /// watchers) at every event.
-    closing: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Fires a heartbeat period after the last write. It is moved when it
     /// fires early (something was written meanwhile), not at every event, so
     /// a busy stream does not touch the timer per event.
@@ -106,6 +103,10 @@ impl Watch {
             Some(Err(Cut::Failed(e))) => {
                 let data = json!({"error": {"code": "store", "message": e, "lastSeq": self.feed.last_seq()}});
                 format!("event: error\ndata: {data}\n\n")
+            }
+            Some(Err(Cut::Closed)) => {
+                let data = json!({"runId": self.run_id, "lastSeq": self.feed.last_seq(), "reason": "the server is stopping; reconnect with Last-Event-ID"});
+                format!("event: shutdown\ndata: {data}\n\n")
             }
             None => {
                 // Tells EventSource clients not to reconnect.
@@ -164,10 +165,8 @@ fn events(
 ) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let period = state.cfg().heartbeat;
     let now = tokio::time::Instant::now();
-    let mut closing = state.closing();
     let w = Watch {
         feed,
-        closing: Box::pin(async move { crate::api::closed(&mut closing).await }),
         heartbeat: Box::pin(tokio::time::sleep_until(now + period)),
         period,
         last_write: now,
@@ -183,12 +182,8 @@ fn events(
             Some(next) => next,
             None => loop {
                 tokio::select! {
+                    // An event ready leaves the timer unpolled.
                     biased;
-                    _ = &mut w.closing => {
-                        let data = json!({"runId": w.run_id, "lastSeq": w.feed.last_seq(), "reason": "the server is stopping; reconnect with Last-Event-ID"});
-                        w.done = true;
-                        return Some((Ok(Bytes::from(format!("event: shutdown\ndata: {data}\n\n"))), w));
-                    }
                     next = w.feed.next() => break next,
                     _ = &mut w.heartbeat => {
                         let due = w.last_write + w.period;

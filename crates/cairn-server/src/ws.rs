@@ -172,6 +172,8 @@ fn subscription(feed: Watcher, run_id: String) -> BoxStream<'static, Out> {
                     }});
                     Some((Out::Text(err.to_string().into()), St::Closing(msg)))
                 }
+                // The session closes the socket with its own reason.
+                Some(Err(Cut::Closed)) => None,
                 Some(Err(Cut::Failed(e))) => {
                     let err = json!({"kind": "error", "error": {"code": "store", "message": e, "runId": run_id, "lastSeq": feed.last_seq()}});
                     Some((Out::Text(err.to_string().into()), St::Done))

@@ -362,3 +362,56 @@ async fn a_slow_websocket_is_closed_with_a_reason() {
     assert_eq!(last, total);
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_server_ends_every_watcher_with_a_reason() {
+    let srv = TestServer::start(None).await;
+    let log = srv.manual_run("live");
+    output(&log, "n", "one");
+    log.sync().await.unwrap();
+    let addr = srv.addr;
+
+    // An SSE watcher and a WebSocket watcher, both following the live run.
+    let mut sse = TcpStream::connect(addr).await.unwrap();
+    sse.write_all(
+        b"GET /v1/runs/live/events/stream?follow=true HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("id: 2\n") {
+        let mut b = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), sse.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&b[..n]);
+    }
+    let mut w = ws(&srv, None).await;
+    send(
+        &mut w,
+        json!({"type": "subscribe", "id": "s", "runId": "live", "follow": true}),
+    )
+    .await;
+    assert_eq!(reply(&mut w, "s").await["ok"], true);
+    for seq in 1..=2 {
+        let v = recv(&mut w).await.unwrap();
+        assert_eq!(v["event"]["seq"], seq);
+    }
+    drop(log);
+
+    srv.stop().await;
+    tokio::time::timeout(Duration::from_secs(30), sse.read_to_end(&mut seen))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    let tail = &text[text.find("event: shutdown").expect("a shutdown event")..];
+    let data: Value =
+        serde_json::from_str(tail.lines().nth(1).unwrap().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(data["lastSeq"], 2);
+    assert!(data["reason"].as_str().unwrap().contains("Last-Event-ID"));
+    let close = recv(&mut w).await.expect_err("the socket closes");
+    assert_eq!(close.map(|c| c.0), Some(1001));
+}
