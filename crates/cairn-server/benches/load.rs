@@ -22,7 +22,9 @@
 //! `cargo bench -p cairn-server --bench load`. Environment:
 //! `CAIRN_BENCH_SSE`, `CAIRN_BENCH_WS` (watchers, default 1000 each),
 //! `CAIRN_BENCH_RATE` (events/s, default 100), `CAIRN_BENCH_SECS` (default
-//! 5), `CAIRN_BENCH_BYTES` (text per event, default 160).
+//! 5), `CAIRN_BENCH_BYTES` (text per event, default 160),
+//! `CAIRN_BENCH_CLIENT_THREADS` (the client process's runtime threads,
+//! default 1).
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
@@ -88,11 +90,22 @@ fn raise_fd_limit() {
 fn main() {
     raise_fd_limit();
     let client_of = std::env::var(CLIENT_MODE).ok();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // One thread reads all the watchers' sockets: cheaper per read than two
+    // that steal work from each other, and it leaves the server the share
+    // of the cores a remote client would.
+    let threads = env("CAIRN_BENCH_CLIENT_THREADS", 1);
+    let rt = if client_of.is_some() && threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(if client_of.is_some() { threads } else { 2 })
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     rt.block_on(async {
         let r = match client_of {
             Some(addr) => tokio::time::timeout(GIVE_UP, clients(addr.parse().unwrap())).await,
