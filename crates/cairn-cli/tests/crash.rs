@@ -306,6 +306,29 @@ fn sigkill_at_random_moments_then_resume_until_done() {
         1,
         "more than one terminal event"
     );
+    // Layers open at a crash are closed by a later session, never started
+    // twice while open.
+    let mut open = std::collections::BTreeSet::new();
+    for e in &evs {
+        match &e.kind {
+            EventKind::LayerStarted { layer_index, .. } => {
+                assert!(
+                    open.insert(*layer_index),
+                    "seq {}: layer {layer_index} started twice",
+                    e.seq
+                );
+            }
+            EventKind::LayerFinished { layer_index, .. } => {
+                assert!(
+                    open.remove(layer_index),
+                    "seq {}: layer {layer_index} finished but not open",
+                    e.seq
+                );
+            }
+            _ => {}
+        }
+    }
+    assert!(open.is_empty(), "layers never finished: {open:?}");
 
     // Per node: one NodeFinished, nothing after it, and no more side effects
     // than started attempts.

@@ -205,6 +205,9 @@ impl Driver {
                 self.nodes_ctx.insert(n.node_id.clone(), node_ctx_entry(n));
             }
         }
+        if resumed {
+            self.reopen_tallies();
+        }
         self.rerender();
         if resumed {
             self.recover();
@@ -325,6 +328,9 @@ impl Driver {
         );
         let old = std::mem::replace(&mut self.plan, plan);
         let order = self.plan.order.clone();
+        // Counted once every instance is in its layer's total, so that a
+        // layer still open from before a resume is not closed half-counted.
+        let mut done_already = Vec::new();
         for key in &order {
             if old.insts.contains_key(key) {
                 continue;
@@ -357,10 +363,13 @@ impl Driver {
                 }
             }
             if done {
-                self.count_done(&inst, status);
+                done_already.push((inst, status));
             } else if status == NodeStatus::Pending {
                 self.check_queue.push_back(key.clone());
             }
+        }
+        for (inst, status) in done_already {
+            self.count_done(&inst, status);
         }
         for key in &old.order {
             if self.plan.insts.contains_key(key) {
@@ -622,6 +631,23 @@ impl Driver {
                 budget -= 1;
                 to_spawn.push((key, attempt));
             }
+        }
+    }
+
+    /// After a resume: layers and chapters the log shows started and not
+    /// finished are open again, so they get their `LayerFinished` and
+    /// `ChapterFinished` (at once when everything in them ended before the
+    /// stop) and no second start.
+    fn reopen_tallies(&mut self) {
+        let now_ms = crate::node::now_ms();
+        for (&layer, &started_ms) in &self.state.open_layers {
+            let t = self.layers.entry(layer).or_default();
+            t.open = true;
+            let ago = Duration::from_millis((now_ms - started_ms).max(0) as u64);
+            t.started = Instant::now().checked_sub(ago).or(Some(Instant::now()));
+        }
+        for chapter in &self.state.open_chapters {
+            self.chapters.entry(chapter.clone()).or_default().open = true;
         }
     }
 

@@ -618,6 +618,7 @@ impl Engine {
                         },
                     );
                 }
+                close_open_tallies(&log, &state);
                 log.append(
                     Scope::run(),
                     EventKind::RunStatusChanged {
@@ -817,4 +818,44 @@ pub fn new_run_id() -> String {
     let ms = node::now_ms() as u64;
     let r: u32 = rand::random();
     format!("run-{ms:x}-{:06x}", r & 0xff_ffff)
+}
+
+/// Ends the layers and chapters a stopped run left open, for a cancel that
+/// no driver handles: every node not done was just cancelled, which counts
+/// as skipped, as the driver counts it.
+fn close_open_tallies(log: &cairn_store::RunLog, state: &RunState) {
+    let now = node::now_ms();
+    for (&layer, &started_ms) in &state.open_layers {
+        let (mut succeeded, mut failed, mut skipped) = (0, 0, 0);
+        for n in state.nodes.iter().filter(|n| n.layer_index == Some(layer)) {
+            match n.status {
+                NodeStatus::Finished => succeeded += 1,
+                NodeStatus::Failed => failed += 1,
+                _ => skipped += 1,
+            }
+        }
+        log.append(
+            Scope::run(),
+            EventKind::LayerFinished {
+                layer_index: layer,
+                duration_ms: (now - started_ms).max(0) as u64,
+                succeeded,
+                failed,
+                skipped,
+            },
+        );
+    }
+    for chapter in &state.open_chapters {
+        let failed = state
+            .nodes
+            .iter()
+            .any(|n| n.chapter.as_ref() == Some(chapter) && n.status == NodeStatus::Failed);
+        log.append(
+            Scope::run(),
+            EventKind::ChapterFinished {
+                chapter: chapter.clone(),
+                status: if failed { "failed" } else { "finished" }.into(),
+            },
+        );
+    }
 }

@@ -644,6 +644,8 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                         | EventKind::ApprovalDenied { .. }
                         | EventKind::RunCancelRequested { .. }
                         | EventKind::NodeCancelled { .. }
+                        | EventKind::LayerFinished { .. }
+                        | EventKind::ChapterFinished { .. }
                         | EventKind::RunStatusChanged { .. }
                         | EventKind::RunCancelled { .. }
                 );
@@ -852,9 +854,19 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                     ));
                 }
             }
-            EventKind::RunStarted { resumed: true, .. } => {
-                // Layer tallies are per session: a resume starts them afresh.
-                layers.clear();
+            EventKind::RunFinished { .. }
+            | EventKind::RunFailed { .. }
+            | EventKind::RunCancelled { .. } => {
+                // Also across resumes: a layer open at a stop is closed by
+                // the engine that resumes the run.
+                let open: Vec<_> = layers
+                    .iter()
+                    .filter(|(_, o)| **o)
+                    .map(|(l, _)| *l)
+                    .collect();
+                if !open.is_empty() {
+                    return Err(format!("seq {at}: the run ended with layers {open:?} open"));
+                }
             }
             _ => {}
         }

@@ -4,7 +4,7 @@
 //! resumes one, reads state through [`RunState::apply`]; nothing keeps a second
 //! copy of the truth.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -183,6 +183,13 @@ pub struct RunState {
     pub cost_usd: Option<f64>,
     pub tool_calls: u64,
     pub nodes: Vec<NodeState>,
+    /// Layers with `LayerStarted` and no `LayerFinished` yet, with the
+    /// start's timestamp: a resumed engine closes them.
+    #[serde(skip)]
+    pub open_layers: BTreeMap<u32, i64>,
+    /// Chapters with `ChapterStarted` and no `ChapterFinished` yet.
+    #[serde(skip)]
+    pub open_chapters: BTreeSet<String>,
     #[serde(skip)]
     index: HashMap<(String, u32), usize>,
 }
@@ -315,6 +322,18 @@ impl RunState {
             EventKind::RunCancelled { .. } => {
                 self.status = Some(RunStatus::Cancelled);
                 self.ended_ms = Some(ts);
+            }
+            EventKind::LayerStarted { layer_index, .. } => {
+                self.open_layers.insert(*layer_index, ts);
+            }
+            EventKind::LayerFinished { layer_index, .. } => {
+                self.open_layers.remove(layer_index);
+            }
+            EventKind::ChapterStarted { chapter } => {
+                self.open_chapters.insert(chapter.clone());
+            }
+            EventKind::ChapterFinished { chapter, .. } => {
+                self.open_chapters.remove(chapter);
             }
             EventKind::FrameCommitted {
                 frame_no, mounted, ..
