@@ -110,6 +110,14 @@ impl HubState {
     fn last(&self) -> u64 {
         self.base + self.window.len() as u64
     }
+
+    /// Drops every watcher's sender, telling it why once it has drained
+    /// what was queued.
+    fn close_slots(&mut self, why: u8) {
+        for s in self.slots.drain(..) {
+            s.queue.why.store(why, Ordering::SeqCst);
+        }
+    }
 }
 
 /// One live watcher, as the hub sees it.
@@ -142,12 +150,7 @@ impl Drop for HubRef {
     fn drop(&mut self) {
         let mut hubs = lock(&self.feeds.hubs);
         if self.hub.holders.fetch_sub(1, Ordering::SeqCst) == 1 {
-            if hubs
-                .get(&self.hub.run_id)
-                .is_some_and(|h| Arc::ptr_eq(h, &self.hub))
-            {
-                hubs.remove(&self.hub.run_id);
-            }
+            self.hub.unregister(&mut hubs);
             self.hub.stop.notify_one();
         }
     }
@@ -188,9 +191,7 @@ impl Feeds {
         let hubs: Vec<Arc<Hub>> = lock(&self.hubs).values().cloned().collect();
         for hub in hubs {
             let mut st = lock(&hub.state);
-            for s in st.slots.drain(..) {
-                s.queue.why.store(CLOSED, Ordering::SeqCst);
-            }
+            st.close_slots(CLOSED);
         }
     }
 
@@ -281,9 +282,7 @@ impl Hub {
             // Everyone goes back to the store, which has the truth.
             st.window.clear();
             st.base = frame.seq.saturating_sub(1);
-            for s in st.slots.drain(..) {
-                s.queue.why.store(REPLAY, Ordering::SeqCst);
-            }
+            st.close_slots(REPLAY);
         }
         if st.window.len() == WINDOW {
             st.window.pop_front();
@@ -304,21 +303,21 @@ impl Hub {
         });
     }
 
-    fn fail(&self, feeds: &Feeds, message: String) {
+    /// Takes this hub (not a newer one of the same run) out of the map.
+    fn unregister(&self, hubs: &mut HashMap<String, Arc<Hub>>) {
+        if hubs
+            .get(&self.run_id)
+            .is_some_and(|h| std::ptr::eq(&**h, self))
         {
-            let mut hubs = lock(&feeds.hubs);
-            if hubs
-                .get(&self.run_id)
-                .is_some_and(|h| std::ptr::eq(&**h, self))
-            {
-                hubs.remove(&self.run_id);
-            }
+            hubs.remove(&self.run_id);
         }
+    }
+
+    fn fail(&self, feeds: &Feeds, message: String) {
+        self.unregister(&mut lock(&feeds.hubs));
         let mut st = lock(&self.state);
         st.failed = Some(message);
-        for s in st.slots.drain(..) {
-            s.queue.why.store(FAILED, Ordering::SeqCst);
-        }
+        st.close_slots(FAILED);
     }
 }
 
