@@ -514,7 +514,15 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         }
     }
     let journal = store::open(g, true)?;
-    let engine = cairn_server::Engine::new(journal.clone(), cairn_server::EngineOptions::default());
+    // A server drives the runs it is sent commands for, so a decision sent
+    // to a run that waited while no server ran takes effect.
+    let engine = cairn_server::Engine::new(
+        journal.clone(),
+        cairn_server::EngineOptions {
+            adopt_idle_runs: true,
+            ..Default::default()
+        },
+    );
     let cfg = cairn_server::ServeConfig {
         addr,
         token: a.token.filter(|t| !t.is_empty()),

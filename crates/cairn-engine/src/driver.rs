@@ -16,8 +16,11 @@ use cairn_events::{
     CancelMechanism, ErrorInfo, Event, EventKind, Level, NodeCounts, NodeStatus, NodeTiming,
     RunState, RunStatus, Scope,
 };
-use cairn_store::RunLog;
-use cairn_workflow::{NodeKind, NodeSpec, OnFailure, RetryPolicy, Templates, Workflow};
+use cairn_events::{InboxReply, RunCommand};
+use cairn_store::{Listener, RunLog, Topic};
+use cairn_workflow::{
+    NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
+};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -25,27 +28,28 @@ use tokio_util::sync::CancellationToken;
 use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
 use crate::plan::{self, Inst, Key, Plan, Shape, SpecTree};
 use crate::services::Services;
-use crate::{EngineError, RunOutcome, PROCESS_CONTROL};
+use crate::{EngineError, RunOutcome, Shutdown};
 
 const HEARTBEAT: Duration = Duration::from_secs(10);
-const CONTROL_POLL: Duration = Duration::from_millis(200);
+/// How often the driver reads its inbox when no wake-up came: wake-ups are
+/// best effort, the inbox in the store is the truth.
+const INBOX_POLL: Duration = Duration::from_secs(1);
 const MAX_TIMINGS: usize = 20;
+/// Most checks or starts decided between two looks at the inbox and the
+/// shutdown signal, so that a cancel or a SIGTERM takes effect within a
+/// round however large the round is.
+const ROUND_SLICE: usize = 2048;
 
-/// Requests from outside the run (the engine API, another process).
-pub(crate) enum Control {
-    Decide {
-        node_id: String,
-        approved: bool,
-        note: Option<String>,
-        by: Option<String>,
-        ack: Option<oneshot::Sender<Result<(), EngineError>>>,
-    },
-    Cancel {
-        graceful: bool,
-        reason: Option<String>,
-        by: Option<String>,
-        ack: Option<oneshot::Sender<Result<(), EngineError>>>,
-    },
+/// What a driver is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Drive the run: start nodes, apply commands, until it ends (or waits,
+    /// with `exit_on_wait`).
+    Drive,
+    /// Nobody drives the run: apply the commands in its inbox, then stop at
+    /// the next wait without starting anything new. The same driver, so a
+    /// decision or a cancel takes effect exactly as it would in a live run.
+    Apply,
 }
 
 enum Msg {
@@ -65,6 +69,7 @@ struct Tally {
     succeeded: u64,
     failed: u64,
     skipped: u64,
+    cancelled: u64,
     open: bool,
     started: Option<Instant>,
 }
@@ -98,9 +103,11 @@ pub(crate) struct Driver {
     msg_rx: mpsc::UnboundedReceiver<Msg>,
     ask_tx: mpsc::UnboundedSender<Ask>,
     ask_rx: mpsc::UnboundedReceiver<Ask>,
-    control_rx: mpsc::UnboundedReceiver<Control>,
+    /// Wake-ups for commands in the run's inbox.
+    inbox: Option<Box<dyn Listener>>,
+    mode: Mode,
     run_cancel: CancellationToken,
-    shutdown: CancellationToken,
+    shutdown: Shutdown,
     shutdown_grace: Option<Duration>,
     concurrency: usize,
     failing: Option<ErrorInfo>,
@@ -119,8 +126,8 @@ pub(crate) struct DriverInit {
     pub log: Arc<RunLog>,
     pub services: Arc<Services>,
     pub state: RunState,
-    pub control_rx: mpsc::UnboundedReceiver<Control>,
-    pub shutdown: CancellationToken,
+    pub mode: Mode,
+    pub shutdown: Shutdown,
     pub max_concurrency: Option<usize>,
     pub exit_on_wait: bool,
 }
@@ -136,6 +143,11 @@ impl Driver {
             .unwrap_or(8)
             .max(1);
         let frame_no = init.state.frame_no;
+        // A run that stopped while waiting for a person still waits.
+        let announced = match init.state.status {
+            Some(s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput)) => s,
+            _ => RunStatus::Running,
+        };
         Driver {
             run_id: init.run_id,
             tree,
@@ -165,7 +177,8 @@ impl Driver {
             msg_rx,
             ask_tx,
             ask_rx,
-            control_rx: init.control_rx,
+            inbox: None,
+            mode: init.mode,
             run_cancel: CancellationToken::new(),
             shutdown: init.shutdown,
             shutdown_grace: None,
@@ -173,7 +186,7 @@ impl Driver {
             failing: None,
             cancelling: None,
             exit_on_wait: init.exit_on_wait,
-            announced: RunStatus::Running,
+            announced,
             layers: HashMap::new(),
             chapters: HashMap::new(),
             store_error: None,
@@ -197,8 +210,24 @@ impl Driver {
     }
 
     /// Drives the run until it ends, waits for a person (with
-    /// `exit_on_wait`), or the engine shuts down.
+    /// `exit_on_wait`), or the engine shuts down; in [`Mode::Apply`], until
+    /// the commands in the inbox are applied.
     pub(crate) async fn run(mut self, resumed: bool) -> RunOutcome {
+        match self
+            .services
+            .journal
+            .backend()
+            .listen(Topic::Inbox(&self.run_id))
+        {
+            Ok(l) => self.inbox = Some(l),
+            Err(e) => self.warn(
+                "inbox",
+                format!(
+                    "no wake-ups for commands ({e}); reading the inbox every {}s",
+                    INBOX_POLL.as_secs()
+                ),
+            ),
+        }
         // Seed the template context with what the log already holds.
         for n in &self.state.nodes {
             if n.status.is_done() {
@@ -212,19 +241,12 @@ impl Driver {
         if resumed {
             self.recover();
         }
-        let mut poll = tokio::time::interval(CONTROL_POLL);
+        let mut poll =
+            tokio::time::interval_at(tokio::time::Instant::now() + INBOX_POLL, INBOX_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut to_spawn: Vec<(Key, u32)> = Vec::new();
         loop {
-            // Settle: decide everything that can be decided without waiting.
-            loop {
-                self.process_checks();
-                let before = to_spawn.len();
-                self.start_ready(&mut to_spawn);
-                if self.check_queue.is_empty() && to_spawn.len() == before {
-                    break;
-                }
-            }
+            self.settle(&mut to_spawn).await;
             if let Err(e) = self.log.sync().await {
                 self.store_error = Some(e.to_string());
             }
@@ -238,6 +260,16 @@ impl Driver {
             }
             if let Some(outcome) = self.maybe_end().await {
                 return outcome;
+            }
+            if self.mode == Mode::Apply && self.idle() {
+                // Every gate that was waiting waits again: apply what the
+                // inbox holds, and stop once nothing is left to apply.
+                if self.drain_inbox().await > 0 {
+                    continue;
+                }
+                self.run_cancel.cancel();
+                self.drain_running().await;
+                return RunOutcome::Waiting;
             }
             if self.shutdown_grace.is_none() && self.is_waiting() {
                 if self.announced != RunStatus::WaitingApproval {
@@ -253,6 +285,11 @@ impl Driver {
                     }
                 }
                 if self.exit_on_wait {
+                    // A decision sent while we were getting here is taken
+                    // now rather than left for the next resume.
+                    if self.drain_inbox().await > 0 {
+                        continue;
+                    }
                     self.run_cancel.cancel();
                     self.drain_running().await;
                     return RunOutcome::Waiting;
@@ -261,19 +298,10 @@ impl Driver {
             tokio::select! {
                 Some(m) = self.msg_rx.recv() => self.on_msg(m),
                 Some(a) = self.ask_rx.recv() => self.on_ask(a),
-                Some(c) = self.control_rx.recv() => self.on_control(c).await,
-                _ = poll.tick() => self.poll_controls().await,
-                _ = self.shutdown.cancelled(), if self.shutdown_grace.is_none() => {
-                    self.shutdown_grace = Some(crate::SHUTDOWN_GRACE);
-                    let token = self.run_cancel.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(crate::SHUTDOWN_GRACE).await;
-                        token.cancel();
-                    });
-                    // Waiting approvals are safe points already.
-                    for key in self.waiting.keys() {
-                        if let Some(t) = self.running.get(key) { t.cancel(); }
-                    }
+                _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
+                _ = poll.tick() => { self.drain_inbox().await; }
+                _ = self.shutdown.token.cancelled(), if self.shutdown_grace.is_none() => {
+                    self.begin_shutdown();
                 }
             }
             // Batch whatever else is already queued into this round.
@@ -284,6 +312,62 @@ impl Driver {
                 self.on_ask(a);
             }
         }
+    }
+
+    /// Decides everything that can be decided without waiting, in slices,
+    /// looking at the inbox and the shutdown signal between slices.
+    async fn settle(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+        loop {
+            let checked_all = self.process_checks();
+            let before = to_spawn.len();
+            let started_all = self.start_ready(to_spawn);
+            if checked_all && started_all && to_spawn.len() == before {
+                break;
+            }
+            if self.shutdown.token.is_cancelled() && self.shutdown_grace.is_none() {
+                self.begin_shutdown();
+            }
+            if futures::FutureExt::now_or_never(wait_for(&mut self.inbox)).is_some() {
+                self.drain_inbox().await;
+            }
+        }
+    }
+
+    /// The engine is shutting down: running nodes get the engine's grace to
+    /// reach a safe point, then they are killed. Waiting approvals are safe
+    /// points already.
+    fn begin_shutdown(&mut self) {
+        let grace = self.shutdown.grace();
+        self.shutdown_grace = Some(grace);
+        let token = self.run_cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            token.cancel();
+        });
+        for key in self.waiting.keys() {
+            if let Some(t) = self.running.get(key) {
+                t.cancel();
+            }
+        }
+    }
+
+    /// Nothing runs but attempts waiting for a person, and nothing is ready.
+    fn idle(&self) -> bool {
+        self.running.len() == self.waiting.len()
+            && self.check_queue.is_empty()
+            && self.cancelling.is_none()
+            && self.failing.is_none()
+    }
+
+    fn warn(&mut self, source: &str, message: String) {
+        self.emit(
+            Scope::run(),
+            EventKind::Diagnostic {
+                level: Level::Warn,
+                source: source.into(),
+                message,
+            },
+        );
     }
 
     /// Waits for attempts stopped without events (waiting approvals when the
@@ -391,33 +475,8 @@ impl Driver {
     /// After a resume: re-enter started groups, close interrupted attempts,
     /// and kill process groups a crashed engine left behind.
     fn recover(&mut self) {
-        if let Ok(reqs) = self
-            .services
-            .journal
-            .backend()
-            .pending_controls(&self.run_id)
-        {
-            for r in reqs.into_iter().filter(|r| r.kind == PROCESS_CONTROL) {
-                if let Some(pgid) = r.payload.get("pgid").and_then(Value::as_u64) {
-                    cairn_tools::process::kill_group(pgid as u32);
-                }
-                let _ = self.services.journal.backend().ack_control(r.id);
-            }
-        }
-        // A crash between spawning a command and recording its group leaves
-        // processes no record names; their environment still does.
-        let killed = crate::kill_leftovers(&self.run_id);
-        if killed > 0 {
-            self.emit(
-                Scope::run(),
-                EventKind::Diagnostic {
-                    level: Level::Info,
-                    source: "resume".into(),
-                    message: format!(
-                        "killed {killed} leftover process(es) of the interrupted session"
-                    ),
-                },
-            );
+        if self.mode == Mode::Drive {
+            self.kill_leftovers();
         }
         // Groups first, repeatedly, since a started group mounts more groups.
         loop {
@@ -461,13 +520,11 @@ impl Driver {
                     self.resumed_attempts.insert(key.clone(), n.attempt);
                     self.ready.push_back(key);
                 }
+                // Applying commands only: interrupted attempts and retries
+                // are the next resume's to close and start.
+                _ if self.mode == Mode::Apply => {}
                 NodeStatus::Running | NodeStatus::WaitingInput => {
-                    let attempt = n.attempt;
-                    let err = NodeError::new(
-                        "interrupted",
-                        "the engine stopped while this attempt was running",
-                    );
-                    self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+                    self.interrupted(&key, &inst, n.attempt);
                 }
                 NodeStatus::Retrying => {
                     if !n.retry_announced {
@@ -483,12 +540,47 @@ impl Driver {
         }
     }
 
+    /// Kills what the dead engine left running: the process groups it
+    /// recorded (commands and `bash` calls), and, for a crash between a
+    /// spawn and its record, every process whose environment names the run.
+    fn kill_leftovers(&mut self) {
+        let backend = self.services.journal.backend().clone();
+        let mut killed = 0;
+        if let Ok(groups) = backend.processes(&self.run_id) {
+            for g in groups {
+                // SAFETY: signal 0 only asks whether the group exists.
+                let alive = unsafe { libc::kill(-(g.pgid as libc::pid_t), 0) } == 0;
+                cairn_tools::process::kill_group(g.pgid);
+                killed += usize::from(alive);
+                let _ = backend.remove_process(g.id);
+            }
+        }
+        killed += crate::kill_leftovers(&self.run_id);
+        if killed > 0 {
+            self.emit(
+                Scope::run(),
+                EventKind::Diagnostic {
+                    level: Level::Info,
+                    source: "resume".into(),
+                    message: format!(
+                        "killed {killed} leftover process(es) of the interrupted session"
+                    ),
+                },
+            );
+        }
+    }
+
     // ---- deciding ----
 
-    fn process_checks(&mut self) {
-        while let Some(key) = self.check_queue.pop_front() {
+    /// Checks queued nodes, at most a slice of them; true when none is left.
+    fn process_checks(&mut self) -> bool {
+        for _ in 0..ROUND_SLICE {
+            let Some(key) = self.check_queue.pop_front() else {
+                return true;
+            };
             self.check(&key);
         }
+        self.check_queue.is_empty()
     }
 
     fn check(&mut self, key: &Key) {
@@ -547,12 +639,31 @@ impl Driver {
         self.concurrency.saturating_sub(busy)
     }
 
-    /// Emits `NodeStarted` for what may start now; leaf attempts are spawned
-    /// by the caller once those events are durable.
-    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+    /// Emits `NodeStarted` for what may start now, at most a slice of
+    /// nodes; leaf attempts are spawned by the caller once those events are
+    /// durable. Returns false when it stopped at the slice's end.
+    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
         if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
-            return;
+            return true;
         }
+        if self.mode == Mode::Apply {
+            // Nothing new starts; gates that waited wait again.
+            let resumed: Vec<Key> = self
+                .ready
+                .iter()
+                .filter(|k| self.resumed_attempts.contains_key(*k))
+                .cloned()
+                .collect();
+            self.ready
+                .retain(|k| !self.resumed_attempts.contains_key(k));
+            for key in resumed {
+                self.queued.remove(&key);
+                let attempt = self.resumed_attempts.remove(&key).unwrap_or(1);
+                to_spawn.push((key, attempt));
+            }
+            return true;
+        }
+        let mut slice = ROUND_SLICE;
         let mut budget = self.leaf_slots().saturating_sub(to_spawn.len());
         // Leaves past the concurrency budget stay queued; so does a group
         // behind them, which waits for a slot like a leaf would.
@@ -562,6 +673,10 @@ impl Driver {
                 .front()
                 .is_some_and(|k| self.resumed_attempts.contains_key(k))
         {
+            if slice == 0 {
+                return false;
+            }
+            slice -= 1;
             let Some(key) = self.ready.pop_front() else {
                 break;
             };
@@ -632,6 +747,7 @@ impl Driver {
                 to_spawn.push((key, attempt));
             }
         }
+        true
     }
 
     /// After a resume: layers and chapters the log shows started and not
@@ -859,6 +975,7 @@ impl Driver {
         match status {
             NodeStatus::Finished => t.succeeded += 1,
             NodeStatus::Failed => t.failed += 1,
+            NodeStatus::Cancelled => t.cancelled += 1,
             _ => t.skipped += 1,
         }
         if t.open && t.done >= t.total {
@@ -869,6 +986,7 @@ impl Driver {
                 succeeded: t.succeeded,
                 failed: t.failed,
                 skipped: t.skipped,
+                cancelled: t.cancelled,
             });
         }
         if let Some(stage) = &inst.spec.stage {
@@ -1029,6 +1147,37 @@ impl Driver {
         }
     }
 
+    /// Closes an attempt that a crash interrupted. A crash is not the
+    /// node's failure, so the attempt runs again whatever its retry budget,
+    /// unless the node says its work must never run twice.
+    fn interrupted(&mut self, key: &Key, inst: &Inst, attempt: u32) {
+        let err = NodeError::new(
+            "interrupted",
+            "the process driving the run stopped while this attempt was running",
+        );
+        if inst.spec.on_interrupt == OnInterrupt::Fail {
+            let err = NodeError {
+                retryable: false,
+                ..err
+            };
+            self.fail_attempt(key, inst, attempt, err, Duration::ZERO);
+            return;
+        }
+        let scope = self.node_scope(key).with_attempt(attempt);
+        self.emit(
+            scope.clone(),
+            EventKind::NodeFailed {
+                error: err.info,
+                will_retry: true,
+            },
+        );
+        self.emit(
+            scope.with_attempt(attempt + 1),
+            EventKind::NodeRetrying { delay_ms: 0 },
+        );
+        self.ready.push_back(key.clone());
+    }
+
     fn retry_policy(&self, spec: &NodeSpec) -> Option<RetryPolicy> {
         spec.retry
             .clone()
@@ -1119,31 +1268,83 @@ impl Driver {
         }
     }
 
-    async fn on_control(&mut self, c: Control) {
-        match c {
-            Control::Decide {
-                node_id,
-                approved,
-                note,
-                by,
-                ack,
-            } => {
-                let r = self.decide(&node_id, approved, note, by).await;
-                if let Some(ack) = ack {
-                    let _ = ack.send(r);
-                }
+    /// Applies the commands waiting in the run's inbox, oldest first, and
+    /// returns how many it took. Each is marked taken only once what it
+    /// caused is durable, so a crash in between applies it again on resume
+    /// (where a second decision is refused, harmlessly).
+    async fn drain_inbox(&mut self) -> usize {
+        let backend = self.services.journal.backend().clone();
+        let run = self.run_id.clone();
+        let pending = tokio::task::spawn_blocking(move || backend.pending_commands(&run)).await;
+        let entries = match pending {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => {
+                self.warn("inbox", format!("cannot read the run's inbox: {e}"));
+                return 0;
             }
-            Control::Cancel {
+            Err(_) => return 0,
+        };
+        let n = entries.len();
+        for entry in entries {
+            let outcome = self.apply(entry.command).await;
+            let text = match outcome {
+                Ok(None) => "applied".to_string(),
+                Ok(Some(note)) => {
+                    let reply = InboxReply {
+                        id: entry.id,
+                        accepted: true,
+                        message: note.clone(),
+                    };
+                    self.emit(Scope::run(), reply.to_event_kind());
+                    format!("applied: {note}")
+                }
+                Err(e) => {
+                    let reply = InboxReply {
+                        id: entry.id,
+                        accepted: false,
+                        message: e.to_string(),
+                    };
+                    self.emit(Scope::run(), reply.to_event_kind());
+                    format!("refused: {e}")
+                }
+            };
+            if let Err(e) = self.log.sync().await {
+                self.store_error = Some(e.to_string());
+                return n;
+            }
+            let backend = self.services.journal.backend().clone();
+            let id = entry.id;
+            let _ = tokio::task::spawn_blocking(move || backend.take_command(id, &text)).await;
+        }
+        n
+    }
+
+    /// Carries out one command. `Ok(Some(note))` when it was taken without
+    /// an event of its own.
+    async fn apply(&mut self, command: RunCommand) -> Result<Option<String>, EngineError> {
+        match command {
+            RunCommand::Approve { node_id, note, by } => {
+                self.decide(&node_id, true, note, by).await.map(|_| None)
+            }
+            RunCommand::Deny { node_id, note, by } => {
+                self.decide(&node_id, false, note, by).await.map(|_| None)
+            }
+            RunCommand::Cancel {
                 graceful,
                 reason,
                 by,
-                ack,
             } => {
-                let r = self.request_cancel(graceful, reason, by).await;
-                if let Some(ack) = ack {
-                    let _ = ack.send(r);
+                if self.cancelling.is_some() {
+                    return Ok(Some("the run is already being cancelled".into()));
                 }
+                self.request_cancel(graceful, reason, by)
+                    .await
+                    .map(|_| None)
             }
+            RunCommand::Answer { request_id, .. } => Err(EngineError::NotFound(format!(
+                "no node of run `{}` waits for an answer to `{request_id}`",
+                self.run_id
+            ))),
         }
     }
 
@@ -1154,18 +1355,31 @@ impl Driver {
         note: Option<String>,
         by: Option<String>,
     ) -> Result<(), EngineError> {
+        // A gate the log shows waiting may not have asked again yet after a
+        // resume: its attempt finds the decision in the state when it does.
         let key = self
             .waiting
             .keys()
             .filter(|k| k.0 == node_id)
             .max_by_key(|k| k.1)
             .cloned()
-            .ok_or_else(|| {
-                EngineError::Conflict(format!(
-                    "node `{node_id}` of run `{}` is not waiting for approval",
-                    self.run_id
-                ))
-            })?;
+            .or_else(|| {
+                self.state
+                    .nodes
+                    .iter()
+                    .filter(|n| {
+                        n.node_id == node_id
+                            && n.status == NodeStatus::WaitingApproval
+                            && n.decision.is_none()
+                            && self
+                                .plan
+                                .insts
+                                .contains_key(&(n.node_id.clone(), n.iteration))
+                    })
+                    .map(|n| (n.node_id.clone(), n.iteration))
+                    .max_by_key(|k| k.1)
+            })
+            .ok_or_else(|| crate::not_waiting(&self.run_id, node_id, &self.state))?;
         let scope = self.node_scope(&key);
         let kind = if approved {
             EventKind::ApprovalGranted {
@@ -1231,51 +1445,6 @@ impl Driver {
         Ok(())
     }
 
-    async fn poll_controls(&mut self) {
-        let backend = self.services.journal.backend().clone();
-        let Ok(reqs) = backend.pending_controls(&self.run_id) else {
-            return;
-        };
-        for r in reqs {
-            let p = &r.payload;
-            let s = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
-            match r.kind.as_str() {
-                PROCESS_CONTROL => continue,
-                "approve" | "deny" => {
-                    let node = r.node_id.clone().unwrap_or_default();
-                    if let Err(e) = self
-                        .decide(&node, r.kind == "approve", s("note"), s("by"))
-                        .await
-                    {
-                        self.emit(
-                            Scope::run(),
-                            EventKind::Diagnostic {
-                                level: Level::Warn,
-                                source: "control".into(),
-                                message: e.to_string(),
-                            },
-                        );
-                    }
-                }
-                "cancel" => {
-                    let graceful = p.get("graceful").and_then(Value::as_bool).unwrap_or(false);
-                    let _ = self.request_cancel(graceful, s("reason"), s("by")).await;
-                }
-                other => {
-                    self.emit(
-                        Scope::run(),
-                        EventKind::Diagnostic {
-                            level: Level::Warn,
-                            source: "control".into(),
-                            message: format!("ignored an unknown control request `{other}`"),
-                        },
-                    );
-                }
-            }
-            let _ = backend.ack_control(r.id);
-        }
-    }
-
     // ---- ending ----
 
     async fn maybe_end(&mut self) -> Option<RunOutcome> {
@@ -1306,7 +1475,9 @@ impl Driver {
                     continue;
                 }
                 let mut scope = self.node_scope(&key);
-                if n.open_attempt().is_some() {
+                if n.attempt > 0 {
+                    // The attempt that was running, or the last one that
+                    // ran when the cancel came between retries.
                     scope = scope.with_attempt(n.attempt);
                 }
                 self.emit(
@@ -1536,5 +1707,13 @@ pub(crate) fn fmt_duration(d: Duration) -> String {
         format!("{}s", ms / 1000)
     } else {
         format!("{}m", ms / 60_000)
+    }
+}
+
+/// Resolves at the listener's next wake-up; never without a listener.
+async fn wait_for(listener: &mut Option<Box<dyn Listener>>) {
+    match listener {
+        Some(l) => l.wait().await,
+        None => std::future::pending().await,
     }
 }

@@ -5,19 +5,61 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use cairn_events::{EventKind, NetworkAction, OutputStream};
-use cairn_store::ControlRequest;
+use cairn_store::ProcessRecord;
 use cairn_tools::process::{run_process, NetworkPolicy, ProcessObserver, ProcessSpec, Stream};
 use cairn_workflow::{NodeKind, NodeSpec, OutputFormat};
 use serde_json::{json, Value};
 
 use crate::node::{now_ms, NodeCtx, NodeError, NodeRunner};
 
-/// Turns process and tool callbacks into the attempt's events.
+/// Turns process and tool callbacks into the attempt's events, and records
+/// every process group the attempt starts (commands and `bash` calls alike)
+/// so that a resume after a crash of the engine can kill what the dead
+/// engine left running. Dropping it forgets the records: the runner has
+/// waited for the processes by then.
 pub(crate) struct EventObserver<'a> {
     pub ctx: &'a NodeCtx,
+    records: Mutex<Vec<u64>>,
+}
+
+impl<'a> EventObserver<'a> {
+    pub(crate) fn new(ctx: &'a NodeCtx) -> Self {
+        EventObserver {
+            ctx,
+            records: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Drop for EventObserver<'_> {
+    fn drop(&mut self) {
+        let backend = self.ctx.services.journal.backend();
+        for id in self.records.lock().unwrap().drain(..) {
+            let _ = backend.remove_process(id);
+        }
+    }
 }
 
 impl ProcessObserver for EventObserver<'_> {
+    fn spawned(&self, pid: u32) {
+        let ctx = self.ctx;
+        let rec = ProcessRecord {
+            id: 0,
+            run_id: ctx.run_id.clone(),
+            node_id: ctx.node_id.clone(),
+            iteration: ctx.iteration,
+            attempt: ctx.attempt,
+            pgid: pid,
+            started_ms: now_ms(),
+        };
+        match ctx.services.journal.backend().put_process(&rec) {
+            Ok(id) => self.records.lock().unwrap().push(id),
+            Err(e) => {
+                tracing::warn!(error = %e, pid, "cannot record a process group; a resume after a crash finds it by its environment only")
+            }
+        }
+    }
+
     fn output(&self, stream: Stream, text: &str) {
         let stream = match stream {
             Stream::Stdout => OutputStream::Stdout,
@@ -34,34 +76,6 @@ impl cairn_tools::ToolObserver for EventObserver<'_> {
             target: target.to_string(),
             reason: reason.to_string(),
         });
-    }
-}
-
-/// Also remembers the process group in the store, so that a resume after a
-/// crash of the engine can kill what the dead engine left running.
-struct CommandObserver<'a> {
-    events: EventObserver<'a>,
-    record: Mutex<Option<i64>>,
-}
-
-impl ProcessObserver for CommandObserver<'_> {
-    fn spawned(&self, pid: u32) {
-        let ctx = self.events.ctx;
-        let req = ControlRequest {
-            id: 0,
-            run_id: ctx.run_id.clone(),
-            kind: crate::PROCESS_CONTROL.into(),
-            node_id: Some(ctx.node_id.clone()),
-            payload: json!({ "pgid": pid, "attempt": ctx.attempt }),
-            created_ms: now_ms(),
-        };
-        if let Ok(id) = ctx.services.journal.backend().put_control(&req) {
-            *self.record.lock().unwrap() = Some(id);
-        }
-    }
-
-    fn output(&self, stream: Stream, text: &str) {
-        self.events.output(stream, text);
     }
 }
 
@@ -118,14 +132,9 @@ impl NodeRunner for CommandNode {
             max_output_bytes: max_output,
             network: NetworkPolicy::Allow,
         };
-        let observer = CommandObserver {
-            events: EventObserver { ctx },
-            record: Mutex::new(None),
-        };
+        let observer = EventObserver::new(ctx);
         let outcome = run_process(proc_spec, &observer, ctx.cancel.clone()).await;
-        if let Some(id) = *observer.record.lock().unwrap() {
-            let _ = ctx.services.journal.backend().ack_control(id);
-        }
+        drop(observer);
         let outcome = outcome.map_err(|e| NodeError::new("spawn", e.to_string()))?;
         if outcome.cancelled || outcome.timed_out {
             return Err(NodeError::cancelled(format!("`{program}` was stopped")));

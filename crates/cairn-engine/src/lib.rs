@@ -30,36 +30,53 @@ mod node;
 mod plan;
 mod services;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cairn_events::{ErrorInfo, Event, EventKind, NodeStatus, RunState, RunStatus, Scope};
-use cairn_store::{
-    Backend, ControlRequest, EventQuery, Journal, RunRecord, StoreError, ToolCallRecord,
+use cairn_events::{
+    ErrorInfo, Event, EventKind, InboxReply, RunCommand, RunState, RunStatus, Scope,
 };
+use cairn_store::{Backend, EventQuery, Journal, RunRecord, StoreError, ToolCallRecord, Topic};
 use cairn_tools::ToolRegistry;
 use cairn_workflow::{InputError, Templates, Workflow, WorkflowError};
-use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use node::{runner_for, Decision, NodeCtx, NodeError, NodeRunner};
 
-use driver::{Control, Driver, DriverInit};
+use driver::{Driver, DriverInit, Mode};
 
-/// The control-table kind under which a running command's process group is
-/// remembered, so a resume can kill what a crashed engine left behind.
-pub(crate) const PROCESS_CONTROL: &str = "process";
 /// The environment variable every command and `bash` call of a run gets,
 /// holding the run's id: a resume finds and kills leftovers by it.
 pub const RUN_ENV: &str = "CAIRN_RUN_ID";
 /// Default per-stream output cap of `command` nodes.
 pub(crate) const COMMAND_OUTPUT_LIMIT: usize = 1_000_000;
-/// How long a shutdown lets running nodes reach a safe point.
-pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long a caller of [`Engine::send`] waits for the command's event
+/// before saying that the command stays queued.
+const COMMAND_WAIT: Duration = Duration::from_secs(30);
+/// How often a caller waiting for its command's event checks that some
+/// process still drives the run (it applies the command itself otherwise).
+const LEASE_CHECK: Duration = Duration::from_millis(250);
+/// What a shutdown adds to its grace for drivers to commit their last
+/// events once the running nodes were killed.
+const SHUTDOWN_MARGIN: Duration = Duration::from_secs(5);
+
+/// The engine's stop signal, with the grace running nodes get.
+#[derive(Clone)]
+pub(crate) struct Shutdown {
+    pub token: CancellationToken,
+    grace: Arc<Mutex<Duration>>,
+}
+
+impl Shutdown {
+    /// How long running nodes may take to reach a safe point.
+    pub fn grace(&self) -> Duration {
+        *self.grace.lock().unwrap()
+    }
+}
 
 /// Why the engine refused or could not do something.
 #[derive(Debug, thiserror::Error)]
@@ -166,12 +183,17 @@ pub struct StartOptions {
 pub struct EngineOptions {
     /// The tools `tool` nodes (and later agents) may call.
     pub tools: ToolRegistry,
+    /// When a command comes for a run that no process drives, go on
+    /// driving the run afterwards (a server), instead of applying the
+    /// command and stopping at the next wait (the CLI).
+    pub adopt_idle_runs: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             tools: ToolRegistry::builtin(),
+            adopt_idle_runs: false,
         }
     }
 }
@@ -193,15 +215,13 @@ impl RunHandle {
     }
 }
 
-struct Active {
-    control: mpsc::UnboundedSender<Control>,
-}
-
 struct Inner {
     services: Arc<services::Services>,
     templates: Arc<Templates>,
-    active: Mutex<HashMap<String, Active>>,
-    shutdown: CancellationToken,
+    /// Runs a driver of this engine holds, by id.
+    active: Mutex<HashSet<String>>,
+    adopt_idle_runs: bool,
+    shutdown: Shutdown,
     closing: AtomicBool,
     done_tx: tokio::sync::watch::Sender<usize>,
 }
@@ -219,8 +239,12 @@ impl Engine {
             inner: Arc::new(Inner {
                 services: Arc::new(services::Services::new(journal, opts.tools)),
                 templates: Arc::new(Templates::new()),
-                active: Mutex::new(HashMap::new()),
-                shutdown: CancellationToken::new(),
+                active: Mutex::new(HashSet::new()),
+                adopt_idle_runs: opts.adopt_idle_runs,
+                shutdown: Shutdown {
+                    token: CancellationToken::new(),
+                    grace: Arc::new(Mutex::new(Duration::from_secs(10))),
+                },
                 closing: AtomicBool::new(false),
                 done_tx: tokio::sync::watch::channel(0).0,
             }),
@@ -321,9 +345,10 @@ impl Engine {
             .await?;
         let mut state = RunState::new(&run_id);
         state.apply(&ev);
-        Ok(self.spawn_driver(run_id, Arc::new(wf), log, state, opts, false))
+        Ok(self.spawn_driver(run_id, Arc::new(wf), log, state, opts, Mode::Drive, false))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn spawn_driver(
         &self,
         run_id: String,
@@ -331,14 +356,10 @@ impl Engine {
         log: Arc<cairn_store::RunLog>,
         state: RunState,
         opts: StartOptions,
+        mode: Mode,
         resumed: bool,
     ) -> RunHandle {
-        let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
-        self.inner
-            .active
-            .lock()
-            .unwrap()
-            .insert(run_id.clone(), Active { control: ctl_tx });
+        self.inner.active.lock().unwrap().insert(run_id.clone());
         let driver = Driver::new(DriverInit {
             run_id: run_id.clone(),
             wf,
@@ -346,7 +367,7 @@ impl Engine {
             log,
             services: self.inner.services.clone(),
             state,
-            control_rx: ctl_rx,
+            mode,
             shutdown: self.inner.shutdown.clone(),
             max_concurrency: opts.max_concurrency,
             exit_on_wait: opts.exit_on_wait,
@@ -369,7 +390,7 @@ impl Engine {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
-        let rec = self.require_run(run_id)?;
+        self.require_run(run_id)?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::Busy { .. }) => {
@@ -379,7 +400,21 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
-        let state = self.fold(run_id)?;
+        self.drive_with(run_id, log, opts, Mode::Drive).await
+    }
+
+    /// Starts a driver on a run whose lease `log` holds: a resume
+    /// (`Mode::Drive`, with its `RunStarted`) or an application of the
+    /// inbox's commands (`Mode::Apply`, which writes only what they cause).
+    async fn drive_with(
+        &self,
+        run_id: &str,
+        log: Arc<cairn_store::RunLog>,
+        opts: StartOptions,
+        mode: Mode,
+    ) -> Result<RunHandle, EngineError> {
+        let rec = self.require_run(run_id)?;
+        let mut state = self.fold(run_id)?;
         if let Some(s) = state.status.filter(|s| s.is_terminal()) {
             return Err(EngineError::Conflict(format!(
                 "run `{run_id}` has already {}; there is nothing to resume",
@@ -395,38 +430,57 @@ impl Engine {
         if let Some(obs) = opts.observer.clone() {
             log.set_observer(Box::new(move |e| obs(e)));
         }
-        let ev = log
-            .append_durable(
-                Scope::run(),
-                EventKind::RunStarted {
-                    workflow: wf.name.clone(),
-                    workflow_hash: wf.hash.clone(),
-                    input: None,
-                    resumed: true,
-                    parent_run_id: rec.parent_run_id.clone(),
-                    parent_node_id: None,
-                    depth: 0,
-                },
-            )
-            .await?;
-        let mut state = state;
-        state.apply(&ev);
-        Ok(self.spawn_driver(run_id.to_string(), Arc::new(wf), log, state, opts, true))
+        if mode == Mode::Drive {
+            let ev = log
+                .append_durable(
+                    Scope::run(),
+                    EventKind::RunStarted {
+                        workflow: wf.name.clone(),
+                        workflow_hash: wf.hash.clone(),
+                        input: None,
+                        resumed: true,
+                        parent_run_id: rec.parent_run_id.clone(),
+                        parent_node_id: None,
+                        depth: 0,
+                    },
+                )
+                .await?;
+            state.apply(&ev);
+        }
+        Ok(self.spawn_driver(
+            run_id.to_string(),
+            Arc::new(wf),
+            log,
+            state,
+            opts,
+            mode,
+            true,
+        ))
     }
 
-    /// Resumes every run the store shows as running whose lease is free
-    /// (runs a crashed or stopped server was driving). Returns their ids.
+    /// Resumes every run the store shows as running or waiting for a person
+    /// whose lease is free (runs a crashed or stopped server was driving),
+    /// so that their nodes go on and decisions sent to them take effect.
+    /// Returns their ids.
     pub async fn resume_interrupted(&self) -> Vec<String> {
-        let runs = self
-            .backend()
-            .list_runs(&cairn_store::RunFilter {
-                status: Some("running".into()),
-                ..Default::default()
-            })
-            .unwrap_or_default();
+        let mut runs = Vec::new();
+        for status in [
+            RunStatus::Running,
+            RunStatus::WaitingApproval,
+            RunStatus::WaitingInput,
+        ] {
+            runs.extend(
+                self.backend()
+                    .list_runs(&cairn_store::RunFilter {
+                        status: Some(status.as_str().into()),
+                        ..Default::default()
+                    })
+                    .unwrap_or_default(),
+            );
+        }
         let mut resumed = Vec::new();
         for r in runs {
-            if self.inner.active.lock().unwrap().contains_key(&r.run_id) {
+            if self.is_active(&r.run_id) {
                 continue;
             }
             if self
@@ -484,179 +538,7 @@ impl Engine {
 
     /// Runs driven by this engine right now.
     pub fn active_runs(&self) -> Vec<String> {
-        self.inner.active.lock().unwrap().keys().cloned().collect()
-    }
-
-    fn control_of(&self, run_id: &str) -> Option<mpsc::UnboundedSender<Control>> {
-        self.inner
-            .active
-            .lock()
-            .unwrap()
-            .get(run_id)
-            .map(|a| a.control.clone())
-    }
-
-    /// Grants or denies an approval. Returns once the decision is durable,
-    /// whether the run is driven here, by another process, or by nobody
-    /// (a run that exited to wait; `resume` then continues it).
-    pub async fn decide(
-        &self,
-        run_id: &str,
-        node_id: &str,
-        approved: bool,
-        note: Option<String>,
-        by: Option<String>,
-    ) -> Result<(), EngineError> {
-        if let Some(ctl) = self.control_of(run_id) {
-            return Self::ask_driver(&ctl, run_id, |ack| Control::Decide {
-                node_id: node_id.into(),
-                approved,
-                note,
-                by,
-                ack,
-            })
-            .await;
-        }
-        self.require_run(run_id)?;
-        match self.take_log(run_id).await {
-            Ok(log) => {
-                // Nobody drives the run: record the decision ourselves.
-                let state = self.fold(run_id)?;
-                let node = state
-                    .nodes
-                    .iter()
-                    .filter(|n| n.node_id == node_id && n.status == NodeStatus::WaitingApproval)
-                    .max_by_key(|n| n.iteration)
-                    .ok_or_else(|| not_waiting(run_id, node_id, &state))?;
-                let scope = Scope::node(node_id, node.iteration).with_chapter(node.chapter.clone());
-                let kind = if approved {
-                    EventKind::ApprovalGranted {
-                        decided_by: by,
-                        note,
-                    }
-                } else {
-                    EventKind::ApprovalDenied {
-                        decided_by: by,
-                        note,
-                    }
-                };
-                log.append_durable(scope, kind).await?;
-                Ok(())
-            }
-            Err(StoreError::Busy { .. }) => {
-                let kind = if approved { "approve" } else { "deny" };
-                let after = self.backend().last_seq(run_id)?;
-                self.backend().put_control(&ControlRequest {
-                    id: 0,
-                    run_id: run_id.into(),
-                    kind: kind.into(),
-                    node_id: Some(node_id.into()),
-                    payload: json!({ "note": note, "by": by }),
-                    created_ms: node::now_ms(),
-                })?;
-                let types = vec!["ApprovalGranted".to_string(), "ApprovalDenied".to_string()];
-                self.wait_for_event(run_id, after, types, Some(node_id))
-                    .await
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Cancels a run: immediately (running commands' process groups are
-    /// killed) or gracefully (running nodes may finish). Returns once
-    /// `RunCancelRequested` is durable.
-    pub async fn cancel(
-        &self,
-        run_id: &str,
-        graceful: bool,
-        reason: Option<String>,
-        by: Option<String>,
-    ) -> Result<(), EngineError> {
-        if let Some(ctl) = self.control_of(run_id) {
-            return Self::ask_driver(&ctl, run_id, |ack| Control::Cancel {
-                graceful,
-                reason,
-                by,
-                ack,
-            })
-            .await;
-        }
-        self.require_run(run_id)?;
-        match self.take_log(run_id).await {
-            Ok(log) => {
-                let state = self.fold(run_id)?;
-                if state.status.is_some_and(|s| s.is_terminal()) {
-                    return Err(EngineError::Conflict(format!(
-                        "run `{run_id}` has already ended ({})",
-                        state.status.map(|s| s.as_str()).unwrap_or("?")
-                    )));
-                }
-                // Nobody drives the run: end it here, in the log's one order.
-                let mechanism = if graceful {
-                    cairn_events::CancelMechanism::Graceful
-                } else {
-                    cairn_events::CancelMechanism::Immediate
-                };
-                log.append(
-                    Scope::run(),
-                    EventKind::RunCancelRequested {
-                        reason: reason.clone(),
-                        requested_by: by,
-                        mechanism,
-                    },
-                );
-                for n in state.nodes.iter().filter(|n| !n.status.is_done()) {
-                    let mut scope =
-                        Scope::node(n.node_id.clone(), n.iteration).with_chapter(n.chapter.clone());
-                    if n.open_attempt().is_some() {
-                        scope = scope.with_attempt(n.attempt);
-                    }
-                    log.append(
-                        scope,
-                        EventKind::NodeCancelled {
-                            reason: Some("run cancelled".into()),
-                        },
-                    );
-                }
-                close_open_tallies(&log, &state);
-                log.append(
-                    Scope::run(),
-                    EventKind::RunStatusChanged {
-                        status: RunStatus::Cancelled,
-                    },
-                );
-                log.append_durable(Scope::run(), EventKind::RunCancelled { reason })
-                    .await?;
-                Ok(())
-            }
-            Err(StoreError::Busy { .. }) => {
-                let after = self.backend().last_seq(run_id)?;
-                self.backend().put_control(&ControlRequest {
-                    id: 0,
-                    run_id: run_id.into(),
-                    kind: "cancel".into(),
-                    node_id: None,
-                    payload: json!({ "graceful": graceful, "reason": reason, "by": by }),
-                    created_ms: node::now_ms(),
-                })?;
-                self.wait_for_event(run_id, after, vec!["RunCancelRequested".into()], None)
-                    .await
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Hands a request to the driver of a run live in this engine and waits
-    /// for its answer (given once the request's event is durable).
-    async fn ask_driver(
-        ctl: &mpsc::UnboundedSender<Control>,
-        run_id: &str,
-        make: impl FnOnce(Option<oneshot::Sender<Result<(), EngineError>>>) -> Control,
-    ) -> Result<(), EngineError> {
-        let stopped = || EngineError::Conflict(format!("run `{run_id}` has just stopped"));
-        let (tx, rx) = oneshot::channel();
-        ctl.send(make(Some(tx))).map_err(|_| stopped())?;
-        rx.await.unwrap_or_else(|_| Err(stopped()))
+        self.inner.active.lock().unwrap().iter().cloned().collect()
     }
 
     fn require_run(&self, run_id: &str) -> Result<RunRecord, EngineError> {
@@ -665,54 +547,223 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))
     }
 
-    async fn wait_for_event(
-        &self,
-        run_id: &str,
-        after: u64,
-        types: Vec<String>,
-        node: Option<&str>,
-    ) -> Result<(), EngineError> {
-        let q = EventQuery {
-            after,
-            types,
-            node: node.map(str::to_string),
-            limit: Some(1),
-        };
-        for _ in 0..150 {
-            if !self.backend().read_events(run_id, &q)?.is_empty() {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(EngineError::Conflict(format!(
-            "the process driving run `{run_id}` did not take the request within 7.5 s; \
-             it stays queued and is applied when the run next checks"
-        )))
+    fn is_active(&self, run_id: &str) -> bool {
+        self.inner.active.lock().unwrap().contains(run_id)
     }
 
-    /// Answers a question a node asked a person. No built-in node kind asks
-    /// questions yet (agents will), so every request id is unknown for now.
+    /// Sends a command to a run, the one way every front end does: the
+    /// command is recorded in the run's inbox, the process driving the run
+    /// is woken, and this returns the event the command caused once it is
+    /// durable (observed through a subscription to the run's log). When no
+    /// process drives the run, this engine takes its lease and applies the
+    /// command with the run's own driver: it then stops at the next wait,
+    /// or, with [`EngineOptions::adopt_idle_runs`], goes on driving the run.
+    pub async fn send(&self, run_id: &str, command: RunCommand) -> Result<Event, EngineError> {
+        validate_run_id(run_id)?;
+        let rec = self.require_run(run_id)?;
+        if matches!(rec.status.as_str(), "finished" | "failed" | "cancelled") {
+            return Err(EngineError::Conflict(format!(
+                "run `{run_id}` has already ended ({})",
+                rec.status
+            )));
+        }
+        // A run driven here may have asked what is being answered in an
+        // event its observer saw but the store does not hold yet.
+        if !self.is_active(run_id) {
+            self.precheck(run_id, &command)?;
+        }
+        let backend = self.backend().clone();
+        let after = backend.last_seq(run_id)?;
+        let mut events = self.journal().subscribe(run_id, after)?;
+        let id = backend.put_command(run_id, &command)?;
+        backend.notify(Topic::Inbox(run_id));
+        let mut applier: Option<RunHandle> = None;
+        let deadline = tokio::time::Instant::now() + COMMAND_WAIT;
+        let mut check = tokio::time::interval(LEASE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let result = loop {
+            tokio::select! {
+                next = events.next() => {
+                    let stored = match next {
+                        Some(Ok(e)) => e,
+                        Some(Err(e)) => break Err(EngineError::Store(match e {
+                            cairn_store::SubscribeError::Store(e) => e,
+                            other => StoreError::Commit(Arc::from(other.to_string())),
+                        })),
+                        None => break Err(EngineError::Conflict(format!(
+                            "run `{run_id}` ended before the {} was applied", command.name()
+                        ))),
+                    };
+                    let ev = stored.decode().map_err(|e| EngineError::Store(StoreError::BadRow {
+                        run: run_id.to_string(),
+                        detail: e.to_string(),
+                    }))?;
+                    if command.is_result(&ev) {
+                        break Ok(ev);
+                    }
+                    if let Some(reply) = InboxReply::parse(&ev).filter(|r| r.id == id) {
+                        break if reply.accepted { Ok(ev) } else { Err(EngineError::Conflict(reply.message)) };
+                    }
+                    if stored.is_terminal() {
+                        break Err(EngineError::Conflict(format!(
+                            "run `{run_id}` ended before the {} was applied", command.name()
+                        )));
+                    }
+                }
+                _ = check.tick(), if applier.is_none() && !self.is_active(run_id) => {
+                    // Nobody may be driving the run: then nobody else will
+                    // apply the command.
+                    match self.journal().run_log(run_id) {
+                        Ok(log) => {
+                            let mode = if self.inner.adopt_idle_runs && !self.inner.closing.load(Ordering::SeqCst) {
+                                Mode::Drive
+                            } else {
+                                Mode::Apply
+                            };
+                            match self.drive_with(run_id, Arc::new(log), StartOptions::default(), mode).await {
+                                Ok(h) => applier = Some(h),
+                                Err(e) => break Err(e),
+                            }
+                        }
+                        Err(StoreError::Busy { .. }) => {}
+                        Err(e) => break Err(e.into()),
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    break Err(EngineError::Conflict(format!(
+                        "the process driving run `{run_id}` did not take the {} within {} s; \
+                         it stays in the run's inbox and is applied when the run next runs",
+                        command.name(),
+                        COMMAND_WAIT.as_secs()
+                    )));
+                }
+            }
+        };
+        // A driver that only applied commands stops at the next wait; let
+        // it release the run before the caller (often a CLI) exits.
+        if let Some(h) = applier {
+            if !self.inner.adopt_idle_runs {
+                h.wait().await;
+            }
+        }
+        result
+    }
+
+    /// Refuses at once what the log shows can never apply, so that typos
+    /// get a clear answer and leave nothing in the inbox.
+    fn precheck(&self, run_id: &str, command: &RunCommand) -> Result<(), EngineError> {
+        let (node, types, what) = match command {
+            RunCommand::Approve { node_id, .. } | RunCommand::Deny { node_id, .. } => (
+                Some(node_id.clone()),
+                vec!["NodeWaitingApproval".to_string()],
+                "approval",
+            ),
+            RunCommand::Answer { .. } => (None, vec!["InputRequested".to_string()], "question"),
+            RunCommand::Cancel { .. } => return Ok(()),
+        };
+        let asked = self.backend().read_events(
+            run_id,
+            &EventQuery {
+                types,
+                node: node.clone(),
+                ..Default::default()
+            },
+        )?;
+        let found = match command {
+            RunCommand::Answer { request_id, .. } => asked.iter().any(|e| {
+                matches!(e.decode().map(|e| e.kind), Ok(EventKind::InputRequested { request_id: r, .. }) if &r == request_id)
+            }),
+            _ => !asked.is_empty(),
+        };
+        if found {
+            return Ok(());
+        }
+        match (command, node) {
+            (RunCommand::Answer { request_id, .. }, _) => Err(EngineError::NotFound(format!(
+                "run `{run_id}` has no open question `{request_id}`"
+            ))),
+            (_, Some(node)) => {
+                let any = self.backend().read_events(
+                    run_id,
+                    &EventQuery {
+                        node: Some(node.clone()),
+                        limit: Some(1),
+                        ..Default::default()
+                    },
+                )?;
+                if any.is_empty() {
+                    Err(EngineError::NotFound(format!(
+                        "run `{run_id}` has no node `{node}`"
+                    )))
+                } else {
+                    Err(EngineError::Conflict(format!(
+                        "node `{node}` of run `{run_id}` is not waiting for {what}"
+                    )))
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Grants or denies an approval ([`Engine::send`]); returns once the
+    /// decision is durable.
+    pub async fn decide(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        approved: bool,
+        note: Option<String>,
+        by: Option<String>,
+    ) -> Result<(), EngineError> {
+        let node_id = node_id.to_string();
+        let command = if approved {
+            RunCommand::Approve { node_id, note, by }
+        } else {
+            RunCommand::Deny { node_id, note, by }
+        };
+        self.send(run_id, command).await.map(|_| ())
+    }
+
+    /// Cancels a run ([`Engine::send`]): immediately (running commands'
+    /// process groups are killed) or gracefully (running nodes may finish).
+    /// Returns once `RunCancelRequested` is durable.
+    pub async fn cancel(
+        &self,
+        run_id: &str,
+        graceful: bool,
+        reason: Option<String>,
+        by: Option<String>,
+    ) -> Result<(), EngineError> {
+        self.send(
+            run_id,
+            RunCommand::Cancel {
+                graceful,
+                reason,
+                by,
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Answers a question a node asked a person ([`Engine::send`]).
     pub async fn answer(
         &self,
         run_id: &str,
         request_id: &str,
-        _value: Value,
-        _by: Option<String>,
+        answer: Value,
+        by: Option<String>,
     ) -> Result<(), EngineError> {
-        let state = self.state(run_id)?;
-        let waiting = state.nodes.iter().any(|n| {
-            n.input_request_id.as_deref() == Some(request_id)
-                && n.status == NodeStatus::WaitingInput
-        });
-        if !waiting {
-            return Err(EngineError::NotFound(format!(
-                "run `{run_id}` has no open question `{request_id}`"
-            )));
-        }
-        Err(EngineError::Conflict(
-            "answers to questions are taken by the node kinds that ask them; none is running"
-                .into(),
-        ))
+        self.send(
+            run_id,
+            RunCommand::Answer {
+                request_id: request_id.to_string(),
+                answer,
+                by,
+            },
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Stops taking new runs, lets running nodes reach a safe point for up
@@ -721,9 +772,10 @@ impl Engine {
     /// [`Engine::resume_interrupted`] picks them up at the next start.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.closing.store(true, Ordering::SeqCst);
-        self.inner.shutdown.cancel();
+        *self.inner.shutdown.grace.lock().unwrap() = grace;
+        self.inner.shutdown.token.cancel();
         let mut rx = self.inner.done_tx.subscribe();
-        let deadline = tokio::time::Instant::now() + grace + SHUTDOWN_GRACE;
+        let deadline = tokio::time::Instant::now() + grace + SHUTDOWN_MARGIN;
         while !self.inner.active.lock().unwrap().is_empty() {
             if tokio::time::timeout_at(deadline, rx.changed())
                 .await
@@ -771,7 +823,7 @@ pub(crate) fn kill_leftovers(run_id: &str) -> usize {
     killed
 }
 
-fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> EngineError {
+pub(crate) fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> EngineError {
     match state.latest(node_id) {
         None => EngineError::NotFound(format!("run `{run_id}` has no node `{node_id}`")),
         Some(n) => EngineError::Conflict(format!(
@@ -818,44 +870,4 @@ pub fn new_run_id() -> String {
     let ms = node::now_ms() as u64;
     let r: u32 = rand::random();
     format!("run-{ms:x}-{:06x}", r & 0xff_ffff)
-}
-
-/// Ends the layers and chapters a stopped run left open, for a cancel that
-/// no driver handles: every node not done was just cancelled, which counts
-/// as skipped, as the driver counts it.
-fn close_open_tallies(log: &cairn_store::RunLog, state: &RunState) {
-    let now = node::now_ms();
-    for (&layer, &started_ms) in &state.open_layers {
-        let (mut succeeded, mut failed, mut skipped) = (0, 0, 0);
-        for n in state.nodes.iter().filter(|n| n.layer_index == Some(layer)) {
-            match n.status {
-                NodeStatus::Finished => succeeded += 1,
-                NodeStatus::Failed => failed += 1,
-                _ => skipped += 1,
-            }
-        }
-        log.append(
-            Scope::run(),
-            EventKind::LayerFinished {
-                layer_index: layer,
-                duration_ms: (now - started_ms).max(0) as u64,
-                succeeded,
-                failed,
-                skipped,
-            },
-        );
-    }
-    for chapter in &state.open_chapters {
-        let failed = state
-            .nodes
-            .iter()
-            .any(|n| n.chapter.as_ref() == Some(chapter) && n.status == NodeStatus::Failed);
-        log.append(
-            Scope::run(),
-            EventKind::ChapterFinished {
-                chapter: chapter.clone(),
-                status: if failed { "failed" } else { "finished" }.into(),
-            },
-        );
-    }
 }

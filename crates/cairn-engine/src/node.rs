@@ -245,7 +245,7 @@ impl NodeCtx {
             side_effect: spec.side_effect,
         })
         .await?;
-        let observer = kinds::EventObserver { ctx: self };
+        let observer = kinds::EventObserver::new(self);
         let sandbox =
             self.services
                 .sandbox_for(&self.workflow, self.max_output_bytes, self.timeout)?;

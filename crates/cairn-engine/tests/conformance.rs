@@ -537,6 +537,23 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
             .await
             .expect("offline decision");
         }
+        // A decision applied while nobody drove the run may have ended it
+        // already: a denied gate failed the run, or the last gate finished
+        // what was left.
+        let state = engine.state(run_id).unwrap();
+        match state.status {
+            Some(RunStatus::Failed) => {
+                outcome =
+                    RunOutcome::Failed(state.error.clone().expect("a failed run has its error"));
+                break;
+            }
+            Some(RunStatus::Finished) => {
+                outcome = RunOutcome::Finished(state.output.clone());
+                break;
+            }
+            Some(s) if s.is_terminal() => panic!("an offline decision ended the run as {s:?}"),
+            _ => {}
+        }
         let h = within(engine.resume(run_id, opts.clone()))
             .await
             .expect("resume");
@@ -638,16 +655,16 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                 seen.next();
             }
             _ => {
-                let offline = matches!(
+                // Commands applied while no engine drove the run carry out
+                // their consequences (a gate finishes or fails, dependents
+                // are skipped, a cancel ends the run) but start nothing.
+                let offline = !matches!(
                     e.kind,
-                    EventKind::ApprovalGranted { .. }
-                        | EventKind::ApprovalDenied { .. }
-                        | EventKind::RunCancelRequested { .. }
-                        | EventKind::NodeCancelled { .. }
-                        | EventKind::LayerFinished { .. }
-                        | EventKind::ChapterFinished { .. }
-                        | EventKind::RunStatusChanged { .. }
-                        | EventKind::RunCancelled { .. }
+                    EventKind::RunStarted { .. }
+                        | EventKind::NodeStarted { .. }
+                        | EventKind::NodeOutput { .. }
+                        | EventKind::NodeRetrying { .. }
+                        | EventKind::ToolCallStarted { .. }
                 );
                 if !case.exit_on_wait || !offline {
                     return Err(format!(
@@ -934,11 +951,11 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                 nl.tools.clear();
                 nl.last_tool = 0;
             }
-            (Some(Phase::Retrying(_)), EventKind::NodeCancelled { .. }) => {
+            (Some(Phase::Retrying(next)), EventKind::NodeCancelled { .. }) => {
                 // Cancelled between attempts: the announced attempt never
-                // started, so the event carries none.
-                if attempt.is_some() {
-                    err!("cancelled between attempts with an attempt");
+                // started, so the event names the last one that ran.
+                if attempt != Some(next - 1) {
+                    err!("cancelled between attempts without the last attempt that ran");
                 }
                 nl.phase = Some(Phase::Done);
                 nl.terminal = Some("cancelled");

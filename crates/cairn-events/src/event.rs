@@ -288,6 +288,10 @@ pub enum EventKind {
         succeeded: u64,
         failed: u64,
         skipped: u64,
+        /// Nodes cancelled (by a cancel, a failing run, or unmounted),
+        /// counted apart from those skipped by a condition or a dependency.
+        #[serde(default)]
+        cancelled: u64,
     },
     EdgeTraversed {
         from: String,

@@ -6,11 +6,13 @@
 //! server) can depend on it and agree on one meaning of the log.
 
 mod activity;
+mod command;
 mod event;
 mod metrics;
 mod reducer;
 
 pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
+pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,

@@ -1,10 +1,12 @@
 //! The storage contract: what the journal needs from a database, whatever
 //! the database is.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_events::{DecodeError, Event};
+use cairn_events::{DecodeError, Event, RunCommand};
 
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +38,14 @@ pub enum StoreError {
     /// No run with this id.
     #[error("no run `{0}` in the store")]
     NotFound(String),
-    /// No control request with this id.
-    #[error("no control request {0} in the store")]
-    ControlNotFound(i64),
+    /// No inbox command or process record with this id.
+    #[error("no {what} {id} in the store")]
+    RecordNotFound {
+        /// `command` or `process`.
+        what: &'static str,
+        /// The id asked for.
+        id: u64,
+    },
     /// A run id that cannot name a run (it is also a file name).
     #[error("invalid run id `{0}`: use 1-128 letters, digits, `-`, `_`, `.` or `:`, not starting with `.`")]
     InvalidRunId(String),
@@ -212,22 +219,65 @@ pub struct RunFilter {
     pub offset: Option<usize>,
 }
 
-/// A request from a person or another process to a running run; the run's
-/// owner consumes it and acknowledges it.
+/// A command waiting in a run's inbox, as the store keeps it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ControlRequest {
-    /// Assigned by the store on insert (ignored by `put_control`).
-    pub id: i64,
+pub struct InboxEntry {
+    /// Assigned by the store, increasing: the order commands are applied in.
+    pub id: u64,
     /// The run it is for.
     pub run_id: String,
-    /// `approve`, `deny`, `cancel` or `input`.
-    pub kind: String,
-    /// The node it is for, when it concerns one.
-    pub node_id: Option<String>,
-    /// Note, author, answer... as the kind needs.
-    pub payload: serde_json::Value,
-    /// When it was made (Unix ms).
+    /// What is asked.
+    pub command: RunCommand,
+    /// When it was recorded (Unix ms).
     pub created_ms: i64,
+}
+
+/// A process group a node attempt started, recorded before it can do
+/// anything, so that a resume after a crash can kill what the dead engine
+/// left running.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessRecord {
+    /// Assigned by the store on insert (ignored by `put_process`).
+    pub id: u64,
+    /// The run.
+    pub run_id: String,
+    /// The node that started it.
+    pub node_id: String,
+    /// The node's loop pass.
+    pub iteration: u32,
+    /// The attempt.
+    pub attempt: u32,
+    /// The process group id (the leader's pid).
+    pub pgid: u32,
+    /// When it was started (Unix ms).
+    pub started_ms: i64,
+}
+
+/// What a wake-up is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic<'a> {
+    /// A run's inbox got a command; its driver listens.
+    Inbox(&'a str),
+    /// A run's log got events; subscribers in other processes listen.
+    Events(&'a str),
+}
+
+impl Topic<'_> {
+    /// A stable text key for the topic.
+    pub fn key(&self) -> String {
+        match self {
+            Topic::Inbox(run) => format!("inbox:{run}"),
+            Topic::Events(run) => format!("events:{run}"),
+        }
+    }
+}
+
+/// One registration for wake-ups of a [`Topic`]; dropping it unregisters.
+pub trait Listener: Send + Sync {
+    /// Resolves at the next wake-up since the previous call (at once if one
+    /// already came). A wake-up says "look again", nothing more: callers
+    /// read the store for what changed, and poll slowly as a fallback.
+    fn wait(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// One tool call of an agent attempt, kept so that a resume can tell which
@@ -290,18 +340,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Runs matching the filter, newest first.
     fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
     /// Deletes finished, failed and cancelled runs last updated before
-    /// `cutoff_ms` (their events, tool calls, control requests and row) and
+    /// `cutoff_ms` (their events, tool calls, inbox, process records and row) and
     /// returns their ids.
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
     /// Takes the run's lease; `None` when another process (or another lease
     /// in this process) holds it.
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
-    /// Records a control request and returns its new id.
-    fn put_control(&self, req: &ControlRequest) -> Result<i64, StoreError>;
-    /// A run's control requests not yet acknowledged, oldest first.
-    fn pending_controls(&self, run_id: &str) -> Result<Vec<ControlRequest>, StoreError>;
-    /// Marks a control request consumed.
-    fn ack_control(&self, id: i64) -> Result<(), StoreError>;
     /// Inserts or replaces a tool call, keyed by (run, node, iteration,
     /// attempt, tool_seq).
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError>;
@@ -312,4 +356,23 @@ pub trait Backend: Send + Sync + 'static {
         node_id: &str,
         iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError>;
+    /// Records a command in the run's inbox durably and returns its id;
+    /// `NotFound` for an unknown run.
+    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError>;
+    /// The run's commands not yet taken, oldest first.
+    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError>;
+    /// Marks a command taken, with what became of it (`applied`, or why it
+    /// was refused). Taking one twice keeps the first outcome.
+    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError>;
+    /// Records a process group a node attempt started; returns its id.
+    fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError>;
+    /// Forgets a process group that ended.
+    fn remove_process(&self, id: u64) -> Result<(), StoreError>;
+    /// The process groups recorded for a run and not forgotten.
+    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError>;
+    /// Wakes the listeners of a topic, in this process and others. Best
+    /// effort: listeners also poll, slowly.
+    fn notify(&self, topic: Topic<'_>);
+    /// Registers for wake-ups of a topic.
+    fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
 }

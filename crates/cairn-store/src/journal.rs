@@ -22,7 +22,9 @@ use std::time::Duration;
 use cairn_events::{Event, EventKind, Scope};
 use tokio::sync::{broadcast, watch};
 
-use crate::backend::{validate_run_id, Backend, EventQuery, RunLease, StoreError, StoredEvent};
+use crate::backend::{
+    validate_run_id, Backend, EventQuery, Listener, RunLease, StoreError, StoredEvent, Topic,
+};
 use crate::sqlite::SqliteBackend;
 
 /// Most events one transaction commits; more wait for the next one.
@@ -31,8 +33,12 @@ const MAX_BATCH: usize = 4096;
 const LIVE_CAPACITY: usize = 16 * 1024;
 /// Capacity of the all-runs feed for dashboards.
 const ALL_CAPACITY: usize = 16 * 1024;
-/// How often a subscription looks at the store for runs written elsewhere.
+/// How often a subscription looks at the store for runs written in this
+/// process (a safety net: the writer's live feed wakes it).
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a subscription to a run written by another process looks at
+/// the store when no wake-up came: wake-ups are best effort.
+const REMOTE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Events a subscription reads from the store at a time.
 const PAGE: usize = 1000;
 
@@ -292,6 +298,7 @@ impl Journal {
             caught_up,
             stop_at_terminal: true,
             done: false,
+            remote: None,
         })
     }
 
@@ -497,10 +504,14 @@ impl Writer {
         }
         let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
         let mut ended = Vec::new();
+        let mut runs: Vec<String> = Vec::new();
         for (ev, shared) in events {
             let seq = ev.seq;
             if ev.is_terminal() {
                 ended.push(ev.run_id.clone());
+            }
+            if runs.last() != Some(&ev.run_id) && !runs.contains(&ev.run_id) {
+                runs.push(ev.run_id.clone());
             }
             let ev = Arc::new(ev);
             let _ = shared.live.send(ev.clone());
@@ -512,6 +523,10 @@ impl Writer {
         }
         for (shared, seq) in last {
             shared.update(|c| c.seq = c.seq.max(seq));
+        }
+        // Subscribers in other processes learn of the commit without polling.
+        for run in &runs {
+            self.backend.notify(Topic::Events(run));
         }
         // A finished run's mirror is reopened if the run is resumed; closing
         // it keeps a long-lived server from holding a file per run ever run.
@@ -748,6 +763,9 @@ pub struct Subscription {
     caught_up: bool,
     stop_at_terminal: bool,
     done: bool,
+    /// Wake-ups from the processes that write the run, registered the first
+    /// time the subscription waits for a run not written here.
+    remote: Option<Box<dyn Listener>>,
 }
 
 enum Live {
@@ -812,7 +830,36 @@ impl Subscription {
                 self.done = true;
                 return None;
             }
-            match tokio::time::timeout(POLL_INTERVAL, self.rx.recv()).await {
+            if !owned && self.remote.is_none() {
+                match self.inner.backend.listen(Topic::Events(&self.run_id)) {
+                    // Read the store once more: a commit between the last
+                    // read and the registration woke nobody.
+                    Ok(l) => {
+                        self.remote = Some(l);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no wake-ups for this subscription; polling");
+                    }
+                }
+            }
+            let poll = if owned || self.remote.is_none() {
+                POLL_INTERVAL
+            } else {
+                REMOTE_POLL_INTERVAL
+            };
+            let woken = async {
+                match self.remote.as_mut() {
+                    Some(l) if !owned => l.wait().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            let live = tokio::select! {
+                r = self.rx.recv() => Ok(r),
+                _ = woken => Err(()),
+                _ = tokio::time::sleep(poll) => Err(()),
+            };
+            match live {
                 Ok(Ok(ev)) => {
                     if let Some(ev) = self.take_live(ev) {
                         return Some(Ok(ev));

@@ -9,10 +9,11 @@
 mod backend;
 mod journal;
 mod sqlite;
+mod wake;
 
 pub use backend::{
-    validate_run_id, Backend, ControlRequest, EventQuery, RunFilter, RunLease, RunRecord,
-    StoreError, StoredEvent, ToolCallRecord,
+    validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease,
+    RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
 pub use sqlite::SqliteBackend;

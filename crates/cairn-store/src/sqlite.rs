@@ -17,10 +17,13 @@ use std::time::Duration;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
+use cairn_events::RunCommand;
+
 use crate::backend::*;
+use crate::wake::WakeDir;
 
 /// The schema version kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,16 +65,30 @@ CREATE TABLE events (
 CREATE INDEX events_by_type ON events(run_id, type, seq);
 CREATE INDEX events_by_node ON events(run_id, node_id, seq);
 
-CREATE TABLE controls (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id      TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-    kind        TEXT NOT NULL,
-    node_id     TEXT,
-    payload     TEXT NOT NULL,
-    created_ms  INTEGER NOT NULL,
-    consumed_ms INTEGER
+-- Commands to runs (approve, deny, answer, cancel), applied in id order by
+-- the run's driver and marked taken with their outcome.
+CREATE TABLE inbox (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    command    TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    taken_ms   INTEGER,
+    outcome    TEXT
 );
-CREATE INDEX controls_pending ON controls(run_id, consumed_ms, id);
+CREATE INDEX inbox_pending ON inbox(run_id, taken_ms, id);
+
+-- Process groups of running attempts, so a resume can kill what a crashed
+-- engine left behind.
+CREATE TABLE processes (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    node_id    TEXT NOT NULL,
+    iteration  INTEGER NOT NULL,
+    attempt    INTEGER NOT NULL,
+    pgid       INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL
+);
+CREATE INDEX processes_by_run ON processes(run_id);
 
 CREATE TABLE tool_calls (
     run_id          TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
@@ -95,12 +112,44 @@ CREATE TABLE tool_calls (
 
 /// The tables a Cairn store has; a file with other tables is someone else's.
 const TABLES: &[&str] = &[
-    "controls",
     "events",
+    "inbox",
+    "processes",
     "runs",
     "sqlite_sequence",
     "tool_calls",
+    // Version 1 only; the migration to 2 drops it.
+    "controls",
 ];
+
+/// The statements that bring a store of version N-1 to version N, from 2.
+const MIGRATIONS: &[(i64, &str)] = &[(
+    2,
+    // Version 1 kept commands and process groups as loosely typed control
+    // requests that the driver polled; they move to typed tables.
+    r#"
+DROP TABLE controls;
+CREATE TABLE inbox (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    command    TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    taken_ms   INTEGER,
+    outcome    TEXT
+);
+CREATE INDEX inbox_pending ON inbox(run_id, taken_ms, id);
+CREATE TABLE processes (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    node_id    TEXT NOT NULL,
+    iteration  INTEGER NOT NULL,
+    attempt    INTEGER NOT NULL,
+    pgid       INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL
+);
+CREATE INDEX processes_by_run ON processes(run_id);
+"#,
+)];
 
 /// Cairn's store in one SQLite file (WAL mode, `synchronous=NORMAL`).
 ///
@@ -110,6 +159,7 @@ const TABLES: &[&str] = &[
 pub struct SqliteBackend {
     path: PathBuf,
     lock_dir: PathBuf,
+    wake: WakeDir,
     write: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
 }
@@ -161,7 +211,7 @@ impl SqliteBackend {
             )));
         }
         if version == SCHEMA_VERSION {
-            for t in ["runs", "events", "controls", "tool_calls"] {
+            for t in ["runs", "events", "inbox", "processes", "tool_calls"] {
                 if !tables.iter().any(|x| x == t) {
                     return Err(corrupt(format!("table `{t}` is missing")));
                 }
@@ -190,9 +240,13 @@ impl SqliteBackend {
         }
         if version == 0 {
             create_schema(&conn).map_err(|e| map_err(&path, e))?;
+        } else if version < SCHEMA_VERSION {
+            migrate(&conn).map_err(|e| map_err(&path, e))?;
         }
+        let wake = WakeDir::new(&path, dir.join("wake"));
 
         Ok(SqliteBackend {
+            wake,
             lock_dir: dir.join("locks"),
             path,
             write: Mutex::new(conn),
@@ -301,6 +355,36 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
+/// Brings an older store up to [`SCHEMA_VERSION`], one version per
+/// transaction, so that a crash leaves it at a version this code knows.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    loop {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let r = (|| {
+            // Another process may have migrated it while we waited.
+            let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            let Some((to, sql)) = MIGRATIONS.iter().find(|(to, _)| *to == v + 1) else {
+                return Ok(false);
+            };
+            conn.execute_batch(sql)?;
+            conn.execute_batch(&format!("PRAGMA user_version = {to}"))?;
+            Ok(true)
+        })();
+        match r {
+            Ok(more) => {
+                conn.execute_batch("COMMIT")?;
+                if !more {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e);
+            }
+        }
+    }
+}
+
 /// Turns SQLite's error codes into the errors people can act on.
 pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
     if let rusqlite::Error::SqliteFailure(f, msg) = &e {
@@ -401,16 +485,33 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
-fn control_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ControlRequest> {
+fn inbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InboxEntry> {
     let run_id: String = r.get(1)?;
-    let payload: String = r.get(4)?;
-    Ok(ControlRequest {
-        id: r.get(0)?,
-        payload: parse_json(&run_id, "payload", &payload)?,
-        kind: r.get(2)?,
-        node_id: r.get(3)?,
-        created_ms: r.get(5)?,
+    let text: String = r.get(2)?;
+    let command = serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            2,
+            rusqlite::types::Type::Text,
+            format!("run `{run_id}`: inbox command is not a command: {e}").into(),
+        )
+    })?;
+    Ok(InboxEntry {
+        id: r.get::<_, i64>(0)? as u64,
+        command,
+        created_ms: r.get(3)?,
         run_id,
+    })
+}
+
+fn process_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ProcessRecord> {
+    Ok(ProcessRecord {
+        id: r.get::<_, i64>(0)? as u64,
+        run_id: r.get(1)?,
+        node_id: r.get(2)?,
+        iteration: r.get(3)?,
+        attempt: r.get(4)?,
+        pgid: r.get(5)?,
+        started_ms: r.get(6)?,
     })
 }
 
@@ -643,7 +744,8 @@ impl Backend for SqliteBackend {
                 for sql in [
                     "DELETE FROM events WHERE run_id = ?1",
                     "DELETE FROM tool_calls WHERE run_id = ?1",
-                    "DELETE FROM controls WHERE run_id = ?1",
+                    "DELETE FROM inbox WHERE run_id = ?1",
+                    "DELETE FROM processes WHERE run_id = ?1",
                     "DELETE FROM runs WHERE run_id = ?1",
                 ] {
                     tx.execute(sql, [&id]).map_err(|e| self.err(e))?;
@@ -678,56 +780,6 @@ impl Backend for SqliteBackend {
         } else {
             Err(StoreError::io(&path, err))
         }
-    }
-
-    fn put_control(&self, req: &ControlRequest) -> Result<i64, StoreError> {
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO controls (run_id, kind, node_id, payload, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![
-                    req.run_id,
-                    req.kind,
-                    req.node_id,
-                    json_text(&req.payload),
-                    req.created_ms
-                ],
-            )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::NotFound(req.run_id.clone())
-                } else {
-                    self.err(e)
-                }
-            })?;
-            Ok(tx.last_insert_rowid())
-        })
-    }
-
-    fn pending_controls(&self, run_id: &str) -> Result<Vec<ControlRequest>, StoreError> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, run_id, kind, node_id, payload, created_ms FROM controls \
-                 WHERE run_id = ?1 AND consumed_ms IS NULL ORDER BY id",
-            )?;
-            let rows = st.query_map([run_id], control_row)?;
-            rows.collect()
-        })
-    }
-
-    fn ack_control(&self, id: i64) -> Result<(), StoreError> {
-        self.write(|tx| {
-            let n = tx
-                .execute(
-                    "UPDATE controls SET consumed_ms = coalesce(consumed_ms, ?2) WHERE id = ?1",
-                    params![id, now_ms()],
-                )
-                .map_err(|e| self.err(e))?;
-            if n == 0 {
-                return Err(StoreError::ControlNotFound(id));
-            }
-            Ok(())
-        })
     }
 
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
@@ -786,6 +838,109 @@ impl Backend for SqliteBackend {
             let rows = st.query_map(params![run_id, node_id, iteration], tool_call_row)?;
             rows.collect()
         })
+    }
+
+    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
+        let text = serde_json::to_string(command).map_err(|e| StoreError::BadRow {
+            run: run_id.to_string(),
+            detail: format!("command cannot be stored: {e}"),
+        })?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO inbox (run_id, command, created_ms) VALUES (?1, ?2, ?3)",
+                params![run_id, text, now_ms()],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::NotFound(run_id.to_string())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
+    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, run_id, command, created_ms FROM inbox \
+                 WHERE run_id = ?1 AND taken_ms IS NULL ORDER BY id",
+            )?;
+            let rows = st.query_map([run_id], inbox_row)?;
+            rows.collect()
+        })
+    }
+
+    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
+        self.write(|tx| {
+            let n = tx
+                .execute(
+                    "UPDATE inbox SET taken_ms = coalesce(taken_ms, ?2), \
+                     outcome = coalesce(outcome, ?3) WHERE id = ?1",
+                    params![id as i64, now_ms(), outcome],
+                )
+                .map_err(|e| self.err(e))?;
+            if n == 0 {
+                return Err(StoreError::RecordNotFound {
+                    what: "command",
+                    id,
+                });
+            }
+            Ok(())
+        })
+    }
+
+    fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO processes (run_id, node_id, iteration, attempt, pgid, started_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    rec.run_id,
+                    rec.node_id,
+                    rec.iteration,
+                    rec.attempt,
+                    rec.pgid,
+                    rec.started_ms
+                ],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::NotFound(rec.run_id.clone())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
+    fn remove_process(&self, id: u64) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute("DELETE FROM processes WHERE id = ?1", [id as i64])
+                .map_err(|e| self.err(e))?;
+            Ok(())
+        })
+    }
+
+    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, run_id, node_id, iteration, attempt, pgid, started_ms \
+                 FROM processes WHERE run_id = ?1 ORDER BY id",
+            )?;
+            let rows = st.query_map([run_id], process_row)?;
+            rows.collect()
+        })
+    }
+
+    fn notify(&self, topic: Topic<'_>) {
+        self.wake.notify(topic);
+    }
+
+    fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
+        self.wake.listen(topic)
     }
 }
 

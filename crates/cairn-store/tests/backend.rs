@@ -1,13 +1,13 @@
-//! The SQLite backend on real files: opening, damage, runs, gc, controls,
-//! tool calls and leases.
+//! The SQLite backend on real files: opening, damage, runs, gc, the inbox,
+//! process records, wake-ups, tool calls and leases.
 
 mod common;
 
 use std::sync::Arc;
 
-use cairn_events::{EventKind, RunStatus, Scope};
+use cairn_events::{EventKind, RunCommand, RunStatus, Scope};
 use cairn_store::{
-    Backend, ControlRequest, EventQuery, RunFilter, SqliteBackend, StoreError, ToolCallRecord,
+    Backend, EventQuery, ProcessRecord, RunFilter, SqliteBackend, StoreError, ToolCallRecord, Topic,
 };
 use common::*;
 
@@ -165,43 +165,112 @@ fn invalid_run_ids_are_refused() {
 }
 
 #[test]
-fn controls_are_queued_and_acknowledged() {
+fn commands_are_queued_and_taken_once() {
     let dir = tempfile::tempdir().unwrap();
     let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
-    let req = |run: &str, kind: &str| ControlRequest {
-        id: 0,
-        run_id: run.into(),
-        kind: kind.into(),
-        node_id: Some("gate".into()),
-        payload: serde_json::json!({"note": "ok", "by": "ann"}),
-        created_ms: 5,
+    let approve = RunCommand::Approve {
+        node_id: "gate".into(),
+        note: Some("ok".into()),
+        by: Some("ann".into()),
     };
-    let err = b.put_control(&req("ghost", "approve")).unwrap_err();
+    let cancel = RunCommand::Cancel {
+        graceful: true,
+        reason: None,
+        by: None,
+    };
+    let err = b.put_command("ghost", &approve).unwrap_err();
     assert!(
         matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
         "{err:?}"
     );
 
     b.create_run(&run_record("r", "running", 1)).unwrap();
-    let a = b.put_control(&req("r", "approve")).unwrap();
-    let c = b.put_control(&req("r", "cancel")).unwrap();
+    let a = b.put_command("r", &approve).unwrap();
+    let c = b.put_command("r", &cancel).unwrap();
     assert!(c > a);
-    let pending = b.pending_controls("r").unwrap();
+    let pending = b.pending_commands("r").unwrap();
     assert_eq!(pending.len(), 2);
-    assert_eq!(
-        pending[0],
-        ControlRequest {
-            id: a,
-            ..req("r", "approve")
-        }
-    );
-    b.ack_control(a).unwrap();
-    let pending = b.pending_controls("r").unwrap();
+    assert_eq!((pending[0].id, &pending[0].command), (a, &approve));
+    assert_eq!((pending[1].id, &pending[1].command), (c, &cancel));
+    b.take_command(a, "applied").unwrap();
+    b.take_command(a, "refused: twice").unwrap();
+    let pending = b.pending_commands("r").unwrap();
     assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), [c]);
     assert!(matches!(
-        b.ack_control(9999),
-        Err(StoreError::ControlNotFound(9999))
+        b.take_command(9999, "applied"),
+        Err(StoreError::RecordNotFound { id: 9999, .. })
     ));
+    // The first outcome stays.
+    let c2 = rusqlite::Connection::open(b.path()).unwrap();
+    let outcome: String = c2
+        .query_row("SELECT outcome FROM inbox WHERE id = ?1", [a as i64], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(outcome, "applied");
+}
+
+#[test]
+fn process_records_are_kept_until_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    b.create_run(&run_record("r", "running", 1)).unwrap();
+    let rec = |pgid| ProcessRecord {
+        id: 0,
+        run_id: "r".into(),
+        node_id: "build".into(),
+        iteration: 2,
+        attempt: 1,
+        pgid,
+        started_ms: 7,
+    };
+    let a = b.put_process(&rec(100)).unwrap();
+    let c = b.put_process(&rec(200)).unwrap();
+    assert_eq!(
+        b.processes("r").unwrap(),
+        [
+            ProcessRecord { id: a, ..rec(100) },
+            ProcessRecord { id: c, ..rec(200) }
+        ]
+    );
+    b.remove_process(a).unwrap();
+    assert_eq!(b.processes("r").unwrap().len(), 1);
+    assert!(b
+        .put_process(&ProcessRecord {
+            run_id: "ghost".into(),
+            ..rec(1)
+        })
+        .is_err());
+}
+
+#[tokio::test]
+async fn wake_ups_reach_listeners_of_the_topic_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let b = SqliteBackend::open(&db).unwrap();
+    // A second handle on the same file, as another process would have.
+    let other = SqliteBackend::open(&db).unwrap();
+    let mut inbox = b.listen(Topic::Inbox("r")).unwrap();
+    let mut events = b.listen(Topic::Events("r")).unwrap();
+    other.notify(Topic::Inbox("r"));
+    tokio::time::timeout(std::time::Duration::from_secs(10), inbox.wait())
+        .await
+        .expect("the inbox listener is woken");
+    // Nothing was sent to the events topic, nor to another run's inbox.
+    other.notify(Topic::Inbox("s"));
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), events.wait()).await;
+    assert!(quiet.is_err(), "a listener of another topic was woken");
+    // Several wake-ups before a wait make one.
+    other.notify(Topic::Events("r"));
+    other.notify(Topic::Events("r"));
+    tokio::time::timeout(std::time::Duration::from_secs(10), events.wait())
+        .await
+        .expect("woken");
+    let again = tokio::time::timeout(std::time::Duration::from_millis(200), events.wait()).await;
+    assert!(again.is_err(), "queued wake-ups were not coalesced");
+    // A dropped listener is forgotten; notifying it is harmless.
+    drop(inbox);
+    other.notify(Topic::Inbox("r"));
 }
 
 #[test]
@@ -286,14 +355,14 @@ fn gc_deletes_only_finished_old_runs() {
             log.append(Scope::run(), end.clone());
         }
         log.sync_blocking().unwrap();
-        b.put_control(&ControlRequest {
-            id: 0,
-            run_id: id.to_string(),
-            kind: "cancel".into(),
-            node_id: None,
-            payload: serde_json::Value::Null,
-            created_ms: 1,
-        })
+        b.put_command(
+            id,
+            &RunCommand::Cancel {
+                graceful: false,
+                reason: None,
+                by: None,
+            },
+        )
         .unwrap();
     }
     assert_eq!(b.get_run("old-failed").unwrap().unwrap().status, "failed");
@@ -321,12 +390,12 @@ fn gc_deletes_only_finished_old_runs() {
     for id in ["old-failed", "old-finished"] {
         assert!(b.get_run(id).unwrap().is_none());
         assert_eq!(b.last_seq(id).unwrap(), 0);
-        assert!(b.pending_controls(id).unwrap().is_empty());
+        assert!(b.pending_commands(id).unwrap().is_empty());
     }
     for id in ["old-cancelled-leased", "old-running", "new-finished"] {
         assert!(b.get_run(id).unwrap().is_some(), "{id}");
         assert!(b.last_seq(id).unwrap() >= 2, "{id}");
-        assert_eq!(b.pending_controls(id).unwrap().len(), 1, "{id}");
+        assert_eq!(b.pending_commands(id).unwrap().len(), 1, "{id}");
     }
     drop(held);
     assert_eq!(

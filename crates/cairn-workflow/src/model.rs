@@ -74,6 +74,8 @@ pub struct NodeSpec {
     pub retry: Option<RetryPolicy>,
     /// What a failure of this node means for the run.
     pub on_failure: OnFailure,
+    /// What a resume does with an attempt that a crash interrupted.
+    pub on_interrupt: OnInterrupt,
     /// Environment added to a command (templates).
     pub env: BTreeMap<String, String>,
     /// Working directory of a command (template).
@@ -153,6 +155,19 @@ pub enum OnFailure {
     Fail,
     /// Dependents are skipped, the run goes on.
     Continue,
+}
+
+/// What a resume does with an attempt that was running when the process
+/// driving the run died. A crash is not the node's failure, so the default
+/// runs the attempt again whatever its retry budget; work that must never
+/// run twice says `fail`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnInterrupt {
+    /// Run the interrupted attempt again (`NodeFailed` with `willRetry`).
+    #[default]
+    Rerun,
+    /// The interrupted attempt fails the node (`on_failure` decides what follows).
+    Fail,
 }
 
 /// How a command's stdout becomes its output.

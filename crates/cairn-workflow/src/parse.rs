@@ -31,6 +31,7 @@ const COMMON_NODE_FIELDS: &[&str] = &[
     "timeout",
     "retry",
     "on_failure",
+    "on_interrupt",
 ];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "delay", "max_delay"];
 const DEFAULTS_FIELDS: &[&str] = &["timeout", "retry"];
@@ -889,6 +890,26 @@ impl Cx {
             }
             None => OnFailure::Fail,
         };
+        let on_interrupt = match f.get("on_interrupt") {
+            Some((_, v)) => {
+                let of = join(field, "on_interrupt");
+                match self.string(v, &of).as_deref() {
+                    Some("rerun") | None => OnInterrupt::Rerun,
+                    Some("fail") => OnInterrupt::Fail,
+                    Some(other) => {
+                        self.at(
+                            v.pos,
+                            Some(&of),
+                            format!(
+                                "`{other}` is not an on_interrupt policy; use `rerun` or `fail`"
+                            ),
+                        );
+                        OnInterrupt::Rerun
+                    }
+                }
+            }
+            None => OnInterrupt::Rerun,
+        };
         let mut env = BTreeMap::new();
         if let Some((_, v)) = f.get("env") {
             let ef = join(field, "env");
@@ -952,6 +973,7 @@ impl Cx {
                 timeout,
                 retry,
                 on_failure,
+                on_interrupt,
                 env,
                 cwd,
                 output,
