@@ -43,13 +43,28 @@ pub enum StoreError {
     #[error("invalid run id `{0}`: use 1-128 letters, digits, `-`, `_`, `.` or `:`, not starting with `.`")]
     InvalidRunId(String),
     /// The database file could not be opened.
-    #[error("cannot open the store {path}: {source}")]
+    #[error("cannot open the store {path}: {detail}")]
     Open {
         /// The database file.
         path: PathBuf,
-        /// What SQLite said.
-        #[source]
-        source: rusqlite::Error,
+        /// What the database said.
+        detail: String,
+    },
+    /// The disk (or the quota) holding the store is full; nothing of the
+    /// failed write was committed.
+    #[error("the disk holding the store {path} is full; free some space and try again")]
+    DiskFull {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The store can be read but not written (permissions, a read-only
+    /// mount).
+    #[error("the store {path} cannot be written ({detail}); check its permissions")]
+    ReadOnly {
+        /// The database file.
+        path: PathBuf,
+        /// What the database said.
+        detail: String,
     },
     /// A run with this id already exists.
     #[error("a run `{0}` already exists in the store")]
@@ -68,9 +83,9 @@ pub enum StoreError {
         /// What was wrong.
         detail: String,
     },
-    /// A SQLite error not covered by a more specific variant.
+    /// Any other failure the database reported, in its own words.
     #[error("store error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Database(String),
     /// A file system error, with the path it concerns.
     #[error("{path}: {source}")]
     Io {
@@ -283,6 +298,15 @@ pub trait Backend: Send + Sync + 'static {
     fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
     /// The highest committed seq of a run (0 when it has none).
     fn last_seq(&self, run_id: &str) -> Result<u64, StoreError>;
+    /// Moves whatever the database keeps beside its main file (SQLite's
+    /// write-ahead log) into it, so that the store's data is where a copy of
+    /// the store would look for it. Best effort and brief: it gives up rather
+    /// than wait for another process's readers or writers. The journal calls
+    /// it when it closes and when this process stops writing runs. The
+    /// default does nothing, for databases that need no such step.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Inserts a run row; `RunExists` if the id is taken.
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     /// A run's row, if it exists.

@@ -126,6 +126,9 @@ struct Inner {
     all: broadcast::Sender<Arc<StoredEvent>>,
     /// Set by the writer when it stops committing.
     closed: Arc<AtomicBool>,
+    /// `RunLog`s alive in this process, of every run; the writer checkpoints
+    /// the store when the last one goes.
+    logs: Arc<AtomicUsize>,
 }
 
 impl Inner {
@@ -170,7 +173,9 @@ impl Journal {
         let (tx, rx) = mpsc::channel();
         let (all, _) = broadcast::channel(ALL_CAPACITY);
         let closed = Arc::new(AtomicBool::new(false));
+        let logs = Arc::new(AtomicUsize::new(0));
         let inner = Arc::new(Inner {
+            logs: logs.clone(),
             backend: backend.clone(),
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(None),
@@ -183,6 +188,7 @@ impl Journal {
             log_dir: opts.log_dir,
             all,
             closed,
+            logs,
             mirrors: HashMap::new(),
         };
         let handle = std::thread::Builder::new()
@@ -227,6 +233,7 @@ impl Journal {
         let last = self.inner.backend.last_seq(run_id)?;
         let shared = self.inner.shared(run_id);
         shared.owners.fetch_add(1, Ordering::SeqCst);
+        self.inner.logs.fetch_add(1, Ordering::SeqCst);
         shared.update(|c| {
             *c = Committed {
                 seq: last,
@@ -371,6 +378,7 @@ struct Writer {
     log_dir: Option<PathBuf>,
     all: broadcast::Sender<Arc<StoredEvent>>,
     closed: Arc<AtomicBool>,
+    logs: Arc<AtomicUsize>,
     /// Open mirror files by run; `None` after a failure (reported once).
     mirrors: HashMap<String, Option<File>>,
 }
@@ -398,12 +406,7 @@ impl Writer {
                 }
             }
             self.commit(events);
-            for (lease, shared, run_id) in releases {
-                drop(lease);
-                shared.owners.fetch_sub(1, Ordering::SeqCst);
-                drop(shared);
-                self.mirrors.remove(&run_id);
-            }
+            self.release(releases);
             if stopping {
                 // Take what was queued before the stop too, then end.
                 let rest: Vec<Msg> = rx.try_iter().collect();
@@ -412,7 +415,7 @@ impl Writer {
                 for m in rest {
                     match m {
                         Msg::Event(e, s) => events.push((e, s)),
-                        Msg::Release(l, s, _) => releases.push((l, s)),
+                        Msg::Release(l, s, r) => releases.push((l, s, r)),
                         Msg::Stop => {}
                     }
                     if events.len() >= MAX_BATCH {
@@ -420,10 +423,8 @@ impl Writer {
                     }
                 }
                 self.commit(events);
-                for (lease, shared) in releases {
-                    drop(lease);
-                    shared.owners.fetch_sub(1, Ordering::SeqCst);
-                }
+                self.release(releases);
+                self.checkpoint();
                 break;
             }
         }
@@ -439,9 +440,35 @@ impl Writer {
                 Msg::Release(l, s, _) => {
                     drop(l);
                     s.owners.fetch_sub(1, Ordering::SeqCst);
+                    self.logs.fetch_sub(1, Ordering::SeqCst);
                 }
                 Msg::Stop => {}
             }
+        }
+    }
+
+    /// Gives back the leases of dropped `RunLog`s (everything they queued is
+    /// committed by now). When they were this process's last, the store is
+    /// checkpointed first, so that a `cairn run` that ends leaves its data in
+    /// the database file and not only in the write-ahead log.
+    fn release(&mut self, releases: Vec<(Box<dyn RunLease>, Arc<RunShared>, String)>) {
+        if releases.is_empty() {
+            return;
+        }
+        let before = self.logs.fetch_sub(releases.len(), Ordering::SeqCst);
+        if before == releases.len() {
+            self.checkpoint();
+        }
+        for (lease, shared, run_id) in releases {
+            drop(lease);
+            shared.owners.fetch_sub(1, Ordering::SeqCst);
+            self.mirrors.remove(&run_id);
+        }
+    }
+
+    fn checkpoint(&self) {
+        if let Err(e) = self.backend.checkpoint() {
+            tracing::warn!(error = %e, "checkpointing the store failed; its data stays in the write-ahead log until the next checkpoint");
         }
     }
 
@@ -693,6 +720,7 @@ impl Drop for RunLog {
                 // The writer is gone, so nothing of ours is queued: release now.
                 drop(msg);
                 self.shared.owners.fetch_sub(1, Ordering::SeqCst);
+                self.inner.logs.fetch_sub(1, Ordering::SeqCst);
             }
         }
         self.inner.maybe_forget(&self.run_id);

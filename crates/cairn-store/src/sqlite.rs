@@ -269,9 +269,12 @@ fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
     } else {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
     };
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| StoreError::Open {
-        path: path.to_path_buf(),
-        source: e,
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| match map_err(path, e) {
+        StoreError::Database(detail) => StoreError::Open {
+            path: path.to_path_buf(),
+            detail,
+        },
+        other => other,
     })?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| map_err(path, e))?;
@@ -301,26 +304,57 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// Turns SQLite's error codes into the errors people can act on.
+/// Turns SQLite's errors into the store's own, which name what went wrong
+/// without tying callers to SQLite; the message travels along.
 pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
-    if let rusqlite::Error::SqliteFailure(f, msg) = &e {
-        match f.code {
-            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
-                return StoreError::Locked {
-                    path: path.to_path_buf(),
+    let path = || path.to_path_buf();
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => {
+            let detail = || msg.clone().unwrap_or_else(|| f.to_string());
+            match f.code {
+                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                    StoreError::Locked { path: path() }
                 }
+                ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => StoreError::Corrupt {
+                    path: path(),
+                    detail: detail(),
+                },
+                ErrorCode::DiskFull => StoreError::DiskFull { path: path() },
+                ErrorCode::ReadOnly | ErrorCode::PermissionDenied => StoreError::ReadOnly {
+                    path: path(),
+                    detail: detail(),
+                },
+                _ => StoreError::Database(detail()),
             }
-            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
-                return StoreError::Corrupt {
-                    path: path.to_path_buf(),
-                    detail: msg.clone().unwrap_or_else(|| f.to_string()),
-                }
-            }
-            _ => {}
         }
+        rusqlite::Error::FromSqlConversionFailure(_, _, inner) => {
+            match inner.downcast_ref::<BadColumn>() {
+                Some(b) => StoreError::BadRow {
+                    run: b.run.clone(),
+                    detail: b.detail.clone(),
+                },
+                None => StoreError::Database(e.to_string()),
+            }
+        }
+        _ => StoreError::Database(e.to_string()),
     }
-    StoreError::Sqlite(e)
 }
+
+/// A column of a run's row that does not hold what the schema says, carried
+/// through rusqlite's row mapping so it comes out as [`StoreError::BadRow`].
+#[derive(Debug)]
+struct BadColumn {
+    run: String,
+    detail: String,
+}
+
+impl std::fmt::Display for BadColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run `{}`: {}", self.run, self.detail)
+    }
+}
+
+impl std::error::Error for BadColumn {}
 
 fn is_fk_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _)
@@ -365,7 +399,10 @@ fn parse_json(run: &str, col: &str, s: &str) -> rusqlite::Result<Value> {
         rusqlite::Error::FromSqlConversionFailure(
             0,
             rusqlite::types::Type::Text,
-            format!("run `{run}`: column `{col}` is not JSON: {e}").into(),
+            Box::new(BadColumn {
+                run: run.to_string(),
+                detail: format!("column `{col}` is not JSON: {e}"),
+            }),
         )
     })
 }
@@ -549,6 +586,30 @@ impl Backend for SqliteBackend {
                 .query_row([run_id], |r| r.get::<_, Option<i64>>(0))
         })
         .map(|s| s.unwrap_or(0) as u64)
+    }
+
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        let conn = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        // PASSIVE copies what no reader still needs and never waits. TRUNCATE
+        // then empties the log file, but only if it can do so at once: with
+        // no busy wait it never holds up another process's writer.
+        let r = conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .and_then(|_| conn.busy_timeout(Duration::ZERO))
+            .and_then(|_| {
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+            });
+        let restored = conn.busy_timeout(BUSY_TIMEOUT);
+        match r {
+            Ok(_) => {}
+            // Someone else is reading or writing: what PASSIVE copied stays.
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        restored.map_err(|e| self.err(e))
     }
 
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
@@ -800,5 +861,59 @@ impl std::fmt::Debug for SqliteBackend {
         f.debug_struct("SqliteBackend")
             .field("path", &self.path)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(code: i32, msg: &str) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(msg.into()))
+    }
+
+    #[test]
+    fn sqlite_errors_become_the_stores_own() {
+        let p = Path::new("/x/cairn.db");
+        let full = map_err(
+            p,
+            failure(rusqlite::ffi::SQLITE_FULL, "database or disk is full"),
+        );
+        assert!(
+            matches!(full, StoreError::DiskFull { ref path } if path == p),
+            "{full:?}"
+        );
+        let ro = map_err(
+            p,
+            failure(
+                rusqlite::ffi::SQLITE_READONLY,
+                "attempt to write a readonly database",
+            ),
+        );
+        assert!(
+            matches!(ro, StoreError::ReadOnly { ref detail, .. } if detail.contains("readonly")),
+            "{ro:?}"
+        );
+        let busy = map_err(p, failure(rusqlite::ffi::SQLITE_BUSY, "database is locked"));
+        assert!(matches!(busy, StoreError::Locked { .. }), "{busy:?}");
+        let other = map_err(
+            p,
+            failure(
+                rusqlite::ffi::SQLITE_MISUSE,
+                "bad parameter or other API misuse",
+            ),
+        );
+        assert!(
+            matches!(other, StoreError::Database(ref m) if m.contains("misuse")),
+            "{other:?}"
+        );
+        let conv = map_err(
+            p,
+            rusqlite::Error::InvalidColumnType(0, "seq".into(), rusqlite::types::Type::Text),
+        );
+        assert!(
+            matches!(conv, StoreError::Database(ref m) if m.contains("seq")),
+            "{conv:?}"
+        );
     }
 }

@@ -365,3 +365,27 @@ fn run_status_follows_lifecycle_events() {
     assert_eq!(b.read_events("r", &q).unwrap().len(), 1);
     j.close();
 }
+
+#[test]
+fn a_damaged_row_is_a_bad_row_of_its_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    b.create_run(&run_record("r", "running", 1)).unwrap();
+    {
+        let c = rusqlite::Connection::open(b.path()).unwrap();
+        c.execute("UPDATE runs SET input = '{not json' WHERE run_id = 'r'", [])
+            .unwrap();
+    }
+    for err in [
+        b.get_run("r").unwrap_err(),
+        b.list_runs(&RunFilter::default()).unwrap_err(),
+    ] {
+        match &err {
+            StoreError::BadRow { run, detail } => {
+                assert_eq!(run, "r");
+                assert!(detail.contains("input"), "{detail}");
+            }
+            other => panic!("expected BadRow, got {other:?}"),
+        }
+    }
+}
