@@ -10,7 +10,7 @@
 //! subscriber or a waiter sees is already in the store.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +23,7 @@ use cairn_events::{Event, EventKind, Scope};
 use tokio::sync::{broadcast, watch};
 
 use crate::backend::{validate_run_id, Backend, EventQuery, RunLease, StoreError, StoredEvent};
+use crate::mirror::{Mirrors, WrapWriter};
 use crate::sqlite::SqliteBackend;
 
 /// Most events one transaction commits; more wait for the next one.
@@ -170,6 +171,26 @@ impl Journal {
     /// holds no database lock while idle, so other processes can read and
     /// write the same store meanwhile.
     pub fn open(backend: Arc<dyn Backend>, opts: JournalOptions) -> Result<Journal, StoreError> {
+        Journal::start(backend, opts, None)
+    }
+
+    /// Like [`Journal::open`], with every append to an NDJSON mirror going
+    /// through `wrap(file)`. A mirror write that fails part-way (a full disk)
+    /// is repaired from the store on the run's next write; this is how a test
+    /// makes one fail. Repairs themselves write to the file directly.
+    pub fn open_with_mirror_writer(
+        backend: Arc<dyn Backend>,
+        opts: JournalOptions,
+        wrap: impl Fn(File) -> Box<dyn Write + Send> + Send + Sync + 'static,
+    ) -> Result<Journal, StoreError> {
+        Journal::start(backend, opts, Some(Arc::new(wrap)))
+    }
+
+    fn start(
+        backend: Arc<dyn Backend>,
+        opts: JournalOptions,
+        wrap: Option<WrapWriter>,
+    ) -> Result<Journal, StoreError> {
         let (tx, rx) = mpsc::channel();
         let (all, _) = broadcast::channel(ALL_CAPACITY);
         let closed = Arc::new(AtomicBool::new(false));
@@ -185,11 +206,10 @@ impl Journal {
         });
         let writer = Writer {
             backend,
-            log_dir: opts.log_dir,
             all,
             closed,
             logs,
-            mirrors: HashMap::new(),
+            mirrors: opts.log_dir.map(|d| Mirrors::new(d, wrap)),
         };
         let handle = std::thread::Builder::new()
             .name("cairn-store-writer".into())
@@ -375,12 +395,11 @@ impl Journal {
 /// The writer thread's state.
 struct Writer {
     backend: Arc<dyn Backend>,
-    log_dir: Option<PathBuf>,
     all: broadcast::Sender<Arc<StoredEvent>>,
     closed: Arc<AtomicBool>,
     logs: Arc<AtomicUsize>,
-    /// Open mirror files by run; `None` after a failure (reported once).
-    mirrors: HashMap<String, Option<File>>,
+    /// The NDJSON mirrors, unless disabled.
+    mirrors: Option<Mirrors>,
 }
 
 impl Writer {
@@ -424,6 +443,9 @@ impl Writer {
                 }
                 self.commit(events);
                 self.release(releases);
+                if let Some(m) = &mut self.mirrors {
+                    m.close_all(&*self.backend);
+                }
                 self.checkpoint();
                 break;
             }
@@ -462,7 +484,9 @@ impl Writer {
         for (lease, shared, run_id) in releases {
             drop(lease);
             shared.owners.fetch_sub(1, Ordering::SeqCst);
-            self.mirrors.remove(&run_id);
+            if let Some(m) = &mut self.mirrors {
+                m.close(&*self.backend, &run_id);
+            }
         }
     }
 
@@ -519,16 +543,12 @@ impl Writer {
 
     /// After a commit: mirror, then live subscribers, then waiters.
     fn publish(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
-        if let Some(dir) = self.log_dir.clone() {
-            self.mirror(&dir, &events);
+        if self.mirrors.is_some() {
+            self.mirror(&events);
         }
         let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
-        let mut ended = Vec::new();
         for (ev, shared) in events {
             let seq = ev.seq;
-            if ev.is_terminal() {
-                ended.push(ev.run_id.clone());
-            }
             let ev = Arc::new(ev);
             let _ = shared.live.send(ev.clone());
             let _ = self.all.send(ev);
@@ -540,47 +560,48 @@ impl Writer {
         for (shared, seq) in last {
             shared.update(|c| c.seq = c.seq.max(seq));
         }
-        // A finished run's mirror is reopened if the run is resumed; closing
-        // it keeps a long-lived server from holding a file per run ever run.
-        for run in ended {
-            self.mirrors.remove(&run);
-        }
     }
 
-    fn mirror(&mut self, dir: &Path, events: &[(StoredEvent, Arc<RunShared>)]) {
-        let mut lines: Vec<(&str, String)> = Vec::new();
+    fn mirror(&mut self, events: &[(StoredEvent, Arc<RunShared>)]) {
+        let Some(mirrors) = &mut self.mirrors else {
+            return;
+        };
+        /// One run's share of the batch: its seq range, its lines, and
+        /// whether it ended the run.
+        struct Lines<'a> {
+            run: &'a str,
+            first: u64,
+            last: u64,
+            text: String,
+            ended: bool,
+        }
+        let mut runs: Vec<Lines<'_>> = Vec::new();
         for (ev, _) in events {
-            let buf = match lines.iter_mut().find(|(r, _)| *r == ev.run_id) {
-                Some((_, b)) => b,
+            let l = match runs.iter_mut().position(|l| l.run == ev.run_id) {
+                Some(i) => &mut runs[i],
                 None => {
-                    lines.push((&ev.run_id, String::new()));
-                    &mut lines.last_mut().unwrap().1
+                    runs.push(Lines {
+                        run: &ev.run_id,
+                        first: ev.seq,
+                        last: ev.seq,
+                        text: String::new(),
+                        ended: false,
+                    });
+                    runs.last_mut().expect("just pushed")
                 }
             };
-            buf.push_str(&ev.json);
-            buf.push('\n');
+            l.last = ev.seq;
+            l.ended |= ev.is_terminal();
+            l.text.push_str(&ev.json);
+            l.text.push('\n');
         }
-        for (run, text) in lines {
-            let slot = self.mirrors.entry(run.to_string()).or_insert_with(|| {
-                let d = dir.join(run);
-                let path = d.join("events.ndjson");
-                let opened = std::fs::create_dir_all(&d)
-                    .and_then(|_| OpenOptions::new().create(true).append(true).open(&path));
-                match opened {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e,
-                            "cannot write the NDJSON mirror; the store still has every event");
-                        None
-                    }
-                }
-            });
-            if let Some(f) = slot {
-                if let Err(e) = f.write_all(text.as_bytes()) {
-                    tracing::warn!(run = %run, error = %e,
-                        "writing the NDJSON mirror failed; `cairn export` regenerates it");
-                    *slot = None;
-                }
+        for l in runs {
+            mirrors.append(&*self.backend, l.run, l.first, l.last, l.text.as_bytes());
+            // A finished run's mirror is reopened if the run is resumed;
+            // closing it keeps a long-lived server from holding a file per
+            // run ever run.
+            if l.ended {
+                mirrors.close(&*self.backend, l.run);
             }
         }
     }

@@ -8,6 +8,7 @@
 
 mod backend;
 mod journal;
+mod mirror;
 mod sqlite;
 
 pub use backend::{
