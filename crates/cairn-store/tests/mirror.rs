@@ -118,20 +118,21 @@ fn a_write_that_stops_part_way_is_repaired_by_the_next_append() {
     let log = j.run_log("r").unwrap();
     log.append(Scope::run(), started());
     write_lines(&log, 0, 100);
-    // The disk fills up half-way through a line of the next batch.
+    // The disk fills up half-way through the next line (one event, so one
+    // batch: a later batch would repair the line before failing in turn).
     budget.store(40, Ordering::SeqCst);
-    write_lines(&log, 100, 10);
+    write_lines(&log, 100, 1);
     let torn = mirror_of(&s, "r");
     assert!(!torn.ends_with('\n'), "the failure must leave a torn line");
     assert_eq!(torn.lines().count(), 102);
-    // Still full: the next batch is committed but the mirror cannot follow.
+    // Still full: the next batches are committed but the mirror cannot follow.
     budget.store(0, Ordering::SeqCst);
-    write_lines(&log, 110, 5);
+    write_lines(&log, 101, 5);
     // Space again: the next append repairs the mirror from the store.
     budget.store(-1, Ordering::SeqCst);
-    write_lines(&log, 115, 3);
+    write_lines(&log, 106, 3);
     let b = j.backend().clone();
-    assert_eq!(b.last_seq("r").unwrap(), 119);
+    assert_eq!(b.last_seq("r").unwrap(), 110);
     assert_eq!(mirror_of(&s, "r"), from_store(&b, "r"));
     drop(log);
     j.close();
@@ -149,6 +150,7 @@ fn a_run_that_ends_right_after_a_failed_write_leaves_a_whole_mirror() {
     log.append(node("a"), output("last words"));
     log.append(Scope::run(), finished());
     log.sync_blocking().unwrap();
+    assert_eq!(budget.load(Ordering::SeqCst), 0, "the budget must have cut a write");
     // The terminal event closes the mirror; closing repairs it. The repair
     // writes to the file itself, so the budget does not stop it.
     assert_eq!(mirror_of(&s, "r"), from_store(j.backend(), "r"));
