@@ -287,14 +287,26 @@ pub trait RunLease: Send + Sync {}
 
 /// A database that keeps Cairn's runs. Every method is synchronous and may
 /// block on I/O; the journal calls them from its writer thread or from
-/// blocking contexts.
+/// blocking contexts, several threads at a time.
+///
+/// [`crate::conformance`] (feature `conformance`) checks an implementation
+/// against what these docs promise.
 pub trait Backend: Send + Sync + 'static {
-    /// Commits a batch of events in one transaction, and keeps the runs
-    /// table's `status`/`updated_ms` in step with the lifecycle events in it
-    /// (`RunStarted` → running, `RunStatusChanged` → its status,
+    /// Commits a batch of events, of one run or several, in one transaction:
+    /// all of it or none. A `(run, seq)` already stored fails the batch with
+    /// [`StoreError::BadRow`] naming the run. Sequencing is the journal's
+    /// work; the backend keeps what it is given, byte for byte.
+    ///
+    /// It keeps each run row's `status`/`updated_ms` in step with the batch:
+    /// `updated_ms` becomes the larger of itself and the run's latest event
+    /// timestamp, and the run's last lifecycle event in the batch sets its
+    /// status (`RunStarted` → running, `RunStatusChanged` → its status,
     /// `RunFinished`/`RunFailed`/`RunCancelled` → finished/failed/cancelled).
+    /// Events of a run that has no row are stored all the same; no row is
+    /// made for them.
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError>;
-    /// A run's events in seq order, as the query selects them.
+    /// A run's events in seq order, as the query selects them (every field
+    /// applies; `limit` keeps the lowest seqs). An unknown run has none.
     fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
     /// The highest committed seq of a run (0 when it has none).
     fn last_seq(&self, run_id: &str) -> Result<u64, StoreError>;
@@ -307,18 +319,24 @@ pub trait Backend: Send + Sync + 'static {
     fn checkpoint(&self) -> Result<(), StoreError> {
         Ok(())
     }
-    /// Inserts a run row; `RunExists` if the id is taken.
+    /// Inserts a run row; `RunExists` if the id is taken, `InvalidRunId` if
+    /// [`validate_run_id`] refuses it.
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     /// A run's row, if it exists.
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
-    /// Runs matching the filter, newest first.
+    /// Runs matching the filter, newest first (by `created_ms`; of runs
+    /// created in the same millisecond, the one created last comes first),
+    /// `offset` skipped, at most `limit` kept.
     fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
     /// Deletes finished, failed and cancelled runs last updated before
     /// `cutoff_ms` (their events, tool calls, control requests and row) and
-    /// returns their ids.
+    /// returns their ids. A run whose lease is held (being resumed) is left
+    /// alone.
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
     /// Takes the run's lease; `None` when another process (or another lease
-    /// in this process) holds it.
+    /// in this process) holds it, `InvalidRunId` for an id
+    /// [`validate_run_id`] refuses. Dropping the lease, on any thread,
+    /// releases it.
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
     /// Records a control request and returns its new id.
     fn put_control(&self, req: &ControlRequest) -> Result<i64, StoreError>;
@@ -327,7 +345,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Marks a control request consumed.
     fn ack_control(&self, id: i64) -> Result<(), StoreError>;
     /// Inserts or replaces a tool call, keyed by (run, node, iteration,
-    /// attempt, tool_seq).
+    /// attempt, tool_seq); `NotFound` when the run has no row.
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError>;
     /// The tool calls of one node pass, by attempt then tool_seq.
     fn tool_calls(
