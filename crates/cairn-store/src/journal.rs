@@ -496,58 +496,68 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
-        if events.is_empty() {
+    fn commit(&mut self, events: Vec<Queued>) {
+        // Events of runs whose log already lost events are refused: storing
+        // them would leave a gap in seq. The events go to the backend as they
+        // are, without a copy; their runs' shared states follow beside them.
+        let (batch, shared): (Vec<StoredEvent>, Vec<Arc<RunShared>>) = events
+            .into_iter()
+            .filter(|(_, s)| s.committed.borrow().failure.is_none())
+            .unzip();
+        if batch.is_empty() {
             return;
         }
-        // Events of runs whose log already lost events are refused: storing
-        // them would leave a gap in seq.
-        let (events, refused): (Vec<_>, Vec<_>) = events
-            .into_iter()
-            .partition(|(_, s)| s.committed.borrow().failure.is_none());
-        drop(refused);
-        let batch: Vec<StoredEvent> = events.iter().map(|(e, _)| e.clone()).collect();
         match self.backend.append(&batch) {
-            Ok(()) => self.publish(events),
-            Err(e) => {
-                // One run's bad batch should not sink the others: retry run
-                // by run, and fail only the runs that fail alone.
-                tracing::error!(error = %e, "committing {} events failed", batch.len());
-                let mut by_run: Vec<(String, Vec<Queued>)> = Vec::new();
-                for (ev, s) in events {
-                    match by_run.iter_mut().find(|(r, _)| *r == ev.run_id) {
-                        Some((_, v)) => v.push((ev, s)),
-                        None => by_run.push((ev.run_id.clone(), vec![(ev, s)])),
-                    }
+            Ok(()) => self.publish(batch, shared),
+            Err(e) => self.retry_by_run(batch, shared, e),
+        }
+    }
+
+    /// One run's bad batch should not sink the others: retry run by run, and
+    /// fail only the runs that fail alone.
+    fn retry_by_run(
+        &mut self,
+        batch: Vec<StoredEvent>,
+        shared: Vec<Arc<RunShared>>,
+        e: StoreError,
+    ) {
+        tracing::error!(error = %e, "committing {} events failed", batch.len());
+        type RunPart = (String, Vec<StoredEvent>, Vec<Arc<RunShared>>);
+        let mut by_run: Vec<RunPart> = Vec::new();
+        for (ev, s) in batch.into_iter().zip(shared) {
+            match by_run.iter_mut().find(|(r, _, _)| *r == ev.run_id) {
+                Some((_, evs, shs)) => {
+                    evs.push(ev);
+                    shs.push(s);
                 }
-                let single = by_run.len() == 1;
-                for (run, evs) in by_run {
-                    let result = if single {
-                        Err(e.to_string())
-                    } else {
-                        let b: Vec<StoredEvent> = evs.iter().map(|(e, _)| e.clone()).collect();
-                        self.backend.append(&b).map_err(|e| e.to_string())
-                    };
-                    match result {
-                        Ok(()) => self.publish(evs),
-                        Err(msg) => {
-                            tracing::error!(run = %run, error = %msg, "events lost; the run's log stops here");
-                            let failure = Failure::Commit(Arc::from(msg));
-                            evs[0].1.update(|c| c.failure = Some(failure));
-                        }
-                    }
+                None => by_run.push((ev.run_id.clone(), vec![ev], vec![s])),
+            }
+        }
+        let single = by_run.len() == 1;
+        for (run, evs, shs) in by_run {
+            let result = if single {
+                Err(e.to_string())
+            } else {
+                self.backend.append(&evs).map_err(|e| e.to_string())
+            };
+            match result {
+                Ok(()) => self.publish(evs, shs),
+                Err(msg) => {
+                    tracing::error!(run = %run, error = %msg, "events lost; the run's log stops here");
+                    let failure = Failure::Commit(Arc::from(msg));
+                    shs[0].update(|c| c.failure = Some(failure));
                 }
             }
         }
     }
 
     /// After a commit: mirror, then live subscribers, then waiters.
-    fn publish(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
+    fn publish(&mut self, events: Vec<StoredEvent>, shared: Vec<Arc<RunShared>>) {
         if self.mirrors.is_some() {
             self.mirror(&events);
         }
         let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
-        for (ev, shared) in events {
+        for (ev, shared) in events.into_iter().zip(shared) {
             let seq = ev.seq;
             let ev = Arc::new(ev);
             let _ = shared.live.send(ev.clone());
@@ -562,7 +572,7 @@ impl Writer {
         }
     }
 
-    fn mirror(&mut self, events: &[(StoredEvent, Arc<RunShared>)]) {
+    fn mirror(&mut self, events: &[StoredEvent]) {
         let Some(mirrors) = &mut self.mirrors else {
             return;
         };
@@ -576,7 +586,7 @@ impl Writer {
             ended: bool,
         }
         let mut runs: Vec<Lines<'_>> = Vec::new();
-        for (ev, _) in events {
+        for ev in events {
             let l = match runs.iter_mut().position(|l| l.run == ev.run_id) {
                 Some(i) => &mut runs[i],
                 None => {

@@ -150,7 +150,11 @@ fn a_run_that_ends_right_after_a_failed_write_leaves_a_whole_mirror() {
     log.append(node("a"), output("last words"));
     log.append(Scope::run(), finished());
     log.sync_blocking().unwrap();
-    assert_eq!(budget.load(Ordering::SeqCst), 0, "the budget must have cut a write");
+    assert_eq!(
+        budget.load(Ordering::SeqCst),
+        0,
+        "the budget must have cut a write"
+    );
     // The terminal event closes the mirror; closing repairs it. The repair
     // writes to the file itself, so the budget does not stop it.
     assert_eq!(mirror_of(&s, "r"), from_store(j.backend(), "r"));
