@@ -17,7 +17,11 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, EventQuery, StoredEvent};
 
-/// Events read from the store at a time while filling a mirror.
+/// Events read from the store at a time while filling a mirror: few at
+/// first, since on a disk that is still full the first write fails and
+/// whatever was read in vain is wasted on every batch, then more.
+const FILL_FIRST_PAGE: usize = 100;
+/// The most events read at a time while filling a mirror.
 const FILL_PAGE: usize = 10_000;
 /// Bytes read at a time while looking for the last line of a mirror.
 const TAIL_CHUNK: u64 = 64 * 1024;
@@ -174,12 +178,14 @@ pub(crate) fn repair(backend: &dyn Backend, run: &str, path: &Path, upto: u64) -
     f.seek(SeekFrom::Start(keep))?;
     let mut out = BufWriter::new(f);
     let mut after = kept;
+    let mut page_len = FILL_FIRST_PAGE;
     while after < upto {
         let q = EventQuery {
             after,
-            limit: Some(FILL_PAGE.min((upto - after) as usize)),
+            limit: Some(page_len.min((upto - after) as usize)),
             ..Default::default()
         };
+        page_len = (page_len * 10).min(FILL_PAGE);
         let page = backend.read_events(run, &q).map_err(store_err)?;
         let Some(last) = page.last() else {
             break;

@@ -257,3 +257,32 @@ fn a_failing_mirror_never_fails_the_run() {
     j.close();
     assert_eq!(mirror_of(&s, "r"), from_store(j.backend(), "r"));
 }
+
+#[test]
+fn lines_longer_than_a_read_chunk_are_repaired_too() {
+    // The repair looks for line ends backwards, 64 KiB at a time.
+    let s = setup();
+    let big = |n: usize| "ü".repeat(n);
+    {
+        let j = open(&s.db, Some(&s.logs));
+        let log = j.run_log("r").unwrap();
+        log.append(Scope::run(), started());
+        log.append(node("a"), output(&big(50_000)));
+        log.append(node("a"), output(&big(90_000)));
+        log.sync_blocking().unwrap();
+        drop(log);
+        j.close();
+    }
+    let path = s.logs.join("r/events.ndjson");
+    let whole = std::fs::read(&path).unwrap();
+    assert!(whole.len() > 3 * 64 * 1024);
+    // Torn in the middle of the last, 180 KB line.
+    std::fs::write(&path, &whole[..whole.len() - 70_000]).unwrap();
+    let j = open(&s.db, Some(&s.logs));
+    let log = take_log(&j, "r");
+    log.append(node("a"), output(&big(10)));
+    log.sync_blocking().unwrap();
+    assert_eq!(mirror_of(&s, "r"), from_store(j.backend(), "r"));
+    drop(log);
+    j.close();
+}
