@@ -471,22 +471,24 @@ impl Writer {
 
     /// Gives back the leases of dropped `RunLog`s (everything they queued is
     /// committed by now). When they were this process's last, the store is
-    /// checkpointed first, so that a `cairn run` that ends leaves its data in
-    /// the database file and not only in the write-ahead log.
+    /// then checkpointed, so that a `cairn run` that ends leaves its data in
+    /// the database file and not only in the write-ahead log. The leases go
+    /// first: whoever waits for one (a resume) does not wait for the
+    /// checkpoint too.
     fn release(&mut self, releases: Vec<(Box<dyn RunLease>, Arc<RunShared>, String)>) {
         if releases.is_empty() {
             return;
         }
-        let before = self.logs.fetch_sub(releases.len(), Ordering::SeqCst);
-        if before == releases.len() {
-            self.checkpoint();
-        }
+        let count = releases.len();
         for (lease, shared, run_id) in releases {
-            drop(lease);
-            shared.owners.fetch_sub(1, Ordering::SeqCst);
             if let Some(m) = &mut self.mirrors {
                 m.close(&*self.backend, &run_id);
             }
+            drop(lease);
+            shared.owners.fetch_sub(1, Ordering::SeqCst);
+        }
+        if self.logs.fetch_sub(count, Ordering::SeqCst) == count {
+            self.checkpoint();
         }
     }
 
