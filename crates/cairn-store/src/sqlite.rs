@@ -309,7 +309,8 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 /// Brings an older store to [`SCHEMA_VERSION`]. Every step only changes
-/// indexes, so it is quick and loses nothing.
+/// indexes, so no row moves and nothing is lost; building the type index
+/// reads the events table once, under the write lock.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     in_schema_transaction(conn, |v| {
         if v == 1 {
@@ -483,12 +484,6 @@ const GC_CANDIDATES: &str = "SELECT run_id FROM runs WHERE status IN ('finished'
                              'cancelled') AND updated_ms < ?1 ORDER BY created_ms";
 const GC_STILL_DUE: &str = "SELECT count(*) FROM runs WHERE run_id = ?1 AND status IN \
                             ('finished', 'failed', 'cancelled') AND updated_ms < ?2";
-const GC_DELETE: [&str; 4] = [
-    "DELETE FROM events WHERE run_id = ?1",
-    "DELETE FROM tool_calls WHERE run_id = ?1",
-    "DELETE FROM controls WHERE run_id = ?1",
-    "DELETE FROM runs WHERE run_id = ?1",
-];
 const TOOL_CALLS: &str = "SELECT run_id, node_id, iteration, attempt, tool_seq, tool, \
                           idempotency_key, side_effect, idempotent, input, output, started_ms, \
                           finished_ms, status, error FROM tool_calls WHERE run_id = ?1 AND \
@@ -779,7 +774,12 @@ impl Backend for SqliteBackend {
                 if !still {
                     continue;
                 }
-                for sql in GC_DELETE {
+                for sql in [
+                    "DELETE FROM events WHERE run_id = ?1",
+                    "DELETE FROM tool_calls WHERE run_id = ?1",
+                    "DELETE FROM controls WHERE run_id = ?1",
+                    "DELETE FROM runs WHERE run_id = ?1",
+                ] {
                     tx.execute(sql, [&id]).map_err(|e| self.err(e))?;
                 }
                 deleted.push(id);
@@ -978,7 +978,12 @@ mod tests {
                 TOOL_CALLS,
             ]
             .iter()
-            .chain(GC_DELETE.iter())
+            .chain(&[
+                // As `delete_finished_before` runs them.
+                "DELETE FROM events WHERE run_id = ?1",
+                "DELETE FROM tool_calls WHERE run_id = ?1",
+                "DELETE FROM runs WHERE run_id = ?1",
+            ])
             .map(|s| s.to_string()),
         );
         for sql in &statements {
