@@ -289,7 +289,7 @@ pub trait RunLease: Send + Sync {}
 /// block on I/O; the journal calls them from its writer thread or from
 /// blocking contexts, several threads at a time.
 ///
-/// [`crate::conformance`] (feature `conformance`) checks an implementation
+/// `cairn_store::conformance` (feature `conformance`) checks an implementation
 /// against what these docs promise.
 pub trait Backend: Send + Sync + 'static {
     /// Commits a batch of events, of one run or several, in one transaction:

@@ -6,8 +6,8 @@
 //! same [`Journal`]: the per-run sequencer ([`RunLog`]), one writer thread that
 //! commits in groups, the NDJSON mirror and live [`Subscription`]s.
 //!
-//! With the `conformance` feature, [`conformance`] holds the checks every
-//! backend must pass; this crate's tests run them on SQLite.
+//! With the `conformance` feature, `cairn_store::conformance` holds the
+//! checks every backend must pass; this crate's tests run them on SQLite.
 
 mod backend;
 #[cfg(feature = "conformance")]
