@@ -5,9 +5,12 @@
 //! - baseline: rusqlite alone, same schema and pragmas (WAL,
 //!   synchronous=NORMAL), one prepared INSERT, one transaction per 1000 rows,
 //!   rows serialized beforehand (so it measures the database only);
+//! - the same loop on the version 1 events table (two full secondary
+//!   indexes, by type and by node), to show what the schema costs;
 //! - journal: `RunLog::append` of the same events (stamping, sequencing and
 //!   JSON serialization included), then one `sync`; group commit decides the
-//!   transaction sizes; without and with the NDJSON mirror;
+//!   transaction sizes; without and with the NDJSON mirror, and on a store
+//!   given back the version 1 indexes;
 //! - durable: `append_durable` one at a time, each waiting for its commit.
 
 use std::path::Path;
@@ -30,9 +33,38 @@ fn scope() -> Scope {
     Scope::node("build", 0).with_attempt(1)
 }
 
-fn baseline(db: &Path) -> f64 {
-    // Let the store create the schema, then write it with rusqlite alone.
+/// The indexes of schema version 1's events table.
+const INDEXES_V1: &str = "CREATE INDEX events_by_type ON events(run_id, type, seq); \
+    CREATE INDEX events_by_node ON events(run_id, node_id, seq);";
+
+/// The events table of schema version 1.
+fn events_v1() -> String {
+    format!(
+        "CREATE TABLE events (run_id TEXT NOT NULL, seq INTEGER NOT NULL, \
+         type TEXT NOT NULL, node_id TEXT, ts INTEGER NOT NULL, json TEXT NOT NULL, \
+         PRIMARY KEY (run_id, seq)) WITHOUT ROWID; {INDEXES_V1}"
+    )
+}
+
+/// A current store whose events table is given back the version 1 indexes,
+/// so the journal can be measured on both in one run.
+fn store_with_v1_indexes(db: &Path) {
     drop(SqliteBackend::open(db).unwrap());
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.execute_batch(&format!("DROP INDEX events_by_type; {INDEXES_V1}"))
+        .unwrap();
+}
+
+/// The bare insert loop on the store's schema, or on `schema` if given.
+fn baseline(db: &Path, schema: Option<&str>) -> f64 {
+    match schema {
+        Some(sql) => rusqlite::Connection::open(db)
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap(),
+        // Let the store create the schema, then write it with rusqlite alone.
+        None => drop(SqliteBackend::open(db).unwrap()),
+    }
     let rows: Vec<StoredEvent> = (1..=N)
         .map(|seq| {
             StoredEvent::from_event(&Event {
@@ -116,13 +148,21 @@ fn journal_durable(db: &Path) -> f64 {
 fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
     let dir = tempfile::tempdir().unwrap();
-    let a = baseline(&dir.path().join("baseline.db"));
+    let a = baseline(&dir.path().join("baseline.db"), None);
+    let a1 = baseline(&dir.path().join("baseline-v1.db"), Some(&events_v1()));
     let b = journal_bulk(&dir.path().join("journal.db"), None);
+    let v1 = dir.path().join("journal-v1.db");
+    store_with_v1_indexes(&v1);
+    let b1 = journal_bulk(&v1, None);
     let logs = dir.path().join("logs");
     let m = journal_bulk(&dir.path().join("mirror.db"), Some(&logs));
     let d = journal_durable(&dir.path().join("durable.db"));
     println!("events: {N} NodeOutput rows (~170 bytes of JSON each)");
     println!("(a) bare rusqlite, prepared INSERT, 1000 rows/txn  : {a:>10.0} events/s");
+    println!(
+        "    same on the version 1 events table             : {a1:>10.0} events/s  ({:.0}% of a)",
+        100.0 * a1 / a
+    );
     println!(
         "(b) RunLog::append x{N} then sync, no mirror  : {b:>10.0} events/s  ({:.0}% of a)",
         100.0 * b / a
@@ -130,6 +170,11 @@ fn main() {
     println!(
         "    same, with the NDJSON mirror                   : {m:>10.0} events/s  ({:.0}% of a)",
         100.0 * m / a
+    );
+    println!(
+        "    same, no mirror, with the version 1 indexes    : {b1:>10.0} events/s  ({:.0}% of a, {:.0}% of a's version 1 run)",
+        100.0 * b1 / a,
+        100.0 * b1 / a1
     );
     println!(
         "    append_durable one at a time (x{DURABLE_N})      : {d:>10.0} events/s  (one commit each)"

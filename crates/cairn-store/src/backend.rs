@@ -50,13 +50,28 @@ pub enum StoreError {
     #[error("invalid run id `{0}`: use 1-128 letters, digits, `-`, `_`, `.` or `:`, not starting with `.`")]
     InvalidRunId(String),
     /// The database file could not be opened.
-    #[error("cannot open the store {path}: {source}")]
+    #[error("cannot open the store {path}: {detail}")]
     Open {
         /// The database file.
         path: PathBuf,
-        /// What SQLite said.
-        #[source]
-        source: rusqlite::Error,
+        /// What the database said.
+        detail: String,
+    },
+    /// The disk (or the quota) holding the store is full; nothing of the
+    /// failed write was committed.
+    #[error("the disk holding the store {path} is full; free some space and try again")]
+    DiskFull {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The store can be read but not written (permissions, a read-only
+    /// mount).
+    #[error("the store {path} cannot be written ({detail}); check its permissions")]
+    ReadOnly {
+        /// The database file.
+        path: PathBuf,
+        /// What the database said.
+        detail: String,
     },
     /// A run with this id already exists.
     #[error("a run `{0}` already exists in the store")]
@@ -75,9 +90,9 @@ pub enum StoreError {
         /// What was wrong.
         detail: String,
     },
-    /// A SQLite error not covered by a more specific variant.
+    /// Any other failure the database reported, in its own words.
     #[error("store error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Database(String),
     /// A file system error, with the path it concerns.
     #[error("{path}: {source}")]
     Io {
@@ -322,32 +337,59 @@ pub trait RunLease: Send + Sync {}
 
 /// A database that keeps Cairn's runs. Every method is synchronous and may
 /// block on I/O; the journal calls them from its writer thread or from
-/// blocking contexts.
+/// blocking contexts, several threads at a time.
+///
+/// `cairn_store::conformance` (feature `conformance`) checks an implementation
+/// against what these docs promise.
 pub trait Backend: Send + Sync + 'static {
-    /// Commits a batch of events in one transaction, and keeps the runs
-    /// table's `status`/`updated_ms` in step with the lifecycle events in it
-    /// (`RunStarted` → running, `RunStatusChanged` → its status,
+    /// Commits a batch of events, of one run or several, in one transaction:
+    /// all of it or none. A `(run, seq)` already stored fails the batch with
+    /// [`StoreError::BadRow`] naming the run. Sequencing is the journal's
+    /// work; the backend keeps what it is given, byte for byte.
+    ///
+    /// It keeps each run row's `status`/`updated_ms` in step with the batch:
+    /// `updated_ms` becomes the larger of itself and the run's latest event
+    /// timestamp, and the run's last lifecycle event in the batch sets its
+    /// status (`RunStarted` → running, `RunStatusChanged` → its status,
     /// `RunFinished`/`RunFailed`/`RunCancelled` → finished/failed/cancelled).
+    /// Events of a run that has no row are stored all the same; no row is
+    /// made for them.
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError>;
-    /// A run's events in seq order, as the query selects them.
+    /// A run's events in seq order, as the query selects them (every field
+    /// applies; `limit` keeps the lowest seqs). An unknown run has none.
     fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
     /// The highest committed seq of a run (0 when it has none).
     fn last_seq(&self, run_id: &str) -> Result<u64, StoreError>;
-    /// Inserts a run row; `RunExists` if the id is taken.
+    /// Moves whatever the database keeps beside its main file (SQLite's
+    /// write-ahead log) into it, so that the store's data is where a copy of
+    /// the store would look for it. Best effort and brief: it gives up rather
+    /// than wait for another process's readers or writers. The journal calls
+    /// it when it closes and when this process stops writing runs. The
+    /// default does nothing, for databases that need no such step.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Inserts a run row; `RunExists` if the id is taken, `InvalidRunId` if
+    /// [`validate_run_id`] refuses it.
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     /// A run's row, if it exists.
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
-    /// Runs matching the filter, newest first.
+    /// Runs matching the filter, newest first (by `created_ms`; of runs
+    /// created in the same millisecond, the one created last comes first),
+    /// `offset` skipped, at most `limit` kept.
     fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
     /// Deletes finished, failed and cancelled runs last updated before
-    /// `cutoff_ms` (their events, tool calls, inbox, process records and row) and
-    /// returns their ids.
+    /// `cutoff_ms` (their events, tool calls, inbox, process records and
+    /// row) and returns their ids. A run whose lease is held (being resumed)
+    /// is left alone.
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
     /// Takes the run's lease; `None` when another process (or another lease
-    /// in this process) holds it.
+    /// in this process) holds it, `InvalidRunId` for an id
+    /// [`validate_run_id`] refuses. Dropping the lease, on any thread,
+    /// releases it.
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
     /// Inserts or replaces a tool call, keyed by (run, node, iteration,
-    /// attempt, tool_seq).
+    /// attempt, tool_seq); `NotFound` when the run has no row.
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError>;
     /// The tool calls of one node pass, by attempt then tool_seq.
     fn tool_calls(

@@ -10,7 +10,7 @@
 //! subscriber or a waiter sees is already in the store.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,6 +25,7 @@ use tokio::sync::{broadcast, watch};
 use crate::backend::{
     validate_run_id, Backend, EventQuery, Listener, RunLease, StoreError, StoredEvent, Topic,
 };
+use crate::mirror::{Mirrors, WrapWriter};
 use crate::sqlite::SqliteBackend;
 
 /// Most events one transaction commits; more wait for the next one.
@@ -132,6 +133,9 @@ struct Inner {
     all: broadcast::Sender<Arc<StoredEvent>>,
     /// Set by the writer when it stops committing.
     closed: Arc<AtomicBool>,
+    /// `RunLog`s alive in this process, of every run; the writer checkpoints
+    /// the store when the last one goes.
+    logs: Arc<AtomicUsize>,
 }
 
 impl Inner {
@@ -173,10 +177,32 @@ impl Journal {
     /// holds no database lock while idle, so other processes can read and
     /// write the same store meanwhile.
     pub fn open(backend: Arc<dyn Backend>, opts: JournalOptions) -> Result<Journal, StoreError> {
+        Journal::start(backend, opts, None)
+    }
+
+    /// Like [`Journal::open`], with every append to an NDJSON mirror going
+    /// through `wrap(file)`. A mirror write that fails part-way (a full disk)
+    /// is repaired from the store on the run's next write; this is how a test
+    /// makes one fail. Repairs themselves write to the file directly.
+    pub fn open_with_mirror_writer(
+        backend: Arc<dyn Backend>,
+        opts: JournalOptions,
+        wrap: impl Fn(File) -> Box<dyn Write + Send> + Send + Sync + 'static,
+    ) -> Result<Journal, StoreError> {
+        Journal::start(backend, opts, Some(Arc::new(wrap)))
+    }
+
+    fn start(
+        backend: Arc<dyn Backend>,
+        opts: JournalOptions,
+        wrap: Option<WrapWriter>,
+    ) -> Result<Journal, StoreError> {
         let (tx, rx) = mpsc::channel();
         let (all, _) = broadcast::channel(ALL_CAPACITY);
         let closed = Arc::new(AtomicBool::new(false));
+        let logs = Arc::new(AtomicUsize::new(0));
         let inner = Arc::new(Inner {
+            logs: logs.clone(),
             backend: backend.clone(),
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(None),
@@ -186,10 +212,10 @@ impl Journal {
         });
         let writer = Writer {
             backend,
-            log_dir: opts.log_dir,
             all,
             closed,
-            mirrors: HashMap::new(),
+            logs,
+            mirrors: opts.log_dir.map(|d| Mirrors::new(d, wrap)),
         };
         let handle = std::thread::Builder::new()
             .name("cairn-store-writer".into())
@@ -233,6 +259,7 @@ impl Journal {
         let last = self.inner.backend.last_seq(run_id)?;
         let shared = self.inner.shared(run_id);
         shared.owners.fetch_add(1, Ordering::SeqCst);
+        self.inner.logs.fetch_add(1, Ordering::SeqCst);
         shared.update(|c| {
             *c = Committed {
                 seq: last,
@@ -375,11 +402,11 @@ impl Journal {
 /// The writer thread's state.
 struct Writer {
     backend: Arc<dyn Backend>,
-    log_dir: Option<PathBuf>,
     all: broadcast::Sender<Arc<StoredEvent>>,
     closed: Arc<AtomicBool>,
-    /// Open mirror files by run; `None` after a failure (reported once).
-    mirrors: HashMap<String, Option<File>>,
+    logs: Arc<AtomicUsize>,
+    /// The NDJSON mirrors, unless disabled.
+    mirrors: Option<Mirrors>,
 }
 
 impl Writer {
@@ -405,12 +432,7 @@ impl Writer {
                 }
             }
             self.commit(events);
-            for (lease, shared, run_id) in releases {
-                drop(lease);
-                shared.owners.fetch_sub(1, Ordering::SeqCst);
-                drop(shared);
-                self.mirrors.remove(&run_id);
-            }
+            self.release(releases);
             if stopping {
                 // Take what was queued before the stop too, then end.
                 let rest: Vec<Msg> = rx.try_iter().collect();
@@ -419,7 +441,7 @@ impl Writer {
                 for m in rest {
                     match m {
                         Msg::Event(e, s) => events.push((e, s)),
-                        Msg::Release(l, s, _) => releases.push((l, s)),
+                        Msg::Release(l, s, r) => releases.push((l, s, r)),
                         Msg::Stop => {}
                     }
                     if events.len() >= MAX_BATCH {
@@ -427,10 +449,11 @@ impl Writer {
                     }
                 }
                 self.commit(events);
-                for (lease, shared) in releases {
-                    drop(lease);
-                    shared.owners.fetch_sub(1, Ordering::SeqCst);
+                self.release(releases);
+                if let Some(m) = &mut self.mirrors {
+                    m.close_all(&*self.backend);
                 }
+                self.checkpoint();
                 break;
             }
         }
@@ -446,70 +469,106 @@ impl Writer {
                 Msg::Release(l, s, _) => {
                     drop(l);
                     s.owners.fetch_sub(1, Ordering::SeqCst);
+                    self.logs.fetch_sub(1, Ordering::SeqCst);
                 }
                 Msg::Stop => {}
             }
         }
     }
 
-    fn commit(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
-        if events.is_empty() {
+    /// Gives back the leases of dropped `RunLog`s (everything they queued is
+    /// committed by now). When they were this process's last, the store is
+    /// then checkpointed, so that a `cairn run` that ends leaves its data in
+    /// the database file and not only in the write-ahead log. The leases go
+    /// first: whoever waits for one (a resume) does not wait for the
+    /// checkpoint too.
+    fn release(&mut self, releases: Vec<(Box<dyn RunLease>, Arc<RunShared>, String)>) {
+        if releases.is_empty() {
             return;
         }
+        let count = releases.len();
+        for (lease, shared, run_id) in releases {
+            if let Some(m) = &mut self.mirrors {
+                m.close(&*self.backend, &run_id);
+            }
+            drop(lease);
+            shared.owners.fetch_sub(1, Ordering::SeqCst);
+        }
+        if self.logs.fetch_sub(count, Ordering::SeqCst) == count {
+            self.checkpoint();
+        }
+    }
+
+    fn checkpoint(&self) {
+        if let Err(e) = self.backend.checkpoint() {
+            tracing::warn!(error = %e, "checkpointing the store failed; its data stays in the write-ahead log until the next checkpoint");
+        }
+    }
+
+    fn commit(&mut self, events: Vec<Queued>) {
         // Events of runs whose log already lost events are refused: storing
-        // them would leave a gap in seq.
-        let (events, refused): (Vec<_>, Vec<_>) = events
+        // them would leave a gap in seq. The events go to the backend as they
+        // are, without a copy; their runs' shared states follow beside them.
+        let (batch, shared): (Vec<StoredEvent>, Vec<Arc<RunShared>>) = events
             .into_iter()
-            .partition(|(_, s)| s.committed.borrow().failure.is_none());
-        drop(refused);
-        let batch: Vec<StoredEvent> = events.iter().map(|(e, _)| e.clone()).collect();
+            .filter(|(_, s)| s.committed.borrow().failure.is_none())
+            .unzip();
+        if batch.is_empty() {
+            return;
+        }
         match self.backend.append(&batch) {
-            Ok(()) => self.publish(events),
-            Err(e) => {
-                // One run's bad batch should not sink the others: retry run
-                // by run, and fail only the runs that fail alone.
-                tracing::error!(error = %e, "committing {} events failed", batch.len());
-                let mut by_run: Vec<(String, Vec<Queued>)> = Vec::new();
-                for (ev, s) in events {
-                    match by_run.iter_mut().find(|(r, _)| *r == ev.run_id) {
-                        Some((_, v)) => v.push((ev, s)),
-                        None => by_run.push((ev.run_id.clone(), vec![(ev, s)])),
-                    }
+            Ok(()) => self.publish(batch, shared),
+            Err(e) => self.retry_by_run(batch, shared, e),
+        }
+    }
+
+    /// One run's bad batch should not sink the others: retry run by run, and
+    /// fail only the runs that fail alone.
+    fn retry_by_run(
+        &mut self,
+        batch: Vec<StoredEvent>,
+        shared: Vec<Arc<RunShared>>,
+        e: StoreError,
+    ) {
+        tracing::error!(error = %e, "committing {} events failed", batch.len());
+        type RunPart = (String, Vec<StoredEvent>, Vec<Arc<RunShared>>);
+        let mut by_run: Vec<RunPart> = Vec::new();
+        for (ev, s) in batch.into_iter().zip(shared) {
+            match by_run.iter_mut().find(|(r, _, _)| *r == ev.run_id) {
+                Some((_, evs, shs)) => {
+                    evs.push(ev);
+                    shs.push(s);
                 }
-                let single = by_run.len() == 1;
-                for (run, evs) in by_run {
-                    let result = if single {
-                        Err(e.to_string())
-                    } else {
-                        let b: Vec<StoredEvent> = evs.iter().map(|(e, _)| e.clone()).collect();
-                        self.backend.append(&b).map_err(|e| e.to_string())
-                    };
-                    match result {
-                        Ok(()) => self.publish(evs),
-                        Err(msg) => {
-                            tracing::error!(run = %run, error = %msg, "events lost; the run's log stops here");
-                            let failure = Failure::Commit(Arc::from(msg));
-                            evs[0].1.update(|c| c.failure = Some(failure));
-                        }
-                    }
+                None => by_run.push((ev.run_id.clone(), vec![ev], vec![s])),
+            }
+        }
+        let single = by_run.len() == 1;
+        for (run, evs, shs) in by_run {
+            let result = if single {
+                Err(e.to_string())
+            } else {
+                self.backend.append(&evs).map_err(|e| e.to_string())
+            };
+            match result {
+                Ok(()) => self.publish(evs, shs),
+                Err(msg) => {
+                    tracing::error!(run = %run, error = %msg, "events lost; the run's log stops here");
+                    let failure = Failure::Commit(Arc::from(msg));
+                    shs[0].update(|c| c.failure = Some(failure));
                 }
             }
         }
     }
 
     /// After a commit: mirror, then live subscribers, then waiters.
-    fn publish(&mut self, events: Vec<(StoredEvent, Arc<RunShared>)>) {
-        if let Some(dir) = self.log_dir.clone() {
-            self.mirror(&dir, &events);
+    fn publish(&mut self, events: Vec<StoredEvent>, shared: Vec<Arc<RunShared>>) {
+        if self.mirrors.is_some() {
+            self.mirror(&events);
         }
         let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
-        let mut ended = Vec::new();
         let mut runs: Vec<String> = Vec::new();
-        for (ev, shared) in events {
+        for (ev, shared) in events.into_iter().zip(shared) {
             let seq = ev.seq;
-            if ev.is_terminal() {
-                ended.push(ev.run_id.clone());
-            }
             if runs.last() != Some(&ev.run_id) && !runs.contains(&ev.run_id) {
                 runs.push(ev.run_id.clone());
             }
@@ -528,47 +587,48 @@ impl Writer {
         for run in &runs {
             self.backend.notify(Topic::Events(run));
         }
-        // A finished run's mirror is reopened if the run is resumed; closing
-        // it keeps a long-lived server from holding a file per run ever run.
-        for run in ended {
-            self.mirrors.remove(&run);
-        }
     }
 
-    fn mirror(&mut self, dir: &Path, events: &[(StoredEvent, Arc<RunShared>)]) {
-        let mut lines: Vec<(&str, String)> = Vec::new();
-        for (ev, _) in events {
-            let buf = match lines.iter_mut().find(|(r, _)| *r == ev.run_id) {
-                Some((_, b)) => b,
+    fn mirror(&mut self, events: &[StoredEvent]) {
+        let Some(mirrors) = &mut self.mirrors else {
+            return;
+        };
+        /// One run's share of the batch: its seq range, its lines, and
+        /// whether it ended the run.
+        struct Lines<'a> {
+            run: &'a str,
+            first: u64,
+            last: u64,
+            text: String,
+            ended: bool,
+        }
+        let mut runs: Vec<Lines<'_>> = Vec::new();
+        for ev in events {
+            let l = match runs.iter_mut().position(|l| l.run == ev.run_id) {
+                Some(i) => &mut runs[i],
                 None => {
-                    lines.push((&ev.run_id, String::new()));
-                    &mut lines.last_mut().unwrap().1
+                    runs.push(Lines {
+                        run: &ev.run_id,
+                        first: ev.seq,
+                        last: ev.seq,
+                        text: String::new(),
+                        ended: false,
+                    });
+                    runs.last_mut().expect("just pushed")
                 }
             };
-            buf.push_str(&ev.json);
-            buf.push('\n');
+            l.last = ev.seq;
+            l.ended |= ev.is_terminal();
+            l.text.push_str(&ev.json);
+            l.text.push('\n');
         }
-        for (run, text) in lines {
-            let slot = self.mirrors.entry(run.to_string()).or_insert_with(|| {
-                let d = dir.join(run);
-                let path = d.join("events.ndjson");
-                let opened = std::fs::create_dir_all(&d)
-                    .and_then(|_| OpenOptions::new().create(true).append(true).open(&path));
-                match opened {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e,
-                            "cannot write the NDJSON mirror; the store still has every event");
-                        None
-                    }
-                }
-            });
-            if let Some(f) = slot {
-                if let Err(e) = f.write_all(text.as_bytes()) {
-                    tracing::warn!(run = %run, error = %e,
-                        "writing the NDJSON mirror failed; `cairn export` regenerates it");
-                    *slot = None;
-                }
+        for l in runs {
+            mirrors.append(&*self.backend, l.run, l.first, l.last, l.text.as_bytes());
+            // A finished run's mirror is reopened if the run is resumed;
+            // closing it keeps a long-lived server from holding a file per
+            // run ever run.
+            if l.ended {
+                mirrors.close(&*self.backend, l.run);
             }
         }
     }
@@ -708,6 +768,7 @@ impl Drop for RunLog {
                 // The writer is gone, so nothing of ours is queued: release now.
                 drop(msg);
                 self.shared.owners.fetch_sub(1, Ordering::SeqCst);
+                self.inner.logs.fetch_sub(1, Ordering::SeqCst);
             }
         }
         self.inner.maybe_forget(&self.run_id);

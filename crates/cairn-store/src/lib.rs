@@ -5,9 +5,15 @@
 //! [`Backend`] trait so that SQLite (here) and PostgreSQL (later) serve the
 //! same [`Journal`]: the per-run sequencer ([`RunLog`]), one writer thread that
 //! commits in groups, the NDJSON mirror and live [`Subscription`]s.
+//!
+//! With the `conformance` feature, `cairn_store::conformance` holds the
+//! checks every backend must pass; this crate's tests run them on SQLite.
 
 mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod journal;
+mod mirror;
 mod sqlite;
 mod wake;
 

@@ -22,8 +22,22 @@ use cairn_events::RunCommand;
 use crate::backend::*;
 use crate::wake::WakeDir;
 
-/// The schema version kept in `PRAGMA user_version`.
+/// The schema version kept in `PRAGMA user_version`. Version 1 indexed every
+/// event by type and by node and kept commands as loosely typed control
+/// requests; version 2 keeps one partial index (see [`EVENTS_BY_TYPE`]), the
+/// run inbox and the process records.
 const SCHEMA_VERSION: i64 = 2;
+
+/// The event type that makes up most of a busy log; the type index leaves
+/// it out.
+const STREAM_TYPE: &str = "NodeOutput";
+
+/// Events by type, for every type but the output stream. Two full secondary
+/// indexes (by type, by node) made every append update three b-trees and cost
+/// about 40% of the insert rate; output lines, most of a log, are rarely
+/// looked up by type, and a node's events are read from the run's seq range.
+const EVENTS_BY_TYPE: &str = "CREATE INDEX events_by_type ON events(run_id, type, seq) \
+                              WHERE type <> 'NodeOutput';";
 
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,8 +76,6 @@ CREATE TABLE events (
     json    TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
-CREATE INDEX events_by_type ON events(run_id, type, seq);
-CREATE INDEX events_by_node ON events(run_id, node_id, seq);
 
 -- Commands to runs (approve, deny, answer, cancel), applied in id order by
 -- the run's driver and marked taken with their outcome.
@@ -110,6 +122,32 @@ CREATE TABLE tool_calls (
 );
 "#;
 
+/// What version 2 adds beside the indexes: commands and process groups move
+/// from version 1's loosely typed control requests (which a running engine
+/// of version 1 polled; none is left to apply) to typed tables.
+const V2_INBOX: &str = r#"
+DROP TABLE IF EXISTS controls;
+CREATE TABLE IF NOT EXISTS inbox (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    command    TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    taken_ms   INTEGER,
+    outcome    TEXT
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox(run_id, taken_ms, id);
+CREATE TABLE IF NOT EXISTS processes (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    node_id    TEXT NOT NULL,
+    iteration  INTEGER NOT NULL,
+    attempt    INTEGER NOT NULL,
+    pgid       INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS processes_by_run ON processes(run_id);
+"#;
+
 /// The tables a Cairn store has; a file with other tables is someone else's.
 const TABLES: &[&str] = &[
     "events",
@@ -121,35 +159,6 @@ const TABLES: &[&str] = &[
     // Version 1 only; the migration to 2 drops it.
     "controls",
 ];
-
-/// The statements that bring a store of version N-1 to version N, from 2.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    2,
-    // Version 1 kept commands and process groups as loosely typed control
-    // requests that the driver polled; they move to typed tables.
-    r#"
-DROP TABLE controls;
-CREATE TABLE inbox (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-    command    TEXT NOT NULL,
-    created_ms INTEGER NOT NULL,
-    taken_ms   INTEGER,
-    outcome    TEXT
-);
-CREATE INDEX inbox_pending ON inbox(run_id, taken_ms, id);
-CREATE TABLE processes (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-    node_id    TEXT NOT NULL,
-    iteration  INTEGER NOT NULL,
-    attempt    INTEGER NOT NULL,
-    pgid       INTEGER NOT NULL,
-    started_ms INTEGER NOT NULL
-);
-CREATE INDEX processes_by_run ON processes(run_id);
-"#,
-)];
 
 /// Cairn's store in one SQLite file (WAL mode, `synchronous=NORMAL`).
 ///
@@ -210,8 +219,13 @@ impl SqliteBackend {
                 "it has a table `{t}` that Cairn does not use"
             )));
         }
-        if version == SCHEMA_VERSION {
-            for t in ["runs", "events", "inbox", "processes", "tool_calls"] {
+        if version >= 1 {
+            let required: &[&str] = if version == 1 {
+                &["runs", "events", "controls", "tool_calls"]
+            } else {
+                &["runs", "events", "inbox", "processes", "tool_calls"]
+            };
+            for &t in required {
                 if !tables.iter().any(|x| x == t) {
                     return Err(corrupt(format!("table `{t}` is missing")));
                 }
@@ -323,9 +337,12 @@ fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
     } else {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
     };
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| StoreError::Open {
-        path: path.to_path_buf(),
-        source: e,
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| match map_err(path, e) {
+        StoreError::Database(detail) => StoreError::Open {
+            path: path.to_path_buf(),
+            detail,
+        },
+        other => other,
     })?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| map_err(path, e))?;
@@ -336,12 +353,43 @@ fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
 }
 
 fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let r = (|| {
+    in_schema_transaction(conn, |v| {
         // Another process may have created it while we waited for the lock.
-        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if v == 0 {
             conn.execute_batch(SCHEMA)?;
+            conn.execute_batch(EVENTS_BY_TYPE)?;
+        }
+        Ok(())
+    })
+}
+
+/// Brings an older store to [`SCHEMA_VERSION`]. Every step only changes
+/// indexes, so no row moves and nothing is lost; building the type index
+/// reads the events table once, under the write lock.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    in_schema_transaction(conn, |v| {
+        if v == 1 {
+            conn.execute_batch(
+                "DROP INDEX IF EXISTS events_by_type; DROP INDEX IF EXISTS events_by_node;",
+            )?;
+            conn.execute_batch(EVENTS_BY_TYPE)?;
+            conn.execute_batch(V2_INBOX)?;
+        }
+        Ok(())
+    })
+}
+
+/// Runs a schema change under the write lock, given the version found once
+/// the lock is held, and stamps [`SCHEMA_VERSION`] if the version was older.
+fn in_schema_transaction(
+    conn: &Connection,
+    f: impl FnOnce(i64) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let r = (|| {
+        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if v < SCHEMA_VERSION {
+            f(v)?;
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
         }
         Ok(())
@@ -355,56 +403,57 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// Brings an older store up to [`SCHEMA_VERSION`], one version per
-/// transaction, so that a crash leaves it at a version this code knows.
-fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    loop {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        let r = (|| {
-            // Another process may have migrated it while we waited.
-            let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-            let Some((to, sql)) = MIGRATIONS.iter().find(|(to, _)| *to == v + 1) else {
-                return Ok(false);
-            };
-            conn.execute_batch(sql)?;
-            conn.execute_batch(&format!("PRAGMA user_version = {to}"))?;
-            Ok(true)
-        })();
-        match r {
-            Ok(more) => {
-                conn.execute_batch("COMMIT")?;
-                if !more {
-                    return Ok(());
+/// Turns SQLite's errors into the store's own, which name what went wrong
+/// without tying callers to SQLite; the message travels along.
+pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
+    let path = || path.to_path_buf();
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => {
+            let detail = || msg.clone().unwrap_or_else(|| f.to_string());
+            match f.code {
+                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                    StoreError::Locked { path: path() }
                 }
-            }
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(e);
+                ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => StoreError::Corrupt {
+                    path: path(),
+                    detail: detail(),
+                },
+                ErrorCode::DiskFull => StoreError::DiskFull { path: path() },
+                ErrorCode::ReadOnly | ErrorCode::PermissionDenied => StoreError::ReadOnly {
+                    path: path(),
+                    detail: detail(),
+                },
+                _ => StoreError::Database(detail()),
             }
         }
+        rusqlite::Error::FromSqlConversionFailure(_, _, inner) => {
+            match inner.downcast_ref::<BadColumn>() {
+                Some(b) => StoreError::BadRow {
+                    run: b.run.clone(),
+                    detail: b.detail.clone(),
+                },
+                None => StoreError::Database(e.to_string()),
+            }
+        }
+        _ => StoreError::Database(e.to_string()),
     }
 }
 
-/// Turns SQLite's error codes into the errors people can act on.
-pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
-    if let rusqlite::Error::SqliteFailure(f, msg) = &e {
-        match f.code {
-            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
-                return StoreError::Locked {
-                    path: path.to_path_buf(),
-                }
-            }
-            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
-                return StoreError::Corrupt {
-                    path: path.to_path_buf(),
-                    detail: msg.clone().unwrap_or_else(|| f.to_string()),
-                }
-            }
-            _ => {}
-        }
-    }
-    StoreError::Sqlite(e)
+/// A column of a run's row that does not hold what the schema says, carried
+/// through rusqlite's row mapping so it comes out as [`StoreError::BadRow`].
+#[derive(Debug)]
+struct BadColumn {
+    run: String,
+    detail: String,
 }
+
+impl std::fmt::Display for BadColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run `{}`: {}", self.run, self.detail)
+    }
+}
+
+impl std::error::Error for BadColumn {}
 
 fn is_fk_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _)
@@ -449,7 +498,10 @@ fn parse_json(run: &str, col: &str, s: &str) -> rusqlite::Result<Value> {
         rusqlite::Error::FromSqlConversionFailure(
             0,
             rusqlite::types::Type::Text,
-            format!("run `{run}`: column `{col}` is not JSON: {e}").into(),
+            Box::new(BadColumn {
+                run: run.to_string(),
+                detail: format!("column `{col}` is not JSON: {e}"),
+            }),
         )
     })
 }
@@ -465,8 +517,33 @@ fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     })
 }
 
-const RUN_COLS: &str = "run_id, workflow, workflow_path, workflow_hash, workflow_source, input, \
-                        status, created_ms, updated_ms, parent_run_id";
+macro_rules! run_cols {
+    () => {
+        "run_id, workflow, workflow_path, workflow_hash, workflow_source, input, \
+         status, created_ms, updated_ms, parent_run_id"
+    };
+}
+
+// The statements that look rows up, named so that a test can check each one's
+// query plan (every one must go through an index).
+const LAST_SEQ: &str = "SELECT max(seq) FROM events WHERE run_id = ?1";
+const UPDATE_RUN_AFTER_APPEND: &str = "UPDATE runs SET updated_ms = max(updated_ms, ?2), \
+                                       status = coalesce(?3, status) WHERE run_id = ?1";
+const GET_RUN: &str = concat!("SELECT ", run_cols!(), " FROM runs WHERE run_id = ?1");
+const LIST_RUNS: &str = concat!(
+    "SELECT ",
+    run_cols!(),
+    " FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2) \
+     ORDER BY created_ms DESC, rowid DESC LIMIT ?3 OFFSET ?4"
+);
+const GC_CANDIDATES: &str = "SELECT run_id FROM runs WHERE status IN ('finished', 'failed', \
+                             'cancelled') AND updated_ms < ?1 ORDER BY created_ms";
+const GC_STILL_DUE: &str = "SELECT count(*) FROM runs WHERE run_id = ?1 AND status IN \
+                            ('finished', 'failed', 'cancelled') AND updated_ms < ?2";
+const TOOL_CALLS: &str = "SELECT run_id, node_id, iteration, attempt, tool_seq, tool, \
+                          idempotency_key, side_effect, idempotent, input, output, started_ms, \
+                          finished_ms, status, error FROM tool_calls WHERE run_id = ?1 AND \
+                          node_id = ?2 AND iteration = ?3 ORDER BY attempt, tool_seq";
 
 fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let run_id: String = r.get(0)?;
@@ -543,6 +620,48 @@ fn tool_call_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ToolCallRecord> {
     })
 }
 
+/// The statement and arguments that read a run's events as `q` selects them.
+fn events_query(run_id: &str, q: &EventQuery) -> (String, Vec<rusqlite::types::Value>) {
+    // A type filter without the output stream can go through the partial
+    // type index; SQLite only sees that if the query repeats the index's
+    // condition, and without table statistics it would rather walk the
+    // primary key to save the sort, so the index is named.
+    let by_type = !q.types.is_empty() && !q.types.iter().any(|t| t == STREAM_TYPE);
+    let mut sql = String::from("SELECT run_id, seq, type, node_id, ts, json FROM events");
+    if by_type {
+        sql.push_str(" INDEXED BY events_by_type");
+    }
+    sql.push_str(" WHERE run_id = ?1 AND seq > ?2");
+    let mut args: Vec<rusqlite::types::Value> = vec![
+        run_id.to_string().into(),
+        (q.after.min(i64::MAX as u64) as i64).into(),
+    ];
+    if !q.types.is_empty() {
+        sql.push_str(" AND type IN (");
+        for (i, t) in q.types.iter().enumerate() {
+            if i > 0 {
+                sql.push(',');
+            }
+            args.push(t.clone().into());
+            sql.push_str(&format!("?{}", args.len()));
+        }
+        sql.push(')');
+    }
+    if by_type {
+        sql.push_str(&format!(" AND type <> '{STREAM_TYPE}'"));
+    }
+    if let Some(n) = &q.node {
+        args.push(n.clone().into());
+        sql.push_str(&format!(" AND node_id = ?{}", args.len()));
+    }
+    sql.push_str(" ORDER BY seq");
+    if let Some(l) = q.limit {
+        args.push((l.min(i64::MAX as usize) as i64).into());
+        sql.push_str(&format!(" LIMIT ?{}", args.len()));
+    }
+    (sql, args)
+}
+
 /// Holds `flock(LOCK_EX)` on the run's lock file while alive.
 struct FlockLease {
     _file: File,
@@ -596,10 +715,7 @@ impl Backend for SqliteBackend {
                 }
             }
             let mut upd = tx
-                .prepare_cached(
-                    "UPDATE runs SET updated_ms = max(updated_ms, ?2), \
-                     status = coalesce(?3, status) WHERE run_id = ?1",
-                )
+                .prepare_cached(UPDATE_RUN_AFTER_APPEND)
                 .map_err(|e| self.err(e))?;
             for (run, ts, status) in runs {
                 upd.execute(params![run, ts, status])
@@ -610,33 +726,7 @@ impl Backend for SqliteBackend {
     }
 
     fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        let mut sql = String::from(
-            "SELECT run_id, seq, type, node_id, ts, json FROM events WHERE run_id = ?1 AND seq > ?2",
-        );
-        let mut args: Vec<rusqlite::types::Value> = vec![
-            run_id.to_string().into(),
-            (q.after.min(i64::MAX as u64) as i64).into(),
-        ];
-        if !q.types.is_empty() {
-            sql.push_str(" AND type IN (");
-            for (i, t) in q.types.iter().enumerate() {
-                if i > 0 {
-                    sql.push(',');
-                }
-                args.push(t.clone().into());
-                sql.push_str(&format!("?{}", args.len()));
-            }
-            sql.push(')');
-        }
-        if let Some(n) = &q.node {
-            args.push(n.clone().into());
-            sql.push_str(&format!(" AND node_id = ?{}", args.len()));
-        }
-        sql.push_str(" ORDER BY seq");
-        if let Some(l) = q.limit {
-            args.push((l.min(i64::MAX as usize) as i64).into());
-            sql.push_str(&format!(" LIMIT ?{}", args.len()));
-        }
+        let (sql, args) = events_query(run_id, q);
         self.read(|c| {
             let mut st = c.prepare_cached(&sql)?;
             let rows = st.query_map(rusqlite::params_from_iter(args), event_row)?;
@@ -646,17 +736,45 @@ impl Backend for SqliteBackend {
 
     fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
         self.read(|c| {
-            c.prepare_cached("SELECT max(seq) FROM events WHERE run_id = ?1")?
+            c.prepare_cached(LAST_SEQ)?
                 .query_row([run_id], |r| r.get::<_, Option<i64>>(0))
         })
         .map(|s| s.unwrap_or(0) as u64)
+    }
+
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        let conn = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        // PASSIVE copies what no reader still needs and never waits. TRUNCATE
+        // then empties the log file, but only if it can do so at once: with
+        // no busy wait it never holds up another process's writer.
+        let r = conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .and_then(|_| conn.busy_timeout(Duration::ZERO))
+            .and_then(|_| {
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+            });
+        let restored = conn.busy_timeout(BUSY_TIMEOUT);
+        match r {
+            Ok(_) => {}
+            // Someone else is reading or writing: what PASSIVE copied stays.
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        restored.map_err(|e| self.err(e))
     }
 
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         validate_run_id(&rec.run_id)?;
         self.write(|tx| {
             tx.execute(
-                &format!("INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                concat!(
+                    "INSERT INTO runs (",
+                    run_cols!(),
+                    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                ),
                 params![
                     rec.run_id,
                     rec.workflow,
@@ -683,7 +801,7 @@ impl Backend for SqliteBackend {
 
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.read(|c| {
-            c.prepare_cached(&format!("SELECT {RUN_COLS} FROM runs WHERE run_id = ?1"))?
+            c.prepare_cached(GET_RUN)?
                 .query_row([run_id], run_row)
                 .optional()
         })
@@ -696,11 +814,7 @@ impl Backend for SqliteBackend {
             .unwrap_or(-1);
         let offset = f.offset.unwrap_or(0).min(i64::MAX as usize) as i64;
         self.read(|c| {
-            let mut st = c.prepare_cached(&format!(
-                "SELECT {RUN_COLS} FROM runs \
-                 WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2) \
-                 ORDER BY created_ms DESC, rowid DESC LIMIT ?3 OFFSET ?4"
-            ))?;
+            let mut st = c.prepare_cached(LIST_RUNS)?;
             let rows = st.query_map(params![f.status, f.workflow, limit, offset], run_row)?;
             rows.collect()
         })
@@ -708,10 +822,7 @@ impl Backend for SqliteBackend {
 
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
         let candidates: Vec<String> = self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT run_id FROM runs WHERE status IN ('finished', 'failed', 'cancelled') \
-                 AND updated_ms < ?1 ORDER BY created_ms",
-            )?;
+            let mut st = c.prepare_cached(GC_CANDIDATES)?;
             let rows = st.query_map([cutoff_ms], |r| r.get(0))?;
             rows.collect()
         })?;
@@ -730,12 +841,7 @@ impl Backend for SqliteBackend {
             for id in ids {
                 // Re-check inside the transaction: the status may have moved on.
                 let still: bool = tx
-                    .query_row(
-                        "SELECT count(*) FROM runs WHERE run_id = ?1 AND status IN \
-                         ('finished', 'failed', 'cancelled') AND updated_ms < ?2",
-                        params![id, cutoff_ms],
-                        |r| r.get::<_, i64>(0),
-                    )
+                    .query_row(GC_STILL_DUE, params![id, cutoff_ms], |r| r.get::<_, i64>(0))
                     .map_err(|e| self.err(e))?
                     > 0;
                 if !still {
@@ -829,12 +935,7 @@ impl Backend for SqliteBackend {
         iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
         self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT run_id, node_id, iteration, attempt, tool_seq, tool, idempotency_key, \
-                 side_effect, idempotent, input, output, started_ms, finished_ms, status, error \
-                 FROM tool_calls WHERE run_id = ?1 AND node_id = ?2 AND iteration = ?3 \
-                 ORDER BY attempt, tool_seq",
-            )?;
+            let mut st = c.prepare_cached(TOOL_CALLS)?;
             let rows = st.query_map(params![run_id, node_id, iteration], tool_call_row)?;
             rows.collect()
         })
@@ -955,5 +1056,181 @@ impl std::fmt::Debug for SqliteBackend {
         f.debug_struct("SqliteBackend")
             .field("path", &self.path)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The query plan's lines for a statement.
+    fn plan(c: &Connection, sql: &str) -> Vec<String> {
+        let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let nulls = vec![rusqlite::types::Value::Null; st.parameter_count()];
+        let rows = st
+            .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+            .unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    }
+
+    #[test]
+    fn every_lookup_goes_through_an_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+        let c = b.write.lock().unwrap();
+        let q = |types: &[&str], node: Option<&str>| EventQuery {
+            after: 3,
+            types: types.iter().map(|t| t.to_string()).collect(),
+            node: node.map(str::to_string),
+            limit: Some(10),
+        };
+        let mut statements: Vec<String> = [
+            q(&[], None),
+            q(&["NodeFinished"], None),
+            q(&["NodeFinished", "RunStarted"], Some("a")),
+            q(&["NodeOutput", "NodeFinished"], None),
+            q(&[], Some("a")),
+        ]
+        .iter()
+        .map(|q| events_query("r", q).0)
+        .collect();
+        statements.extend(
+            [
+                LAST_SEQ,
+                UPDATE_RUN_AFTER_APPEND,
+                GET_RUN,
+                LIST_RUNS,
+                GC_CANDIDATES,
+                GC_STILL_DUE,
+                TOOL_CALLS,
+            ]
+            .iter()
+            .chain(&[
+                // As `delete_finished_before` runs them.
+                "DELETE FROM events WHERE run_id = ?1",
+                "DELETE FROM tool_calls WHERE run_id = ?1",
+                "DELETE FROM runs WHERE run_id = ?1",
+            ])
+            .map(|s| s.to_string()),
+        );
+        for sql in &statements {
+            let plan = plan(&c, sql);
+            assert!(!plan.is_empty(), "{sql}");
+            for line in &plan {
+                let indexed = line.contains("USING INDEX")
+                    || line.contains("USING COVERING INDEX")
+                    || line.contains("USING PRIMARY KEY")
+                    || line.contains("USING INTEGER PRIMARY KEY")
+                    || line.starts_with("USE TEMP B-TREE");
+                assert!(indexed, "{sql}\n  plan: {line}");
+            }
+        }
+        // A type filter without the output stream uses the type index.
+        let sql = events_query("r", &q(&["NodeFinished", "RunStarted"], None)).0;
+        assert!(
+            plan(&c, &sql).iter().any(|l| l.contains("events_by_type")),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn a_version_1_store_is_migrated_and_keeps_its_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("s.db");
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(SCHEMA).unwrap();
+            c.execute_batch(
+                "DROP TABLE inbox; DROP TABLE processes;
+                 CREATE TABLE controls (
+                     id INTEGER PRIMARY KEY AUTOINCREMENT,
+                     run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+                     kind TEXT NOT NULL, node_id TEXT, payload TEXT NOT NULL,
+                     created_ms INTEGER NOT NULL, consumed_ms INTEGER);
+                 CREATE INDEX events_by_type ON events(run_id, type, seq);
+                 CREATE INDEX events_by_node ON events(run_id, node_id, seq);
+                 INSERT INTO events VALUES ('r', 1, 'RunStarted', NULL, 5, '{}');
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let b = SqliteBackend::open(&db).unwrap();
+        assert_eq!(b.last_seq("r").unwrap(), 1);
+        let c = b.write.lock().unwrap();
+        let v: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let tables: Vec<String> = c
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(tables.iter().any(|t| t == "inbox"), "{tables:?}");
+        assert!(tables.iter().any(|t| t == "processes"), "{tables:?}");
+        assert!(!tables.iter().any(|t| t == "controls"), "{tables:?}");
+        let indexes: Vec<String> = c
+            .prepare("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' AND sql IS NOT NULL")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(indexes.len(), 1, "{indexes:?}");
+        assert!(
+            indexes[0].contains("WHERE type <> 'NodeOutput'"),
+            "{indexes:?}"
+        );
+    }
+
+    fn failure(code: i32, msg: &str) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(msg.into()))
+    }
+
+    #[test]
+    fn sqlite_errors_become_the_stores_own() {
+        let p = Path::new("/x/cairn.db");
+        let full = map_err(
+            p,
+            failure(rusqlite::ffi::SQLITE_FULL, "database or disk is full"),
+        );
+        assert!(
+            matches!(full, StoreError::DiskFull { ref path } if path == p),
+            "{full:?}"
+        );
+        let ro = map_err(
+            p,
+            failure(
+                rusqlite::ffi::SQLITE_READONLY,
+                "attempt to write a readonly database",
+            ),
+        );
+        assert!(
+            matches!(ro, StoreError::ReadOnly { ref detail, .. } if detail.contains("readonly")),
+            "{ro:?}"
+        );
+        let busy = map_err(p, failure(rusqlite::ffi::SQLITE_BUSY, "database is locked"));
+        assert!(matches!(busy, StoreError::Locked { .. }), "{busy:?}");
+        let other = map_err(
+            p,
+            failure(
+                rusqlite::ffi::SQLITE_MISUSE,
+                "bad parameter or other API misuse",
+            ),
+        );
+        assert!(
+            matches!(other, StoreError::Database(ref m) if m.contains("misuse")),
+            "{other:?}"
+        );
+        let conv = map_err(
+            p,
+            rusqlite::Error::InvalidColumnType(0, "seq".into(), rusqlite::types::Type::Text),
+        );
+        assert!(
+            matches!(conv, StoreError::Database(ref m) if m.contains("seq")),
+            "{conv:?}"
+        );
     }
 }

@@ -442,3 +442,96 @@ async fn subscribing_after_a_finished_runs_end_ends_at_once() {
         assert!(next.is_none());
     }
 }
+
+/// The events of run `r` in a copy of the database file alone, without its
+/// write-ahead log: what a backup of `cairn.db` would hold.
+fn events_in_main_file(db: &std::path::Path) -> i64 {
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy = copy_dir.path().join("copy.db");
+    std::fs::copy(db, &copy).unwrap();
+    let c = rusqlite::Connection::open(&copy).unwrap();
+    c.query_row("SELECT count(*) FROM events WHERE run_id = 'r'", [], |r| {
+        r.get(0)
+    })
+    .unwrap_or(0)
+}
+
+fn wal_len(db: &std::path::Path) -> u64 {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
+}
+
+#[test]
+fn closing_the_journal_moves_the_log_into_the_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let j = open(&db, None);
+    // Hold a RunLog of another run so that dropping `r`'s is not this
+    // process's last: only the close checkpoints here.
+    let other = j.run_log("other").unwrap();
+    let log = j.run_log("r").unwrap();
+    for i in 0..2000 {
+        log.append(node("a"), output(&format!("line {i}")));
+    }
+    log.sync_blocking().unwrap();
+    assert!(wal_len(&db) > 0);
+    assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
+    drop(log);
+    drop(other);
+    j.close();
+    // The backend (and its connections) is still alive through `j`.
+    assert_eq!(j.backend().last_seq("r").unwrap(), 2000);
+    assert_eq!(wal_len(&db), 0);
+    assert_eq!(events_in_main_file(&db), 2000);
+}
+
+#[test]
+fn dropping_the_last_run_log_checkpoints_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let j = open(&db, None);
+    let log = j.run_log("r").unwrap();
+    for i in 0..500 {
+        log.append(node("a"), output(&format!("line {i}")));
+    }
+    log.sync_blocking().unwrap();
+    assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
+    drop(log);
+    // The writer releases the lease, then checkpoints; nothing tells when it
+    // is done but the file itself.
+    for _ in 0..1000 {
+        if wal_len(&db) == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(wal_len(&db), 0);
+    assert_eq!(events_in_main_file(&db), 500);
+    j.close();
+}
+
+#[test]
+fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let j = open(&db, None);
+    let log = j.run_log("r").unwrap();
+    for i in 0..300 {
+        log.append(node("a"), output(&format!("line {i}")));
+    }
+    log.sync_blocking().unwrap();
+    // Another process in the middle of a read transaction.
+    let reader = rusqlite::Connection::open(&db).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 300);
+    drop(log);
+    j.close();
+    // The log could not be emptied under the reader, but its frames are in
+    // the database file.
+    assert_eq!(events_in_main_file(&db), 300);
+    reader.execute_batch("COMMIT").unwrap();
+}

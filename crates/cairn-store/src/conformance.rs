@@ -1,0 +1,838 @@
+//! The [`Backend`] conformance suite: what every storage backend must do, as
+//! the trait's docs state it, checked the same way for each.
+//!
+//! A backend's tests hand the suite a factory of fresh, empty backends and
+//! get one test per check:
+//!
+//! ```ignore
+//! fn fresh() -> std::sync::Arc<dyn cairn_store::Backend> {
+//!     // a new, empty store each call
+//! }
+//! cairn_store::backend_conformance_tests!(fresh);
+//! ```
+//!
+//! Each check panics, naming what differed, when the backend breaks the
+//! contract. The control-request methods are not covered: they are being
+//! replaced.
+
+use std::sync::Arc;
+
+use cairn_events::{ErrorInfo, Event, EventKind, OutputStream, RunStatus, Scope};
+use serde_json::json;
+
+use crate::backend::{
+    Backend, EventQuery, RunFilter, RunRecord, StoreError, StoredEvent, ToolCallRecord,
+};
+
+/// Makes a fresh, empty backend each call.
+pub type Factory<'a> = &'a dyn Fn() -> Arc<dyn Backend>;
+
+/// One conformance check.
+pub type Check = fn(Factory<'_>);
+
+/// Every check, by name, in the order [`run_all`] runs them.
+pub const CHECKS: &[(&str, Check)] = &[
+    ("append_and_read", append_and_read),
+    (
+        "batches_are_atomic_and_seqs_unique",
+        batches_are_atomic_and_seqs_unique,
+    ),
+    (
+        "run_status_follows_lifecycle_events",
+        run_status_follows_lifecycle_events,
+    ),
+    (
+        "runs_are_created_got_and_listed",
+        runs_are_created_got_and_listed,
+    ),
+    (
+        "finished_runs_are_deleted_before_a_cutoff",
+        finished_runs_are_deleted_before_a_cutoff,
+    ),
+    (
+        "leases_are_exclusive_until_dropped",
+        leases_are_exclusive_until_dropped,
+    ),
+    ("tool_calls_are_kept_by_key", tool_calls_are_kept_by_key),
+    ("bad_rows_are_refused", bad_rows_are_refused),
+    (
+        "appenders_of_different_runs_run_at_once",
+        appenders_of_different_runs_run_at_once,
+    ),
+    ("checkpoint_keeps_everything", checkpoint_keeps_everything),
+];
+
+/// Runs every check on backends from `fresh`, panicking at the first one that
+/// fails.
+pub fn run_all(fresh: Factory<'_>) {
+    for (_, check) in CHECKS {
+        check(fresh);
+    }
+}
+
+/// One `#[test]` per conformance check, each on backends from `$fresh` (a
+/// path to, or a closure, `Fn() -> Arc<dyn Backend>`).
+#[macro_export]
+macro_rules! backend_conformance_tests {
+    ($fresh:expr) => {
+        $crate::backend_conformance_tests!(@tests $fresh;
+            append_and_read,
+            batches_are_atomic_and_seqs_unique,
+            run_status_follows_lifecycle_events,
+            runs_are_created_got_and_listed,
+            finished_runs_are_deleted_before_a_cutoff,
+            leases_are_exclusive_until_dropped,
+            tool_calls_are_kept_by_key,
+            bad_rows_are_refused,
+            appenders_of_different_runs_run_at_once,
+            checkpoint_keeps_everything
+        );
+    };
+    (@tests $fresh:expr; $($check:ident),*) => {
+        $(
+            #[test]
+            fn $check() {
+                $crate::conformance::$check(&$fresh);
+            }
+        )*
+    };
+}
+
+fn event(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
+    StoredEvent::from_event(&Event {
+        run_id: run.into(),
+        seq,
+        timestamp_ms: ts,
+        scope,
+        kind,
+    })
+}
+
+fn node(id: &str) -> Scope {
+    Scope::node(id, 0).with_attempt(1)
+}
+
+fn output(text: &str) -> EventKind {
+    EventKind::NodeOutput {
+        text: text.into(),
+        stream: OutputStream::Stdout,
+    }
+}
+
+fn started() -> EventKind {
+    EventKind::RunStarted {
+        workflow: "wf".into(),
+        workflow_hash: "abc".into(),
+        input: None,
+        resumed: false,
+        parent_run_id: None,
+        parent_node_id: None,
+        depth: 0,
+    }
+}
+
+fn finished() -> EventKind {
+    EventKind::RunFinished {
+        output: None,
+        duration_ms: 1,
+    }
+}
+
+fn failed() -> EventKind {
+    EventKind::RunFailed {
+        error: ErrorInfo::new("boom", "it broke"),
+    }
+}
+
+fn cancelled() -> EventKind {
+    EventKind::RunCancelled { reason: None }
+}
+
+fn status(s: RunStatus) -> EventKind {
+    EventKind::RunStatusChanged { status: s }
+}
+
+fn record(run: &str, status: &str, created_ms: i64) -> RunRecord {
+    RunRecord {
+        run_id: run.into(),
+        workflow: "wf".into(),
+        workflow_path: "flows/wf.yaml".into(),
+        workflow_hash: "abc".into(),
+        workflow_source: "name: wf\nnodes: []\n".into(),
+        input: json!({"n": 1, "text": "ünïcode \"quoted\"\n"}),
+        status: status.into(),
+        created_ms,
+        updated_ms: created_ms,
+        parent_run_id: None,
+    }
+}
+
+fn seqs(evs: &[StoredEvent]) -> Vec<u64> {
+    evs.iter().map(|e| e.seq).collect()
+}
+
+fn query(after: u64, types: &[&str], node: Option<&str>, limit: Option<usize>) -> EventQuery {
+    EventQuery {
+        after,
+        types: types.iter().map(|t| t.to_string()).collect(),
+        node: node.map(str::to_string),
+        limit,
+    }
+}
+
+fn status_of(b: &dyn Backend, run: &str) -> String {
+    b.get_run(run)
+        .unwrap()
+        .unwrap_or_else(|| panic!("run `{run}` has no row"))
+        .status
+}
+
+/// Appending stores events byte for byte; reading honours every
+/// [`EventQuery`] field, alone and together; `last_seq` follows.
+pub fn append_and_read(fresh: Factory<'_>) {
+    let b = fresh();
+    b.create_run(&record("r", "pending", 1)).unwrap();
+    let r = |seq, scope, kind| event("r", seq, 100 + seq as i64, scope, kind);
+    let batch = vec![
+        r(1, Scope::run(), started()),
+        event("other", 1, 5, Scope::run(), started()),
+        r(
+            2,
+            Scope::node("a", 0),
+            EventKind::NodePending {
+                layer_index: Some(0),
+            },
+        ),
+        r(
+            3,
+            Scope::node("b", 0),
+            EventKind::NodePending {
+                layer_index: Some(0),
+            },
+        ),
+        r(4, node("a"), EventKind::NodeStarted {}),
+        event("other", 2, 6, node("a"), output("elsewhere")),
+        r(5, node("a"), output("one \"quoted\" ünïcode\n\ttab")),
+        r(6, node("b"), EventKind::NodeStarted {}),
+    ];
+    b.append(&batch).unwrap();
+    let more = vec![
+        r(7, node("a"), output("two")),
+        r(8, Scope::run(), finished()),
+    ];
+    b.append(&more).unwrap();
+    b.append(&[]).unwrap();
+
+    let all = b.read_events("r", &EventQuery::default()).unwrap();
+    let mut want: Vec<StoredEvent> = batch
+        .iter()
+        .chain(&more)
+        .filter(|e| e.run_id == "r")
+        .cloned()
+        .collect();
+    assert_eq!(all, want, "events must come back as appended, in seq order");
+    assert_eq!(
+        all[4].json.as_ref(),
+        want[4].json.as_ref(),
+        "JSON must be kept byte for byte"
+    );
+    assert_eq!(all[0].node_id, None);
+    assert_eq!(all[3].node_id.as_deref(), Some("a"));
+    assert_eq!(b.last_seq("r").unwrap(), 8);
+    assert_eq!(b.last_seq("other").unwrap(), 2);
+    assert_eq!(b.last_seq("nobody").unwrap(), 0);
+    assert!(b
+        .read_events("nobody", &EventQuery::default())
+        .unwrap()
+        .is_empty());
+
+    let read = |q: EventQuery| seqs(&b.read_events("r", &q).unwrap());
+    assert_eq!(read(query(5, &[], None, None)), [6, 7, 8], "after");
+    assert_eq!(
+        read(query(8, &[], None, None)),
+        Vec::<u64>::new(),
+        "after the end"
+    );
+    assert_eq!(
+        read(query(u64::MAX, &[], None, None)),
+        Vec::<u64>::new(),
+        "after u64::MAX"
+    );
+    assert_eq!(
+        read(query(0, &[], None, Some(2))),
+        [1, 2],
+        "limit keeps the lowest seqs"
+    );
+    assert_eq!(
+        read(query(0, &[], None, Some(0))),
+        Vec::<u64>::new(),
+        "limit 0"
+    );
+    assert_eq!(
+        read(query(3, &[], None, Some(2))),
+        [4, 5],
+        "after and limit"
+    );
+    assert_eq!(
+        read(query(0, &["NodeOutput"], None, None)),
+        [5, 7],
+        "one type"
+    );
+    assert_eq!(
+        read(query(0, &["NodeStarted", "RunFinished"], None, None)),
+        [4, 6, 8],
+        "two types"
+    );
+    assert_eq!(
+        read(query(0, &["NodeOutput", "RunStarted"], None, None)),
+        [1, 5, 7],
+        "output and another type"
+    );
+    assert_eq!(
+        read(query(0, &["NoSuchType"], None, None)),
+        Vec::<u64>::new(),
+        "unknown type"
+    );
+    assert_eq!(read(query(0, &[], Some("a"), None)), [2, 4, 5, 7], "node");
+    assert_eq!(
+        read(query(0, &[], Some("zz"), None)),
+        Vec::<u64>::new(),
+        "unknown node"
+    );
+    assert_eq!(
+        read(query(0, &["NodeStarted", "NodePending"], Some("b"), None)),
+        [3, 6],
+        "types and node"
+    );
+    assert_eq!(
+        read(query(2, &["NodeStarted", "NodeOutput"], Some("a"), Some(2))),
+        [4, 5],
+        "every field"
+    );
+    assert_eq!(
+        read(query(4, &["NodeOutput"], Some("a"), Some(1))),
+        [5],
+        "every field, output"
+    );
+
+    // A later batch continues the run.
+    let next = r(9, Scope::run(), started());
+    b.append(std::slice::from_ref(&next)).unwrap();
+    want.push(next);
+    assert_eq!(b.read_events("r", &EventQuery::default()).unwrap(), want);
+}
+
+/// A batch is committed whole or not at all, and a `(run, seq)` is stored
+/// once: the log of each run stays gapless whatever batches fail.
+pub fn batches_are_atomic_and_seqs_unique(fresh: Factory<'_>) {
+    let b = fresh();
+    let out = |run: &str, seq| event(run, seq, 10, node("a"), output(&format!("{run} {seq}")));
+    b.append(&[out("r", 1), out("r", 2), out("r", 3)]).unwrap();
+    // A duplicate at the end of a batch undoes the whole batch.
+    let err = b
+        .append(&[out("r", 4), out("r", 5), out("r", 3)])
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::BadRow { ref run, .. } if run == "r"),
+        "{err:?}"
+    );
+    assert_eq!(
+        b.last_seq("r").unwrap(),
+        3,
+        "a failed batch must store nothing"
+    );
+    // Also when the batch spans runs.
+    let err = b
+        .append(&[out("s", 1), out("r", 4), out("r", 2)])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::BadRow { .. }), "{err:?}");
+    assert_eq!(
+        b.last_seq("s").unwrap(),
+        0,
+        "a failed batch must store nothing of any run"
+    );
+    assert_eq!(b.last_seq("r").unwrap(), 3);
+    // A batch that fails leaves the store writable.
+    b.append(&[out("r", 4), out("s", 1), out("r", 5)]).unwrap();
+    let all = b.read_events("r", &EventQuery::default()).unwrap();
+    assert_eq!(seqs(&all), [1, 2, 3, 4, 5]);
+    assert_eq!(all[3].json.as_ref(), out("r", 4).json.as_ref());
+    assert_eq!(
+        seqs(&b.read_events("s", &EventQuery::default()).unwrap()),
+        [1]
+    );
+}
+
+/// The runs table's `status` and `updated_ms` follow the lifecycle events.
+pub fn run_status_follows_lifecycle_events(fresh: Factory<'_>) {
+    let b = fresh();
+    for run in ["r", "f", "c"] {
+        b.create_run(&record(run, "pending", 1)).unwrap();
+        assert_eq!(status_of(&*b, run), "pending");
+    }
+    b.append(&[event("r", 1, 10, Scope::run(), started())])
+        .unwrap();
+    assert_eq!(status_of(&*b, "r"), "running");
+    assert_eq!(b.get_run("r").unwrap().unwrap().updated_ms, 10);
+    b.append(&[
+        event("r", 2, 20, Scope::run(), status(RunStatus::WaitingApproval)),
+        event(
+            "r",
+            3,
+            20,
+            node("gate"),
+            output("output does not change the status"),
+        ),
+    ])
+    .unwrap();
+    assert_eq!(status_of(&*b, "r"), "waiting-approval");
+    // A clock that went back does not move updated_ms back.
+    b.append(&[event("r", 4, 15, node("gate"), output("late"))])
+        .unwrap();
+    let rec = b.get_run("r").unwrap().unwrap();
+    assert_eq!(
+        (rec.status.as_str(), rec.updated_ms),
+        ("waiting-approval", 20)
+    );
+    // Within a batch the last lifecycle event wins.
+    b.append(&[
+        event("r", 5, 30, Scope::run(), status(RunStatus::Running)),
+        event("r", 6, 31, Scope::run(), failed()),
+        event("r", 7, 32, node("a"), output("after the end")),
+    ])
+    .unwrap();
+    let rec = b.get_run("r").unwrap().unwrap();
+    assert_eq!((rec.status.as_str(), rec.updated_ms), ("failed", 32));
+    // Terminal events of several runs in one batch.
+    b.append(&[
+        event("f", 1, 40, Scope::run(), started()),
+        event("c", 1, 41, Scope::run(), started()),
+        event("f", 2, 42, Scope::run(), finished()),
+        event("c", 2, 43, Scope::run(), cancelled()),
+    ])
+    .unwrap();
+    assert_eq!(status_of(&*b, "f"), "finished");
+    assert_eq!(status_of(&*b, "c"), "cancelled");
+    assert_eq!(b.get_run("c").unwrap().unwrap().updated_ms, 43);
+    // A resume starts it again.
+    b.append(&[event("f", 3, 50, Scope::run(), started())])
+        .unwrap();
+    assert_eq!(status_of(&*b, "f"), "running");
+    // Events of a run without a row are kept, and make no row.
+    b.append(&[event("rowless", 1, 5, Scope::run(), started())])
+        .unwrap();
+    assert_eq!(b.last_seq("rowless").unwrap(), 1);
+    assert!(b.get_run("rowless").unwrap().is_none());
+}
+
+/// Creating, getting and listing runs: every field kept, ids unique and
+/// valid, lists filtered, newest first, with limit and offset.
+pub fn runs_are_created_got_and_listed(fresh: Factory<'_>) {
+    let b = fresh();
+    let mut child = record("child", "running", 50);
+    child.parent_run_id = Some("r0".into());
+    child.input = json!([1, {"deep": null}]);
+    b.create_run(&child).unwrap();
+    assert_eq!(
+        b.get_run("child").unwrap(),
+        Some(child.clone()),
+        "every field must come back"
+    );
+    assert!(b.get_run("nobody").unwrap().is_none());
+    assert!(b
+        .list_runs(&RunFilter::default())
+        .unwrap()
+        .iter()
+        .all(|r| r.run_id == "child"));
+
+    let b = fresh();
+    // r0..r4 by creation time; t1 and t2 share r2's millisecond, created
+    // after it.
+    for (id, st, created) in [
+        ("r0", "finished", 0),
+        ("r1", "failed", 1),
+        ("r2", "finished", 2),
+        ("r3", "failed", 3),
+        ("r4", "finished", 4),
+        ("t1", "running", 2),
+        ("t2", "running", 2),
+    ] {
+        let mut r = record(id, st, created);
+        if id == "r4" {
+            r.workflow = "other".into();
+        }
+        b.create_run(&r).unwrap();
+    }
+    let err = b.create_run(&record("r1", "pending", 9)).unwrap_err();
+    assert!(
+        matches!(err, StoreError::RunExists(ref r) if r == "r1"),
+        "{err:?}"
+    );
+    assert_eq!(
+        b.get_run("r1").unwrap().unwrap().created_ms,
+        1,
+        "a refused create must change nothing"
+    );
+    for bad in ["", "../x", "a/b", ".hidden", "sp ace", &"x".repeat(129)] {
+        let err = b.create_run(&record(bad, "pending", 1)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidRunId(_)),
+            "{bad:?}: {err:?}"
+        );
+    }
+
+    let ids = |f: RunFilter| -> Vec<String> {
+        b.list_runs(&f)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    };
+    let filter = |status: Option<&str>, workflow: Option<&str>, limit, offset| RunFilter {
+        status: status.map(str::to_string),
+        workflow: workflow.map(str::to_string),
+        limit,
+        offset,
+    };
+    assert_eq!(
+        ids(RunFilter::default()),
+        ["r4", "r3", "t2", "t1", "r2", "r1", "r0"],
+        "newest first"
+    );
+    assert_eq!(
+        ids(filter(Some("finished"), None, None, None)),
+        ["r4", "r2", "r0"]
+    );
+    assert_eq!(ids(filter(None, Some("other"), None, None)), ["r4"]);
+    assert_eq!(
+        ids(filter(Some("finished"), Some("wf"), None, None)),
+        ["r2", "r0"]
+    );
+    assert_eq!(
+        ids(filter(Some("nothing"), None, None, None)),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(filter(None, Some("wf"), Some(2), Some(1))),
+        ["t2", "t1"]
+    );
+    assert_eq!(ids(filter(None, None, Some(3), None)), ["r4", "r3", "t2"]);
+    assert_eq!(ids(filter(None, None, None, Some(5))), ["r1", "r0"]);
+    assert_eq!(ids(filter(None, None, Some(0), None)), Vec::<String>::new());
+    assert_eq!(
+        ids(filter(None, None, Some(10), Some(7))),
+        Vec::<String>::new()
+    );
+    assert_eq!(b.get_run("r3").unwrap(), Some(record("r3", "failed", 3)));
+}
+
+/// `delete_finished_before` removes exactly the finished, failed and
+/// cancelled runs last updated before the cutoff, with their events and tool
+/// calls, and leaves a leased run alone.
+pub fn finished_runs_are_deleted_before_a_cutoff(fresh: Factory<'_>) {
+    let b = fresh();
+    // (run, its events' timestamp, how it ends)
+    let runs: [(&str, i64, Option<EventKind>); 6] = [
+        ("old-finished", 100, Some(finished())),
+        ("old-failed", 100, Some(failed())),
+        ("old-cancelled-leased", 100, Some(cancelled())),
+        ("old-running", 100, None),
+        ("new-finished", 5_000, Some(finished())),
+        ("old-waiting", 100, Some(status(RunStatus::WaitingInput))),
+    ];
+    for (id, ts, end) in &runs {
+        b.create_run(&record(id, "pending", 1)).unwrap();
+        let mut evs = vec![
+            event(id, 1, *ts, Scope::run(), started()),
+            event(id, 2, *ts, node("a"), output("hi")),
+        ];
+        if let Some(end) = end {
+            evs.push(event(id, 3, *ts, Scope::run(), end.clone()));
+        }
+        b.append(&evs).unwrap();
+        b.put_tool_call(&tool_call(id, 1, 1)).unwrap();
+    }
+    // A run whose row says it ended, without events.
+    b.create_run(&record("old-imported", "finished", 1))
+        .unwrap();
+    b.create_run(&record("old-pending", "pending", 1)).unwrap();
+
+    let held = b
+        .try_lock_run("old-cancelled-leased")
+        .unwrap()
+        .expect("the lease is free");
+    let mut deleted = b.delete_finished_before(1_000).unwrap();
+    deleted.sort();
+    assert_eq!(deleted, ["old-failed", "old-finished", "old-imported"]);
+    for id in ["old-failed", "old-finished", "old-imported"] {
+        assert!(b.get_run(id).unwrap().is_none(), "{id}: row");
+        assert_eq!(b.last_seq(id).unwrap(), 0, "{id}: events");
+        assert!(
+            b.read_events(id, &EventQuery::default())
+                .unwrap()
+                .is_empty(),
+            "{id}: events"
+        );
+        assert!(
+            b.tool_calls(id, "agent", 0).unwrap().is_empty(),
+            "{id}: tool calls"
+        );
+    }
+    for (id, _, end) in &runs {
+        if matches!(*id, "old-failed" | "old-finished") {
+            continue;
+        }
+        assert!(b.get_run(id).unwrap().is_some(), "{id}: row");
+        assert_eq!(
+            b.last_seq(id).unwrap(),
+            if end.is_some() { 3 } else { 2 },
+            "{id}: events"
+        );
+        assert_eq!(
+            b.tool_calls(id, "agent", 0).unwrap().len(),
+            1,
+            "{id}: tool calls"
+        );
+    }
+    assert!(b.get_run("old-pending").unwrap().is_some());
+    assert!(
+        b.delete_finished_before(1_000).unwrap().is_empty(),
+        "nothing more is due"
+    );
+    drop(held);
+    assert_eq!(
+        b.delete_finished_before(1_000).unwrap(),
+        ["old-cancelled-leased"]
+    );
+    assert_eq!(b.delete_finished_before(10_000).unwrap(), ["new-finished"]);
+}
+
+/// A run's lease is exclusive, per run, and released when dropped, on any
+/// thread.
+pub fn leases_are_exclusive_until_dropped(fresh: Factory<'_>) {
+    let b = fresh();
+    let first = b
+        .try_lock_run("r")
+        .unwrap()
+        .expect("a free lease is granted");
+    assert!(
+        b.try_lock_run("r").unwrap().is_none(),
+        "a held lease is refused"
+    );
+    let other = b
+        .try_lock_run("s")
+        .unwrap()
+        .expect("other runs' leases are separate");
+    drop(first);
+    let again = b
+        .try_lock_run("r")
+        .unwrap()
+        .expect("a dropped lease is released");
+    // Dropped on another thread.
+    std::thread::spawn(move || drop(again)).join().unwrap();
+    let last = b.try_lock_run("r").unwrap();
+    assert!(
+        last.is_some(),
+        "a lease dropped on another thread is released"
+    );
+    drop(other);
+    for bad in ["", "../x", "a/b", ".hidden"] {
+        let err = b
+            .try_lock_run(bad)
+            .err()
+            .expect("an invalid id has no lease");
+        assert!(
+            matches!(err, StoreError::InvalidRunId(_)),
+            "{bad:?}: {err:?}"
+        );
+    }
+    // Threads racing for one lease: every lease taken is kept until all
+    // have tried, so exactly one may win.
+    drop(last);
+    let winners: usize = std::thread::scope(|s| {
+        let tries: Vec<_> = (0..4)
+            .map(|_| {
+                let b = &b;
+                s.spawn(move || b.try_lock_run("race").unwrap())
+            })
+            .collect();
+        let got: Vec<_> = tries.into_iter().map(|t| t.join().unwrap()).collect();
+        got.iter().filter(|l| l.is_some()).count()
+    });
+    assert_eq!(winners, 1, "racing for a free lease, exactly one must win");
+    assert!(b.try_lock_run("race").unwrap().is_some());
+}
+
+fn tool_call(run: &str, attempt: u32, tool_seq: u32) -> ToolCallRecord {
+    ToolCallRecord {
+        run_id: run.into(),
+        node_id: "agent".into(),
+        iteration: 0,
+        attempt,
+        tool_seq,
+        tool: "write".into(),
+        idempotency_key: format!("{run}/agent/0/{attempt}/{tool_seq}"),
+        side_effect: true,
+        idempotent: false,
+        input: json!({"path": "a.txt", "text": "ünïcode"}),
+        output: None,
+        started_ms: 10,
+        finished_ms: None,
+        status: "running".into(),
+        error: None,
+    }
+}
+
+/// Tool calls: every field kept, replaced by key, listed per node pass by
+/// attempt then tool_seq, refused for a run without a row.
+pub fn tool_calls_are_kept_by_key(fresh: Factory<'_>) {
+    let b = fresh();
+    b.create_run(&record("r", "running", 1)).unwrap();
+    let mut first = tool_call("r", 1, 1);
+    b.put_tool_call(&first).unwrap();
+    first.status = "success".into();
+    first.output = Some(json!({"bytes": 3}));
+    first.finished_ms = Some(12);
+    first.side_effect = false;
+    first.idempotent = true;
+    b.put_tool_call(&first).unwrap();
+    let second = ToolCallRecord {
+        status: "error".into(),
+        error: Some(json!({"kind": "io", "message": "nope"})),
+        finished_ms: Some(13),
+        ..tool_call("r", 1, 2)
+    };
+    let retry = tool_call("r", 2, 1);
+    // Out of order on purpose.
+    b.put_tool_call(&retry).unwrap();
+    b.put_tool_call(&second).unwrap();
+    b.put_tool_call(&ToolCallRecord {
+        iteration: 1,
+        ..tool_call("r", 1, 1)
+    })
+    .unwrap();
+    b.put_tool_call(&ToolCallRecord {
+        node_id: "other".into(),
+        ..tool_call("r", 1, 1)
+    })
+    .unwrap();
+    assert_eq!(
+        b.tool_calls("r", "agent", 0).unwrap(),
+        vec![first, second, retry]
+    );
+    assert_eq!(b.tool_calls("r", "agent", 1).unwrap().len(), 1);
+    assert_eq!(b.tool_calls("r", "other", 0).unwrap().len(), 1);
+    assert!(b.tool_calls("r", "agent", 7).unwrap().is_empty());
+    assert!(b.tool_calls("nobody", "agent", 0).unwrap().is_empty());
+    let err = b.put_tool_call(&tool_call("ghost", 1, 1)).unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        "{err:?}"
+    );
+}
+
+/// A row the store cannot take is refused with [`StoreError::BadRow`] naming
+/// its run, and the message says which seq.
+pub fn bad_rows_are_refused(fresh: Factory<'_>) {
+    let b = fresh();
+    let e = event("r", 1, 1, Scope::run(), started());
+    b.append(std::slice::from_ref(&e)).unwrap();
+    let again = event(
+        "r",
+        1,
+        2,
+        node("a"),
+        output("another event at the same seq"),
+    );
+    match b.append(&[again]).unwrap_err() {
+        StoreError::BadRow { run, detail } => {
+            assert_eq!(run, "r");
+            assert!(
+                detail.contains('1'),
+                "the detail should name the seq: {detail}"
+            );
+        }
+        other => panic!("expected BadRow, got {other:?}"),
+    }
+    assert_eq!(
+        b.read_events("r", &EventQuery::default()).unwrap(),
+        vec![e],
+        "the first event stays"
+    );
+}
+
+/// Threads appending to different runs at once each get their whole,
+/// gapless log, and readers meanwhile only ever see a gapless prefix.
+pub fn appenders_of_different_runs_run_at_once(fresh: Factory<'_>) {
+    const RUNS: usize = 4;
+    const EVENTS: u64 = 400;
+    let b = fresh();
+    for i in 0..RUNS {
+        b.create_run(&record(&format!("run{i}"), "pending", i as i64))
+            .unwrap();
+    }
+    std::thread::scope(|s| {
+        for i in 0..RUNS {
+            let b = &b;
+            s.spawn(move || {
+                let run = format!("run{i}");
+                let mut seq = 0;
+                let mut size = 1 + i as u64;
+                while seq < EVENTS {
+                    let n = size.min(EVENTS - seq);
+                    let batch: Vec<StoredEvent> = (seq + 1..=seq + n)
+                        .map(|k| {
+                            let kind = if k == 1 {
+                                started()
+                            } else {
+                                output(&format!("{run} {k}"))
+                            };
+                            event(&run, k, k as i64, node("a"), kind)
+                        })
+                        .collect();
+                    b.append(&batch).unwrap();
+                    seq += n;
+                    size = size % 7 + 1;
+                }
+            });
+        }
+        let b = &b;
+        s.spawn(move || {
+            for round in 0..50 {
+                let run = format!("run{}", round % RUNS);
+                let evs = b.read_events(&run, &EventQuery::default()).unwrap();
+                let want: Vec<u64> = (1..=evs.len() as u64).collect();
+                assert_eq!(seqs(&evs), want, "{run}: a reader saw a gap");
+            }
+        });
+    });
+    for i in 0..RUNS {
+        let run = format!("run{i}");
+        let evs = b.read_events(&run, &EventQuery::default()).unwrap();
+        assert_eq!(seqs(&evs), (1..=EVENTS).collect::<Vec<_>>(), "{run}");
+        assert!(
+            evs.iter().all(|e| e.run_id == run),
+            "{run}: another run's event"
+        );
+        assert_eq!(b.last_seq(&run).unwrap(), EVENTS);
+        assert_eq!(status_of(&*b, &run), "running");
+    }
+}
+
+/// A checkpoint, whenever it comes, loses and changes nothing.
+pub fn checkpoint_keeps_everything(fresh: Factory<'_>) {
+    let b = fresh();
+    b.checkpoint().unwrap();
+    b.create_run(&record("r", "pending", 1)).unwrap();
+    let evs: Vec<StoredEvent> = (1..=50)
+        .map(|k| event("r", k, k as i64, node("a"), output(&k.to_string())))
+        .collect();
+    b.append(&evs).unwrap();
+    b.checkpoint().unwrap();
+    b.checkpoint().unwrap();
+    assert_eq!(b.read_events("r", &EventQuery::default()).unwrap(), evs);
+    b.append(&[event("r", 51, 51, Scope::run(), finished())])
+        .unwrap();
+    assert_eq!(b.last_seq("r").unwrap(), 51);
+    assert_eq!(status_of(&*b, "r"), "finished");
+}
