@@ -12,16 +12,16 @@
 //! ```
 //!
 //! Each check panics, naming what differed, when the backend breaks the
-//! contract. The control-request methods are not covered: they are being
-//! replaced.
+//! contract.
 
 use std::sync::Arc;
 
-use cairn_events::{ErrorInfo, Event, EventKind, OutputStream, RunStatus, Scope};
+use cairn_events::{ErrorInfo, Event, EventKind, OutputStream, RunCommand, RunStatus, Scope};
 use serde_json::json;
 
 use crate::backend::{
-    Backend, EventQuery, RunFilter, RunRecord, StoreError, StoredEvent, ToolCallRecord,
+    Backend, EventQuery, ProcessRecord, RunFilter, RunRecord, StoreError, StoredEvent,
+    ToolCallRecord, Topic,
 };
 
 /// Makes a fresh, empty backend each call.
@@ -60,6 +60,18 @@ pub const CHECKS: &[(&str, Check)] = &[
         appenders_of_different_runs_run_at_once,
     ),
     ("checkpoint_keeps_everything", checkpoint_keeps_everything),
+    (
+        "inbox_commands_are_kept_in_order_and_taken_once",
+        inbox_commands_are_kept_in_order_and_taken_once,
+    ),
+    (
+        "process_records_are_kept_until_removed",
+        process_records_are_kept_until_removed,
+    ),
+    (
+        "wake_ups_reach_the_listeners_of_their_topic",
+        wake_ups_reach_the_listeners_of_their_topic,
+    ),
 ];
 
 /// Runs every check on backends from `fresh`, panicking at the first one that
@@ -85,7 +97,10 @@ macro_rules! backend_conformance_tests {
             tool_calls_are_kept_by_key,
             bad_rows_are_refused,
             appenders_of_different_runs_run_at_once,
-            checkpoint_keeps_everything
+            checkpoint_keeps_everything,
+            inbox_commands_are_kept_in_order_and_taken_once,
+            process_records_are_kept_until_removed,
+            wake_ups_reach_the_listeners_of_their_topic
         );
     };
     (@tests $fresh:expr; $($check:ident),*) => {
@@ -835,4 +850,160 @@ pub fn checkpoint_keeps_everything(fresh: Factory<'_>) {
         .unwrap();
     assert_eq!(b.last_seq("r").unwrap(), 51);
     assert_eq!(status_of(&*b, "r"), "finished");
+}
+
+/// The run inbox: commands come back in the order they were put, with every
+/// field; taking one removes it from the pending list and keeps its first
+/// outcome; a command for an unknown run is refused with `NotFound`, taking
+/// an unknown id with `RecordNotFound`; gc removes a deleted run's commands.
+pub fn inbox_commands_are_kept_in_order_and_taken_once(fresh: Factory<'_>) {
+    let b = fresh();
+    let approve = RunCommand::Approve {
+        node_id: "gate".into(),
+        note: Some("ok".into()),
+        by: Some("ann".into()),
+    };
+    let answer = RunCommand::Answer {
+        request_id: "q1".into(),
+        answer: json!({"pick": [1, 2], "why": "ünïcode"}),
+        by: None,
+    };
+    let cancel = RunCommand::Cancel {
+        graceful: true,
+        reason: Some("late".into()),
+        by: None,
+    };
+    let err = b.put_command("ghost", &approve).unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        "{err:?}"
+    );
+    b.create_run(&record("r", "running", 1)).unwrap();
+    b.create_run(&record("s", "running", 1)).unwrap();
+    let a = b.put_command("r", &approve).unwrap();
+    let other = b.put_command("s", &cancel).unwrap();
+    let q = b.put_command("r", &answer).unwrap();
+    let c = b.put_command("r", &cancel).unwrap();
+    assert!(a < q && q < c, "ids grow: {a} {q} {c}");
+    let pending = b.pending_commands("r").unwrap();
+    let got: Vec<(u64, &RunCommand)> = pending.iter().map(|e| (e.id, &e.command)).collect();
+    assert_eq!(got, [(a, &approve), (q, &answer), (c, &cancel)]);
+    assert!(pending.iter().all(|e| e.run_id == "r" && e.created_ms > 0));
+    b.take_command(q, "applied").unwrap();
+    b.take_command(q, "refused: twice").unwrap();
+    let ids: Vec<u64> = b
+        .pending_commands("r")
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, [a, c]);
+    assert_eq!(b.pending_commands("s").unwrap()[0].id, other);
+    let err = b.take_command(u64::MAX / 2, "applied").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::RecordNotFound {
+                what: "command",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    b.append(&[event(
+        "r",
+        1,
+        1,
+        Scope::run(),
+        EventKind::RunFailed {
+            error: ErrorInfo::new("x", "y"),
+        },
+    )])
+    .unwrap();
+    assert_eq!(b.delete_finished_before(i64::MAX).unwrap(), ["r"]);
+    assert!(b.pending_commands("r").unwrap().is_empty());
+    assert_eq!(b.pending_commands("s").unwrap().len(), 1);
+}
+
+/// Process records: kept with every field, listed per run in insertion
+/// order, forgotten one by one, refused for an unknown run.
+pub fn process_records_are_kept_until_removed(fresh: Factory<'_>) {
+    let b = fresh();
+    b.create_run(&record("r", "running", 1)).unwrap();
+    let rec = |pgid| ProcessRecord {
+        id: 0,
+        run_id: "r".into(),
+        node_id: "loop.build".into(),
+        iteration: 2,
+        attempt: 3,
+        pgid,
+        started_ms: 7,
+    };
+    let a = b.put_process(&rec(100)).unwrap();
+    let c = b.put_process(&rec(200)).unwrap();
+    assert_eq!(
+        b.processes("r").unwrap(),
+        [
+            ProcessRecord { id: a, ..rec(100) },
+            ProcessRecord { id: c, ..rec(200) }
+        ]
+    );
+    b.remove_process(a).unwrap();
+    assert_eq!(
+        b.processes("r").unwrap(),
+        [ProcessRecord { id: c, ..rec(200) }]
+    );
+    assert!(b.processes("nobody").unwrap().is_empty());
+    let err = b
+        .put_process(&ProcessRecord {
+            run_id: "ghost".into(),
+            ..rec(1)
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        "{err:?}"
+    );
+}
+
+/// Wake-ups: a listener is woken by a notification of its topic only;
+/// notifications that came before a wait make one wake-up; dropping a
+/// listener unregisters it, and notifying nobody is harmless.
+pub fn wake_ups_reach_the_listeners_of_their_topic(fresh: Factory<'_>) {
+    use std::time::Duration;
+    let b = fresh();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the listeners");
+    rt.block_on(async {
+        let long = Duration::from_secs(10);
+        let short = Duration::from_millis(200);
+        b.notify(Topic::Inbox("r"));
+        let mut inbox = b.listen(Topic::Inbox("r")).unwrap();
+        let mut events = b.listen(Topic::Events("r")).unwrap();
+        let mut other = b.listen(Topic::Inbox("s")).unwrap();
+        assert!(
+            tokio::time::timeout(short, inbox.wait()).await.is_err(),
+            "woken by a notification sent before it listened"
+        );
+        b.notify(Topic::Inbox("r"));
+        tokio::time::timeout(long, inbox.wait())
+            .await
+            .expect("the inbox listener is woken");
+        assert!(tokio::time::timeout(short, events.wait()).await.is_err());
+        assert!(tokio::time::timeout(short, other.wait()).await.is_err());
+        b.notify(Topic::Events("r"));
+        b.notify(Topic::Events("r"));
+        tokio::time::timeout(long, events.wait())
+            .await
+            .expect("the events listener is woken");
+        assert!(
+            tokio::time::timeout(short, events.wait()).await.is_err(),
+            "wake-ups that queued before a wait were not made one"
+        );
+        drop(inbox);
+        b.notify(Topic::Inbox("r"));
+        b.notify(Topic::Inbox("nobody"));
+    });
 }

@@ -3,7 +3,7 @@
 //! SQLite has no LISTEN/NOTIFY, so the store brings its own: each listener
 //! binds a datagram socket in Linux's abstract namespace (no file to clean
 //! up: the kernel drops the name with the socket) and leaves a marker file
-//! named after it in `<store dir>/wake/<topic>/`, so that a notifier can find
+//! named after it in `<store dir>/wake/<store>/<topic>/`, so that a notifier can find
 //! it. A notification is one empty datagram to every listener of the topic;
 //! a listener that died is found by the refused send and its marker removed.
 //!
@@ -50,7 +50,8 @@ impl WakeDir {
 
     fn topic_dir(&self, topic: Topic<'_>) -> (String, PathBuf) {
         let tag = short_hash(topic.key().as_bytes());
-        let dir = self.dir.join(&tag);
+        // Stores that share a folder keep their markers apart.
+        let dir = self.dir.join(&self.store_tag).join(&tag);
         (tag, dir)
     }
 
