@@ -55,7 +55,9 @@ impl Rng {
 fn workflow(marker: &str) -> (String, Vec<String>) {
     let mut ids = Vec::new();
     let mut y = String::from(
-        "name: crash\nconcurrency: 8\ndefaults:\n  retry: { attempts: 40, delay: 1ms, backoff: fixed }\nnodes:\n",
+        // The default retry policy (one attempt): an attempt a kill
+        // interrupts is run again by the resume all the same.
+        "name: crash\nconcurrency: 8\nnodes:\n",
     );
     let mut node = |y: &mut String, id: &str, needs: &[String], extra: &str| {
         ids.push(id.to_string());
@@ -343,7 +345,17 @@ fn sigkill_at_random_moments_then_resume_until_done() {
         if finished.get(id).copied().unwrap_or(0) > 0 {
             after_finish.push(format!("seq {} {} of {id}", e.seq, e.type_name()));
         }
-        match e.kind {
+        match &e.kind {
+            EventKind::NodeFailed { error, will_retry } => {
+                // The commands never fail: every failure is a kill's, and
+                // a kill is not the node's failure.
+                assert_eq!(error.kind, "interrupted", "seq {}: {}", e.seq, e.to_json());
+                assert!(
+                    will_retry,
+                    "seq {}: an interrupted attempt was not run again",
+                    e.seq
+                );
+            }
             EventKind::NodeStarted {} => *starts.entry(id).or_default() += 1,
             EventKind::NodeFinished { .. } => {
                 *finished.entry(id).or_default() += 1;

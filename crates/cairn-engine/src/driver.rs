@@ -1552,7 +1552,17 @@ impl Driver {
                 ),
             }
         };
-        let summary = self.summary();
+        // The summary of a large run takes a while to build: the durations
+        // are taken after it, so they cover the run up to its end.
+        let mut summary = self.summary();
+        let mut kind = kind;
+        let end = self.duration_ms();
+        if let EventKind::RunSummary { duration_ms, .. } = &mut summary {
+            *duration_ms = end;
+        }
+        if let EventKind::RunFinished { duration_ms, .. } = &mut kind {
+            *duration_ms = end;
+        }
         self.emit(Scope::run(), summary);
         self.emit(Scope::run(), EventKind::RunStatusChanged { status });
         self.emit(Scope::run(), kind);
