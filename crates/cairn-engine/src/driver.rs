@@ -17,7 +17,7 @@ use cairn_events::{
     RunState, RunStatus, Scope,
 };
 use cairn_store::RunLog;
-use cairn_workflow::{NodeKind, NodeSpec, OnFailure, RetryPolicy, Templates, Workflow};
+use cairn_workflow::{Context, NodeKind, NodeSpec, OnFailure, RetryPolicy, Templates, Workflow};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -81,8 +81,11 @@ pub(crate) struct Driver {
     plan: Plan,
     frame_no: u64,
     dependents: HashMap<Key, Vec<Key>>,
+    /// How many of each mounted instance's needs have not ended, so that a
+    /// join is looked at in full once, not once per finished need.
+    unmet: HashMap<Key, usize>,
     group_remaining: HashMap<Key, usize>,
-    nodes_ctx: Map<String, Value>,
+    nodes_ctx: NodesCtx,
     templated: HashMap<usize, bool>,
     check_queue: VecDeque<Key>,
     ready: VecDeque<Key>,
@@ -151,8 +154,9 @@ impl Driver {
             },
             frame_no,
             dependents: HashMap::new(),
+            unmet: HashMap::new(),
             group_remaining: HashMap::new(),
-            nodes_ctx: Map::new(),
+            nodes_ctx: NodesCtx::default(),
             templated: HashMap::new(),
             check_queue: VecDeque::new(),
             ready: VecDeque::new(),
@@ -351,11 +355,18 @@ impl Driver {
             if let Some(stage) = &inst.spec.stage {
                 self.chapters.entry(stage.clone()).or_default().total += 1;
             }
+            let mut unmet = 0;
             for dep in &inst.needs {
                 self.dependents
                     .entry(dep.clone())
                     .or_default()
                     .push(key.clone());
+                if !self.status_of(dep).is_some_and(|s| s.is_done()) {
+                    unmet += 1;
+                }
+            }
+            if unmet > 0 {
+                self.unmet.insert(key.clone(), unmet);
             }
             if let Some(parent) = &inst.parent {
                 if !done {
@@ -498,6 +509,9 @@ impl Driver {
         if self.status_of(key) != Some(NodeStatus::Pending) || self.queued.contains(key) {
             return;
         }
+        if self.unmet.get(key).is_some_and(|&n| n > 0) {
+            return;
+        }
         let mut blocked_by = None;
         for dep in &inst.needs {
             match self.status_of(dep) {
@@ -516,8 +530,13 @@ impl Driver {
             return;
         }
         if let Some(cond) = inst.spec.if_.clone() {
-            let vars = self.vars_for(&inst, true);
-            match self.templates.eval_bool(&cond, &vars) {
+            // Each context is dropped before anything updates `nodes`, which
+            // would otherwise copy the whole map.
+            let holds = {
+                let ctx = self.context_for(&inst, inst.key.1);
+                self.templates.eval_bool_in(&cond, &ctx)
+            };
+            match holds {
                 Ok(true) => {}
                 Ok(false) => {
                     self.skip(key, format!("condition `{cond}` is false"));
@@ -608,8 +627,11 @@ impl Driver {
                 // NodeFinished still commits with (never before) anything
                 // that follows from it.
                 let t0 = Instant::now();
-                let vars = self.vars_for(&inst, false);
-                match self.templates.render_value(v, &vars) {
+                let rendered = {
+                    let ctx = self.context_for(&inst, inst.key.1);
+                    self.templates.render_value_in(v, &ctx)
+                };
+                match rendered {
                     Ok(output) => {
                         let scope = self.node_scope(&key).with_attempt(attempt);
                         self.emit(
@@ -686,7 +708,7 @@ impl Driver {
         match &inst.spec.kind {
             NodeKind::Loop { .. } => {
                 let pass = if resuming {
-                    let prefix = format!("{}.", key.0);
+                    let prefix = inst.child_prefix();
                     self.state
                         .nodes
                         .iter()
@@ -704,10 +726,10 @@ impl Driver {
                 self.shape.loop_pass.insert(key.clone(), pass);
             }
             NodeKind::ForEach { list, .. } => {
-                let vars = self.vars_for(&inst, true);
+                let ctx = self.context_for(&inst, inst.key.1);
                 let value = self
                     .templates
-                    .eval(list, &vars)
+                    .eval_in(list, &ctx)
                     .map_err(|e| NodeError::fatal("template", format!("for_each: {e}")))?;
                 let items = match value {
                     Value::Array(a) => a,
@@ -740,9 +762,10 @@ impl Driver {
                 ..
             } => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
+                let prefix = inst.child_prefix();
                 let mut out = Map::new();
                 for c in &children {
-                    let path = format!("{}.{}", key.0, c.id);
+                    let path = format!("{prefix}{}", c.id);
                     let v = self
                         .state
                         .node(&path, pass)
@@ -750,9 +773,11 @@ impl Driver {
                         .unwrap_or(Value::Null);
                     out.insert(c.id.clone(), v);
                 }
-                let mut vars = self.vars_for(&inst, true);
-                vars["iteration"] = Value::from(pass);
-                match self.templates.eval_bool(until, &vars) {
+                let holds = {
+                    let ctx = self.context_for(&inst, pass);
+                    self.templates.eval_bool_in(until, &ctx)
+                };
+                match holds {
                     Ok(done) if done || pass + 1 >= *max_iterations => {
                         if !done {
                             self.emit(
@@ -835,7 +860,15 @@ impl Driver {
         }
         self.count_done(&inst, status);
         if let Some(deps) = self.dependents.get(key) {
-            self.check_queue.extend(deps.iter().cloned());
+            for d in deps {
+                if let Some(n) = self.unmet.get_mut(d) {
+                    *n = n.saturating_sub(1);
+                    if *n > 0 {
+                        continue;
+                    }
+                }
+                self.check_queue.push_back(d.clone());
+            }
         }
         if let Some(parent) = &inst.parent {
             if let Some(r) = self.group_remaining.get_mut(parent) {
@@ -1354,9 +1387,9 @@ impl Driver {
         } else {
             let output = match &self.wf.output {
                 Some(t) => {
-                    let vars = self.run_vars();
+                    let ctx = self.run_context();
                     self.templates
-                        .render(t, &vars)
+                        .render_in(t, &ctx)
                         .map(Some)
                         .map_err(|e| ErrorInfo::new("template", format!("workflow output: {e}")))
                 }
@@ -1429,19 +1462,44 @@ impl Driver {
 
     // ---- template context ----
 
-    fn run_vars(&self) -> Value {
-        json!({
-            "input": self.state.input.clone().unwrap_or(Value::Null),
-            "nodes": Value::Object(self.nodes_ctx.clone()),
-            "iteration": 0,
-            "run": { "id": self.run_id },
-            "workflow": { "name": self.wf.name },
-        })
+    /// The template context of the workflow's `output`.
+    fn run_context(&self) -> Context {
+        Context::scoped(self.small_vars(0), "nodes", self.nodes_ctx.shared(), "")
     }
 
-    /// The template context of one instance. Nodes without templates get a
-    /// small context: copying every node's output for each of thousands of
-    /// plain nodes would make a run quadratic.
+    /// The variables of a render other than `nodes`: all small, so they are
+    /// built for every render.
+    fn small_vars(&self, iteration: u32) -> Map<String, Value> {
+        let mut vars = Map::new();
+        vars.insert(
+            "input".into(),
+            self.state.input.clone().unwrap_or(Value::Null),
+        );
+        vars.insert("iteration".into(), Value::from(iteration));
+        vars.insert("run".into(), json!({ "id": self.run_id }));
+        vars.insert("workflow".into(), json!({ "name": self.wf.name }));
+        vars
+    }
+
+    /// The template context of one instance for a render in the driver: it
+    /// shares `nodes` instead of copying it, so a render costs what the
+    /// template reads. `iteration` is the instance's pass, or for a loop's
+    /// `until` the pass that just ended.
+    fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
+        let mut vars = self.small_vars(iteration);
+        for (k, v) in inst.vars.iter() {
+            vars.insert(k.clone(), v.clone());
+        }
+        // Inside a loop the group's `iteration` is the instance's pass
+        // already; a loop's own `until` reads the pass that just ended.
+        vars.insert("iteration".into(), Value::from(iteration));
+        Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
+    }
+
+    /// The template context of an attempt that runs in its own task, as a
+    /// value of its own. Nodes without templates get a small context:
+    /// copying every node's output for each of thousands of plain nodes
+    /// would make a run quadratic.
     fn vars_for(&mut self, inst: &Inst, force: bool) -> Value {
         let templated = force || {
             let ptr = Arc::as_ptr(&inst.spec) as usize;
@@ -1456,19 +1514,16 @@ impl Driver {
             self.state.input.clone().unwrap_or(Value::Null),
         );
         if templated {
-            let mut nodes = self.nodes_ctx.clone();
+            let all = self.nodes_ctx.map();
+            let mut nodes = all.clone();
             if !inst.prefix.is_empty() {
                 // Siblings inside a group are known by their plain id too.
-                let sib: Vec<(String, Value)> = self
-                    .nodes_ctx
-                    .iter()
-                    .filter_map(|(k, v)| {
-                        let rest = k.strip_prefix(&inst.prefix)?;
-                        (!rest.contains(['.', '['])).then(|| (rest.to_string(), v.clone()))
-                    })
-                    .collect();
-                for (k, v) in sib {
-                    nodes.insert(k, v);
+                for (k, v) in all {
+                    if let Some(rest) = k.strip_prefix(&inst.prefix) {
+                        if !rest.contains(['.', '[']) {
+                            nodes.insert(rest.to_string(), v.clone());
+                        }
+                    }
                 }
             }
             vars.insert("nodes".into(), Value::Object(nodes));
@@ -1482,6 +1537,36 @@ impl Driver {
         vars.insert("run".into(), json!({ "id": self.run_id }));
         vars.insert("workflow".into(), json!({ "name": self.wf.name }));
         Value::Object(vars)
+    }
+}
+
+/// The `nodes` of templates (`output`, `status`, `attempt` of every ended
+/// node instance, by path), shared with the renders that read it.
+///
+/// Renders in the driver hold the map only while they run, so an update
+/// finds it unshared and changes it in place.
+#[derive(Debug)]
+struct NodesCtx(Arc<Value>);
+
+impl Default for NodesCtx {
+    fn default() -> Self {
+        NodesCtx(Arc::new(Value::Object(Map::new())))
+    }
+}
+
+impl NodesCtx {
+    fn insert(&mut self, path: String, entry: Value) {
+        if let Value::Object(m) = Arc::make_mut(&mut self.0) {
+            m.insert(path, entry);
+        }
+    }
+
+    fn shared(&self) -> Arc<Value> {
+        self.0.clone()
+    }
+
+    fn map(&self) -> &Map<String, Value> {
+        self.0.as_object().expect("the nodes context is an object")
     }
 }
 

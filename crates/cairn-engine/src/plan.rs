@@ -32,6 +32,22 @@ pub struct Inst {
     pub vars: Arc<Vec<(String, Value)>>,
     /// The path prefix of its siblings, so templates can name a sibling by its plain id.
     pub prefix: String,
+    /// Mounted inside a loop's pass (at any depth), so that the passes of
+    /// a loop in it are told apart by path.
+    pub in_loop: bool,
+}
+
+impl Inst {
+    /// The path prefix of a group instance's children. A loop inside a
+    /// loop's pass names that pass (`review.inner@2.`): its own passes count
+    /// from 0 again on every outer pass, so the iteration alone would give
+    /// the children of different outer passes the same (path, iteration).
+    pub fn child_prefix(&self) -> String {
+        match self.spec.kind {
+            NodeKind::Loop { .. } if self.in_loop => format!("{}@{}.", self.key.0, self.key.1),
+            _ => format!("{}.", self.key.0),
+        }
+    }
 }
 
 /// What the driver knows that shapes the plan: loop passes and `for_each` lists.
@@ -115,6 +131,7 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
         0,
         None,
         0,
+        false,
         Arc::new(Vec::new()),
         shape,
         &mut plan,
@@ -133,6 +150,7 @@ fn mount_group(
     iteration: u32,
     parent: Option<&Key>,
     base_layer: u32,
+    in_loop: bool,
     vars: Arc<Vec<(String, Value)>>,
     shape: &Shape,
     plan: &mut Plan,
@@ -170,6 +188,7 @@ fn mount_group(
                 layer,
                 vars: vars.clone(),
                 prefix: prefix.to_string(),
+                in_loop,
             },
         );
         if !shape.started_groups.contains(&key) {
@@ -182,13 +201,19 @@ fn mount_group(
                 let pass = shape.loop_pass.get(&key).copied().unwrap_or(0);
                 let mut v = (*vars).clone();
                 set_var(&mut v, "iteration", Value::from(pass));
+                let child_prefix = if in_loop {
+                    format!("{}@{iteration}.", key.0)
+                } else {
+                    format!("{}.", key.0)
+                };
                 mount_group(
                     tree,
                     tree.children(spec),
-                    &format!("{}.", key.0),
+                    &child_prefix,
                     pass,
                     Some(&key),
                     layer + 1,
+                    true,
                     Arc::new(v),
                     shape,
                     plan,
@@ -211,6 +236,7 @@ fn mount_group(
                             iteration,
                             Some(&key),
                             layer + 1,
+                            in_loop,
                             Arc::new(v),
                             shape,
                             plan,
