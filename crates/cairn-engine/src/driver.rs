@@ -30,6 +30,10 @@ use crate::{EngineError, RunOutcome, PROCESS_CONTROL};
 const HEARTBEAT: Duration = Duration::from_secs(10);
 const CONTROL_POLL: Duration = Duration::from_millis(200);
 const MAX_TIMINGS: usize = 20;
+/// Events a round may append before it waits for the log: value nodes end in
+/// the round that starts them, so without a bound a large workflow would
+/// queue all its events in memory ahead of the store.
+const MAX_BACKLOG: u64 = 4096;
 
 /// Requests from outside the run (the engine API, another process).
 pub(crate) enum Control {
@@ -113,6 +117,8 @@ pub(crate) struct Driver {
     layers: HashMap<u32, Tally>,
     chapters: HashMap<String, Tally>,
     store_error: Option<String>,
+    /// The log's last seq when the driver last waited for a backlog.
+    synced_at: u64,
 }
 
 pub(crate) struct DriverInit {
@@ -132,7 +138,7 @@ impl Driver {
     pub(crate) fn new(init: DriverInit) -> Driver {
         let (msg_tx, msg_rx) = mpsc::unbounded_channel();
         let (ask_tx, ask_rx) = mpsc::unbounded_channel();
-        let tree = SpecTree::new(&init.wf.nodes);
+        let tree = SpecTree::new(&init.wf);
         let concurrency = init
             .max_concurrency
             .or(init.wf.concurrency)
@@ -181,6 +187,7 @@ impl Driver {
             layers: HashMap::new(),
             chapters: HashMap::new(),
             store_error: None,
+            synced_at: 0,
             wf: init.wf,
         }
     }
@@ -224,8 +231,11 @@ impl Driver {
             loop {
                 self.process_checks();
                 let before = to_spawn.len();
-                self.start_ready(&mut to_spawn);
-                if self.check_queue.is_empty() && to_spawn.len() == before {
+                let paused = self.start_ready(&mut to_spawn);
+                if self.check_queue.is_empty() && to_spawn.len() == before && !paused {
+                    break;
+                }
+                if !self.ease_backlog().await {
                     break;
                 }
             }
@@ -305,6 +315,24 @@ impl Driver {
         }
     }
 
+    fn backlog_full(&self) -> bool {
+        self.log.last_seq() >= self.synced_at + MAX_BACKLOG
+    }
+
+    /// Waits for the log once a round has appended `MAX_BACKLOG` events, so
+    /// that the store's queue stays bounded. False on a store error.
+    async fn ease_backlog(&mut self) -> bool {
+        if !self.backlog_full() {
+            return true;
+        }
+        self.synced_at = self.log.last_seq();
+        if let Err(e) = self.log.sync().await {
+            self.store_error = Some(e.to_string());
+            return false;
+        }
+        true
+    }
+
     fn is_waiting(&self) -> bool {
         !self.waiting.is_empty()
             && self.running.len() == self.waiting.len()
@@ -357,10 +385,10 @@ impl Driver {
             }
             let mut unmet = 0;
             for dep in &inst.needs {
-                self.dependents
-                    .entry(dep.clone())
-                    .or_default()
-                    .push(key.clone());
+                let deps = self.dependents.entry(dep.clone()).or_default();
+                // Most nodes have one dependent: no room for four.
+                deps.reserve_exact(1);
+                deps.push(key.clone());
                 if !self.status_of(dep).is_some_and(|s| s.is_done()) {
                     unmet += 1;
                 }
@@ -567,10 +595,11 @@ impl Driver {
     }
 
     /// Emits `NodeStarted` for what may start now; leaf attempts are spawned
-    /// by the caller once those events are durable.
-    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+    /// by the caller once those events are durable. True when it stopped
+    /// with nodes still ready because the log's backlog is full.
+    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
         if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
-            return;
+            return false;
         }
         let mut budget = self.leaf_slots().saturating_sub(to_spawn.len());
         // Leaves past the concurrency budget stay queued; so does a group
@@ -581,6 +610,9 @@ impl Driver {
                 .front()
                 .is_some_and(|k| self.resumed_attempts.contains_key(k))
         {
+            if self.backlog_full() && !self.ready.is_empty() {
+                return true;
+            }
             let Some(key) = self.ready.pop_front() else {
                 break;
             };
@@ -654,6 +686,7 @@ impl Driver {
                 to_spawn.push((key, attempt));
             }
         }
+        false
     }
 
     /// After a resume: layers and chapters the log shows started and not
@@ -754,7 +787,7 @@ impl Driver {
 
     fn finish_group_pass(&mut self, key: &Key) {
         let inst = self.plan.insts[key].clone();
-        let children: Vec<Arc<NodeSpec>> = self.tree.children(&inst.spec).to_vec();
+        let children = self.tree.children(&inst.spec);
         match &inst.spec.kind {
             NodeKind::Loop {
                 until,
@@ -1432,8 +1465,10 @@ impl Driver {
 
     fn summary(&self) -> EventKind {
         let mut nodes = NodeCounts::default();
-        let mut timings = Vec::new();
-        for n in &self.state.nodes {
+        // The slowest nodes by index first: naming every node would copy
+        // every path.
+        let mut slowest: Vec<(u64, usize)> = Vec::new();
+        for (i, n) in self.state.nodes.iter().enumerate() {
             match n.status {
                 NodeStatus::Finished => nodes.finished += 1,
                 NodeStatus::Failed => nodes.failed += 1,
@@ -1442,15 +1477,23 @@ impl Driver {
                 _ => {}
             }
             if let Some(d) = n.duration_ms {
-                timings.push(NodeTiming {
-                    node_id: n.node_id.clone(),
-                    iteration: n.iteration,
-                    duration_ms: d,
-                });
+                slowest.push((d, i));
+                if slowest.len() >= 2 * MAX_TIMINGS {
+                    slowest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                    slowest.truncate(MAX_TIMINGS);
+                }
             }
         }
-        timings.sort_by(|a, b| b.duration_ms.cmp(&a.duration_ms));
-        timings.truncate(MAX_TIMINGS);
+        slowest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        slowest.truncate(MAX_TIMINGS);
+        let timings = slowest
+            .into_iter()
+            .map(|(d, i)| NodeTiming {
+                node_id: self.state.nodes[i].node_id.clone(),
+                iteration: self.state.nodes[i].iteration,
+                duration_ms: d,
+            })
+            .collect();
         EventKind::RunSummary {
             duration_ms: self.duration_ms(),
             nodes,
@@ -1502,7 +1545,7 @@ impl Driver {
     /// would make a run quadratic.
     fn vars_for(&mut self, inst: &Inst, force: bool) -> Value {
         let templated = force || {
-            let ptr = Arc::as_ptr(&inst.spec) as usize;
+            let ptr = inst.spec.id();
             *self
                 .templated
                 .entry(ptr)

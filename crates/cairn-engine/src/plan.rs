@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use cairn_workflow::{NodeKind, NodeSpec};
+use std::ptr::NonNull;
+
+use cairn_workflow::{NodeKind, NodeSpec, Workflow};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -21,7 +23,7 @@ pub type Key = (String, u32);
 #[derive(Debug, Clone)]
 pub struct Inst {
     pub key: Key,
-    pub spec: Arc<NodeSpec>,
+    pub spec: SpecRef,
     /// The instances this one waits for (its `needs`, resolved in its group).
     pub needs: Vec<Key>,
     /// The group instance this node belongs to, if any.
@@ -70,48 +72,68 @@ pub struct Plan {
     pub xml_hash: String,
 }
 
-/// Spec nodes wrapped once so that instances share them.
-#[derive(Debug)]
-pub struct SpecTree {
-    pub roots: Vec<Arc<NodeSpec>>,
-    children: HashMap<*const NodeSpec, Vec<Arc<NodeSpec>>>,
+/// One node of the run's workflow, shared by its instances without a copy:
+/// it keeps the workflow alive and points into it.
+#[derive(Clone)]
+pub struct SpecRef {
+    wf: Arc<Workflow>,
+    ptr: NonNull<NodeSpec>,
 }
 
-// The raw pointers are only map keys into specs this tree owns.
-unsafe impl Send for SpecTree {}
-unsafe impl Sync for SpecTree {}
+// The pointer is into the workflow the `Arc` keeps alive and nothing
+// mutates, so a `SpecRef` is as shareable as `&NodeSpec`.
+unsafe impl Send for SpecRef {}
+unsafe impl Sync for SpecRef {}
+
+impl SpecRef {
+    fn new(wf: &Arc<Workflow>, spec: &NodeSpec) -> SpecRef {
+        SpecRef {
+            wf: wf.clone(),
+            ptr: NonNull::from(spec),
+        }
+    }
+
+    /// The spec's address: the same for every instance of one spec node.
+    pub fn id(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+impl std::ops::Deref for SpecRef {
+    type Target = NodeSpec;
+    fn deref(&self) -> &NodeSpec {
+        // SAFETY: `ptr` points into `wf`'s nodes, which live as long as `wf`
+        // and are never mutated behind the `Arc`.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl std::fmt::Debug for SpecRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+/// The workflow's spec nodes as `SpecRef`s.
+#[derive(Debug)]
+pub struct SpecTree {
+    pub roots: Vec<SpecRef>,
+}
 
 impl SpecTree {
-    /// Wraps a workflow's nodes.
-    pub fn new(nodes: &[NodeSpec]) -> SpecTree {
-        let mut t = SpecTree {
-            roots: Vec::new(),
-            children: HashMap::new(),
-        };
-        t.roots = t.wrap(nodes);
-        t
+    /// The tree of a workflow's nodes.
+    pub fn new(wf: &Arc<Workflow>) -> SpecTree {
+        SpecTree {
+            roots: wf.nodes.iter().map(|n| SpecRef::new(wf, n)).collect(),
+        }
     }
 
-    fn wrap(&mut self, nodes: &[NodeSpec]) -> Vec<Arc<NodeSpec>> {
-        nodes
-            .iter()
-            .map(|n| {
-                let a = Arc::new(n.clone());
-                if let Some(kids) = n.kind.children() {
-                    let wrapped = self.wrap(kids);
-                    self.children.insert(Arc::as_ptr(&a), wrapped);
-                }
-                a
-            })
-            .collect()
-    }
-
-    /// The wrapped children of a group spec.
-    pub fn children(&self, spec: &Arc<NodeSpec>) -> &[Arc<NodeSpec>] {
-        self.children
-            .get(&Arc::as_ptr(spec))
-            .map(|v| v.as_slice())
-            .unwrap_or(&[])
+    /// The children of a group spec.
+    pub fn children(&self, spec: &SpecRef) -> Vec<SpecRef> {
+        spec.kind
+            .children()
+            .map(|kids| kids.iter().map(|n| SpecRef::new(&spec.wf, n)).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -145,7 +167,7 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
 #[allow(clippy::too_many_arguments)]
 fn mount_group(
     tree: &SpecTree,
-    specs: &[Arc<NodeSpec>],
+    specs: &[SpecRef],
     prefix: &str,
     iteration: u32,
     parent: Option<&Key>,
@@ -208,7 +230,7 @@ fn mount_group(
                 };
                 mount_group(
                     tree,
-                    tree.children(spec),
+                    &tree.children(spec),
                     &child_prefix,
                     pass,
                     Some(&key),
@@ -231,7 +253,7 @@ fn mount_group(
                         set_var(&mut v, "index", Value::from(i));
                         mount_group(
                             tree,
-                            tree.children(spec),
+                            &tree.children(spec),
                             &format!("{}[{i}].", key.0),
                             iteration,
                             Some(&key),
@@ -262,7 +284,7 @@ fn set_var(vars: &mut Vec<(String, Value)>, name: &str, value: Value) {
 /// Depth of each sibling within its group: 0 without needs, else one more than
 /// the deepest need. Iterative (Kahn's order) so a chain of thousands of nodes
 /// needs no deep recursion; the workflow was validated acyclic.
-fn depths(specs: &[Arc<NodeSpec>]) -> Vec<u32> {
+fn depths(specs: &[SpecRef]) -> Vec<u32> {
     let index: HashMap<&str, usize> = specs
         .iter()
         .enumerate()
