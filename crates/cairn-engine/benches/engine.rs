@@ -31,7 +31,10 @@
 //! the case's events), divided by nodes. It also prints the case's time per
 //! event over the journal's (`× journal`), the peak memory, and per shape the
 //! growth of the per-node total and overhead from the smallest to the largest
-//! size. Every case checks that every node instance finished.
+//! size. Every case checks that every node instance finished. Runs shorter
+//! than a second are noisy on a shared machine, so each case (and the
+//! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
+//! change it) and the fastest run counts; peak memory is the highest seen.
 
 use std::path::Path;
 use std::process::Command;
@@ -331,6 +334,31 @@ fn child(args: &[&str]) -> Measure {
     }
 }
 
+/// How many times a case runs at size `n`: small runs are short enough for
+/// a busy machine to double them, so they repeat and the fastest counts.
+fn repeats(n: usize) -> usize {
+    std::env::var("CAIRN_BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| (20_000 / n.max(1)).clamp(1, 10))
+}
+
+/// The fastest of `reps` runs of one case, with the highest peak memory seen.
+fn best_of(reps: usize, args: &[&str]) -> Measure {
+    let mut best: Option<Measure> = None;
+    let mut peak = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let m = child(args);
+        peak = peak.max(m.peak_mb);
+        if best.as_ref().is_none_or(|b| m.wall_ms < b.wall_ms) {
+            best = Some(m);
+        }
+    }
+    let mut m = best.expect("at least one run");
+    m.peak_mb = peak;
+    m
+}
+
 /// Per-node figures of one case against its size's journal baseline.
 struct Row {
     total_us: f64,
@@ -390,12 +418,13 @@ fn main() {
         // The chain writes the most events per node; the baseline appends as many.
         let (_, chain_instances) = workflow("chain", n);
         let base_events = (chain_instances as u64) * 6 + 4;
-        let base = child(&["journal", &n.to_string(), &base_events.to_string()]);
+        let reps = repeats(n);
+        let base = best_of(reps, &["journal", &n.to_string(), &base_events.to_string()]);
         for case in &cases {
             if case == "deep" && results.iter().any(|(_, m, _)| m.case == "deep") {
                 continue;
             }
-            let m = child(&[case, &n.to_string()]);
+            let m = best_of(reps, &[case, &n.to_string()]);
             let r = row(&m, &base);
             let ok = r.overhead_us <= TARGET_OVERHEAD_US && m.peak_mb < TARGET_PEAK_MB;
             println!(
@@ -438,9 +467,14 @@ fn main() {
                 let at = |n: usize| results.iter().find(|(s, m, _)| *s == n && &m.case == case);
                 if let (Some(a), Some(b)) = (at(lo), at(hi)) {
                     let total = b.2.total_us / a.2.total_us;
-                    let overhead = b.2.overhead_us / a.2.overhead_us.max(f64::MIN_POSITIVE);
+                    // Below the baseline's own noise the overhead has no ratio.
+                    let overhead = if a.2.overhead_us > 0.0 {
+                        format!("{:.2}×", b.2.overhead_us / a.2.overhead_us)
+                    } else {
+                        "n/a".to_string()
+                    };
                     println!(
-                        "{:<10} total {:>6.2}×  overhead {:>6.2}×{}",
+                        "{:<10} total {:>6.2}×  overhead {:>7}{}",
                         case,
                         total,
                         overhead,
