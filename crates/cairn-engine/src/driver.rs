@@ -659,9 +659,11 @@ impl Driver {
                 // NodeFinished still commits with (never before) anything
                 // that follows from it.
                 let t0 = Instant::now();
-                let rendered = {
+                let rendered = if self.is_templated(&inst) {
                     let ctx = self.context_for(&inst, inst.key.1);
                     self.templates.render_value_in(v, &ctx)
+                } else {
+                    Ok(v.clone())
                 };
                 match rendered {
                     Ok(output) => {
@@ -1539,18 +1541,20 @@ impl Driver {
         Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
     }
 
+    /// Whether an instance's spec has templates (looked at once per spec).
+    fn is_templated(&mut self, inst: &Inst) -> bool {
+        *self
+            .templated
+            .entry(inst.spec.id())
+            .or_insert_with(|| uses_templates(&inst.spec))
+    }
+
     /// The template context of an attempt that runs in its own task, as a
     /// value of its own. Nodes without templates get a small context:
     /// copying every node's output for each of thousands of plain nodes
     /// would make a run quadratic.
     fn vars_for(&mut self, inst: &Inst, force: bool) -> Value {
-        let templated = force || {
-            let ptr = inst.spec.id();
-            *self
-                .templated
-                .entry(ptr)
-                .or_insert_with(|| uses_templates(&inst.spec))
-        };
+        let templated = force || self.is_templated(inst);
         let mut vars = Map::new();
         vars.insert(
             "input".into(),
@@ -1623,7 +1627,7 @@ fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
 
 fn uses_templates(spec: &NodeSpec) -> bool {
     fn has(s: &str) -> bool {
-        s.contains("{{") || s.contains("{%")
+        s.contains("{{") || s.contains("{%") || s.contains("{#")
     }
     fn value_has(v: &Value) -> bool {
         match v {

@@ -67,7 +67,8 @@ pub struct Shape {
 pub struct Plan {
     /// Instances in mount order.
     pub order: Vec<Key>,
-    pub insts: HashMap<Key, Inst>,
+    /// Shared, so that the driver's look-ups take an instance without copying its paths.
+    pub insts: HashMap<Key, Arc<Inst>>,
     /// SHA-256 hex of the canonical XML.
     pub xml_hash: String,
 }
@@ -202,7 +203,7 @@ fn mount_group(
         plan.order.push(key.clone());
         plan.insts.insert(
             key.clone(),
-            Inst {
+            Arc::new(Inst {
                 key: key.clone(),
                 spec: spec.clone(),
                 needs,
@@ -211,7 +212,7 @@ fn mount_group(
                 vars: vars.clone(),
                 prefix: prefix.to_string(),
                 in_loop,
-            },
+            }),
         );
         if !shape.started_groups.contains(&key) {
             xml.push_str("/>");
