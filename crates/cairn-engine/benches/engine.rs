@@ -39,7 +39,7 @@
 //! size. Every case checks that every node instance finished. Runs shorter
 //! than a second are noisy on a shared machine, so each case (and the
 //! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
-//! change it) and the fastest run counts; peak memory is the highest seen.
+//! change it) and the median run counts; peak memory is the highest seen.
 
 use std::path::Path;
 use std::process::Command;
@@ -379,7 +379,7 @@ fn child(args: &[&str]) -> Measure {
 }
 
 /// How many times a case runs at size `n`: small runs are short enough for
-/// a busy machine to double them, so they repeat and the fastest counts.
+/// a busy machine to double them, so they repeat and the median counts.
 fn repeats(n: usize) -> usize {
     std::env::var("CAIRN_BENCH_REPEAT")
         .ok()
@@ -387,18 +387,14 @@ fn repeats(n: usize) -> usize {
         .unwrap_or_else(|| (20_000 / n.max(1)).clamp(1, 10))
 }
 
-/// The fastest of `reps` runs of one case, with the highest peak memory seen.
-fn best_of(reps: usize, args: &[&str]) -> Measure {
-    let mut best: Option<Measure> = None;
-    let mut peak = 0.0f64;
-    for _ in 0..reps.max(1) {
-        let m = child(args);
-        peak = peak.max(m.peak_mb);
-        if best.as_ref().is_none_or(|b| m.wall_ms < b.wall_ms) {
-            best = Some(m);
-        }
-    }
-    let mut m = best.expect("at least one run");
+/// The median by wall time of `reps` runs of one case (the faster of the
+/// middle two), with the highest peak memory seen. Not the fastest: that
+/// would favour the sizes that repeat most when comparing sizes.
+fn median_of(reps: usize, args: &[&str]) -> Measure {
+    let mut runs: Vec<Measure> = (0..reps.max(1)).map(|_| child(args)).collect();
+    let peak = runs.iter().map(|m| m.peak_mb).fold(0.0, f64::max);
+    runs.sort_by(|a, b| a.wall_ms.total_cmp(&b.wall_ms));
+    let mut m = runs.swap_remove((runs.len() - 1) / 2);
     m.peak_mb = peak;
     m
 }
@@ -483,12 +479,12 @@ fn main() {
         let (_, chain_instances) = workflow("chain", n);
         let base_events = (chain_instances as u64) * 6 + 4;
         let reps = repeats(n);
-        let base = best_of(reps, &["journal", &n.to_string(), &base_events.to_string()]);
+        let base = median_of(reps, &["journal", &n.to_string(), &base_events.to_string()]);
         for case in &cases {
             if case == "deep" && results.iter().any(|(_, m, _)| m.case == "deep") {
                 continue;
             }
-            let m = best_of(reps, &[case, &n.to_string()]);
+            let m = median_of(reps, &[case, &n.to_string()]);
             let r = row(&m, &base);
             let ok = r.overhead_us <= TARGET_OVERHEAD_US
                 && r.engine_cpu_us <= TARGET_OVERHEAD_US

@@ -1509,17 +1509,24 @@ impl Driver {
 
     /// The template context of the workflow's `output`.
     fn run_context(&self) -> Context {
-        Context::scoped(self.small_vars(0), "nodes", self.nodes_ctx.shared(), "")
+        Context::scoped(self.small_vars(0, &[]), "nodes", self.nodes_ctx.shared(), "")
     }
 
     /// The variables of a render other than `nodes`: all small, so they are
-    /// built for every render.
-    fn small_vars(&self, iteration: u32) -> Map<String, Value> {
+    /// built for every render. A group's names (`item`, the `as` name,
+    /// `index`) come after `input` and before `run` and `workflow`, as they
+    /// always have, so the same one wins where they clash.
+    fn small_vars(&self, iteration: u32, group: &[(String, Value)]) -> Map<String, Value> {
         let mut vars = Map::new();
         vars.insert(
             "input".into(),
             self.state.input.clone().unwrap_or(Value::Null),
         );
+        for (k, v) in group {
+            vars.insert(k.clone(), v.clone());
+        }
+        // Inside a loop the group's `iteration` is the instance's pass
+        // already; a loop's own `until` reads the pass that just ended.
         vars.insert("iteration".into(), Value::from(iteration));
         vars.insert("run".into(), json!({ "id": self.run_id }));
         vars.insert("workflow".into(), json!({ "name": self.wf.name }));
@@ -1531,13 +1538,7 @@ impl Driver {
     /// template reads. `iteration` is the instance's pass, or for a loop's
     /// `until` the pass that just ended.
     fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
-        let mut vars = self.small_vars(iteration);
-        for (k, v) in inst.vars.iter() {
-            vars.insert(k.clone(), v.clone());
-        }
-        // Inside a loop the group's `iteration` is the instance's pass
-        // already; a loop's own `until` reads the pass that just ended.
-        vars.insert("iteration".into(), Value::from(iteration));
+        let vars = self.small_vars(iteration, &inst.vars);
         Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
     }
 
