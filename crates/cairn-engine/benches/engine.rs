@@ -58,13 +58,18 @@ const TARGET_GROWTH: f64 = 1.5;
 const NEST_DEPTH: usize = 20;
 const DEEP_LEVELS: usize = 200;
 const CASES: &[&str] = &[
-    "chain", "fanout", "fanin", "foreach", "loop", "templated", "nested", "deep",
+    "chain",
+    "fanout",
+    "fanin",
+    "foreach",
+    "loop",
+    "templated",
+    "nested",
+    "deep",
 ];
 
-fn list_env<T: std::str::FromStr>(name: &str, default: &[T]) -> Vec<T>
-where
-    T: Clone,
-{
+/// A comma-separated list from the environment, or `default`.
+fn list_env<T: std::str::FromStr + Clone>(name: &str, default: &[T]) -> Vec<T> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => v
             .split(',')
@@ -142,9 +147,7 @@ fn workflow(shape: &str, n: usize) -> (String, usize) {
                 }
                 match (shape, i) {
                     (_, 0) => {}
-                    ("chain" | "templated", _) => {
-                        y.push_str(&format!("    needs: [n{}]\n", i - 1))
-                    }
+                    ("chain" | "templated", _) => y.push_str(&format!("    needs: [n{}]\n", i - 1)),
                     ("fanin", i) if i == n - 1 => {
                         let all: Vec<String> = (1..n - 1).map(|j| format!("n{j}")).collect();
                         y.push_str(&format!("    needs: [{}]\n", all.join(", ")));
@@ -156,7 +159,10 @@ fn workflow(shape: &str, n: usize) -> (String, usize) {
         }
         "foreach" => {
             let items: Vec<String> = (0..n - 2).map(|i| i.to_string()).collect();
-            y.push_str(&format!("  - id: items\n    value: [{}]\n", items.join(", ")));
+            y.push_str(&format!(
+                "  - id: items\n    value: [{}]\n",
+                items.join(", ")
+            ));
             y.push_str(concat!(
                 "  - id: each\n    needs: [items]\n    for_each: \"nodes.items.output\"\n",
                 "    nodes:\n      - id: v\n        value: \"{{ item }}\"\n",
@@ -528,7 +534,9 @@ fn main() {
     if let (Some(&lo), Some(&hi)) = (sizes.iter().min(), sizes.iter().max()) {
         if lo != hi {
             println!();
-            println!("growth of the per-node cost from {lo} to {hi} nodes (target ≤ {TARGET_GROWTH}×)");
+            println!(
+                "growth of the per-node cost from {lo} to {hi} nodes (target ≤ {TARGET_GROWTH}×)"
+            );
             for case in &cases {
                 let at = |n: usize| results.iter().find(|(s, m, _)| *s == n && &m.case == case);
                 if let (Some(a), Some(b)) = (at(lo), at(hi)) {

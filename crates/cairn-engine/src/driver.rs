@@ -1509,7 +1509,12 @@ impl Driver {
 
     /// The template context of the workflow's `output`.
     fn run_context(&self) -> Context {
-        Context::scoped(self.small_vars(0, &[]), "nodes", self.nodes_ctx.shared(), "")
+        Context::scoped(
+            self.small_vars(0, &[]),
+            "nodes",
+            self.nodes_ctx.shared(),
+            "",
+        )
     }
 
     /// The variables of a render other than `nodes`: all small, so they are

@@ -314,7 +314,8 @@ impl RunState {
             Some(&i) => i,
             None => {
                 self.nodes.push(NodeState::new(id, it, ev.seq));
-                self.index.insert((id.to_string(), it), self.nodes.len() - 1);
+                self.index
+                    .insert((id.to_string(), it), self.nodes.len() - 1);
                 self.nodes.len() - 1
             }
         };

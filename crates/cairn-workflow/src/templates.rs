@@ -66,7 +66,11 @@ impl Object for Scoped {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        let mut keys: Vec<Value> = self.vars.try_iter().map(|i| i.collect()).unwrap_or_default();
+        let mut keys: Vec<Value> = self
+            .vars
+            .try_iter()
+            .map(|i| i.collect())
+            .unwrap_or_default();
         keys.push(Value::from(self.name.as_str()));
         Enumerator::Values(keys)
     }
