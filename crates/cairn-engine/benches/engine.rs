@@ -1,8 +1,8 @@
 //! Engine overhead by workflow shape and size, on a real SQLite store.
 //!
 //! `cargo bench -p cairn-engine --bench engine`: every case at 1,000, 10,000
-//! and 100,000 nodes, about 4 minutes on a 2-core machine (the 100,000 runs
-//! take most of it). `CAIRN_BENCH_SIZES=1000,10000` picks sizes,
+//! and 100,000 nodes, 1 to 2 minutes on a 2-core machine (the 100,000 runs
+//! take most of it; plus the build). `CAIRN_BENCH_SIZES=1000,10000` picks sizes,
 //! `CAIRN_BENCH_CASES=chain,fanin` picks cases.
 //!
 //! Cases, each run in a child process of this binary so that its peak memory
