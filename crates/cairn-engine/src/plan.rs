@@ -188,17 +188,24 @@ fn mount_group(
             .iter()
             .map(|n| (format!("{prefix}{n}"), iteration))
             .collect();
+        xml.push_str("<node id=\"");
+        esc_into(xml, &key.0);
         let _ = write!(
             xml,
-            "<node id=\"{}\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
-            esc(&key.0),
+            "\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
             iteration,
             spec.kind.name(),
             layer
         );
         if !needs.is_empty() {
-            let joined: Vec<&str> = needs.iter().map(|k| k.0.as_str()).collect();
-            let _ = write!(xml, " needs=\"{}\"", esc(&joined.join(" ")));
+            xml.push_str(" needs=\"");
+            for (i, k) in needs.iter().enumerate() {
+                if i > 0 {
+                    xml.push(' ');
+                }
+                esc_into(xml, &k.0);
+            }
+            xml.push('"');
         }
         plan.order.push(key.clone());
         plan.insts.insert(
@@ -316,9 +323,44 @@ fn depths(specs: &[SpecRef]) -> Vec<u32> {
     depth
 }
 
+/// Appends `s` escaped as [`esc`] would, without a copy per attribute
+/// (the plan is rendered after every group start).
+fn esc_into(out: &mut String, s: &str) {
+    if !s.bytes().any(|b| matches!(b, b'&' | b'<' | b'>' | b'"')) {
+        // Paths never need escaping: ids are letters, digits, `_` and `-`.
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frame's hash is over these bytes: the in-place escape must write
+    /// exactly what the copying one returns.
+    #[test]
+    fn escape_in_place_matches_copying_escape() {
+        for s in ["plain", "a&b", "<&amp;>", "\"q\" & 'a'", "x[1].y@2", ""] {
+            let mut out = String::from("<");
+            esc_into(&mut out, s);
+            assert_eq!(out, format!("<{}", esc(s)), "{s}");
+        }
+    }
 }
