@@ -19,7 +19,7 @@ use cairn_events::{
 use cairn_events::{InboxReply, RunCommand};
 use cairn_store::{Listener, RunLog, Topic};
 use cairn_workflow::{
-    NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
+    Context, NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -39,6 +39,10 @@ const MAX_TIMINGS: usize = 20;
 /// shutdown signal, so that a cancel or a SIGTERM takes effect within a
 /// round however large the round is.
 const ROUND_SLICE: usize = 2048;
+/// Events a round may append before it waits for the log: value nodes end in
+/// the round that starts them, so without a bound a large workflow would
+/// queue all its events in memory ahead of the store.
+const MAX_BACKLOG: u64 = 4096;
 
 /// What a driver is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,8 +90,11 @@ pub(crate) struct Driver {
     plan: Plan,
     frame_no: u64,
     dependents: HashMap<Key, Vec<Key>>,
+    /// How many of each mounted instance's needs have not ended, so that a
+    /// join is looked at in full once, not once per finished need.
+    unmet: HashMap<Key, usize>,
     group_remaining: HashMap<Key, usize>,
-    nodes_ctx: Map<String, Value>,
+    nodes_ctx: NodesCtx,
     templated: HashMap<usize, bool>,
     check_queue: VecDeque<Key>,
     ready: VecDeque<Key>,
@@ -117,6 +124,8 @@ pub(crate) struct Driver {
     layers: HashMap<u32, Tally>,
     chapters: HashMap<String, Tally>,
     store_error: Option<String>,
+    /// The log's last seq when the driver last waited for a backlog.
+    synced_at: u64,
 }
 
 pub(crate) struct DriverInit {
@@ -136,7 +145,7 @@ impl Driver {
     pub(crate) fn new(init: DriverInit) -> Driver {
         let (msg_tx, msg_rx) = mpsc::unbounded_channel();
         let (ask_tx, ask_rx) = mpsc::unbounded_channel();
-        let tree = SpecTree::new(&init.wf.nodes);
+        let tree = SpecTree::new(&init.wf);
         let concurrency = init
             .max_concurrency
             .or(init.wf.concurrency)
@@ -163,8 +172,9 @@ impl Driver {
             },
             frame_no,
             dependents: HashMap::new(),
+            unmet: HashMap::new(),
             group_remaining: HashMap::new(),
-            nodes_ctx: Map::new(),
+            nodes_ctx: NodesCtx::default(),
             templated: HashMap::new(),
             check_queue: VecDeque::new(),
             ready: VecDeque::new(),
@@ -190,6 +200,7 @@ impl Driver {
             layers: HashMap::new(),
             chapters: HashMap::new(),
             store_error: None,
+            synced_at: 0,
             wf: init.wf,
         }
     }
@@ -324,6 +335,9 @@ impl Driver {
             if checked_all && started_all && to_spawn.len() == before {
                 break;
             }
+            if !self.ease_backlog().await {
+                break;
+            }
             if self.shutdown.token.is_cancelled() && self.shutdown_grace.is_none() {
                 self.begin_shutdown();
             }
@@ -385,6 +399,24 @@ impl Driver {
         }
     }
 
+    fn backlog_full(&self) -> bool {
+        self.log.last_seq() >= self.synced_at + MAX_BACKLOG
+    }
+
+    /// Waits for the log once a round has appended `MAX_BACKLOG` events, so
+    /// that the store's queue stays bounded. False on a store error.
+    async fn ease_backlog(&mut self) -> bool {
+        if !self.backlog_full() {
+            return true;
+        }
+        self.synced_at = self.log.last_seq();
+        if let Err(e) = self.log.sync().await {
+            self.store_error = Some(e.to_string());
+            return false;
+        }
+        true
+    }
+
     fn is_waiting(&self) -> bool {
         !self.waiting.is_empty()
             && self.running.len() == self.waiting.len()
@@ -435,11 +467,18 @@ impl Driver {
             if let Some(stage) = &inst.spec.stage {
                 self.chapters.entry(stage.clone()).or_default().total += 1;
             }
+            let mut unmet = 0;
             for dep in &inst.needs {
-                self.dependents
-                    .entry(dep.clone())
-                    .or_default()
-                    .push(key.clone());
+                let deps = self.dependents.entry(dep.clone()).or_default();
+                // Most nodes have one dependent: no room for four.
+                deps.reserve_exact(1);
+                deps.push(key.clone());
+                if !self.status_of(dep).is_some_and(|s| s.is_done()) {
+                    unmet += 1;
+                }
+            }
+            if unmet > 0 {
+                self.unmet.insert(key.clone(), unmet);
             }
             if let Some(parent) = &inst.parent {
                 if !done {
@@ -590,6 +629,9 @@ impl Driver {
         if self.status_of(key) != Some(NodeStatus::Pending) || self.queued.contains(key) {
             return;
         }
+        if self.unmet.get(key).is_some_and(|&n| n > 0) {
+            return;
+        }
         let mut blocked_by = None;
         for dep in &inst.needs {
             match self.status_of(dep) {
@@ -608,8 +650,13 @@ impl Driver {
             return;
         }
         if let Some(cond) = inst.spec.if_.clone() {
-            let vars = self.vars_for(&inst, true);
-            match self.templates.eval_bool(&cond, &vars) {
+            // Each context is dropped before anything updates `nodes`, which
+            // would otherwise copy the whole map.
+            let holds = {
+                let ctx = self.context_for(&inst, inst.key.1);
+                self.templates.eval_bool_in(&cond, &ctx)
+            };
+            match holds {
                 Ok(true) => {}
                 Ok(false) => {
                     self.skip(key, format!("condition `{cond}` is false"));
@@ -640,8 +687,9 @@ impl Driver {
     }
 
     /// Emits `NodeStarted` for what may start now, at most a slice of
-    /// nodes; leaf attempts are spawned by the caller once those events are
-    /// durable. Returns false when it stopped at the slice's end.
+    /// nodes and until the log's backlog is full; leaf attempts are spawned
+    /// by the caller once those events are durable. Returns false when it
+    /// stopped early with nodes still ready.
     fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
         if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
             return true;
@@ -673,7 +721,7 @@ impl Driver {
                 .front()
                 .is_some_and(|k| self.resumed_attempts.contains_key(k))
         {
-            if slice == 0 {
+            if slice == 0 || (self.backlog_full() && !self.ready.is_empty()) {
                 return false;
             }
             slice -= 1;
@@ -723,8 +771,13 @@ impl Driver {
                 // NodeFinished still commits with (never before) anything
                 // that follows from it.
                 let t0 = Instant::now();
-                let vars = self.vars_for(&inst, false);
-                match self.templates.render_value(v, &vars) {
+                let rendered = if self.is_templated(&inst) {
+                    let ctx = self.context_for(&inst, inst.key.1);
+                    self.templates.render_value_in(v, &ctx)
+                } else {
+                    Ok(v.clone())
+                };
+                match rendered {
                     Ok(output) => {
                         let scope = self.node_scope(&key).with_attempt(attempt);
                         self.emit(
@@ -802,7 +855,7 @@ impl Driver {
         match &inst.spec.kind {
             NodeKind::Loop { .. } => {
                 let pass = if resuming {
-                    let prefix = format!("{}.", key.0);
+                    let prefix = inst.child_prefix();
                     self.state
                         .nodes
                         .iter()
@@ -820,10 +873,10 @@ impl Driver {
                 self.shape.loop_pass.insert(key.clone(), pass);
             }
             NodeKind::ForEach { list, .. } => {
-                let vars = self.vars_for(&inst, true);
+                let ctx = self.context_for(&inst, inst.key.1);
                 let value = self
                     .templates
-                    .eval(list, &vars)
+                    .eval_in(list, &ctx)
                     .map_err(|e| NodeError::fatal("template", format!("for_each: {e}")))?;
                 let items = match value {
                     Value::Array(a) => a,
@@ -848,7 +901,7 @@ impl Driver {
 
     fn finish_group_pass(&mut self, key: &Key) {
         let inst = self.plan.insts[key].clone();
-        let children: Vec<Arc<NodeSpec>> = self.tree.children(&inst.spec).to_vec();
+        let children = self.tree.children(&inst.spec);
         match &inst.spec.kind {
             NodeKind::Loop {
                 until,
@@ -856,9 +909,10 @@ impl Driver {
                 ..
             } => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
+                let prefix = inst.child_prefix();
                 let mut out = Map::new();
                 for c in &children {
-                    let path = format!("{}.{}", key.0, c.id);
+                    let path = format!("{prefix}{}", c.id);
                     let v = self
                         .state
                         .node(&path, pass)
@@ -866,9 +920,11 @@ impl Driver {
                         .unwrap_or(Value::Null);
                     out.insert(c.id.clone(), v);
                 }
-                let mut vars = self.vars_for(&inst, true);
-                vars["iteration"] = Value::from(pass);
-                match self.templates.eval_bool(until, &vars) {
+                let holds = {
+                    let ctx = self.context_for(&inst, pass);
+                    self.templates.eval_bool_in(until, &ctx)
+                };
+                match holds {
                     Ok(done) if done || pass + 1 >= *max_iterations => {
                         if !done {
                             self.emit(
@@ -951,7 +1007,15 @@ impl Driver {
         }
         self.count_done(&inst, status);
         if let Some(deps) = self.dependents.get(key) {
-            self.check_queue.extend(deps.iter().cloned());
+            for d in deps {
+                if let Some(n) = self.unmet.get_mut(d) {
+                    *n = n.saturating_sub(1);
+                    if *n > 0 {
+                        continue;
+                    }
+                }
+                self.check_queue.push_back(d.clone());
+            }
         }
         if let Some(parent) = &inst.parent {
             if let Some(r) = self.group_remaining.get_mut(parent) {
@@ -1525,9 +1589,9 @@ impl Driver {
         } else {
             let output = match &self.wf.output {
                 Some(t) => {
-                    let vars = self.run_vars();
+                    let ctx = self.run_context();
                     self.templates
-                        .render(t, &vars)
+                        .render_in(t, &ctx)
                         .map(Some)
                         .map_err(|e| ErrorInfo::new("template", format!("workflow output: {e}")))
                 }
@@ -1580,8 +1644,10 @@ impl Driver {
 
     fn summary(&self) -> EventKind {
         let mut nodes = NodeCounts::default();
-        let mut timings = Vec::new();
-        for n in &self.state.nodes {
+        // The slowest nodes by index first: naming every node would copy
+        // every path.
+        let mut slowest: Vec<(u64, usize)> = Vec::new();
+        for (i, n) in self.state.nodes.iter().enumerate() {
             match n.status {
                 NodeStatus::Finished => nodes.finished += 1,
                 NodeStatus::Failed => nodes.failed += 1,
@@ -1590,15 +1656,23 @@ impl Driver {
                 _ => {}
             }
             if let Some(d) = n.duration_ms {
-                timings.push(NodeTiming {
-                    node_id: n.node_id.clone(),
-                    iteration: n.iteration,
-                    duration_ms: d,
-                });
+                slowest.push((d, i));
+                if slowest.len() >= 2 * MAX_TIMINGS {
+                    slowest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                    slowest.truncate(MAX_TIMINGS);
+                }
             }
         }
-        timings.sort_by(|a, b| b.duration_ms.cmp(&a.duration_ms));
-        timings.truncate(MAX_TIMINGS);
+        slowest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        slowest.truncate(MAX_TIMINGS);
+        let timings = slowest
+            .into_iter()
+            .map(|(d, i)| NodeTiming {
+                node_id: self.state.nodes[i].node_id.clone(),
+                iteration: self.state.nodes[i].iteration,
+                duration_ms: d,
+            })
+            .collect();
         EventKind::RunSummary {
             duration_ms: self.duration_ms(),
             nodes,
@@ -1610,46 +1684,76 @@ impl Driver {
 
     // ---- template context ----
 
-    fn run_vars(&self) -> Value {
-        json!({
-            "input": self.state.input.clone().unwrap_or(Value::Null),
-            "nodes": Value::Object(self.nodes_ctx.clone()),
-            "iteration": 0,
-            "run": { "id": self.run_id },
-            "workflow": { "name": self.wf.name },
-        })
+    /// The template context of the workflow's `output`.
+    fn run_context(&self) -> Context {
+        Context::scoped(
+            self.small_vars(0, &[]),
+            "nodes",
+            self.nodes_ctx.shared(),
+            "",
+        )
     }
 
-    /// The template context of one instance. Nodes without templates get a
-    /// small context: copying every node's output for each of thousands of
-    /// plain nodes would make a run quadratic.
+    /// The variables of a render other than `nodes`: all small, so they are
+    /// built for every render. A group's names (`item`, the `as` name,
+    /// `index`) come after `input` and before `run` and `workflow`, as they
+    /// always have, so the same one wins where they clash.
+    fn small_vars(&self, iteration: u32, group: &[(String, Value)]) -> Map<String, Value> {
+        let mut vars = Map::new();
+        vars.insert(
+            "input".into(),
+            self.state.input.clone().unwrap_or(Value::Null),
+        );
+        for (k, v) in group {
+            vars.insert(k.clone(), v.clone());
+        }
+        // Inside a loop the group's `iteration` is the instance's pass
+        // already; a loop's own `until` reads the pass that just ended.
+        vars.insert("iteration".into(), Value::from(iteration));
+        vars.insert("run".into(), json!({ "id": self.run_id }));
+        vars.insert("workflow".into(), json!({ "name": self.wf.name }));
+        vars
+    }
+
+    /// The template context of one instance for a render in the driver: it
+    /// shares `nodes` instead of copying it, so a render costs what the
+    /// template reads. `iteration` is the instance's pass, or for a loop's
+    /// `until` the pass that just ended.
+    fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
+        let vars = self.small_vars(iteration, &inst.vars);
+        Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
+    }
+
+    /// Whether an instance's spec has templates (looked at once per spec).
+    fn is_templated(&mut self, inst: &Inst) -> bool {
+        *self
+            .templated
+            .entry(inst.spec.id())
+            .or_insert_with(|| uses_templates(&inst.spec))
+    }
+
+    /// The template context of an attempt that runs in its own task, as a
+    /// value of its own. Nodes without templates get a small context:
+    /// copying every node's output for each of thousands of plain nodes
+    /// would make a run quadratic.
     fn vars_for(&mut self, inst: &Inst, force: bool) -> Value {
-        let templated = force || {
-            let ptr = Arc::as_ptr(&inst.spec) as usize;
-            *self
-                .templated
-                .entry(ptr)
-                .or_insert_with(|| uses_templates(&inst.spec))
-        };
+        let templated = force || self.is_templated(inst);
         let mut vars = Map::new();
         vars.insert(
             "input".into(),
             self.state.input.clone().unwrap_or(Value::Null),
         );
         if templated {
-            let mut nodes = self.nodes_ctx.clone();
+            let all = self.nodes_ctx.map();
+            let mut nodes = all.clone();
             if !inst.prefix.is_empty() {
                 // Siblings inside a group are known by their plain id too.
-                let sib: Vec<(String, Value)> = self
-                    .nodes_ctx
-                    .iter()
-                    .filter_map(|(k, v)| {
-                        let rest = k.strip_prefix(&inst.prefix)?;
-                        (!rest.contains(['.', '['])).then(|| (rest.to_string(), v.clone()))
-                    })
-                    .collect();
-                for (k, v) in sib {
-                    nodes.insert(k, v);
+                for (k, v) in all {
+                    if let Some(rest) = k.strip_prefix(&inst.prefix) {
+                        if !rest.contains(['.', '[']) {
+                            nodes.insert(rest.to_string(), v.clone());
+                        }
+                    }
                 }
             }
             vars.insert("nodes".into(), Value::Object(nodes));
@@ -1666,6 +1770,36 @@ impl Driver {
     }
 }
 
+/// The `nodes` of templates (`output`, `status`, `attempt` of every ended
+/// node instance, by path), shared with the renders that read it.
+///
+/// Renders in the driver hold the map only while they run, so an update
+/// finds it unshared and changes it in place.
+#[derive(Debug)]
+struct NodesCtx(Arc<Value>);
+
+impl Default for NodesCtx {
+    fn default() -> Self {
+        NodesCtx(Arc::new(Value::Object(Map::new())))
+    }
+}
+
+impl NodesCtx {
+    fn insert(&mut self, path: String, entry: Value) {
+        if let Value::Object(m) = Arc::make_mut(&mut self.0) {
+            m.insert(path, entry);
+        }
+    }
+
+    fn shared(&self) -> Arc<Value> {
+        self.0.clone()
+    }
+
+    fn map(&self) -> &Map<String, Value> {
+        self.0.as_object().expect("the nodes context is an object")
+    }
+}
+
 fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
     json!({
         "output": n.output.clone().unwrap_or(Value::Null),
@@ -1676,7 +1810,7 @@ fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
 
 fn uses_templates(spec: &NodeSpec) -> bool {
     fn has(s: &str) -> bool {
-        s.contains("{{") || s.contains("{%")
+        s.contains("{{") || s.contains("{%") || s.contains("{#")
     }
     fn value_has(v: &Value) -> bool {
         match v {

@@ -581,8 +581,11 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + COMMAND_WAIT;
         let mut check = tokio::time::interval(LEASE_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut lease_tried = false;
         let result = loop {
             tokio::select! {
+                // What is committed counts before whether anyone drives.
+                biased;
                 next = events.next() => {
                     let stored = match next {
                         Some(Ok(e)) => e,
@@ -610,7 +613,7 @@ impl Engine {
                         )));
                     }
                 }
-                _ = check.tick(), if applier.is_none() && !self.is_active(run_id) => {
+                _ = check.tick(), if applier.is_none() && !lease_tried && !self.is_active(run_id) => {
                     // Nobody may be driving the run: then nobody else will
                     // apply the command.
                     match self.journal().run_log(run_id) {
@@ -622,6 +625,9 @@ impl Engine {
                             };
                             match self.drive_with(run_id, Arc::new(log), StartOptions::default(), mode).await {
                                 Ok(h) => applier = Some(h),
+                                // The run ended meanwhile: its log says
+                                // whether the command made it in.
+                                Err(EngineError::Conflict(_)) => lease_tried = true,
                                 Err(e) => break Err(e),
                             }
                         }

@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use cairn_workflow::{NodeKind, NodeSpec};
+use std::ptr::NonNull;
+
+use cairn_workflow::{NodeKind, NodeSpec, Workflow};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -21,7 +23,7 @@ pub type Key = (String, u32);
 #[derive(Debug, Clone)]
 pub struct Inst {
     pub key: Key,
-    pub spec: Arc<NodeSpec>,
+    pub spec: SpecRef,
     /// The instances this one waits for (its `needs`, resolved in its group).
     pub needs: Vec<Key>,
     /// The group instance this node belongs to, if any.
@@ -32,6 +34,22 @@ pub struct Inst {
     pub vars: Arc<Vec<(String, Value)>>,
     /// The path prefix of its siblings, so templates can name a sibling by its plain id.
     pub prefix: String,
+    /// Mounted inside a loop's pass (at any depth), so that the passes of
+    /// a loop in it are told apart by path.
+    pub in_loop: bool,
+}
+
+impl Inst {
+    /// The path prefix of a group instance's children. A loop inside a
+    /// loop's pass names that pass (`review.inner@2.`): its own passes count
+    /// from 0 again on every outer pass, so the iteration alone would give
+    /// the children of different outer passes the same (path, iteration).
+    pub fn child_prefix(&self) -> String {
+        match self.spec.kind {
+            NodeKind::Loop { .. } if self.in_loop => format!("{}@{}.", self.key.0, self.key.1),
+            _ => format!("{}.", self.key.0),
+        }
+    }
 }
 
 /// What the driver knows that shapes the plan: loop passes and `for_each` lists.
@@ -49,53 +67,74 @@ pub struct Shape {
 pub struct Plan {
     /// Instances in mount order.
     pub order: Vec<Key>,
-    pub insts: HashMap<Key, Inst>,
+    /// Shared, so that the driver's look-ups take an instance without copying its paths.
+    pub insts: HashMap<Key, Arc<Inst>>,
     /// SHA-256 hex of the canonical XML.
     pub xml_hash: String,
 }
 
-/// Spec nodes wrapped once so that instances share them.
-#[derive(Debug)]
-pub struct SpecTree {
-    pub roots: Vec<Arc<NodeSpec>>,
-    children: HashMap<*const NodeSpec, Vec<Arc<NodeSpec>>>,
+/// One node of the run's workflow, shared by its instances without a copy:
+/// it keeps the workflow alive and points into it.
+#[derive(Clone)]
+pub struct SpecRef {
+    wf: Arc<Workflow>,
+    ptr: NonNull<NodeSpec>,
 }
 
-// The raw pointers are only map keys into specs this tree owns.
-unsafe impl Send for SpecTree {}
-unsafe impl Sync for SpecTree {}
+// The pointer is into the workflow the `Arc` keeps alive and nothing
+// mutates, so a `SpecRef` is as shareable as `&NodeSpec`.
+unsafe impl Send for SpecRef {}
+unsafe impl Sync for SpecRef {}
+
+impl SpecRef {
+    fn new(wf: &Arc<Workflow>, spec: &NodeSpec) -> SpecRef {
+        SpecRef {
+            wf: wf.clone(),
+            ptr: NonNull::from(spec),
+        }
+    }
+
+    /// The spec's address: the same for every instance of one spec node.
+    pub fn id(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+impl std::ops::Deref for SpecRef {
+    type Target = NodeSpec;
+    fn deref(&self) -> &NodeSpec {
+        // SAFETY: `ptr` points into `wf`'s nodes, which live as long as `wf`
+        // and are never mutated behind the `Arc`.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl std::fmt::Debug for SpecRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+/// The workflow's spec nodes as `SpecRef`s.
+#[derive(Debug)]
+pub struct SpecTree {
+    pub roots: Vec<SpecRef>,
+}
 
 impl SpecTree {
-    /// Wraps a workflow's nodes.
-    pub fn new(nodes: &[NodeSpec]) -> SpecTree {
-        let mut t = SpecTree {
-            roots: Vec::new(),
-            children: HashMap::new(),
-        };
-        t.roots = t.wrap(nodes);
-        t
+    /// The tree of a workflow's nodes.
+    pub fn new(wf: &Arc<Workflow>) -> SpecTree {
+        SpecTree {
+            roots: wf.nodes.iter().map(|n| SpecRef::new(wf, n)).collect(),
+        }
     }
 
-    fn wrap(&mut self, nodes: &[NodeSpec]) -> Vec<Arc<NodeSpec>> {
-        nodes
-            .iter()
-            .map(|n| {
-                let a = Arc::new(n.clone());
-                if let Some(kids) = n.kind.children() {
-                    let wrapped = self.wrap(kids);
-                    self.children.insert(Arc::as_ptr(&a), wrapped);
-                }
-                a
-            })
-            .collect()
-    }
-
-    /// The wrapped children of a group spec.
-    pub fn children(&self, spec: &Arc<NodeSpec>) -> &[Arc<NodeSpec>] {
-        self.children
-            .get(&Arc::as_ptr(spec))
-            .map(|v| v.as_slice())
-            .unwrap_or(&[])
+    /// The children of a group spec.
+    pub fn children(&self, spec: &SpecRef) -> Vec<SpecRef> {
+        spec.kind
+            .children()
+            .map(|kids| kids.iter().map(|n| SpecRef::new(&spec.wf, n)).collect())
+            .unwrap_or_default()
     }
 }
 
@@ -115,6 +154,7 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
         0,
         None,
         0,
+        false,
         Arc::new(Vec::new()),
         shape,
         &mut plan,
@@ -128,11 +168,12 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
 #[allow(clippy::too_many_arguments)]
 fn mount_group(
     tree: &SpecTree,
-    specs: &[Arc<NodeSpec>],
+    specs: &[SpecRef],
     prefix: &str,
     iteration: u32,
     parent: Option<&Key>,
     base_layer: u32,
+    in_loop: bool,
     vars: Arc<Vec<(String, Value)>>,
     shape: &Shape,
     plan: &mut Plan,
@@ -147,22 +188,29 @@ fn mount_group(
             .iter()
             .map(|n| (format!("{prefix}{n}"), iteration))
             .collect();
+        xml.push_str("<node id=\"");
+        esc_into(xml, &key.0);
         let _ = write!(
             xml,
-            "<node id=\"{}\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
-            esc(&key.0),
+            "\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
             iteration,
             spec.kind.name(),
             layer
         );
         if !needs.is_empty() {
-            let joined: Vec<&str> = needs.iter().map(|k| k.0.as_str()).collect();
-            let _ = write!(xml, " needs=\"{}\"", esc(&joined.join(" ")));
+            xml.push_str(" needs=\"");
+            for (i, k) in needs.iter().enumerate() {
+                if i > 0 {
+                    xml.push(' ');
+                }
+                esc_into(xml, &k.0);
+            }
+            xml.push('"');
         }
         plan.order.push(key.clone());
         plan.insts.insert(
             key.clone(),
-            Inst {
+            Arc::new(Inst {
                 key: key.clone(),
                 spec: spec.clone(),
                 needs,
@@ -170,7 +218,8 @@ fn mount_group(
                 layer,
                 vars: vars.clone(),
                 prefix: prefix.to_string(),
-            },
+                in_loop,
+            }),
         );
         if !shape.started_groups.contains(&key) {
             xml.push_str("/>");
@@ -182,13 +231,19 @@ fn mount_group(
                 let pass = shape.loop_pass.get(&key).copied().unwrap_or(0);
                 let mut v = (*vars).clone();
                 set_var(&mut v, "iteration", Value::from(pass));
+                let child_prefix = if in_loop {
+                    format!("{}@{iteration}.", key.0)
+                } else {
+                    format!("{}.", key.0)
+                };
                 mount_group(
                     tree,
-                    tree.children(spec),
-                    &format!("{}.", key.0),
+                    &tree.children(spec),
+                    &child_prefix,
                     pass,
                     Some(&key),
                     layer + 1,
+                    true,
                     Arc::new(v),
                     shape,
                     plan,
@@ -206,11 +261,12 @@ fn mount_group(
                         set_var(&mut v, "index", Value::from(i));
                         mount_group(
                             tree,
-                            tree.children(spec),
+                            &tree.children(spec),
                             &format!("{}[{i}].", key.0),
                             iteration,
                             Some(&key),
                             layer + 1,
+                            in_loop,
                             Arc::new(v),
                             shape,
                             plan,
@@ -236,7 +292,7 @@ fn set_var(vars: &mut Vec<(String, Value)>, name: &str, value: Value) {
 /// Depth of each sibling within its group: 0 without needs, else one more than
 /// the deepest need. Iterative (Kahn's order) so a chain of thousands of nodes
 /// needs no deep recursion; the workflow was validated acyclic.
-fn depths(specs: &[Arc<NodeSpec>]) -> Vec<u32> {
+fn depths(specs: &[SpecRef]) -> Vec<u32> {
     let index: HashMap<&str, usize> = specs
         .iter()
         .enumerate()
@@ -267,9 +323,44 @@ fn depths(specs: &[Arc<NodeSpec>]) -> Vec<u32> {
     depth
 }
 
+/// Appends `s` escaped as [`esc`] would, without a copy per attribute
+/// (the plan is rendered after every group start).
+fn esc_into(out: &mut String, s: &str) {
+    if !s.bytes().any(|b| matches!(b, b'&' | b'<' | b'>' | b'"')) {
+        // Paths never need escaping: ids are letters, digits, `_` and `-`.
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frame's hash is over these bytes: the in-place escape must write
+    /// exactly what the copying one returns.
+    #[test]
+    fn escape_in_place_matches_copying_escape() {
+        for s in ["plain", "a&b", "<&amp;>", "\"q\" & 'a'", "x[1].y@2", ""] {
+            let mut out = String::from("<");
+            esc_into(&mut out, s);
+            assert_eq!(out, format!("<{}", esc(s)), "{s}");
+        }
+    }
 }

@@ -4,7 +4,9 @@
 //! resumes one, reads state through [`RunState::apply`]; nothing keeps a second
 //! copy of the truth.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -194,6 +196,53 @@ pub struct RunState {
     index: HashMap<(String, u32), usize>,
 }
 
+/// A node key as borrowed parts, so that a lookup by `(&str, u32)` needs no
+/// `String` (the engine looks nodes up several times per node).
+trait NodeKey {
+    fn id(&self) -> &str;
+    fn iteration(&self) -> u32;
+}
+
+impl NodeKey for (String, u32) {
+    fn id(&self) -> &str {
+        &self.0
+    }
+    fn iteration(&self) -> u32 {
+        self.1
+    }
+}
+
+impl NodeKey for (&str, u32) {
+    fn id(&self) -> &str {
+        self.0
+    }
+    fn iteration(&self) -> u32 {
+        self.1
+    }
+}
+
+impl<'a> Borrow<dyn NodeKey + 'a> for (String, u32) {
+    fn borrow(&self) -> &(dyn NodeKey + 'a) {
+        self
+    }
+}
+
+// Hashes as `(String, u32)` does: the str, then the u32.
+impl Hash for dyn NodeKey + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id().hash(state);
+        self.iteration().hash(state);
+    }
+}
+
+impl PartialEq for dyn NodeKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.id() == other.id() && self.iteration() == other.iteration()
+    }
+}
+
+impl Eq for dyn NodeKey + '_ {}
+
 impl RunState {
     /// The state of a run with no events yet.
     pub fn new(run_id: impl Into<String>) -> Self {
@@ -215,7 +264,7 @@ impl RunState {
     /// One node pass, if the log has mentioned it.
     pub fn node(&self, node_id: &str, iteration: u32) -> Option<&NodeState> {
         self.index
-            .get(&(node_id.to_string(), iteration))
+            .get(&(node_id, iteration) as &dyn NodeKey)
             .map(|&i| &self.nodes[i])
     }
 
@@ -261,12 +310,12 @@ impl RunState {
 
     fn node_mut(&mut self, ev: &Event) -> Option<&mut NodeState> {
         let (id, it) = ev.node_key()?;
-        let key = (id.to_string(), it);
-        let idx = match self.index.get(&key) {
+        let idx = match self.index.get(&(id, it) as &dyn NodeKey) {
             Some(&i) => i,
             None => {
                 self.nodes.push(NodeState::new(id, it, ev.seq));
-                self.index.insert(key, self.nodes.len() - 1);
+                self.index
+                    .insert((id.to_string(), it), self.nodes.len() - 1);
                 self.nodes.len() - 1
             }
         };
@@ -386,6 +435,8 @@ impl RunState {
                     n.retry_announced = false;
                     n.attempt = attempt;
                     n.error = None;
+                    // Most nodes have one attempt: no room for four.
+                    n.attempts.reserve_exact(1);
                     n.attempts.push(AttemptState {
                         attempt,
                         started_ms: ts,

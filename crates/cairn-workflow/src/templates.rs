@@ -25,6 +25,100 @@ impl Context {
     }
 }
 
+impl Context {
+    /// A few per-render variables (`vars`, converted on every call, so keep
+    /// them small) beside one large shared map under `name`, read lazily.
+    ///
+    /// Inside `name`, a plain key (no `.` or `[`) is looked up first as
+    /// `scope_prefix` + key, so that a group's members can name each other
+    /// by their plain ids; any key can still be named in full.
+    pub fn scoped(
+        vars: serde_json::Map<String, serde_json::Value>,
+        name: &str,
+        shared: Arc<serde_json::Value>,
+        scope_prefix: &str,
+    ) -> Self {
+        Context(Value::from_object(Scoped {
+            vars: Value::from_serialize(&vars),
+            name: name.to_string(),
+            map: Arc::new(ScopedMap {
+                shared,
+                prefix: scope_prefix.to_string(),
+            }),
+        }))
+    }
+}
+
+/// The root of a [`Context::scoped`]: small variables and one shared map.
+#[derive(Debug)]
+struct Scoped {
+    vars: Value,
+    name: String,
+    map: Arc<ScopedMap>,
+}
+
+impl Object for Scoped {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        if key.as_str() == Some(self.name.as_str()) {
+            return Some(Value::from_dyn_object(self.map.clone()));
+        }
+        self.vars.get_item(key).ok().filter(|v| !v.is_undefined())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut keys: Vec<Value> = self
+            .vars
+            .try_iter()
+            .map(|i| i.collect())
+            .unwrap_or_default();
+        keys.push(Value::from(self.name.as_str()));
+        Enumerator::Values(keys)
+    }
+}
+
+/// A shared JSON object whose plain keys are looked up under a prefix first.
+#[derive(Debug)]
+struct ScopedMap {
+    shared: Arc<serde_json::Value>,
+    prefix: String,
+}
+
+impl ScopedMap {
+    fn scoped_key(&self, k: &str) -> Option<String> {
+        if self.prefix.is_empty() || k.contains(['.', '[']) {
+            return None;
+        }
+        let full = format!("{}{k}", self.prefix);
+        self.shared.get(&full).is_some().then_some(full)
+    }
+}
+
+impl Object for ScopedMap {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let k = key.as_str()?;
+        let full = self.scoped_key(k).unwrap_or_else(|| k.to_string());
+        self.shared.get(&full)?;
+        lazy(&self.shared, &[Step::Key(full)])
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let Some(map) = self.shared.as_object() else {
+            return Enumerator::Empty;
+        };
+        let mut keys: Vec<Value> = map.keys().map(|k| Value::from(k.as_str())).collect();
+        if !self.prefix.is_empty() {
+            for k in map.keys() {
+                if let Some(rest) = k.strip_prefix(&self.prefix) {
+                    if !rest.contains(['.', '[']) && !map.contains_key(rest) {
+                        keys.push(Value::from(rest));
+                    }
+                }
+            }
+        }
+        Enumerator::Values(keys)
+    }
+}
+
 impl From<serde_json::Value> for Context {
     fn from(v: serde_json::Value) -> Self {
         Context::new(Arc::new(v))

@@ -225,3 +225,55 @@ fn shared_context_matches_copied_context() {
         .collect();
     assert_eq!(keys, ["repo", "n", "tags"]);
 }
+
+/// A scoped context reads like the copied context a group member would get:
+/// the shared map, plus its siblings under their plain ids.
+#[test]
+fn scoped_context_matches_copied_context_with_siblings() {
+    use cairn_workflow::Context;
+    let t = Templates::new();
+    let nodes = json!({
+        "log": { "output": ["a", "b"], "status": "finished", "attempt": 1 },
+        "fix": { "output": "top", "status": "finished", "attempt": 1 },
+        "review.fix": { "output": 3, "status": "finished", "attempt": 2 },
+        "review.deep.x": { "output": 9, "status": "finished", "attempt": 1 },
+        "per[0].show": { "output": "zero", "status": "finished", "attempt": 1 },
+    });
+    let mut vars = serde_json::Map::new();
+    vars.insert("input".into(), json!({ "n": 1 }));
+    vars.insert("iteration".into(), json!(2));
+    vars.insert("item".into(), json!("it"));
+    let scoped = Context::scoped(
+        vars.clone(),
+        "nodes",
+        std::sync::Arc::new(nodes.clone()),
+        "review.",
+    );
+    // The copy the engine made before: every node, then the siblings by plain id.
+    let mut copied_nodes = nodes.as_object().unwrap().clone();
+    copied_nodes.insert("fix".into(), nodes["review.fix"].clone());
+    let mut copied = vars.clone();
+    copied.insert("nodes".into(), serde_json::Value::Object(copied_nodes));
+    let copied = serde_json::Value::Object(copied);
+    for tpl in [
+        "{{ nodes.fix.output }}",
+        "{{ nodes['review.fix'].attempt }}",
+        "{{ nodes['review.deep.x'].output }}",
+        "{{ nodes.log.output | join('+') }}",
+        "{{ nodes['per[0].show'].output }}",
+        "{{ iteration }} {{ item }} {{ input.n + 1 }}",
+        "{{ 'fix' in nodes }}/{{ 'deep.x' in nodes }}/{{ 'nope' in nodes }}",
+        "{% for k in nodes | sort %}{{ k }};{% endfor %}",
+    ] {
+        assert_eq!(
+            t.render_in(tpl, &scoped).unwrap(),
+            t.render(tpl, &copied).unwrap(),
+            "{tpl}"
+        );
+    }
+    assert!(t.eval_in("nodes.nope", &scoped).is_err());
+    assert!(t.eval_in("nope", &scoped).is_err());
+    // Without a prefix, a plain id is the top-level node.
+    let top = Context::scoped(vars, "nodes", std::sync::Arc::new(nodes), "");
+    assert_eq!(t.eval_in("nodes.fix.output", &top).unwrap(), json!("top"));
+}
