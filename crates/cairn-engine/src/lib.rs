@@ -104,36 +104,6 @@ pub enum EngineError {
     ShuttingDown,
 }
 
-impl EngineError {
-    /// The HTTP status that fits this error.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            EngineError::Workflow(_) | EngineError::BadRequest(_) => 400,
-            EngineError::Input(_) => 422,
-            EngineError::NotFound(_) => 404,
-            EngineError::Conflict(_) => 409,
-            EngineError::Store(StoreError::Busy { .. })
-            | EngineError::Store(StoreError::RunExists(_)) => 409,
-            EngineError::Store(_) => 500,
-            EngineError::ShuttingDown => 503,
-        }
-    }
-
-    /// The CLI's exit code for this error: 4 for bad input, 1 otherwise.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            EngineError::Workflow(_)
-            | EngineError::Input(_)
-            | EngineError::NotFound(_)
-            | EngineError::BadRequest(_)
-            | EngineError::Conflict(_) => 4,
-            EngineError::Store(StoreError::Corrupt { .. })
-            | EngineError::Store(StoreError::Locked { .. }) => 4,
-            _ => 1,
-        }
-    }
-}
-
 /// How a run (or one session of it) ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunOutcome {
@@ -507,11 +477,13 @@ impl Engine {
     fn fold(&self, run_id: &str) -> Result<RunState, EngineError> {
         let events = self.backend().read_events(run_id, &EventQuery::default())?;
         let mut state = RunState::new(run_id);
-        for e in &events {
-            let ev = e.decode().map_err(|e| {
-                EngineError::Store(StoreError::Corrupt {
-                    path: PathBuf::from(run_id),
-                    detail: e.to_string(),
+        for stored in &events {
+            // A row that does not decode is the run's damage, not the
+            // database file's: `BadRow` names the run.
+            let ev = stored.decode().map_err(|e| {
+                EngineError::Store(StoreError::BadRow {
+                    run: run_id.to_string(),
+                    detail: format!("event {}: {e}", stored.seq),
                 })
             })?;
             state.apply(&ev);
