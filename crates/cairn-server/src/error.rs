@@ -171,7 +171,9 @@ mod tests {
 
     #[test]
     fn store_errors_map_the_same_directly_and_through_the_engine() {
-        let cases: Vec<(fn() -> StoreError, u16, &str)> = vec![
+        // Each case makes its error afresh: StoreError is not Clone.
+        type Case = (fn() -> StoreError, u16, &'static str);
+        let cases: Vec<Case> = vec![
             (|| StoreError::NotFound("r".into()), 404, "not_found"),
             (
                 || StoreError::RecordNotFound {
