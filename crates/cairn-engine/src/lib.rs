@@ -643,6 +643,14 @@ impl Engine {
                             };
                             match self.drive_with(run_id, Arc::new(log), StartOptions::default(), mode).await {
                                 Ok(h) => applier = Some(h),
+                                // The run ended (drive_with's one conflict)
+                                // after the subscription last read the log:
+                                // the process that drove it released the
+                                // lease once done, and may have applied the
+                                // command first. The log tells: the
+                                // subscription goes on to the command's
+                                // event, or to the run's end.
+                                Err(EngineError::Conflict(_)) => {}
                                 Err(e) => break Err(e),
                             }
                         }
