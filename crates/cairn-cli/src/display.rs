@@ -3,13 +3,16 @@
 //! Three modes: NDJSON (each stored event line as it is), a terminal table
 //! redrawn in place (one line per node: state, attempt, elapsed), and plain
 //! appended lines when stdout is not a terminal, so logs of CI jobs stay
-//! readable.
+//! readable. What a node's row says comes from the reducer's
+//! [`RunState`], the same fold `cairn status` and the server show.
 
 use std::collections::HashMap;
 use std::io::Write;
 
 use cairn_engine::RunOutcome;
-use cairn_events::{Event, EventKind, NodeCounts, NodeTiming, RunStatus, TokenTotals};
+use cairn_events::{
+    Event, EventKind, NodeCounts, NodeState, NodeStatus, NodeTiming, RunState, TokenTotals,
+};
 use cairn_store::StoredEvent;
 
 use crate::format::{duration_ms, short_value, truncate};
@@ -34,44 +37,47 @@ pub struct Ask {
     pub message: String,
 }
 
-#[derive(Debug, Clone)]
-struct Row {
-    node_id: String,
-    iteration: u32,
-    status: &'static str,
-    attempt: u32,
-    started_ms: Option<i64>,
-    ended_ms: Option<i64>,
-    duration_ms: Option<u64>,
-    error: Option<String>,
-    /// The seq of the latest change, to keep recent rows on a short screen.
-    changed: u64,
+/// A node pass's name on screen: its id, with `#iteration` for loop passes
+/// after the first.
+fn label(n: &NodeState) -> String {
+    if n.iteration > 0 {
+        format!("{}#{}", n.node_id, n.iteration)
+    } else {
+        n.node_id.clone()
+    }
 }
 
-impl Row {
-    fn label(&self) -> String {
-        if self.iteration > 0 {
-            format!("{}#{}", self.node_id, self.iteration)
-        } else {
-            self.node_id.clone()
-        }
-    }
-
-    fn elapsed(&self, now_ms: i64) -> Option<u64> {
-        if let Some(d) = self.duration_ms {
+/// How long the node's current attempt has run (or the reported duration,
+/// once it finished).
+fn elapsed(n: &NodeState, now_ms: i64) -> Option<u64> {
+    if n.status == NodeStatus::Finished {
+        if let Some(d) = n.duration_ms {
             return Some(d);
         }
-        let start = self.started_ms?;
-        let end = self.ended_ms.unwrap_or(now_ms);
-        Some(end.saturating_sub(start).max(0) as u64)
     }
+    let a = n.attempts.last()?;
+    let end = a.ended_ms.unwrap_or(now_ms);
+    Some(end.saturating_sub(a.started_ms).max(0) as u64)
+}
 
-    fn active(&self) -> bool {
-        matches!(
-            self.status,
-            "running" | "retrying" | "waiting-approval" | "waiting-input" | "failed"
-        )
+/// The text after a node's line: why it failed, or why it was skipped.
+fn problem(n: &NodeState) -> Option<&str> {
+    match n.status {
+        NodeStatus::Skipped => n.reason.as_deref(),
+        _ => n.error.as_ref().map(|e| e.message.as_str()),
     }
+}
+
+/// Rows worth keeping on a short screen whatever their age.
+fn active(n: &NodeState) -> bool {
+    matches!(
+        n.status,
+        NodeStatus::Running
+            | NodeStatus::Retrying
+            | NodeStatus::WaitingApproval
+            | NodeStatus::WaitingInput
+            | NodeStatus::Failed
+    )
 }
 
 /// The summary `RunSummary` carries.
@@ -83,7 +89,8 @@ struct Summary {
     timings: Vec<NodeTiming>,
 }
 
-/// The run as the display knows it, folded from the events it was given.
+/// The display of one run: the reducer's state of the events it was given,
+/// and what it has drawn.
 pub struct Progress {
     mode: Mode,
     color: bool,
@@ -91,11 +98,11 @@ pub struct Progress {
     /// Events at or below this seq update the table but print nothing
     /// (a resume's earlier history).
     quiet_until: u64,
-    workflow: String,
-    status: Option<RunStatus>,
-    started_ms: Option<i64>,
-    rows: Vec<Row>,
-    index: HashMap<(String, u32), usize>,
+    /// The run as the one reducer folds it.
+    state: RunState,
+    /// The seq that last changed each node pass, to keep recent rows on a
+    /// short screen.
+    changed: HashMap<(String, u32), u64>,
     summary: Option<Summary>,
     last_seq: u64,
     /// Lines of the table currently on screen (TTY mode).
@@ -105,7 +112,7 @@ pub struct Progress {
     dirty: bool,
     /// An undecodable event was reported already.
     warned: bool,
-    out: std::io::Stdout,
+    out: Out,
 }
 
 impl Progress {
@@ -117,18 +124,15 @@ impl Progress {
             color,
             run_id: run_id.to_string(),
             quiet_until,
-            workflow: String::new(),
-            status: None,
-            started_ms: None,
-            rows: Vec::new(),
-            index: HashMap::new(),
+            state: RunState::new(run_id),
+            changed: HashMap::new(),
             summary: None,
             last_seq: 0,
             drawn: 0,
             paused: false,
             dirty: true,
             warned: false,
-            out: std::io::stdout(),
+            out: Out::Stdout(std::io::stdout()),
         }
     }
 
@@ -162,33 +166,22 @@ impl Progress {
                 return None;
             }
         };
-        let ev = &ev;
         self.dirty = true;
-        let ts = ev.timestamp_ms;
+        let before = self.node_of(&ev).map(|n| n.status);
+        self.state.apply(&ev);
+        let loud_plain = loud && self.mode == Mode::Plain;
         match &ev.kind {
             EventKind::RunStarted {
                 workflow, resumed, ..
-            } => {
-                self.workflow = workflow.clone();
-                if self.started_ms.is_none() || *resumed {
-                    self.started_ms = Some(ts);
-                }
-                self.status = Some(RunStatus::Running);
-                if loud && self.mode == Mode::Plain {
-                    self.plain(&format!(
-                        "run {} {} workflow {}",
-                        self.run_id,
-                        if *resumed { "resumed:" } else { "started:" },
-                        workflow
-                    ));
-                }
+            } if loud_plain => {
+                let line = format!(
+                    "run {} {} workflow {}",
+                    self.run_id,
+                    if *resumed { "resumed:" } else { "started:" },
+                    workflow
+                );
+                self.plain(&line);
             }
-            EventKind::RunStatusChanged { status } => {
-                self.status = Some(*status);
-            }
-            EventKind::RunFinished { .. } => self.status = Some(RunStatus::Finished),
-            EventKind::RunFailed { .. } => self.status = Some(RunStatus::Failed),
-            EventKind::RunCancelled { .. } => self.status = Some(RunStatus::Cancelled),
             EventKind::RunSummary {
                 duration_ms,
                 nodes,
@@ -204,51 +197,6 @@ impl Progress {
                     timings: timings.clone(),
                 })
             }
-            EventKind::NodePending { .. } => {
-                self.row(ev, "pending", loud);
-            }
-            EventKind::NodeStarted {} => {
-                let attempt = ev.scope.attempt.unwrap_or(1);
-                let r = self.row_mut(ev);
-                r.attempt = attempt;
-                r.started_ms = Some(ts);
-                r.ended_ms = None;
-                r.duration_ms = None;
-                r.error = None;
-                self.row(ev, "running", loud);
-            }
-            EventKind::NodeFinished { duration_ms, .. } => {
-                let r = self.row_mut(ev);
-                r.ended_ms = Some(ts);
-                r.duration_ms = Some(*duration_ms);
-                self.row(ev, "finished", loud);
-            }
-            EventKind::NodeFailed { error, will_retry } => {
-                let r = self.row_mut(ev);
-                r.ended_ms = Some(ts);
-                r.error = Some(error.message.clone());
-                self.row(ev, if *will_retry { "retrying" } else { "failed" }, loud);
-            }
-            EventKind::NodeRetrying { .. } => {
-                self.row(ev, "retrying", false);
-            }
-            EventKind::NodeSkipped { reason } => {
-                self.row_mut(ev).error = Some(reason.clone());
-                self.row(ev, "skipped", loud);
-            }
-            EventKind::NodeCancelled { .. } => {
-                let r = self.row_mut(ev);
-                if r.started_ms.is_some() && r.ended_ms.is_none() {
-                    r.ended_ms = Some(ts);
-                }
-                self.row(ev, "cancelled", loud);
-            }
-            EventKind::NodeWaitingApproval {} => {
-                self.row(ev, "waiting-approval", loud);
-            }
-            EventKind::NodeWaitingInput { .. } => {
-                self.row(ev, "waiting-input", loud);
-            }
             EventKind::ApprovalRequested { message } => {
                 if let Some(node) = &ev.scope.node_id {
                     return Some(Ask {
@@ -259,62 +207,77 @@ impl Progress {
             }
             _ => {}
         }
+        // Plain mode tells each change a node's own lifecycle event makes;
+        // a decision or an answer shows in the next one.
+        let told = matches!(
+            ev.kind,
+            EventKind::NodeStarted {}
+                | EventKind::NodeFinished { .. }
+                | EventKind::NodeFailed { .. }
+                | EventKind::NodeSkipped { .. }
+                | EventKind::NodeCancelled { .. }
+                | EventKind::NodeWaitingApproval {}
+                | EventKind::NodeWaitingInput { .. }
+        );
+        let n = self.node_of(&ev)?;
+        // What ranks rows on a short screen: a change of status, or an event
+        // of the node's lifecycle even when the status stays.
+        if told
+            || matches!(
+                ev.kind,
+                EventKind::NodePending { .. } | EventKind::NodeRetrying { .. }
+            )
+            || before != Some(n.status)
+        {
+            let key = (n.node_id.clone(), n.iteration);
+            self.changed.insert(key, ev.seq);
+        }
+        if told && loud_plain {
+            let line = self.plain_line(&ev);
+            self.plain(&line);
+        }
         None
     }
 
-    fn row_mut(&mut self, ev: &Event) -> &mut Row {
-        let node = ev.scope.node_id.clone().unwrap_or_default();
-        let it = ev.scope.iteration.unwrap_or(0);
-        let key = (node.clone(), it);
-        let i = match self.index.get(&key) {
-            Some(&i) => i,
-            None => {
-                self.rows.push(Row {
-                    node_id: node,
-                    iteration: it,
-                    status: "pending",
-                    attempt: 0,
-                    started_ms: None,
-                    ended_ms: None,
-                    duration_ms: None,
-                    error: None,
-                    changed: ev.seq,
-                });
-                self.index.insert(key, self.rows.len() - 1);
-                self.rows.len() - 1
-            }
-        };
-        &mut self.rows[i]
+    /// The node pass an event is about, as the state holds it.
+    fn node_of(&self, ev: &Event) -> Option<&NodeState> {
+        let (id, it) = ev.node_key()?;
+        self.state.node(id, it)
     }
 
-    /// Sets a row's status and, in plain mode, prints the change.
-    fn row(&mut self, ev: &Event, status: &'static str, loud: bool) {
-        let seq = ev.seq;
-        let r = self.row_mut(ev);
-        r.status = status;
-        r.changed = seq;
-        let row = r.clone();
-        if loud && self.mode == Mode::Plain && status != "pending" {
-            let since = self
-                .started_ms
-                .map(|s| duration_ms(ev.timestamp_ms.saturating_sub(s).max(0) as u64))
-                .unwrap_or_default();
-            let mut line = format!("{since:>8}  {:<24} {:<16}", row.label(), status);
-            if row.attempt > 0 {
-                line.push_str(&format!(" attempt {}", row.attempt));
-            }
-            if matches!(status, "finished" | "failed" | "cancelled") {
-                if let Some(d) = row.elapsed(ev.timestamp_ms) {
-                    line.push_str(&format!("  {}", duration_ms(d)));
-                }
-            }
-            if let Some(e) = &row.error {
-                if matches!(status, "failed" | "retrying" | "skipped") {
-                    line.push_str(&format!("  {}", truncate(e, 200)));
-                }
-            }
-            self.plain(line.trim_end());
+    /// A node's change as an appended line: time into the session, node,
+    /// status, attempt, and how long it took or why it failed.
+    fn plain_line(&self, ev: &Event) -> String {
+        let Some(n) = self.node_of(ev) else {
+            return String::new();
+        };
+        let status = n.status.as_str();
+        let since = self
+            .state
+            .session_started_ms()
+            .map(|s| duration_ms(ev.timestamp_ms.saturating_sub(s).max(0) as u64))
+            .unwrap_or_default();
+        let mut line = format!("{since:>8}  {:<24} {:<16}", label(n), status);
+        if n.attempt > 0 {
+            line.push_str(&format!(" attempt {}", n.attempt));
         }
+        if matches!(
+            n.status,
+            NodeStatus::Finished | NodeStatus::Failed | NodeStatus::Cancelled
+        ) {
+            if let Some(d) = elapsed(n, ev.timestamp_ms) {
+                line.push_str(&format!("  {}", duration_ms(d)));
+            }
+        }
+        if matches!(
+            n.status,
+            NodeStatus::Failed | NodeStatus::Retrying | NodeStatus::Skipped
+        ) {
+            if let Some(e) = problem(n) {
+                line.push_str(&format!("  {}", truncate(e, 200)));
+            }
+        }
+        line.trim_end().to_string()
     }
 
     fn plain(&mut self, line: &str) {
@@ -343,7 +306,11 @@ impl Progress {
         if self.mode != Mode::Tty || self.paused {
             return;
         }
-        let running = self.rows.iter().any(|r| r.status == "running");
+        let running = self
+            .state
+            .nodes
+            .iter()
+            .any(|n| n.status == NodeStatus::Running);
         if !self.dirty && !running {
             return;
         }
@@ -375,34 +342,37 @@ impl Progress {
     }
 
     fn table(&self, now_ms: i64, width: usize, height: usize) -> Vec<String> {
-        let done = self
-            .rows
-            .iter()
-            .filter(|r| matches!(r.status, "finished" | "skipped" | "failed" | "cancelled"))
-            .count();
-        let elapsed = self
-            .started_ms
+        let nodes = &self.state.nodes;
+        let done = nodes.iter().filter(|n| n.status.is_done()).count();
+        let took = self
+            .state
+            .session_started_ms()
             .map(|s| duration_ms(now_ms.saturating_sub(s).max(0) as u64))
             .unwrap_or_default();
-        let status = self.status.map(|s| s.as_str()).unwrap_or("starting");
+        let status = self.state.status.map(|s| s.as_str()).unwrap_or("starting");
         let header = format!(
             "run {} · {} · {} · {}/{} nodes done · {}",
             self.run_id,
-            self.workflow,
+            self.state.workflow.as_deref().unwrap_or_default(),
             status,
             done,
-            self.rows.len(),
-            elapsed
+            nodes.len(),
+            took
         );
         let mut lines = vec![truncate(&header, width.saturating_sub(1))];
         // Keep active rows, then the most recently changed ones, in file order.
         let budget = height.saturating_sub(3).max(3);
-        let mut shown: Vec<usize> = (0..self.rows.len()).collect();
+        let mut shown: Vec<usize> = (0..nodes.len()).collect();
         if shown.len() > budget {
             let mut by_rank: Vec<usize> = shown.clone();
             by_rank.sort_by_key(|&i| {
-                let r = &self.rows[i];
-                (!r.active(), std::cmp::Reverse(r.changed))
+                let n = &nodes[i];
+                let changed = self
+                    .changed
+                    .get(&(n.node_id.clone(), n.iteration))
+                    .copied()
+                    .unwrap_or(n.first_seq);
+                (!active(n), std::cmp::Reverse(changed))
             });
             by_rank.truncate(budget);
             by_rank.sort_unstable();
@@ -410,43 +380,43 @@ impl Progress {
         }
         let name_w = shown
             .iter()
-            .map(|&i| self.rows[i].label().chars().count())
+            .map(|&i| label(&nodes[i]).chars().count())
             .max()
             .unwrap_or(0)
             .clamp(8, 40);
         for &i in &shown {
-            let r = &self.rows[i];
-            let (mark, code) = match r.status {
-                "finished" => ("✓", "32"),
-                "failed" => ("✗", "31"),
-                "running" => ("▶", "36"),
-                "retrying" => ("↻", "33"),
-                "waiting-approval" | "waiting-input" => ("?", "33"),
-                "skipped" => ("-", "2"),
-                "cancelled" => ("■", "2"),
-                _ => ("·", "2"),
+            let n = &nodes[i];
+            let (mark, code) = match n.status {
+                NodeStatus::Finished => ("✓", "32"),
+                NodeStatus::Failed => ("✗", "31"),
+                NodeStatus::Running => ("▶", "36"),
+                NodeStatus::Retrying => ("↻", "33"),
+                NodeStatus::WaitingApproval | NodeStatus::WaitingInput => ("?", "33"),
+                NodeStatus::Skipped => ("-", "2"),
+                NodeStatus::Cancelled => ("■", "2"),
+                NodeStatus::Pending => ("·", "2"),
             };
-            let attempt = if r.attempt > 0 {
-                format!("attempt {}", r.attempt)
+            let attempt = if n.attempt > 0 {
+                format!("attempt {}", n.attempt)
             } else {
                 String::new()
             };
-            let elapsed = r.elapsed(now_ms).map(duration_ms).unwrap_or_default();
+            let spent = elapsed(n, now_ms).map(duration_ms).unwrap_or_default();
             let mut text = format!(
                 "{:<name_w$}  {:<16} {:<10} {:>8}",
-                truncate(&r.label(), name_w),
-                r.status,
+                truncate(&label(n), name_w),
+                n.status.as_str(),
                 attempt,
-                elapsed
+                spent
             );
-            if let Some(e) = r.error.as_ref().filter(|_| r.status == "failed") {
+            if let Some(e) = problem(n).filter(|_| n.status == NodeStatus::Failed) {
                 text.push_str("  ");
                 text.push_str(e);
             }
             let text = truncate(&text, width.saturating_sub(4));
             lines.push(format!("  {} {}", self.paint(code, mark), text));
         }
-        let hidden = self.rows.len() - shown.len();
+        let hidden = nodes.len() - shown.len();
         if hidden > 0 {
             lines.push(format!("  … {hidden} more nodes"));
         }
@@ -507,10 +477,15 @@ impl Progress {
             }
             RunOutcome::Waiting => {
                 lines.push(format!("? run {id} is waiting for a person"));
-                for r in self.rows.iter().filter(|r| r.status == "waiting-approval") {
+                let waiting = self
+                    .state
+                    .nodes
+                    .iter()
+                    .filter(|n| n.status == NodeStatus::WaitingApproval);
+                for n in waiting {
                     lines.push(format!(
                         "  decide: cairn approve {id} {n}   (or: cairn deny {id} {n})",
-                        n = r.node_id
+                        n = n.node_id
                     ));
                 }
                 lines.push(format!("  then:   cairn resume {id}"));
@@ -565,6 +540,38 @@ impl Progress {
     }
 }
 
+/// Where the display writes: stdout, or a buffer a test reads back.
+enum Out {
+    Stdout(std::io::Stdout),
+    #[cfg(test)]
+    Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>),
+}
+
+impl Out {
+    fn lock(&self) -> Box<dyn Write + '_> {
+        match self {
+            Out::Stdout(s) => Box::new(s.lock()),
+            #[cfg(test)]
+            Out::Buffer(b) => Box::new(BufferWriter(b)),
+        }
+    }
+}
+
+#[cfg(test)]
+struct BufferWriter<'a>(&'a std::sync::Mutex<Vec<u8>>);
+
+#[cfg(test)]
+impl Write for BufferWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Unix time in milliseconds.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -586,4 +593,320 @@ fn terminal_size() -> (usize, usize) {
         }
     }
     (80, 24)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_events::{ErrorInfo, RunStatus, Scope};
+    use std::sync::{Arc, Mutex};
+
+    fn ev(seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
+        StoredEvent::from_event(&Event {
+            run_id: "r1".into(),
+            seq,
+            timestamp_ms: ts,
+            scope,
+            kind,
+        })
+    }
+
+    fn started(seq: u64, ts: i64, resumed: bool) -> StoredEvent {
+        ev(
+            seq,
+            ts,
+            Scope::run(),
+            EventKind::RunStarted {
+                workflow: "ship".into(),
+                workflow_hash: "h".into(),
+                input: None,
+                resumed,
+                parent_run_id: None,
+                parent_node_id: None,
+                depth: 0,
+            },
+        )
+    }
+
+    fn node(id: &str) -> Scope {
+        Scope::node(id, 0)
+    }
+
+    /// A run with a retry, a skip, a failure, an approval across a resume
+    /// and a cancelled loop pass, in two parts: up to the wait, then on.
+    fn log() -> (Vec<StoredEvent>, Vec<StoredEvent>) {
+        let pending = |seq, id: &str| {
+            ev(
+                seq,
+                1_000 + seq as i64,
+                node(id),
+                EventKind::NodePending {
+                    layer_index: Some(0),
+                },
+            )
+        };
+        let first = vec![
+            started(1, 1_000, false),
+            pending(2, "a"),
+            pending(3, "b"),
+            pending(4, "c"),
+            pending(5, "d"),
+            ev(
+                6,
+                2_000,
+                node("a").with_attempt(1),
+                EventKind::NodeStarted {},
+            ),
+            ev(
+                7,
+                2_400,
+                node("a").with_attempt(1),
+                EventKind::NodeFailed {
+                    error: ErrorInfo::new("exit", "boom"),
+                    will_retry: true,
+                },
+            ),
+            ev(
+                8,
+                2_400,
+                node("a").with_attempt(2),
+                EventKind::NodeRetrying { delay_ms: 100 },
+            ),
+            ev(
+                9,
+                2_500,
+                node("a").with_attempt(2),
+                EventKind::NodeStarted {},
+            ),
+            ev(
+                10,
+                4_000,
+                node("a").with_attempt(2),
+                EventKind::NodeFinished {
+                    duration_ms: 1_500,
+                    output: None,
+                    cached: None,
+                },
+            ),
+            ev(
+                11,
+                4_100,
+                node("b"),
+                EventKind::NodeSkipped {
+                    reason: "when is false".into(),
+                },
+            ),
+            ev(
+                12,
+                4_200,
+                node("c").with_attempt(1),
+                EventKind::NodeStarted {},
+            ),
+            ev(
+                13,
+                4_300,
+                node("c").with_attempt(1),
+                EventKind::NodeWaitingApproval {},
+            ),
+            ev(
+                14,
+                4_300,
+                node("c").with_attempt(1),
+                EventKind::ApprovalRequested {
+                    message: Some("ship it?".into()),
+                },
+            ),
+            ev(
+                15,
+                4_400,
+                node("d").with_attempt(1),
+                EventKind::NodeStarted {},
+            ),
+            ev(
+                16,
+                5_400,
+                node("d").with_attempt(1),
+                EventKind::NodeFailed {
+                    error: ErrorInfo::new("exit", "bad exit"),
+                    will_retry: false,
+                },
+            ),
+            ev(
+                17,
+                5_500,
+                Scope::run(),
+                EventKind::RunStatusChanged {
+                    status: RunStatus::WaitingApproval,
+                },
+            ),
+        ];
+        let second = vec![
+            started(18, 60_000, true),
+            ev(
+                19,
+                61_000,
+                node("c").with_attempt(1),
+                EventKind::ApprovalGranted {
+                    decided_by: Some("ann".into()),
+                    note: None,
+                },
+            ),
+            ev(
+                20,
+                61_300,
+                node("c").with_attempt(1),
+                EventKind::NodeFinished {
+                    duration_ms: 57_100,
+                    output: None,
+                    cached: None,
+                },
+            ),
+            ev(
+                21,
+                61_400,
+                Scope::node("e", 1).with_attempt(1),
+                EventKind::NodeStarted {},
+            ),
+            ev(
+                22,
+                62_000,
+                Scope::node("e", 1).with_attempt(1),
+                EventKind::NodeCancelled {
+                    reason: Some("stop".into()),
+                },
+            ),
+            ev(
+                23,
+                62_100,
+                Scope::run(),
+                EventKind::RunFailed {
+                    error: ErrorInfo::new("node", "d failed"),
+                },
+            ),
+        ];
+        (first, second)
+    }
+
+    /// Feeds events to a plain display that writes into a buffer.
+    fn plain_display() -> (Progress, Arc<Mutex<Vec<u8>>>) {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let mut p = Progress::new(Mode::Plain, "r1", 0);
+        p.out = Out::Buffer(buf.clone());
+        (p, buf)
+    }
+
+    fn written(buf: &Mutex<Vec<u8>>) -> String {
+        String::from_utf8(std::mem::take(&mut *buf.lock().unwrap())).unwrap()
+    }
+
+    #[test]
+    fn plain_lines_tell_each_node_change_with_the_session_time() {
+        let (mut p, buf) = plain_display();
+        let (first, second) = log();
+        let asks: Vec<String> = first
+            .iter()
+            .filter_map(|e| p.on_event(e))
+            .map(|a| a.node_id)
+            .collect();
+        assert_eq!(asks, ["c"]);
+        p.finish(&RunOutcome::Waiting);
+        assert_eq!(
+            written(&buf),
+            "run r1 started: workflow ship
+   1.00s  a                        running          attempt 1
+   1.40s  a                        retrying         attempt 1  boom
+   1.50s  a                        running          attempt 2
+   3.00s  a                        finished         attempt 2  1.50s
+   3.10s  b                        skipped           when is false
+   3.20s  c                        running          attempt 1
+   3.30s  c                        waiting-approval attempt 1
+   3.40s  d                        running          attempt 1
+   4.40s  d                        failed           attempt 1  1.00s  bad exit
+? run r1 is waiting for a person
+  decide: cairn approve r1 c   (or: cairn deny r1 c)
+  then:   cairn resume r1
+"
+        );
+        for e in &second {
+            p.on_event(e);
+        }
+        p.finish(&RunOutcome::Failed(ErrorInfo::new("node", "d failed")));
+        // Times restart with the resume: the resumed session's own clock.
+        assert_eq!(
+            written(&buf),
+            "run r1 resumed: workflow ship
+   1.30s  c                        finished         attempt 1  57.10s
+   1.40s  e#1                      running          attempt 1
+   2.00s  e#1                      cancelled        attempt 1  600ms
+✗ run r1 failed
+error: node: d failed
+"
+        );
+    }
+
+    #[test]
+    fn the_table_shows_the_reducers_state() {
+        let (mut p, _buf) = plain_display();
+        let (first, second) = log();
+        for e in &first {
+            p.on_event(e);
+        }
+        let table: Vec<String> = p
+            .table(10_000, 100, 40)
+            .iter()
+            .map(|l| l.trim_end().to_string())
+            .collect();
+        assert_eq!(
+            table,
+            [
+                "run r1 · ship · waiting-approval · 3/4 nodes done · 9.00s",
+                "  ✓ a         finished         attempt 2     1.50s",
+                "  - b         skipped",
+                "  ? c         waiting-approval attempt 1     5.80s",
+                "  ✗ d         failed           attempt 1     1.00s  bad exit",
+            ]
+        );
+        // On a short screen, the rows that need attention and the latest
+        // changes stay.
+        let short = p.table(10_000, 100, 6);
+        assert_eq!(short.len(), 5, "{short:?}");
+        assert!(short[1].contains(" b "), "{short:?}");
+        assert_eq!(short[4], "  … 1 more nodes");
+        // A decision shows at once, before the node's next lifecycle event.
+        p.on_event(&second[0]);
+        p.on_event(&second[1]);
+        let table = p.table(61_000, 100, 40);
+        assert!(
+            table[3].starts_with("  ▶ c         running          attempt 1"),
+            "{table:?}"
+        );
+        for e in &second[2..] {
+            p.on_event(e);
+        }
+        let table = p.table(63_000, 100, 40);
+        assert_eq!(table[0], "run r1 · ship · failed · 5/5 nodes done · 3.00s");
+        assert_eq!(
+            table[3],
+            "  ✓ c         finished         attempt 1    57.10s"
+        );
+        assert_eq!(
+            table[5],
+            "  ■ e#1       cancelled        attempt 1     600ms"
+        );
+    }
+
+    #[test]
+    fn a_decided_approval_is_not_offered_again() {
+        let (mut p, buf) = plain_display();
+        let (first, second) = log();
+        for e in first.iter().chain(&second[..2]) {
+            p.on_event(e);
+        }
+        written(&buf);
+        p.finish(&RunOutcome::Waiting);
+        assert_eq!(
+            written(&buf),
+            "? run r1 is waiting for a person\n  then:   cairn resume r1\n"
+        );
+    }
 }

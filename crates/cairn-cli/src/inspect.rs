@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
-use cairn_events::{Event, RunState, RunStatus, EVENT_TYPES};
+use cairn_events::{Event, RunStatus, EVENT_TYPES};
 use cairn_store::{EventQuery, RunFilter, SubscribeError};
 use serde_json::{json, Value};
 
@@ -88,32 +88,6 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
     Ok(crate::EXIT_OK)
 }
 
-/// A run's state as JSON: the reducer's state plus progress, counts and the
-/// workflow name (the same shape `GET /v1/runs/{id}` answers).
-fn state_json(st: &RunState, workflow: &str, status: &str) -> anyhow::Result<Value> {
-    let mut v = serde_json::to_value(st)?;
-    v["progress"] = json!(st.progress());
-    v["counts"] = json!(st.counts());
-    v["workflow"] = json!(workflow);
-    if v.get("status").is_none() {
-        v["status"] = json!(status);
-    }
-    Ok(v)
-}
-
-/// Folds the run's log from the store.
-fn fold(j: &cairn_store::Journal, run_id: &str) -> anyhow::Result<RunState> {
-    let events = j.backend().read_events(run_id, &EventQuery::default())?;
-    let mut st = RunState::new(run_id);
-    for e in &events {
-        let ev = e.decode().with_context(|| {
-            format!("run `{run_id}`: event {} in the store is not valid", e.seq)
-        })?;
-        st.apply(&ev);
-    }
-    Ok(st)
-}
-
 /// `cairn status`.
 pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
     let v = match &a.remote.server {
@@ -123,11 +97,11 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             client.run(&a.run).await.map_err(client_error)?
         }
         None => {
-            let j = store::open(g, false)?;
-            let rec = store::require_run(&j, &a.run)?;
-            let st = fold(&j, &a.run)?;
-            j.close();
-            state_json(&st, &rec.workflow, &rec.status)?
+            let engine = store::engine(g, false)?;
+            let rec = store::require_run(engine.journal(), &a.run)?;
+            let st = engine.state(&a.run);
+            engine.journal().close();
+            cairn_server::run_state_json(&st?, &rec)
         }
     };
     if a.json {

@@ -23,11 +23,12 @@ use cli::{Cli, Command};
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0  the run finished (or the command succeeded)
-  1  the run failed (or the command failed for another reason)
+  1  the run failed (or the command failed for another reason, e.g. a full
+     disk)
   2  the run was cancelled
   3  the run is waiting for a person (approve or deny, then `cairn resume`)
-  4  bad input: invalid workflow or input, unknown run or node, corrupt or
-     locked store, bad flags";
+  4  bad input: invalid workflow or input, unknown run or node, a store that
+     is corrupt, locked, read-only or from a newer Cairn, bad flags";
 
 /// Exit code: the run finished, or the command did what it was asked.
 pub const EXIT_OK: u8 = 0;
@@ -146,20 +147,133 @@ fn exit_code_of(e: &anyhow::Error) -> u8 {
             return EXIT_BAD_INPUT;
         }
         if let Some(ee) = cause.downcast_ref::<EngineError>() {
-            return ee.exit_code() as u8;
+            return engine_exit_code(ee);
         }
         if let Some(se) = cause.downcast_ref::<StoreError>() {
-            return match se {
-                StoreError::Corrupt { .. }
-                | StoreError::Locked { .. }
-                | StoreError::TooNew { .. }
-                | StoreError::NotFound(_)
-                | StoreError::InvalidRunId(_)
-                | StoreError::RunExists(_)
-                | StoreError::Busy { .. } => EXIT_BAD_INPUT,
-                _ => EXIT_FAILED,
-            };
+            return store_exit_code(se);
         }
     }
     EXIT_FAILED
+}
+
+/// The engine's refusals are all about what was asked (a workflow, an
+/// input, a run or node, a decision that does not fit): bad input. A store
+/// failure maps as if the store had reported it directly, so the same
+/// failure gives the same code whichever layer saw it first.
+fn engine_exit_code(e: &cairn_engine::EngineError) -> u8 {
+    use cairn_engine::EngineError;
+    match e {
+        EngineError::Workflow(_)
+        | EngineError::Input(_)
+        | EngineError::NotFound(_)
+        | EngineError::BadRequest(_)
+        | EngineError::Conflict(_) => EXIT_BAD_INPUT,
+        EngineError::Store(se) => store_exit_code(se),
+        EngineError::ShuttingDown => EXIT_FAILED,
+    }
+}
+
+/// Bad input (4) is what the user can fix by changing what they passed or
+/// the store they pointed `--store` at: an unknown, malformed or taken run
+/// id, a run another process drives, and a store that cannot be used at all
+/// (damaged, written by a newer Cairn, locked, unopenable, read-only, or
+/// holding rows that do not decode). A full disk, a database or I/O error
+/// in the middle of the work, a closed journal or a failed commit are
+/// failures of the moment: 1. The match is exhaustive so that a new store
+/// error must be placed here.
+fn store_exit_code(e: &cairn_store::StoreError) -> u8 {
+    use cairn_store::StoreError;
+    match e {
+        StoreError::Corrupt { .. }
+        | StoreError::Locked { .. }
+        | StoreError::TooNew { .. }
+        | StoreError::Open { .. }
+        | StoreError::ReadOnly { .. }
+        | StoreError::BadRow { .. }
+        | StoreError::NotFound(_)
+        | StoreError::InvalidRunId(_)
+        | StoreError::RunExists(_)
+        | StoreError::Busy { .. } => EXIT_BAD_INPUT,
+        StoreError::RecordNotFound { .. }
+        | StoreError::DiskFull { .. }
+        | StoreError::Database(_)
+        | StoreError::Io { .. }
+        | StoreError::Closed
+        | StoreError::Commit(_) => EXIT_FAILED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_engine::EngineError;
+    use cairn_store::StoreError;
+    use std::path::PathBuf;
+
+    fn code(e: impl std::error::Error + Send + Sync + 'static) -> u8 {
+        exit_code_of(&anyhow::Error::new(e))
+    }
+
+    #[test]
+    fn store_errors_get_one_code_whichever_layer_reports_them() {
+        let cases: Vec<(fn() -> StoreError, u8)> = vec![
+            (|| StoreError::NotFound("r".into()), EXIT_BAD_INPUT),
+            (|| StoreError::RunExists("r".into()), EXIT_BAD_INPUT),
+            (|| StoreError::Busy { run: "r".into() }, EXIT_BAD_INPUT),
+            (
+                || StoreError::Locked {
+                    path: PathBuf::from("c.db"),
+                },
+                EXIT_BAD_INPUT,
+            ),
+            (
+                || StoreError::TooNew {
+                    path: PathBuf::from("c.db"),
+                    found: 9,
+                    supported: 2,
+                },
+                EXIT_BAD_INPUT,
+            ),
+            (
+                || StoreError::Corrupt {
+                    path: PathBuf::from("c.db"),
+                    detail: "x".into(),
+                },
+                EXIT_BAD_INPUT,
+            ),
+            (
+                || StoreError::BadRow {
+                    run: "r".into(),
+                    detail: "x".into(),
+                },
+                EXIT_BAD_INPUT,
+            ),
+            (
+                || StoreError::DiskFull {
+                    path: PathBuf::from("c.db"),
+                },
+                EXIT_FAILED,
+            ),
+            (|| StoreError::Database("x".into()), EXIT_FAILED),
+            (|| StoreError::Closed, EXIT_FAILED),
+        ];
+        for (make, want) in cases {
+            assert_eq!(code(make()), want, "{:?}", make());
+            assert_eq!(
+                code(EngineError::Store(make())),
+                want,
+                "engine: {:?}",
+                make()
+            );
+        }
+    }
+
+    #[test]
+    fn engine_refusals_are_bad_input_and_shutdown_is_not() {
+        assert_eq!(code(EngineError::NotFound("r".into())), EXIT_BAD_INPUT);
+        assert_eq!(code(EngineError::Conflict("r".into())), EXIT_BAD_INPUT);
+        assert_eq!(code(EngineError::ShuttingDown), EXIT_FAILED);
+        let wrapped = anyhow::Error::new(EngineError::NotFound("r".into())).context("resuming");
+        assert_eq!(exit_code_of(&wrapped), EXIT_BAD_INPUT);
+    }
 }

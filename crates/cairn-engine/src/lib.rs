@@ -104,36 +104,6 @@ pub enum EngineError {
     ShuttingDown,
 }
 
-impl EngineError {
-    /// The HTTP status that fits this error.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            EngineError::Workflow(_) | EngineError::BadRequest(_) => 400,
-            EngineError::Input(_) => 422,
-            EngineError::NotFound(_) => 404,
-            EngineError::Conflict(_) => 409,
-            EngineError::Store(StoreError::Busy { .. })
-            | EngineError::Store(StoreError::RunExists(_)) => 409,
-            EngineError::Store(_) => 500,
-            EngineError::ShuttingDown => 503,
-        }
-    }
-
-    /// The CLI's exit code for this error: 4 for bad input, 1 otherwise.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            EngineError::Workflow(_)
-            | EngineError::Input(_)
-            | EngineError::NotFound(_)
-            | EngineError::BadRequest(_)
-            | EngineError::Conflict(_) => 4,
-            EngineError::Store(StoreError::Corrupt { .. })
-            | EngineError::Store(StoreError::Locked { .. }) => 4,
-            _ => 1,
-        }
-    }
-}
-
 /// How a run (or one session of it) ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunOutcome {
@@ -260,6 +230,26 @@ impl Engine {
         self.journal().backend()
     }
 
+    /// Runs store work with a clone of the engine on tokio's blocking pool.
+    /// Store calls block (SQLite reads, writes and file locks): a slow disk
+    /// should hold up a blocking thread, not one of the runtime's workers and
+    /// every task queued behind it. A panic in `f` goes on in the caller.
+    async fn blocking<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Engine) -> R + Send + 'static,
+    ) -> R {
+        let engine = self.clone();
+        match tokio::task::spawn_blocking(move || f(&engine)).await {
+            Ok(r) => r,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Only a runtime shutting down cancels blocking work, and
+                // then nothing waits for this future.
+                Err(e) => panic!("store work was cancelled: {e}"),
+            },
+        }
+    }
+
     /// Loads a workflow by path, or by name from a folder of workflows
     /// (`NAME.yaml`, `NAME.yml` or `NAME.json`).
     pub fn load_workflow(
@@ -313,7 +303,7 @@ impl Engine {
             None => new_run_id(),
         };
         let now = node::now_ms();
-        self.backend().create_run(&RunRecord {
+        let rec = RunRecord {
             run_id: run_id.clone(),
             workflow: wf.name.clone(),
             workflow_path: wf.path.display().to_string(),
@@ -324,8 +314,14 @@ impl Engine {
             created_ms: now,
             updated_ms: now,
             parent_run_id: None,
-        })?;
-        let log = Arc::new(self.journal().run_log(&run_id)?);
+        };
+        let log = self
+            .blocking(move |e| {
+                e.backend().create_run(&rec)?;
+                e.journal().run_log(&rec.run_id)
+            })
+            .await?;
+        let log = Arc::new(log);
         if let Some(obs) = opts.observer.clone() {
             log.set_observer(Box::new(move |e| obs(e)));
         }
@@ -390,7 +386,7 @@ impl Engine {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
-        self.require_run(run_id)?;
+        self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::Busy { .. }) => {
@@ -413,8 +409,10 @@ impl Engine {
         opts: StartOptions,
         mode: Mode,
     ) -> Result<RunHandle, EngineError> {
-        let rec = self.require_run(run_id)?;
-        let mut state = self.fold(run_id)?;
+        let id = run_id.to_string();
+        let (rec, mut state) = self
+            .blocking(move |e| Ok::<_, EngineError>((e.require_run(&id)?, e.fold(&id)?)))
+            .await?;
         if let Some(s) = state.status.filter(|s| s.is_terminal()) {
             return Err(EngineError::Conflict(format!(
                 "run `{run_id}` has already {}; there is nothing to resume",
@@ -463,21 +461,26 @@ impl Engine {
     /// so that their nodes go on and decisions sent to them take effect.
     /// Returns their ids.
     pub async fn resume_interrupted(&self) -> Vec<String> {
-        let mut runs = Vec::new();
-        for status in [
-            RunStatus::Running,
-            RunStatus::WaitingApproval,
-            RunStatus::WaitingInput,
-        ] {
-            runs.extend(
-                self.backend()
-                    .list_runs(&cairn_store::RunFilter {
-                        status: Some(status.as_str().into()),
-                        ..Default::default()
-                    })
-                    .unwrap_or_default(),
-            );
-        }
+        let runs = self
+            .blocking(|e| {
+                let mut runs = Vec::new();
+                for status in [
+                    RunStatus::Running,
+                    RunStatus::WaitingApproval,
+                    RunStatus::WaitingInput,
+                ] {
+                    runs.extend(
+                        e.backend()
+                            .list_runs(&cairn_store::RunFilter {
+                                status: Some(status.as_str().into()),
+                                ..Default::default()
+                            })
+                            .unwrap_or_default(),
+                    );
+                }
+                runs
+            })
+            .await;
         let mut resumed = Vec::new();
         for r in runs {
             if self.is_active(&r.run_id) {
@@ -507,11 +510,13 @@ impl Engine {
     fn fold(&self, run_id: &str) -> Result<RunState, EngineError> {
         let events = self.backend().read_events(run_id, &EventQuery::default())?;
         let mut state = RunState::new(run_id);
-        for e in &events {
-            let ev = e.decode().map_err(|e| {
-                EngineError::Store(StoreError::Corrupt {
-                    path: PathBuf::from(run_id),
-                    detail: e.to_string(),
+        for stored in &events {
+            // A row that does not decode is the run's damage, not the
+            // database file's: `BadRow` names the run.
+            let ev = stored.decode().map_err(|e| {
+                EngineError::Store(StoreError::BadRow {
+                    run: run_id.to_string(),
+                    detail: format!("event {}: {e}", stored.seq),
                 })
             })?;
             state.apply(&ev);
@@ -526,7 +531,8 @@ impl Engine {
     async fn take_log(&self, run_id: &str) -> Result<cairn_store::RunLog, StoreError> {
         let mut tries = 0;
         loop {
-            match self.journal().run_log(run_id) {
+            let id = run_id.to_string();
+            match self.blocking(move |e| e.journal().run_log(&id)).await {
                 Err(StoreError::Busy { .. }) if tries < 50 => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -547,6 +553,12 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))
     }
 
+    /// [`Engine::require_run`] off the async workers.
+    async fn require_run_off(&self, run_id: &str) -> Result<RunRecord, EngineError> {
+        let id = run_id.to_string();
+        self.blocking(move |e| e.require_run(&id)).await
+    }
+
     fn is_active(&self, run_id: &str) -> bool {
         self.inner.active.lock().unwrap().contains(run_id)
     }
@@ -560,7 +572,7 @@ impl Engine {
     /// or, with [`EngineOptions::adopt_idle_runs`], goes on driving the run.
     pub async fn send(&self, run_id: &str, command: RunCommand) -> Result<Event, EngineError> {
         validate_run_id(run_id)?;
-        let rec = self.require_run(run_id)?;
+        let rec = self.require_run_off(run_id).await?;
         if matches!(rec.status.as_str(), "finished" | "failed" | "cancelled") {
             return Err(EngineError::Conflict(format!(
                 "run `{run_id}` has already ended ({})",
@@ -569,14 +581,22 @@ impl Engine {
         }
         // A run driven here may have asked what is being answered in an
         // event its observer saw but the store does not hold yet.
-        if !self.is_active(run_id) {
-            self.precheck(run_id, &command)?;
-        }
-        let backend = self.backend().clone();
-        let after = backend.last_seq(run_id)?;
-        let mut events = self.journal().subscribe(run_id, after)?;
-        let id = backend.put_command(run_id, &command)?;
-        backend.notify(Topic::Inbox(run_id));
+        let precheck = !self.is_active(run_id);
+        let (mut events, id) = {
+            let (run, command) = (run_id.to_string(), command.clone());
+            self.blocking(move |e| {
+                if precheck {
+                    e.precheck(&run, &command)?;
+                }
+                let backend = e.backend();
+                let after = backend.last_seq(&run)?;
+                let events = e.journal().subscribe(&run, after)?;
+                let id = backend.put_command(&run, &command)?;
+                backend.notify(Topic::Inbox(&run));
+                Ok::<_, EngineError>((events, id))
+            })
+            .await?
+        };
         let mut applier: Option<RunHandle> = None;
         let deadline = tokio::time::Instant::now() + COMMAND_WAIT;
         let mut check = tokio::time::interval(LEASE_CHECK);
@@ -616,7 +636,8 @@ impl Engine {
                 _ = check.tick(), if applier.is_none() && !lease_tried && !self.is_active(run_id) => {
                     // Nobody may be driving the run: then nobody else will
                     // apply the command.
-                    match self.journal().run_log(run_id) {
+                    let id = run_id.to_string();
+                    match self.blocking(move |e| e.journal().run_log(&id)).await {
                         Ok(log) => {
                             let mode = if self.inner.adopt_idle_runs && !self.inner.closing.load(Ordering::SeqCst) {
                                 Mode::Drive
@@ -625,8 +646,12 @@ impl Engine {
                             };
                             match self.drive_with(run_id, Arc::new(log), StartOptions::default(), mode).await {
                                 Ok(h) => applier = Some(h),
-                                // The run ended meanwhile: its log says
-                                // whether the command made it in.
+                                // The run ended (drive_with's one conflict)
+                                // after the subscription last read the log:
+                                // the process that drove it may have applied
+                                // the command first. The log tells: the
+                                // subscription goes on to the command's
+                                // event, or to the run's end.
                                 Err(EngineError::Conflict(_)) => lease_tried = true,
                                 Err(e) => break Err(e),
                             }

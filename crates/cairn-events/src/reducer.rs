@@ -168,6 +168,11 @@ pub struct RunState {
     pub status: Option<RunStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub started_ms: Option<i64>,
+    /// When the latest resume began (its `RunStarted`); absent for a run
+    /// that was never resumed. With `started_ms`, when the current session
+    /// of the run began ([`RunState::session_started_ms`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -276,6 +281,12 @@ impl RunState {
             .max_by_key(|n| n.iteration)
     }
 
+    /// When the current session of the run began: the latest resume, or the
+    /// start when it was never resumed.
+    pub fn session_started_ms(&self) -> Option<i64> {
+        self.resumed_ms.or(self.started_ms)
+    }
+
     /// Finished + failed + skipped nodes over mounted nodes, 0 to 1.
     pub fn progress(&self) -> f64 {
         let total = self.nodes.len();
@@ -345,6 +356,7 @@ impl RunState {
                 }
                 if *resumed {
                     self.resumes += 1;
+                    self.resumed_ms = Some(ts);
                 } else {
                     self.started_ms = Some(ts);
                 }
@@ -642,5 +654,34 @@ mod tests {
             ],
         );
         assert_eq!(s.node("a", 0).unwrap().open_attempt(), Some(1));
+    }
+
+    #[test]
+    fn a_resume_starts_a_new_session_and_keeps_the_start() {
+        let started = |seq, resumed| {
+            ev(
+                seq,
+                Scope::run(),
+                EventKind::RunStarted {
+                    workflow: "w".into(),
+                    workflow_hash: "h".into(),
+                    input: None,
+                    resumed,
+                    parent_run_id: None,
+                    parent_node_id: None,
+                    depth: 0,
+                },
+            )
+        };
+        let first = RunState::from_events("r", &[started(1, false)]);
+        assert_eq!(first.session_started_ms(), Some(10));
+        assert_eq!(first.resumed_ms, None);
+        let again = RunState::from_events(
+            "r",
+            &[started(1, false), started(2, true), started(3, true)],
+        );
+        assert_eq!(again.started_ms, Some(10));
+        assert_eq!(again.session_started_ms(), Some(30));
+        assert_eq!(again.resumes, 2);
     }
 }

@@ -11,7 +11,7 @@ use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
-use cairn_events::{ActivityFolder, Event, Metrics, RunStatus, EVENT_TYPES};
+use cairn_events::{ActivityFolder, Event, Metrics, RunState, RunStatus, EVENT_TYPES};
 use cairn_store::{EventQuery, Journal, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -452,7 +452,15 @@ async fn get_run(
     let engine = state.engine().clone();
     let run = id.clone();
     let st = blocking(move || Ok(engine.state(&run)?)).await?;
-    let mut v = serde_json::to_value(&st).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(run_state_json(&st, &rec)))
+}
+
+/// A run's state as `GET /v1/runs/{id}` answers it (and `cairn status
+/// --json` prints it): the reducer's state, plus progress, counts by status,
+/// the workflow's name, the store's status before the log has one, and the
+/// parent run of a child run.
+pub fn run_state_json(st: &RunState, rec: &RunRecord) -> Value {
+    let mut v = serde_json::to_value(st).expect("a RunState serializes to JSON");
     v["progress"] = json!(st.progress());
     v["counts"] = json!(st.counts());
     v["workflow"] = json!(rec.workflow);
@@ -462,7 +470,7 @@ async fn get_run(
     if let Some(p) = &rec.parent_run_id {
         v["parentRunId"] = json!(p);
     }
-    Ok(Json(v))
+    v
 }
 
 /// Node kinds by node path, from the workflow text the run was started

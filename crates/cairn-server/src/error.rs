@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use cairn_engine::EngineError;
+use cairn_store::StoreError;
 
 /// An API failure: status, a stable machine code and a message for people.
 #[derive(Debug)]
@@ -57,17 +58,14 @@ impl IntoResponse for ApiError {
 
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
-        let status =
-            StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let code = match &e {
-            EngineError::Workflow(_) => "invalid_workflow",
-            EngineError::Input(_) => "invalid_input",
-            EngineError::NotFound(_) => "not_found",
-            EngineError::Conflict(_) => "conflict",
-            EngineError::BadRequest(_) => "bad_request",
-            EngineError::ShuttingDown => "shutting_down",
-            EngineError::Store(_) if status == StatusCode::CONFLICT => "conflict",
-            EngineError::Store(_) => "store",
+        let (status, code) = match &e {
+            EngineError::Workflow(_) => (StatusCode::BAD_REQUEST, "invalid_workflow"),
+            EngineError::Input(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
+            EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            EngineError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            EngineError::Store(s) => store_status(s),
         };
         let details = match &e {
             EngineError::Workflow(w) => Some(Value::Array(
@@ -102,23 +100,151 @@ impl From<EngineError> for ApiError {
     }
 }
 
-impl From<cairn_store::StoreError> for ApiError {
-    fn from(e: cairn_store::StoreError) -> Self {
-        use cairn_store::StoreError as S;
-        match &e {
-            S::NotFound(_) => ApiError::not_found(e.to_string()),
-            S::InvalidRunId(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_run_id", e.to_string())
-            }
-            S::RunExists(_) | S::Busy { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
-            }
-            S::Closed => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let (status, code) = store_status(&e);
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// The status and code of a store failure, whether the store reported it
+/// directly or through the engine.
+///
+/// The split follows who can act on it. What the client asked about is a
+/// 4xx (an unknown run is 404, a taken or malformed id 400/409, a run another
+/// process drives 409: the run's state conflicts with the request). A store
+/// that cannot take writes right now but will once an operator acts or a
+/// lock is released is a 503, so clients and proxies retry rather than
+/// report a bug: another process holding the database beyond the busy
+/// timeout (`Locked`), a closed journal, a read-only file or mount. A full
+/// disk is 507 Insufficient Storage, the status HTTP has for exactly this.
+/// Everything else (a damaged or too-new database, an unreadable row, an
+/// I/O or database error, a failed commit) is the server's own failure: 500.
+/// The match is exhaustive so that a new store error must be placed here.
+fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
+    match e {
+        StoreError::NotFound(_) | StoreError::RecordNotFound { .. } => {
+            (StatusCode::NOT_FOUND, "not_found")
+        }
+        StoreError::InvalidRunId(_) => (StatusCode::BAD_REQUEST, "invalid_run_id"),
+        StoreError::RunExists(_) | StoreError::Busy { .. } => (StatusCode::CONFLICT, "conflict"),
+        StoreError::Locked { .. } => (StatusCode::SERVICE_UNAVAILABLE, "store_locked"),
+        StoreError::ReadOnly { .. } => (StatusCode::SERVICE_UNAVAILABLE, "store_read_only"),
+        StoreError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        StoreError::DiskFull { .. } => (StatusCode::INSUFFICIENT_STORAGE, "store_full"),
+        StoreError::Corrupt { .. }
+        | StoreError::TooNew { .. }
+        | StoreError::Open { .. }
+        | StoreError::BadRow { .. }
+        | StoreError::Database(_)
+        | StoreError::Io { .. }
+        | StoreError::Commit(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn status_of(e: EngineError) -> (u16, &'static str) {
+        let a = ApiError::from(e);
+        (a.status.as_u16(), a.code)
+    }
+
+    #[test]
+    fn engine_errors_map_to_their_statuses() {
+        assert_eq!(
+            status_of(EngineError::NotFound("x".into())),
+            (404, "not_found")
+        );
+        assert_eq!(
+            status_of(EngineError::Conflict("x".into())),
+            (409, "conflict")
+        );
+        assert_eq!(
+            status_of(EngineError::BadRequest("x".into())),
+            (400, "bad_request")
+        );
+        assert_eq!(status_of(EngineError::ShuttingDown), (503, "shutting_down"));
+    }
+
+    #[test]
+    fn store_errors_map_the_same_directly_and_through_the_engine() {
+        // Each case makes its error afresh: StoreError is not Clone.
+        type Case = (fn() -> StoreError, u16, &'static str);
+        let cases: Vec<Case> = vec![
+            (|| StoreError::NotFound("r".into()), 404, "not_found"),
+            (
+                || StoreError::RecordNotFound {
+                    what: "command",
+                    id: 3,
+                },
+                404,
+                "not_found",
             ),
-            _ => ApiError::internal(e.to_string()),
+            (
+                || StoreError::InvalidRunId(".r".into()),
+                400,
+                "invalid_run_id",
+            ),
+            (|| StoreError::RunExists("r".into()), 409, "conflict"),
+            (|| StoreError::Busy { run: "r".into() }, 409, "conflict"),
+            (
+                || StoreError::Locked {
+                    path: PathBuf::from("cairn.db"),
+                },
+                503,
+                "store_locked",
+            ),
+            (
+                || StoreError::ReadOnly {
+                    path: PathBuf::from("cairn.db"),
+                    detail: "ro".into(),
+                },
+                503,
+                "store_read_only",
+            ),
+            (|| StoreError::Closed, 503, "unavailable"),
+            (
+                || StoreError::DiskFull {
+                    path: PathBuf::from("cairn.db"),
+                },
+                507,
+                "store_full",
+            ),
+            (
+                || StoreError::Corrupt {
+                    path: PathBuf::from("cairn.db"),
+                    detail: "x".into(),
+                },
+                500,
+                "store",
+            ),
+            (
+                || StoreError::BadRow {
+                    run: "r".into(),
+                    detail: "x".into(),
+                },
+                500,
+                "store",
+            ),
+            (|| StoreError::Database("x".into()), 500, "store"),
+        ];
+        for (make, status, code) in cases {
+            let direct = ApiError::from(make());
+            assert_eq!(
+                (direct.status.as_u16(), direct.code),
+                (status, code),
+                "{:?}",
+                make()
+            );
+            assert_eq!(
+                status_of(EngineError::Store(make())),
+                (status, code),
+                "{:?}",
+                make()
+            );
         }
     }
 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+pub use api::run_state_json;
 use axum::serve::ListenerExt;
 pub use cairn_engine::{Engine, EngineError, EngineOptions};
 
