@@ -139,3 +139,96 @@ async fn killed_server_resumes_the_run_and_watchers_see_the_log_once() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+const GATED: &str = r#"
+name: gated
+nodes:
+  - id: gate
+    approval: "ship?"
+  - id: after
+    needs: [gate]
+    command: ["sh", "-c", "echo shipped"]
+"#;
+
+async fn stop(mut server: Child) {
+    unsafe {
+        libc::kill(server.id() as i32, libc::SIGTERM);
+    }
+    let status = tokio::task::spawn_blocking(move || server.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// A run that waits for a person when the server stops is driven again by
+/// the next server, and a decision sent to it takes effect at once (no
+/// `resume` needed). The same holds when the waiting run was left by a
+/// `cairn run --exit-on-wait`, which no server ever drove.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_outlives_a_server_restart_and_takes_its_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let server = serve(dir.path(), port);
+    wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+    let c = Client::new(&url, None).unwrap();
+    let run = c
+        .post_json("/v1/runs", &json!({"workflow": "gated"}))
+        .await
+        .unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut stream = c.events(&run, 0, false).await.unwrap();
+    while let Some(line) = stream.next_event().await {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if v["type"] == "NodeWaitingApproval" {
+            break;
+        }
+    }
+    drop(stream);
+    stop(server).await;
+
+    // A second waiting run, left by the CLI with nobody driving it.
+    let cli = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--store")
+        .arg(dir.path().join("cairn.db"))
+        .args(["run", "gated.yaml", "--run-id", "cli-run", "--exit-on-wait"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(3), "{cli:?}");
+
+    let server = serve(dir.path(), port);
+    wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+    for id in [run.as_str(), "cli-run"] {
+        let ok = c
+            .post_json(
+                &format!("/v1/runs/{id}/approvals/gate"),
+                &json!({"approved": true, "by": "ann"}),
+            )
+            .await
+            .unwrap();
+        assert!(ok.is_object(), "{ok}");
+        // The run goes on by itself to its end.
+        let mut stream = c.events(id, 0, false).await.unwrap();
+        let mut last = Value::Null;
+        while let Some(line) = stream.next_event().await {
+            last = serde_json::from_str(&line.unwrap()).unwrap();
+        }
+        assert_eq!(last["type"], "RunFinished", "{id}: {last}");
+        let log = whole_log(&c, id).await;
+        let granted: Vec<&Value> = log
+            .iter()
+            .filter(|e| e["type"] == "ApprovalGranted")
+            .collect();
+        assert_eq!(granted.len(), 1, "{id}");
+        assert_eq!(granted[0]["decidedBy"], "ann");
+        assert!(log
+            .iter()
+            .any(|e| e["type"] == "NodeFinished" && e["nodeId"] == "after"));
+    }
+    stop(server).await;
+}
