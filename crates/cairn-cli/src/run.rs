@@ -40,21 +40,11 @@ fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
     serde_json::from_str(&text).map_err(|e| bad_input(format!("{origin}: not valid JSON: {e}")))
 }
 
-/// The run-id rules of the engine, checked before the store is touched.
+/// The one run-id rule, checked before the store is touched.
 fn check_run_id(id: &str) -> anyhow::Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && !id.starts_with('.')
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(bad_input(format!(
-            "--run-id `{id}`: use 1 to 128 letters, digits, `-`, `_` or `.` (not first)"
-        )))
-    }
+    cairn_events::RunId::parse(id)
+        .map(|_| ())
+        .map_err(|e| bad_input(format!("--run-id: {e}")))
 }
 
 /// `cairn run`.

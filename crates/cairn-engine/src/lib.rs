@@ -881,19 +881,9 @@ pub fn earlier_side_effects(
 }
 
 fn validate_run_id(id: &str) -> Result<(), EngineError> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && !id.starts_with('.');
-    if ok {
-        Ok(())
-    } else {
-        Err(EngineError::BadRequest(format!(
-            "run id `{id}` is not allowed: use 1 to 128 letters, digits, `-`, `_` or `.` (not first)"
-        )))
-    }
+    cairn_events::RunId::parse(id)
+        .map(|_| ())
+        .map_err(|e| EngineError::BadRequest(e.to_string()))
 }
 
 /// A new run id: time-ordered, so `cairn runs` lists newest first naturally.

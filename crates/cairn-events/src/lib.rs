@@ -8,6 +8,7 @@
 mod activity;
 mod command;
 mod event;
+mod ids;
 mod metrics;
 mod reducer;
 
@@ -17,5 +18,6 @@ pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
 };
+pub use ids::{InvalidRunId, RunId, MAX_RUN_ID_LEN};
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use reducer::{AttemptState, Decision, NodeState, NodeStatus, RunState};

@@ -124,17 +124,9 @@ impl StoreError {
 /// Checks that a run id is usable as a key and as a file name (the NDJSON
 /// mirror's directory and the run's lock file are named after it).
 pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
-    let ok = !run_id.is_empty()
-        && run_id.len() <= 128
-        && !run_id.starts_with('.')
-        && run_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::InvalidRunId(run_id.to_string()))
-    }
+    cairn_events::RunId::parse(run_id)
+        .map(|_| ())
+        .map_err(|e| StoreError::InvalidRunId(e.0))
 }
 
 /// One event as stored: its JSON text (exactly what the NDJSON mirror and
