@@ -77,31 +77,6 @@ CREATE TABLE events (
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 
--- Commands to runs (approve, deny, answer, cancel), applied in id order by
--- the run's driver and marked taken with their outcome.
-CREATE TABLE inbox (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-    command    TEXT NOT NULL,
-    created_ms INTEGER NOT NULL,
-    taken_ms   INTEGER,
-    outcome    TEXT
-);
-CREATE INDEX inbox_pending ON inbox(run_id, taken_ms, id);
-
--- Process groups of running attempts, so a resume can kill what a crashed
--- engine left behind.
-CREATE TABLE processes (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id     TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-    node_id    TEXT NOT NULL,
-    iteration  INTEGER NOT NULL,
-    attempt    INTEGER NOT NULL,
-    pgid       INTEGER NOT NULL,
-    started_ms INTEGER NOT NULL
-);
-CREATE INDEX processes_by_run ON processes(run_id);
-
 CREATE TABLE tool_calls (
     run_id          TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
     node_id         TEXT NOT NULL,
@@ -122,10 +97,13 @@ CREATE TABLE tool_calls (
 );
 "#;
 
-/// What version 2 adds beside the indexes: commands and process groups move
-/// from version 1's loosely typed control requests (which a running engine
-/// of version 1 polled; none is left to apply) to typed tables.
-const V2_INBOX: &str = r#"
+/// Commands to runs (approve, deny, answer, cancel), applied in id order by
+/// the run's driver and marked taken with their outcome; and the process
+/// groups of running attempts, so a resume can kill what a crashed engine
+/// left behind. Version 2 moved both from version 1's loosely typed control
+/// requests (which a running engine of version 1 polled; none is left to
+/// apply when a newer Cairn opens the store).
+const INBOX: &str = r#"
 DROP TABLE IF EXISTS controls;
 CREATE TABLE IF NOT EXISTS inbox (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -358,6 +336,7 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
         if v == 0 {
             conn.execute_batch(SCHEMA)?;
             conn.execute_batch(EVENTS_BY_TYPE)?;
+            conn.execute_batch(INBOX)?;
         }
         Ok(())
     })
@@ -373,7 +352,7 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
                 "DROP INDEX IF EXISTS events_by_type; DROP INDEX IF EXISTS events_by_node;",
             )?;
             conn.execute_batch(EVENTS_BY_TYPE)?;
-            conn.execute_batch(V2_INBOX)?;
+            conn.execute_batch(INBOX)?;
         }
         Ok(())
     })
@@ -1141,8 +1120,7 @@ mod tests {
             let c = Connection::open(&db).unwrap();
             c.execute_batch(SCHEMA).unwrap();
             c.execute_batch(
-                "DROP TABLE inbox; DROP TABLE processes;
-                 CREATE TABLE controls (
+                "CREATE TABLE controls (
                      id INTEGER PRIMARY KEY AUTOINCREMENT,
                      run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
                      kind TEXT NOT NULL, node_id TEXT, payload TEXT NOT NULL,
