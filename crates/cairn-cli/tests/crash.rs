@@ -412,3 +412,72 @@ fn sigkill_at_random_moments_then_resume_until_done() {
         evs.len()
     );
 }
+
+/// A `bash` tool call's processes outlive a SIGKILL of the engine (they are
+/// in a process group of their own); the resume kills them, whether they
+/// stayed in the recorded group or left it with `setsid`, before anything
+/// runs again.
+#[test]
+fn a_resume_kills_what_bash_calls_left_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let marker = format!("cairn-bash-orphan-{}", std::process::id());
+    // Two leftovers: one in the call's group, one that left it. The first
+    // attempt hangs; the attempt the resume runs again ends at once.
+    let script = format!(
+        "if [ -f again ]; then exit 0; fi; touch again; \
+         setsid sh -c 'sleep 300; true' {marker}-setsid & \
+         sh -c 'sleep 300; true' {marker}-group & \
+         sleep 300"
+    );
+    let yaml = format!(
+        "name: bashy\nnodes:\n  - id: work\n    tool: bash\n    args: {{ argv: [\"sh\", \"-c\", {}], timeout: 10m }}\n",
+        serde_json::to_string(&script).unwrap()
+    );
+    std::fs::write(dir.join("bashy.yaml"), yaml).unwrap();
+    let store = dir.join(".cairn/cairn.db");
+    let mut child = cairn(dir, &["run", "bashy.yaml", "--run-id", "b1"]);
+    let t0 = Instant::now();
+    while marked(&marker).len() < 2 {
+        assert!(t0.elapsed() < PATIENCE, "the bash call never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL
+    wait_exit(&mut child);
+    std::thread::sleep(Duration::from_millis(100));
+    let left = marked(&marker);
+    assert_eq!(
+        left.len(),
+        2,
+        "the leftovers should outlive the engine: {left:?}"
+    );
+
+    let mut resume = cairn(dir, &["resume", "b1"]);
+    let status = wait_exit(&mut resume);
+    let mut err = String::new();
+    use std::io::Read;
+    resume
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    let t0 = Instant::now();
+    while left.iter().any(|&p| alive_with(p, &marker)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "processes of the killed bash call survived the resume"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let evs = events(&store, "b1");
+    assert!(evs.iter().any(|e| matches!(
+        &e.kind,
+        EventKind::NodeFailed { error, will_retry: true } if error.kind == "interrupted"
+    )));
+    assert!(matches!(
+        evs.last().unwrap().kind,
+        EventKind::RunFinished { .. }
+    ));
+}

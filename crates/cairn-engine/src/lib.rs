@@ -49,9 +49,7 @@ pub use node::{runner_for, Decision, NodeCtx, NodeError, NodeRunner};
 
 use driver::{Driver, DriverInit, Mode};
 
-/// The environment variable every command and `bash` call of a run gets,
-/// holding the run's id: a resume finds and kills leftovers by it.
-pub const RUN_ENV: &str = "CAIRN_RUN_ID";
+pub use cairn_tools::RUN_ENV;
 /// Default per-stream output cap of `command` nodes.
 pub(crate) const COMMAND_OUTPUT_LIMIT: usize = 1_000_000;
 /// How long a caller of [`Engine::send`] waits for the command's event

@@ -88,6 +88,8 @@ impl Tool for BashTool {
                 ))
             }
         }
+        // Last, so that the call's own `env` cannot hide it.
+        env.push((crate::RUN_ENV.to_string(), ctx.run_id.to_string()));
         let requested = match a.opt("timeout") {
             None => None,
             Some(v) => Some(parse_timeout(v).map_err(|m| a.err("timeout", m))?),

@@ -61,3 +61,8 @@ pub use tool::{idempotency_key, Tool, ToolContext, ToolObserver, ToolRegistry, T
 /// Re-exported so observers can be written without depending on
 /// `cairn-events` directly.
 pub use cairn_events::NetworkAction;
+
+/// The environment variable every process a run starts gets (commands and
+/// `bash` calls), holding the run's id: a resume finds and kills what a
+/// crashed engine left running by it, even a process that left its group.
+pub const RUN_ENV: &str = "CAIRN_RUN_ID";
