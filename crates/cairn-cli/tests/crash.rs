@@ -437,20 +437,26 @@ fn a_resume_kills_what_bash_calls_left_running() {
     std::fs::write(dir.join("bashy.yaml"), yaml).unwrap();
     let store = dir.join(".cairn/cairn.db");
     let mut child = cairn(dir, &["run", "bashy.yaml", "--run-id", "b1"]);
+    // Wait for the two leftovers themselves (their `sh`, which carries the
+    // marker), not for the short-lived `setsid` before its exec.
+    let both = || {
+        let m = marked(&marker);
+        let has = |tail: &str| {
+            let tag = format!("{marker}-{tail}");
+            m.iter().any(|&p| alive_with(p, &tag))
+        };
+        has("setsid") && has("group")
+    };
     let t0 = Instant::now();
-    while marked(&marker).len() < 2 {
+    while !both() {
         assert!(t0.elapsed() < PATIENCE, "the bash call never started");
         std::thread::sleep(Duration::from_millis(10));
     }
     child.kill().unwrap(); // SIGKILL
     wait_exit(&mut child);
     std::thread::sleep(Duration::from_millis(100));
+    assert!(both(), "the leftovers should outlive the engine");
     let left = marked(&marker);
-    assert_eq!(
-        left.len(),
-        2,
-        "the leftovers should outlive the engine: {left:?}"
-    );
 
     let mut resume = cairn(dir, &["resume", "b1"]);
     let status = wait_exit(&mut resume);
