@@ -437,13 +437,21 @@ fn a_resume_kills_what_bash_calls_left_running() {
     std::fs::write(dir.join("bashy.yaml"), yaml).unwrap();
     let store = dir.join(".cairn/cairn.db");
     let mut child = cairn(dir, &["run", "bashy.yaml", "--run-id", "b1"]);
-    // Wait for the two leftovers themselves (their `sh`, which carries the
-    // marker), not for the short-lived `setsid` before its exec.
+    // Wait for the two leftovers themselves: the processes whose last
+    // argument is the tag (the call's own shell names both tags inside its
+    // script).
     let both = || {
         let m = marked(&marker);
         let has = |tail: &str| {
             let tag = format!("{marker}-{tail}");
-            m.iter().any(|&p| alive_with(p, &tag))
+            m.iter().any(|&p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                    c.split(|&b| b == 0)
+                        .filter(|a| !a.is_empty())
+                        .next_back()
+                        .is_some_and(|last| last == tag.as_bytes())
+                })
+            })
         };
         has("setsid") && has("group")
     };
