@@ -203,7 +203,18 @@ async fn a_waiting_run_outlives_a_server_restart_and_takes_its_decision() {
 
     let server = serve(dir.path(), port);
     wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
-    for id in [run.as_str(), "cli-run"] {
+    // A third, left waiting by the CLI while this server runs: the server
+    // does not drive it until a command comes for it.
+    let late = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--store")
+        .arg(dir.path().join("cairn.db"))
+        .args(["run", "gated.yaml", "--run-id", "cli-late", "--exit-on-wait"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(late.status.code(), Some(3), "{late:?}");
+    for id in [run.as_str(), "cli-run", "cli-late"] {
         let ok = c
             .post_json(
                 &format!("/v1/runs/{id}/approvals/gate"),
