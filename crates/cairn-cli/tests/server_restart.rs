@@ -208,7 +208,13 @@ async fn a_waiting_run_outlives_a_server_restart_and_takes_its_decision() {
     let late = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("--store")
         .arg(dir.path().join("cairn.db"))
-        .args(["run", "gated.yaml", "--run-id", "cli-late", "--exit-on-wait"])
+        .args([
+            "run",
+            "gated.yaml",
+            "--run-id",
+            "cli-late",
+            "--exit-on-wait",
+        ])
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .output()

@@ -578,14 +578,13 @@ impl Engine {
             )));
         }
         // A run driven here may have asked what is being answered in an
-        // event its observer saw but the store does not hold yet.
-        let precheck = !self.is_active(run_id);
+        // event its observer saw but the store does not hold yet: only
+        // what can never apply is refused up front then.
+        let waiting_known = !self.is_active(run_id);
         let (mut events, id) = {
             let (run, command) = (run_id.to_string(), command.clone());
             self.blocking(move |e| {
-                if precheck {
-                    e.precheck(&run, &command)?;
-                }
+                e.precheck(&run, &command, waiting_known)?;
                 let backend = e.backend();
                 let after = backend.last_seq(&run)?;
                 let events = e.journal().subscribe(&run, after)?;
@@ -679,59 +678,65 @@ impl Engine {
     }
 
     /// Refuses at once what the log shows can never apply, so that typos
-    /// get a clear answer and leave nothing in the inbox.
-    fn precheck(&self, run_id: &str, command: &RunCommand) -> Result<(), EngineError> {
-        let (node, types, what) = match command {
-            RunCommand::Approve { node_id, .. } | RunCommand::Deny { node_id, .. } => (
-                Some(node_id.clone()),
-                vec!["NodeWaitingApproval".to_string()],
-                "approval",
-            ),
-            RunCommand::Answer { .. } => (None, vec!["InputRequested".to_string()], "question"),
-            RunCommand::Cancel { .. } => return Ok(()),
-        };
-        let asked = self.backend().read_events(
-            run_id,
-            &EventQuery {
-                types,
-                node: node.clone(),
-                ..Default::default()
-            },
-        )?;
-        let found = match command {
-            RunCommand::Answer { request_id, .. } => asked.iter().any(|e| {
-                matches!(e.decode().map(|e| e.kind), Ok(EventKind::InputRequested { request_id: r, .. }) if &r == request_id)
-            }),
-            _ => !asked.is_empty(),
-        };
-        if found {
-            return Ok(());
-        }
-        match (command, node) {
-            (RunCommand::Answer { request_id, .. }, _) => Err(EngineError::NotFound(format!(
-                "run `{run_id}` has no open question `{request_id}`"
-            ))),
-            (_, Some(node)) => {
-                let any = self.backend().read_events(
+    /// get a clear answer and leave nothing in the inbox or the log: a node
+    /// the run never had, and, when `waiting_known` (the log is all there
+    /// is to know), a gate or question that never asked.
+    fn precheck(
+        &self,
+        run_id: &str,
+        command: &RunCommand,
+        waiting_known: bool,
+    ) -> Result<(), EngineError> {
+        let node = match command {
+            RunCommand::Approve { node_id, .. } | RunCommand::Deny { node_id, .. } => node_id,
+            RunCommand::Answer { request_id, .. } => {
+                if !waiting_known {
+                    return Ok(());
+                }
+                let asked = self.backend().read_events(
                     run_id,
                     &EventQuery {
-                        node: Some(node.clone()),
-                        limit: Some(1),
+                        types: vec!["InputRequested".to_string()],
                         ..Default::default()
                     },
                 )?;
-                if any.is_empty() {
-                    Err(EngineError::NotFound(format!(
-                        "run `{run_id}` has no node `{node}`"
-                    )))
+                let found = asked.iter().any(|e| {
+                    matches!(e.decode().map(|e| e.kind),
+                        Ok(EventKind::InputRequested { request_id: r, .. }) if &r == request_id)
+                });
+                return if found {
+                    Ok(())
                 } else {
-                    Err(EngineError::Conflict(format!(
-                        "node `{node}` of run `{run_id}` is not waiting for {what}"
+                    Err(EngineError::NotFound(format!(
+                        "run `{run_id}` has no open question `{request_id}`"
                     )))
-                }
+                };
             }
-            _ => Ok(()),
+            RunCommand::Cancel { .. } => return Ok(()),
+        };
+        // A node's NodePending is committed before it can ever ask.
+        let seen = |types: Vec<String>| {
+            self.backend().read_events(
+                run_id,
+                &EventQuery {
+                    types,
+                    node: Some(node.clone()),
+                    limit: Some(1),
+                    ..Default::default()
+                },
+            )
+        };
+        if seen(Vec::new())?.is_empty() {
+            return Err(EngineError::NotFound(format!(
+                "run `{run_id}` has no node `{node}`"
+            )));
         }
+        if waiting_known && seen(vec!["NodeWaitingApproval".to_string()])?.is_empty() {
+            return Err(EngineError::Conflict(format!(
+                "node `{node}` of run `{run_id}` is not waiting for approval"
+            )));
+        }
+        Ok(())
     }
 
     /// Grants or denies an approval ([`Engine::send`]); returns once the

@@ -298,3 +298,60 @@ nodes:
     // A node cannot raise the workflow's ceiling, but 100 bytes fit under it.
     assert_eq!(st.node("raised", 0).unwrap().status.as_str(), "finished");
 }
+
+/// A decision for a node the run never had is refused up front, even while
+/// the run is driven here, and leaves nothing in the inbox or the log; one
+/// for a real gate that is not waiting yet is refused by the driver, with
+/// its reason in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bogus_decisions_to_a_live_run_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, wf) = setup(
+        dir.path(),
+        r#"
+name: live
+nodes:
+  - id: first
+    command: ["sh", "-c", "while [ ! -f go ]; do sleep 0.02; done"]
+  - id: gate
+    needs: [first]
+    approval: "ship?"
+"#,
+    );
+    let (events, opts) = collector();
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run = h.run_id.clone();
+    let err = engine
+        .decide(&run, "nope", true, None, None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no node `nope`"), "{err}");
+    assert!(engine
+        .journal()
+        .backend()
+        .pending_commands(&run)
+        .unwrap()
+        .is_empty());
+    // `gate` exists but does not wait yet: the driver says so.
+    let err = engine
+        .decide(&run, "gate", true, None, None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not waiting"), "{err}");
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    engine.cancel(&run, false, None, None).await.unwrap();
+    assert_eq!(h.wait().await, RunOutcome::Cancelled);
+    let diagnostics: Vec<String> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Diagnostic {
+                source, message, ..
+            } if source == "inbox" => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+    assert!(diagnostics[0].contains("gate"), "{diagnostics:?}");
+}
