@@ -249,6 +249,14 @@ impl Driver {
             self.reopen_tallies();
         }
         self.rerender();
+        if let Some(reason) = self.state.cancel_requested.clone() {
+            // The cancel was requested before the stop; it goes on now.
+            self.cancelling = Some((
+                CancelMechanism::Immediate,
+                Some(reason).filter(|r| !r.is_empty()),
+            ));
+            self.run_cancel.cancel();
+        }
         if resumed {
             self.recover();
         }
@@ -1215,6 +1223,11 @@ impl Driver {
     /// node's failure, so the attempt runs again whatever its retry budget,
     /// unless the node says its work must never run twice.
     fn interrupted(&mut self, key: &Key, inst: &Inst, attempt: u32) {
+        if self.cancelling.is_some() {
+            // The run is being cancelled: the attempt ends cancelled, with
+            // every node not done, when the run ends.
+            return;
+        }
         let err = NodeError::new(
             "interrupted",
             "the process driving the run stopped while this attempt was running",

@@ -321,6 +321,21 @@ nodes:
     let (events, opts) = collector();
     let h = engine.start(wf, json!({}), opts).await.unwrap();
     let run = h.run_id.clone();
+    // Once `first` runs, the plan (with `gate` pending) is in the store.
+    let started = loop {
+        let seen = events
+            .lock()
+            .unwrap()
+            .iter()
+            .find_map(|e| matches!(e.kind, EventKind::NodeStarted {}).then_some(e.seq));
+        if let Some(seq) = seen {
+            break seq;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    while engine.journal().backend().last_seq(&run).unwrap() < started {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let err = engine
         .decide(&run, "nope", true, None, None)
         .await
@@ -354,4 +369,70 @@ nodes:
         .collect();
     assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
     assert!(diagnostics[0].contains("gate"), "{diagnostics:?}");
+}
+
+/// A cancel requested before the engine stopped still stands after the
+/// resume: the run ends cancelled, nothing more starts, and the attempt the
+/// stop interrupted ends cancelled (not run again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_requested_before_a_stop_is_carried_out_by_the_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open_sqlite(
+        &dir.path().join("cairn.db"),
+        JournalOptions { log_dir: None },
+    )
+    .unwrap();
+    let path = dir.path().join("wf.yaml");
+    std::fs::write(
+        &path,
+        r#"
+name: stops
+nodes:
+  - id: slow
+    command: ["sh", "-c", "sleep 30"]
+  - id: after
+    needs: [slow]
+    value: 1
+"#,
+    )
+    .unwrap();
+    let engine = Engine::new(journal.clone(), EngineOptions::default());
+    let (events, opts) = collector();
+    let h = engine
+        .start(cairn_workflow::load(&path).unwrap(), json!({}), opts)
+        .await
+        .unwrap();
+    let run = h.run_id.clone();
+    while !events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::NodeStarted {}))
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Graceful: `slow` may finish; then the engine stops before it does.
+    engine
+        .cancel(&run, true, Some("enough".into()), None)
+        .await
+        .unwrap();
+    engine.shutdown(std::time::Duration::ZERO).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+
+    let engine = Engine::new(journal, EngineOptions::default());
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Cancelled);
+    let st = engine.state(&run).unwrap();
+    let slow = st.node("slow", 0).unwrap();
+    assert_eq!(slow.attempts.len(), 1, "the interrupted attempt ran again");
+    assert_eq!(slow.status, cairn_events::NodeStatus::Cancelled);
+    assert_eq!(
+        st.node("after", 0).unwrap().status,
+        cairn_events::NodeStatus::Cancelled
+    );
 }

@@ -364,7 +364,11 @@ impl RunState {
                 self.status = Some(RunStatus::Running);
                 self.ended_ms = None;
                 self.error = None;
-                self.cancel_requested = None;
+                // A cancel requested before a crash still stands after the
+                // resume: only a new run starts without one.
+                if !*resumed {
+                    self.cancel_requested = None;
+                }
             }
             EventKind::RunStatusChanged { status } => self.status = Some(*status),
             EventKind::RunCancelRequested { reason, .. } => {
