@@ -362,3 +362,44 @@ nodes:
         "the cancel waited for the whole round: no item was left to cancel"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let (_events, opts, mut rx) = watched();
+    let h = engine
+        .start(workflow(dir.path(), &hanging_once("")), json!({}), opts)
+        .await
+        .unwrap();
+    let run = h.run_id.clone();
+    until(&mut rx, |e| {
+        matches!(e.kind, EventKind::NodeStarted {}) && e.scope.node_id.as_deref() == Some("slow")
+    })
+    .await;
+    while !dir.path().join("ran-once").exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A graceful cancel lets `slow` run on: the run is still cancelling
+    // when the engine stops.
+    engine
+        .cancel(&run, true, Some("enough".into()), None)
+        .await
+        .unwrap();
+    engine.shutdown(Duration::ZERO).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+    j.close();
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Cancelled);
+    assert!(!stored(&engine, &run)
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::NodeStarted {})
+            && e.scope.node_id.as_deref() == Some("after")));
+}
