@@ -139,6 +139,9 @@ pub(crate) struct DriverInit {
     pub shutdown: Shutdown,
     pub max_concurrency: Option<usize>,
     pub exit_on_wait: bool,
+    /// The reason of a cancel the log holds with no end after it (empty
+    /// when none was given): the driver goes on cancelling the run.
+    pub cancel_requested: Option<String>,
 }
 
 impl Driver {
@@ -157,6 +160,16 @@ impl Driver {
             Some(s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput)) => s,
             _ => RunStatus::Running,
         };
+        // Whatever was running was stopped with the process that ran it, so
+        // the cancel goes on as an immediate one.
+        let run_cancel = CancellationToken::new();
+        let cancelling = init.cancel_requested.map(|reason| {
+            run_cancel.cancel();
+            (
+                CancelMechanism::Immediate,
+                (!reason.is_empty()).then_some(reason),
+            )
+        });
         Driver {
             run_id: init.run_id,
             tree,
@@ -189,12 +202,12 @@ impl Driver {
             ask_rx,
             inbox: None,
             mode: init.mode,
-            run_cancel: CancellationToken::new(),
+            run_cancel,
             shutdown: init.shutdown,
             shutdown_grace: None,
             concurrency,
             failing: None,
-            cancelling: None,
+            cancelling,
             exit_on_wait: init.exit_on_wait,
             announced,
             layers: HashMap::new(),
