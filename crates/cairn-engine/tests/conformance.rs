@@ -196,7 +196,7 @@ fn gen_case() -> impl Strategy<Value = Case> {
         1usize..5,
         prop::bool::weighted(0.3),
         prop::option::weighted(0.3, (1u64..60, any::<bool>())),
-        prop::option::weighted(0.35, prop::collection::btree_set(1u64..80, 1..4)),
+        prop::option::weighted(0.35, prop::collection::btree_set(1u64..40, 1..4)),
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.5),
@@ -1725,7 +1725,7 @@ proptest! {
         drop(rt);
         let verdict = check(&case, dir.path(), &journal, &ran);
         if std::env::var_os("CAIRN_CONFORMANCE_VERBOSE").is_some() {
-            eprintln!("{run_id} exit_on_wait={} cancel={:?} stops={:?} remote={}: {} sessions, {} commands, {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, case.stops, case.remote(), ran.sessions, ran.sent.len(), ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
+            eprintln!("{run_id} exit_on_wait={} cancel={:?} stops={:?} remote={}: {} sessions, {} interrupted, {} commands ({} refused), {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, case.stops, case.remote(), ran.sessions, ran.observed.iter().filter(|e| matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted")).count(), ran.sent.len(), ran.sent.iter().filter(|s| s.answer.is_err()).count(), ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
         }
         journal.close();
         if let Err(e) = verdict {

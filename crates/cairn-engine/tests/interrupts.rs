@@ -403,3 +403,52 @@ async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
         .any(|e| matches!(e.kind, EventKind::NodeStarted {})
             && e.scope.node_id.as_deref() == Some("after")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_recorded_before_a_stop_fails_the_run_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let wf = workflow(
+        dir.path(),
+        r#"
+name: failing
+nodes:
+  - id: bad
+    command: ["sh", "-c", "sleep 0.3; exit 1"]
+  - id: after
+    needs: [bad]
+    value: never
+"#,
+    );
+    let (_events, opts, mut rx) = watched();
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run = h.run_id.clone();
+    until(&mut rx, |e| {
+        matches!(e.kind, EventKind::NodeStarted {}) && e.scope.node_id.as_deref() == Some("bad")
+    })
+    .await;
+    // `bad` fails within the shutdown's grace: its failure is in the log,
+    // the run's end is not.
+    engine.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+    assert!(stored(&engine, &run).iter().any(|e| matches!(
+        e.kind,
+        EventKind::NodeFailed {
+            will_retry: false,
+            ..
+        }
+    )));
+    j.close();
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    let RunOutcome::Failed(err) = outcome else {
+        panic!("the run should fail, got {outcome:?}")
+    };
+    assert!(err.message.contains("bad"), "{err:?}");
+}
