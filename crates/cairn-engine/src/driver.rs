@@ -590,6 +590,24 @@ impl Driver {
                 _ => {}
             }
         }
+        // A node failed the run, then a stop came before the run's end: the
+        // run that goes on is failing.
+        for key in self.plan.order.clone() {
+            if self.plan.insts[&key].spec.on_failure != OnFailure::Fail {
+                continue;
+            }
+            let Some(n) = self.state.node(&key.0, key.1) else {
+                continue;
+            };
+            if n.status == NodeStatus::Failed {
+                let error = n
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| ErrorInfo::new("failed", "the node failed"));
+                self.fail_run(&key, error);
+                break;
+            }
+        }
     }
 
     /// Kills what the dead engine left running: the process groups it
@@ -1296,19 +1314,25 @@ impl Driver {
             });
             return;
         }
-        if inst.spec.on_failure == OnFailure::Fail
-            && self.failing.is_none()
-            && self.cancelling.is_none()
-        {
-            let mut info = ErrorInfo::new(
-                "node-failed",
-                format!("node `{}` failed: {}", key.0, e.info.message),
-            );
-            info.details = Some(json!({ "nodeId": key.0, "iteration": key.1, "error": e.info }));
-            self.failing = Some(info);
-            self.run_cancel.cancel();
+        if inst.spec.on_failure == OnFailure::Fail {
+            self.fail_run(key, e.info);
         }
         self.node_done(key);
+    }
+
+    /// The run fails because node `key` failed with `error`, unless it is
+    /// already failing or being cancelled.
+    fn fail_run(&mut self, key: &Key, error: ErrorInfo) {
+        if self.failing.is_some() || self.cancelling.is_some() {
+            return;
+        }
+        let mut info = ErrorInfo::new(
+            "node-failed",
+            format!("node `{}` failed: {}", key.0, error.message),
+        );
+        info.details = Some(json!({ "nodeId": key.0, "iteration": key.1, "error": error }));
+        self.failing = Some(info);
+        self.run_cancel.cancel();
     }
 
     // ---- people ----
