@@ -345,7 +345,11 @@ impl Driver {
             let checked_all = self.process_checks();
             let before = to_spawn.len();
             let started_all = self.start_ready(to_spawn);
-            if checked_all && started_all && to_spawn.len() == before {
+            // Starting a group mounts its nodes, and a value node or a skip
+            // ends in the round: both queue checks that must be decided now,
+            // not at the next wake-up (the inbox poll, a second away).
+            let more_checks = !self.check_queue.is_empty();
+            if checked_all && started_all && to_spawn.len() == before && !more_checks {
                 break;
             }
             if !self.ease_backlog().await {
