@@ -563,20 +563,29 @@ fn open_journal(dir: &Path) -> Journal {
 
 /// Waits for one session of the run; at a stop signal, shuts the engine
 /// down with no grace first, which leaves running attempts open in the
-/// log as a crash does.
+/// log as a crash does. True when the engine was shut down (the session
+/// may have ended the run or exited to wait all the same).
 async fn session(
     engine: &Engine,
     handle: cairn_engine::RunHandle,
     stops: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
-) -> RunOutcome {
+) -> (RunOutcome, bool) {
     let wait = handle.wait();
     tokio::pin!(wait);
     tokio::select! {
-        o = &mut wait => return o,
+        o = &mut wait => return (o, false),
         Some(()) = stops.recv() => {}
     }
     within(engine.shutdown(Duration::ZERO)).await;
-    within(wait).await
+    (within(wait).await, true)
+}
+
+/// Another process takes over from a stopped one: the old journal is
+/// closed, a new one opens the same store file.
+fn take_over(dir: &Path, driving: &mut Journal, engine: &mut Engine) {
+    driving.close();
+    *driving = open_journal(dir);
+    *engine = Engine::new(driving.clone(), EngineOptions::default());
 }
 
 /// How a run the log shows ended ended.
@@ -775,23 +784,22 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
         .await
         .unwrap();
     let mut sessions = 1;
-    let mut outcome = session(&engine, handle, &mut stop_rx).await;
+    let (mut outcome, mut stopped) = session(&engine, handle, &mut stop_rx).await;
     loop {
+        if stopped {
+            take_over(dir, &mut driving, &mut engine);
+            stopped = false;
+        }
         assert!(sessions < 30, "too many sessions");
         match outcome {
             RunOutcome::Interrupted => {
                 assert!(!case.stops.is_empty(), "interrupted without a stop");
-                // Another process takes over: the old one's journal is
-                // closed, the new one opens the same store file.
-                driving.close();
-                driving = open_journal(dir);
-                engine = Engine::new(driving.clone(), EngineOptions::default());
-                outcome = match resume(&engine, run_id, &opts).await {
+                (outcome, stopped) = match resume(&engine, run_id, &opts).await {
                     Ok(h) => {
                         sessions += 1;
                         session(&engine, h, &mut stop_rx).await
                     }
-                    Err(o) => o,
+                    Err(o) => (o, false),
                 };
             }
             RunOutcome::Waiting => {
@@ -801,7 +809,8 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
                     // Nobody drives the run: the cancel ends it right here.
                     assert!(
                         commands.cancel(&sender, run_id, graceful).await,
-                        "offline cancel refused"
+                        "offline cancel refused: {:?}",
+                        commands.taken().last()
                     );
                     outcome = RunOutcome::Cancelled;
                     break;
@@ -821,7 +830,8 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
                     let yes = decisions[&node];
                     assert!(
                         commands.decide(&sender, run_id, &node, yes, false).await,
-                        "offline decision refused"
+                        "offline decision refused: {:?}",
+                        commands.taken().last()
                     );
                     if case.late {
                         commands.decide(&sender, run_id, &node, !yes, true).await;
@@ -840,12 +850,12 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
                     "an offline decision ended the run as {:?}",
                     state.status
                 );
-                outcome = match resume(&engine, run_id, &opts).await {
+                (outcome, stopped) = match resume(&engine, run_id, &opts).await {
                     Ok(h) => {
                         sessions += 1;
                         session(&engine, h, &mut stop_rx).await
                     }
-                    Err(o) => o,
+                    Err(o) => (o, false),
                 };
             }
             _ => break,
@@ -1729,8 +1739,15 @@ proptest! {
         }
         journal.close();
         if let Err(e) = verdict {
-            let dump: Vec<String> = ran.observed.iter().map(|e| e.to_json()).collect();
-            prop_assert!(false, "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- log:\n{}", yaml(&case), case, dump.join("\n"));
+            // The store's log: events a sender applied while nobody drove
+            // the run never reached the observer.
+            let dump: Vec<String> = journal
+                .backend()
+                .read_events(&ran.run_id, &EventQuery::default())
+                .map(|evs| evs.iter().map(|e| e.json.to_string()).collect())
+                .unwrap_or_else(|e| vec![format!("unreadable: {e}")]);
+            let sent: Vec<String> = ran.sent.iter().map(|s| format!("{s:?}")).collect();
+            prop_assert!(false, "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- commands:\n{}\n--- log:\n{}", yaml(&case), case, sent.join("\n"), dump.join("\n"));
         }
     }
 }

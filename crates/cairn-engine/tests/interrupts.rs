@@ -452,3 +452,53 @@ nodes:
     };
     assert!(err.message.contains("bad"), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_to_a_stopped_run_leaves_its_interrupted_attempts_to_the_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let wf = workflow(
+        dir.path(),
+        r#"
+name: stopped
+nodes:
+  - id: slow
+    command: ["sh", "-c", "if [ -f ran-once ]; then exit 0; fi; touch ran-once; sleep 30"]
+  - id: gate
+    approval: "ship?"
+"#,
+    );
+    let (_events, opts, mut rx) = watched();
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run = h.run_id.clone();
+    until(&mut rx, |e| {
+        matches!(e.kind, EventKind::ApprovalRequested { .. })
+    })
+    .await;
+    while !dir.path().join("ran-once").exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine.shutdown(Duration::ZERO).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+    j.close();
+    // Nobody drives the run: the sender applies the decision and stops.
+    // `slow` was running when the engine stopped; that is the resume's to
+    // settle, not a reason to call the run stuck.
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    engine.decide(&run, "gate", true, None, None).await.unwrap();
+    let state = engine.state(&run).unwrap();
+    assert!(
+        !state.status.is_some_and(|s| s.is_terminal()),
+        "the decision ended the run: {:?} {:?}",
+        state.status,
+        state.error
+    );
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Finished(None));
+}
