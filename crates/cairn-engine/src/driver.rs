@@ -1602,7 +1602,10 @@ impl Driver {
             .cloned()
             .collect();
         if !not_done.is_empty() && !stopping {
-            if !self.waiting.is_empty() {
+            // Applying commands starts nothing, and leaves the attempts a
+            // stop interrupted open for the next resume: what has not ended
+            // is that resume's to run, not a sign the run is stuck.
+            if !self.waiting.is_empty() || self.mode == Mode::Apply {
                 return None;
             }
             let names: Vec<&str> = not_done.iter().take(5).map(|k| k.0.as_str()).collect();
