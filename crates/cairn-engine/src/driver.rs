@@ -265,8 +265,11 @@ impl Driver {
         if resumed {
             self.recover();
         }
+        // A resumed run may have commands that came while nobody listened
+        // for their wake-up: the first look at the inbox is at once.
+        let first_poll = if resumed { Duration::ZERO } else { INBOX_POLL };
         let mut poll =
-            tokio::time::interval_at(tokio::time::Instant::now() + INBOX_POLL, INBOX_POLL);
+            tokio::time::interval_at(tokio::time::Instant::now() + first_poll, INBOX_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut to_spawn: Vec<(Key, u32)> = Vec::new();
         loop {
@@ -1361,6 +1364,17 @@ impl Driver {
                         note: d.note,
                         by: d.by,
                     });
+                    return;
+                }
+                // A graceful cancel lets running work finish but stops the
+                // gates waiting for a person; a gate that asks only now
+                // (its attempt was spawned before the cancel was applied)
+                // stops the same way instead of waiting for ever.
+                if matches!(self.cancelling, Some((CancelMechanism::Graceful, _))) {
+                    if let Some(t) = self.running.get(&key) {
+                        t.cancel();
+                    }
+                    self.waiting.insert(key, reply);
                     return;
                 }
                 if node.map(|n| n.status) != Some(NodeStatus::WaitingApproval) {

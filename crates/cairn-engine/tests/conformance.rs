@@ -788,7 +788,6 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
     loop {
         if stopped {
             take_over(dir, &mut driving, &mut engine);
-            stopped = false;
         }
         assert!(sessions < 30, "too many sessions");
         match outcome {

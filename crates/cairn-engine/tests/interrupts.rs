@@ -502,3 +502,50 @@ nodes:
         .await;
     assert_eq!(outcome, RunOutcome::Finished(None));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_cancel_ends_a_stopped_run_whose_gate_has_not_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let wf = workflow(
+        dir.path(),
+        r#"
+name: gated
+nodes:
+  - id: gate
+    approval: "go?"
+  - id: after
+    needs: [gate]
+    value: never
+"#,
+    );
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let opts = StartOptions {
+        exit_on_wait: true,
+        ..StartOptions::default()
+    };
+    let h = engine.start(wf, json!({}), opts.clone()).await.unwrap();
+    let run = h.run_id.clone();
+    engine.shutdown(Duration::ZERO).await;
+    j.close();
+    if h.wait().await == RunOutcome::Interrupted {
+        let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+        let h = engine.resume(&run, opts).await.unwrap();
+        assert_eq!(h.wait().await, RunOutcome::Waiting);
+    }
+    // Nobody drives the run: the sender applies the cancel, which reaches
+    // the gate's attempt before the gate asks again. A graceful cancel
+    // stops gates; this one must not wait for a person for ever.
+    let sender = Engine::new(journal(dir.path()), EngineOptions::default());
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        sender.cancel(&run, true, Some("enough".into()), None),
+    )
+    .await
+    .expect("the cancel never came back")
+    .unwrap();
+    assert_eq!(
+        sender.state(&run).unwrap().status,
+        Some(cairn_events::RunStatus::Cancelled)
+    );
+}
