@@ -827,11 +827,16 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
                 );
                 for node in waiting {
                     let yes = decisions[&node];
-                    assert!(
-                        commands.decide(&sender, run_id, &node, yes, false).await,
-                        "offline decision refused: {:?}",
-                        commands.taken().last()
-                    );
+                    if !commands.decide(&sender, run_id, &node, yes, false).await {
+                        // An earlier denial may have failed the run.
+                        let ended = engine.state(run_id).unwrap().status;
+                        assert!(
+                            ended.is_some_and(|s| s.is_terminal()),
+                            "offline decision refused: {:?}",
+                            commands.taken().last()
+                        );
+                        break;
+                    }
                     if case.late {
                         commands.decide(&sender, run_id, &node, !yes, true).await;
                     }
