@@ -14,7 +14,8 @@
 //! would. Some command nodes say `on_interrupt: fail`. In some runs the
 //! decisions and the cancel come from another process (a second engine on
 //! a second journal), through the run's inbox and its wake-up, at random
-//! moments, a cancel may race the run's end, and every decided gate gets a
+//! moments; a cancel may race the run's end (it is sent when the run's
+//! `RunSummary` is seen), and in some runs every decided gate gets a
 //! second, late decision that must be refused.
 //!
 //! Every run's log is then checked against the contract's ordering rules
@@ -23,7 +24,9 @@
 //! `interrupted`, run again unless `on_interrupt: fail`), every command's
 //! answer against the log (accepted: its event is there, once; refused: an
 //! inbox `Diagnostic` gives the reason, or the run had ended), and the
-//! nodes' final states against a model of what the workflow must do.
+//! nodes' final states against a model of what the workflow must do (which
+//! takes how an interrupted command ended as given: a flaky command's
+//! counter also counts the attempt a stop cut off).
 //!
 //! `CAIRN_CONFORMANCE_CASES=N` runs more cases than the default 64.
 
