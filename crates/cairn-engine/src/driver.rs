@@ -139,6 +139,9 @@ pub(crate) struct DriverInit {
     pub shutdown: Shutdown,
     pub max_concurrency: Option<usize>,
     pub exit_on_wait: bool,
+    /// The reason of a cancel the log holds with no end after it (empty
+    /// when none was given): the driver goes on cancelling the run.
+    pub cancel_requested: Option<String>,
 }
 
 impl Driver {
@@ -157,6 +160,16 @@ impl Driver {
             Some(s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput)) => s,
             _ => RunStatus::Running,
         };
+        // Whatever was running was stopped with the process that ran it, so
+        // the cancel goes on as an immediate one.
+        let run_cancel = CancellationToken::new();
+        let cancelling = init.cancel_requested.map(|reason| {
+            run_cancel.cancel();
+            (
+                CancelMechanism::Immediate,
+                (!reason.is_empty()).then_some(reason),
+            )
+        });
         Driver {
             run_id: init.run_id,
             tree,
@@ -189,12 +202,12 @@ impl Driver {
             ask_rx,
             inbox: None,
             mode: init.mode,
-            run_cancel: CancellationToken::new(),
+            run_cancel,
             shutdown: init.shutdown,
             shutdown_grace: None,
             concurrency,
             failing: None,
-            cancelling: None,
+            cancelling,
             exit_on_wait: init.exit_on_wait,
             announced,
             layers: HashMap::new(),
@@ -260,8 +273,11 @@ impl Driver {
         if resumed {
             self.recover();
         }
+        // A resumed run may have commands that came while nobody listened
+        // for their wake-up: the first look at the inbox is at once.
+        let first_poll = if resumed { Duration::ZERO } else { INBOX_POLL };
         let mut poll =
-            tokio::time::interval_at(tokio::time::Instant::now() + INBOX_POLL, INBOX_POLL);
+            tokio::time::interval_at(tokio::time::Instant::now() + first_poll, INBOX_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut to_spawn: Vec<(Key, u32)> = Vec::new();
         loop {
@@ -340,7 +356,11 @@ impl Driver {
             let checked_all = self.process_checks();
             let before = to_spawn.len();
             let started_all = self.start_ready(to_spawn);
-            if checked_all && started_all && to_spawn.len() == before {
+            // Starting a group mounts its nodes, and a value node or a skip
+            // ends in the round: both queue checks that must be decided now,
+            // not at the next wake-up (the inbox poll, a second away).
+            let more_checks = !self.check_queue.is_empty();
+            if checked_all && started_all && to_spawn.len() == before && !more_checks {
                 break;
             }
             if !self.ease_backlog().await {
@@ -583,6 +603,24 @@ impl Driver {
                     self.ready.push_back(key);
                 }
                 _ => {}
+            }
+        }
+        // A node failed the run, then a stop came before the run's end: the
+        // run that goes on is failing.
+        for key in self.plan.order.clone() {
+            if self.plan.insts[&key].spec.on_failure != OnFailure::Fail {
+                continue;
+            }
+            let Some(n) = self.state.node(&key.0, key.1) else {
+                continue;
+            };
+            if n.status == NodeStatus::Failed {
+                let error = n
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| ErrorInfo::new("failed", "the node failed"));
+                self.fail_run(&key, error);
+                break;
             }
         }
     }
@@ -1296,19 +1334,25 @@ impl Driver {
             });
             return;
         }
-        if inst.spec.on_failure == OnFailure::Fail
-            && self.failing.is_none()
-            && self.cancelling.is_none()
-        {
-            let mut info = ErrorInfo::new(
-                "node-failed",
-                format!("node `{}` failed: {}", key.0, e.info.message),
-            );
-            info.details = Some(json!({ "nodeId": key.0, "iteration": key.1, "error": e.info }));
-            self.failing = Some(info);
-            self.run_cancel.cancel();
+        if inst.spec.on_failure == OnFailure::Fail {
+            self.fail_run(key, e.info);
         }
         self.node_done(key);
+    }
+
+    /// The run fails because node `key` failed with `error`, unless it is
+    /// already failing or being cancelled.
+    fn fail_run(&mut self, key: &Key, error: ErrorInfo) {
+        if self.failing.is_some() || self.cancelling.is_some() {
+            return;
+        }
+        let mut info = ErrorInfo::new(
+            "node-failed",
+            format!("node `{}` failed: {}", key.0, error.message),
+        );
+        info.details = Some(json!({ "nodeId": key.0, "iteration": key.1, "error": error }));
+        self.failing = Some(info);
+        self.run_cancel.cancel();
     }
 
     // ---- people ----
@@ -1333,6 +1377,17 @@ impl Driver {
                         note: d.note,
                         by: d.by,
                     });
+                    return;
+                }
+                // A graceful cancel lets running work finish but stops the
+                // gates waiting for a person; a gate that asks only now
+                // (its attempt was spawned before the cancel was applied)
+                // stops the same way instead of waiting for ever.
+                if matches!(self.cancelling, Some((CancelMechanism::Graceful, _))) {
+                    if let Some(t) = self.running.get(&key) {
+                        t.cancel();
+                    }
+                    self.waiting.insert(key, reply);
                     return;
                 }
                 if node.map(|n| n.status) != Some(NodeStatus::WaitingApproval) {
@@ -1574,7 +1629,10 @@ impl Driver {
             .cloned()
             .collect();
         if !not_done.is_empty() && !stopping {
-            if !self.waiting.is_empty() {
+            // Applying commands starts nothing, and leaves the attempts a
+            // stop interrupted open for the next resume: what has not ended
+            // is that resume's to run, not a sign the run is stuck.
+            if !self.waiting.is_empty() || self.mode == Mode::Apply {
                 return None;
             }
             let names: Vec<&str> = not_done.iter().take(5).map(|k| k.0.as_str()).collect();

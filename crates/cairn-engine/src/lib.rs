@@ -339,7 +339,16 @@ impl Engine {
             .await?;
         let mut state = RunState::new(&run_id);
         state.apply(&ev);
-        Ok(self.spawn_driver(run_id, Arc::new(wf), log, state, opts, Mode::Drive, false))
+        Ok(self.spawn_driver(
+            run_id,
+            Arc::new(wf),
+            log,
+            state,
+            opts,
+            Mode::Drive,
+            false,
+            None,
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -352,6 +361,7 @@ impl Engine {
         opts: StartOptions,
         mode: Mode,
         resumed: bool,
+        cancel_requested: Option<String>,
     ) -> RunHandle {
         self.inner.active.lock().unwrap().insert(run_id.clone());
         let driver = Driver::new(DriverInit {
@@ -365,6 +375,7 @@ impl Engine {
             shutdown: self.inner.shutdown.clone(),
             max_concurrency: opts.max_concurrency,
             exit_on_wait: opts.exit_on_wait,
+            cancel_requested,
         });
         let inner = self.inner.clone();
         let id = run_id.clone();
@@ -426,6 +437,10 @@ impl Engine {
         if let Some(obs) = opts.observer.clone() {
             log.set_observer(Box::new(move |e| obs(e)));
         }
+        // A cancel that was acknowledged, then a stop before the run ended:
+        // the resume's `RunStarted` clears it from the fold, but the run
+        // that goes on is still being cancelled.
+        let cancel_requested = state.cancel_requested.clone();
         if mode == Mode::Drive {
             let ev = log
                 .append_durable(
@@ -451,6 +466,7 @@ impl Engine {
             opts,
             mode,
             true,
+            cancel_requested,
         ))
     }
 

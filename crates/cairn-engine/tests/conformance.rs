@@ -5,9 +5,28 @@
 //! `on_failure`), writes them as YAML, and runs them on a real SQLite store
 //! while a task answers approvals and another cancels the run at a random
 //! moment. Some runs exit when they wait for a person, are decided (or
-//! cancelled) from outside, and resumed. Every run's log is then checked
-//! against the contract's ordering rules and guarantees 1 to 6, and the
-//! nodes' final states against a model of what the workflow must do.
+//! cancelled) from outside, and resumed.
+//!
+//! Some runs are stopped in the middle, once or more, at a random event:
+//! the engine shuts down with no grace (attempts stay open in the log, as a
+//! crash leaves them), the journal is closed, and a new engine over a new
+//! journal on the same store file resumes the run, as another process
+//! would. Some command nodes say `on_interrupt: fail`. In some runs the
+//! decisions and the cancel come from another process (a second engine on
+//! a second journal), through the run's inbox and its wake-up, at random
+//! moments; a cancel may race the run's end (it is sent when the run's
+//! `RunSummary` is seen), and in some runs every decided gate gets a
+//! second, late decision that must be refused.
+//!
+//! Every run's log is then checked against the contract's ordering rules
+//! and guarantees 1 to 6 across sessions, every attempt a stop left open
+//! against its closing by the next session (`NodeFailed` of kind
+//! `interrupted`, run again unless `on_interrupt: fail`), every command's
+//! answer against the log (accepted: its event is there, once; refused: an
+//! inbox `Diagnostic` gives the reason, or the run had ended), and the
+//! nodes' final states against a model of what the workflow must do (which
+//! takes how an interrupted command ended as given: a flaky command's
+//! counter also counts the attempt a stop cut off).
 //!
 //! `CAIRN_CONFORMANCE_CASES=N` runs more cases than the default 64.
 
@@ -16,8 +35,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
-use cairn_events::{Event, EventKind, NodeStatus, RunState, RunStatus};
+use cairn_engine::{Engine, EngineError, EngineOptions, RunOutcome, StartOptions};
+use cairn_events::{Event, EventKind, InboxReply, NodeStatus, RunCommand, RunState, RunStatus};
 use cairn_store::{EventQuery, Journal, JournalOptions};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -40,6 +59,22 @@ enum Leaf {
     Approval(bool),
     /// `tool: read` of a file that exists (or not).
     Read(bool),
+}
+
+impl Leaf {
+    /// A leaf that runs a process, which a stop can interrupt.
+    fn is_command(&self) -> bool {
+        matches!(self, Leaf::Ok(_) | Leaf::Fail(_) | Leaf::Flaky(_))
+    }
+}
+
+/// The output a command leaf `n<i>` ends with when it finishes.
+fn leaf_output(l: &Leaf) -> Option<Value> {
+    match l {
+        Leaf::Ok(1) => Some(json!("hi")),
+        Leaf::Ok(_) | Leaf::Flaky(_) => Some(json!("")),
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +100,8 @@ struct Gen {
     cond: Option<bool>,
     attempts: u32,
     cont: bool,
+    /// `on_interrupt: fail` (command leaves only).
+    no_rerun: bool,
     kind: Kind,
 }
 
@@ -78,6 +115,22 @@ struct Case {
     /// Cancel once the observer has seen this many events (or, with
     /// `exit_on_wait`, at the first wait), gracefully or not.
     cancel: Option<(u64, bool)>,
+    /// Stop the engine with no grace once the observer has seen this many
+    /// events, and resume the run in a new engine over a new journal.
+    stops: Vec<u64>,
+    /// Decisions and the cancel come from a second engine on a second
+    /// journal (always so when the run is stopped).
+    remote: bool,
+    /// The cancel waits for the run's `RunSummary`: it races the end.
+    cancel_at_end: bool,
+    /// Every accepted decision is followed by the opposite one, late.
+    late: bool,
+}
+
+impl Case {
+    fn remote(&self) -> bool {
+        self.remote || !self.stops.is_empty()
+    }
 }
 
 fn leaf(top: bool) -> BoxedStrategy<Leaf> {
@@ -100,19 +153,22 @@ fn gen_leaf(top: bool) -> impl Strategy<Value = Gen> {
         prop::option::weighted(0.25, any::<bool>()),
         1u32..4,
         prop::bool::weighted(0.4),
+        prop::bool::weighted(0.3),
         leaf(top),
     )
-        .prop_map(|(needs, cond, attempts, cont, l)| {
+        .prop_map(|(needs, cond, attempts, cont, no_rerun, l)| {
             // Approvals and tools fail for good; a retry policy on them is moot.
             let attempts = match l {
                 Leaf::Approval(_) | Leaf::Read(_) => 1,
                 _ => attempts,
             };
+            let command = matches!(l, Leaf::Ok(_) | Leaf::Fail(_) | Leaf::Flaky(_));
             Gen {
                 needs,
                 cond,
                 attempts,
                 cont,
+                no_rerun: no_rerun && command,
                 kind: Kind::Leaf(l),
             }
         })
@@ -125,13 +181,13 @@ fn gen_node() -> impl Strategy<Value = Gen> {
         1 => (prop::collection::vec(any::<Index>(), 0..2), prop::option::weighted(0.2, any::<bool>()),
               0u32..3, 1u32..4, body())
             .prop_map(|(needs, cond, until, max, body)| Gen {
-                needs, cond, attempts: 1, cont: false,
+                needs, cond, attempts: 1, cont: false, no_rerun: false,
                 kind: Kind::Loop { until, max, body },
             }),
         1 => (prop::collection::vec(any::<Index>(), 0..2), prop::option::weighted(0.2, any::<bool>()),
               0usize..4, body())
             .prop_map(|(needs, cond, len, body)| Gen {
-                needs, cond, attempts: 1, cont: false,
+                needs, cond, attempts: 1, cont: false, no_rerun: false,
                 kind: Kind::ForEach { len, body },
             }),
     ]
@@ -143,13 +199,23 @@ fn gen_case() -> impl Strategy<Value = Case> {
         1usize..5,
         prop::bool::weighted(0.3),
         prop::option::weighted(0.3, (1u64..60, any::<bool>())),
+        prop::option::weighted(0.35, prop::collection::btree_set(1u64..40, 1..4)),
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.5),
     )
-        .prop_map(|(nodes, concurrency, exit_on_wait, cancel)| Case {
-            nodes,
-            concurrency,
-            exit_on_wait,
-            cancel,
-        })
+        .prop_map(
+            |(nodes, concurrency, exit_on_wait, cancel, stops, remote, cancel_at_end, late)| Case {
+                nodes,
+                concurrency,
+                exit_on_wait,
+                cancel,
+                stops: stops.map(|s| s.into_iter().collect()).unwrap_or_default(),
+                remote,
+                cancel_at_end,
+                late,
+            },
+        )
 }
 
 /// The needs of node `i` among its siblings, as indices.
@@ -199,6 +265,9 @@ fn write_nodes(y: &mut String, nodes: &[Gen], path: &str, depth: usize, marker: 
         }
         if g.cont {
             y.push_str(&format!("{pad}  on_failure: continue\n"));
+        }
+        if g.no_rerun {
+            y.push_str(&format!("{pad}  on_interrupt: fail\n"));
         }
         let full = format!("{path}{id}");
         match &g.kind {
@@ -280,15 +349,32 @@ struct Expect {
     output: Option<Value>,
     /// Its siblings it needs, as instance keys.
     needs: Vec<(String, u32)>,
+    /// `on_interrupt: fail`.
+    no_rerun: bool,
+    /// A command whose attempts may fail: once an attempt of it was
+    /// interrupted, it may end either way (a flaky command's counter counts
+    /// the interrupted attempt too, and the rerun takes a retry's place).
+    may_fail: bool,
+    /// A leaf that runs a process.
+    command: bool,
+    /// A `loop` or `for_each`: a resume re-enters it, no attempt of it is
+    /// interrupted.
+    group: bool,
 }
 
+/// The final states the log shows for instances whose attempts a stop
+/// interrupted: the model takes them as given and predicts the rest.
+type Overrides = BTreeMap<(String, u32), NodeStatus>;
+
 /// Plays the workflow through in dependency order, the way it must go when
-/// nothing cancels it. Returns whether a node fails with `on_failure: fail`
-/// (then the run must fail, and nodes may be cancelled instead).
+/// nothing cancels it, with the instances of `given` ending as it says.
+/// Returns whether a node fails with `on_failure: fail` (then the run must
+/// fail, and nodes may be cancelled instead).
 fn simulate(
     nodes: &[Gen],
     path: &str,
     iteration: u32,
+    given: &Overrides,
     out: &mut BTreeMap<(String, u32), Expect>,
 ) -> bool {
     let mut fatal = false;
@@ -301,10 +387,18 @@ fn simulate(
             .iter()
             .map(|&j| (format!("{path}{}", id_of(j)), iteration))
             .collect();
+        let given_status = given.get(&(id.clone(), iteration)).copied();
         let (st, attempts, output) = if blocked || g.cond == Some(false) {
             (NodeStatus::Skipped, 0, None)
         } else {
             match &g.kind {
+                Kind::Leaf(l) if given_status.is_some() && l.is_command() => {
+                    let st = given_status.unwrap();
+                    let output = (st == NodeStatus::Finished)
+                        .then(|| leaf_output(l))
+                        .flatten();
+                    (st, g.attempts, output)
+                }
                 Kind::Leaf(l) => match l {
                     Leaf::Value => (
                         NodeStatus::Finished,
@@ -326,13 +420,13 @@ fn simulate(
                 Kind::Loop { until, max, body } => {
                     let passes = (*until + 1).min(*max);
                     for p in 0..passes {
-                        fatal |= simulate(body, &format!("{id}."), p, out);
+                        fatal |= simulate(body, &format!("{id}."), p, given, out);
                     }
                     (NodeStatus::Finished, 1, None)
                 }
                 Kind::ForEach { len, body } => {
                     for e in 0..*len {
-                        fatal |= simulate(body, &format!("{id}[{e}]."), iteration, out);
+                        fatal |= simulate(body, &format!("{id}[{e}]."), iteration, given, out);
                     }
                     (NodeStatus::Finished, 1, None)
                 }
@@ -349,6 +443,10 @@ fn simulate(
                 attempts,
                 output,
                 needs: need_keys,
+                no_rerun: g.no_rerun,
+                may_fail: matches!(g.kind, Kind::Leaf(Leaf::Fail(_) | Leaf::Flaky(_))),
+                group: !matches!(g.kind, Kind::Leaf(_)),
+                command: matches!(&g.kind, Kind::Leaf(l) if l.is_command()),
             },
         );
     }
@@ -368,42 +466,215 @@ struct Ran {
     cancelled: bool,
     /// Events delivered by subscriptions: (asked after, delivered).
     subscriptions: Vec<(u64, Vec<(u64, String)>)>,
+    /// Sessions that drove the run (a start, then each resume).
+    sessions: usize,
+    /// Every command sent to the run, with its answer.
+    sent: Vec<Sent>,
+}
+
+/// One command sent to the run, and the sender's answer.
+#[derive(Debug, Clone)]
+struct Sent {
+    /// Carried by the event the command causes: a decision's note, a
+    /// cancel's reason.
+    marker: String,
+    command: RunCommand,
+    /// A second decision for a gate already decided: must be refused.
+    late: bool,
+    answer: Result<Event, String>,
+}
+
+/// Sends commands, each with a marker of its own, and keeps the answers.
+#[derive(Clone, Default)]
+struct Commands {
+    sent: Arc<Mutex<Vec<Sent>>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Commands {
+    fn marker(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        format!("cmd-{n}")
+    }
+
+    /// Grants or denies `node`'s approval; true when accepted.
+    async fn decide(&self, engine: &Engine, run: &str, node: &str, yes: bool, late: bool) -> bool {
+        let marker = self.marker();
+        let (node_id, note, by) = (node.to_string(), Some(marker.clone()), Some("prop".into()));
+        let command = if yes {
+            RunCommand::Approve { node_id, note, by }
+        } else {
+            RunCommand::Deny { node_id, note, by }
+        };
+        self.send(engine, run, command, marker, late).await
+    }
+
+    /// Cancels the run; true when accepted.
+    async fn cancel(&self, engine: &Engine, run: &str, graceful: bool) -> bool {
+        let marker = self.marker();
+        let command = RunCommand::Cancel {
+            graceful,
+            reason: Some(marker.clone()),
+            by: None,
+        };
+        self.send(engine, run, command, marker, false).await
+    }
+
+    async fn send(
+        &self,
+        engine: &Engine,
+        run: &str,
+        command: RunCommand,
+        marker: String,
+        late: bool,
+    ) -> bool {
+        // A sender that hangs is a failure the check reports, with the log.
+        let answer =
+            match tokio::time::timeout(Duration::from_secs(60), engine.send(run, command.clone()))
+                .await
+            {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("{HUNG}: no answer within 60 s")),
+            };
+        let ok = answer.is_ok();
+        self.sent.lock().unwrap().push(Sent {
+            marker,
+            command,
+            late,
+            answer,
+        });
+        ok
+    }
+
+    fn taken(&self) -> Vec<Sent> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+const HUNG: &str = "hung";
+
+/// A journal over the case's store file, as another process opens it.
+fn open_journal(dir: &Path) -> Journal {
+    Journal::open_sqlite(
+        &dir.join("cairn.db"),
+        JournalOptions {
+            log_dir: Some(dir.join("logs")),
+        },
+    )
+    .unwrap()
+}
+
+/// Waits for one session of the run; at a stop signal, shuts the engine
+/// down with no grace first, which leaves running attempts open in the
+/// log as a crash does. True when the engine was shut down (the session
+/// may have ended the run or exited to wait all the same).
+async fn session(
+    engine: &Engine,
+    handle: cairn_engine::RunHandle,
+    stops: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> (RunOutcome, bool) {
+    let wait = handle.wait();
+    tokio::pin!(wait);
+    tokio::select! {
+        o = &mut wait => return (o, false),
+        Some(()) = stops.recv() => {}
+    }
+    within(engine.shutdown(Duration::ZERO)).await;
+    (within(wait).await, true)
+}
+
+/// Another process takes over from a stopped one: the old journal is
+/// closed, a new one opens the same store file.
+fn take_over(dir: &Path, driving: &mut Journal, engine: &mut Engine) {
+    driving.close();
+    *driving = open_journal(dir);
+    *engine = Engine::new(driving.clone(), EngineOptions::default());
+}
+
+/// How a run the log shows ended ended.
+fn ended(state: &RunState) -> Option<RunOutcome> {
+    match state.status? {
+        RunStatus::Finished => Some(RunOutcome::Finished(state.output.clone())),
+        RunStatus::Failed => Some(RunOutcome::Failed(
+            state.error.clone().expect("a failed run has its error"),
+        )),
+        RunStatus::Cancelled => Some(RunOutcome::Cancelled),
+        _ => None,
+    }
+}
+
+/// Resumes the run, waiting while another process holds it (a sender that
+/// found nobody driving it applies its command with the run's driver).
+/// `Err` with the run's end when such a command ended it.
+async fn resume(
+    engine: &Engine,
+    run_id: &str,
+    opts: &StartOptions,
+) -> Result<cairn_engine::RunHandle, RunOutcome> {
+    for _ in 0..500 {
+        match within(engine.resume(run_id, opts.clone())).await {
+            Ok(h) => return Ok(h),
+            Err(EngineError::Conflict(m)) if m.contains("another process") => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => {
+                let state = engine.state(run_id).unwrap();
+                return Err(ended(&state).unwrap_or_else(|| panic!("resume: {e}")));
+            }
+        }
+    }
+    panic!("the run stayed busy in another process");
 }
 
 async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ran {
-    let engine = Engine::new(journal.clone(), EngineOptions::default());
+    let mut engine = Engine::new(journal.clone(), EngineOptions::default());
+    let mut driving = journal.clone();
+    // Another process that sends commands (and applies them when nobody
+    // drives the run).
+    let remote = case.remote().then(|| {
+        let j = open_journal(dir);
+        (Engine::new(j.clone(), EngineOptions::default()), j)
+    });
     let path = dir.join("wf.yaml");
     std::fs::write(&path, yaml(case)).unwrap();
     std::fs::write(dir.join("data.txt"), "some data\n").unwrap();
     let wf = cairn_workflow::load(&path).unwrap_or_else(|e| panic!("generated workflow: {e}"));
 
     let events: Events = Arc::default();
-    // Approvals seen, decisions to make, and the cancel trigger: all driven
-    // from the observer through channels, since it must not block.
-    let (ask_tx, mut ask_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // Approvals seen, decisions to make, stops, and the cancel trigger: all
+    // driven from the observer through channels, since it must not block.
+    let (ask_tx, mut ask_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64)>();
     let (cancel_tx, mut cancel_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let (sub_tx, mut sub_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-    let cancel_at = if case.exit_on_wait {
+    let (stop_tx, mut stop_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let cancel_at = if case.exit_on_wait || (case.remote() && case.cancel_at_end) {
         None
     } else {
         case.cancel.map(|c| c.0)
     };
+    let cancel_at_end = !case.exit_on_wait && case.remote() && case.cancel_at_end;
     // A mid-run subscription from the seq the observer reaches at this count.
     let sub_at = 1 + (case.nodes.len() as u64 * 7) % 23;
     let observer = {
         let events = events.clone();
+        let stops = case.stops.clone();
         Arc::new(move |ev: &Event| {
             let mut evs = events.lock().unwrap();
             evs.push(ev.clone());
             let n = evs.len() as u64;
             if let EventKind::ApprovalRequested { .. } = ev.kind {
-                let _ = ask_tx.send(ev.scope.node_id.clone().unwrap());
+                let _ = ask_tx.send((ev.scope.node_id.clone().unwrap(), ev.seq));
             }
-            if Some(n) == cancel_at {
+            if Some(n) == cancel_at
+                || (cancel_at_end && matches!(ev.kind, EventKind::RunSummary { .. }))
+            {
                 let _ = cancel_tx.send(());
             }
             if n == sub_at {
                 let _ = sub_tx.send(ev.seq);
+            }
+            if stops.contains(&n) {
+                let _ = stop_tx.send(());
             }
         })
     };
@@ -463,102 +734,149 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
             _ => None,
         })
         .collect();
+    let commands = Commands::default();
+    // Senders stop taking work when the run has ended; what they are
+    // sending then is answered before the case is checked.
+    let (over_tx, over_rx) = tokio::sync::watch::channel(false);
+    let mut senders = Vec::new();
     if !case.exit_on_wait {
-        let engine = engine.clone();
+        let engine = remote.as_ref().map_or(engine.clone(), |r| r.0.clone());
+        let from_afar = remote.is_some();
         let run_id = run_id.to_string();
         let decisions = decisions.clone();
-        tokio::spawn(async move {
-            while let Some(node) = ask_rx.recv().await {
+        let commands = commands.clone();
+        let late = case.late;
+        let mut over = over_rx.clone();
+        senders.push(tokio::spawn(async move {
+            loop {
+                let (node, seq) = tokio::select! {
+                    biased;
+                    Some(a) = ask_rx.recv() => a,
+                    _ = over.changed() => break,
+                };
+                // Another process learns of the question from the store,
+                // once it is committed.
+                while from_afar && engine.journal().backend().last_seq(&run_id).unwrap() < seq {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 // A run that is failing or cancelled may no longer wait.
-                let _ = engine
-                    .decide(
-                        &run_id,
-                        &node,
-                        decisions[&node],
-                        Some("n".into()),
-                        Some("prop".into()),
-                    )
-                    .await;
+                let yes = decisions[&node];
+                if commands.decide(&engine, &run_id, &node, yes, false).await && late {
+                    commands.decide(&engine, &run_id, &node, !yes, true).await;
+                }
             }
-        });
+        }));
     }
-    let cancel_ok = Arc::new(Mutex::new(false));
     if let Some((_, graceful)) = case.cancel.filter(|_| !case.exit_on_wait) {
-        let engine = engine.clone();
+        let engine = remote.as_ref().map_or(engine.clone(), |r| r.0.clone());
         let run_id = run_id.to_string();
-        let ok = cancel_ok.clone();
-        tokio::spawn(async move {
-            if cancel_rx.recv().await.is_some() {
-                let r = engine
-                    .cancel(&run_id, graceful, Some("proptest".into()), None)
-                    .await;
-                *ok.lock().unwrap() = r.is_ok();
+        let commands = commands.clone();
+        let mut over = over_rx.clone();
+        senders.push(tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                Some(()) = cancel_rx.recv() => {
+                    commands.cancel(&engine, &run_id, graceful).await;
+                }
+                _ = over.changed() => {}
             }
-        });
+        }));
     }
 
     let handle = within(engine.start(wf, json!({}), opts.clone()))
         .await
         .unwrap();
-    let mut outcome = within(handle.wait()).await;
     let mut sessions = 1;
-    while outcome == RunOutcome::Waiting {
-        assert!(case.exit_on_wait, "waiting without exit_on_wait");
-        sessions += 1;
+    let (mut outcome, mut stopped) = session(&engine, handle, &mut stop_rx).await;
+    loop {
+        if stopped {
+            take_over(dir, &mut driving, &mut engine);
+        }
         assert!(sessions < 30, "too many sessions");
-        if let Some((_, graceful)) = case.cancel {
-            // Nobody drives the run: the cancel ends it right here.
-            within(engine.cancel(run_id, graceful, Some("offline".into()), None))
-                .await
-                .expect("offline cancel");
-            *cancel_ok.lock().unwrap() = true;
-            outcome = RunOutcome::Cancelled;
-            break;
-        }
-        let state = engine.state(run_id).unwrap();
-        let waiting: Vec<String> = state
-            .nodes
-            .iter()
-            .filter(|n| n.status == NodeStatus::WaitingApproval)
-            .map(|n| n.node_id.clone())
-            .collect();
-        assert!(
-            !waiting.is_empty(),
-            "Waiting, but no node waits for approval"
-        );
-        for node in waiting {
-            within(engine.decide(
-                run_id,
-                &node,
-                decisions[&node],
-                None,
-                Some("offline".into()),
-            ))
-            .await
-            .expect("offline decision");
-        }
-        // A decision applied while nobody drove the run may have ended it
-        // already: a denied gate failed the run, or the last gate finished
-        // what was left.
-        let state = engine.state(run_id).unwrap();
-        match state.status {
-            Some(RunStatus::Failed) => {
-                outcome =
-                    RunOutcome::Failed(state.error.clone().expect("a failed run has its error"));
-                break;
+        match outcome {
+            RunOutcome::Interrupted => {
+                assert!(!case.stops.is_empty(), "interrupted without a stop");
+                (outcome, stopped) = match resume(&engine, run_id, &opts).await {
+                    Ok(h) => {
+                        sessions += 1;
+                        session(&engine, h, &mut stop_rx).await
+                    }
+                    Err(o) => (o, false),
+                };
             }
-            Some(RunStatus::Finished) => {
-                outcome = RunOutcome::Finished(state.output.clone());
-                break;
+            RunOutcome::Waiting => {
+                assert!(case.exit_on_wait, "waiting without exit_on_wait");
+                let sender = remote.as_ref().map_or(engine.clone(), |r| r.0.clone());
+                if let Some((_, graceful)) = case.cancel {
+                    // Nobody drives the run: the cancel ends it right here.
+                    assert!(
+                        commands.cancel(&sender, run_id, graceful).await,
+                        "offline cancel refused: {:?}",
+                        commands.taken().last()
+                    );
+                    outcome = RunOutcome::Cancelled;
+                    break;
+                }
+                let state = engine.state(run_id).unwrap();
+                let waiting: Vec<String> = state
+                    .nodes
+                    .iter()
+                    .filter(|n| n.status == NodeStatus::WaitingApproval)
+                    .map(|n| n.node_id.clone())
+                    .collect();
+                assert!(
+                    !waiting.is_empty(),
+                    "Waiting, but no node waits for approval"
+                );
+                for node in waiting {
+                    let yes = decisions[&node];
+                    if !commands.decide(&sender, run_id, &node, yes, false).await {
+                        // An earlier denial may have failed the run.
+                        let ended = engine.state(run_id).unwrap().status;
+                        assert!(
+                            ended.is_some_and(|s| s.is_terminal()),
+                            "offline decision refused: {:?}",
+                            commands.taken().last()
+                        );
+                        break;
+                    }
+                    if case.late {
+                        commands.decide(&sender, run_id, &node, !yes, true).await;
+                    }
+                }
+                // A decision applied while nobody drove the run may have
+                // ended it already: a denied gate failed the run, or the
+                // last gate finished what was left.
+                let state = engine.state(run_id).unwrap();
+                if let Some(o) = ended(&state) {
+                    outcome = o;
+                    break;
+                }
+                assert!(
+                    !state.status.is_some_and(|s| s.is_terminal()),
+                    "an offline decision ended the run as {:?}",
+                    state.status
+                );
+                (outcome, stopped) = match resume(&engine, run_id, &opts).await {
+                    Ok(h) => {
+                        sessions += 1;
+                        session(&engine, h, &mut stop_rx).await
+                    }
+                    Err(o) => (o, false),
+                };
             }
-            Some(s) if s.is_terminal() => panic!("an offline decision ended the run as {s:?}"),
-            _ => {}
+            _ => break,
         }
-        let h = within(engine.resume(run_id, opts.clone()))
-            .await
-            .expect("resume");
-        outcome = within(h.wait()).await;
     }
+    // What the senders are sending is answered; nothing more is sent.
+    let _ = over_tx.send(true);
+    for s in senders {
+        within(s).await.unwrap();
+    }
+    if let Some((_, j)) = &remote {
+        j.close();
+    }
+    driving.close();
     // Every session's events are committed once its handle returns.
     let _ = done_tx.send(());
     let mut subscriptions = vec![within(live).await.unwrap()];
@@ -566,13 +884,18 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
         subscriptions.push(s);
     }
     let observed = events.lock().unwrap().clone();
-    let cancelled = *cancel_ok.lock().unwrap();
+    let sent = commands.taken();
+    let cancelled = sent
+        .iter()
+        .any(|s| matches!(s.command, RunCommand::Cancel { .. }) && s.answer.is_ok());
     Ran {
         run_id: run_id.to_string(),
         observed,
         outcome,
         cancelled,
         subscriptions,
+        sessions,
+        sent,
     }
 }
 
@@ -607,6 +930,8 @@ struct NodeLog {
     tools: BTreeSet<u32>,
     last_tool: u32,
     started_without_attempt_end: bool,
+    /// Attempts a stop interrupted.
+    interrupted: u32,
 }
 
 fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), String> {
@@ -666,7 +991,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                         | EventKind::NodeRetrying { .. }
                         | EventKind::ToolCallStarted { .. }
                 );
-                if !case.exit_on_wait || !offline {
+                if !(case.exit_on_wait || case.remote()) || !offline {
                     return Err(format!(
                         "seq {} {} never reached the observer",
                         e.seq,
@@ -800,9 +1125,13 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             }
         }
     }
-    if !case.exit_on_wait && n_starts != 1 {
-        return Err(format!("{n_starts} sessions without exit_on_wait"));
+    if n_starts != ran.sessions {
+        return Err(format!(
+            "{n_starts} RunStarted for {} sessions",
+            ran.sessions
+        ));
     }
+    check_commands(ran, evs)?;
     let cancel_requested = evs
         .iter()
         .any(|e| matches!(e.kind, EventKind::RunCancelRequested { .. }));
@@ -834,7 +1163,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
         if (s.finished, s.failed, s.skipped, s.cancelled) != folded {
             return Err(format!("RunSummary counts {s:?}, fold {folded:?}"));
         }
-    } else if !(case.exit_on_wait && ran.cancelled) {
+    } else if !((case.exit_on_wait || case.remote()) && ran.cancelled) {
         return Err("no RunSummary".into());
     }
 
@@ -843,9 +1172,33 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
     let mut layers: HashMap<u32, bool> = HashMap::new();
     let mut finished_ids: BTreeSet<String> = BTreeSet::new();
     let mut nodes: BTreeMap<(String, u32), NodeLog> = BTreeMap::new();
+    // What each instance would do undisturbed, for its `on_interrupt`.
+    let mut plain = BTreeMap::new();
+    simulate(&case.nodes, "", 0, &Overrides::new(), &mut plain);
+    // Attempts a stop left open, which the resume that follows must close
+    // before anything else happens to their nodes.
+    let mut to_close: BTreeMap<(String, u32), u32> = BTreeMap::new();
     for e in evs {
         let at = e.seq;
         match &e.kind {
+            EventKind::RunStarted { resumed: true, .. } => {
+                if let Some((k, a)) = to_close.iter().next() {
+                    return Err(format!(
+                        "seq {at}: a new session, and attempt {a} of {}#{} left open by a stop is still not closed",
+                        k.0, k.1
+                    ));
+                }
+                // Open attempts other than gates waiting for (or given) a
+                // decision were cut off by the stop.
+                for (k, nl) in &nodes {
+                    if let Some(Phase::Running(a)) = nl.phase {
+                        let group = plain.get(k).is_some_and(|x: &Expect| x.group);
+                        if nl.gate == 0 && !group {
+                            to_close.insert(k.clone(), a);
+                        }
+                    }
+                }
+            }
             EventKind::FrameCommitted { frame_no, .. } => {
                 if *frame_no != frame + 1 {
                     return Err(format!("seq {at}: frame {frame_no} after {frame}"));
@@ -906,6 +1259,29 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             err!("node event before any frame");
         }
         let attempt = e.scope.attempt;
+        let interrupted =
+            matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted");
+        if let Some(a) = to_close.remove(&key) {
+            let Some(x) = plain.get(&key) else {
+                err!("the workflow has no such instance");
+            };
+            match &e.kind {
+                EventKind::NodeFailed { will_retry, .. } if interrupted && attempt == Some(a) => {
+                    if *will_retry == x.no_rerun {
+                        err!(&format!(
+                            "an interrupted attempt with on_interrupt {} has willRetry {will_retry}",
+                            if x.no_rerun { "fail" } else { "rerun" }
+                        ));
+                    }
+                }
+                _ => err!(&format!(
+                    "attempt {a}, left open by a stop, is not closed first as interrupted"
+                )),
+            }
+            nl.interrupted += 1;
+        } else if interrupted {
+            err!("an attempt failed as interrupted that no stop left open");
+        }
         match (phase.clone(), &e.kind) {
             (None, EventKind::NodePending { .. }) => nl.phase = Some(Phase::Pending),
             (None, _) => err!("first event of a node is not NodePending"),
@@ -1047,6 +1423,12 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             }
         }
     }
+    if let Some((k, a)) = to_close.iter().next() {
+        return Err(format!(
+            "attempt {a} of {}#{}, left open by a stop, was never closed",
+            k.0, k.1
+        ));
+    }
     // For a run that ended: every layer that started has finished unless
     // the run was stopped; every mounted node reached a terminal state.
     for (key, nl) in &nodes {
@@ -1073,9 +1455,38 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
         }
     }
 
-    // The model: what each node instance must have come to.
+    // The model: what each node instance must have come to, given how the
+    // commands a stop interrupted ended.
+    let mut given = Overrides::new();
+    for (key, nl) in &nodes {
+        if nl.interrupted == 0 {
+            continue;
+        }
+        let Some(x) = plain.get(key) else {
+            return Err(format!("{}#{} is not in the workflow", key.0, key.1));
+        };
+        let got = state.node(&key.0, key.1).unwrap().status;
+        match got {
+            NodeStatus::Finished if x.no_rerun => {
+                return Err(format!(
+                    "{}#{} finished though an attempt was interrupted and it says on_interrupt: fail",
+                    key.0, key.1
+                ));
+            }
+            NodeStatus::Failed if x.command && !x.no_rerun && !x.may_fail => {
+                return Err(format!(
+                    "{}#{}: an interrupted attempt was run again, yet the node failed",
+                    key.0, key.1
+                ));
+            }
+            NodeStatus::Finished | NodeStatus::Failed if x.command => {
+                given.insert(key.clone(), got);
+            }
+            _ => {}
+        }
+    }
     let mut expect = BTreeMap::new();
-    let fatal = simulate(&case.nodes, "", 0, &mut expect);
+    let fatal = simulate(&case.nodes, "", 0, &given, &mut expect);
     let exact = !fatal && !cancel_requested;
     if exact && !matches!(ran.outcome, RunOutcome::Finished(_)) {
         return Err(format!(
@@ -1110,8 +1521,8 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             ));
         }
         // A run that stops takes no more retries, so attempts are exact
-        // only when nothing stops it.
-        if exact && nl.started != x.attempts {
+        // only when nothing stops it, nor interrupts the node.
+        if exact && nl.interrupted == 0 && nl.started != x.attempts {
             return Err(format!(
                 "{}#{} ended {} after {} attempts, want {}",
                 key.0,
@@ -1121,7 +1532,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                 x.attempts
             ));
         }
-        if nl.started > x.attempts.max(1) {
+        if nl.started > x.attempts.max(1) + nl.interrupted {
             return Err(format!(
                 "{}#{} started {} attempts, at most {}",
                 key.0, key.1, nl.started, x.attempts
@@ -1170,6 +1581,108 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                 "mounted instances differ: missing {missing:?}, extra {extra:?}"
             ));
         }
+    }
+    Ok(())
+}
+
+/// Every command's answer against the log: an accepted command's event is
+/// the one its sender got, and is in the log once; a refused command's is
+/// not there, and an inbox `Diagnostic` gives the reason the sender got
+/// unless the run had ended before the command was taken.
+fn check_commands(ran: &Ran, evs: &[Event]) -> Result<(), String> {
+    let ended = evs.last().is_some_and(|e| e.kind.is_terminal());
+    // Seqs of the events that carry each command's marker.
+    let mut carried: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+    let mut acceptances: BTreeSet<u64> = BTreeSet::new();
+    for e in evs {
+        let marker = match &e.kind {
+            EventKind::ApprovalGranted { note, .. } | EventKind::ApprovalDenied { note, .. } => {
+                note.as_deref()
+            }
+            EventKind::RunCancelRequested { reason, .. } => reason.as_deref(),
+            _ => {
+                match InboxReply::parse(e) {
+                    Some(r) if r.accepted => {
+                        acceptances.insert(e.seq);
+                    }
+                    Some(r) => *refusals.entry(r.message).or_default() += 1,
+                    None => {}
+                }
+                continue;
+            }
+        };
+        let Some(m) = marker else {
+            return Err(format!(
+                "seq {} {}: no command's marker",
+                e.seq,
+                e.type_name()
+            ));
+        };
+        carried.entry(m).or_default().push(e.seq);
+    }
+    for s in &ran.sent {
+        let at = carried.remove(s.marker.as_str()).unwrap_or_default();
+        let what = format!("{} {}", s.command.name(), s.marker);
+        match &s.answer {
+            Ok(ev) => {
+                let stored = evs.get((ev.seq as usize).wrapping_sub(1));
+                if stored.map(|e| e.to_json()) != Some(ev.to_json()) {
+                    return Err(format!(
+                        "{what}: the answer is not the log's event at seq {}",
+                        ev.seq
+                    ));
+                }
+                if s.late {
+                    return Err(format!(
+                        "{what}: a decision for a gate already decided was accepted (seq {})",
+                        ev.seq
+                    ));
+                }
+                if s.command.is_result(ev) {
+                    if at != [ev.seq] {
+                        return Err(format!(
+                            "{what}: accepted with seq {}, the log has its event at {at:?}",
+                            ev.seq
+                        ));
+                    }
+                } else if !acceptances.remove(&ev.seq) || !at.is_empty() {
+                    return Err(format!(
+                        "{what}: accepted with seq {}, neither its event nor an inbox reply",
+                        ev.seq
+                    ));
+                }
+            }
+            Err(msg) => {
+                if msg.starts_with(HUNG) || msg.contains("did not take") {
+                    return Err(format!("{what}: {msg}"));
+                }
+                if !at.is_empty() {
+                    return Err(format!(
+                        "{what}: refused ({msg}), yet its event is at {at:?}"
+                    ));
+                }
+                let run_over = msg.contains("has already ended") || msg.contains("ended before");
+                match refusals.get_mut(msg) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ if ended && run_over => {}
+                    _ => {
+                        return Err(format!(
+                            "{what}: refused ({msg}) without an inbox Diagnostic saying so"
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    if let Some((m, at)) = carried.iter().next() {
+        return Err(format!("seqs {at:?} carry {m}, which nobody sent"));
+    }
+    if let Some((m, _)) = refusals.iter().find(|(_, n)| **n > 0) {
+        return Err(format!("an inbox refusal no sender got: {m}"));
+    }
+    if let Some(at) = acceptances.first() {
+        return Err(format!("seq {at}: an inbox acceptance no sender got"));
     }
     Ok(())
 }
@@ -1229,12 +1742,19 @@ proptest! {
         drop(rt);
         let verdict = check(&case, dir.path(), &journal, &ran);
         if std::env::var_os("CAIRN_CONFORMANCE_VERBOSE").is_some() {
-            eprintln!("{run_id} exit_on_wait={} cancel={:?}: {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
+            eprintln!("{run_id} exit_on_wait={} cancel={:?} stops={:?} remote={}: {} sessions, {} interrupted, {} commands ({} refused), {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, case.stops, case.remote(), ran.sessions, ran.observed.iter().filter(|e| matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted")).count(), ran.sent.len(), ran.sent.iter().filter(|s| s.answer.is_err()).count(), ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
         }
         journal.close();
         if let Err(e) = verdict {
-            let dump: Vec<String> = ran.observed.iter().map(|e| e.to_json()).collect();
-            prop_assert!(false, "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- log:\n{}", yaml(&case), case, dump.join("\n"));
+            // The store's log: events a sender applied while nobody drove
+            // the run never reached the observer.
+            let dump: Vec<String> = journal
+                .backend()
+                .read_events(&ran.run_id, &EventQuery::default())
+                .map(|evs| evs.iter().map(|e| e.json.to_string()).collect())
+                .unwrap_or_else(|e| vec![format!("unreadable: {e}")]);
+            let sent: Vec<String> = ran.sent.iter().map(|s| format!("{s:?}")).collect();
+            prop_assert!(false, "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- commands:\n{}\n--- log:\n{}", yaml(&case), case, sent.join("\n"), dump.join("\n"));
         }
     }
 }

@@ -362,3 +362,190 @@ nodes:
         "the cancel waited for the whole round: no item was left to cancel"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let (_events, opts, mut rx) = watched();
+    let h = engine
+        .start(workflow(dir.path(), &hanging_once("")), json!({}), opts)
+        .await
+        .unwrap();
+    let run = h.run_id.clone();
+    until(&mut rx, |e| {
+        matches!(e.kind, EventKind::NodeStarted {}) && e.scope.node_id.as_deref() == Some("slow")
+    })
+    .await;
+    while !dir.path().join("ran-once").exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A graceful cancel lets `slow` run on: the run is still cancelling
+    // when the engine stops.
+    engine
+        .cancel(&run, true, Some("enough".into()), None)
+        .await
+        .unwrap();
+    engine.shutdown(Duration::ZERO).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+    j.close();
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Cancelled);
+    assert!(!stored(&engine, &run)
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::NodeStarted {})
+            && e.scope.node_id.as_deref() == Some("after")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_recorded_before_a_stop_fails_the_run_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let wf = workflow(
+        dir.path(),
+        r#"
+name: failing
+nodes:
+  - id: bad
+    command: ["sh", "-c", "sleep 0.3; exit 1"]
+  - id: after
+    needs: [bad]
+    value: never
+"#,
+    );
+    let (_events, opts, mut rx) = watched();
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run = h.run_id.clone();
+    until(&mut rx, |e| {
+        matches!(e.kind, EventKind::NodeStarted {}) && e.scope.node_id.as_deref() == Some("bad")
+    })
+    .await;
+    // `bad` fails within the shutdown's grace: its failure is in the log,
+    // the run's end is not.
+    engine.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+    assert!(stored(&engine, &run).iter().any(|e| matches!(
+        e.kind,
+        EventKind::NodeFailed {
+            will_retry: false,
+            ..
+        }
+    )));
+    j.close();
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    let RunOutcome::Failed(err) = outcome else {
+        panic!("the run should fail, got {outcome:?}")
+    };
+    assert!(err.message.contains("bad"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_to_a_stopped_run_leaves_its_interrupted_attempts_to_the_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let wf = workflow(
+        dir.path(),
+        r#"
+name: stopped
+nodes:
+  - id: slow
+    command: ["sh", "-c", "if [ -f ran-once ]; then exit 0; fi; touch ran-once; sleep 30"]
+  - id: gate
+    approval: "ship?"
+"#,
+    );
+    let (_events, opts, mut rx) = watched();
+    let h = engine.start(wf, json!({}), opts).await.unwrap();
+    let run = h.run_id.clone();
+    until(&mut rx, |e| {
+        matches!(e.kind, EventKind::ApprovalRequested { .. })
+    })
+    .await;
+    while !dir.path().join("ran-once").exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine.shutdown(Duration::ZERO).await;
+    assert_eq!(h.wait().await, RunOutcome::Interrupted);
+    j.close();
+    // Nobody drives the run: the sender applies the decision and stops.
+    // `slow` was running when the engine stopped; that is the resume's to
+    // settle, not a reason to call the run stuck.
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    engine.decide(&run, "gate", true, None, None).await.unwrap();
+    let state = engine.state(&run).unwrap();
+    assert!(
+        !state.status.is_some_and(|s| s.is_terminal()),
+        "the decision ended the run: {:?} {:?}",
+        state.status,
+        state.error
+    );
+    let outcome = engine
+        .resume(&run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Finished(None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_cancel_ends_a_stopped_run_whose_gate_has_not_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let wf = workflow(
+        dir.path(),
+        r#"
+name: gated
+nodes:
+  - id: gate
+    approval: "go?"
+  - id: after
+    needs: [gate]
+    value: never
+"#,
+    );
+    let j = journal(dir.path());
+    let engine = Engine::new(j.clone(), EngineOptions::default());
+    let opts = StartOptions {
+        exit_on_wait: true,
+        ..StartOptions::default()
+    };
+    let h = engine.start(wf, json!({}), opts.clone()).await.unwrap();
+    let run = h.run_id.clone();
+    engine.shutdown(Duration::ZERO).await;
+    j.close();
+    if h.wait().await == RunOutcome::Interrupted {
+        let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+        let h = engine.resume(&run, opts).await.unwrap();
+        assert_eq!(h.wait().await, RunOutcome::Waiting);
+    }
+    // Nobody drives the run: the sender applies the cancel, which reaches
+    // the gate's attempt before the gate asks again. A graceful cancel
+    // stops gates; this one must not wait for a person for ever.
+    let sender = Engine::new(journal(dir.path()), EngineOptions::default());
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        sender.cancel(&run, true, Some("enough".into()), None),
+    )
+    .await
+    .expect("the cancel never came back")
+    .unwrap();
+    assert_eq!(
+        sender.state(&run).unwrap().status,
+        Some(cairn_events::RunStatus::Cancelled)
+    );
+}
