@@ -262,14 +262,6 @@ impl Driver {
             self.reopen_tallies();
         }
         self.rerender();
-        if let Some(reason) = self.state.cancel_requested.clone() {
-            // The cancel was requested before the stop; it goes on now.
-            self.cancelling = Some((
-                CancelMechanism::Immediate,
-                Some(reason).filter(|r| !r.is_empty()),
-            ));
-            self.run_cancel.cancel();
-        }
         if resumed {
             self.recover();
         }
