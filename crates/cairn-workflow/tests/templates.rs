@@ -277,3 +277,59 @@ fn scoped_context_matches_copied_context_with_siblings() {
     let top = Context::scoped(vars, "nodes", std::sync::Arc::new(nodes), "");
     assert_eq!(t.eval_in("nodes.fix.output", &top).unwrap(), json!("top"));
 }
+
+/// The engine's compact `nodes` (one `NodeEntry` per ended instance) reads
+/// exactly as the same entries written as JSON objects.
+#[test]
+fn node_entries_read_as_their_json_objects() {
+    use cairn_workflow::{Context, NodeEntries, NodeEntry};
+    use std::sync::Arc;
+    let t = Templates::new();
+    let entry = |output: serde_json::Value, status: &'static str, attempt: u32| NodeEntry {
+        output: Arc::new(output),
+        status,
+        attempt,
+    };
+    let mut entries = NodeEntries::new();
+    entries.insert("log".into(), entry(json!(["a", "b"]), "finished", 1));
+    entries.insert("fix".into(), entry(json!("top"), "finished", 1));
+    entries.insert("review.fix".into(), entry(json!(3), "failed", 2));
+    entries.insert("review.obj".into(), entry(json!({ "k": [1, 2] }), "finished", 1));
+    entries.insert("skipped".into(), entry(serde_json::Value::Null, "skipped", 0));
+    let objects: serde_json::Map<String, serde_json::Value> = entries
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_json()))
+        .collect();
+    assert_eq!(
+        objects["review.fix"],
+        json!({ "output": 3, "status": "failed", "attempt": 2 })
+    );
+    let mut vars = serde_json::Map::new();
+    vars.insert("iteration".into(), json!(2));
+    let compact = Context::with_nodes(vars.clone(), "nodes", Arc::new(entries), "review.");
+    let json = Context::scoped(
+        vars,
+        "nodes",
+        Arc::new(serde_json::Value::Object(objects)),
+        "review.",
+    );
+    for tpl in [
+        "{{ nodes.fix.output }} {{ nodes.fix.status }} {{ nodes.fix.attempt }}",
+        "{{ nodes['fix'].attempt + iteration }}",
+        "{{ nodes.log.output | join('+') }} {{ nodes.log.output[-1] }}",
+        "{{ nodes.obj.output.k | sum }} {{ nodes.obj | tojson }}",
+        "{{ nodes.skipped.output is none }} {{ nodes.skipped | tojson }}",
+        "{{ 'fix' in nodes }}/{{ 'obj' in nodes }}/{{ 'nope' in nodes }}",
+        "{% for k in nodes | sort %}{{ k }};{% endfor %}",
+        "{% for k, v in nodes.obj | items %}{{ k }}={{ v }};{% endfor %}",
+    ] {
+        assert_eq!(
+            t.render_in(tpl, &compact).unwrap(),
+            t.render_in(tpl, &json).unwrap(),
+            "{tpl}"
+        );
+    }
+    assert_eq!(t.eval_in("nodes.fix.output", &compact).unwrap(), json!(3));
+    assert!(t.eval_in("nodes.nope", &compact).is_err());
+    assert!(t.eval_in("nodes.fix.nope", &compact).is_err());
+}
