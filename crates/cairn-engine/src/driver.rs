@@ -19,7 +19,7 @@ use cairn_events::{
 use cairn_events::{InboxReply, RunCommand};
 use cairn_store::{Listener, RunLog, Topic};
 use cairn_workflow::{
-    Context, NodeEntries, NodeEntry, NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
+    Context, NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -1686,7 +1686,7 @@ impl Driver {
 
     /// The template context of the workflow's `output`.
     fn run_context(&self) -> Context {
-        Context::with_nodes(
+        Context::scoped(
             self.small_vars(0, &[]),
             "nodes",
             self.nodes_ctx.shared(),
@@ -1721,7 +1721,7 @@ impl Driver {
     /// `until` the pass that just ended.
     fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
         let vars = self.small_vars(iteration, &inst.vars);
-        Context::with_nodes(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
+        Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
     }
 
     /// Whether an instance's spec has templates (looked at once per spec).
@@ -1745,14 +1745,13 @@ impl Driver {
         );
         if templated {
             let all = self.nodes_ctx.map();
-            let mut nodes: Map<String, Value> =
-                all.iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+            let mut nodes = all.clone();
             if !inst.prefix.is_empty() {
                 // Siblings inside a group are known by their plain id too.
                 for (k, v) in all {
                     if let Some(rest) = k.strip_prefix(&inst.prefix) {
                         if !rest.contains(['.', '[']) {
-                            nodes.insert(rest.to_string(), v.to_json());
+                            nodes.insert(rest.to_string(), v.clone());
                         }
                     }
                 }
@@ -1776,29 +1775,37 @@ impl Driver {
 ///
 /// Renders in the driver hold the map only while they run, so an update
 /// finds it unshared and changes it in place.
-#[derive(Debug, Default)]
-struct NodesCtx(Arc<NodeEntries>);
+#[derive(Debug)]
+struct NodesCtx(Arc<Value>);
 
-impl NodesCtx {
-    fn insert(&mut self, path: String, entry: NodeEntry) {
-        Arc::make_mut(&mut self.0).insert(path, entry);
-    }
-
-    fn shared(&self) -> Arc<NodeEntries> {
-        self.0.clone()
-    }
-
-    fn map(&self) -> &NodeEntries {
-        &self.0
+impl Default for NodesCtx {
+    fn default() -> Self {
+        NodesCtx(Arc::new(Value::Object(Map::new())))
     }
 }
 
-fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
-    NodeEntry {
-        output: Arc::new(n.output.clone().unwrap_or(Value::Null)),
-        status: n.status.as_str(),
-        attempt: n.attempt,
+impl NodesCtx {
+    fn insert(&mut self, path: String, entry: Value) {
+        if let Value::Object(m) = Arc::make_mut(&mut self.0) {
+            m.insert(path, entry);
+        }
     }
+
+    fn shared(&self) -> Arc<Value> {
+        self.0.clone()
+    }
+
+    fn map(&self) -> &Map<String, Value> {
+        self.0.as_object().expect("the nodes context is an object")
+    }
+}
+
+fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
+    json!({
+        "output": n.output.clone().unwrap_or(Value::Null),
+        "status": n.status.as_str(),
+        "attempt": n.attempt,
+    })
 }
 
 fn uses_templates(spec: &NodeSpec) -> bool {

@@ -38,111 +38,14 @@ impl Context {
         shared: Arc<serde_json::Value>,
         scope_prefix: &str,
     ) -> Self {
-        Context::with_entries(vars, name, shared, scope_prefix)
-    }
-
-    /// As [`Context::scoped`], with the shared map holding ended node
-    /// instances as [`NodeEntry`]s: a few words each instead of a JSON
-    /// object of three named fields, for an engine that keeps one per
-    /// instance of a large run.
-    pub fn with_nodes(
-        vars: serde_json::Map<String, serde_json::Value>,
-        name: &str,
-        nodes: Arc<NodeEntries>,
-        scope_prefix: &str,
-    ) -> Self {
-        Context::with_entries(vars, name, nodes, scope_prefix)
-    }
-
-    fn with_entries<E: Entries>(
-        vars: serde_json::Map<String, serde_json::Value>,
-        name: &str,
-        shared: Arc<E>,
-        scope_prefix: &str,
-    ) -> Self {
         Context(Value::from_object(Scoped {
             vars: Value::from_serialize(&vars),
             name: name.to_string(),
-            map: Value::from_object(ScopedMap {
+            map: Arc::new(ScopedMap {
                 shared,
                 prefix: scope_prefix.to_string(),
             }),
         }))
-    }
-}
-
-/// What templates read of one ended node instance under `nodes`: its
-/// `output`, `status` and `attempt`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeEntry {
-    /// The instance's output (`null` when it has none); shared, so that a
-    /// render reads into it without a copy.
-    pub output: Arc<serde_json::Value>,
-    /// Its status word (`finished`, `failed`, `skipped`, ...).
-    pub status: &'static str,
-    /// Its latest attempt.
-    pub attempt: u32,
-}
-
-impl NodeEntry {
-    /// The entry as the JSON object templates see (`output`, `status`,
-    /// `attempt`), for a context that owns its values.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "output": *self.output,
-            "status": self.status,
-            "attempt": self.attempt,
-        })
-    }
-
-    fn to_value(&self) -> Value {
-        let output = lazy(&self.output, &[]).unwrap_or(Value::UNDEFINED);
-        Value::from_iter([
-            ("output", output),
-            ("status", Value::from(self.status)),
-            ("attempt", Value::from(self.attempt)),
-        ])
-    }
-}
-
-/// Ended node instances by path, in the order they ended.
-pub type NodeEntries = indexmap::IndexMap<String, NodeEntry>;
-
-/// A map of entries a [`ScopedMap`] reads.
-trait Entries: fmt::Debug + Send + Sync + Sized + 'static {
-    fn has(&self, key: &str) -> bool;
-    fn value(this: &Arc<Self>, key: &str) -> Option<Value>;
-    fn names(&self) -> Vec<&str>;
-}
-
-impl Entries for serde_json::Value {
-    fn has(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
-    fn value(this: &Arc<Self>, key: &str) -> Option<Value> {
-        this.get(key)?;
-        lazy(this, &[Step::Key(key.to_string())])
-    }
-
-    fn names(&self) -> Vec<&str> {
-        self.as_object()
-            .map(|m| m.keys().map(String::as_str).collect())
-            .unwrap_or_default()
-    }
-}
-
-impl Entries for NodeEntries {
-    fn has(&self, key: &str) -> bool {
-        self.contains_key(key)
-    }
-
-    fn value(this: &Arc<Self>, key: &str) -> Option<Value> {
-        this.get(key).map(NodeEntry::to_value)
-    }
-
-    fn names(&self) -> Vec<&str> {
-        self.keys().map(String::as_str).collect()
     }
 }
 
@@ -151,13 +54,13 @@ impl Entries for NodeEntries {
 struct Scoped {
     vars: Value,
     name: String,
-    map: Value,
+    map: Arc<ScopedMap>,
 }
 
 impl Object for Scoped {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         if key.as_str() == Some(self.name.as_str()) {
-            return Some(self.map.clone());
+            return Some(Value::from_dyn_object(self.map.clone()));
         }
         self.vars.get_item(key).ok().filter(|v| !v.is_undefined())
     }
@@ -173,39 +76,40 @@ impl Object for Scoped {
     }
 }
 
-/// A shared map whose plain keys are looked up under a prefix first.
+/// A shared JSON object whose plain keys are looked up under a prefix first.
 #[derive(Debug)]
-struct ScopedMap<E> {
-    shared: Arc<E>,
+struct ScopedMap {
+    shared: Arc<serde_json::Value>,
     prefix: String,
 }
 
-impl<E: Entries> ScopedMap<E> {
+impl ScopedMap {
     fn scoped_key(&self, k: &str) -> Option<String> {
         if self.prefix.is_empty() || k.contains(['.', '[']) {
             return None;
         }
         let full = format!("{}{k}", self.prefix);
-        self.shared.has(&full).then_some(full)
+        self.shared.get(&full).is_some().then_some(full)
     }
 }
 
-impl<E: Entries> Object for ScopedMap<E> {
+impl Object for ScopedMap {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let k = key.as_str()?;
-        match self.scoped_key(k) {
-            Some(full) => E::value(&self.shared, &full),
-            None => E::value(&self.shared, k),
-        }
+        let full = self.scoped_key(k).unwrap_or_else(|| k.to_string());
+        self.shared.get(&full)?;
+        lazy(&self.shared, &[Step::Key(full)])
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        let all = self.shared.names();
-        let mut keys: Vec<Value> = all.iter().map(|k| Value::from(*k)).collect();
+        let Some(map) = self.shared.as_object() else {
+            return Enumerator::Empty;
+        };
+        let mut keys: Vec<Value> = map.keys().map(|k| Value::from(k.as_str())).collect();
         if !self.prefix.is_empty() {
-            for k in &all {
+            for k in map.keys() {
                 if let Some(rest) = k.strip_prefix(&self.prefix) {
-                    if !rest.contains(['.', '[']) && !self.shared.has(rest) {
+                    if !rest.contains(['.', '[']) && !map.contains_key(rest) {
                         keys.push(Value::from(rest));
                     }
                 }
