@@ -40,6 +40,9 @@
 //! than a second are noisy on a shared machine, so each case (and the
 //! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
 //! change it) and the median run counts; peak memory is the highest seen.
+//! Each case sets up the C allocator as the CLI does (two malloc arenas, the
+//! parse's freed memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1`
+//! leaves glibc's defaults, to compare.
 
 use std::path::Path;
 use std::process::Command;
