@@ -55,6 +55,8 @@ pub fn bad_input(msg: impl Into<String>) -> anyhow::Error {
 }
 
 fn main() -> ExitCode {
+    // Before the runtime starts its threads: arenas made earlier stay.
+    cairn_engine::limit_malloc_arenas();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

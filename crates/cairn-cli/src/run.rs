@@ -90,7 +90,11 @@ fn load_workflow(path: &Path) -> anyhow::Result<cairn_workflow::Workflow> {
             path.display()
         )));
     }
-    Ok(cairn_workflow::load(path)?)
+    let wf = cairn_workflow::load(path)?;
+    // The parse's YAML tree is freed but still resident; a large workflow's
+    // run would otherwise carry it to its end.
+    cairn_engine::release_free_memory();
+    Ok(wf)
 }
 
 /// One `run`/`resume` session: the display fed by a subscription to the

@@ -40,6 +40,9 @@
 //! than a second are noisy on a shared machine, so each case (and the
 //! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
 //! change it) and the median run counts; peak memory is the highest seen.
+//! Each case sets up the C allocator as the CLI does (two malloc arenas, the
+//! parse's freed memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1`
+//! leaves glibc's defaults, to compare.
 
 use std::path::Path;
 use std::process::Command;
@@ -246,6 +249,9 @@ fn run_workflow(shape: &str, n: usize) -> Measure {
     let t0 = Instant::now();
     let wf = cairn_workflow::load(&path).expect("load the workflow");
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if std::env::var_os("CAIRN_BENCH_MALLOC_DEFAULT").is_none() {
+        cairn_engine::release_free_memory();
+    }
     // Loading is the parser's peak, not the engine's: measured apart, then
     // the high-water mark starts again from what is resident now.
     let load_mb = peak_mb();
@@ -436,6 +442,10 @@ fn row(m: &Measure, base: &Measure) -> Row {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--case") {
+        // As the CLI does: the case's peak is what a `cairn run` would reach.
+        if std::env::var_os("CAIRN_BENCH_MALLOC_DEFAULT").is_none() {
+            cairn_engine::limit_malloc_arenas();
+        }
         let case = args[i + 1].as_str();
         let n: usize = args[i + 2].parse().unwrap();
         let m = match case {

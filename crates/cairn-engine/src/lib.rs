@@ -24,6 +24,7 @@
 //! # Ok(()) }
 //! ```
 
+mod alloc;
 mod driver;
 mod kinds;
 mod node;
@@ -45,6 +46,7 @@ use cairn_workflow::{InputError, Templates, Workflow, WorkflowError};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub use alloc::{limit_malloc_arenas, release_free_memory, MALLOC_ARENAS};
 pub use node::{runner_for, Decision, NodeCtx, NodeError, NodeRunner};
 
 use driver::{Driver, DriverInit, Mode};

@@ -93,7 +93,9 @@ struct Partial {
     needs: Vec<(String, Pos)>,
     field: String,
     pos: Pos,
-    spec: Option<NodeSpec>,
+    /// Boxed and taken out at once, so that a large group's partials do not
+    /// hold a second copy of its specs.
+    spec: Option<Box<NodeSpec>>,
 }
 
 fn join(prefix: &str, key: &str) -> String {
@@ -557,13 +559,15 @@ impl Cx {
             self.at(node.pos, Some(field), "needs at least one node");
             return Vec::new();
         }
-        let partials: Vec<Partial> = items
-            .iter()
-            .enumerate()
-            .map(|(i, n)| self.node(n, &format!("{field}[{i}]")))
-            .collect();
+        let mut partials = Vec::with_capacity(items.len());
+        let mut specs = Vec::with_capacity(items.len());
+        for (i, n) in items.iter().enumerate() {
+            let mut p = self.node(n, &format!("{field}[{i}]"));
+            specs.extend(p.spec.take().map(|s| *s));
+            partials.push(p);
+        }
         self.siblings(&partials);
-        partials.into_iter().filter_map(|p| p.spec).collect()
+        specs
     }
 
     /// Checks that apply among siblings: unique ids, `needs` naming siblings, no cycles.
@@ -964,7 +968,7 @@ impl Cx {
             return partial;
         }
         if let (Some(id), Some(kind)) = (id, kind) {
-            partial.spec = Some(NodeSpec {
+            partial.spec = Some(Box::new(NodeSpec {
                 id,
                 kind,
                 needs: partial.needs.iter().map(|(n, _)| n.clone()).collect(),
@@ -979,7 +983,7 @@ impl Cx {
                 output,
                 max_output_bytes,
                 line: node.pos.line,
-            });
+            }));
         }
         partial
     }

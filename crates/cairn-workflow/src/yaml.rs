@@ -191,6 +191,9 @@ impl<'a> Builder<'a> {
                     }
                     items.push(self.node(ev, span)?);
                 }
+                // A large file holds its whole tree until parsed: no slack
+                // past the last item (a node's `needs: [a]` would keep room for four).
+                items.shrink_to_fit();
                 (
                     Node {
                         pos,
@@ -211,6 +214,7 @@ impl<'a> Builder<'a> {
                     let value = self.node(ev, span)?;
                     entries.push((key, value));
                 }
+                entries.shrink_to_fit();
                 (
                     Node {
                         pos,
