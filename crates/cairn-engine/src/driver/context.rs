@@ -1,0 +1,158 @@
+//! The template context of a node instance: the run's input, the outputs
+//! of the nodes that ended (shared, never copied per render), the group's
+//! names.
+
+use super::*;
+
+impl Driver {
+    /// The template context of the workflow's `output`.
+    pub(super) fn run_context(&self) -> Context {
+        Context::scoped(
+            self.small_vars(0, &[]),
+            "nodes",
+            self.nodes_ctx.shared(),
+            "",
+        )
+    }
+
+    /// The variables of a render other than `nodes`: all small, so they are
+    /// built for every render. A group's names (`item`, the `as` name,
+    /// `index`) come after `input` and before `run` and `workflow`, as they
+    /// always have, so the same one wins where they clash.
+    pub(super) fn small_vars(
+        &self,
+        iteration: u32,
+        group: &[(String, Value)],
+    ) -> Map<String, Value> {
+        let mut vars = Map::new();
+        vars.insert(
+            "input".into(),
+            self.state.input.clone().unwrap_or(Value::Null),
+        );
+        for (k, v) in group {
+            vars.insert(k.clone(), v.clone());
+        }
+        // Inside a loop the group's `iteration` is the instance's pass
+        // already; a loop's own `until` reads the pass that just ended.
+        vars.insert("iteration".into(), Value::from(iteration));
+        vars.insert("run".into(), json!({ "id": self.run_id }));
+        vars.insert("workflow".into(), json!({ "name": self.wf.name }));
+        vars
+    }
+
+    /// The template context of one instance for a render in the driver: it
+    /// shares `nodes` instead of copying it, so a render costs what the
+    /// template reads. `iteration` is the instance's pass, or for a loop's
+    /// `until` the pass that just ended.
+    pub(super) fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
+        let vars = self.small_vars(iteration, &inst.vars);
+        Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
+    }
+
+    /// Whether an instance's spec has templates (looked at once per spec).
+    pub(super) fn is_templated(&mut self, inst: &Inst) -> bool {
+        *self
+            .templated
+            .entry(inst.spec.id())
+            .or_insert_with(|| uses_templates(&inst.spec))
+    }
+
+    /// The template context of an attempt that runs in its own task, as a
+    /// value of its own. Nodes without templates get a small context:
+    /// copying every node's output for each of thousands of plain nodes
+    /// would make a run quadratic.
+    pub(super) fn vars_for(&mut self, inst: &Inst, force: bool) -> Value {
+        let templated = force || self.is_templated(inst);
+        let mut vars = Map::new();
+        vars.insert(
+            "input".into(),
+            self.state.input.clone().unwrap_or(Value::Null),
+        );
+        if templated {
+            let all = self.nodes_ctx.map();
+            let mut nodes = all.clone();
+            if !inst.prefix.is_empty() {
+                // Siblings inside a group are known by their plain id too.
+                for (k, v) in all {
+                    if let Some(rest) = k.strip_prefix(&inst.prefix) {
+                        if !rest.contains(['.', '[']) {
+                            nodes.insert(rest.to_string(), v.clone());
+                        }
+                    }
+                }
+            }
+            vars.insert("nodes".into(), Value::Object(nodes));
+        } else {
+            vars.insert("nodes".into(), Value::Object(Map::new()));
+        }
+        vars.insert("iteration".into(), Value::from(inst.key.1));
+        for (k, v) in inst.vars.iter() {
+            vars.insert(k.clone(), v.clone());
+        }
+        vars.insert("run".into(), json!({ "id": self.run_id }));
+        vars.insert("workflow".into(), json!({ "name": self.wf.name }));
+        Value::Object(vars)
+    }
+}
+
+/// The `nodes` of templates (`output`, `status`, `attempt` of every ended
+/// node instance, by path), shared with the renders that read it.
+///
+/// Renders in the driver hold the map only while they run, so an update
+/// finds it unshared and changes it in place.
+#[derive(Debug)]
+pub(super) struct NodesCtx(Arc<Value>);
+
+impl Default for NodesCtx {
+    fn default() -> Self {
+        NodesCtx(Arc::new(Value::Object(Map::new())))
+    }
+}
+
+impl NodesCtx {
+    pub(super) fn insert(&mut self, path: String, entry: Value) {
+        if let Value::Object(m) = Arc::make_mut(&mut self.0) {
+            m.insert(path, entry);
+        }
+    }
+
+    pub(super) fn shared(&self) -> Arc<Value> {
+        self.0.clone()
+    }
+
+    pub(super) fn map(&self) -> &Map<String, Value> {
+        self.0.as_object().expect("the nodes context is an object")
+    }
+}
+
+pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
+    json!({
+        "output": n.output.clone().unwrap_or(Value::Null),
+        "status": n.status.as_str(),
+        "attempt": n.attempt,
+    })
+}
+
+pub(super) fn uses_templates(spec: &NodeSpec) -> bool {
+    fn has(s: &str) -> bool {
+        s.contains("{{") || s.contains("{%") || s.contains("{#")
+    }
+    fn value_has(v: &Value) -> bool {
+        match v {
+            Value::String(s) => has(s),
+            Value::Array(a) => a.iter().any(value_has),
+            Value::Object(o) => o.values().any(value_has),
+            _ => false,
+        }
+    }
+    spec.if_.is_some()
+        || spec.env.values().any(|v| has(v))
+        || spec.cwd.as_deref().is_some_and(has)
+        || match &spec.kind {
+            NodeKind::Command(argv) => argv.iter().any(|a| has(a)),
+            NodeKind::Value(v) => value_has(v),
+            NodeKind::Approval(m) => has(m),
+            NodeKind::Tool { args, .. } => value_has(args),
+            NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
+        }
+}

@@ -1,0 +1,164 @@
+//! Groups (`loop`, `for_each`): entering one computes its shape (the pass,
+//! the list), and a group ends a pass when its last child ends.
+
+use super::*;
+
+impl Driver {
+    /// Marks a group instance started and computes its shape (pass, list).
+    pub(super) fn enter_group(&mut self, key: &Key, resuming: bool) -> Result<(), NodeError> {
+        let inst = self.plan.insts[key].clone();
+        match &inst.spec.kind {
+            NodeKind::Loop { .. } => {
+                let pass = if resuming {
+                    let prefix = inst.child_prefix();
+                    self.state
+                        .nodes
+                        .iter()
+                        .filter(|n| {
+                            n.node_id
+                                .strip_prefix(&prefix)
+                                .is_some_and(|rest| !rest.contains(['.', '[']))
+                        })
+                        .map(|n| n.iteration)
+                        .max()
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                self.shape.loop_pass.insert(key.clone(), pass);
+            }
+            NodeKind::ForEach { list, .. } => {
+                let ctx = self.context_for(&inst, inst.key.1);
+                let value = self
+                    .templates
+                    .eval_in(list, &ctx)
+                    .map_err(|e| NodeError::fatal("template", format!("for_each: {e}")))?;
+                let items = match value {
+                    Value::Array(a) => a,
+                    Value::Null => Vec::new(),
+                    other => {
+                        return Err(NodeError::fatal(
+                            "for_each",
+                            format!(
+                                "for_each `{list}` must yield a list, got {}",
+                                json_type(&other)
+                            ),
+                        ))
+                    }
+                };
+                self.shape.lists.insert(key.clone(), Arc::new(items));
+            }
+            _ => return Err(NodeError::fatal("internal", "not a group")),
+        }
+        self.shape.started_groups.insert(key.clone());
+        Ok(())
+    }
+
+    pub(super) fn finish_group_pass(&mut self, key: &Key) {
+        let inst = self.plan.insts[key].clone();
+        let children = self.tree.children(&inst.spec);
+        match &inst.spec.kind {
+            NodeKind::Loop {
+                until,
+                max_iterations,
+                ..
+            } => {
+                let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
+                let prefix = inst.child_prefix();
+                let mut out = Map::new();
+                for c in &children {
+                    let path = format!("{prefix}{}", c.id);
+                    let v = self
+                        .state
+                        .node(&path, pass)
+                        .and_then(|n| n.output.clone())
+                        .unwrap_or(Value::Null);
+                    out.insert(c.id.clone(), v);
+                }
+                let holds = {
+                    let ctx = self.context_for(&inst, pass);
+                    self.templates.eval_bool_in(until, &ctx)
+                };
+                match holds {
+                    Ok(done) if done || pass + 1 >= *max_iterations => {
+                        if !done {
+                            self.emit(
+                                Scope::run(),
+                                EventKind::Diagnostic {
+                                    level: Level::Warn,
+                                    source: "loop".into(),
+                                    message: format!(
+                                        "loop `{}` stopped after {max_iterations} passes without `{until}` holding",
+                                        key.0
+                                    ),
+                                },
+                            );
+                        }
+                        self.finish_group(key, Value::Object(out));
+                    }
+                    Ok(_) => {
+                        self.shape.loop_pass.insert(key.clone(), pass + 1);
+                        self.rerender();
+                        if self.group_remaining.get(key).copied().unwrap_or(0) == 0 {
+                            self.finish_group_pass(key);
+                        }
+                    }
+                    Err(e) => {
+                        let attempt = self.state.node(&key.0, key.1).map_or(1, |n| n.attempt);
+                        let err = NodeError::fatal("template", format!("until: {e}"));
+                        self.fail_attempt(key, &inst, attempt, err, Duration::ZERO);
+                    }
+                }
+            }
+            NodeKind::ForEach { .. } => {
+                let len = self.shape.lists.get(key).map_or(0, |l| l.len());
+                let mut list = Vec::with_capacity(len);
+                for i in 0..len {
+                    let mut entry = Map::new();
+                    for c in &children {
+                        let path = format!("{}[{i}].{}", key.0, c.id);
+                        let v = self
+                            .state
+                            .node(&path, key.1)
+                            .and_then(|n| n.output.clone())
+                            .unwrap_or(Value::Null);
+                        entry.insert(c.id.clone(), v);
+                    }
+                    list.push(Value::Object(entry));
+                }
+                self.finish_group(key, Value::Array(list));
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn finish_group(&mut self, key: &Key, output: Value) {
+        let n = self.state.node(&key.0, key.1).cloned();
+        let attempt = n.as_ref().map_or(1, |n| n.attempt);
+        let started = n
+            .as_ref()
+            .and_then(|n| n.attempts.last().map(|a| a.started_ms));
+        let duration_ms = started.map_or(0, |s| (crate::node::now_ms() - s).max(0) as u64);
+        let scope = self.node_scope(key).with_attempt(attempt);
+        self.emit(
+            scope,
+            EventKind::NodeFinished {
+                duration_ms,
+                output: Some(output),
+                cached: None,
+            },
+        );
+        self.node_done(key);
+    }
+}
+
+pub(super) fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}

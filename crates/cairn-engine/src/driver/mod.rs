@@ -1,0 +1,904 @@
+//! One run's driver: the single task that owns the run's state, decides what
+//! happens next, and appends the lifecycle events in one order.
+//!
+//! Node attempts run in their own tasks and report back through a channel;
+//! only the driver turns their results into lifecycle events, so the log's
+//! order is the order of the driver's decisions. Before anything acts on an
+//! event (a node starts, a decision is acknowledged, the run reports its end)
+//! the driver waits for the log to be durable (contract, guarantee 2); it does
+//! so once per round, so that many events share one commit.
+//!
+//! This file is the scheduler: the round loop (`run`, `settle`), deciding
+//! what may start (`check`, `start_ready`), the plan's renders and the run's
+//! end. Around it, one file per seam: `attempt` (an attempt's task and what
+//! its result becomes), `groups` (loops and `for_each`), `tallies` (layers,
+//! chapters, the summary), `context` (templates' context), `inbox` (people
+//! and commands), `recovery` (what a resume does first).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_events::{
+    CancelMechanism, ErrorInfo, Event, EventKind, Level, NodeCounts, NodeStatus, NodeTiming,
+    RunState, RunStatus, Scope,
+};
+use cairn_events::{InboxReply, RunCommand};
+use cairn_store::{Listener, RunLog, Topic};
+use cairn_workflow::{
+    Context, NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
+};
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
+use crate::plan::{self, Inst, Key, Plan, Shape, SpecTree};
+use crate::services::Services;
+use crate::{EngineError, RunOutcome, Shutdown};
+
+mod attempt;
+mod context;
+mod groups;
+mod inbox;
+mod recovery;
+mod tallies;
+
+use context::{node_ctx_entry, NodesCtx};
+use inbox::wait_for;
+
+const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How often the driver reads its inbox when no wake-up came: wake-ups are
+/// best effort, the inbox in the store is the truth.
+const INBOX_POLL: Duration = Duration::from_secs(1);
+const MAX_TIMINGS: usize = 20;
+/// Most checks or starts decided between two looks at the inbox and the
+/// shutdown signal, so that a cancel or a SIGTERM takes effect within a
+/// round however large the round is.
+const ROUND_SLICE: usize = 2048;
+/// Events a round may append before it waits for the log: value nodes end in
+/// the round that starts them, so without a bound a large workflow would
+/// queue all its events in memory ahead of the store.
+const MAX_BACKLOG: u64 = 4096;
+
+/// What a driver is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Drive the run: start nodes, apply commands, until it ends (or waits,
+    /// with `exit_on_wait`).
+    Drive,
+    /// Nobody drives the run: apply the commands in its inbox, then stop at
+    /// the next wait without starting anything new. The same driver, so a
+    /// decision or a cancel takes effect exactly as it would in a live run.
+    Apply,
+}
+
+enum Msg {
+    Done {
+        key: Key,
+        attempt: u32,
+        result: Result<Value, NodeError>,
+        duration_ms: u64,
+    },
+    RetryDue(Key),
+}
+
+#[derive(Default)]
+struct Tally {
+    total: u64,
+    done: u64,
+    succeeded: u64,
+    failed: u64,
+    skipped: u64,
+    cancelled: u64,
+    open: bool,
+    started: Option<Instant>,
+}
+
+pub(crate) struct Driver {
+    run_id: String,
+    wf: Arc<Workflow>,
+    tree: SpecTree,
+    templates: Arc<Templates>,
+    log: Arc<RunLog>,
+    services: Arc<Services>,
+    state: RunState,
+    shape: Shape,
+    plan: Plan,
+    frame_no: u64,
+    dependents: HashMap<Key, Vec<Key>>,
+    /// How many of each mounted instance's needs have not ended, so that a
+    /// join is looked at in full once, not once per finished need.
+    unmet: HashMap<Key, usize>,
+    group_remaining: HashMap<Key, usize>,
+    nodes_ctx: NodesCtx,
+    templated: HashMap<usize, bool>,
+    check_queue: VecDeque<Key>,
+    ready: VecDeque<Key>,
+    /// Pending nodes already in `ready`, so a node checked once per finished
+    /// dependency is queued once (a `VecDeque::contains` would be quadratic).
+    queued: HashSet<Key>,
+    /// Attempts to continue without a new `NodeStarted` (approvals after a resume).
+    resumed_attempts: HashMap<Key, u32>,
+    running: HashMap<Key, CancellationToken>,
+    waiting: HashMap<Key, oneshot::Sender<Decision>>,
+    retry_pending: usize,
+    msg_tx: mpsc::UnboundedSender<Msg>,
+    msg_rx: mpsc::UnboundedReceiver<Msg>,
+    ask_tx: mpsc::UnboundedSender<Ask>,
+    ask_rx: mpsc::UnboundedReceiver<Ask>,
+    /// Wake-ups for commands in the run's inbox.
+    inbox: Option<Box<dyn Listener>>,
+    mode: Mode,
+    run_cancel: CancellationToken,
+    shutdown: Shutdown,
+    shutdown_grace: Option<Duration>,
+    concurrency: usize,
+    failing: Option<ErrorInfo>,
+    cancelling: Option<(CancelMechanism, Option<String>)>,
+    exit_on_wait: bool,
+    announced: RunStatus,
+    layers: HashMap<u32, Tally>,
+    chapters: HashMap<String, Tally>,
+    store_error: Option<String>,
+    /// The log's last seq when the driver last waited for a backlog.
+    synced_at: u64,
+}
+
+pub(crate) struct DriverInit {
+    pub run_id: String,
+    pub wf: Arc<Workflow>,
+    pub templates: Arc<Templates>,
+    pub log: Arc<RunLog>,
+    pub services: Arc<Services>,
+    pub state: RunState,
+    pub mode: Mode,
+    pub shutdown: Shutdown,
+    pub max_concurrency: Option<usize>,
+    pub exit_on_wait: bool,
+    /// The reason of a cancel the log holds with no end after it (empty
+    /// when none was given): the driver goes on cancelling the run.
+    pub cancel_requested: Option<String>,
+}
+
+impl Driver {
+    pub(crate) fn new(init: DriverInit) -> Driver {
+        let (msg_tx, msg_rx) = mpsc::unbounded_channel();
+        let (ask_tx, ask_rx) = mpsc::unbounded_channel();
+        let tree = SpecTree::new(&init.wf);
+        let concurrency = init
+            .max_concurrency
+            .or(init.wf.concurrency)
+            .unwrap_or(8)
+            .max(1);
+        let frame_no = init.state.frame_no;
+        // A run that stopped while waiting for a person still waits.
+        let announced = match init.state.status {
+            Some(s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput)) => s,
+            _ => RunStatus::Running,
+        };
+        // Whatever was running was stopped with the process that ran it, so
+        // the cancel goes on as an immediate one.
+        let run_cancel = CancellationToken::new();
+        let cancelling = init.cancel_requested.map(|reason| {
+            run_cancel.cancel();
+            (
+                CancelMechanism::Immediate,
+                (!reason.is_empty()).then_some(reason),
+            )
+        });
+        Driver {
+            run_id: init.run_id,
+            tree,
+            templates: init.templates,
+            log: init.log,
+            services: init.services,
+            state: init.state,
+            shape: Shape::default(),
+            plan: Plan {
+                order: Vec::new(),
+                insts: HashMap::new(),
+                xml_hash: String::new(),
+            },
+            frame_no,
+            dependents: HashMap::new(),
+            unmet: HashMap::new(),
+            group_remaining: HashMap::new(),
+            nodes_ctx: NodesCtx::default(),
+            templated: HashMap::new(),
+            check_queue: VecDeque::new(),
+            ready: VecDeque::new(),
+            queued: HashSet::new(),
+            resumed_attempts: HashMap::new(),
+            running: HashMap::new(),
+            waiting: HashMap::new(),
+            retry_pending: 0,
+            msg_tx,
+            msg_rx,
+            ask_tx,
+            ask_rx,
+            inbox: None,
+            mode: init.mode,
+            run_cancel,
+            shutdown: init.shutdown,
+            shutdown_grace: None,
+            concurrency,
+            failing: None,
+            cancelling,
+            exit_on_wait: init.exit_on_wait,
+            announced,
+            layers: HashMap::new(),
+            chapters: HashMap::new(),
+            store_error: None,
+            synced_at: 0,
+            wf: init.wf,
+        }
+    }
+
+    fn emit(&mut self, scope: Scope, kind: EventKind) -> Event {
+        let ev = self.log.append(scope, kind);
+        self.state.apply(&ev);
+        ev
+    }
+
+    fn node_scope(&self, key: &Key) -> Scope {
+        let chapter = self.plan.insts.get(key).and_then(|i| i.spec.stage.clone());
+        Scope::node(key.0.clone(), key.1).with_chapter(chapter)
+    }
+
+    fn status_of(&self, key: &Key) -> Option<NodeStatus> {
+        self.state.node(&key.0, key.1).map(|n| n.status)
+    }
+
+    /// Drives the run until it ends, waits for a person (with
+    /// `exit_on_wait`), or the engine shuts down; in [`Mode::Apply`], until
+    /// the commands in the inbox are applied.
+    pub(crate) async fn run(mut self, resumed: bool) -> RunOutcome {
+        match self
+            .services
+            .journal
+            .backend()
+            .listen(Topic::Inbox(&self.run_id))
+        {
+            Ok(l) => self.inbox = Some(l),
+            Err(e) => self.warn(
+                "inbox",
+                format!(
+                    "no wake-ups for commands ({e}); reading the inbox every {}s",
+                    INBOX_POLL.as_secs()
+                ),
+            ),
+        }
+        // Seed the template context with what the log already holds.
+        for n in &self.state.nodes {
+            if n.status.is_done() {
+                self.nodes_ctx.insert(n.node_id.clone(), node_ctx_entry(n));
+            }
+        }
+        if resumed {
+            self.reopen_tallies();
+        }
+        self.rerender();
+        if resumed {
+            self.recover();
+        }
+        // A resumed run may have commands that came while nobody listened
+        // for their wake-up: the first look at the inbox is at once.
+        let first_poll = if resumed { Duration::ZERO } else { INBOX_POLL };
+        let mut poll =
+            tokio::time::interval_at(tokio::time::Instant::now() + first_poll, INBOX_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut to_spawn: Vec<(Key, u32)> = Vec::new();
+        loop {
+            self.settle(&mut to_spawn).await;
+            if let Err(e) = self.log.sync().await {
+                self.store_error = Some(e.to_string());
+            }
+            if let Some(err) = self.store_error.take() {
+                self.run_cancel.cancel();
+                self.drain_running().await;
+                return RunOutcome::Failed(ErrorInfo::new("store", err));
+            }
+            for (key, attempt) in to_spawn.drain(..) {
+                self.spawn_attempt(key, attempt);
+            }
+            if let Some(outcome) = self.maybe_end().await {
+                return outcome;
+            }
+            if self.mode == Mode::Apply && self.idle() {
+                // Every gate that was waiting waits again: apply what the
+                // inbox holds, and stop once nothing is left to apply.
+                if self.drain_inbox().await > 0 {
+                    continue;
+                }
+                self.run_cancel.cancel();
+                self.drain_running().await;
+                return RunOutcome::Waiting;
+            }
+            if self.shutdown_grace.is_none() && self.is_waiting() {
+                if self.announced != RunStatus::WaitingApproval {
+                    self.announced = RunStatus::WaitingApproval;
+                    self.emit(
+                        Scope::run(),
+                        EventKind::RunStatusChanged {
+                            status: RunStatus::WaitingApproval,
+                        },
+                    );
+                    if let Err(e) = self.log.sync().await {
+                        return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
+                    }
+                }
+                if self.exit_on_wait {
+                    // A decision sent while we were getting here is taken
+                    // now rather than left for the next resume.
+                    if self.drain_inbox().await > 0 {
+                        continue;
+                    }
+                    self.run_cancel.cancel();
+                    self.drain_running().await;
+                    return RunOutcome::Waiting;
+                }
+            }
+            tokio::select! {
+                Some(m) = self.msg_rx.recv() => self.on_msg(m),
+                Some(a) = self.ask_rx.recv() => self.on_ask(a),
+                _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
+                _ = poll.tick() => { self.drain_inbox().await; }
+                _ = self.shutdown.token.cancelled(), if self.shutdown_grace.is_none() => {
+                    self.begin_shutdown();
+                }
+            }
+            // Batch whatever else is already queued into this round.
+            while let Ok(m) = self.msg_rx.try_recv() {
+                self.on_msg(m);
+            }
+            while let Ok(a) = self.ask_rx.try_recv() {
+                self.on_ask(a);
+            }
+        }
+    }
+
+    /// Decides everything that can be decided without waiting, in slices,
+    /// looking at the inbox and the shutdown signal between slices.
+    async fn settle(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+        loop {
+            let checked_all = self.process_checks();
+            let before = to_spawn.len();
+            let started_all = self.start_ready(to_spawn);
+            // Starting a group mounts its nodes, and a value node or a skip
+            // ends in the round: both queue checks that must be decided now,
+            // not at the next wake-up (the inbox poll, a second away).
+            let more_checks = !self.check_queue.is_empty();
+            if checked_all && started_all && to_spawn.len() == before && !more_checks {
+                break;
+            }
+            if !self.ease_backlog().await {
+                break;
+            }
+            if self.shutdown.token.is_cancelled() && self.shutdown_grace.is_none() {
+                self.begin_shutdown();
+            }
+            if futures::FutureExt::now_or_never(wait_for(&mut self.inbox)).is_some() {
+                self.drain_inbox().await;
+            }
+        }
+    }
+
+    /// The engine is shutting down: running nodes get the engine's grace to
+    /// reach a safe point, then they are killed. Waiting approvals are safe
+    /// points already.
+    fn begin_shutdown(&mut self) {
+        let grace = self.shutdown.grace();
+        self.shutdown_grace = Some(grace);
+        let token = self.run_cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            token.cancel();
+        });
+        for key in self.waiting.keys() {
+            if let Some(t) = self.running.get(key) {
+                t.cancel();
+            }
+        }
+    }
+
+    /// Nothing runs but attempts waiting for a person, and nothing is ready.
+    fn idle(&self) -> bool {
+        self.running.len() == self.waiting.len()
+            && self.check_queue.is_empty()
+            && self.cancelling.is_none()
+            && self.failing.is_none()
+    }
+
+    fn warn(&mut self, source: &str, message: String) {
+        self.emit(
+            Scope::run(),
+            EventKind::Diagnostic {
+                level: Level::Warn,
+                source: source.into(),
+                message,
+            },
+        );
+    }
+
+    /// Waits for attempts stopped without events (waiting approvals when the
+    /// run exits to wait) so that nothing holds the run's log, and with it
+    /// the run's lease, once the driver returns.
+    async fn drain_running(&mut self) {
+        while !self.running.is_empty() {
+            match self.msg_rx.recv().await {
+                Some(Msg::Done { key, .. }) => {
+                    self.running.remove(&key);
+                }
+                Some(Msg::RetryDue(_)) => {}
+                None => break,
+            }
+        }
+    }
+
+    fn backlog_full(&self) -> bool {
+        self.log.last_seq() >= self.synced_at + MAX_BACKLOG
+    }
+
+    /// Waits for the log once a round has appended `MAX_BACKLOG` events, so
+    /// that the store's queue stays bounded. False on a store error.
+    async fn ease_backlog(&mut self) -> bool {
+        if !self.backlog_full() {
+            return true;
+        }
+        self.synced_at = self.log.last_seq();
+        if let Err(e) = self.log.sync().await {
+            self.store_error = Some(e.to_string());
+            return false;
+        }
+        true
+    }
+
+    fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+            && self.running.len() == self.waiting.len()
+            && self.ready.is_empty()
+            && self.retry_pending == 0
+            && self.cancelling.is_none()
+            && self.failing.is_none()
+    }
+
+    fn rerender(&mut self) {
+        let plan = plan::render(&self.tree, &self.wf.name, &self.shape);
+        if plan.xml_hash == self.plan.xml_hash {
+            return;
+        }
+        self.frame_no += 1;
+        self.emit(
+            Scope::run(),
+            EventKind::FrameCommitted {
+                frame_no: self.frame_no,
+                xml_hash: plan.xml_hash.clone(),
+                mounted: plan.order.len() as u64,
+            },
+        );
+        let old = std::mem::replace(&mut self.plan, plan);
+        let order = self.plan.order.clone();
+        // Counted once every instance is in its layer's total, so that a
+        // layer still open from before a resume is not closed half-counted.
+        let mut done_already = Vec::new();
+        for key in &order {
+            if old.insts.contains_key(key) {
+                continue;
+            }
+            let inst = self.plan.insts[key].clone();
+            if self.state.node(&key.0, key.1).is_none() {
+                let scope = self.node_scope(key);
+                self.emit(
+                    scope,
+                    EventKind::NodePending {
+                        layer_index: Some(inst.layer),
+                    },
+                );
+            }
+            let status = self.status_of(key).unwrap_or(NodeStatus::Pending);
+            let done = status.is_done();
+            self.layers.entry(inst.layer).or_default().total += 1;
+            if let Some(stage) = &inst.spec.stage {
+                self.chapters.entry(stage.clone()).or_default().total += 1;
+            }
+            let mut unmet = 0;
+            for dep in &inst.needs {
+                let deps = self.dependents.entry(dep.clone()).or_default();
+                // Most nodes have one dependent: no room for four.
+                deps.reserve_exact(1);
+                deps.push(key.clone());
+                if !self.status_of(dep).is_some_and(|s| s.is_done()) {
+                    unmet += 1;
+                }
+            }
+            if unmet > 0 {
+                self.unmet.insert(key.clone(), unmet);
+            }
+            if let Some(parent) = &inst.parent {
+                if !done {
+                    *self.group_remaining.entry(parent.clone()).or_default() += 1;
+                }
+            }
+            if done {
+                done_already.push((inst, status));
+            } else if status == NodeStatus::Pending {
+                self.check_queue.push_back(key.clone());
+            }
+        }
+        for (inst, status) in done_already {
+            self.count_done(&inst, status);
+        }
+        for key in &old.order {
+            if self.plan.insts.contains_key(key) {
+                continue;
+            }
+            if self.status_of(key) == Some(NodeStatus::Pending) {
+                let scope = Scope::node(key.0.clone(), key.1)
+                    .with_chapter(old.insts[key].spec.stage.clone());
+                self.emit(
+                    scope,
+                    EventKind::NodeCancelled {
+                        reason: Some("unmounted".into()),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Checks queued nodes, at most a slice of them; true when none is left.
+    fn process_checks(&mut self) -> bool {
+        for _ in 0..ROUND_SLICE {
+            let Some(key) = self.check_queue.pop_front() else {
+                return true;
+            };
+            self.check(&key);
+        }
+        self.check_queue.is_empty()
+    }
+
+    fn check(&mut self, key: &Key) {
+        let Some(inst) = self.plan.insts.get(key).cloned() else {
+            return;
+        };
+        if self.status_of(key) != Some(NodeStatus::Pending) || self.queued.contains(key) {
+            return;
+        }
+        if self.unmet.get(key).is_some_and(|&n| n > 0) {
+            return;
+        }
+        let mut blocked_by = None;
+        for dep in &inst.needs {
+            match self.status_of(dep) {
+                Some(NodeStatus::Finished) => {}
+                Some(s) if s.is_done() => {
+                    blocked_by.get_or_insert((dep.0.clone(), s));
+                }
+                _ => return,
+            }
+        }
+        if self.cancelling.is_some() || self.failing.is_some() {
+            return;
+        }
+        if let Some((dep, s)) = blocked_by {
+            self.skip(key, format!("dependency `{dep}` {}", s.as_str()));
+            return;
+        }
+        if let Some(cond) = inst.spec.if_.clone() {
+            // Each context is dropped before anything updates `nodes`, which
+            // would otherwise copy the whole map.
+            let holds = {
+                let ctx = self.context_for(&inst, inst.key.1);
+                self.templates.eval_bool_in(&cond, &ctx)
+            };
+            match holds {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.skip(key, format!("condition `{cond}` is false"));
+                    return;
+                }
+                Err(e) => {
+                    let scope = self.node_scope(key).with_attempt(1);
+                    self.emit(scope, EventKind::NodeStarted {});
+                    let err = NodeError::fatal("template", format!("if: {e}"));
+                    self.fail_attempt(key, &inst, 1, err, Duration::ZERO);
+                    return;
+                }
+            }
+        }
+        self.queued.insert(key.clone());
+        self.ready.push_back(key.clone());
+    }
+
+    fn skip(&mut self, key: &Key, reason: String) {
+        let scope = self.node_scope(key);
+        self.emit(scope, EventKind::NodeSkipped { reason });
+        self.node_done(key);
+    }
+
+    fn leaf_slots(&self) -> usize {
+        let busy = self.running.len() - self.waiting.len().min(self.running.len());
+        self.concurrency.saturating_sub(busy)
+    }
+
+    /// Emits `NodeStarted` for what may start now, at most a slice of
+    /// nodes and until the log's backlog is full; leaf attempts are spawned
+    /// by the caller once those events are durable. Returns false when it
+    /// stopped early with nodes still ready.
+    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
+        if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
+            return true;
+        }
+        if self.mode == Mode::Apply {
+            // Nothing new starts; gates that waited wait again.
+            let resumed: Vec<Key> = self
+                .ready
+                .iter()
+                .filter(|k| self.resumed_attempts.contains_key(*k))
+                .cloned()
+                .collect();
+            self.ready
+                .retain(|k| !self.resumed_attempts.contains_key(k));
+            for key in resumed {
+                self.queued.remove(&key);
+                let attempt = self.resumed_attempts.remove(&key).unwrap_or(1);
+                to_spawn.push((key, attempt));
+            }
+            return true;
+        }
+        let mut slice = ROUND_SLICE;
+        let mut budget = self.leaf_slots().saturating_sub(to_spawn.len());
+        // Leaves past the concurrency budget stay queued; so does a group
+        // behind them, which waits for a slot like a leaf would.
+        while budget > 0
+            || self
+                .ready
+                .front()
+                .is_some_and(|k| self.resumed_attempts.contains_key(k))
+        {
+            if slice == 0 || (self.backlog_full() && !self.ready.is_empty()) {
+                return false;
+            }
+            slice -= 1;
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
+            self.queued.remove(&key);
+            let Some(inst) = self.plan.insts.get(&key).cloned() else {
+                continue;
+            };
+            let is_group = inst.spec.kind.children().is_some();
+            if let Some(attempt) = self.resumed_attempts.remove(&key) {
+                // A person-in-the-loop attempt continues where it stood.
+                to_spawn.push((key, attempt));
+                continue;
+            }
+            let attempt = self.state.node(&key.0, key.1).map_or(0, |n| n.attempt) + 1;
+            let scope = self.node_scope(&key).with_attempt(attempt);
+            self.open_tallies(&inst);
+            self.emit(scope, EventKind::NodeStarted {});
+            if attempt == 1 {
+                for dep in &inst.needs {
+                    self.emit(
+                        Scope::run(),
+                        EventKind::EdgeTraversed {
+                            from: dep.0.clone(),
+                            to: key.0.clone(),
+                            condition: inst.spec.if_.clone(),
+                        },
+                    );
+                }
+            }
+            if is_group {
+                match self.enter_group(&key, false) {
+                    Ok(()) => {
+                        self.rerender();
+                        if self.group_remaining.get(&key).copied().unwrap_or(0) == 0 {
+                            self.finish_group_pass(&key);
+                        }
+                    }
+                    Err(e) => self.fail_attempt(&key, &inst, attempt, e, Duration::ZERO),
+                }
+            } else if let NodeKind::Value(v) = &inst.spec.kind {
+                // A value node touches nothing outside the log, so it ends in
+                // the round it starts in and takes no slot: a chain of them
+                // shares one commit instead of paying one per node. Its
+                // NodeFinished still commits with (never before) anything
+                // that follows from it.
+                let t0 = Instant::now();
+                let rendered = if self.is_templated(&inst) {
+                    let ctx = self.context_for(&inst, inst.key.1);
+                    self.templates.render_value_in(v, &ctx)
+                } else {
+                    Ok(v.clone())
+                };
+                match rendered {
+                    Ok(output) => {
+                        let scope = self.node_scope(&key).with_attempt(attempt);
+                        self.emit(
+                            scope,
+                            EventKind::NodeFinished {
+                                duration_ms: t0.elapsed().as_millis() as u64,
+                                output: Some(output),
+                                cached: None,
+                            },
+                        );
+                        self.node_done(&key);
+                    }
+                    Err(e) => {
+                        let err = NodeError::fatal("template", e.to_string());
+                        self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+                    }
+                }
+            } else {
+                budget -= 1;
+                to_spawn.push((key, attempt));
+            }
+        }
+        true
+    }
+
+    /// Bookkeeping once a node instance can no longer change.
+    fn node_done(&mut self, key: &Key) {
+        let Some(inst) = self.plan.insts.get(key).cloned() else {
+            return;
+        };
+        let status = self.status_of(key).unwrap_or(NodeStatus::Failed);
+        if let Some(n) = self.state.node(&key.0, key.1) {
+            self.nodes_ctx.insert(key.0.clone(), node_ctx_entry(n));
+        }
+        self.count_done(&inst, status);
+        if let Some(deps) = self.dependents.get(key) {
+            for d in deps {
+                if let Some(n) = self.unmet.get_mut(d) {
+                    *n = n.saturating_sub(1);
+                    if *n > 0 {
+                        continue;
+                    }
+                }
+                self.check_queue.push_back(d.clone());
+            }
+        }
+        if let Some(parent) = &inst.parent {
+            if let Some(r) = self.group_remaining.get_mut(parent) {
+                *r = r.saturating_sub(1);
+                if *r == 0
+                    && self.status_of(parent) == Some(NodeStatus::Running)
+                    && self.failing.is_none()
+                    && self.cancelling.is_none()
+                {
+                    let parent = parent.clone();
+                    self.finish_group_pass(&parent);
+                }
+            }
+        }
+    }
+
+    async fn maybe_end(&mut self) -> Option<RunOutcome> {
+        if !self.running.is_empty() || !self.check_queue.is_empty() {
+            return None;
+        }
+        if self.shutdown_grace.is_some() {
+            return Some(RunOutcome::Interrupted);
+        }
+        let stopping = self.cancelling.is_some() || self.failing.is_some();
+        if !stopping && (self.retry_pending > 0 || !self.ready.is_empty()) {
+            return None;
+        }
+        if stopping {
+            self.retry_pending = 0;
+            self.ready.clear();
+            self.queued.clear();
+            let reason = if self.cancelling.is_some() {
+                "run cancelled"
+            } else {
+                "run failed"
+            };
+            for key in self.plan.order.clone() {
+                let Some(n) = self.state.node(&key.0, key.1).cloned() else {
+                    continue;
+                };
+                if n.status.is_done() {
+                    continue;
+                }
+                let mut scope = self.node_scope(&key);
+                if n.attempt > 0 {
+                    // The attempt that was running, or the last one that
+                    // ran when the cancel came between retries.
+                    scope = scope.with_attempt(n.attempt);
+                }
+                self.emit(
+                    scope,
+                    EventKind::NodeCancelled {
+                        reason: Some(reason.into()),
+                    },
+                );
+                self.node_done(&key);
+            }
+        }
+        let not_done: Vec<Key> = self
+            .plan
+            .order
+            .iter()
+            .filter(|k| !self.status_of(k).is_some_and(|s| s.is_done()))
+            .cloned()
+            .collect();
+        if !not_done.is_empty() && !stopping {
+            // Applying commands starts nothing, and leaves the attempts a
+            // stop interrupted open for the next resume: what has not ended
+            // is that resume's to run, not a sign the run is stuck.
+            if !self.waiting.is_empty() || self.mode == Mode::Apply {
+                return None;
+            }
+            let names: Vec<&str> = not_done.iter().take(5).map(|k| k.0.as_str()).collect();
+            self.failing = Some(ErrorInfo::new(
+                "stuck",
+                format!("nodes can never start: {}", names.join(", ")),
+            ));
+        }
+        Some(self.finish().await)
+    }
+
+    async fn finish(&mut self) -> RunOutcome {
+        let (status, outcome, kind) = if let Some((_, reason)) = self.cancelling.clone() {
+            (
+                RunStatus::Cancelled,
+                RunOutcome::Cancelled,
+                EventKind::RunCancelled { reason },
+            )
+        } else if let Some(err) = self.failing.clone() {
+            (
+                RunStatus::Failed,
+                RunOutcome::Failed(err.clone()),
+                EventKind::RunFailed { error: err },
+            )
+        } else {
+            let output = match &self.wf.output {
+                Some(t) => {
+                    let ctx = self.run_context();
+                    self.templates
+                        .render_in(t, &ctx)
+                        .map(Some)
+                        .map_err(|e| ErrorInfo::new("template", format!("workflow output: {e}")))
+                }
+                None => Ok(None),
+            };
+            match output {
+                Ok(output) => {
+                    let duration_ms = self.duration_ms();
+                    (
+                        RunStatus::Finished,
+                        RunOutcome::Finished(output.clone()),
+                        EventKind::RunFinished {
+                            output,
+                            duration_ms,
+                        },
+                    )
+                }
+                Err(err) => (
+                    RunStatus::Failed,
+                    RunOutcome::Failed(err.clone()),
+                    EventKind::RunFailed { error: err },
+                ),
+            }
+        };
+        // The summary of a large run takes a while to build: the durations
+        // are taken after it, so they cover the run up to its end.
+        let mut summary = self.summary();
+        let mut kind = kind;
+        let end = self.duration_ms();
+        if let EventKind::RunSummary { duration_ms, .. } = &mut summary {
+            *duration_ms = end;
+        }
+        if let EventKind::RunFinished { duration_ms, .. } = &mut kind {
+            *duration_ms = end;
+        }
+        self.emit(Scope::run(), summary);
+        self.emit(Scope::run(), EventKind::RunStatusChanged { status });
+        self.emit(Scope::run(), kind);
+        if let Err(e) = self.log.sync().await {
+            return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
+        }
+        outcome
+    }
+}

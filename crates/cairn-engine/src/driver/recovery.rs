@@ -1,0 +1,122 @@
+//! After a resume: re-enter started groups, close attempts a crash
+//! interrupted, and kill what the dead engine left running.
+
+use super::*;
+
+impl Driver {
+    /// After a resume: re-enter started groups, close interrupted attempts,
+    /// and kill process groups a crashed engine left behind.
+    pub(super) fn recover(&mut self) {
+        if self.mode == Mode::Drive {
+            self.kill_leftovers();
+        }
+        // Groups first, repeatedly, since a started group mounts more groups.
+        loop {
+            let mut changed = false;
+            for key in self.plan.order.clone() {
+                let inst = self.plan.insts[&key].clone();
+                let is_group = inst.spec.kind.children().is_some();
+                if !is_group || self.shape.started_groups.contains(&key) {
+                    continue;
+                }
+                if self.status_of(&key) != Some(NodeStatus::Running) {
+                    continue;
+                }
+                if self.enter_group(&key, true).is_ok() {
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+            self.rerender();
+        }
+        for key in self.plan.order.clone() {
+            let inst = self.plan.insts[&key].clone();
+            if inst.spec.kind.children().is_some() {
+                continue;
+            }
+            let Some(n) = self.state.node(&key.0, key.1).cloned() else {
+                continue;
+            };
+            let scope = self.node_scope(&key);
+            match n.status {
+                NodeStatus::WaitingApproval => {
+                    self.check_queue.retain(|k| k != &key);
+                    self.resumed_attempts.insert(key.clone(), n.attempt);
+                    self.ready.push_back(key);
+                }
+                NodeStatus::Running | NodeStatus::WaitingInput
+                    if matches!(inst.spec.kind, NodeKind::Approval(_)) && n.decision.is_some() =>
+                {
+                    self.resumed_attempts.insert(key.clone(), n.attempt);
+                    self.ready.push_back(key);
+                }
+                // Applying commands only: interrupted attempts and retries
+                // are the next resume's to close and start.
+                _ if self.mode == Mode::Apply => {}
+                NodeStatus::Running | NodeStatus::WaitingInput => {
+                    self.interrupted(&key, &inst, n.attempt);
+                }
+                NodeStatus::Retrying => {
+                    if !n.retry_announced {
+                        self.emit(
+                            scope.with_attempt(n.attempt + 1),
+                            EventKind::NodeRetrying { delay_ms: 0 },
+                        );
+                    }
+                    self.ready.push_back(key);
+                }
+                _ => {}
+            }
+        }
+        // A node failed the run, then a stop came before the run's end: the
+        // run that goes on is failing.
+        for key in self.plan.order.clone() {
+            if self.plan.insts[&key].spec.on_failure != OnFailure::Fail {
+                continue;
+            }
+            let Some(n) = self.state.node(&key.0, key.1) else {
+                continue;
+            };
+            if n.status == NodeStatus::Failed {
+                let error = n
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| ErrorInfo::new("failed", "the node failed"));
+                self.fail_run(&key, error);
+                break;
+            }
+        }
+    }
+
+    /// Kills what the dead engine left running: the process groups it
+    /// recorded (commands and `bash` calls), and, for a crash between a
+    /// spawn and its record, every process whose environment names the run.
+    pub(super) fn kill_leftovers(&mut self) {
+        let backend = self.services.journal.backend().clone();
+        let mut killed = 0;
+        if let Ok(groups) = backend.processes(&self.run_id) {
+            for g in groups {
+                // SAFETY: signal 0 only asks whether the group exists.
+                let alive = unsafe { libc::kill(-(g.pgid as libc::pid_t), 0) } == 0;
+                cairn_tools::process::kill_group(g.pgid);
+                killed += usize::from(alive);
+                let _ = backend.remove_process(g.id);
+            }
+        }
+        killed += crate::kill_leftovers(&self.run_id);
+        if killed > 0 {
+            self.emit(
+                Scope::run(),
+                EventKind::Diagnostic {
+                    level: Level::Info,
+                    source: "resume".into(),
+                    message: format!(
+                        "killed {killed} leftover process(es) of the interrupted session"
+                    ),
+                },
+            );
+        }
+    }
+}
