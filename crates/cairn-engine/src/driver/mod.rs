@@ -8,12 +8,13 @@
 //! the driver waits for the log to be durable (contract, guarantee 2); it does
 //! so once per round, so that many events share one commit.
 //!
-//! This file is the scheduler: the round loop (`run`, `settle`), deciding
-//! what may start (`check`, `start_ready`), the plan's renders and the run's
-//! end. Around it, one file per seam: `attempt` (an attempt's task and what
-//! its result becomes), `groups` (loops and `for_each`), `tallies` (layers,
-//! chapters, the summary), `context` (templates' context), `inbox` (people
-//! and commands), `recovery` (what a resume does first).
+//! This file is the scheduler: the round loop (`run`, `settle`) and what
+//! may start (`check`, `start_ready`). Around it, one file per seam: `mount`
+//! (the plan's frames), `ending` (how the run ends), `attempt` (an attempt's
+//! task and what its result becomes), `groups` (loops and `for_each`),
+//! `tallies` (layers, chapters, the summary), `context` (templates'
+//! context), `inbox` (people and commands), `recovery` (what a resume does
+//! first).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -39,8 +40,10 @@ use crate::{EngineError, RunOutcome, Shutdown};
 
 mod attempt;
 mod context;
+mod ending;
 mod groups;
 mod inbox;
+mod mount;
 mod recovery;
 mod tallies;
 
@@ -463,89 +466,6 @@ impl Driver {
             && self.failing.is_none()
     }
 
-    fn rerender(&mut self) {
-        let plan = plan::render(&self.tree, &self.wf.name, &self.shape);
-        if plan.xml_hash == self.plan.xml_hash {
-            return;
-        }
-        self.frame_no += 1;
-        self.emit(
-            Scope::run(),
-            EventKind::FrameCommitted {
-                frame_no: self.frame_no,
-                xml_hash: plan.xml_hash.clone(),
-                mounted: plan.order.len() as u64,
-            },
-        );
-        let old = std::mem::replace(&mut self.plan, plan);
-        let order = self.plan.order.clone();
-        // Counted once every instance is in its layer's total, so that a
-        // layer still open from before a resume is not closed half-counted.
-        let mut done_already = Vec::new();
-        for key in &order {
-            if old.insts.contains_key(key) {
-                continue;
-            }
-            let inst = self.plan.insts[key].clone();
-            if self.state.node(&key.0, key.1).is_none() {
-                let scope = self.node_scope(key);
-                self.emit(
-                    scope,
-                    EventKind::NodePending {
-                        layer_index: Some(inst.layer),
-                    },
-                );
-            }
-            let status = self.status_of(key).unwrap_or(NodeStatus::Pending);
-            let done = status.is_done();
-            self.layers.entry(inst.layer).or_default().total += 1;
-            if let Some(stage) = &inst.spec.stage {
-                self.chapters.entry(stage.clone()).or_default().total += 1;
-            }
-            let mut unmet = 0;
-            for dep in &inst.needs {
-                let deps = self.dependents.entry(dep.clone()).or_default();
-                // Most nodes have one dependent: no room for four.
-                deps.reserve_exact(1);
-                deps.push(key.clone());
-                if !self.status_of(dep).is_some_and(|s| s.is_done()) {
-                    unmet += 1;
-                }
-            }
-            if unmet > 0 {
-                self.unmet.insert(key.clone(), unmet);
-            }
-            if let Some(parent) = &inst.parent {
-                if !done {
-                    *self.group_remaining.entry(parent.clone()).or_default() += 1;
-                }
-            }
-            if done {
-                done_already.push((inst, status));
-            } else if status == NodeStatus::Pending {
-                self.check_queue.push_back(key.clone());
-            }
-        }
-        for (inst, status) in done_already {
-            self.count_done(&inst, status);
-        }
-        for key in &old.order {
-            if self.plan.insts.contains_key(key) {
-                continue;
-            }
-            if self.status_of(key) == Some(NodeStatus::Pending) {
-                let scope = Scope::node(key.0.clone(), key.1)
-                    .with_chapter(old.insts[key].spec.stage.clone());
-                self.emit(
-                    scope,
-                    EventKind::NodeCancelled {
-                        reason: Some("unmounted".into()),
-                    },
-                );
-            }
-        }
-    }
-
     /// Checks queued nodes, at most a slice of them; true when none is left.
     fn process_checks(&mut self) -> bool {
         for _ in 0..ROUND_SLICE {
@@ -772,133 +692,5 @@ impl Driver {
                 }
             }
         }
-    }
-
-    async fn maybe_end(&mut self) -> Option<RunOutcome> {
-        if !self.running.is_empty() || !self.check_queue.is_empty() {
-            return None;
-        }
-        if self.shutdown_grace.is_some() {
-            return Some(RunOutcome::Interrupted);
-        }
-        let stopping = self.cancelling.is_some() || self.failing.is_some();
-        if !stopping && (self.retry_pending > 0 || !self.ready.is_empty()) {
-            return None;
-        }
-        if stopping {
-            self.retry_pending = 0;
-            self.ready.clear();
-            self.queued.clear();
-            let reason = if self.cancelling.is_some() {
-                "run cancelled"
-            } else {
-                "run failed"
-            };
-            for key in self.plan.order.clone() {
-                let Some(n) = self.state.node(&key.0, key.1).cloned() else {
-                    continue;
-                };
-                if n.status.is_done() {
-                    continue;
-                }
-                let mut scope = self.node_scope(&key);
-                if n.attempt > 0 {
-                    // The attempt that was running, or the last one that
-                    // ran when the cancel came between retries.
-                    scope = scope.with_attempt(n.attempt);
-                }
-                self.emit(
-                    scope,
-                    EventKind::NodeCancelled {
-                        reason: Some(reason.into()),
-                    },
-                );
-                self.node_done(&key);
-            }
-        }
-        let not_done: Vec<Key> = self
-            .plan
-            .order
-            .iter()
-            .filter(|k| !self.status_of(k).is_some_and(|s| s.is_done()))
-            .cloned()
-            .collect();
-        if !not_done.is_empty() && !stopping {
-            // Applying commands starts nothing, and leaves the attempts a
-            // stop interrupted open for the next resume: what has not ended
-            // is that resume's to run, not a sign the run is stuck.
-            if !self.waiting.is_empty() || self.mode == Mode::Apply {
-                return None;
-            }
-            let names: Vec<&str> = not_done.iter().take(5).map(|k| k.0.as_str()).collect();
-            self.failing = Some(ErrorInfo::new(
-                "stuck",
-                format!("nodes can never start: {}", names.join(", ")),
-            ));
-        }
-        Some(self.finish().await)
-    }
-
-    async fn finish(&mut self) -> RunOutcome {
-        let (status, outcome, kind) = if let Some((_, reason)) = self.cancelling.clone() {
-            (
-                RunStatus::Cancelled,
-                RunOutcome::Cancelled,
-                EventKind::RunCancelled { reason },
-            )
-        } else if let Some(err) = self.failing.clone() {
-            (
-                RunStatus::Failed,
-                RunOutcome::Failed(err.clone()),
-                EventKind::RunFailed { error: err },
-            )
-        } else {
-            let output = match &self.wf.output {
-                Some(t) => {
-                    let ctx = self.run_context();
-                    self.templates
-                        .render_in(t, &ctx)
-                        .map(Some)
-                        .map_err(|e| ErrorInfo::new("template", format!("workflow output: {e}")))
-                }
-                None => Ok(None),
-            };
-            match output {
-                Ok(output) => {
-                    let duration_ms = self.duration_ms();
-                    (
-                        RunStatus::Finished,
-                        RunOutcome::Finished(output.clone()),
-                        EventKind::RunFinished {
-                            output,
-                            duration_ms,
-                        },
-                    )
-                }
-                Err(err) => (
-                    RunStatus::Failed,
-                    RunOutcome::Failed(err.clone()),
-                    EventKind::RunFailed { error: err },
-                ),
-            }
-        };
-        // The summary of a large run takes a while to build: the durations
-        // are taken after it, so they cover the run up to its end.
-        let mut summary = self.summary();
-        let mut kind = kind;
-        let end = self.duration_ms();
-        if let EventKind::RunSummary { duration_ms, .. } = &mut summary {
-            *duration_ms = end;
-        }
-        if let EventKind::RunFinished { duration_ms, .. } = &mut kind {
-            *duration_ms = end;
-        }
-        self.emit(Scope::run(), summary);
-        self.emit(Scope::run(), EventKind::RunStatusChanged { status });
-        self.emit(Scope::run(), kind);
-        if let Err(e) = self.log.sync().await {
-            return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
-        }
-        outcome
     }
 }

@@ -1,0 +1,90 @@
+//! The mounted plan in the log: a render of the plan after every change
+//! that can alter it, committed as a frame when its XML changes, with the
+//! instances that appeared (`NodePending`) and the pending ones that went.
+
+use super::*;
+
+impl Driver {
+    pub(super) fn rerender(&mut self) {
+        let plan = plan::render(&self.tree, &self.wf.name, &self.shape);
+        if plan.xml_hash == self.plan.xml_hash {
+            return;
+        }
+        self.frame_no += 1;
+        self.emit(
+            Scope::run(),
+            EventKind::FrameCommitted {
+                frame_no: self.frame_no,
+                xml_hash: plan.xml_hash.clone(),
+                mounted: plan.order.len() as u64,
+            },
+        );
+        let old = std::mem::replace(&mut self.plan, plan);
+        let order = self.plan.order.clone();
+        // Counted once every instance is in its layer's total, so that a
+        // layer still open from before a resume is not closed half-counted.
+        let mut done_already = Vec::new();
+        for key in &order {
+            if old.insts.contains_key(key) {
+                continue;
+            }
+            let inst = self.plan.insts[key].clone();
+            if self.state.node(&key.0, key.1).is_none() {
+                let scope = self.node_scope(key);
+                self.emit(
+                    scope,
+                    EventKind::NodePending {
+                        layer_index: Some(inst.layer),
+                    },
+                );
+            }
+            let status = self.status_of(key).unwrap_or(NodeStatus::Pending);
+            let done = status.is_done();
+            self.layers.entry(inst.layer).or_default().total += 1;
+            if let Some(stage) = &inst.spec.stage {
+                self.chapters.entry(stage.clone()).or_default().total += 1;
+            }
+            let mut unmet = 0;
+            for dep in &inst.needs {
+                let deps = self.dependents.entry(dep.clone()).or_default();
+                // Most nodes have one dependent: no room for four.
+                deps.reserve_exact(1);
+                deps.push(key.clone());
+                if !self.status_of(dep).is_some_and(|s| s.is_done()) {
+                    unmet += 1;
+                }
+            }
+            if unmet > 0 {
+                self.unmet.insert(key.clone(), unmet);
+            }
+            if let Some(parent) = &inst.parent {
+                if !done {
+                    *self.group_remaining.entry(parent.clone()).or_default() += 1;
+                }
+            }
+            if done {
+                done_already.push((inst, status));
+            } else if status == NodeStatus::Pending {
+                self.check_queue.push_back(key.clone());
+            }
+        }
+        for (inst, status) in done_already {
+            self.count_done(&inst, status);
+        }
+        for key in &old.order {
+            if self.plan.insts.contains_key(key) {
+                continue;
+            }
+            if self.status_of(key) == Some(NodeStatus::Pending) {
+                let scope = Scope::node(key.0.clone(), key.1)
+                    .with_chapter(old.insts[key].spec.stage.clone());
+                self.emit(
+                    scope,
+                    EventKind::NodeCancelled {
+                        reason: Some("unmounted".into()),
+                    },
+                );
+            }
+        }
+    }
+}
