@@ -402,6 +402,11 @@ async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
         .iter()
         .any(|e| matches!(e.kind, EventKind::NodeStarted {})
             && e.scope.node_id.as_deref() == Some("after")));
+    // The attempt the stop interrupted ends cancelled; it is not run again.
+    let st = engine.state(&run).unwrap();
+    let slow = st.node("slow", 0).unwrap();
+    assert_eq!(slow.attempts.len(), 1, "the interrupted attempt ran again");
+    assert_eq!(slow.status, cairn_events::NodeStatus::Cancelled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
