@@ -61,6 +61,16 @@ async fn until(rx: &mut mpsc::UnboundedReceiver<Event>, f: impl Fn(&Event) -> bo
     .expect("the event did not come within 30 s")
 }
 
+/// Resumes a run on `engine` and waits for the session to end.
+async fn resume_to_end(engine: &Engine, run: &str) -> RunOutcome {
+    engine
+        .resume(run, StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await
+}
+
 fn stored(engine: &Engine, run: &str) -> Vec<Event> {
     engine
         .journal()
@@ -114,12 +124,7 @@ async fn interrupt_and_resume(dir: &std::path::Path, yaml: &str) -> (Engine, Str
     engine.shutdown(Duration::ZERO).await;
     assert_eq!(h.wait().await, RunOutcome::Interrupted);
     let engine = Engine::new(j, EngineOptions::default());
-    let outcome = engine
-        .resume(&run, StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let outcome = resume_to_end(&engine, &run).await;
     (engine, run, outcome)
 }
 
@@ -309,12 +314,7 @@ nodes:
         .pending_commands(&run)
         .unwrap()
         .is_empty());
-    let outcome = engine
-        .resume(&run, StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let outcome = resume_to_end(&engine, &run).await;
     assert_eq!(outcome, RunOutcome::Finished(None));
 }
 
@@ -391,12 +391,7 @@ async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
     assert_eq!(h.wait().await, RunOutcome::Interrupted);
     j.close();
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
-    let outcome = engine
-        .resume(&run, StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let outcome = resume_to_end(&engine, &run).await;
     assert_eq!(outcome, RunOutcome::Cancelled);
     assert!(!stored(&engine, &run)
         .iter()
@@ -446,12 +441,7 @@ nodes:
     )));
     j.close();
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
-    let outcome = engine
-        .resume(&run, StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let outcome = resume_to_end(&engine, &run).await;
     let RunOutcome::Failed(err) = outcome else {
         panic!("the run should fail, got {outcome:?}")
     };
@@ -499,12 +489,7 @@ nodes:
         state.status,
         state.error
     );
-    let outcome = engine
-        .resume(&run, StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let outcome = resume_to_end(&engine, &run).await;
     assert_eq!(outcome, RunOutcome::Finished(None));
 }
 
