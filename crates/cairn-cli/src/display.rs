@@ -43,7 +43,7 @@ fn label(n: &NodeState) -> String {
     if n.iteration > 0 {
         format!("{}#{}", n.node_id, n.iteration)
     } else {
-        n.node_id.clone()
+        n.node_id.to_string()
     }
 }
 
@@ -102,7 +102,7 @@ pub struct Progress {
     state: RunState,
     /// The seq that last changed each node pass, to keep recent rows on a
     /// short screen.
-    changed: HashMap<(String, u32), u64>,
+    changed: HashMap<(cairn_events::NodePath, u32), u64>,
     summary: Option<Summary>,
     last_seq: u64,
     /// Lines of the table currently on screen (TTY mode).
@@ -200,7 +200,7 @@ impl Progress {
             EventKind::ApprovalRequested { message } => {
                 if let Some(node) = &ev.scope.node_id {
                     return Some(Ask {
-                        node_id: node.clone(),
+                        node_id: node.to_string(),
                         message: message.clone().unwrap_or_default(),
                     });
                 }

@@ -82,7 +82,7 @@ pub fn scope_label(ev: &Event) -> String {
     let Some(node) = &ev.scope.node_id else {
         return String::new();
     };
-    let mut s = node.clone();
+    let mut s = node.to_string();
     if let Some(it) = ev.scope.iteration.filter(|&i| i > 0) {
         s.push_str(&format!("#{it}"));
     }

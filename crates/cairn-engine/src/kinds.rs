@@ -46,7 +46,7 @@ impl ProcessObserver for EventObserver<'_> {
         let rec = ProcessRecord {
             id: 0,
             run_id: ctx.run_id.clone(),
-            node_id: ctx.node_id.clone(),
+            node_id: ctx.node_id.to_string(),
             iteration: ctx.iteration,
             attempt: ctx.attempt,
             pgid: pid,

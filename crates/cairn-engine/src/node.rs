@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cairn_events::{ErrorInfo, EventKind, OutputStream, Scope, ToolStatus};
+use cairn_events::{ErrorInfo, EventKind, NodePath, OutputStream, Scope, ToolStatus};
 use cairn_store::{RunLog, StoreError, ToolCallRecord};
 use cairn_workflow::{NodeKind, NodeSpec, Templates, Workflow};
 use serde_json::Value;
@@ -91,7 +91,7 @@ pub(crate) enum Ask {
 /// Everything a node attempt can see and do.
 pub struct NodeCtx {
     pub run_id: String,
-    pub node_id: String,
+    pub node_id: NodePath,
     pub iteration: u32,
     pub attempt: u32,
     /// The attempt's event scope (node, iteration, attempt, chapter).
@@ -222,7 +222,7 @@ impl NodeCtx {
         let started = now_ms();
         let mut record = ToolCallRecord {
             run_id: self.run_id.clone(),
-            node_id: self.node_id.clone(),
+            node_id: self.node_id.to_string(),
             iteration: self.iteration,
             attempt: self.attempt,
             tool_seq,

@@ -12,12 +12,33 @@ use std::sync::Arc;
 
 use std::ptr::NonNull;
 
+use cairn_events::NodePath;
 use cairn_workflow::{NodeKind, NodeSpec, Workflow};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// A node instance: its path (the `nodeId` of events) and its loop pass.
-pub type Key = (String, u32);
+/// The path is shared text: every structure that names the instance (the
+/// plan, the driver's maps, the run state, its events) holds one allocation.
+pub type Key = (NodePath, u32);
+
+/// The paths of every instance mounted so far, so that a render reuses the
+/// text of instances it mounted before instead of copying it again (the
+/// run state and the driver's maps hold those from the first render).
+#[derive(Debug, Default)]
+pub struct Paths(std::collections::HashSet<NodePath>);
+
+impl Paths {
+    /// The shared path for `text`.
+    pub fn intern(&mut self, text: &str) -> NodePath {
+        if let Some(p) = self.0.get(text) {
+            return p.clone();
+        }
+        let p = NodePath::from(text);
+        self.0.insert(p.clone());
+        p
+    }
+}
 
 /// One mounted node instance.
 #[derive(Debug, Clone)]
@@ -32,8 +53,9 @@ pub struct Inst {
     pub layer: u32,
     /// Names that only exist inside a group instance (`item`, the `as` name, `index`, `iteration`).
     pub vars: Arc<Vec<(String, Value)>>,
-    /// The path prefix of its siblings, so templates can name a sibling by its plain id.
-    pub prefix: String,
+    /// The path prefix of its siblings, so templates can name a sibling by
+    /// its plain id; shared by the group's members.
+    pub prefix: Arc<str>,
     /// Mounted inside a loop's pass (at any depth), so that the passes of
     /// a loop in it are told apart by path.
     pub in_loop: bool,
@@ -139,7 +161,7 @@ impl SpecTree {
 }
 
 /// Renders the plan for the current shape.
-pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
+pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape, paths: &mut Paths) -> Plan {
     let mut plan = Plan {
         order: Vec::new(),
         insts: HashMap::new(),
@@ -147,53 +169,104 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape) -> Plan {
     };
     let mut xml = String::with_capacity(64 * 16);
     let _ = write!(xml, "<plan workflow=\"{}\">", esc(workflow));
-    mount_group(
+    let mut cx = Mount {
         tree,
+        shape,
+        paths,
+        plan: &mut plan,
+        xml: &mut xml,
+    };
+    cx.group(
         &tree.roots,
-        "",
+        Arc::from(""),
         0,
         None,
         0,
         false,
         Arc::new(Vec::new()),
-        shape,
-        &mut plan,
-        &mut xml,
     );
     xml.push_str("</plan>");
     plan.xml_hash = hex::encode(Sha256::digest(xml.as_bytes()));
     plan
 }
 
-#[allow(clippy::too_many_arguments)]
-fn mount_group(
-    tree: &SpecTree,
-    specs: &[SpecRef],
-    prefix: &str,
-    iteration: u32,
-    parent: Option<&Key>,
-    base_layer: u32,
-    in_loop: bool,
-    vars: Arc<Vec<(String, Value)>>,
-    shape: &Shape,
-    plan: &mut Plan,
-    xml: &mut String,
-) {
-    let depths = depths(specs);
-    for (spec, depth) in specs.iter().zip(depths) {
-        let key: Key = (format!("{prefix}{}", spec.id), iteration);
-        let layer = base_layer + depth;
-        let needs: Vec<Key> = spec
-            .needs
+/// One render's work: what it reads and what it writes.
+struct Mount<'a> {
+    tree: &'a SpecTree,
+    shape: &'a Shape,
+    paths: &'a mut Paths,
+    plan: &'a mut Plan,
+    xml: &'a mut String,
+}
+
+impl Mount<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn group(
+        &mut self,
+        specs: &[SpecRef],
+        prefix: Arc<str>,
+        iteration: u32,
+        parent: Option<&Key>,
+        base_layer: u32,
+        in_loop: bool,
+        vars: Arc<Vec<(String, Value)>>,
+    ) {
+        let depths = depths(specs);
+        // Every sibling's path first, so that `needs` share them.
+        let mut text = String::with_capacity(prefix.len() + 16);
+        let keys: HashMap<&str, NodePath> = specs
             .iter()
-            .map(|n| (format!("{prefix}{n}"), iteration))
+            .map(|spec| {
+                text.clear();
+                text.push_str(&prefix);
+                text.push_str(&spec.id);
+                (spec.id.as_str(), self.paths.intern(&text))
+            })
             .collect();
+        for (spec, depth) in specs.iter().zip(depths) {
+            let key: Key = (keys[spec.id.as_str()].clone(), iteration);
+            let layer = base_layer + depth;
+            let needs: Vec<Key> = spec
+                .needs
+                .iter()
+                .map(|n| match keys.get(n.as_str()) {
+                    Some(p) => (p.clone(), iteration),
+                    None => (self.paths.intern(&format!("{prefix}{n}")), iteration),
+                })
+                .collect();
+            self.node_xml(&key, spec, layer, &needs);
+            self.plan.order.push(key.clone());
+            self.plan.insts.insert(
+                key.clone(),
+                Arc::new(Inst {
+                    key: key.clone(),
+                    spec: spec.clone(),
+                    needs,
+                    parent: parent.cloned(),
+                    layer,
+                    vars: vars.clone(),
+                    prefix: prefix.clone(),
+                    in_loop,
+                }),
+            );
+            if !self.shape.started_groups.contains(&key) {
+                self.xml.push_str("/>");
+                continue;
+            }
+            self.xml.push('>');
+            self.children(&key, spec, layer, in_loop, &vars);
+            self.xml.push_str("</node>");
+        }
+    }
+
+    fn node_xml(&mut self, key: &Key, spec: &SpecRef, layer: u32, needs: &[Key]) {
+        let xml = &mut *self.xml;
         xml.push_str("<node id=\"");
         esc_into(xml, &key.0);
         let _ = write!(
             xml,
             "\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
-            iteration,
+            key.1,
             spec.kind.name(),
             layer
         );
@@ -207,77 +280,64 @@ fn mount_group(
             }
             xml.push('"');
         }
-        plan.order.push(key.clone());
-        plan.insts.insert(
-            key.clone(),
-            Arc::new(Inst {
-                key: key.clone(),
-                spec: spec.clone(),
-                needs,
-                parent: parent.cloned(),
-                layer,
-                vars: vars.clone(),
-                prefix: prefix.to_string(),
-                in_loop,
-            }),
-        );
-        if !shape.started_groups.contains(&key) {
-            xml.push_str("/>");
-            continue;
-        }
-        xml.push('>');
+    }
+
+    /// A started group's children: a loop's current pass, or one copy per
+    /// element of a `for_each` list.
+    fn children(
+        &mut self,
+        key: &Key,
+        spec: &SpecRef,
+        layer: u32,
+        in_loop: bool,
+        vars: &Arc<Vec<(String, Value)>>,
+    ) {
+        let iteration = key.1;
         match &spec.kind {
             NodeKind::Loop { .. } => {
-                let pass = shape.loop_pass.get(&key).copied().unwrap_or(0);
-                let mut v = (*vars).clone();
+                let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
+                let mut v = (**vars).clone();
                 set_var(&mut v, "iteration", Value::from(pass));
-                let child_prefix = if in_loop {
-                    format!("{}@{iteration}.", key.0)
+                let child_prefix: Arc<str> = if in_loop {
+                    format!("{}@{iteration}.", key.0).into()
                 } else {
-                    format!("{}.", key.0)
+                    format!("{}.", key.0).into()
                 };
-                mount_group(
-                    tree,
-                    &tree.children(spec),
-                    &child_prefix,
+                let kids = self.tree.children(spec);
+                self.group(
+                    &kids,
+                    child_prefix,
                     pass,
-                    Some(&key),
+                    Some(key),
                     layer + 1,
                     true,
                     Arc::new(v),
-                    shape,
-                    plan,
-                    xml,
                 );
             }
             NodeKind::ForEach { as_name, .. } => {
-                if let Some(list) = shape.lists.get(&key) {
+                if let Some(list) = self.shape.lists.get(key).cloned() {
+                    let kids = self.tree.children(spec);
                     for (i, item) in list.iter().enumerate() {
-                        let mut v = (*vars).clone();
+                        let mut v = (**vars).clone();
                         set_var(&mut v, "item", item.clone());
                         if let Some(name) = as_name {
                             set_var(&mut v, name, item.clone());
                         }
                         set_var(&mut v, "index", Value::from(i));
-                        mount_group(
-                            tree,
-                            &tree.children(spec),
-                            &format!("{}[{i}].", key.0),
+                        self.group(
+                            &kids,
+                            format!("{}[{i}].", key.0).into(),
                             iteration,
-                            Some(&key),
+                            Some(key),
                             layer + 1,
                             in_loop,
                             Arc::new(v),
-                            shape,
-                            plan,
-                            xml,
                         );
                     }
                 }
             }
             _ => {}
         }
-        xml.push_str("</node>");
     }
 }
 

@@ -663,7 +663,7 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
             evs.push(ev.clone());
             let n = evs.len() as u64;
             if let EventKind::ApprovalRequested { .. } = ev.kind {
-                let _ = ask_tx.send((ev.scope.node_id.clone().unwrap(), ev.seq));
+                let _ = ask_tx.send((ev.scope.node_id.clone().unwrap().to_string(), ev.seq));
             }
             if Some(n) == cancel_at
                 || (cancel_at_end && matches!(ev.kind, EventKind::RunSummary { .. }))
@@ -822,7 +822,7 @@ async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ra
                     .nodes
                     .iter()
                     .filter(|n| n.status == NodeStatus::WaitingApproval)
-                    .map(|n| n.node_id.clone())
+                    .map(|n| n.node_id.to_string())
                     .collect();
                 assert!(
                     !waiting.is_empty(),

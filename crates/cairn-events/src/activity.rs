@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::event::{Event, EventKind, OutputStream, ToolStatus};
+use crate::ids::NodePath;
 
 /// The parent run and node of a child run, so a child's activity can be shown
 /// under the delegation that started it.
@@ -38,7 +39,7 @@ pub struct Activity {
     pub run_id: String,
     /// The node the entry belongs to; absent for run-level entries.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub node_id: Option<String>,
+    pub node_id: Option<NodePath>,
     /// The node's loop pass, for node entries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iteration: Option<u32>,
@@ -93,7 +94,7 @@ pub fn activity(events: &[Event]) -> Vec<Activity> {
     f.into_entries()
 }
 
-type AttemptKey = (String, u32, u32);
+type AttemptKey = (NodePath, u32, u32);
 
 /// Folds events one by one into the Activity view, for callers that keep the
 /// view up to date while a run goes on.
@@ -107,9 +108,9 @@ pub struct ActivityFolder {
     /// The command entry of a running attempt.
     commands: HashMap<AttemptKey, usize>,
     /// Open tool-call entries by (node, iteration, attempt, toolSeq).
-    tools: HashMap<(String, u32, u32, u32), usize>,
+    tools: HashMap<(NodePath, u32, u32, u32), usize>,
     /// Open approval / input entries by (node, iteration).
-    waits: HashMap<(String, u32), usize>,
+    waits: HashMap<(NodePath, u32), usize>,
     /// Open delegations by child run id.
     delegations: HashMap<String, usize>,
 }

@@ -10,6 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use serde_with::skip_serializing_none;
 
+use crate::ids::NodePath;
+
 /// One entry of a run's log.
 ///
 /// ```
@@ -38,7 +40,7 @@ pub struct Event {
 /// every field empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Scope {
-    pub node_id: Option<String>,
+    pub node_id: Option<NodePath>,
     pub iteration: Option<u32>,
     pub attempt: Option<u32>,
     pub chapter: Option<String>,
@@ -51,7 +53,7 @@ impl Scope {
     }
 
     /// The scope of a node-level event.
-    pub fn node(node_id: impl Into<String>, iteration: u32) -> Self {
+    pub fn node(node_id: impl Into<NodePath>, iteration: u32) -> Self {
         Scope {
             node_id: Some(node_id.into()),
             iteration: Some(iteration),

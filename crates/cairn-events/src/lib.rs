@@ -18,6 +18,8 @@ pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
 };
-pub use ids::{InvalidRunId, RunId, MAX_RUN_ID_LEN};
+pub use ids::{
+    InvalidNodePath, InvalidRunId, NodePath, RunId, Seq, MAX_NODE_PATH_LEN, MAX_RUN_ID_LEN,
+};
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use reducer::{AttemptState, Decision, NodeState, NodeStatus, RunState};

@@ -110,7 +110,7 @@ impl Metrics {
         let attempt_key = || {
             (
                 ev.run_id.clone(),
-                ev.scope.node_id.clone().unwrap_or_default(),
+                ev.scope.node_id.as_deref().unwrap_or_default().to_string(),
                 ev.scope.iteration.unwrap_or(0),
                 ev.scope.attempt.unwrap_or(0),
             )

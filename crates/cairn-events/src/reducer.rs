@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::event::{ErrorInfo, Event, EventKind, RunStatus, TokenTotals};
+use crate::ids::NodePath;
 
 /// Where a node stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -83,7 +84,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeState {
-    pub node_id: String,
+    pub node_id: NodePath,
     pub iteration: u32,
     pub status: NodeStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -114,9 +115,9 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    fn new(node_id: &str, iteration: u32, seq: u64) -> Self {
+    fn new(node_id: NodePath, iteration: u32, seq: u64) -> Self {
         NodeState {
-            node_id: node_id.to_string(),
+            node_id,
             iteration,
             status: NodeStatus::Pending,
             chapter: None,
@@ -198,7 +199,7 @@ pub struct RunState {
     #[serde(skip)]
     pub open_chapters: BTreeSet<String>,
     #[serde(skip)]
-    index: HashMap<(String, u32), usize>,
+    index: HashMap<(NodePath, u32), usize>,
 }
 
 /// A node key as borrowed parts, so that a lookup by `(&str, u32)` needs no
@@ -208,7 +209,7 @@ trait NodeKey {
     fn iteration(&self) -> u32;
 }
 
-impl NodeKey for (String, u32) {
+impl NodeKey for (NodePath, u32) {
     fn id(&self) -> &str {
         &self.0
     }
@@ -226,13 +227,13 @@ impl NodeKey for (&str, u32) {
     }
 }
 
-impl<'a> Borrow<dyn NodeKey + 'a> for (String, u32) {
+impl<'a> Borrow<dyn NodeKey + 'a> for (NodePath, u32) {
     fn borrow(&self) -> &(dyn NodeKey + 'a) {
         self
     }
 }
 
-// Hashes as `(String, u32)` does: the str, then the u32.
+// Hashes as `(NodePath, u32)` does: the str, then the u32.
 impl Hash for dyn NodeKey + '_ {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.id().hash(state);
@@ -271,6 +272,14 @@ impl RunState {
         self.index
             .get(&(node_id, iteration) as &dyn NodeKey)
             .map(|&i| &self.nodes[i])
+    }
+
+    /// Makes room for `additional` more node passes at once, so that a
+    /// large frame's `NodePending` events do not grow the list by doubling
+    /// (the old and new lists are both alive while it grows).
+    pub fn reserve_nodes(&mut self, additional: usize) {
+        self.nodes.reserve_exact(additional);
+        self.index.reserve(additional);
     }
 
     /// The latest pass of a node (highest iteration).
@@ -324,9 +333,11 @@ impl RunState {
         let idx = match self.index.get(&(id, it) as &dyn NodeKey) {
             Some(&i) => i,
             None => {
-                self.nodes.push(NodeState::new(id, it, ev.seq));
-                self.index
-                    .insert((id.to_string(), it), self.nodes.len() - 1);
+                // The event's path is shared, not copied: the engine's
+                // plan holds the same text.
+                let path = ev.scope.node_id.clone()?;
+                self.nodes.push(NodeState::new(path.clone(), it, ev.seq));
+                self.index.insert((path, it), self.nodes.len() - 1);
                 self.nodes.len() - 1
             }
         };

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_events::{DecodeError, Event, RunCommand};
+use cairn_events::{DecodeError, Event, NodePath, RunCommand};
 
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +140,7 @@ pub struct StoredEvent {
     /// The event's `type`.
     pub type_name: String,
     /// `nodeId` for node-scoped events.
-    pub node_id: Option<String>,
+    pub node_id: Option<NodePath>,
     /// `timestampMs`.
     pub timestamp_ms: i64,
     /// The event's JSON, shared so fan-out does not copy it per subscriber.

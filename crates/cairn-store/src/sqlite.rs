@@ -17,7 +17,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
-use cairn_events::RunCommand;
+use cairn_events::{NodePath, RunCommand};
 
 use crate::backend::*;
 use crate::wake::WakeDir;
@@ -490,7 +490,7 @@ fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
         run_id: r.get(0)?,
         seq: r.get::<_, i64>(1)? as u64,
         type_name: r.get(2)?,
-        node_id: r.get(3)?,
+        node_id: r.get::<_, Option<String>>(3)?.map(NodePath::from),
         timestamp_ms: r.get(4)?,
         json: r.get::<_, String>(5)?.into(),
     })
@@ -668,7 +668,7 @@ impl Backend for SqliteBackend {
                     ev.run_id,
                     ev.seq as i64,
                     ev.type_name,
-                    ev.node_id,
+                    ev.node_id.as_deref(),
                     ev.timestamp_ms,
                     &*ev.json
                 ])

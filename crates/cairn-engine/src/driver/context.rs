@@ -74,7 +74,7 @@ impl Driver {
             if !inst.prefix.is_empty() {
                 // Siblings inside a group are known by their plain id too.
                 for (k, v) in all {
-                    if let Some(rest) = k.strip_prefix(&inst.prefix) {
+                    if let Some(rest) = k.strip_prefix(&*inst.prefix) {
                         if !rest.contains(['.', '[']) {
                             nodes.insert(rest.to_string(), v.clone());
                         }

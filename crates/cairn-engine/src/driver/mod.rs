@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
-use crate::plan::{self, Inst, Key, Plan, Shape, SpecTree};
+use crate::plan::{self, Inst, Key, Paths, Plan, Shape, SpecTree};
 use crate::services::Services;
 use crate::{EngineError, RunOutcome, Shutdown};
 
@@ -108,6 +108,8 @@ pub(crate) struct Driver {
     state: RunState,
     shape: Shape,
     plan: Plan,
+    /// Every instance path mounted so far, shared by each render.
+    paths: Paths,
     frame_no: u64,
     dependents: HashMap<Key, Vec<Key>>,
     /// How many of each mounted instance's needs have not ended, so that a
@@ -203,6 +205,7 @@ impl Driver {
                 insts: HashMap::new(),
                 xml_hash: String::new(),
             },
+            paths: Paths::default(),
             frame_no,
             dependents: HashMap::new(),
             unmet: HashMap::new(),
@@ -275,7 +278,8 @@ impl Driver {
         // Seed the template context with what the log already holds.
         for n in &self.state.nodes {
             if n.status.is_done() {
-                self.nodes_ctx.insert(n.node_id.clone(), node_ctx_entry(n));
+                self.nodes_ctx
+                    .insert(n.node_id.to_string(), node_ctx_entry(n));
             }
         }
         if resumed {
@@ -602,8 +606,8 @@ impl Driver {
                     self.emit(
                         Scope::run(),
                         EventKind::EdgeTraversed {
-                            from: dep.0.clone(),
-                            to: key.0.clone(),
+                            from: dep.0.to_string(),
+                            to: key.0.to_string(),
                             condition: inst.spec.if_.clone(),
                         },
                     );
@@ -665,7 +669,7 @@ impl Driver {
         };
         let status = self.status_of(key).unwrap_or(NodeStatus::Failed);
         if let Some(n) = self.state.node(&key.0, key.1) {
-            self.nodes_ctx.insert(key.0.clone(), node_ctx_entry(n));
+            self.nodes_ctx.insert(key.0.to_string(), node_ctx_entry(n));
         }
         self.count_done(&inst, status);
         if let Some(deps) = self.dependents.get(key) {

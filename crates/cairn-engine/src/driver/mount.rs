@@ -6,7 +6,7 @@ use super::*;
 
 impl Driver {
     pub(super) fn rerender(&mut self) {
-        let plan = plan::render(&self.tree, &self.wf.name, &self.shape);
+        let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
         if plan.xml_hash == self.plan.xml_hash {
             return;
         }
@@ -21,6 +21,8 @@ impl Driver {
         );
         let old = std::mem::replace(&mut self.plan, plan);
         let order = self.plan.order.clone();
+        let appearing = order.len().saturating_sub(old.order.len());
+        self.state.reserve_nodes(appearing);
         // Counted once every instance is in its layer's total, so that a
         // layer still open from before a resume is not closed half-counted.
         let mut done_already = Vec::new();

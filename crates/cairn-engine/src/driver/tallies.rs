@@ -123,7 +123,7 @@ impl Driver {
         let timings = slowest
             .into_iter()
             .map(|(d, i)| NodeTiming {
-                node_id: self.state.nodes[i].node_id.clone(),
+                node_id: self.state.nodes[i].node_id.to_string(),
                 iteration: self.state.nodes[i].iteration,
                 duration_ms: d,
             })
