@@ -89,12 +89,12 @@ nodes:
     }
     let state = engine.state(&events[0].run_id).unwrap();
     assert_eq!(
-        state.node("per_line[2].show", 0).unwrap().output,
-        Some(json!("2: c"))
+        state.node("per_line[2].show", 0).unwrap().output.as_deref(),
+        Some(&json!("2: c"))
     );
     assert_eq!(
-        state.node("review.step", 2).unwrap().output,
-        Some(json!("pass 2"))
+        state.node("review.step", 2).unwrap().output.as_deref(),
+        Some(&json!("pass 2"))
     );
     assert_eq!(state.node("never", 0).unwrap().status.as_str(), "skipped");
     assert_eq!(
@@ -172,7 +172,10 @@ nodes:
     assert_eq!(outcome, RunOutcome::Finished(None));
     let st = engine.state(&run_id).unwrap();
     assert_eq!(st.node("gate", 0).unwrap().attempts.len(), 1);
-    assert_eq!(st.node("after", 0).unwrap().output, Some(json!("done")));
+    assert_eq!(
+        st.node("after", 0).unwrap().output.as_deref(),
+        Some(&json!("done"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

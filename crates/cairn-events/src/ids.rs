@@ -104,6 +104,12 @@ impl NodePath {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The shared text itself, for maps outside this crate that key by
+    /// `Arc<str>` (the templates' `nodes`): no copy.
+    pub fn shared_text(&self) -> Arc<str> {
+        self.0.clone()
+    }
 }
 
 /// Segments joined by `.`; each a node id, then any number of `[digits]`

@@ -7,6 +7,7 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -94,8 +95,10 @@ pub struct NodeState {
     /// The latest attempt number (0 before the first start).
     pub attempt: u32,
     pub attempts: Vec<AttemptState>,
+    /// Shared, so that the engine's template context holds the same value
+    /// instead of a copy.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<Value>,
+    pub output: Option<Arc<Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -481,7 +484,7 @@ impl RunState {
             } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Finished;
-                    n.output = output.clone();
+                    n.output = output.clone().map(Arc::new);
                     n.duration_ms = Some(*duration_ms);
                     close_attempt(n, ts, "finished", None);
                 }
@@ -646,7 +649,7 @@ mod tests {
         assert_eq!(n.attempt, 2);
         assert_eq!(n.attempts.len(), 2);
         assert_eq!(n.attempts[0].status, "failed");
-        assert_eq!(n.output, Some(Value::from(3)));
+        assert_eq!(n.output.as_deref(), Some(&Value::from(3)));
         assert_eq!(s.progress(), 1.0);
         assert_eq!(s.last_seq, 6);
     }

@@ -13,4 +13,4 @@ pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};
 pub use model::*;
 pub use parse::{load, parse};
-pub use templates::{Context, TemplateError, Templates};
+pub use templates::{Context, NodeEntries, NodeEntry, TemplateError, Templates};

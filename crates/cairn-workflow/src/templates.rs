@@ -38,6 +38,27 @@ impl Context {
         shared: Arc<serde_json::Value>,
         scope_prefix: &str,
     ) -> Self {
+        Self::scoped_in(vars, name, Arc::new(JsonEntries(shared)), scope_prefix)
+    }
+
+    /// As [`Context::scoped`], with the ended nodes' entries as the shared
+    /// map: each entry reads as `{output, status, attempt}` without being
+    /// kept as a JSON object of its own.
+    pub fn scoped_nodes(
+        vars: serde_json::Map<String, serde_json::Value>,
+        name: &str,
+        nodes: Arc<NodeEntries>,
+        scope_prefix: &str,
+    ) -> Self {
+        Self::scoped_in(vars, name, nodes, scope_prefix)
+    }
+
+    fn scoped_in(
+        vars: serde_json::Map<String, serde_json::Value>,
+        name: &str,
+        shared: Arc<dyn Entries>,
+        scope_prefix: &str,
+    ) -> Self {
         Context(Value::from_object(Scoped {
             vars: Value::from_serialize(&vars),
             name: name.to_string(),
@@ -46,6 +67,104 @@ impl Context {
                 prefix: scope_prefix.to_string(),
             }),
         }))
+    }
+}
+
+/// One ended node instance as templates see it under `nodes`.
+#[derive(Debug, Clone)]
+pub struct NodeEntry {
+    /// Its output (`null` when it had none); shared, so that a render reads
+    /// it without a copy.
+    pub output: Arc<serde_json::Value>,
+    /// `finished`, `failed`, `skipped` or `cancelled`.
+    pub status: &'static str,
+    /// Its latest attempt.
+    pub attempt: u32,
+}
+
+impl NodeEntry {
+    /// The entry as the JSON object templates read, for contexts that are
+    /// copied rather than shared.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "output": *self.output,
+            "status": self.status,
+            "attempt": self.attempt,
+        })
+    }
+}
+
+/// Every ended node instance by path, in the order they first ended (so
+/// that a template that walks `nodes` sees one order on every run).
+///
+/// An entry costs a few dozen bytes beside its output, where a JSON object
+/// of three fields costs a few hundred: at 100,000 nodes that is most of
+/// what the template context weighs.
+pub type NodeEntries = indexmap::IndexMap<Arc<str>, NodeEntry>;
+
+/// A large map that templates read lazily, one entry at a time.
+trait Entries: Send + Sync + fmt::Debug + 'static {
+    /// The template value of the entry under `key`.
+    fn lookup(&self, key: &str) -> Option<Value>;
+    /// Whether there is an entry under `key`.
+    fn contains(&self, key: &str) -> bool;
+    /// Every key, in the map's order.
+    fn key_list(&self) -> Vec<&str>;
+}
+
+/// A JSON object as [`Entries`].
+#[derive(Debug)]
+struct JsonEntries(Arc<serde_json::Value>);
+
+impl Entries for JsonEntries {
+    fn lookup(&self, key: &str) -> Option<Value> {
+        self.0.get(key)?;
+        lazy(&self.0, &[Step::Key(key.to_string())])
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.0.get(key).is_some()
+    }
+
+    fn key_list(&self) -> Vec<&str> {
+        self.0
+            .as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Entries for NodeEntries {
+    fn lookup(&self, key: &str) -> Option<Value> {
+        let entry = self.get(key)?;
+        Some(Value::from_object(entry.clone()))
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.contains_key(key)
+    }
+
+    fn key_list(&self) -> Vec<&str> {
+        self.keys().map(|k| &**k).collect()
+    }
+}
+
+impl Object for NodeEntry {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "output" => lazy(&self.output, &[]),
+            "status" => Some(Value::from(self.status)),
+            "attempt" => Some(Value::from(self.attempt)),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["output", "status", "attempt"])
     }
 }
 
@@ -76,10 +195,10 @@ impl Object for Scoped {
     }
 }
 
-/// A shared JSON object whose plain keys are looked up under a prefix first.
+/// A shared map whose plain keys are looked up under a prefix first.
 #[derive(Debug)]
 struct ScopedMap {
-    shared: Arc<serde_json::Value>,
+    shared: Arc<dyn Entries>,
     prefix: String,
 }
 
@@ -89,27 +208,26 @@ impl ScopedMap {
             return None;
         }
         let full = format!("{}{k}", self.prefix);
-        self.shared.get(&full).is_some().then_some(full)
+        self.shared.contains(&full).then_some(full)
     }
 }
 
 impl Object for ScopedMap {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let k = key.as_str()?;
-        let full = self.scoped_key(k).unwrap_or_else(|| k.to_string());
-        self.shared.get(&full)?;
-        lazy(&self.shared, &[Step::Key(full)])
+        match self.scoped_key(k) {
+            Some(full) => self.shared.lookup(&full),
+            None => self.shared.lookup(k),
+        }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        let Some(map) = self.shared.as_object() else {
-            return Enumerator::Empty;
-        };
-        let mut keys: Vec<Value> = map.keys().map(|k| Value::from(k.as_str())).collect();
+        let all = self.shared.key_list();
+        let mut keys: Vec<Value> = all.iter().map(|k| Value::from(*k)).collect();
         if !self.prefix.is_empty() {
-            for k in map.keys() {
+            for k in &all {
                 if let Some(rest) = k.strip_prefix(&self.prefix) {
-                    if !rest.contains(['.', '[']) && !map.contains_key(rest) {
+                    if !rest.contains(['.', '[']) && !self.shared.contains(rest) {
                         keys.push(Value::from(rest));
                     }
                 }

@@ -277,3 +277,57 @@ fn scoped_context_matches_copied_context_with_siblings() {
     let top = Context::scoped(vars, "nodes", std::sync::Arc::new(nodes), "");
     assert_eq!(t.eval_in("nodes.fix.output", &top).unwrap(), json!("top"));
 }
+
+/// The engine's `nodes` (entries, not JSON objects) reads exactly as the
+/// JSON map it replaced, siblings by plain id and walk order included.
+#[test]
+fn node_entries_read_as_the_json_map() {
+    use cairn_workflow::{Context, NodeEntries, NodeEntry};
+    use std::sync::Arc;
+    let t = Templates::new();
+    let nodes = json!({
+        "log": { "output": ["a", "b"], "status": "finished", "attempt": 1 },
+        "fix": { "output": "top", "status": "finished", "attempt": 1 },
+        "review.fix": { "output": { "n": 3, "deep": [1, { "x": 2 }] }, "status": "failed", "attempt": 2 },
+        "per[0].show": { "output": null, "status": "skipped", "attempt": 0 },
+    });
+    let mut entries = NodeEntries::new();
+    for (k, v) in nodes.as_object().unwrap() {
+        let status = match v["status"].as_str().unwrap() {
+            "finished" => "finished",
+            "failed" => "failed",
+            _ => "skipped",
+        };
+        entries.insert(
+            Arc::from(k.as_str()),
+            NodeEntry {
+                output: Arc::new(v["output"].clone()),
+                status,
+                attempt: v["attempt"].as_u64().unwrap() as u32,
+            },
+        );
+    }
+    let vars = serde_json::Map::new();
+    let json_ctx = Context::scoped(vars.clone(), "nodes", Arc::new(nodes), "review.");
+    let entry_ctx = Context::scoped_nodes(vars, "nodes", Arc::new(entries), "review.");
+    for tpl in [
+        "{{ nodes.fix.output }}",
+        "{{ nodes['review.fix'].output.deep[1].x }}",
+        "{{ nodes.fix.attempt }} {{ nodes.fix.status }}",
+        "{{ nodes.log.output | join('+') }}",
+        "{{ nodes['per[0].show'].output is none }}",
+        "{{ nodes.fix | tojson }}",
+        "{{ nodes.log }}",
+        "{{ 'fix' in nodes }}/{{ 'nope' in nodes }}",
+        "{% for k in nodes %}{{ k }};{% endfor %}",
+        "{% for k, v in nodes['review.fix'] | items %}{{ k }}={{ v }};{% endfor %}",
+    ] {
+        assert_eq!(
+            t.render_in(tpl, &entry_ctx).unwrap(),
+            t.render_in(tpl, &json_ctx).unwrap(),
+            "{tpl}"
+        );
+    }
+    assert!(t.eval_in("nodes.nope", &entry_ctx).is_err());
+    assert!(t.eval_in("nodes.fix.nope", &entry_ctx).is_err());
+}

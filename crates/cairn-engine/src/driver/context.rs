@@ -3,11 +3,13 @@
 //! names.
 
 use super::*;
+use cairn_events::NodePath;
+use cairn_workflow::{NodeEntries, NodeEntry};
 
 impl Driver {
     /// The template context of the workflow's `output`.
     pub(super) fn run_context(&self) -> Context {
-        Context::scoped(
+        Context::scoped_nodes(
             self.small_vars(0, &[]),
             "nodes",
             self.nodes_ctx.shared(),
@@ -46,7 +48,7 @@ impl Driver {
     /// `until` the pass that just ended.
     pub(super) fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
         let vars = self.small_vars(iteration, &inst.vars);
-        Context::scoped(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
+        Context::scoped_nodes(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
     }
 
     /// Whether an instance's spec has templates (looked at once per spec).
@@ -70,13 +72,16 @@ impl Driver {
         );
         if templated {
             let all = self.nodes_ctx.map();
-            let mut nodes = all.clone();
+            let mut nodes: Map<String, Value> = all
+                .iter()
+                .map(|(k, e)| (k.to_string(), e.to_json()))
+                .collect();
             if !inst.prefix.is_empty() {
                 // Siblings inside a group are known by their plain id too.
-                for (k, v) in all {
+                for (k, e) in all {
                     if let Some(rest) = k.strip_prefix(&*inst.prefix) {
                         if !rest.contains(['.', '[']) {
-                            nodes.insert(rest.to_string(), v.clone());
+                            nodes.insert(rest.to_string(), e.to_json());
                         }
                     }
                 }
@@ -99,38 +104,31 @@ impl Driver {
 /// node instance, by path), shared with the renders that read it.
 ///
 /// Renders in the driver hold the map only while they run, so an update
-/// finds it unshared and changes it in place.
-#[derive(Debug)]
-pub(super) struct NodesCtx(Arc<Value>);
-
-impl Default for NodesCtx {
-    fn default() -> Self {
-        NodesCtx(Arc::new(Value::Object(Map::new())))
-    }
-}
+/// finds it unshared and changes it in place. An entry shares its path and
+/// its output with the run state: a few dozen bytes of its own.
+#[derive(Debug, Default)]
+pub(super) struct NodesCtx(Arc<NodeEntries>);
 
 impl NodesCtx {
-    pub(super) fn insert(&mut self, path: String, entry: Value) {
-        if let Value::Object(m) = Arc::make_mut(&mut self.0) {
-            m.insert(path, entry);
-        }
+    pub(super) fn insert(&mut self, path: &NodePath, entry: NodeEntry) {
+        Arc::make_mut(&mut self.0).insert(path.shared_text(), entry);
     }
 
-    pub(super) fn shared(&self) -> Arc<Value> {
+    pub(super) fn shared(&self) -> Arc<NodeEntries> {
         self.0.clone()
     }
 
-    pub(super) fn map(&self) -> &Map<String, Value> {
-        self.0.as_object().expect("the nodes context is an object")
+    pub(super) fn map(&self) -> &NodeEntries {
+        &self.0
     }
 }
 
-pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> Value {
-    json!({
-        "output": n.output.clone().unwrap_or(Value::Null),
-        "status": n.status.as_str(),
-        "attempt": n.attempt,
-    })
+pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
+    NodeEntry {
+        output: n.output.clone().unwrap_or_else(|| Arc::new(Value::Null)),
+        status: n.status.as_str(),
+        attempt: n.attempt,
+    }
 }
 
 pub(super) fn uses_templates(spec: &NodeSpec) -> bool {

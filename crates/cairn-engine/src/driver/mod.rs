@@ -278,8 +278,7 @@ impl Driver {
         // Seed the template context with what the log already holds.
         for n in &self.state.nodes {
             if n.status.is_done() {
-                self.nodes_ctx
-                    .insert(n.node_id.to_string(), node_ctx_entry(n));
+                self.nodes_ctx.insert(&n.node_id, node_ctx_entry(n));
             }
         }
         if resumed {
@@ -669,7 +668,7 @@ impl Driver {
         };
         let status = self.status_of(key).unwrap_or(NodeStatus::Failed);
         if let Some(n) = self.state.node(&key.0, key.1) {
-            self.nodes_ctx.insert(key.0.to_string(), node_ctx_entry(n));
+            self.nodes_ctx.insert(&key.0, node_ctx_entry(n));
         }
         self.count_done(&inst, status);
         if let Some(deps) = self.dependents.get(key) {
