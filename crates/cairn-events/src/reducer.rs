@@ -65,8 +65,9 @@ pub struct AttemptState {
     pub ended_ms: Option<i64>,
     /// `running`, `finished`, `failed` or `cancelled`.
     pub status: &'static str,
+    /// Boxed: most attempts have none, and a run keeps every attempt.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorInfo>,
+    pub error: Option<Box<ErrorInfo>>,
     pub tool_calls: u32,
 }
 
@@ -101,16 +102,18 @@ pub struct NodeState {
     pub output: Option<Arc<Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    // The fields below are boxed: few nodes have them, and a run of
+    // 100,000 nodes keeps a state for each.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorInfo>,
+    pub error: Option<Box<ErrorInfo>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<Box<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub approval_message: Option<String>,
+    pub approval_message: Option<Box<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub decision: Option<Decision>,
+    pub decision: Option<Box<Decision>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub input_request_id: Option<String>,
+    pub input_request_id: Option<Box<str>>,
     pub first_seq: u64,
     /// A `NodeRetrying` announced the next attempt, which has not started yet.
     #[serde(skip)]
@@ -496,8 +499,8 @@ impl RunState {
                     } else {
                         NodeStatus::Failed
                     };
-                    n.error = Some(error.clone());
-                    close_attempt(n, ts, "failed", Some(error.clone()));
+                    n.error = Some(Box::new(error.clone()));
+                    close_attempt(n, ts, "failed", Some(Box::new(error.clone())));
                     if !*will_retry {
                         n.duration_ms = Some(total_duration(n));
                     }
@@ -512,13 +515,13 @@ impl RunState {
             EventKind::NodeSkipped { reason } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Skipped;
-                    n.reason = Some(reason.clone());
+                    n.reason = Some(reason.as_str().into());
                 }
             }
             EventKind::NodeCancelled { reason } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Cancelled;
-                    n.reason = reason.clone();
+                    n.reason = reason.as_deref().map(Box::from);
                     close_attempt(n, ts, "cancelled", None);
                 }
             }
@@ -529,18 +532,18 @@ impl RunState {
             }
             EventKind::ApprovalRequested { message } => {
                 if let Some(n) = self.node_mut(ev) {
-                    n.approval_message = message.clone();
+                    n.approval_message = message.as_deref().map(Box::from);
                 }
             }
             EventKind::ApprovalGranted { decided_by, note }
             | EventKind::ApprovalDenied { decided_by, note } => {
                 let approved = matches!(ev.kind, EventKind::ApprovalGranted { .. });
                 if let Some(n) = self.node_mut(ev) {
-                    n.decision = Some(Decision {
+                    n.decision = Some(Box::new(Decision {
                         approved,
                         by: decided_by.clone(),
                         note: note.clone(),
-                    });
+                    }));
                     if n.status == NodeStatus::WaitingApproval {
                         n.status = NodeStatus::Running;
                     }
@@ -551,7 +554,7 @@ impl RunState {
                 let rid = request_id.clone();
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::WaitingInput;
-                    n.input_request_id = Some(rid);
+                    n.input_request_id = Some(rid.into());
                 }
             }
             EventKind::InputReceived { .. } => {
@@ -566,7 +569,7 @@ impl RunState {
     }
 }
 
-fn close_attempt(n: &mut NodeState, ts: i64, status: &'static str, error: Option<ErrorInfo>) {
+fn close_attempt(n: &mut NodeState, ts: i64, status: &'static str, error: Option<Box<ErrorInfo>>) {
     if let Some(a) = n.attempts.last_mut() {
         if a.status == "running" {
             a.status = status;

@@ -82,7 +82,8 @@ impl Driver {
             if n.status == NodeStatus::Failed {
                 let error = n
                     .error
-                    .clone()
+                    .as_deref()
+                    .cloned()
                     .unwrap_or_else(|| ErrorInfo::new("failed", "the node failed"));
                 self.fail_run(&key, error);
                 break;
