@@ -8,9 +8,10 @@ use sha2::{Digest, Sha256};
 
 use crate::duration::parse_duration;
 use crate::error::{Problem, WorkflowError};
+use crate::limits::{MAX_FILE_BYTES, MAX_VALUE_DEPTH};
 use crate::model::*;
 use crate::templates::Templates;
-use crate::yaml::{self, Node, Pos, Yaml};
+use crate::yaml::{self, Node, Pos, Streamed, Yaml};
 
 const TOP_FIELDS: &[&str] = &[
     "name",
@@ -40,37 +41,106 @@ const LOOP_FIELDS: &[&str] = &["until", "max_iterations", "nodes"];
 /// Names the engine puts in the template context; an `as` name must not hide them.
 const RESERVED_NAMES: &[&str] = &["input", "nodes", "iteration", "index", "run", "workflow"];
 
-/// Reads and parses a workflow file.
+/// Reads and parses a workflow file. A file larger than [`MAX_FILE_BYTES`] is refused before
+/// it is read.
 pub fn load(path: &Path) -> Result<Workflow, WorkflowError> {
-    let source = std::fs::read_to_string(path).map_err(|e| WorkflowError {
+    let source = read_limited(path, MAX_FILE_BYTES).map_err(|message| WorkflowError {
         problems: vec![Problem {
             file: path.to_path_buf(),
             line: None,
             column: None,
             field: None,
-            message: format!("cannot read the workflow file: {e}"),
+            message,
             hint: None,
         }],
     })?;
-    parse(&source, path)
+    parse_owned(source, path)
+}
+
+/// The file's text, refused past `max` bytes: by its size when it has one, and by reading at
+/// most one byte more than `max` (a pipe or a device says nothing of its size).
+fn read_limited(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read the workflow file: {e}"))?;
+    let too_large = |size: u64| {
+        format!(
+            "the workflow file is too large: {size} bytes, more than the {max} allowed ({} MiB)",
+            max >> 20
+        )
+    };
+    if let Ok(meta) = file.metadata() {
+        if meta.len() > max {
+            return Err(too_large(meta.len()));
+        }
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the workflow file: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "the workflow file is too large: more than the {max} bytes allowed ({} MiB)",
+            max >> 20
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "cannot read the workflow file: it is not UTF-8 text (at byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// Parses and validates workflow text; `path` names the file in errors, and its folder is the
-/// workflow's base folder.
+/// workflow's base folder. Text longer than [`MAX_FILE_BYTES`] is refused.
 pub fn parse(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
+    let mut wf = parse_text(source, path)?;
+    wf.source = source.to_string();
+    Ok(wf)
+}
+
+/// [`parse`] of text the caller gives away: the workflow keeps it without a copy.
+fn parse_owned(source: String, path: &Path) -> Result<Workflow, WorkflowError> {
+    let mut wf = parse_text(&source, path)?;
+    wf.source = source;
+    Ok(wf)
+}
+
+/// The workflow in `source`, but for its `source` (left empty for the caller to fill).
+fn parse_text(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
     let mut cx = Cx {
         file: path.to_path_buf(),
         problems: Vec::new(),
         templates: Templates::new(),
     };
-    let root = match yaml::load(source) {
+    if source.len() as u64 > MAX_FILE_BYTES {
+        cx.at(
+            Pos::default(),
+            None,
+            format!(
+                "the workflow is too large: {} bytes, more than the {MAX_FILE_BYTES} allowed",
+                source.len()
+            ),
+        );
+        return Err(cx.into_error());
+    }
+    let root = match yaml::load(source, &mut cx) {
         Ok(root) => root,
         Err(e) => {
-            cx.at(e.pos, None, format!("YAML syntax error: {}", e.message));
+            // Problems of the nodes read before the error mean little without the rest.
+            cx.problems.clear();
+            let message = if e.limit {
+                e.message
+            } else {
+                format!("YAML syntax error: {}", e.message)
+            };
+            cx.at(e.pos, e.field.as_deref(), message);
             return Err(cx.into_error());
         }
     };
     let wf = cx.workflow(&root, source, path);
+    drop(root);
     if cx.problems.is_empty() {
         Ok(wf.expect("a workflow without problems is complete"))
     } else {
@@ -188,6 +258,17 @@ impl Cx {
             );
             return None;
         };
+        Some(self.fields_in(entries.iter(), field, allowed, what))
+    }
+
+    /// [`Cx::fields`] of some entries of a mapping.
+    fn fields_in<'n>(
+        &mut self,
+        entries: impl Iterator<Item = &'n (Node, Node)>,
+        field: &str,
+        allowed: &[&str],
+        what: &str,
+    ) -> BTreeMap<String, (&'n Node, &'n Node)> {
         let mut out: BTreeMap<String, (&'n Node, &'n Node)> = BTreeMap::new();
         for (k, v) in entries {
             let key = k.key_text();
@@ -218,7 +299,7 @@ impl Cx {
             }
             out.insert(key, (k, v));
         }
-        Some(out)
+        out
     }
 
     fn string(&mut self, node: &Node, field: &str) -> Option<String> {
@@ -514,7 +595,7 @@ impl Cx {
             nodes,
             path: abs,
             base_dir,
-            source: source.to_string(),
+            source: String::new(),
             hash: hex::encode(Sha256::digest(source.as_bytes())),
         })
     }
@@ -529,6 +610,9 @@ impl Cx {
                     node.value.type_name()
                 ),
             );
+            return None;
+        }
+        if !self.shallow(node, "input") {
             return None;
         }
         let schema = node.to_json();
@@ -547,6 +631,12 @@ impl Cx {
     }
 
     fn nodes(&mut self, node: &Node, field: &str) -> Vec<NodeSpec> {
+        if let Yaml::Nodes(slot) = &node.value {
+            let Streamed { specs, problems } = slot.take();
+            self.problems.extend(problems);
+            return specs;
+        }
+        // A list the builder did not stream (one copied by an alias) is read here.
         let Yaml::Seq(items) = &node.value else {
             self.at(
                 node.pos,
@@ -794,27 +884,14 @@ impl Cx {
                 }
             }
         }
-        let f = match &node.value {
-            Yaml::Map(entries) => {
-                let filtered: Vec<(Node, Node)> = entries
-                    .iter()
-                    .filter(|(k, _)| !misplaced.contains(&k.key_text()))
-                    .cloned()
-                    .collect();
-                let filtered = Node {
-                    pos: node.pos,
-                    value: Yaml::Map(filtered),
-                };
-                let Some(f) = self.fields(&filtered, field, &allowed, &what) else {
-                    return partial;
-                };
-                // `fields` borrows from the temporary; own the pieces we need.
-                f.into_iter()
-                    .map(|(k, (kn, v))| (k, (kn.clone(), v.clone())))
-                    .collect::<BTreeMap<String, (Node, Node)>>()
-            }
-            _ => unreachable!(),
-        };
+        let f = self.fields_in(
+            entries
+                .iter()
+                .filter(|(k, _)| !misplaced.contains(&k.key_text())),
+            field,
+            &allowed,
+            &what,
+        );
 
         // id
         let id = match f.get("id") {
@@ -991,7 +1068,7 @@ impl Cx {
     fn kind(
         &mut self,
         kind: &str,
-        f: &BTreeMap<String, (Node, Node)>,
+        f: &BTreeMap<String, (&Node, &Node)>,
         field: &str,
     ) -> Option<NodeKind> {
         let (_, v) = f.get(kind)?;
@@ -1021,6 +1098,9 @@ impl Cx {
                 Some(NodeKind::Command(argv))
             }
             "value" => {
+                if !self.shallow(v, &kf) {
+                    return None;
+                }
                 self.check_templates_in(v, &kf);
                 Some(NodeKind::Value(v.to_json()))
             }
@@ -1043,6 +1123,9 @@ impl Cx {
                                     a.value.type_name()
                                 ),
                             );
+                            return None;
+                        }
+                        if !self.shallow(a, &af) {
                             return None;
                         }
                         self.check_templates_in(a, &af);
@@ -1157,6 +1240,79 @@ impl Cx {
             }
             _ => None,
         }
+    }
+}
+
+/// A list of nodes being read: the specs so far, what sibling checks need of each node, and
+/// the problems found before the list (set aside while the list collects its own).
+struct OpenList {
+    field: String,
+    partials: Vec<Partial>,
+    specs: Vec<NodeSpec>,
+    before: Vec<Problem>,
+}
+
+impl yaml::Lists for Cx {
+    type Open = OpenList;
+
+    fn open(&mut self, field: &str) -> OpenList {
+        OpenList {
+            field: field.to_string(),
+            partials: Vec::new(),
+            specs: Vec::new(),
+            before: std::mem::take(&mut self.problems),
+        }
+    }
+
+    fn item(&mut self, list: &mut OpenList, field: &str, item: Node) {
+        let mut p = self.node(&item, field);
+        list.specs.extend(p.spec.take().map(|s| *s));
+        list.partials.push(p);
+    }
+
+    fn close(&mut self, list: OpenList, pos: Pos) -> Streamed {
+        if list.partials.is_empty() {
+            self.at(pos, Some(&list.field), "needs at least one node");
+        }
+        self.siblings(&list.partials);
+        let mut specs = list.specs;
+        specs.shrink_to_fit();
+        let problems = std::mem::replace(&mut self.problems, list.before);
+        Streamed { specs, problems }
+    }
+}
+
+impl Cx {
+    /// Whether `node` nests at most [`MAX_VALUE_DEPTH`] lists and mappings deep; reports the
+    /// first one past the limit when not.
+    fn shallow(&mut self, node: &Node, field: &str) -> bool {
+        let Some((pos, path)) = too_deep(node, 0) else {
+            return true;
+        };
+        self.at(
+            pos,
+            Some(&format!("{field}{path}")),
+            format!("nested deeper than {MAX_VALUE_DEPTH} levels of lists and mappings"),
+        );
+        false
+    }
+}
+
+/// The first list or mapping inside `node` nested deeper than [`MAX_VALUE_DEPTH`] (`above` of
+/// them enclose `node`), with its field path below `node`. Recursion stops at the limit.
+fn too_deep(node: &Node, above: usize) -> Option<(Pos, String)> {
+    let is_container = matches!(node.value, Yaml::Seq(_) | Yaml::Map(_));
+    if is_container && above >= MAX_VALUE_DEPTH {
+        return Some((node.pos, String::new()));
+    }
+    match &node.value {
+        Yaml::Seq(items) => items.iter().enumerate().find_map(|(i, n)| {
+            too_deep(n, above + 1).map(|(pos, path)| (pos, format!("[{i}]{path}")))
+        }),
+        Yaml::Map(entries) => entries.iter().find_map(|(k, v)| {
+            too_deep(v, above + 1).map(|(pos, path)| (pos, format!(".{}{path}", k.key_text())))
+        }),
+        _ => None,
     }
 }
 
