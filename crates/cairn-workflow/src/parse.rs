@@ -69,12 +69,12 @@ fn read_limited(path: &Path, max: u64) -> Result<String, String> {
             max >> 20
         )
     };
-    if let Ok(meta) = file.metadata() {
-        if meta.len() > max {
-            return Err(too_large(meta.len()));
-        }
+    let size = file.metadata().map_or(0, |m| m.len());
+    if size > max {
+        return Err(too_large(size));
     }
-    let mut bytes = Vec::new();
+    // Room for the whole file at once: growing by doubling would hold up to twice its size.
+    let mut bytes = Vec::with_capacity(size as usize + 1);
     file.take(max + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("cannot read the workflow file: {e}"))?;
@@ -158,14 +158,80 @@ struct Cx {
 
 /// A node as far as it could be read; sibling checks need ids and needs even when the rest of
 /// the node is broken.
-struct Partial {
+struct NodeRead {
     id: Option<(String, Pos)>,
     needs: Vec<(String, Pos)>,
-    field: String,
     pos: Pos,
-    /// Boxed and taken out at once, so that a large group's partials do not
-    /// hold a second copy of its specs.
-    spec: Option<Box<NodeSpec>>,
+    spec: Option<NodeSpec>,
+}
+
+/// What the sibling checks of a list keep of each node until the list ends: positions, and
+/// the id and needs themselves only when the node has no spec to hold them. A large list
+/// keeps one of these per node beside its specs, so it is kept small.
+struct Partial {
+    pos: Pos,
+    /// Where the id is written (meaningful when there is an id).
+    id_pos: Pos,
+    /// Where each of the needs is written, in order.
+    needs_pos: Box<[Pos]>,
+    names: Names,
+}
+
+/// Where a [`Partial`]'s id and needs are.
+enum Names {
+    /// In the list's spec at this index.
+    Spec(usize),
+    /// Here: the node did not read into a spec.
+    Loose(Box<(Option<String>, Vec<String>)>),
+}
+
+impl Partial {
+    fn id<'a>(&'a self, specs: &'a [NodeSpec]) -> Option<&'a str> {
+        match &self.names {
+            Names::Spec(i) => Some(&specs[*i].id),
+            Names::Loose(l) => l.0.as_deref(),
+        }
+    }
+
+    fn needs<'a>(&'a self, specs: &'a [NodeSpec]) -> &'a [String] {
+        match &self.names {
+            Names::Spec(i) => &specs[*i].needs,
+            Names::Loose(l) => &l.1,
+        }
+    }
+}
+
+/// Specs of a list in chunks while it is read, so that growing it never holds a list and its
+/// copy, nor room for twice its nodes; [`Specs::finish`] makes one exact vector.
+#[derive(Default)]
+struct Specs {
+    done: Vec<Vec<NodeSpec>>,
+    last: Vec<NodeSpec>,
+    len: usize,
+}
+
+impl Specs {
+    const CHUNK: usize = 1024;
+
+    fn push(&mut self, spec: NodeSpec) {
+        if self.last.len() == Self::CHUNK {
+            self.done.push(std::mem::take(&mut self.last));
+        }
+        if self.last.capacity() == 0 {
+            self.last.reserve_exact(Self::CHUNK);
+        }
+        self.last.push(spec);
+        self.len += 1;
+    }
+
+    fn finish(self) -> Vec<NodeSpec> {
+        let mut out = Vec::with_capacity(self.len);
+        for chunk in self.done {
+            out.extend(chunk);
+        }
+        out.extend(self.last);
+        out
+    }
 }
 
 fn join(prefix: &str, key: &str) -> String {
@@ -645,52 +711,49 @@ impl Cx {
             );
             return Vec::new();
         };
-        if items.is_empty() {
-            self.at(node.pos, Some(field), "needs at least one node");
-            return Vec::new();
-        }
-        let mut partials = Vec::with_capacity(items.len());
-        let mut specs = Vec::with_capacity(items.len());
+        use yaml::Lists;
+        let mut list = self.open(field);
         for (i, n) in items.iter().enumerate() {
-            let mut p = self.node(n, &format!("{field}[{i}]"));
-            specs.extend(p.spec.take().map(|s| *s));
-            partials.push(p);
+            self.item(&mut list, &format!("{field}[{i}]"), n);
         }
-        self.siblings(&partials);
+        let Streamed { specs, problems } = self.close(list, node.pos);
+        self.problems.extend(problems);
         specs
     }
 
     /// Checks that apply among siblings: unique ids, `needs` naming siblings, no cycles.
-    fn siblings(&mut self, partials: &[Partial]) {
-        let mut first: HashMap<&str, &Partial> = HashMap::new();
-        for p in partials {
-            if let Some((id, pos)) = &p.id {
-                if let Some(prev) = first.get(id.as_str()) {
-                    let line = prev.pos.line;
-                    self.at_hint(
-                        *pos,
-                        Some(&format!("{}.id", p.field)),
-                        format!("duplicate node id `{id}`"),
-                        Some(format!(
-                            "ids must be unique in their group; first used on line {line}"
-                        )),
-                    );
-                } else {
-                    first.insert(id, p);
-                }
+    /// `field` is the list's field path; `specs` holds the specs the partials point to.
+    fn siblings(&mut self, field: &str, partials: &[Partial], specs: &[NodeSpec]) {
+        let at = |i: usize, what: &str| format!("{field}[{i}].{what}");
+        // Each id's first node.
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(partials.len());
+        for (i, p) in partials.iter().enumerate() {
+            let Some(id) = p.id(specs) else { continue };
+            if let Some(&prev) = first.get(id) {
+                let line = partials[prev].pos.line;
+                self.at_hint(
+                    p.id_pos,
+                    Some(&at(i, "id")),
+                    format!("duplicate node id `{id}`"),
+                    Some(format!(
+                        "ids must be unique in their group; first used on line {line}"
+                    )),
+                );
+            } else {
+                first.insert(id, i);
             }
         }
-        let ids: Vec<&str> = partials
-            .iter()
-            .filter_map(|p| p.id.as_ref().map(|(id, _)| id.as_str()))
-            .collect();
-        for p in partials {
-            for (need, pos) in &p.needs {
-                let nf = format!("{}.needs", p.field);
-                if p.id.as_ref().is_some_and(|(id, _)| id == need) {
-                    self.at(*pos, Some(&nf), format!("`{need}` cannot need itself"));
+        for (i, p) in partials.iter().enumerate() {
+            let id = p.id(specs);
+            for (need, pos) in p.needs(specs).iter().zip(p.needs_pos.iter()) {
+                if id == Some(need.as_str()) {
+                    self.at(
+                        *pos,
+                        Some(&at(i, "needs")),
+                        format!("`{need}` cannot need itself"),
+                    );
                 } else if !first.contains_key(need.as_str()) {
-                    let hint = closest(need, ids.iter().copied())
+                    let hint = closest(need, partials.iter().filter_map(|p| p.id(specs)))
                         .map(|c| format!("did you mean `{c}`?"))
                         .or_else(|| {
                             need.contains('.').then(|| {
@@ -699,7 +762,7 @@ impl Cx {
                         });
                     self.at_hint(
                         *pos,
-                        Some(&nf),
+                        Some(&at(i, "needs")),
                         format!("`{need}` is not a node in this group"),
                         hint,
                     );
@@ -707,64 +770,65 @@ impl Cx {
             }
         }
         // Cycles: depth-first search in file order; each cycle is reported once, at the
-        // node where the search first entered it.
-        let index: HashMap<&str, usize> = partials
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| p.id.as_ref().map(|(id, _)| (id.as_str(), i)))
-            .collect();
-        let edges: Vec<Vec<usize>> = partials
-            .iter()
-            .map(|p| {
-                p.needs
+        // node where the search first entered it. Edges in one flat list (`starts[v]..
+        // starts[v + 1]`), and the search keeps its own stack: a chain of 100,000 nodes is
+        // as deep as the search goes.
+        // A duplicated id leads to its last node here (the duplicate is reported above).
+        let mut last = first;
+        for (i, p) in partials.iter().enumerate() {
+            if let Some(id) = p.id(specs) {
+                last.insert(id, i);
+            }
+        }
+        let mut starts = Vec::with_capacity(partials.len() + 1);
+        let mut targets: Vec<usize> = Vec::new();
+        for p in partials {
+            starts.push(targets.len());
+            let id = p.id(specs);
+            targets.extend(
+                p.needs(specs)
                     .iter()
-                    .filter_map(|(n, _)| index.get(n.as_str()).copied())
-                    .filter(|&j| {
-                        p.id.as_ref().map(|(id, _)| id.as_str())
-                            != Some(&partials[j].id.as_ref().unwrap().0)
-                    })
-                    .collect()
-            })
-            .collect();
+                    .filter_map(|n| last.get(n.as_str()).copied())
+                    .filter(|&j| id != partials[j].id(specs)),
+            );
+        }
+        starts.push(targets.len());
         let mut state = vec![0u8; partials.len()]; // 0 new, 1 on stack, 2 done
         let mut reported: HashSet<Vec<usize>> = HashSet::new();
         let mut cycles: Vec<Vec<usize>> = Vec::new();
-        fn dfs(
-            v: usize,
-            edges: &[Vec<usize>],
-            state: &mut [u8],
-            stack: &mut Vec<usize>,
-            reported: &mut HashSet<Vec<usize>>,
-            cycles: &mut Vec<Vec<usize>>,
-        ) {
-            state[v] = 1;
-            stack.push(v);
-            for &w in &edges[v] {
+        // The search's path, and for each vertex on it the next edge to follow.
+        let mut path: Vec<usize> = Vec::new();
+        let mut next_edge: Vec<usize> = Vec::new();
+        for root in 0..partials.len() {
+            if state[root] != 0 {
+                continue;
+            }
+            state[root] = 1;
+            path.push(root);
+            next_edge.push(starts[root]);
+            while let Some(&v) = path.last() {
+                let e = next_edge.last_mut().expect("one per vertex on the path");
+                if *e == starts[v + 1] {
+                    path.pop();
+                    next_edge.pop();
+                    state[v] = 2;
+                    continue;
+                }
+                let w = targets[*e];
+                *e += 1;
                 if state[w] == 1 {
-                    let start = stack.iter().position(|&x| x == w).unwrap();
-                    let cycle: Vec<usize> = stack[start..].to_vec();
+                    let start = path.iter().position(|&x| x == w).expect("w is on the path");
+                    let cycle: Vec<usize> = path[start..].to_vec();
                     let mut key = cycle.clone();
                     key.sort_unstable();
                     if reported.insert(key) {
                         cycles.push(cycle);
                     }
                 } else if state[w] == 0 {
-                    dfs(w, edges, state, stack, reported, cycles);
+                    state[w] = 1;
+                    path.push(w);
+                    next_edge.push(starts[w]);
                 }
-            }
-            stack.pop();
-            state[v] = 2;
-        }
-        for v in 0..partials.len() {
-            if state[v] == 0 {
-                dfs(
-                    v,
-                    &edges,
-                    &mut state,
-                    &mut Vec::new(),
-                    &mut reported,
-                    &mut cycles,
-                );
             }
         }
         for cycle in cycles {
@@ -772,29 +836,29 @@ impl Cx {
             let names: Vec<&str> = cycle
                 .iter()
                 .chain(std::iter::once(&cycle[0]))
-                .map(|&i| partials[i].id.as_ref().unwrap().0.as_str())
+                .map(|&i| partials[i].id(specs).expect("a node in a cycle has an id"))
                 .collect();
             let p = &partials[cycle[0]];
             let need_pos = p
-                .needs
+                .needs(specs)
                 .iter()
-                .find(|(n, _)| n == names[1])
+                .zip(p.needs_pos.iter())
+                .find(|(n, _)| *n == names[1])
                 .map(|(_, pos)| *pos)
                 .unwrap_or(p.pos);
             self.at_hint(
                 need_pos,
-                Some(&format!("{}.needs", p.field)),
+                Some(&at(cycle[0], "needs")),
                 format!("cycle in needs: {}", names.join(" -> ")),
                 Some("a node cannot (indirectly) wait for itself".into()),
             );
         }
     }
 
-    fn node(&mut self, node: &Node, field: &str) -> Partial {
-        let mut partial = Partial {
+    fn node(&mut self, node: &Node, field: &str) -> NodeRead {
+        let mut partial = NodeRead {
             id: None,
             needs: Vec::new(),
-            field: field.to_string(),
             pos: node.pos,
             spec: None,
         };
@@ -1045,7 +1109,7 @@ impl Cx {
             return partial;
         }
         if let (Some(id), Some(kind)) = (id, kind) {
-            partial.spec = Some(Box::new(NodeSpec {
+            partial.spec = Some(NodeSpec {
                 id,
                 kind,
                 needs: partial.needs.iter().map(|(n, _)| n.clone()).collect(),
@@ -1060,7 +1124,7 @@ impl Cx {
                 output,
                 max_output_bytes,
                 line: node.pos.line,
-            }));
+            });
         }
         partial
     }
@@ -1248,7 +1312,7 @@ impl Cx {
 struct OpenList {
     field: String,
     partials: Vec<Partial>,
-    specs: Vec<NodeSpec>,
+    specs: Specs,
     before: Vec<Problem>,
 }
 
@@ -1259,24 +1323,39 @@ impl yaml::Lists for Cx {
         OpenList {
             field: field.to_string(),
             partials: Vec::new(),
-            specs: Vec::new(),
+            specs: Specs::default(),
             before: std::mem::take(&mut self.problems),
         }
     }
 
-    fn item(&mut self, list: &mut OpenList, field: &str, item: Node) {
-        let mut p = self.node(&item, field);
-        list.specs.extend(p.spec.take().map(|s| *s));
-        list.partials.push(p);
+    fn item(&mut self, list: &mut OpenList, field: &str, item: &Node) {
+        let read = self.node(item, field);
+        let id_pos = read.id.as_ref().map_or(read.pos, |(_, pos)| *pos);
+        let needs_pos = read.needs.iter().map(|(_, pos)| *pos).collect();
+        let names = match read.spec {
+            Some(spec) => {
+                list.specs.push(spec);
+                Names::Spec(list.specs.len - 1)
+            }
+            None => Names::Loose(Box::new((
+                read.id.map(|(id, _)| id),
+                read.needs.into_iter().map(|(n, _)| n).collect(),
+            ))),
+        };
+        list.partials.push(Partial {
+            pos: read.pos,
+            id_pos,
+            needs_pos,
+            names,
+        });
     }
 
     fn close(&mut self, list: OpenList, pos: Pos) -> Streamed {
         if list.partials.is_empty() {
             self.at(pos, Some(&list.field), "needs at least one node");
         }
-        self.siblings(&list.partials);
-        let mut specs = list.specs;
-        specs.shrink_to_fit();
+        let specs = list.specs.finish();
+        self.siblings(&list.field, &list.partials, &specs);
         let problems = std::mem::replace(&mut self.problems, list.before);
         Streamed { specs, problems }
     }

@@ -181,7 +181,7 @@ pub(crate) trait Lists {
     /// A list of nodes starts at `field` (`nodes`, `nodes[3].loop.nodes`, ...).
     fn open(&mut self, field: &str) -> Self::Open;
     /// Its next item, complete, at `field` (`nodes[3]`).
-    fn item(&mut self, list: &mut Self::Open, field: &str, item: Node);
+    fn item(&mut self, list: &mut Self::Open, field: &str, item: &Node);
     /// The list ended; `pos` is where it started.
     fn close(&mut self, list: Self::Open, pos: Pos) -> Streamed;
 }
@@ -442,7 +442,7 @@ impl<'a> Builder<'a> {
                 Body::Stream { list, index } => {
                     let field = format!("{}[{index}]", parent.field);
                     *index += 1;
-                    lists.item(list, &field, done);
+                    lists.item(list, &field, &done);
                 }
                 Body::Map { entries, key } => match key.take() {
                     None => *key = Some(done),
