@@ -160,7 +160,9 @@ struct Cx {
 /// the node is broken.
 struct NodeRead {
     id: Option<(String, Pos)>,
-    needs: Vec<(String, Pos)>,
+    /// The needs, moved into the spec when there is one.
+    needs: Vec<String>,
+    needs_pos: Vec<Pos>,
     pos: Pos,
     spec: Option<NodeSpec>,
 }
@@ -198,39 +200,6 @@ impl Partial {
             Names::Spec(i) => &specs[*i].needs,
             Names::Loose(l) => &l.1,
         }
-    }
-}
-
-/// Specs of a list in chunks while it is read, so that growing it never holds a list and its
-/// copy, nor room for twice its nodes; [`Specs::finish`] makes one exact vector.
-#[derive(Default)]
-struct Specs {
-    done: Vec<Vec<NodeSpec>>,
-    last: Vec<NodeSpec>,
-    len: usize,
-}
-
-impl Specs {
-    const CHUNK: usize = 1024;
-
-    fn push(&mut self, spec: NodeSpec) {
-        if self.last.len() == Self::CHUNK {
-            self.done.push(std::mem::take(&mut self.last));
-        }
-        if self.last.capacity() == 0 {
-            self.last.reserve_exact(Self::CHUNK);
-        }
-        self.last.push(spec);
-        self.len += 1;
-    }
-
-    fn finish(self) -> Vec<NodeSpec> {
-        let mut out = Vec::with_capacity(self.len);
-        for chunk in self.done {
-            out.extend(chunk);
-        }
-        out.extend(self.last);
-        out
     }
 }
 
@@ -859,6 +828,7 @@ impl Cx {
         let mut partial = NodeRead {
             id: None,
             needs: Vec::new(),
+            needs_pos: Vec::new(),
             pos: node.pos,
             spec: None,
         };
@@ -983,11 +953,17 @@ impl Cx {
         if let Some((_, v)) = f.get("needs") {
             let nf = join(field, "needs");
             match &v.value {
-                Yaml::Str(s) => partial.needs.push((s.clone(), v.pos)),
+                Yaml::Str(s) => {
+                    partial.needs.push(s.clone());
+                    partial.needs_pos.push(v.pos);
+                }
                 Yaml::Seq(items) => {
+                    partial.needs.reserve_exact(items.len());
+                    partial.needs_pos.reserve_exact(items.len());
                     for item in items {
                         if let Some(s) = self.string(item, &nf) {
-                            partial.needs.push((s, item.pos));
+                            partial.needs.push(s);
+                            partial.needs_pos.push(item.pos);
                         }
                     }
                 }
@@ -1112,7 +1088,12 @@ impl Cx {
             partial.spec = Some(NodeSpec {
                 id,
                 kind,
-                needs: partial.needs.iter().map(|(n, _)| n.clone()).collect(),
+                needs: {
+                    // The spec stays for the run: no room past the last need.
+                    let mut needs = std::mem::take(&mut partial.needs);
+                    needs.shrink_to_fit();
+                    needs
+                },
                 if_,
                 stage,
                 timeout,
@@ -1312,7 +1293,7 @@ impl Cx {
 struct OpenList {
     field: String,
     partials: Vec<Partial>,
-    specs: Specs,
+    specs: Vec<NodeSpec>,
     before: Vec<Problem>,
 }
 
@@ -1323,7 +1304,7 @@ impl yaml::Lists for Cx {
         OpenList {
             field: field.to_string(),
             partials: Vec::new(),
-            specs: Specs::default(),
+            specs: Vec::new(),
             before: std::mem::take(&mut self.problems),
         }
     }
@@ -1331,16 +1312,13 @@ impl yaml::Lists for Cx {
     fn item(&mut self, list: &mut OpenList, field: &str, item: &Node) {
         let read = self.node(item, field);
         let id_pos = read.id.as_ref().map_or(read.pos, |(_, pos)| *pos);
-        let needs_pos = read.needs.iter().map(|(_, pos)| *pos).collect();
+        let needs_pos = read.needs_pos.into_boxed_slice();
         let names = match read.spec {
             Some(spec) => {
                 list.specs.push(spec);
-                Names::Spec(list.specs.len - 1)
+                Names::Spec(list.specs.len() - 1)
             }
-            None => Names::Loose(Box::new((
-                read.id.map(|(id, _)| id),
-                read.needs.into_iter().map(|(n, _)| n).collect(),
-            ))),
+            None => Names::Loose(Box::new((read.id.map(|(id, _)| id), read.needs))),
         };
         list.partials.push(Partial {
             pos: read.pos,
@@ -1354,7 +1332,11 @@ impl yaml::Lists for Cx {
         if list.partials.is_empty() {
             self.at(pos, Some(&list.field), "needs at least one node");
         }
-        let specs = list.specs.finish();
+        // One vector grown as usual: at this size the allocator maps it apart and grows it
+        // in place, where gathering chunks and joining them at the end held both at once
+        // (measured). No room is kept past the last spec: the specs stay for the run.
+        let mut specs = list.specs;
+        specs.shrink_to_fit();
         self.siblings(&list.field, &list.partials, &specs);
         let problems = std::mem::replace(&mut self.problems, list.before);
         Streamed { specs, problems }
