@@ -173,7 +173,7 @@ fn validate_takes_groups_up_to_the_limit_and_refuses_deeper() {
         &env,
         "past.yaml",
         5 * (max + 1) + 3,
-        "groups (loop, for_each) nested deeper than 256 levels",
+        "groups (loop, for_each) nested deeper than 200 levels",
     );
 }
 
@@ -273,4 +273,49 @@ fn a_command_output_past_the_depth_limit_fails_its_node_and_the_run_stays_readab
         "{}",
         resumed.stderr
     );
+}
+
+/// `levels` for_each groups of one element nested in each other around one value node.
+fn nested_for_each(levels: usize) -> String {
+    let mut y = String::from("name: t\nnodes:\n");
+    let mut pad = String::from("  ");
+    for _ in 0..levels {
+        y.push_str(&format!(
+            "{pad}- id: e\n{pad}  for_each: \"[1]\"\n{pad}  nodes:\n"
+        ));
+        pad.push_str("    ");
+    }
+    y.push_str(&format!("{pad}- id: v\n{pad}  value: 1\n"));
+    y
+}
+
+#[test]
+fn runs_at_the_group_limit_finish_and_read_back() {
+    let env = Env::new();
+    let max = cairn_workflow::limits::MAX_GROUP_DEPTH;
+    // A group's output holds its members': these nest 200 and 400 levels
+    // deep, past serde_json's default limit, and must still read back.
+    env.write("loops.yaml", &nested_loops(max));
+    env.write("each.yaml", &nested_for_each(max));
+    for (file, run) in [("loops.yaml", "loops"), ("each.yaml", "each")] {
+        let r = env.run(&["run", file, "--run-id", run]);
+        assert_eq!(r.code, 0, "{file}: {}", r.stderr);
+        assert!(!r.stderr.contains("cannot show event"), "{}", r.stderr);
+        let st = env.run(&["status", run, "--json"]);
+        assert_eq!(st.code, 0, "{run}: {}", st.stderr);
+        // The run's own status comes first (the JSON is too deep for serde_json's reader).
+        let first = st.stdout.find("\"status\":").expect("a status");
+        assert!(
+            st.stdout[first..].starts_with("\"status\": \"finished\""),
+            "{}",
+            st.stdout
+        );
+        let logs = env.run(&["logs", run]);
+        assert_eq!(logs.code, 0, "{run}: {}", logs.stderr);
+        assert!(
+            r.max_rss_mb < MAX_RSS_MB,
+            "{run} peaked at {} MB",
+            r.max_rss_mb
+        );
+    }
 }

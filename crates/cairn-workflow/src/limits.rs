@@ -16,8 +16,11 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 /// [`MAX_GROUP_DEPTH`] groups (three levels each) with values of [`MAX_VALUE_DEPTH`] inside.
 pub const MAX_YAML_DEPTH: usize = 1024;
 
-/// The most groups (`loop`, `for_each`) nested in each other.
-pub const MAX_GROUP_DEPTH: usize = 256;
+/// The most groups (`loop`, `for_each`) nested in each other. A group's output holds its
+/// members' (one level per `loop`, two per `for_each`), so with values of
+/// [`MAX_VALUE_DEPTH`] inside, an event of such a run nests at most about 470 deep: within
+/// what the log reads back (`cairn_events::MAX_EVENT_DEPTH`, 512).
+pub const MAX_GROUP_DEPTH: usize = 200;
 
 /// The deepest nesting of lists and objects in a value: a `value` node, a tool's `args`, the
 /// input schema, a run's input, a node's output. `1` and `"a"` are 0 deep, `[1]` 1, `{"a":

@@ -143,7 +143,7 @@ fn groups_nested_past_the_limit_are_refused() {
     let p = on_default_stack(|| problem(&nested_loops(MAX_GROUP_DEPTH + 1)));
     let msg = p.to_string();
     assert!(
-        msg.contains("groups (loop, for_each) nested deeper than 256 levels"),
+        msg.contains("groups (loop, for_each) nested deeper than 200 levels"),
         "{msg}"
     );
     // The body list that is one too deep: line of its `nodes:` key's value.
@@ -157,7 +157,7 @@ fn groups_nested_past_the_limit_are_refused() {
     );
 
     let p = on_default_stack(|| problem(&nested_for_each(MAX_GROUP_DEPTH + 1)));
-    assert!(p.message.contains("nested deeper than 256"), "{p}");
+    assert!(p.message.contains("nested deeper than 200"), "{p}");
 }
 
 #[test]
@@ -175,6 +175,18 @@ fn yaml_nested_past_the_limit_is_refused_without_overflowing() {
     );
     assert_eq!(p.line, Some(5), "{p}");
     assert_eq!(p.field.as_deref(), Some("nodes[0]"), "{p}");
+
+    // Just under the limit, the tree is built, refused by the value limit, copied by an
+    // alias and dropped, all on the default stack.
+    let under = format!(
+        "name: t\nnodes:\n  - id: a\n    value: &v\n      {}1\n  - id: b\n    value: *v\n",
+        "- ".repeat(MAX_YAML_DEPTH - 10)
+    );
+    let ps = on_default_stack(move || parsed(&under).unwrap_err());
+    assert_eq!(ps.len(), 2, "{ps:#?}");
+    assert!(ps
+        .iter()
+        .all(|p| p.message.contains("nested deeper than 64")));
 
     // Flow collections: the YAML parser has its own limit, reported as a syntax error.
     let flow = format!(
