@@ -43,6 +43,8 @@ impl Env {
 
     /// Runs `cairn args` in the temp folder and waits for it with `wait4`, which reports the
     /// child's own peak memory.
+    // The child is reaped by `wait4`, which clippy does not know of.
+    #[allow(clippy::zombie_processes)]
     fn run(&self, args: &[&str]) -> Ran {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .args(args)
