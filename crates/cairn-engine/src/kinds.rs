@@ -181,13 +181,20 @@ pub(crate) fn parse_output(stdout: &str, format: OutputFormat) -> Result<Value, 
                 .map(|l| Value::String(l.to_string()))
                 .collect(),
         )),
-        OutputFormat::Json => serde_json::from_str(stdout).map_err(|e| {
-            NodeError::fatal(
-                "output",
-                format!("stdout is not valid JSON (output: json): {e}"),
-            )
-            .with_details(json!({ "stdout": tail(stdout, 2000) }))
-        }),
+        OutputFormat::Json => {
+            let v: Value = serde_json::from_str(stdout).map_err(|e| {
+                NodeError::fatal(
+                    "output",
+                    format!("stdout is not valid JSON (output: json): {e}"),
+                )
+                .with_details(json!({ "stdout": tail(stdout, 2000) }))
+            })?;
+            // The output is written to the log, which must stay readable.
+            cairn_workflow::check_depth(&v).map_err(|e| {
+                NodeError::fatal("output", format!("stdout's JSON (output: json) is {e}"))
+            })?;
+            Ok(v)
+        }
     }
 }
 

@@ -608,6 +608,60 @@ impl EventKind {
     }
 }
 
+/// The deepest event JSON that [`Event::from_json`] reads, payload included.
+///
+/// serde_json stops at 128 levels, but a group's output holds its members'
+/// outputs (one level per `loop`, two per `for_each`), so the `NodeFinished`
+/// of a group at the workflow's group limit (200) around values at the value
+/// limit (64) nests up to about 470 deep. Reading recurses, about 1 KB of
+/// stack per level in a release build and 3 KB in a debug one: 512 levels fit
+/// in a thread's default 2 MiB stack.
+pub const MAX_EVENT_DEPTH: usize = 512;
+
+/// [`Event::from_json`] past serde_json's recursion limit, once the text's
+/// depth is known to be within [`MAX_EVENT_DEPTH`].
+fn from_deep_json(s: &str) -> Result<Event, DecodeError> {
+    let depth = text_depth(s);
+    if depth > MAX_EVENT_DEPTH {
+        return Err(DecodeError(serde::de::Error::custom(format!(
+            "the event nests {depth} levels deep, more than the {MAX_EVENT_DEPTH} read"
+        ))));
+    }
+    let mut de = serde_json::Deserializer::from_str(s);
+    de.disable_recursion_limit();
+    let ev = Event::deserialize(&mut de)?;
+    de.end()?;
+    Ok(ev)
+}
+
+/// How deep arrays and objects nest in JSON text (strings skipped), without
+/// parsing it.
+fn text_depth(s: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for b in s.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// Why a stored line could not be read back as an event.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid event JSON: {0}")]
@@ -620,9 +674,13 @@ impl Event {
         serde_json::to_string(self).expect("events always serialize")
     }
 
-    /// Reads an event from the JSON that [`Event::to_json`] writes.
+    /// Reads an event from the JSON that [`Event::to_json`] writes, nested
+    /// up to [`MAX_EVENT_DEPTH`] deep.
     pub fn from_json(s: &str) -> Result<Event, DecodeError> {
-        Ok(serde_json::from_str(s)?)
+        match serde_json::from_str(s) {
+            Err(e) if e.to_string().starts_with("recursion limit exceeded") => from_deep_json(s),
+            r => Ok(r?),
+        }
     }
 
     /// `nodeId` and `iteration` together, for node-scoped events.
@@ -719,6 +777,42 @@ impl<'de> Deserialize<'de> for Event {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A `NodeFinished` whose output nests `levels` objects deep.
+    fn deep_event(levels: usize) -> String {
+        let mut output = json!(1);
+        for _ in 0..levels {
+            output = json!({ "a": output });
+        }
+        let ev = Event {
+            run_id: "r".into(),
+            seq: 1,
+            timestamp_ms: 0,
+            scope: Scope::node("g", 0).with_attempt(1),
+            kind: EventKind::NodeFinished {
+                duration_ms: 0,
+                output: Some(output),
+                cached: None,
+            },
+        };
+        ev.to_json()
+    }
+
+    #[test]
+    fn events_past_serde_json_s_limit_read_back_up_to_the_bound() {
+        // On a thread with the default stack, as the runtime's.
+        std::thread::spawn(|| {
+            let text = deep_event(MAX_EVENT_DEPTH - 1);
+            assert_eq!(text_depth(&text), MAX_EVENT_DEPTH);
+            let ev = Event::from_json(&text).expect("reads back");
+            assert_eq!(ev.to_json(), text);
+            let e = Event::from_json(&deep_event(MAX_EVENT_DEPTH)).unwrap_err();
+            assert!(e.to_string().contains("more than the 512 read"), "{e}");
+        })
+        .join()
+        .expect("no stack overflow");
+        assert_eq!(text_depth(r#"{"a":"[[{\"}","b":[1,{}]}"#), 3);
+    }
 
     #[test]
     fn field_order_follows_the_contract() {

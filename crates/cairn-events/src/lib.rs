@@ -17,6 +17,7 @@ pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
+    MAX_EVENT_DEPTH,
 };
 pub use ids::{
     InvalidNodePath, InvalidRunId, NodePath, RunId, Seq, MAX_NODE_PATH_LEN, MAX_RUN_ID_LEN,

@@ -297,6 +297,15 @@ async fn bad_requests_get_clear_errors_and_harm_nothing() {
     .await;
     assert_eq!((s, code(&b).as_str()), (422, "invalid_input"));
     assert!(b.contains("repo"), "{b}");
+    // An input nested past the limit is refused whatever the schema says.
+    let deep = format!(
+        "{{\"workflow\": \"typed\", \"input\": {}1{}}}",
+        "[".repeat(65),
+        "]".repeat(65)
+    );
+    let (s, b) = raw(a, &request("POST", "/v1/runs", t, &deep)).await;
+    assert_eq!((s, code(&b).as_str()), (422, "invalid_input"));
+    assert!(b.contains("more than the 64 allowed"), "{b}");
     let (s, b) = raw(
         a,
         &request("POST", "/v1/runs", t, "{\"workflow\": \"no-such-flow\"}"),

@@ -4,6 +4,7 @@
 
 mod duration;
 mod error;
+pub mod limits;
 mod model;
 mod parse;
 mod templates;
@@ -11,6 +12,7 @@ mod yaml;
 
 pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};
+pub use limits::{check_depth, json_depth, DepthError};
 pub use model::*;
 pub use parse::{load, parse};
 pub use templates::{Context, NodeEntries, NodeEntry, TemplateError, Templates};

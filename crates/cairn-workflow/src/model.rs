@@ -249,12 +249,22 @@ impl RetryPolicy {
 }
 
 impl Workflow {
-    /// Checks a run input against the workflow's JSON Schema.
+    /// Checks a run input against the workflow's JSON Schema, and that it nests at most
+    /// [`crate::limits::MAX_VALUE_DEPTH`] deep.
     ///
-    /// A workflow without a schema accepts any input. The schema was checked when the file was
+    /// A workflow without a schema accepts any input that is not too deep. The schema was checked when the file was
     /// parsed, so compiling it here cannot fail in practice; if it does, that is reported as a
     /// violation at the root rather than a panic.
     pub fn validate_input(&self, input: &serde_json::Value) -> Result<(), InputError> {
+        // Whatever the schema, the input is written to the log, which must stay readable.
+        if let Err(e) = crate::limits::check_depth(input) {
+            return Err(InputError {
+                violations: vec![InputViolation {
+                    pointer: e.pointer.clone(),
+                    message: e.to_string(),
+                }],
+            });
+        }
         let Some(schema) = &self.input_schema else {
             return Ok(());
         };

@@ -8,9 +8,10 @@ use sha2::{Digest, Sha256};
 
 use crate::duration::parse_duration;
 use crate::error::{Problem, WorkflowError};
+use crate::limits::{MAX_FILE_BYTES, MAX_VALUE_DEPTH};
 use crate::model::*;
 use crate::templates::Templates;
-use crate::yaml::{self, Node, Pos, Yaml};
+use crate::yaml::{self, Node, Pos, Streamed, Yaml};
 
 const TOP_FIELDS: &[&str] = &[
     "name",
@@ -40,37 +41,106 @@ const LOOP_FIELDS: &[&str] = &["until", "max_iterations", "nodes"];
 /// Names the engine puts in the template context; an `as` name must not hide them.
 const RESERVED_NAMES: &[&str] = &["input", "nodes", "iteration", "index", "run", "workflow"];
 
-/// Reads and parses a workflow file.
+/// Reads and parses a workflow file. A file larger than [`MAX_FILE_BYTES`] is refused before
+/// it is read.
 pub fn load(path: &Path) -> Result<Workflow, WorkflowError> {
-    let source = std::fs::read_to_string(path).map_err(|e| WorkflowError {
+    let source = read_limited(path, MAX_FILE_BYTES).map_err(|message| WorkflowError {
         problems: vec![Problem {
             file: path.to_path_buf(),
             line: None,
             column: None,
             field: None,
-            message: format!("cannot read the workflow file: {e}"),
+            message,
             hint: None,
         }],
     })?;
-    parse(&source, path)
+    parse_owned(source, path)
+}
+
+/// The file's text, refused past `max` bytes: by its size when it has one, and by reading at
+/// most one byte more than `max` (a pipe or a device says nothing of its size).
+fn read_limited(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read the workflow file: {e}"))?;
+    let too_large = |size: u64| {
+        format!(
+            "the workflow file is too large: {size} bytes, more than the {max} allowed ({} MiB)",
+            max >> 20
+        )
+    };
+    let size = file.metadata().map_or(0, |m| m.len());
+    if size > max {
+        return Err(too_large(size));
+    }
+    // Room for the whole file at once: growing by doubling would hold up to twice its size.
+    let mut bytes = Vec::with_capacity(size as usize + 1);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the workflow file: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "the workflow file is too large: more than the {max} bytes allowed ({} MiB)",
+            max >> 20
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "cannot read the workflow file: it is not UTF-8 text (at byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// Parses and validates workflow text; `path` names the file in errors, and its folder is the
-/// workflow's base folder.
+/// workflow's base folder. Text longer than [`MAX_FILE_BYTES`] is refused.
 pub fn parse(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
+    let mut wf = parse_text(source, path)?;
+    wf.source = source.to_string();
+    Ok(wf)
+}
+
+/// [`parse`] of text the caller gives away: the workflow keeps it without a copy.
+fn parse_owned(source: String, path: &Path) -> Result<Workflow, WorkflowError> {
+    let mut wf = parse_text(&source, path)?;
+    wf.source = source;
+    Ok(wf)
+}
+
+/// The workflow in `source`, but for its `source` (left empty for the caller to fill).
+fn parse_text(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
     let mut cx = Cx {
         file: path.to_path_buf(),
         problems: Vec::new(),
         templates: Templates::new(),
     };
-    let root = match yaml::load(source) {
+    if source.len() as u64 > MAX_FILE_BYTES {
+        cx.at(
+            Pos::default(),
+            None,
+            format!(
+                "the workflow is too large: {} bytes, more than the {MAX_FILE_BYTES} allowed",
+                source.len()
+            ),
+        );
+        return Err(cx.into_error());
+    }
+    let root = match yaml::load(source, &mut cx) {
         Ok(root) => root,
         Err(e) => {
-            cx.at(e.pos, None, format!("YAML syntax error: {}", e.message));
+            // Problems of the nodes read before the error mean little without the rest.
+            cx.problems.clear();
+            let message = if e.limit {
+                e.message
+            } else {
+                format!("YAML syntax error: {}", e.message)
+            };
+            cx.at(e.pos, e.field.as_deref(), message);
             return Err(cx.into_error());
         }
     };
     let wf = cx.workflow(&root, source, path);
+    drop(root);
     if cx.problems.is_empty() {
         Ok(wf.expect("a workflow without problems is complete"))
     } else {
@@ -88,14 +158,49 @@ struct Cx {
 
 /// A node as far as it could be read; sibling checks need ids and needs even when the rest of
 /// the node is broken.
-struct Partial {
+struct NodeRead {
     id: Option<(String, Pos)>,
-    needs: Vec<(String, Pos)>,
-    field: String,
+    /// The needs, moved into the spec when there is one.
+    needs: Vec<String>,
+    needs_pos: Vec<Pos>,
     pos: Pos,
-    /// Boxed and taken out at once, so that a large group's partials do not
-    /// hold a second copy of its specs.
-    spec: Option<Box<NodeSpec>>,
+    spec: Option<NodeSpec>,
+}
+
+/// What the sibling checks of a list keep of each node until the list ends: positions, and
+/// the id and needs themselves only when the node has no spec to hold them. A large list
+/// keeps one of these per node beside its specs, so it is kept small.
+struct Partial {
+    pos: Pos,
+    /// Where the id is written (meaningful when there is an id).
+    id_pos: Pos,
+    /// Where each of the needs is written, in order.
+    needs_pos: Box<[Pos]>,
+    names: Names,
+}
+
+/// Where a [`Partial`]'s id and needs are.
+enum Names {
+    /// In the list's spec at this index.
+    Spec(usize),
+    /// Here: the node did not read into a spec.
+    Loose(Box<(Option<String>, Vec<String>)>),
+}
+
+impl Partial {
+    fn id<'a>(&'a self, specs: &'a [NodeSpec]) -> Option<&'a str> {
+        match &self.names {
+            Names::Spec(i) => Some(&specs[*i].id),
+            Names::Loose(l) => l.0.as_deref(),
+        }
+    }
+
+    fn needs<'a>(&'a self, specs: &'a [NodeSpec]) -> &'a [String] {
+        match &self.names {
+            Names::Spec(i) => &specs[*i].needs,
+            Names::Loose(l) => &l.1,
+        }
+    }
 }
 
 fn join(prefix: &str, key: &str) -> String {
@@ -188,6 +293,17 @@ impl Cx {
             );
             return None;
         };
+        Some(self.fields_in(entries.iter(), field, allowed, what))
+    }
+
+    /// [`Cx::fields`] of some entries of a mapping.
+    fn fields_in<'n>(
+        &mut self,
+        entries: impl Iterator<Item = &'n (Node, Node)>,
+        field: &str,
+        allowed: &[&str],
+        what: &str,
+    ) -> BTreeMap<String, (&'n Node, &'n Node)> {
         let mut out: BTreeMap<String, (&'n Node, &'n Node)> = BTreeMap::new();
         for (k, v) in entries {
             let key = k.key_text();
@@ -218,7 +334,7 @@ impl Cx {
             }
             out.insert(key, (k, v));
         }
-        Some(out)
+        out
     }
 
     fn string(&mut self, node: &Node, field: &str) -> Option<String> {
@@ -514,7 +630,7 @@ impl Cx {
             nodes,
             path: abs,
             base_dir,
-            source: source.to_string(),
+            source: String::new(),
             hash: hex::encode(Sha256::digest(source.as_bytes())),
         })
     }
@@ -529,6 +645,9 @@ impl Cx {
                     node.value.type_name()
                 ),
             );
+            return None;
+        }
+        if !self.shallow(node, "input") {
             return None;
         }
         let schema = node.to_json();
@@ -547,6 +666,12 @@ impl Cx {
     }
 
     fn nodes(&mut self, node: &Node, field: &str) -> Vec<NodeSpec> {
+        if let Yaml::Nodes(slot) = &node.value {
+            let Streamed { specs, problems } = slot.take();
+            self.problems.extend(problems);
+            return specs;
+        }
+        // A list the builder did not stream (one copied by an alias) is read here.
         let Yaml::Seq(items) = &node.value else {
             self.at(
                 node.pos,
@@ -555,52 +680,49 @@ impl Cx {
             );
             return Vec::new();
         };
-        if items.is_empty() {
-            self.at(node.pos, Some(field), "needs at least one node");
-            return Vec::new();
-        }
-        let mut partials = Vec::with_capacity(items.len());
-        let mut specs = Vec::with_capacity(items.len());
+        use yaml::Lists;
+        let mut list = self.open(field);
         for (i, n) in items.iter().enumerate() {
-            let mut p = self.node(n, &format!("{field}[{i}]"));
-            specs.extend(p.spec.take().map(|s| *s));
-            partials.push(p);
+            self.item(&mut list, &format!("{field}[{i}]"), n);
         }
-        self.siblings(&partials);
+        let Streamed { specs, problems } = self.close(list, node.pos);
+        self.problems.extend(problems);
         specs
     }
 
     /// Checks that apply among siblings: unique ids, `needs` naming siblings, no cycles.
-    fn siblings(&mut self, partials: &[Partial]) {
-        let mut first: HashMap<&str, &Partial> = HashMap::new();
-        for p in partials {
-            if let Some((id, pos)) = &p.id {
-                if let Some(prev) = first.get(id.as_str()) {
-                    let line = prev.pos.line;
-                    self.at_hint(
-                        *pos,
-                        Some(&format!("{}.id", p.field)),
-                        format!("duplicate node id `{id}`"),
-                        Some(format!(
-                            "ids must be unique in their group; first used on line {line}"
-                        )),
-                    );
-                } else {
-                    first.insert(id, p);
-                }
+    /// `field` is the list's field path; `specs` holds the specs the partials point to.
+    fn siblings(&mut self, field: &str, partials: &[Partial], specs: &[NodeSpec]) {
+        let at = |i: usize, what: &str| format!("{field}[{i}].{what}");
+        // Each id's first node.
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(partials.len());
+        for (i, p) in partials.iter().enumerate() {
+            let Some(id) = p.id(specs) else { continue };
+            if let Some(&prev) = first.get(id) {
+                let line = partials[prev].pos.line;
+                self.at_hint(
+                    p.id_pos,
+                    Some(&at(i, "id")),
+                    format!("duplicate node id `{id}`"),
+                    Some(format!(
+                        "ids must be unique in their group; first used on line {line}"
+                    )),
+                );
+            } else {
+                first.insert(id, i);
             }
         }
-        let ids: Vec<&str> = partials
-            .iter()
-            .filter_map(|p| p.id.as_ref().map(|(id, _)| id.as_str()))
-            .collect();
-        for p in partials {
-            for (need, pos) in &p.needs {
-                let nf = format!("{}.needs", p.field);
-                if p.id.as_ref().is_some_and(|(id, _)| id == need) {
-                    self.at(*pos, Some(&nf), format!("`{need}` cannot need itself"));
+        for (i, p) in partials.iter().enumerate() {
+            let id = p.id(specs);
+            for (need, pos) in p.needs(specs).iter().zip(p.needs_pos.iter()) {
+                if id == Some(need.as_str()) {
+                    self.at(
+                        *pos,
+                        Some(&at(i, "needs")),
+                        format!("`{need}` cannot need itself"),
+                    );
                 } else if !first.contains_key(need.as_str()) {
-                    let hint = closest(need, ids.iter().copied())
+                    let hint = closest(need, partials.iter().filter_map(|p| p.id(specs)))
                         .map(|c| format!("did you mean `{c}`?"))
                         .or_else(|| {
                             need.contains('.').then(|| {
@@ -609,7 +731,7 @@ impl Cx {
                         });
                     self.at_hint(
                         *pos,
-                        Some(&nf),
+                        Some(&at(i, "needs")),
                         format!("`{need}` is not a node in this group"),
                         hint,
                     );
@@ -617,64 +739,65 @@ impl Cx {
             }
         }
         // Cycles: depth-first search in file order; each cycle is reported once, at the
-        // node where the search first entered it.
-        let index: HashMap<&str, usize> = partials
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| p.id.as_ref().map(|(id, _)| (id.as_str(), i)))
-            .collect();
-        let edges: Vec<Vec<usize>> = partials
-            .iter()
-            .map(|p| {
-                p.needs
+        // node where the search first entered it. Edges in one flat list (`starts[v]..
+        // starts[v + 1]`), and the search keeps its own stack: a chain of 100,000 nodes is
+        // as deep as the search goes.
+        // A duplicated id leads to its last node here (the duplicate is reported above).
+        let mut last = first;
+        for (i, p) in partials.iter().enumerate() {
+            if let Some(id) = p.id(specs) {
+                last.insert(id, i);
+            }
+        }
+        let mut starts = Vec::with_capacity(partials.len() + 1);
+        let mut targets: Vec<usize> = Vec::new();
+        for p in partials {
+            starts.push(targets.len());
+            let id = p.id(specs);
+            targets.extend(
+                p.needs(specs)
                     .iter()
-                    .filter_map(|(n, _)| index.get(n.as_str()).copied())
-                    .filter(|&j| {
-                        p.id.as_ref().map(|(id, _)| id.as_str())
-                            != Some(&partials[j].id.as_ref().unwrap().0)
-                    })
-                    .collect()
-            })
-            .collect();
+                    .filter_map(|n| last.get(n.as_str()).copied())
+                    .filter(|&j| id != partials[j].id(specs)),
+            );
+        }
+        starts.push(targets.len());
         let mut state = vec![0u8; partials.len()]; // 0 new, 1 on stack, 2 done
         let mut reported: HashSet<Vec<usize>> = HashSet::new();
         let mut cycles: Vec<Vec<usize>> = Vec::new();
-        fn dfs(
-            v: usize,
-            edges: &[Vec<usize>],
-            state: &mut [u8],
-            stack: &mut Vec<usize>,
-            reported: &mut HashSet<Vec<usize>>,
-            cycles: &mut Vec<Vec<usize>>,
-        ) {
-            state[v] = 1;
-            stack.push(v);
-            for &w in &edges[v] {
+        // The search's path, and for each vertex on it the next edge to follow.
+        let mut path: Vec<usize> = Vec::new();
+        let mut next_edge: Vec<usize> = Vec::new();
+        for root in 0..partials.len() {
+            if state[root] != 0 {
+                continue;
+            }
+            state[root] = 1;
+            path.push(root);
+            next_edge.push(starts[root]);
+            while let Some(&v) = path.last() {
+                let e = next_edge.last_mut().expect("one per vertex on the path");
+                if *e == starts[v + 1] {
+                    path.pop();
+                    next_edge.pop();
+                    state[v] = 2;
+                    continue;
+                }
+                let w = targets[*e];
+                *e += 1;
                 if state[w] == 1 {
-                    let start = stack.iter().position(|&x| x == w).unwrap();
-                    let cycle: Vec<usize> = stack[start..].to_vec();
+                    let start = path.iter().position(|&x| x == w).expect("w is on the path");
+                    let cycle: Vec<usize> = path[start..].to_vec();
                     let mut key = cycle.clone();
                     key.sort_unstable();
                     if reported.insert(key) {
                         cycles.push(cycle);
                     }
                 } else if state[w] == 0 {
-                    dfs(w, edges, state, stack, reported, cycles);
+                    state[w] = 1;
+                    path.push(w);
+                    next_edge.push(starts[w]);
                 }
-            }
-            stack.pop();
-            state[v] = 2;
-        }
-        for v in 0..partials.len() {
-            if state[v] == 0 {
-                dfs(
-                    v,
-                    &edges,
-                    &mut state,
-                    &mut Vec::new(),
-                    &mut reported,
-                    &mut cycles,
-                );
             }
         }
         for cycle in cycles {
@@ -682,29 +805,30 @@ impl Cx {
             let names: Vec<&str> = cycle
                 .iter()
                 .chain(std::iter::once(&cycle[0]))
-                .map(|&i| partials[i].id.as_ref().unwrap().0.as_str())
+                .map(|&i| partials[i].id(specs).expect("a node in a cycle has an id"))
                 .collect();
             let p = &partials[cycle[0]];
             let need_pos = p
-                .needs
+                .needs(specs)
                 .iter()
-                .find(|(n, _)| n == names[1])
+                .zip(p.needs_pos.iter())
+                .find(|(n, _)| *n == names[1])
                 .map(|(_, pos)| *pos)
                 .unwrap_or(p.pos);
             self.at_hint(
                 need_pos,
-                Some(&format!("{}.needs", p.field)),
+                Some(&at(cycle[0], "needs")),
                 format!("cycle in needs: {}", names.join(" -> ")),
                 Some("a node cannot (indirectly) wait for itself".into()),
             );
         }
     }
 
-    fn node(&mut self, node: &Node, field: &str) -> Partial {
-        let mut partial = Partial {
+    fn node(&mut self, node: &Node, field: &str) -> NodeRead {
+        let mut partial = NodeRead {
             id: None,
             needs: Vec::new(),
-            field: field.to_string(),
+            needs_pos: Vec::new(),
             pos: node.pos,
             spec: None,
         };
@@ -794,27 +918,14 @@ impl Cx {
                 }
             }
         }
-        let f = match &node.value {
-            Yaml::Map(entries) => {
-                let filtered: Vec<(Node, Node)> = entries
-                    .iter()
-                    .filter(|(k, _)| !misplaced.contains(&k.key_text()))
-                    .cloned()
-                    .collect();
-                let filtered = Node {
-                    pos: node.pos,
-                    value: Yaml::Map(filtered),
-                };
-                let Some(f) = self.fields(&filtered, field, &allowed, &what) else {
-                    return partial;
-                };
-                // `fields` borrows from the temporary; own the pieces we need.
-                f.into_iter()
-                    .map(|(k, (kn, v))| (k, (kn.clone(), v.clone())))
-                    .collect::<BTreeMap<String, (Node, Node)>>()
-            }
-            _ => unreachable!(),
-        };
+        let f = self.fields_in(
+            entries
+                .iter()
+                .filter(|(k, _)| !misplaced.contains(&k.key_text())),
+            field,
+            &allowed,
+            &what,
+        );
 
         // id
         let id = match f.get("id") {
@@ -842,11 +953,17 @@ impl Cx {
         if let Some((_, v)) = f.get("needs") {
             let nf = join(field, "needs");
             match &v.value {
-                Yaml::Str(s) => partial.needs.push((s.clone(), v.pos)),
+                Yaml::Str(s) => {
+                    partial.needs.push(s.clone());
+                    partial.needs_pos.push(v.pos);
+                }
                 Yaml::Seq(items) => {
+                    partial.needs.reserve_exact(items.len());
+                    partial.needs_pos.reserve_exact(items.len());
                     for item in items {
                         if let Some(s) = self.string(item, &nf) {
-                            partial.needs.push((s, item.pos));
+                            partial.needs.push(s);
+                            partial.needs_pos.push(item.pos);
                         }
                     }
                 }
@@ -968,10 +1085,15 @@ impl Cx {
             return partial;
         }
         if let (Some(id), Some(kind)) = (id, kind) {
-            partial.spec = Some(Box::new(NodeSpec {
+            partial.spec = Some(NodeSpec {
                 id,
                 kind,
-                needs: partial.needs.iter().map(|(n, _)| n.clone()).collect(),
+                needs: {
+                    // The spec stays for the run: no room past the last need.
+                    let mut needs = std::mem::take(&mut partial.needs);
+                    needs.shrink_to_fit();
+                    needs
+                },
                 if_,
                 stage,
                 timeout,
@@ -983,7 +1105,7 @@ impl Cx {
                 output,
                 max_output_bytes,
                 line: node.pos.line,
-            }));
+            });
         }
         partial
     }
@@ -991,7 +1113,7 @@ impl Cx {
     fn kind(
         &mut self,
         kind: &str,
-        f: &BTreeMap<String, (Node, Node)>,
+        f: &BTreeMap<String, (&Node, &Node)>,
         field: &str,
     ) -> Option<NodeKind> {
         let (_, v) = f.get(kind)?;
@@ -1021,6 +1143,9 @@ impl Cx {
                 Some(NodeKind::Command(argv))
             }
             "value" => {
+                if !self.shallow(v, &kf) {
+                    return None;
+                }
                 self.check_templates_in(v, &kf);
                 Some(NodeKind::Value(v.to_json()))
             }
@@ -1043,6 +1168,9 @@ impl Cx {
                                     a.value.type_name()
                                 ),
                             );
+                            return None;
+                        }
+                        if !self.shallow(a, &af) {
                             return None;
                         }
                         self.check_templates_in(a, &af);
@@ -1157,6 +1285,95 @@ impl Cx {
             }
             _ => None,
         }
+    }
+}
+
+/// A list of nodes being read: the specs so far, what sibling checks need of each node, and
+/// the problems found before the list (set aside while the list collects its own).
+struct OpenList {
+    field: String,
+    partials: Vec<Partial>,
+    specs: Vec<NodeSpec>,
+    before: Vec<Problem>,
+}
+
+impl yaml::Lists for Cx {
+    type Open = OpenList;
+
+    fn open(&mut self, field: &str) -> OpenList {
+        OpenList {
+            field: field.to_string(),
+            partials: Vec::new(),
+            specs: Vec::new(),
+            before: std::mem::take(&mut self.problems),
+        }
+    }
+
+    fn item(&mut self, list: &mut OpenList, field: &str, item: &Node) {
+        let read = self.node(item, field);
+        let id_pos = read.id.as_ref().map_or(read.pos, |(_, pos)| *pos);
+        let needs_pos = read.needs_pos.into_boxed_slice();
+        let names = match read.spec {
+            Some(spec) => {
+                list.specs.push(spec);
+                Names::Spec(list.specs.len() - 1)
+            }
+            None => Names::Loose(Box::new((read.id.map(|(id, _)| id), read.needs))),
+        };
+        list.partials.push(Partial {
+            pos: read.pos,
+            id_pos,
+            needs_pos,
+            names,
+        });
+    }
+
+    fn close(&mut self, list: OpenList, pos: Pos) -> Streamed {
+        if list.partials.is_empty() {
+            self.at(pos, Some(&list.field), "needs at least one node");
+        }
+        // One vector grown as usual: at this size the allocator maps it apart and grows it
+        // in place, where gathering chunks and joining them at the end held both at once
+        // (measured). No room is kept past the last spec: the specs stay for the run.
+        let mut specs = list.specs;
+        specs.shrink_to_fit();
+        self.siblings(&list.field, &list.partials, &specs);
+        let problems = std::mem::replace(&mut self.problems, list.before);
+        Streamed { specs, problems }
+    }
+}
+
+impl Cx {
+    /// Whether `node` nests at most [`MAX_VALUE_DEPTH`] lists and mappings deep; reports the
+    /// first one past the limit when not.
+    fn shallow(&mut self, node: &Node, field: &str) -> bool {
+        let Some((pos, path)) = too_deep(node, 0) else {
+            return true;
+        };
+        self.at(
+            pos,
+            Some(&format!("{field}{path}")),
+            format!("nested deeper than {MAX_VALUE_DEPTH} levels of lists and mappings"),
+        );
+        false
+    }
+}
+
+/// The first list or mapping inside `node` nested deeper than [`MAX_VALUE_DEPTH`] (`above` of
+/// them enclose `node`), with its field path below `node`. Recursion stops at the limit.
+fn too_deep(node: &Node, above: usize) -> Option<(Pos, String)> {
+    let is_container = matches!(node.value, Yaml::Seq(_) | Yaml::Map(_));
+    if is_container && above >= MAX_VALUE_DEPTH {
+        return Some((node.pos, String::new()));
+    }
+    match &node.value {
+        Yaml::Seq(items) => items.iter().enumerate().find_map(|(i, n)| {
+            too_deep(n, above + 1).map(|(pos, path)| (pos, format!("[{i}]{path}")))
+        }),
+        Yaml::Map(entries) => entries.iter().find_map(|(k, v)| {
+            too_deep(v, above + 1).map(|(pos, path)| (pos, format!(".{}{path}", k.key_text())))
+        }),
+        _ => None,
     }
 }
 

@@ -426,7 +426,35 @@ fn to_json(v: &Value, source: &str) -> Result<serde_json::Value, TemplateError> 
     if v.is_undefined() {
         return Err(TemplateError::new("undefined value", source));
     }
-    serde_json::to_value(v).map_err(|e| TemplateError::new(e.to_string(), source))
+    let v = serde_json::to_value(v).map_err(|e| TemplateError::new(e.to_string(), source))?;
+    shallow(v, || source.to_string())
+}
+
+/// `v` when it nests at most [`crate::limits::MAX_VALUE_DEPTH`] deep: a rendered value
+/// becomes a node's output or a tool's arguments, written to the log.
+fn shallow(
+    v: serde_json::Value,
+    source: impl FnOnce() -> String,
+) -> Result<serde_json::Value, TemplateError> {
+    match crate::limits::check_depth(&v) {
+        Ok(()) => Ok(v),
+        Err(e) => Err(TemplateError::new(format!("the value is {e}"), &source())),
+    }
+}
+
+/// The start of a value's JSON, to name it in an error.
+fn snippet(v: &serde_json::Value) -> String {
+    const MAX: usize = 120;
+    let mut s = v.to_string();
+    if s.len() > MAX {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
 }
 
 impl Templates {
@@ -517,19 +545,28 @@ impl Templates {
         v: &serde_json::Value,
         ctx: &Context,
     ) -> Result<serde_json::Value, TemplateError> {
+        // Values rendered inside lists and objects nest deeper than each alone.
+        shallow(self.render_value_in_at(v, ctx)?, || snippet(v))
+    }
+
+    fn render_value_in_at(
+        &self,
+        v: &serde_json::Value,
+        ctx: &Context,
+    ) -> Result<serde_json::Value, TemplateError> {
         use serde_json::Value as J;
         Ok(match v {
             J::String(s) => self.render_in(s, ctx)?,
             J::Array(items) => J::Array(
                 items
                     .iter()
-                    .map(|i| self.render_value_in(i, ctx))
+                    .map(|i| self.render_value_in_at(i, ctx))
                     .collect::<Result<_, _>>()?,
             ),
             J::Object(map) => {
                 let mut out = serde_json::Map::with_capacity(map.len());
                 for (k, v) in map {
-                    out.insert(k.clone(), self.render_value_in(v, ctx)?);
+                    out.insert(k.clone(), self.render_value_in_at(v, ctx)?);
                 }
                 J::Object(out)
             }
@@ -553,8 +590,17 @@ impl Templates {
     }
 
     /// Renders every string inside a JSON value (objects, arrays) with [`Templates::render`].
-    /// Object keys are left as written.
+    /// Object keys are left as written. A result nested deeper than
+    /// [`crate::limits::MAX_VALUE_DEPTH`] is an error.
     pub fn render_value(
+        &self,
+        v: &serde_json::Value,
+        ctx: &serde_json::Value,
+    ) -> Result<serde_json::Value, TemplateError> {
+        shallow(self.render_value_at(v, ctx)?, || snippet(v))
+    }
+
+    fn render_value_at(
         &self,
         v: &serde_json::Value,
         ctx: &serde_json::Value,
@@ -565,13 +611,13 @@ impl Templates {
             J::Array(items) => J::Array(
                 items
                     .iter()
-                    .map(|i| self.render_value(i, ctx))
+                    .map(|i| self.render_value_at(i, ctx))
                     .collect::<Result<_, _>>()?,
             ),
             J::Object(map) => {
                 let mut out = serde_json::Map::with_capacity(map.len());
                 for (k, v) in map {
-                    out.insert(k.clone(), self.render_value(v, ctx)?);
+                    out.insert(k.clone(), self.render_value_at(v, ctx)?);
                 }
                 J::Object(out)
             }
