@@ -35,10 +35,12 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// Each watched run's live feed, shared by its watchers.
     feeds: Arc<crate::feed::Feeds>,
+    /// The names and origins requests must come with.
+    guard: crate::guard::Guard,
 }
 
 impl AppState {
-    pub fn new(cfg: ServeConfig, engine: Engine) -> Self {
+    pub fn new(cfg: ServeConfig, engine: Engine, guard: crate::guard::Guard) -> Self {
         AppState(Arc::new(Inner {
             engine,
             cfg,
@@ -46,6 +48,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             closing: watch::channel(false).0,
             feeds: Arc::default(),
+            guard,
         }))
     }
 
@@ -79,6 +82,10 @@ impl AppState {
 
     pub fn token(&self) -> Option<&str> {
         self.0.cfg.token.as_deref()
+    }
+
+    pub fn guard(&self) -> &crate::guard::Guard {
+        &self.0.guard
     }
 
     pub fn cfg(&self) -> &ServeConfig {
@@ -209,6 +216,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::require_token,
+        ))
+        // Outside the token check: a page elsewhere is refused whether or
+        // not the server has a token.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::check,
         ))
         .layer(DefaultBodyLimit::max(state.cfg().body_limit))
         .with_state(state)
@@ -427,10 +440,10 @@ async fn start_run(
     if body.workflow.trim().is_empty() {
         return Err(ApiError::bad_request("request body: `workflow` is empty"));
     }
-    let engine = state.engine().clone();
     let dir = state.cfg().workflows_dir.clone();
+    let max = state.cfg().max_workflow_bytes;
     let name = body.workflow.clone();
-    let wf = blocking(move || Ok(engine.load_workflow(&name, dir.as_deref())?)).await?;
+    let wf = blocking(move || crate::workflows::load(dir.as_deref(), &name, max)).await?;
     let opts = StartOptions {
         run_id: body.run_id,
         max_concurrency: body.max_concurrency,

@@ -322,7 +322,7 @@ async fn bad_requests_get_clear_errors_and_harm_nothing() {
 
     let log = srv.manual_run("m1");
     finish(&log).await;
-    let req = b"GET /v1/runs/m1/events/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer sekret\r\nLast-Event-ID: ten\r\n\r\n";
+    let req = b"GET /v1/runs/m1/events/stream HTTP/1.1\r\nConnection: close\r\nAuthorization: Bearer sekret\r\nLast-Event-ID: ten\r\n\r\n";
     let (s, b) = raw(a, req).await;
     assert_eq!(s, 400);
     assert!(b.contains("Last-Event-ID"), "{b}");
