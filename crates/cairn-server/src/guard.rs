@@ -137,7 +137,12 @@ fn split_authority(a: &str) -> Option<(&str, Option<u16>)> {
         }
     };
     let name_ok = match name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
-        Some(v6) => !v6.is_empty() && v6.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.'),
+        Some(v6) => {
+            !v6.is_empty()
+                && v6
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        }
         None => {
             !name.is_empty()
                 && name
@@ -257,7 +262,11 @@ mod tests {
 
     #[test]
     fn hosts_are_loopback_names_with_the_port_or_allowed_ones() {
-        let g = guard("127.0.0.1:7700", &["cairn.example.com", "10.0.0.5:8000"], &[]);
+        let g = guard(
+            "127.0.0.1:7700",
+            &["cairn.example.com", "10.0.0.5:8000"],
+            &[],
+        );
         for ok in [
             "127.0.0.1:7700",
             "localhost:7700",

@@ -84,7 +84,10 @@ pub(crate) async fn serve(
 /// out of file descriptors or memory is waited out, as axum does.
 async fn accept_failed(e: io::Error) {
     use io::ErrorKind::*;
-    if matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset) {
+    if matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionAborted | ConnectionReset
+    ) {
         return;
     }
     tracing::warn!("accept failed: {e}");
@@ -92,12 +95,7 @@ async fn accept_failed(e: io::Error) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-async fn connection(
-    io: Counted,
-    router: Router,
-    limits: Limits,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn connection(io: Counted, router: Router, limits: Limits, mut stop: watch::Receiver<bool>) {
     let service = TowerToHyperService::new(router);
     let mut builder = http1::Builder::new();
     builder
@@ -169,7 +167,10 @@ mod tests {
     fn busy_reply_has_its_length() {
         let text = std::str::from_utf8(super::BUSY).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(head.contains(&format!("Content-Length: {}\r", body.len())) || head.ends_with(&format!("Content-Length: {}", body.len())));
+        assert!(
+            head.contains(&format!("Content-Length: {}\r", body.len()))
+                || head.ends_with(&format!("Content-Length: {}", body.len()))
+        );
         serde_json::from_str::<serde_json::Value>(body).unwrap();
     }
 }

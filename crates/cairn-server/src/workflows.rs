@@ -50,8 +50,7 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     let segment_ok = |s: &str| {
         !s.is_empty()
             && !s.starts_with('.')
-            && s
-                .bytes()
+            && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
     };
     if name.len() <= MAX_NAME && name.split('/').all(segment_ok) {
@@ -117,8 +116,8 @@ fn open_beneath(dir: &Path, name: &str) -> Result<(PathBuf, File), ApiError> {
         };
         let meta = file.metadata().map_err(|e| unreadable(rel, e.kind()))?;
         let real = path.canonicalize().map_err(|e| unreadable(rel, e.kind()))?;
-        let same = std::fs::metadata(&real)
-            .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
+        let same =
+            std::fs::metadata(&real).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
         if !real.starts_with(&root) || !same {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -213,7 +212,8 @@ fn invalid(name: &str, path: &Path, dir: &Path, e: &WorkflowError) -> ApiError {
     err
 }
 
-/// Each problem's place (file, line, column, field), with `file` as given.
+/// Each problem's place (file, line, column, field), with `file` as given
+/// and the field cut to its [`known_field`] part.
 pub(crate) fn problem_locations(e: &WorkflowError, file: &str) -> Value {
     Value::Array(
         e.problems
@@ -223,11 +223,99 @@ pub(crate) fn problem_locations(e: &WorkflowError, file: &str) -> Value {
                     "file": file,
                     "line": p.line,
                     "column": p.column,
-                    "field": p.field,
+                    "field": p.field.as_deref().and_then(known_field),
                 })
             })
             .collect(),
     )
+}
+
+/// Field names of the workflow format (WORKFLOW.md). A field path names the
+/// keys it passes through, and a key the format does not know (an unknown
+/// field, a key of `env` or `args`, every "key" of a file that is not a
+/// workflow at all, such as `root:$6$...:` of a password file) is the
+/// file's own text.
+const FORMAT_FIELDS: &[&str] = &[
+    "agent",
+    "api_key_env",
+    "approval",
+    "args",
+    "as",
+    "ask",
+    "attempts",
+    "backoff",
+    "base_url",
+    "command",
+    "concurrency",
+    "cwd",
+    "defaults",
+    "delay",
+    "delegates",
+    "description",
+    "env",
+    "for_each",
+    "headers_env",
+    "id",
+    "idle_timeout",
+    "if",
+    "input",
+    "loop",
+    "max_delay",
+    "max_iterations",
+    "max_output_bytes",
+    "max_steps",
+    "max_tokens",
+    "mcp_servers",
+    "model",
+    "models",
+    "name",
+    "needs",
+    "network",
+    "nodes",
+    "on_failure",
+    "on_interrupt",
+    "on_retry",
+    "output",
+    "output_schema",
+    "per_line",
+    "price",
+    "prompt",
+    "provider",
+    "retry",
+    "root",
+    "sandbox",
+    "schema",
+    "schema_retries",
+    "scorers",
+    "stage",
+    "system",
+    "temperature",
+    "timeout",
+    "tool",
+    "tool_timeout",
+    "tools",
+    "until",
+    "url",
+    "value",
+    "workflow",
+];
+
+/// The leading part of a field path made only of the format's own field
+/// names (each optionally indexed, `nodes[2]`); `None` when not even the
+/// first key is one. What follows the first other key is left out: the
+/// line and column still say where it is.
+fn known_field(field: &str) -> Option<String> {
+    let known = |seg: &str| {
+        let name = seg.split('[').next().unwrap_or("");
+        let indices = &seg[name.len()..];
+        FORMAT_FIELDS.contains(&name)
+            && indices.split_terminator(']').all(|i| {
+                i.strip_prefix('[')
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+    };
+    let kept: Vec<&str> = field.split('.').take_while(|s| known(s)).collect();
+    (!kept.is_empty()).then(|| kept.join("."))
 }
 
 #[cfg(test)]
@@ -256,6 +344,27 @@ mod tests {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         assert!(check_name(&"a".repeat(MAX_NAME + 1)).is_err());
+    }
+
+    #[test]
+    fn fields_keep_only_the_formats_own_names() {
+        assert_eq!(
+            known_field("nodes[2].retry.attempts").as_deref(),
+            Some("nodes[2].retry.attempts")
+        );
+        assert_eq!(known_field("nodes[0].valeu").as_deref(), Some("nodes[0]"));
+        assert_eq!(
+            known_field("nodes[0].env.AWS_SECRET").as_deref(),
+            Some("nodes[0].env")
+        );
+        assert_eq!(known_field("root:$6$hash:19000:0:99999:7::"), None);
+        assert_eq!(known_field("password"), None);
+        assert_eq!(known_field("nodes[x]"), None);
+        assert_eq!(
+            known_field("nodes[1][2].id").as_deref(),
+            Some("nodes[1][2].id")
+        );
+        assert_eq!(known_field(""), None);
     }
 
     #[test]

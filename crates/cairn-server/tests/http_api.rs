@@ -284,7 +284,9 @@ async fn bad_requests_get_clear_errors_and_harm_nothing() {
     assert_eq!((s, code(&b).as_str()), (400, "invalid_workflow"));
     let v: Value = serde_json::from_str(&b).unwrap();
     assert!(v["error"]["details"][0]["line"].as_u64().is_some(), "{b}");
-    assert!(b.contains("valeu"), "{b}");
+    // Located by line and field, the file's own text not quoted.
+    assert_eq!(v["error"]["details"][0]["field"], "nodes[0]", "{b}");
+    assert!(!b.contains("valeu"), "{b}");
     let (s, b) = raw(
         a,
         &request(

@@ -202,7 +202,11 @@ pub async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
 /// already has a `Host` header.
 pub fn with_host(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
     let text = String::from_utf8_lossy(request);
-    let head = text.split("\r\n\r\n").next().unwrap_or("").to_ascii_lowercase();
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
     if head.contains("\r\nhost:") {
         return request.to_vec();
     }
