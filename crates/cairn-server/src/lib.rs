@@ -108,6 +108,21 @@ impl Default for ServeConfig {
     }
 }
 
+impl ServeConfig {
+    /// Checks what can be checked before binding: the allowed hosts and
+    /// origins are well formed and the connection cap is at least 1.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        if self.max_connections == 0 {
+            return Err(ServerError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the connection cap must be at least 1",
+            )));
+        }
+        guard::Guard::new(self.addr, &self.allowed_hosts, &self.allowed_origins)?;
+        Ok(())
+    }
+}
+
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -145,12 +160,7 @@ impl Server {
         if loopback_forced {
             addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
-        if cfg.max_connections == 0 {
-            return Err(ServerError::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the connection cap must be at least 1",
-            )));
-        }
+        cfg.validate()?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
