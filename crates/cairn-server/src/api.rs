@@ -199,7 +199,12 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
 
 pub(crate) fn router(state: AppState) -> Router {
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
-    for (_, path, mr) in routes() {
+    for (method, path, mr) in routes() {
+        let mr = if method == Method::POST {
+            mr.route_layer(axum::middleware::from_fn(crate::guard::require_json))
+        } else {
+            mr
+        };
         match by_path.iter_mut().find(|(p, _)| *p == path) {
             Some((_, existing)) => {
                 let merged = std::mem::take(existing).merge(mr);
@@ -422,8 +427,28 @@ struct StartBody {
     input: Option<Value>,
     #[serde(default)]
     run_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     max_concurrency: Option<usize>,
+}
+
+/// A count of at least 1, written as an integer (`4`, or `4.0`, which JSON
+/// Schema calls an integer too); `null` reads as absent.
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+            .map(|f| f as u64)
+    });
+    match whole.and_then(|w| usize::try_from(w).ok()) {
+        Some(c) if c >= 1 => Ok(Some(c)),
+        _ => Err(D::Error::custom(format!(
+            "`maxConcurrency`: {n} is not a whole number of at least 1"
+        ))),
+    }
 }
 
 async fn start_run(
@@ -682,7 +707,7 @@ async fn cancel(
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ResumeBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     max_concurrency: Option<usize>,
 }
 
@@ -741,5 +766,22 @@ mod tests {
         documented.sort();
         routed.sort();
         assert_eq!(routed, documented);
+    }
+
+    /// The `type` filter's documented values are the contract's event types.
+    #[test]
+    fn documented_event_types_are_the_contracts() {
+        let doc: Value = serde_json::from_str(crate::OPENAPI).unwrap();
+        let params = doc["paths"]["/v1/runs/{id}/events"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let ty = params.iter().find(|p| p["name"] == "type").unwrap();
+        let names: Vec<&str> = ty["schema"]["items"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(names, EVENT_TYPES);
     }
 }

@@ -14,7 +14,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -201,8 +201,7 @@ fn is_json(content_type: &str) -> bool {
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
-/// The middleware: `Host` on every route, then `Origin`, then the body's
-/// media type on `POST`.
+/// The middleware of every request, routed or not: `Host`, then `Origin`.
 pub(crate) async fn check(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let guard = state.guard();
     let Some(host) = host_of(&req) else {
@@ -237,18 +236,21 @@ pub(crate) async fn check(State(state): State<AppState>, req: Request, next: Nex
             );
         }
     }
-    if req.method() == Method::POST {
-        let json = header_str(req.headers(), header::CONTENT_TYPE).is_some_and(is_json);
-        if !json {
-            return ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "header `Content-Type`: a POST must send `Content-Type: application/json` (even with an empty body)",
-            )
-            .into_response();
-        }
-    }
     next.run(req).await
+}
+
+/// On every `POST` route (only routed ones, so that a method a path does
+/// not take is still a 405): the body must be declared JSON.
+pub(crate) async fn require_json(req: Request, next: Next) -> Response {
+    if header_str(req.headers(), header::CONTENT_TYPE).is_some_and(is_json) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "header `Content-Type`: a POST must send `Content-Type: application/json` (even with an empty body)",
+    )
+    .into_response()
 }
 
 #[cfg(test)]
