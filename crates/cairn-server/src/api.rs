@@ -440,7 +440,7 @@ fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Err
     };
     let whole = n.as_u64().or_else(|| {
         n.as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
             .map(|f| f as u64)
     });
     match whole.and_then(|w| usize::try_from(w).ok()) {
