@@ -126,9 +126,16 @@ async fn host_must_name_this_server() {
                 assert!(b.contains("`Host`"), "{b}");
             }
         }
-        // HTTP/1.0 may leave Host out; it is still refused.
+        // An empty Host names nothing; HTTP/1.0 may leave it out, which
+        // is refused too.
         let (s, b) = raw(a, b"GET /v1/runs HTTP/1.0\r\nHost:\r\n\r\n").await;
         assert_eq!(s, 403, "{b}");
+        let mut c = TcpStream::connect(a).await.unwrap();
+        c.write_all(b"GET /v1/runs HTTP/1.0\r\n\r\n").await.unwrap();
+        let got = read_until_closed(&mut c).await.expect("an answer");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.0 400"), "{text}");
+        assert!(text.contains("missing_host"), "{text}");
         srv.stop().await;
     }
 
