@@ -579,7 +579,12 @@ async fn events_page(
     }
     let mut types = Vec::new();
     if let Some(t) = q.get("type") {
-        for name in t.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        for name in t.split(',').map(str::trim) {
+            if name.is_empty() {
+                return Err(ApiError::bad_request(
+                    "query parameter `type`: an empty event type; write names separated by commas",
+                ));
+            }
             if !EVENT_TYPES.contains(&name) {
                 return Err(ApiError::bad_request(format!(
                     "query parameter `type`: `{name}` is not an event type of the contract"
