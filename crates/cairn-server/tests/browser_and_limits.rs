@@ -389,8 +389,11 @@ async fn connections_over_the_cap_are_refused_until_one_closes() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(served, "a slot freed by a closed connection is used again");
-    drop(ws);
+    // Stopping waits for every connection, the WebSocket's and an idle
+    // kept-alive one's included, and ends them.
+    let idle = held(a).await;
     srv.stop().await;
+    drop((ws, idle));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
