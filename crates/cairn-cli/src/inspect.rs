@@ -503,7 +503,7 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         ..Default::default()
     };
     if let Err(e) = checked.validate() {
-        return Err(bad_input(format!("--allow-host/--allow-origin: {e}")));
+        return Err(bad_input(format!("cairn serve: {e}")));
     }
     let journal = store::open(g, true)?;
     // A server drives the runs it is sent commands for, so a decision sent

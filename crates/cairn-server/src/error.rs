@@ -99,6 +99,7 @@ impl From<EngineError> for ApiError {
             ),
             _ => e.to_string(),
         };
+        // What the client is not told, the server's operator still needs.
         if let EngineError::Workflow(w) = &e {
             eprintln!("cairn serve: workflow problems:\n{w}");
         }

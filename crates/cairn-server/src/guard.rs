@@ -33,9 +33,12 @@ pub(crate) struct Guard {
     origins: Vec<String>,
 }
 
-/// Why a `--allow-host` or `--allow-origin` value was refused.
+/// Why the server's admission settings were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum GuardConfigError {
+    /// A connection cap of 0 would refuse every client.
+    #[error("the connection cap must be at least 1")]
+    NoConnections,
     /// Not a host name or `host:port`.
     #[error("allowed host `{0}`: write a host name or address, optionally with `:PORT` (e.g. cairn.example.com or 10.0.0.5:7700)")]
     Host(String),

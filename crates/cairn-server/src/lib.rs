@@ -113,10 +113,7 @@ impl ServeConfig {
     /// origins are well formed and the connection cap is at least 1.
     pub fn validate(&self) -> Result<(), ServerError> {
         if self.max_connections == 0 {
-            return Err(ServerError::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the connection cap must be at least 1",
-            )));
+            return Err(GuardConfigError::NoConnections.into());
         }
         guard::Guard::new(self.addr, &self.allowed_hosts, &self.allowed_origins)?;
         Ok(())
@@ -138,7 +135,8 @@ pub enum ServerError {
     /// Serving connections failed.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
-    /// An allowed host or origin is malformed.
+    /// The configuration cannot work: a malformed allowed host or origin,
+    /// a connection cap of 0.
     #[error(transparent)]
     Config(#[from] GuardConfigError),
 }
