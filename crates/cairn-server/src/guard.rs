@@ -189,7 +189,9 @@ fn host_of(req: &Request) -> Option<String> {
     if let Some(a) = req.uri().authority() {
         return Some(a.as_str().to_string());
     }
-    header_str(req.headers(), header::HOST).map(str::to_string)
+    // Bytes that are not text still name a host, just not this one.
+    let h = req.headers().get(header::HOST)?;
+    Some(String::from_utf8_lossy(h.as_bytes()).into_owned())
 }
 
 fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
