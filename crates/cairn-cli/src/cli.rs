@@ -241,7 +241,30 @@ pub struct ServeArgs {
     /// Bearer token the API requires; without one only loopback is served.
     #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Folder of workflows that `POST /v1/runs` may name.
+    /// Folder of workflows that `POST /v1/runs` may name (by name, never by
+    /// path); without it the server starts no workflows.
     #[arg(long, value_name = "DIR")]
     pub workflows: Option<PathBuf>,
+    /// Largest workflow file `POST /v1/runs` reads, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = cairn_server::DEFAULT_MAX_WORKFLOW_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_workflow_bytes: u64,
+    /// Another name clients reach the server by, accepted in the `Host`
+    /// header (NAME for any port, or NAME:PORT); repeatable. Loopback names
+    /// and the bound address with its port are always accepted.
+    #[arg(long = "allow-host", value_name = "NAME[:PORT]")]
+    pub allow_hosts: Vec<String>,
+    /// An origin whose web pages may call the API (SCHEME://HOST[:PORT]);
+    /// repeatable. Requests with any other `Origin` are refused.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// Connections open at once (event streams and WebSockets included);
+    /// one more is answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Longest a client may take to send a request's headers (and to start
+    /// its next request on an idle connection): 500ms, 10s, 1m.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub header_timeout: String,
 }

@@ -487,6 +487,24 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
             )));
         }
     }
+    let header_read_timeout = cairn_workflow::parse_duration(&a.header_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            bad_input(format!(
+                "--header-timeout `{}`: write a duration above zero, e.g. 500ms, 10s, 1m",
+                a.header_timeout
+            ))
+        })?;
+    let checked = cairn_server::ServeConfig {
+        addr,
+        allowed_hosts: a.allow_hosts.clone(),
+        allowed_origins: a.allow_origins.clone(),
+        ..Default::default()
+    };
+    if let Err(e) = checked.validate() {
+        return Err(bad_input(format!("cairn serve: {e}")));
+    }
     let journal = store::open(g, true)?;
     // A server drives the runs it is sent commands for, so a decision sent
     // to a run that waited while no server ran takes effect.
@@ -501,6 +519,11 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         addr,
         token: a.token.filter(|t| !t.is_empty()),
         workflows_dir: a.workflows.clone(),
+        max_workflow_bytes: a.max_workflow_bytes,
+        allowed_hosts: a.allow_hosts,
+        allowed_origins: a.allow_origins,
+        max_connections: a.max_connections as usize,
+        header_read_timeout,
         ..Default::default()
     };
     let shutdown = async {

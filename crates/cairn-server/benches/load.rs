@@ -220,7 +220,7 @@ impl Conn {
 async fn sse_watcher(addr: std::net::SocketAddr, ready: Arc<tokio::sync::Barrier>) -> Seen {
     let mut c = Conn::open(
         addr,
-        b"GET /v1/runs/bench/events/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /v1/runs/bench/events/stream HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     )
     .await;
     let mut seen = Seen::new();
@@ -289,7 +289,7 @@ fn ws_text(payload: &[u8]) -> Vec<u8> {
 async fn ws_watcher(addr: std::net::SocketAddr, ready: Arc<tokio::sync::Barrier>) -> Seen {
     let mut c = Conn::open(
         addr,
-        b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+        b"GET /v1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
           Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
     )
     .await;
@@ -434,6 +434,10 @@ async fn server() {
     let engine = Engine::new(journal.clone(), EngineOptions::default());
     let cfg = ServeConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
+        // The clients' requests say `Host: localhost`, without the port.
+        allowed_hosts: vec!["localhost".into()],
+        // Every watcher, and room for the bench's own requests.
+        max_connections: n_sse + n_ws + 64,
         ..ServeConfig::default()
     };
     let server = Server::bind(cfg, engine).await.unwrap();

@@ -35,10 +35,12 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// Each watched run's live feed, shared by its watchers.
     feeds: Arc<crate::feed::Feeds>,
+    /// The names and origins requests must come with.
+    guard: crate::guard::Guard,
 }
 
 impl AppState {
-    pub fn new(cfg: ServeConfig, engine: Engine) -> Self {
+    pub fn new(cfg: ServeConfig, engine: Engine, guard: crate::guard::Guard) -> Self {
         AppState(Arc::new(Inner {
             engine,
             cfg,
@@ -46,6 +48,7 @@ impl AppState {
             draining: AtomicBool::new(false),
             closing: watch::channel(false).0,
             feeds: Arc::default(),
+            guard,
         }))
     }
 
@@ -79,6 +82,10 @@ impl AppState {
 
     pub fn token(&self) -> Option<&str> {
         self.0.cfg.token.as_deref()
+    }
+
+    pub fn guard(&self) -> &crate::guard::Guard {
+        &self.0.guard
     }
 
     pub fn cfg(&self) -> &ServeConfig {
@@ -192,7 +199,12 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
 
 pub(crate) fn router(state: AppState) -> Router {
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
-    for (_, path, mr) in routes() {
+    for (method, path, mr) in routes() {
+        let mr = if method == Method::POST {
+            mr.route_layer(axum::middleware::from_fn(crate::guard::require_json))
+        } else {
+            mr
+        };
         match by_path.iter_mut().find(|(p, _)| *p == path) {
             Some((_, existing)) => {
                 let merged = std::mem::take(existing).merge(mr);
@@ -209,6 +221,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::require_token,
+        ))
+        // Outside the token check: a page elsewhere is refused whether or
+        // not the server has a token.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::check,
         ))
         .layer(DefaultBodyLimit::max(state.cfg().body_limit))
         .with_state(state)
@@ -409,8 +427,28 @@ struct StartBody {
     input: Option<Value>,
     #[serde(default)]
     run_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     max_concurrency: Option<usize>,
+}
+
+/// A count of at least 1, written as an integer (`4`, or `4.0`, which JSON
+/// Schema calls an integer too); `null` reads as absent.
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let whole = n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
+            .map(|f| f as u64)
+    });
+    match whole.and_then(|w| usize::try_from(w).ok()) {
+        Some(c) if c >= 1 => Ok(Some(c)),
+        _ => Err(D::Error::custom(format!(
+            "`maxConcurrency`: {n} is not a whole number of at least 1"
+        ))),
+    }
 }
 
 async fn start_run(
@@ -427,10 +465,10 @@ async fn start_run(
     if body.workflow.trim().is_empty() {
         return Err(ApiError::bad_request("request body: `workflow` is empty"));
     }
-    let engine = state.engine().clone();
     let dir = state.cfg().workflows_dir.clone();
+    let max = state.cfg().max_workflow_bytes;
     let name = body.workflow.clone();
-    let wf = blocking(move || Ok(engine.load_workflow(&name, dir.as_deref())?)).await?;
+    let wf = blocking(move || crate::workflows::load(dir.as_deref(), &name, max)).await?;
     let opts = StartOptions {
         run_id: body.run_id,
         max_concurrency: body.max_concurrency,
@@ -541,7 +579,12 @@ async fn events_page(
     }
     let mut types = Vec::new();
     if let Some(t) = q.get("type") {
-        for name in t.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        for name in t.split(',').map(str::trim) {
+            if name.is_empty() {
+                return Err(ApiError::bad_request(
+                    "query parameter `type`: an empty event type; write names separated by commas",
+                ));
+            }
             if !EVENT_TYPES.contains(&name) {
                 return Err(ApiError::bad_request(format!(
                     "query parameter `type`: `{name}` is not an event type of the contract"
@@ -669,7 +712,7 @@ async fn cancel(
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ResumeBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "count")]
     max_concurrency: Option<usize>,
 }
 
@@ -728,5 +771,22 @@ mod tests {
         documented.sort();
         routed.sort();
         assert_eq!(routed, documented);
+    }
+
+    /// The `type` filter's documented values are the contract's event types.
+    #[test]
+    fn documented_event_types_are_the_contracts() {
+        let doc: Value = serde_json::from_str(crate::OPENAPI).unwrap();
+        let params = doc["paths"]["/v1/runs/{id}/events"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let ty = params.iter().find(|p| p["name"] == "type").unwrap();
+        let names: Vec<&str> = ty["schema"]["items"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(names, EVENT_TYPES);
     }
 }

@@ -35,6 +35,12 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
+    /// The same failure under another machine code.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = code;
+        self
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
@@ -68,20 +74,14 @@ impl From<EngineError> for ApiError {
             EngineError::Store(s) => store_status(s),
         };
         let details = match &e {
-            EngineError::Workflow(w) => Some(Value::Array(
-                w.problems
-                    .iter()
-                    .map(|p| {
-                        json!({
-                            "file": p.file.display().to_string(),
-                            "line": p.line,
-                            "column": p.column,
-                            "field": p.field,
-                            "message": p.message,
-                            "hint": p.hint,
-                        })
-                    })
-                    .collect(),
+            // A problem's message can quote the file; only its place is told.
+            EngineError::Workflow(w) => Some(crate::workflows::problem_locations(
+                w,
+                &w.problems
+                    .first()
+                    .and_then(|p| p.file.file_name())
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
             )),
             EngineError::Input(i) => Some(Value::Array(
                 i.violations
@@ -91,10 +91,22 @@ impl From<EngineError> for ApiError {
             )),
             _ => None,
         };
+        let message = match &e {
+            EngineError::Workflow(w) => format!(
+                "the run's workflow is not valid ({} problem{}; the server's log says what they are)",
+                w.problems.len(),
+                if w.problems.len() == 1 { "" } else { "s" }
+            ),
+            _ => e.to_string(),
+        };
+        // What the client is not told, the server's operator still needs.
+        if let EngineError::Workflow(w) = &e {
+            eprintln!("cairn serve: workflow problems:\n{w}");
+        }
         ApiError {
             status,
             code,
-            message: e.to_string(),
+            message,
             details,
         }
     }

@@ -17,7 +17,10 @@ pub mod client;
 mod error;
 mod feed;
 mod frames;
+mod guard;
+mod listen;
 mod sse;
+mod workflows;
 mod ws;
 
 use std::future::Future;
@@ -28,14 +31,18 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 pub use api::run_state_json;
-use axum::serve::ListenerExt;
 pub use cairn_engine::{Engine, EngineError, EngineOptions};
+pub use guard::GuardConfigError;
 
 /// The OpenAPI 3.1 document of the HTTP API, as served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// The address `cairn serve` listens on by default.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7700";
+
+/// The largest workflow file `POST /v1/runs` reads by default, in bytes:
+/// the bound the workflow loader itself puts on files.
+pub const DEFAULT_MAX_WORKFLOW_BYTES: u64 = 64 * 1024 * 1024;
 
 /// How a server listens and behaves.
 #[derive(Debug, Clone)]
@@ -46,8 +53,24 @@ pub struct ServeConfig {
     /// The bearer token every route but `/healthz` requires; `None` leaves
     /// the API open, to loopback clients only.
     pub token: Option<String>,
-    /// Where workflows named by `POST /v1/runs` are looked up.
+    /// The folder whose workflows `POST /v1/runs` may name (by name, never
+    /// by path); `None` refuses every `POST /v1/runs`.
     pub workflows_dir: Option<PathBuf>,
+    /// Largest workflow file `POST /v1/runs` reads, in bytes; a larger one
+    /// is refused (413) before it is read.
+    pub max_workflow_bytes: u64,
+    /// Names (`name` for any port, or `name:port`) accepted in the `Host`
+    /// header besides loopback names and the bound address with its port.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) accepted in the `Origin` header
+    /// besides the server's own.
+    pub allowed_origins: Vec<String>,
+    /// Connections open at once, WebSockets and event streams included;
+    /// one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers, and to start
+    /// its next request on a kept-alive connection; then it is closed.
+    pub header_read_timeout: Duration,
     /// How long running nodes get to reach a safe point when the server
     /// stops, before they are cancelled.
     pub grace: Duration,
@@ -71,12 +94,29 @@ impl Default for ServeConfig {
             addr: DEFAULT_ADDR.parse().expect("default address parses"),
             token: None,
             workflows_dir: None,
+            max_workflow_bytes: DEFAULT_MAX_WORKFLOW_BYTES,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(10),
             heartbeat: Duration::from_secs(15),
             body_limit: 1024 * 1024,
             ws_message_limit: 64 * 1024,
             watcher_queue: 8192,
         }
+    }
+}
+
+impl ServeConfig {
+    /// Checks what can be checked before binding: the allowed hosts and
+    /// origins are well formed and the connection cap is at least 1.
+    pub fn validate(&self) -> Result<(), ServerError> {
+        if self.max_connections == 0 {
+            return Err(GuardConfigError::NoConnections.into());
+        }
+        guard::Guard::new(self.addr, &self.allowed_hosts, &self.allowed_origins)?;
+        Ok(())
     }
 }
 
@@ -95,6 +135,10 @@ pub enum ServerError {
     /// Serving connections failed.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
+    /// The configuration cannot work: a malformed allowed host or origin,
+    /// a connection cap of 0.
+    #[error(transparent)]
+    Config(#[from] GuardConfigError),
 }
 
 /// A bound server, ready to [`Server::run`]. Binding first lets callers (and
@@ -114,10 +158,13 @@ impl Server {
         if loopback_forced {
             addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
+        cfg.validate()?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
-        let state = api::AppState::new(cfg, engine);
+        let local = listener.local_addr().map_err(ServerError::Io)?;
+        let guard = guard::Guard::new(local, &cfg.allowed_hosts, &cfg.allowed_origins)?;
+        let state = api::AppState::new(cfg, engine, guard);
         Ok(Server {
             listener,
             state,
@@ -162,14 +209,11 @@ impl Server {
             // Every event is committed now: watchers may go.
             stopping.close_watchers();
         };
-        // Events are small writes a client is waiting for: Nagle's algorithm
-        // would hold one back until the client acknowledged the previous one.
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(graceful)
-            .await;
+        let limits = listen::Limits {
+            max_connections: state.cfg().max_connections,
+            header_read_timeout: state.cfg().header_read_timeout,
+        };
+        let result = listen::serve(self.listener, router, limits, graceful).await;
         metrics_task.abort();
         result.map_err(ServerError::Io)
     }

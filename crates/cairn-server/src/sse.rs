@@ -33,19 +33,23 @@ pub(crate) async fn stream(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     known_params(&q, &["after", "follow"])?;
+    // Both are checked although the header wins: a malformed parameter is
+    // an error whether or not it ends up used.
+    let after_param = match q.get("after") {
+        Some(s) => s.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("query parameter `after`: `{s}` is not a seq"))
+        })?,
+        None => 0,
+    };
     let after = match headers.get("last-event-id") {
         Some(v) => {
-            let s = v.to_str().unwrap_or("").trim();
+            let s = String::from_utf8_lossy(v.as_bytes());
+            let s = s.trim();
             s.parse::<u64>().map_err(|_| {
                 ApiError::bad_request(format!("header `Last-Event-ID`: `{s}` is not a seq"))
             })?
         }
-        None => match q.get("after") {
-            Some(s) => s.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(format!("query parameter `after`: `{s}` is not a seq"))
-            })?,
-            None => 0,
-        },
+        None => after_param,
     };
     let follow = parse_bool(&q, "follow")?;
     existing_run(&state, &id).await?;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use futures::stream::{BoxStream, SelectAll, SplitSink, TakeUntil};
 use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
@@ -46,12 +46,24 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) async fn upgrade(
     State(state): State<AppState>,
     headers: HeaderMap,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     let authed = match auth::check(&state, &headers) {
         Check::Allowed => true,
         Check::Missing => false,
         Check::Wrong => return auth::unauthorized(false),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        // A token may come as the first message only over a WebSocket;
+        // anything else without one is simply unauthorized.
+        Err(_) if !authed => return auth::unauthorized(true),
+        // In the API's error shape, like every other refusal.
+        Err(r) => {
+            return ApiError::bad_request(r.body_text())
+                .with_code("bad_websocket_request")
+                .into_response()
+        }
     };
     let limit = state.cfg().ws_message_limit;
     // Clients send small requests: the default 128 KiB read buffer, zeroed

@@ -284,7 +284,9 @@ async fn bad_requests_get_clear_errors_and_harm_nothing() {
     assert_eq!((s, code(&b).as_str()), (400, "invalid_workflow"));
     let v: Value = serde_json::from_str(&b).unwrap();
     assert!(v["error"]["details"][0]["line"].as_u64().is_some(), "{b}");
-    assert!(b.contains("valeu"), "{b}");
+    // Located by line and field, the file's own text not quoted.
+    assert_eq!(v["error"]["details"][0]["field"], "nodes[0]", "{b}");
+    assert!(!b.contains("valeu"), "{b}");
     let (s, b) = raw(
         a,
         &request(
@@ -331,7 +333,7 @@ async fn bad_requests_get_clear_errors_and_harm_nothing() {
 
     let log = srv.manual_run("m1");
     finish(&log).await;
-    let req = b"GET /v1/runs/m1/events/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer sekret\r\nLast-Event-ID: ten\r\n\r\n";
+    let req = b"GET /v1/runs/m1/events/stream HTTP/1.1\r\nConnection: close\r\nAuthorization: Bearer sekret\r\nLast-Event-ID: ten\r\n\r\n";
     let (s, b) = raw(a, req).await;
     assert_eq!(s, 400);
     assert!(b.contains("Last-Event-ID"), "{b}");

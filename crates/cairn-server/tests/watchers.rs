@@ -254,9 +254,10 @@ async fn a_slow_sse_watcher_is_cut_off_and_resumes_from_its_last_seq() {
     let log = srv.manual_run("busy");
     log.sync().await.unwrap();
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
-    s.write_all(
-        b"GET /v1/runs/busy/events/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    )
+    s.write_all(&with_host(
+        srv.addr,
+        b"GET /v1/runs/busy/events/stream HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ))
     .await
     .unwrap();
     let mut first = [0u8; 64];
@@ -373,9 +374,10 @@ async fn stopping_the_server_ends_every_watcher_with_a_reason() {
 
     // An SSE watcher and a WebSocket watcher, both following the live run.
     let mut sse = TcpStream::connect(addr).await.unwrap();
-    sse.write_all(
-        b"GET /v1/runs/live/events/stream?follow=true HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    )
+    sse.write_all(&with_host(
+        addr,
+        b"GET /v1/runs/live/events/stream?follow=true HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ))
     .await
     .unwrap();
     let mut seen = Vec::new();

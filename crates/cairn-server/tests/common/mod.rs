@@ -175,9 +175,13 @@ pub async fn finish(log: &RunLog) {
 
 /// A raw HTTP/1.1 exchange, for requests a well-behaved client would not
 /// send. Returns (status, body).
+///
+/// A request without a `Host` header gets the server's own address as its
+/// `Host`, as any client would send.
 pub async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let request = with_host(addr, request);
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(request).await.unwrap();
+    s.write_all(&request).await.unwrap();
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
     let text = String::from_utf8_lossy(&buf).to_string();
@@ -194,12 +198,32 @@ pub async fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
     (status, body)
 }
 
+/// `request` with `Host: <addr>` after its request line, unless the head
+/// already has a `Host` header.
+pub fn with_host(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(request);
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if head.contains("\r\nhost:") {
+        return request.to_vec();
+    }
+    let line_end = text.find("\r\n").expect("a request line");
+    let mut out = request[..line_end + 2].to_vec();
+    out.extend_from_slice(format!("Host: {addr}\r\n").as_bytes());
+    out.extend_from_slice(&request[line_end + 2..]);
+    out
+}
+
+/// A request without a `Host` header (`raw` adds the server's).
 pub fn request(method: &str, path: &str, token: Option<&str>, body: &str) -> Vec<u8> {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
