@@ -42,7 +42,7 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:7700";
 
 /// The largest workflow file `POST /v1/runs` reads by default, in bytes:
 /// the bound the workflow loader itself puts on files.
-pub const DEFAULT_MAX_WORKFLOW_BYTES: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_MAX_WORKFLOW_BYTES: u64 = cairn_workflow::limits::MAX_FILE_BYTES;
 
 /// How a server listens and behaves.
 #[derive(Debug, Clone)]
