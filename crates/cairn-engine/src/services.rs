@@ -1,6 +1,7 @@
 //! What every run of an engine shares: the journal and the tools.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,11 +47,9 @@ impl Services {
             }),
             timeout: node_timeout.map_or(ceiling.timeout, |t| t.min(ceiling.timeout)),
         };
-        let sandbox = Sandbox::new(base.root())
-            .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
-            .with_network(base.network())
-            .with_limits(limits)
-            .with_env(base.env().to_vec());
+        let sandbox = base
+            .derive(limits)
+            .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?;
         Ok(Arc::new(sandbox))
     }
 
@@ -81,6 +80,8 @@ impl Services {
             .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
             .with_network(network)
             .with_limits(limits);
+        let hidden = hidden_paths(sandbox.root(), self.journal.files());
+        let sandbox = sandbox.with_hidden(hidden);
         let sandbox = Arc::new(sandbox);
         self.sandboxes
             .lock()
@@ -88,4 +89,26 @@ impl Services {
             .insert(wf.hash.clone(), sandbox.clone());
         Ok(sandbox)
     }
+}
+
+/// What processes must not see of the store: a store folder inside the
+/// sandbox root (`.cairn`) is hidden whole, so nothing can be created in it
+/// either; a store whose files lie directly in the root (or elsewhere) has
+/// its files hidden one by one.
+fn hidden_paths(root: &Path, files: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut hidden: Vec<PathBuf> = Vec::new();
+    for f in files {
+        let abs = match f.parent().map(|d| (d, d.canonicalize())) {
+            Some((_, Ok(dir))) if dir.starts_with(root) && dir != root => dir,
+            Some((_, Ok(dir))) => match f.file_name() {
+                Some(name) => dir.join(name),
+                None => continue,
+            },
+            _ => f,
+        };
+        if !hidden.contains(&abs) {
+            hidden.push(abs);
+        }
+    }
+    hidden
 }

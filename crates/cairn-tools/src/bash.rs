@@ -128,6 +128,7 @@ impl Tool for BashTool {
             timeout: Some(timeout),
             max_output_bytes: ctx.sandbox.limits().max_output_bytes,
             network,
+            confine: ctx.sandbox.confinement(),
         };
         let outcome =
             run_process(spec, &AsProcessObserver(ctx.observer), ctx.cancel.clone()).await?;

@@ -55,7 +55,11 @@ pub use process::{
     kill_group, run_process, NetworkPolicy, NoopObserver, ProcessError, ProcessObserver,
     ProcessOutcome, ProcessSpec, Stream,
 };
-pub use sandbox::{Limits, Sandbox, SandboxError};
+pub use sandbox::{Isolation, Limits, Sandbox, SandboxError};
+
+/// The process sandbox, re-exported so the engine configures it through
+/// this crate.
+pub use cairn_sandbox;
 pub use tool::{idempotency_key, Tool, ToolContext, ToolObserver, ToolRegistry, ToolSpec};
 
 /// Re-exported so observers can be written without depending on

@@ -17,6 +17,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
@@ -61,6 +62,11 @@ pub struct ProcessSpec {
     pub max_output_bytes: usize,
     /// Whether the child may open internet sockets.
     pub network: NetworkPolicy,
+    /// The namespaces, file-system view and limits the child runs in;
+    /// `None` runs it unconfined (the caller's explicit choice). Its
+    /// `network` is derived from [`ProcessSpec::network`]: shut means a
+    /// network namespace of its own.
+    pub confine: Option<cairn_sandbox::Confinement>,
 }
 
 impl ProcessSpec {
@@ -75,6 +81,7 @@ impl ProcessSpec {
             timeout: None,
             max_output_bytes: 200_000,
             network: NetworkPolicy::Deny,
+            confine: None,
         }
     }
 }
@@ -201,6 +208,17 @@ pub enum ProcessError {
         program: String,
         /// Why no filter is available.
         reason: String,
+    },
+    /// The process sandbox could not be built (or the confinement is
+    /// wrong), so the process was not started rather than started
+    /// unconfined.
+    #[error("cannot start `{program}`: {source}")]
+    Sandbox {
+        /// `argv[0]`.
+        program: String,
+        /// What is missing or wrong.
+        #[source]
+        source: cairn_sandbox::SandboxError,
     },
     /// Waiting for the process failed.
     #[error("waiting for `{program}` failed: {source}")]
@@ -413,11 +431,29 @@ pub async fn run_process(
     };
     let report_fd = channel.as_ref().map(ListenerChannel::child_fd);
 
+    let prepared = match &spec.confine {
+        Some(c) => {
+            let mut c = c.clone();
+            c.network = match spec.network {
+                NetworkPolicy::Allow => cairn_sandbox::Network::Host,
+                NetworkPolicy::Deny => cairn_sandbox::Network::None,
+            };
+            Some(Arc::new(c.prepare(&spec.cwd).map_err(|source| {
+                ProcessError::Sandbox {
+                    program: program.clone(),
+                    source,
+                }
+            })?))
+        }
+        None => None,
+    };
+    let in_child = prepared.clone();
+
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid, seccomp, sendmsg, close)
-    // without allocating.
+    // async-signal-safe calls (prctl, getppid, unshare, mount, seccomp,
+    // sendmsg, close, ...) without allocating.
     unsafe {
         cmd.pre_exec(move || {
             // A direct child dies with the engine even if the engine is
@@ -429,6 +465,11 @@ pub async fn run_process(
             if libc::getppid() != parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
+            // Returns only in PID 1 of the sandbox; the process spawned
+            // here waits for it and mirrors its end.
+            if let Some(p) = &in_child {
+                p.enter()?;
+            }
             if let Some(filter) = &filter {
                 filter.install(report_fd)?;
             }
@@ -437,10 +478,18 @@ pub async fn run_process(
     }
 
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-        program: program.clone(),
-        source,
-    })?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(source) => {
+            if let Some(f) = prepared.as_ref().and_then(|p| p.failure()) {
+                return Err(ProcessError::Sandbox {
+                    program,
+                    source: f.into_error(),
+                });
+            }
+            return Err(ProcessError::Spawn { program, source });
+        }
+    };
     let pid = child.id().unwrap_or(0);
     // Until the supervisor runs, a refused call in the child just waits.
     let mut supervisor = channel
