@@ -67,6 +67,14 @@ impl ProcessObserver for EventObserver<'_> {
         };
         self.ctx.output(stream, text);
     }
+
+    fn network_refused(&self, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action: NetworkAction::Blocked,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
 }
 
 impl cairn_tools::ToolObserver for EventObserver<'_> {
