@@ -54,7 +54,10 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     let plan = &prep.plan;
     let report = prep.report_tx.as_raw_fd();
 
-    check!(report, step::UNSHARE, libc::unshare(plan.unshare_flags));
+    // Only the user and PID namespaces here: the others are PID 1's own,
+    // so that this process's exit has no namespace to tear down.
+    let here = libc::CLONE_NEWUSER | libc::CLONE_NEWPID;
+    check!(report, step::UNSHARE, libc::unshare(plan.unshare_flags & here));
     if let Err(e) = write_file(b"/proc/self/setgroups\0", b"deny") {
         // Kernels before 3.19 lack the file and need nothing.
         if e != libc::ENOENT {
@@ -95,6 +98,11 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
         libc::_exit(127);
     }
     libc::close(alive[0]);
+    check!(
+        report,
+        step::UNSHARE,
+        libc::unshare(plan.unshare_flags & !(libc::CLONE_NEWUSER | libc::CLONE_NEWPID))
+    );
 
     build_root(plan, report)?;
     libc::sethostname(b"cairn".as_ptr().cast(), 5);
