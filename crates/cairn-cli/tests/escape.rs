@@ -470,3 +470,71 @@ fn setsid_children_die_with_a_killed_engine() {
     resume.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert_eq!(status.code(), Some(0), "{err}");
 }
+
+fn error_kind(events: &[Value], node: &str) -> Option<String> {
+    of(events, node)
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "NodeFailed")
+        .and_then(|e| e["error"]["kind"].as_str().map(str::to_string))
+}
+
+#[test]
+fn resource_limits_fail_the_node_with_resource_limit() {
+    if !sandbox_available() || !python() {
+        return;
+    }
+    let env = Env::new();
+    let hog = "x = bytearray(1024 * 1024 * 1024); print(len(x))";
+    let small = "x = bytearray(64 * 1024 * 1024); print(len(x))";
+    let mut yaml = String::from(
+        "name: limits\nsandbox:\n  limits: { memory: 256MiB, cpu: 1s }\nnodes:\n",
+    );
+    for kind in ["command", "bash"] {
+        yaml.push_str(&node(kind, "memory", &py(hog), true));
+        yaml.push_str(&node(kind, "cpu", &sh("while :; do :; done"), true));
+        yaml.push_str(&node(kind, "small", &py(small), false));
+        // The node's own limit replaces the workflow's.
+        yaml.push_str(&node(kind, "raised", &py(hog), false));
+        yaml.push_str("    sandbox: { limits: { memory: 2GiB } }\n");
+    }
+    let (_, err, events) = env.run(&yaml, "l1");
+    for prefix in ["c", "b"] {
+        for id in ["memory", "cpu"] {
+            let n = format!("{prefix}_{id}");
+            assert_eq!(
+                error_kind(&events, &n).as_deref(),
+                Some("resource_limit"),
+                "{err}\n{}",
+                dump(&events, &n)
+            );
+        }
+        for id in ["small", "raised"] {
+            let n = format!("{prefix}_{id}");
+            assert_eq!(ended(&events, &n), "finished", "{}", dump(&events, &n));
+        }
+    }
+}
+
+#[test]
+fn opting_out_is_explicit_and_logged() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new();
+    // The store is visible only to a node that opts out.
+    let yaml = "name: optout\nnodes:\n  - id: confined\n    command: [\"sh\", \"-c\", \"test -e .cairn/cairn.db\"]\n    on_failure: continue\n  - id: open\n    command: [\"sh\", \"-c\", \"test -e .cairn/cairn.db\"]\n    sandbox: { isolation: none }\n  - id: open_bash\n    tool: bash\n    args: { argv: [\"sh\", \"-c\", \"test -e .cairn/cairn.db\"] }\n    sandbox: { isolation: none }\n";
+    let (_, err, events) = env.run(yaml, "x1");
+    assert_eq!(ended(&events, "confined"), "failed", "{err}");
+    for n in ["open", "open_bash"] {
+        assert_eq!(ended(&events, n), "finished", "{err}\n{}", dump(&events, n));
+        assert!(
+            of(&events, n)
+                .iter()
+                .any(|e| e["type"] == "Diagnostic" && e["source"] == "sandbox" && e["level"] == "warn"),
+            "no Diagnostic for the opt-out of {n}:\n{}",
+            dump(&events, n)
+        );
+    }
+    assert!(!of(&events, "confined").iter().any(|e| e["type"] == "Diagnostic"));
+}

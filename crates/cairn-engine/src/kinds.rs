@@ -105,8 +105,13 @@ impl NodeRunner for CommandNode {
             .iter()
             .map(|a| render(a))
             .collect::<Result<Vec<_>, _>>()?;
-        let sandbox = ctx.services.sandbox_for(&ctx.workflow, None, None)?;
+        let sandbox = ctx
+            .services
+            .sandbox_for(&ctx.workflow, None, None, &spec.sandbox)?;
         let confine = sandbox.confinement();
+        if confine.is_none() {
+            ctx.unconfined_notice();
+        }
         let cwd = match &spec.cwd {
             Some(c) => {
                 let c = PathBuf::from(render(c)?);
@@ -158,6 +163,17 @@ impl NodeRunner for CommandNode {
         })?;
         if outcome.cancelled || outcome.timed_out {
             return Err(NodeError::cancelled(format!("`{program}` was stopped")));
+        }
+        if let Some(limit) = outcome.resource_limit(&sandbox.resources()) {
+            return Err(NodeError::new(
+                "resource_limit",
+                format!("`{program}` was stopped by a resource limit: {limit}"),
+            )
+            .with_details(json!({
+                "exitCode": outcome.exit_code,
+                "signal": outcome.signal,
+                "stderr": tail(&outcome.stderr, 2000),
+            })));
         }
         if outcome.exit_code != Some(0) {
             let how = match (outcome.exit_code, outcome.signal) {
@@ -269,6 +285,6 @@ impl NodeRunner for ToolNode {
             unreachable!("runner_for maps only tool nodes here")
         };
         let args = ctx.render_value(args)?;
-        ctx.call_tool(tool, args).await
+        ctx.call_tool_in(tool, args, &spec.sandbox).await
     }
 }

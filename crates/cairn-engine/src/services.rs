@@ -8,7 +8,7 @@ use std::time::Duration;
 use cairn_store::Journal;
 use cairn_tools::process::NetworkPolicy;
 use cairn_tools::{Limits, Sandbox, ToolRegistry};
-use cairn_workflow::Workflow;
+use cairn_workflow::{Isolation, NodeSandbox, ResourceLimits, Workflow};
 
 use crate::node::NodeError;
 
@@ -30,14 +30,17 @@ impl Services {
     /// The sandbox a node's tool calls run in: the workflow's (built once
     /// per workflow text), with the node's own lower limits when it has any.
     /// Limits only ever go down: workflow ≥ node ≥ call.
+    /// The node's `sandbox:` overrides the workflow's isolation and limits.
     pub fn sandbox_for(
         &self,
         wf: &Workflow,
         node_output: Option<usize>,
         node_timeout: Option<Duration>,
+        node_sandbox: &NodeSandbox,
     ) -> Result<Arc<Sandbox>, NodeError> {
         let base = self.workflow_sandbox(wf)?;
-        if node_output.is_none() && node_timeout.is_none() {
+        if node_output.is_none() && node_timeout.is_none() && *node_sandbox == NodeSandbox::default()
+        {
             return Ok(base);
         }
         let ceiling = base.limits();
@@ -47,9 +50,15 @@ impl Services {
             }),
             timeout: node_timeout.map_or(ceiling.timeout, |t| t.min(ceiling.timeout)),
         };
+        let isolation = node_sandbox
+            .isolation
+            .map_or(base.isolation(), isolation_of);
+        let resources = resources_of(wf.sandbox.limits.overridden_by(node_sandbox.limits));
         let sandbox = base
             .derive(limits)
-            .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?;
+            .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
+            .with_isolation(isolation)
+            .with_resources(resources);
         Ok(Arc::new(sandbox))
     }
 
@@ -81,13 +90,33 @@ impl Services {
             .with_network(network)
             .with_limits(limits);
         let hidden = hidden_paths(sandbox.root(), self.journal.files());
-        let sandbox = sandbox.with_hidden(hidden);
+        let sandbox = sandbox
+            .with_hidden(hidden)
+            .with_isolation(isolation_of(wf.sandbox.isolation))
+            .with_resources(resources_of(wf.sandbox.limits))
+            .with_read_only(wf.sandbox.read_only.iter().map(PathBuf::from).collect());
         let sandbox = Arc::new(sandbox);
         self.sandboxes
             .lock()
             .unwrap()
             .insert(wf.hash.clone(), sandbox.clone());
         Ok(sandbox)
+    }
+}
+
+fn isolation_of(i: Isolation) -> cairn_tools::Isolation {
+    match i {
+        Isolation::Namespaces => cairn_tools::Isolation::Namespaces,
+        Isolation::None => cairn_tools::Isolation::None,
+    }
+}
+
+/// The workflow's limits as rlimits (CPU time rounded up to whole seconds).
+fn resources_of(l: ResourceLimits) -> cairn_tools::cairn_sandbox::ResourceLimits {
+    cairn_tools::cairn_sandbox::ResourceLimits {
+        memory_bytes: l.memory_bytes,
+        processes: l.processes,
+        cpu_seconds: l.cpu.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
     }
 }
 

@@ -142,6 +142,14 @@ impl Tool for BashTool {
                 stderr: outcome.stderr,
             });
         }
+        if let Some(limit) = outcome.resource_limit(&ctx.sandbox.resources()) {
+            return Err(ToolError::ResourceLimit {
+                limit,
+                code: outcome.exit_code,
+                signal: outcome.signal,
+                stderr: outcome.stderr,
+            });
+        }
         if outcome.exit_code != Some(0) {
             return Err(ToolError::Exit {
                 code: outcome.exit_code,

@@ -174,6 +174,45 @@ impl ProcessOutcome {
     pub fn success(&self) -> bool {
         self.exit_code == Some(0) && !self.timed_out && !self.cancelled
     }
+
+    /// When the process failed and one of `limits` is the likely cause,
+    /// which one. Rlimits do not announce themselves: the CPU limit ends
+    /// the process with SIGXCPU (or SIGKILL a second later), the memory
+    /// limit makes allocations fail (the program then aborts, crashes or
+    /// says so), the process limit makes `fork` fail with EAGAIN. So this
+    /// reads the signal and the usual messages on stderr.
+    pub fn resource_limit(&self, limits: &cairn_sandbox::ResourceLimits) -> Option<String> {
+        if self.success() || self.timed_out || self.cancelled {
+            return None;
+        }
+        let err = self.stderr.to_ascii_lowercase();
+        if let Some(cpu) = limits.cpu_seconds {
+            if matches!(self.signal, Some(libc::SIGXCPU) | Some(libc::SIGKILL)) {
+                return Some(format!("the CPU-time limit ({cpu}s) was reached"));
+            }
+        }
+        if let Some(mem) = limits.memory_bytes {
+            let said = ["memoryerror", "cannot allocate memory", "out of memory", "memory allocation of", "std::bad_alloc"]
+                .iter()
+                .any(|m| err.contains(m));
+            let died = matches!(
+                self.signal,
+                Some(libc::SIGSEGV) | Some(libc::SIGABRT) | Some(libc::SIGBUS) | Some(libc::SIGKILL)
+            );
+            if said || died {
+                return Some(format!("the memory limit ({mem} bytes) was likely reached"));
+            }
+        }
+        if let Some(n) = limits.processes {
+            let said = ["resource temporarily unavailable", "cannot fork", "fork: retry", "can't fork"]
+                .iter()
+                .any(|m| err.contains(m));
+            if said {
+                return Some(format!("the process limit ({n}) was reached"));
+            }
+        }
+        None
+    }
 }
 
 /// Why a process could not be run at all.
