@@ -538,3 +538,76 @@ fn opting_out_is_explicit_and_logged() {
     }
     assert!(!of(&events, "confined").iter().any(|e| e["type"] == "Diagnostic"));
 }
+
+/// A tiny HTTP server on the host: answers every request with `hello`.
+fn http_server() -> (u16, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = std::thread::spawn(move || {
+        for s in l.incoming().take(4) {
+            let Ok(mut s) = s else { continue };
+            let mut buf = [0u8; 4096];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
+        }
+    });
+    (port, h)
+}
+
+#[test]
+fn a_host_list_lets_through_its_hosts_only_via_the_proxy() {
+    if !sandbox_available() || !python() {
+        return;
+    }
+    let env = Env::new();
+    let (port, _server) = http_server();
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let get = |p: u16| {
+        format!("import urllib.request, sys\ntry:\n    print(urllib.request.urlopen('http://127.0.0.1:{p}/x', timeout=10).read().decode())\nexcept Exception as e:\n    print(e, file=sys.stderr); sys.exit(1)")
+    };
+    let tunnel = format!(
+        "import http.client, os\nc = http.client.HTTPConnection('127.0.0.1', 3128, timeout=10)\nc.set_tunnel('127.0.0.1', {port})\nc.request('GET', '/t')\nprint(c.getresponse().read().decode())"
+    );
+    let mut yaml = format!("name: hosts\nsandbox: {{ network: [\"127.0.0.1:{port}\"] }}\nnodes:\n");
+    for kind in ["command", "bash"] {
+        yaml.push_str(&node(kind, "allowed", &py(&get(port)), false));
+        yaml.push_str(&node(kind, "tunnel", &py(&tunnel), false));
+        yaml.push_str(&node(kind, "blocked", &py(&get(other_port)), true));
+        yaml.push_str(&node(kind, "direct", &py(&connect_tcp(port)), true));
+    }
+    let (_, err, events) = env.run(&yaml, "h1");
+    for prefix in ["c", "b"] {
+        for id in ["allowed", "tunnel"] {
+            let n = format!("{prefix}_{id}");
+            assert_eq!(ended(&events, &n), "finished", "{err}\n{}", dump(&events, &n));
+            assert!(
+                of(&events, &n).iter().any(|e| e["type"] == "NetworkAccess"
+                    && e["action"] == "allowed"
+                    && e["target"] == format!("127.0.0.1:{port}")),
+                "{}",
+                dump(&events, &n)
+            );
+            assert!(dump(&events, &n).contains("hello"), "{}", dump(&events, &n));
+        }
+        let n = format!("{prefix}_blocked");
+        assert_eq!(ended(&events, &n), "failed", "{}", dump(&events, &n));
+        assert!(
+            of(&events, &n).iter().any(|e| e["type"] == "NetworkAccess"
+                && e["action"] == "blocked"
+                && e["target"] == format!("127.0.0.1:{other_port}")),
+            "{}",
+            dump(&events, &n)
+        );
+        let n = format!("{prefix}_direct");
+        assert_eq!(ended(&events, &n), "failed", "{}", dump(&events, &n));
+    }
+    other.set_nonblocking(true).unwrap();
+    assert!(other.accept().is_err(), "a blocked connection reached its host");
+}

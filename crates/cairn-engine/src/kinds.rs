@@ -75,6 +75,14 @@ impl ProcessObserver for EventObserver<'_> {
             reason: reason.to_string(),
         });
     }
+
+    fn network_allowed(&self, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action: NetworkAction::Allowed,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
 }
 
 impl cairn_tools::ToolObserver for EventObserver<'_> {
@@ -152,6 +160,7 @@ impl NodeRunner for CommandNode {
             max_output_bytes: max_output,
             network: sandbox.network(),
             confine,
+            proxy: sandbox.network_hosts(),
         };
         let observer = EventObserver::new(ctx);
         let outcome = run_process(proc_spec, &observer, ctx.cancel.clone()).await;

@@ -85,10 +85,15 @@ impl Services {
         } else {
             NetworkPolicy::Deny
         };
-        let sandbox = Sandbox::new(&root)
+        let mut sandbox = Sandbox::new(&root)
             .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
             .with_network(network)
             .with_limits(limits);
+        if !wf.sandbox.network_hosts.is_empty() {
+            let hosts = cairn_tools::HostRules::parse(&wf.sandbox.network_hosts)
+                .map_err(|e| NodeError::fatal("sandbox", format!("sandbox.network: {e}")))?;
+            sandbox = sandbox.with_network_hosts(hosts);
+        }
         let hidden = hidden_paths(sandbox.root(), self.journal.files());
         let sandbox = sandbox
             .with_hidden(hidden)

@@ -180,8 +180,10 @@ pub struct Prepared {
     /// The child writes the failing step here; the engine reads it.
     report_rx: OwnedFd,
     pub(crate) report_tx: OwnedFd,
-    /// The proxy listener comes back over this pair.
-    proxy: Option<(OwnedFd, OwnedFd)>,
+    /// The proxy listener comes back over this pair (taken once).
+    proxy: std::sync::Mutex<Option<(OwnedFd, OwnedFd)>>,
+    /// The child's end of that pair, read without locking after `fork`.
+    proxy_tx: Option<RawFd>,
 }
 
 impl Prepared {
@@ -189,11 +191,13 @@ impl Prepared {
         let (report_rx, report_tx) = pipe()?;
         set_nonblocking(report_rx.as_raw_fd())?;
         let proxy = if proxy { Some(socket_pair()?) } else { None };
+        let proxy_tx = proxy.as_ref().map(|(_, tx)| tx.as_raw_fd());
         Ok(Prepared {
             plan,
             report_rx,
             report_tx,
-            proxy,
+            proxy: std::sync::Mutex::new(proxy),
+            proxy_tx,
         })
     }
 
@@ -207,7 +211,7 @@ impl Prepared {
     /// Only to be called in a freshly forked child (`pre_exec`), once. It
     /// makes only async-signal-safe system calls and does not allocate.
     pub unsafe fn enter(&self) -> io::Result<()> {
-        child::enter(self, self.proxy.as_ref().map(|(_, tx)| tx.as_raw_fd()))
+        child::enter(self, self.proxy_tx)
     }
 
     /// After a failed spawn: the step of the sandbox that failed, if the
@@ -229,8 +233,8 @@ impl Prepared {
 
     /// With [`Network::Proxy`], after the spawn: the listening socket the
     /// child created in its network namespace.
-    pub fn take_proxy_listener(&mut self) -> Option<OwnedFd> {
-        let (rx, tx) = self.proxy.take()?;
+    pub fn take_proxy_listener(&self) -> Option<OwnedFd> {
+        let (rx, tx) = self.proxy.lock().ok()?.take()?;
         drop(tx);
         child::recv_fd(rx.as_raw_fd())
     }

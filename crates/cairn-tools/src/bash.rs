@@ -117,6 +117,8 @@ impl Tool for BashTool {
                         "the workflow's sandbox allows the network",
                     );
                 }
+                // The proxy judges each connection the program makes.
+                NetworkPolicy::Proxy => {}
             }
         }
 
@@ -129,6 +131,7 @@ impl Tool for BashTool {
             max_output_bytes: ctx.sandbox.limits().max_output_bytes,
             network,
             confine: ctx.sandbox.confinement(),
+            proxy: ctx.sandbox.network_hosts(),
         };
         let outcome =
             run_process(spec, &AsProcessObserver(ctx.observer), ctx.cancel.clone()).await?;

@@ -50,10 +50,12 @@ pub mod fs;
 pub mod grep;
 mod netfilter;
 pub mod process;
+mod proxy;
 mod sandbox;
 mod tool;
 
 pub use error::ToolError;
+pub use proxy::HostRules;
 pub use process::{
     kill_group, run_process, NetworkPolicy, NoopObserver, ProcessError, ProcessObserver,
     ProcessOutcome, ProcessSpec, Stream,

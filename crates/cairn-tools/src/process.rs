@@ -24,6 +24,7 @@ use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::netfilter::{ListenerChannel, NetFilter, Refusal, Supervisor};
+use crate::proxy::HostRules;
 
 /// How long the pipes are still read after the group was killed: long enough
 /// to collect what is already buffered, short enough that a pipe held by an
@@ -67,6 +68,8 @@ pub struct ProcessSpec {
     /// `network` is derived from [`ProcessSpec::network`]: shut means a
     /// network namespace of its own.
     pub confine: Option<cairn_sandbox::Confinement>,
+    /// With [`NetworkPolicy::Proxy`]: the hosts the proxy lets through.
+    pub proxy: Option<Arc<HostRules>>,
 }
 
 impl ProcessSpec {
@@ -82,6 +85,7 @@ impl ProcessSpec {
             max_output_bytes: 200_000,
             network: NetworkPolicy::Deny,
             confine: None,
+            proxy: None,
         }
     }
 }
@@ -95,6 +99,12 @@ pub enum NetworkPolicy {
     /// (see the crate docs for why seccomp); each refusal is reported through
     /// [`ProcessObserver::network_refused`].
     Deny,
+    /// Only through the filtering proxy, to the hosts of
+    /// [`ProcessSpec::proxy`]; each connection is reported through
+    /// [`ProcessObserver::network_allowed`] or
+    /// [`ProcessObserver::network_refused`]. Needs the sandbox (its own
+    /// network namespace): an unconfined process gets [`NetworkPolicy::Deny`].
+    Proxy,
 }
 
 /// Which of the child's output streams a chunk came from.
@@ -136,6 +146,11 @@ pub trait ProcessObserver: Send + Sync {
     /// Called on the task running the process, before [`run_process`]
     /// returns; at most 100 times per process.
     fn network_refused(&self, target: &str, reason: &str) {
+        let _ = (target, reason);
+    }
+    /// With [`NetworkPolicy::Proxy`], the proxy let a connection through to
+    /// `target` (`host:port`).
+    fn network_allowed(&self, target: &str, reason: &str) {
         let _ = (target, reason);
     }
 }
@@ -422,8 +437,15 @@ pub async fn run_process(
         }
     }
 
-    let filter = match spec.network {
-        NetworkPolicy::Allow => None,
+    // Through the proxy only from a network namespace of its own; without
+    // one, the proxy could be bypassed, so the network is shut instead.
+    let proxied = spec.network == NetworkPolicy::Proxy && spec.confine.is_some();
+    let policy = match spec.network {
+        NetworkPolicy::Proxy if !proxied => NetworkPolicy::Deny,
+        p => p,
+    };
+    let filter = match policy {
+        NetworkPolicy::Allow | NetworkPolicy::Proxy => None,
         NetworkPolicy::Deny => {
             Some(
                 NetFilter::build().map_err(|reason| ProcessError::NetworkFilter {
@@ -456,6 +478,13 @@ pub async fn run_process(
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }
+    if proxied {
+        let url = format!("http://127.0.0.1:{}", cairn_sandbox::PROXY_PORT);
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"] {
+            cmd.env(k, &url);
+        }
+        cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+    }
 
     // The child sends its seccomp listener back over this, so refusals can
     // be answered and reported here.
@@ -473,9 +502,10 @@ pub async fn run_process(
     let prepared = match &spec.confine {
         Some(c) => {
             let mut c = c.clone();
-            c.network = match spec.network {
+            c.network = match policy {
                 NetworkPolicy::Allow => cairn_sandbox::Network::Host,
                 NetworkPolicy::Deny => cairn_sandbox::Network::None,
+                NetworkPolicy::Proxy => cairn_sandbox::Network::Proxy,
             };
             Some(Arc::new(c.prepare(&spec.cwd).map_err(|source| {
                 ProcessError::Sandbox {
@@ -530,6 +560,15 @@ pub async fn run_process(
         }
     };
     let pid = child.id().unwrap_or(0);
+    // The proxy runs until this function returns (dropping the set aborts
+    // it); its verdicts come back over `proxy_rx`.
+    let (proxy_tx, mut proxy_rx) = tokio::sync::mpsc::unbounded_channel();
+    let _proxy = match (&prepared, proxied) {
+        (Some(p), true) => p.take_proxy_listener().and_then(|l| {
+            crate::proxy::serve(l, spec.proxy.clone().unwrap_or_default(), proxy_tx).ok()
+        }),
+        _ => None,
+    };
     // Until the supervisor runs, a refused call in the child just waits.
     let mut supervisor = channel
         .and_then(ListenerChannel::receive)
@@ -588,6 +627,13 @@ pub async fn run_process(
                     Some(r) => observer.network_refused(&r.target, &r.reason),
                     None => supervisor = None,
                 },
+                Some(ev) = proxy_rx.recv() => {
+                    if ev.allowed {
+                        observer.network_allowed(&ev.target, &ev.reason);
+                    } else {
+                        observer.network_refused(&ev.target, &ev.reason);
+                    }
+                }
             }
         }
 

@@ -24,6 +24,8 @@ use crate::error::ToolError;
 use cairn_sandbox::{Confinement, Network, ResourceLimits};
 
 use crate::process::NetworkPolicy;
+use crate::proxy::HostRules;
+use std::sync::Arc;
 
 /// Output and time limits of tool calls.
 ///
@@ -94,6 +96,7 @@ pub struct Sandbox {
     hidden: Vec<PathBuf>,
     read_only: Vec<PathBuf>,
     resources: ResourceLimits,
+    hosts: Option<Arc<HostRules>>,
 }
 
 /// Whether processes started in a sandbox are confined.
@@ -156,6 +159,7 @@ impl Sandbox {
             hidden: Vec::new(),
             read_only: Vec::new(),
             resources: ResourceLimits::default(),
+            hosts: None,
         })
     }
 
@@ -176,6 +180,19 @@ impl Sandbox {
     pub fn with_env(mut self, env: Vec<(String, String)>) -> Self {
         self.env = env;
         self
+    }
+
+    /// Lets processes reach `hosts` only, through the filtering proxy
+    /// ([`NetworkPolicy::Proxy`]).
+    pub fn with_network_hosts(mut self, hosts: HostRules) -> Self {
+        self.network = NetworkPolicy::Proxy;
+        self.hosts = Some(Arc::new(hosts));
+        self
+    }
+
+    /// The hosts of [`NetworkPolicy::Proxy`].
+    pub fn network_hosts(&self) -> Option<Arc<HostRules>> {
+        self.hosts.clone()
     }
 
     /// Sets whether processes are confined (namespaces by default).
@@ -235,6 +252,7 @@ impl Sandbox {
                 network: match self.network {
                     NetworkPolicy::Allow => Network::Host,
                     NetworkPolicy::Deny => Network::None,
+                    NetworkPolicy::Proxy => Network::Proxy,
                 },
                 limits: self.resources,
             }),
@@ -243,8 +261,9 @@ impl Sandbox {
 
     /// A copy with other limits (same root, policies and environment).
     pub fn derive(&self, limits: Limits) -> Result<Sandbox, SandboxError> {
-        Ok(Sandbox::new(&self.root)?
-            .with_network(self.network)
+        let mut s = Sandbox::new(&self.root)?;
+        s.hosts = self.hosts.clone();
+        Ok(s.with_network(self.network)
             .with_limits(limits)
             .with_env(self.env.clone())
             .with_isolation(self.isolation)

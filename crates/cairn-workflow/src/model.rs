@@ -47,8 +47,11 @@ pub struct Defaults {
 pub struct SandboxSpec {
     /// Root folder (relative to the workflow's folder); `None` means the workflow's folder.
     pub root: Option<String>,
-    /// Whether bash may use the network.
+    /// Whether processes may use the network (`network: true`).
     pub network: bool,
+    /// `network: [hosts]`: the hosts (globs, optional `:port`) processes may
+    /// reach through the filtering proxy; `network` is false then.
+    pub network_hosts: Vec<String>,
     /// Cap on a tool's captured output.
     pub max_output_bytes: Option<u64>,
     /// Default timeout of one tool call.

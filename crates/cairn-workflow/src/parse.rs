@@ -386,6 +386,40 @@ impl Cx {
         }
     }
 
+    /// `network: [hosts]`: host names or globs, each with an optional port.
+    fn hosts(&mut self, node: &Node, field: &str) -> Vec<String> {
+        let Yaml::Seq(items) = &node.value else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            let Some(h) = self.string(item, &f) else {
+                continue;
+            };
+            let (host, port) = match h.rsplit_once(':') {
+                Some((host, p)) if !host.contains(':') => (host, Some(p)),
+                _ => (h.as_str(), None),
+            };
+            let bad_host = host.is_empty()
+                || host
+                    .chars()
+                    .any(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '*' | '_')));
+            let bad_port = port.is_some_and(|p| p.parse::<u16>().map_or(true, |n| n == 0));
+            if bad_host || bad_port {
+                self.at_hint(
+                    item.pos,
+                    Some(&f),
+                    format!("`{h}` is not a host pattern"),
+                    Some("use a host name or glob with an optional port: pypi.org, *.github.com:443".into()),
+                );
+            } else {
+                out.push(h);
+            }
+        }
+        out
+    }
+
     /// A list of absolute folder paths.
     fn read_only(&mut self, node: &Node, field: &str) -> Vec<String> {
         let Yaml::Seq(items) = &node.value else {
@@ -579,7 +613,11 @@ impl Cx {
                     sandbox.root = self.string(r, "sandbox.root");
                 }
                 if let Some((_, n)) = s.get("network") {
-                    sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
+                    if let Yaml::Seq(_) = &n.value {
+                        sandbox.network_hosts = self.hosts(n, "sandbox.network");
+                    } else {
+                        sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
+                    }
                 }
                 if let Some((_, m)) = s.get("max_output_bytes") {
                     sandbox.max_output_bytes = self.uint(m, "sandbox.max_output_bytes", 1);
