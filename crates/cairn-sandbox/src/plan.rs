@@ -246,8 +246,9 @@ impl Builder {
         let Ok(meta) = std::fs::symlink_metadata(p) else {
             return Ok(());
         };
-        if !self.exists_in_new_root(p) && !self.exists_in_new_root(p.parent().unwrap_or(p)) {
-            // Not visible in the new root anyway.
+        if !self.bound.iter().any(|b| p.starts_with(b) && p != b) {
+            // Not beneath anything bound from the host: not visible in the
+            // new root anyway (a skeleton folder is empty).
             return Ok(());
         }
         let op = if meta.is_dir() {

@@ -75,3 +75,21 @@ echo done"#,
     assert!(!root.join(".cairn/new").exists());
     let _ = Network::None;
 }
+
+#[test]
+fn hidden_paths_outside_the_root_are_simply_absent() {
+    if !available() {
+        return;
+    }
+    // The store beside the root, in a folder the root lies in: the sandbox
+    // must not try to cover what it does not show.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("workflows");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(dir.path().join("cairn.db"), "store").unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let mut conf = Confinement::new(&root);
+    conf.hidden = vec![dir.path().join("cairn.db"), dir.path().join("logs")];
+    let out = run(&conf, &root, "test ! -e ../cairn.db && test ! -e ../logs && echo ok");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n", "{}", String::from_utf8_lossy(&out.stderr));
+}
