@@ -264,6 +264,10 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
         ("outside_write", sh(&format!("echo x > {top}/beside/outside.txt"))),
         ("outside_read", sh(&format!("cat {top}/secret.txt"))),
         ("usr_write", sh("echo x > /usr/cairn-escape")),
+        // Machine-wide settings: writable by uid 0 without any capability
+        // unless the sandbox makes them read-only.
+        ("sysctl", sh("test -w /proc/sys/kernel/core_pattern")),
+        ("sysrq", sh("test -w /proc/sysrq-trigger")),
         (
             "environ",
             sh("cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep CAIRN_ESCAPE_SECRET"),
@@ -274,6 +278,10 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
     }
     if with_python {
         attacks.push(("into_engine", py(INTO_THE_ENGINE)));
+        attacks.push((
+            "sysctl_open",
+            py("import os\nos.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)"),
+        ));
         attacks.push(("unix_outside", py(&connect_unix(&format!("{:?}", unix_path.display().to_string())))));
         attacks.push(("unix_abstract", py(&connect_unix(&format!("'\\0{abstract_name}'")))));
         attacks.push(("tcp", py(&connect_tcp(tcp_port))));

@@ -379,6 +379,25 @@ unsafe fn run_op(op: &Op) -> Result<(), i32> {
             );
             Ok(())
         }
+        Op::ProcReadOnly(dst) => {
+            if libc::mount(dst.as_ptr(), dst.as_ptr(), null(), libc::MS_BIND | libc::MS_REC, null()) != 0 {
+                return if errno() == libc::ENOENT { Ok(()) } else { Err(errno()) };
+            }
+            read_only(dst.as_ptr())
+        }
+        Op::ProcMask(dst) => {
+            if libc::mount(
+                b"/oldroot/dev/null\0".as_ptr().cast(),
+                dst.as_ptr(),
+                null(),
+                libc::MS_BIND,
+                null(),
+            ) != 0
+            {
+                return if errno() == libc::ENOENT { Ok(()) } else { Err(errno()) };
+            }
+            read_only(dst.as_ptr())
+        }
         Op::Symlink { target, link } => {
             if libc::symlink(target.as_ptr(), link.as_ptr()) != 0 && errno() != libc::EEXIST {
                 return Err(errno());

@@ -96,7 +96,8 @@ impl Rules {
         let read = EXECUTE | READ_FILE | READ_DIR;
         let mut rules = vec![
             (cstr("/")?, read),
-            (cstr("/proc")?, read | WRITE_FILE),
+            // No writes to /proc: sysctls and triggers are machine-wide.
+            (cstr("/proc")?, read),
             (cstr("/dev")?, handled & (read | WRITE_FILE | TRUNCATE | IOCTL_DEV)),
         ];
         for w in writable {

@@ -28,6 +28,22 @@ const ETC_SECRETS: &[&str] = &[
     "/etc/ssl/private",
 ];
 
+/// Parts of `/proc` that change the whole machine when written (sysctls,
+/// interrupts): read-only. The kernel lets the engine's uid write them when
+/// that uid is root, capabilities or not.
+const PROC_READ_ONLY: &[&str] = &["sys", "irq", "bus", "fs"];
+
+/// Files of `/proc` that are hidden: a machine-wide trigger and leaks of
+/// kernel memory, keys and timers.
+const PROC_MASKED: &[&str] = &[
+    "sysrq-trigger",
+    "kcore",
+    "keys",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+];
+
 /// Device nodes bound from the host's `/dev`.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -81,6 +97,12 @@ pub(crate) enum Op {
     Proc(CString),
     /// A private `devpts` instance; a failure only leaves out `/dev/pts`.
     Devpts(CString),
+    /// Makes part of the fresh `/proc` read-only (bound onto itself);
+    /// skipped when this kernel's `/proc` lacks it.
+    ProcReadOnly(CString),
+    /// Covers a file of the fresh `/proc` with the read-only null device;
+    /// skipped when absent.
+    ProcMask(CString),
     /// A symbolic link.
     Symlink { target: CString, link: CString },
     /// Makes the skeleton tmpfs read-only once everything is mounted on it.
@@ -372,6 +394,17 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
 
     b.dir(Path::new("/proc"))?;
     b.push(Op::Proc(new_path(Path::new("/proc"))?), "mounting a fresh /proc".into());
+    for p in PROC_READ_ONLY {
+        let p = Path::new("/proc").join(p);
+        b.push(
+            Op::ProcReadOnly(new_path(&p)?),
+            format!("making {} read-only", p.display()),
+        );
+    }
+    for p in PROC_MASKED {
+        let p = Path::new("/proc").join(p);
+        b.push(Op::ProcMask(new_path(&p)?), format!("hiding {}", p.display()));
+    }
     b.tmpfs(Path::new("/tmp"), nosuid_nodev, "mode=1777")?;
     b.tmpfs(Path::new("/var/tmp"), nosuid_nodev, "mode=1777")?;
 
