@@ -576,7 +576,8 @@ const AUDIT_ARCH: u32 = 0xC000_00B7;
 
 /// The belt-and-braces filter: no `ptrace`, `process_vm_readv/writev` or
 /// `pidfd_getfd` (the PID namespace already hides the engine; this also
-/// keeps a program from reading its own sandbox's processes' memory), and
+/// keeps a program from reading its own sandbox's processes' memory), no
+/// kernel keyring calls, and
 /// nothing from another system-call ABI, whose numbers would slip past it.
 pub(crate) fn seccomp_program() -> Vec<libc::sock_filter> {
     let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
@@ -591,11 +592,16 @@ pub(crate) fn seccomp_program() -> Vec<libc::sock_filter> {
     };
     let j = |code, k, jt, jf| libc::sock_filter { code, jt, jf, k };
     let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    // The kernel keyring is not namespaced by mount or PID: keys of the
+    // engine's uid would be within reach.
     let denied = [
         libc::SYS_ptrace,
         libc::SYS_process_vm_readv,
         libc::SYS_process_vm_writev,
         libc::SYS_pidfd_getfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
     ];
     let n = denied.len() as u8;
     let mut p = vec![

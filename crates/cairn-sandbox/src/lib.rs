@@ -16,7 +16,8 @@
 //! 2. **File system.** A fresh root on a tmpfs: the system folders
 //!    (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`) bound read-only, `/etc`'s
 //!    secrets (`shadow`, `gshadow`, SSH host keys, `ssl/private`) masked, a
-//!    private `/tmp`, a fresh `/proc`, a minimal `/dev`, the sandbox root
+//!    private `/tmp`, a fresh `/proc` (its machine-wide parts read-only or
+//!    masked), a minimal `/dev`, the sandbox root
 //!    read-write at its own path, and the [`Confinement::hidden`] paths (the
 //!    store, its locks and logs) covered by empty read-only mounts. The old
 //!    root is detached, so nothing else of the host is reachable.
@@ -26,7 +27,7 @@
 //! 4. **Limits** ([`ResourceLimits`], as rlimits), `no_new_privs`, no
 //!    capabilities (bounding, ambient and effective sets emptied), and a
 //!    seccomp filter refusing `ptrace`, `process_vm_readv/writev` and
-//!    `pidfd_getfd`.
+//!    `pidfd_getfd` and the kernel keyring calls.
 //!
 //! When the kernel refuses a step (user namespaces disabled, a container's
 //! seccomp policy), the program is not started: [`Prepared::failure`] names
