@@ -16,7 +16,9 @@ pub fn doctor() -> u8 {
     }
     println!();
     if report.sandbox_ok() {
-        println!("verdict: the process sandbox works here; every process a node starts is confined.");
+        println!(
+            "verdict: the process sandbox works here; every process a node starts is confined."
+        );
         EXIT_OK
     } else {
         println!(

@@ -65,12 +65,18 @@ impl Env {
         std::fs::write(self.root.join("engine.pid"), child.id().to_string()).unwrap();
         let status = wait_exit(&mut child);
         let mut err = String::new();
-        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
         (status, err, self.events(run))
     }
 
     fn events(&self, run: &str) -> Vec<Value> {
-        let backend = SqliteBackend::open(&self.root.join(".cairn/cairn.db")).expect("open the store");
+        let backend =
+            SqliteBackend::open(&self.root.join(".cairn/cairn.db")).expect("open the store");
         backend
             .read_events(run, &EventQuery::default())
             .expect("read events")
@@ -86,7 +92,10 @@ fn wait_exit(child: &mut Child) -> ExitStatus {
         if let Some(s) = child.try_wait().unwrap() {
             return s;
         }
-        assert!(t0.elapsed() < PATIENCE, "cairn did not end within {PATIENCE:?}");
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "cairn did not end within {PATIENCE:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -150,7 +159,11 @@ fn dump(events: &[Value], node: &str) -> String {
 /// A node running `argv` as a command (`c_<id>`) or a bash call (`b_<id>`).
 fn node(kind: &str, id: &str, argv: &[String], needs_fail: bool) -> String {
     let argv = serde_json::to_string(argv).unwrap();
-    let cont = if needs_fail { "    on_failure: continue\n" } else { "" };
+    let cont = if needs_fail {
+        "    on_failure: continue\n"
+    } else {
+        ""
+    };
     match kind {
         "command" => format!(
             "  - id: c_{id}\n    command: {argv}\n    env: {{ DECLARED: \"yes\" }}\n{cont}"
@@ -235,7 +248,9 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
     let pg = Path::new("/var/run/postgresql/.s.PGSQL.5432");
     let pg = pg.exists().then(|| pg.to_string_lossy().into_owned());
     if pg.is_none() {
-        eprintln!("skipped: the PostgreSQL socket probe (no /var/run/postgresql/.s.PGSQL.5432 here)");
+        eprintln!(
+            "skipped: the PostgreSQL socket probe (no /var/run/postgresql/.s.PGSQL.5432 here)"
+        );
     }
     // Listeners of the test itself, outside the sandbox.
     let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -256,7 +271,8 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
 
     // (id, argv): each must fail.
     let top = env.top.display().to_string();
-    let mut attacks: Vec<(&str, Vec<String>)> = vec![
+    let mut attacks: Vec<(&str, Vec<String>)> =
+        vec![
         ("store_write", sh("echo x >> .cairn/cairn.db")),
         ("store_seen", sh("test -e .cairn/cairn.db")),
         ("store_create", sh("echo x > .cairn/evil")),
@@ -282,8 +298,17 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
             "sysctl_open",
             py("import os\nos.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)"),
         ));
-        attacks.push(("unix_outside", py(&connect_unix(&format!("{:?}", unix_path.display().to_string())))));
-        attacks.push(("unix_abstract", py(&connect_unix(&format!("'\\0{abstract_name}'")))));
+        attacks.push((
+            "unix_outside",
+            py(&connect_unix(&format!(
+                "{:?}",
+                unix_path.display().to_string()
+            ))),
+        ));
+        attacks.push((
+            "unix_abstract",
+            py(&connect_unix(&format!("'\\0{abstract_name}'"))),
+        ));
         attacks.push(("tcp", py(&connect_tcp(tcp_port))));
         attacks.push(("udp", py(&send_udp(udp_port))));
         if let Some(pg) = &pg {
@@ -292,10 +317,16 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
     }
     // Each must work.
     let mut controls: Vec<(&str, Vec<String>)> = vec![
-        ("write_inside", sh("echo ok > inside-$DECLARED.txt && cat inside-$DECLARED.txt")),
+        (
+            "write_inside",
+            sh("echo ok > inside-$DECLARED.txt && cat inside-$DECLARED.txt"),
+        ),
         ("declared_env", sh("test \"$DECLARED\" = yes")),
         ("tmp", sh("echo x > /tmp/x && test -s /tmp/x")),
-        ("system", sh("ls /usr/bin >/dev/null && cat /etc/passwd >/dev/null")),
+        (
+            "system",
+            sh("ls /usr/bin >/dev/null && cat /etc/passwd >/dev/null"),
+        ),
     ];
     if with_python {
         controls.push(("python", py("print(1)")));
@@ -318,7 +349,10 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
         for (id, _) in &attacks {
             let n = format!("{prefix}_{id}");
             if ended(&events, &n) != "failed" {
-                problems.push(format!("attack {n} was not refused:\n{}", dump(&events, &n)));
+                problems.push(format!(
+                    "attack {n} was not refused:\n{}",
+                    dump(&events, &n)
+                ));
             }
         }
         for (id, _) in &controls {
@@ -330,11 +364,14 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
         if with_python {
             for id in ["tcp", "udp"] {
                 let n = format!("{prefix}_{id}");
-                let reported = of(&events, &n).iter().any(|e| {
-                    e["type"] == "NetworkAccess" && e["action"] == "blocked"
-                });
+                let reported = of(&events, &n)
+                    .iter()
+                    .any(|e| e["type"] == "NetworkAccess" && e["action"] == "blocked");
                 if !reported {
-                    problems.push(format!("{n}: no blocked NetworkAccess event:\n{}", dump(&events, &n)));
+                    problems.push(format!(
+                        "{n}: no blocked NetworkAccess event:\n{}",
+                        dump(&events, &n)
+                    ));
                 }
             }
         }
@@ -343,19 +380,35 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
     if all.contains(&env.secret) {
         problems.push("the engine's secret appears in the run's events".into());
     }
-    assert!(problems.is_empty(), "{}\n(cairn exited {status}: {err})", problems.join("\n\n"));
+    assert!(
+        problems.is_empty(),
+        "{}\n(cairn exited {status}: {err})",
+        problems.join("\n\n")
+    );
 
     // Nothing reached the host.
     assert!(!env.top.join("beside/outside.txt").exists());
     assert!(!env.root.join(".cairn/evil").exists());
     assert!(!Path::new("/usr/cairn-escape").exists());
-    assert_eq!(std::fs::read_to_string(env.root.join("inside-yes.txt")).unwrap(), "ok\n");
+    assert_eq!(
+        std::fs::read_to_string(env.root.join("inside-yes.txt")).unwrap(),
+        "ok\n"
+    );
     let mut buf = [0u8; 16];
-    assert!(udp.recv_from(&mut buf).is_err(), "a datagram reached the test's UDP socket");
-    assert!(tcp.accept().is_err(), "a connection reached the test's TCP listener");
+    assert!(
+        udp.recv_from(&mut buf).is_err(),
+        "a datagram reached the test's UDP socket"
+    );
+    assert!(
+        tcp.accept().is_err(),
+        "a connection reached the test's TCP listener"
+    );
     // The store is intact: the run's log reads back whole.
     let last = events.last().unwrap()["type"].as_str().unwrap().to_string();
-    assert!(last == "RunFinished" || last == "RunFailed", "{last}: {err}");
+    assert!(
+        last == "RunFinished" || last == "RunFailed",
+        "{last}: {err}"
+    );
 }
 
 #[test]
@@ -445,7 +498,10 @@ fn setsid_children_die_with_a_timed_out_node() {
     for n in ["c_leave", "b_leave"] {
         assert_eq!(ended(&events, n), "failed", "{err}\n{}", dump(&events, n));
     }
-    assert_eq!(wait_gone(&marker, Duration::from_secs(5)), Vec::<u32>::new());
+    assert_eq!(
+        wait_gone(&marker, Duration::from_secs(5)),
+        Vec::<u32>::new()
+    );
 }
 
 #[test]
@@ -464,18 +520,29 @@ fn setsid_children_die_with_a_killed_engine() {
     let t0 = Instant::now();
     // Two nodes, each with two tagged sleepers (and their shells).
     while marked(&marker).len() < 4 {
-        assert!(t0.elapsed() < PATIENCE, "the nodes never started their sleepers");
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "the nodes never started their sleepers"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     child.kill().unwrap(); // SIGKILL: no cleanup by the engine
     wait_exit(&mut child);
     // No resume: the kernel alone must end them.
-    assert_eq!(wait_gone(&marker, Duration::from_secs(5)), Vec::<u32>::new());
+    assert_eq!(
+        wait_gone(&marker, Duration::from_secs(5)),
+        Vec::<u32>::new()
+    );
 
     let mut resume = env.cairn(&["resume", "k1"]);
     let status = wait_exit(&mut resume);
     let mut err = String::new();
-    resume.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    resume
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert_eq!(status.code(), Some(0), "{err}");
 }
 
@@ -495,9 +562,8 @@ fn resource_limits_fail_the_node_with_resource_limit() {
     let env = Env::new();
     let hog = "x = bytearray(1024 * 1024 * 1024); print(len(x))";
     let small = "x = bytearray(64 * 1024 * 1024); print(len(x))";
-    let mut yaml = String::from(
-        "name: limits\nsandbox:\n  limits: { memory: 256MiB, cpu: 1s }\nnodes:\n",
-    );
+    let mut yaml =
+        String::from("name: limits\nsandbox:\n  limits: { memory: 256MiB, cpu: 1s }\nnodes:\n");
     for kind in ["command", "bash"] {
         yaml.push_str(&node(kind, "memory", &py(hog), true));
         yaml.push_str(&node(kind, "cpu", &sh("while :; do :; done"), true));
@@ -537,14 +603,16 @@ fn opting_out_is_explicit_and_logged() {
     for n in ["open", "open_bash"] {
         assert_eq!(ended(&events, n), "finished", "{err}\n{}", dump(&events, n));
         assert!(
-            of(&events, n)
-                .iter()
-                .any(|e| e["type"] == "Diagnostic" && e["source"] == "sandbox" && e["level"] == "warn"),
+            of(&events, n).iter().any(|e| e["type"] == "Diagnostic"
+                && e["source"] == "sandbox"
+                && e["level"] == "warn"),
             "no Diagnostic for the opt-out of {n}:\n{}",
             dump(&events, n)
         );
     }
-    assert!(!of(&events, "confined").iter().any(|e| e["type"] == "Diagnostic"));
+    assert!(!of(&events, "confined")
+        .iter()
+        .any(|e| e["type"] == "Diagnostic"));
 }
 
 /// A tiny HTTP server on the host: answers every request with `hello`.
@@ -562,7 +630,9 @@ fn http_server() -> (u16, std::thread::JoinHandle<()>) {
                     Ok(n) => got.extend_from_slice(&buf[..n]),
                 }
             }
-            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+            );
         }
     });
     (port, h)
@@ -594,7 +664,12 @@ fn a_host_list_lets_through_its_hosts_only_via_the_proxy() {
     for prefix in ["c", "b"] {
         for id in ["allowed", "tunnel"] {
             let n = format!("{prefix}_{id}");
-            assert_eq!(ended(&events, &n), "finished", "{err}\n{}", dump(&events, &n));
+            assert_eq!(
+                ended(&events, &n),
+                "finished",
+                "{err}\n{}",
+                dump(&events, &n)
+            );
             assert!(
                 of(&events, &n).iter().any(|e| e["type"] == "NetworkAccess"
                     && e["action"] == "allowed"
@@ -617,5 +692,8 @@ fn a_host_list_lets_through_its_hosts_only_via_the_proxy() {
         assert_eq!(ended(&events, &n), "failed", "{}", dump(&events, &n));
     }
     other.set_nonblocking(true).unwrap();
-    assert!(other.accept().is_err(), "a blocked connection reached its host");
+    assert!(
+        other.accept().is_err(),
+        "a blocked connection reached its host"
+    );
 }

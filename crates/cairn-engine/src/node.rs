@@ -271,9 +271,12 @@ impl NodeCtx {
         })
         .await?;
         let observer = kinds::EventObserver::new(self);
-        let sandbox =
-            self.services
-                .sandbox_for(&self.workflow, self.max_output_bytes, self.timeout, node_sandbox)?;
+        let sandbox = self.services.sandbox_for(
+            &self.workflow,
+            self.max_output_bytes,
+            self.timeout,
+            node_sandbox,
+        )?;
         if name == "bash" && sandbox.isolation() == cairn_tools::Isolation::None {
             self.unconfined_notice();
         }

@@ -39,7 +39,9 @@ impl Services {
         node_sandbox: &NodeSandbox,
     ) -> Result<Arc<Sandbox>, NodeError> {
         let base = self.workflow_sandbox(wf)?;
-        if node_output.is_none() && node_timeout.is_none() && *node_sandbox == NodeSandbox::default()
+        if node_output.is_none()
+            && node_timeout.is_none()
+            && *node_sandbox == NodeSandbox::default()
         {
             return Ok(base);
         }

@@ -27,8 +27,14 @@ fn main() {
         c
     };
     let base = per_spawn(n, plain);
-    println!("plain std::process::Command:   {:>6.0} µs", base.as_secs_f64() * 1e6);
-    for (name, net) in [("sandbox, network open:", Network::Host), ("sandbox, network none:", Network::None)] {
+    println!(
+        "plain std::process::Command:   {:>6.0} µs",
+        base.as_secs_f64() * 1e6
+    );
+    for (name, net) in [
+        ("sandbox, network open:", Network::Host),
+        ("sandbox, network none:", Network::None),
+    ] {
         let mut conf = Confinement::new(dir.path());
         conf.network = net;
         let d = per_spawn(n, || {

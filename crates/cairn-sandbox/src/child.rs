@@ -57,7 +57,11 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     // Only the user and PID namespaces here: the others are PID 1's own,
     // so that this process's exit has no namespace to tear down.
     let here = libc::CLONE_NEWUSER | libc::CLONE_NEWPID;
-    check!(report, step::UNSHARE, libc::unshare(plan.unshare_flags & here));
+    check!(
+        report,
+        step::UNSHARE,
+        libc::unshare(plan.unshare_flags & here)
+    );
     if let Err(e) = write_file(b"/proc/self/setgroups\0", b"deny") {
         // Kernels before 3.19 lack the file and need nothing.
         if e != libc::ENOENT {
@@ -74,7 +78,11 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     // The write end stays open in this process while it lives: the child
     // sees POLLHUP on the read end once it is gone.
     let mut alive = [0 as RawFd; 2];
-    check!(report, step::FORK, libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC));
+    check!(
+        report,
+        step::FORK,
+        libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC)
+    );
     let pid = libc::fork();
     check!(report, step::FORK, pid);
     if pid > 0 {
@@ -134,7 +142,11 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     check!(
         report,
         step::SECCOMP,
-        libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const _)
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const _
+        )
     );
     Ok(())
 }
@@ -183,7 +195,13 @@ unsafe fn build_root(plan: &Plan, report: RawFd) -> io::Result<()> {
     check!(
         report,
         step::PRIVATE,
-        libc::mount(null(), c(b"/\0"), null(), libc::MS_REC | libc::MS_PRIVATE, null())
+        libc::mount(
+            null(),
+            c(b"/\0"),
+            null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            null()
+        )
     );
     // A private base: the host's /tmp is covered in this namespace only, and
     // the host root moves beneath it as /oldroot.
@@ -235,7 +253,11 @@ unsafe fn build_root(plan: &Plan, report: RawFd) -> io::Result<()> {
     );
     // The old root (the base tmpfs with the host beneath it) now sits on top
     // of the new one; detaching it leaves nothing of the host reachable.
-    check!(report, step::PIVOT, libc::umount2(c(b".\0"), libc::MNT_DETACH));
+    check!(
+        report,
+        step::PIVOT,
+        libc::umount2(c(b".\0"), libc::MNT_DETACH)
+    );
     check!(report, step::PIVOT, libc::chdir(c(b"/\0")));
     check!(report, step::CWD, libc::chdir(plan.cwd.as_ptr()));
     Ok(())
@@ -339,7 +361,7 @@ unsafe fn run_op(op: &Op) -> Result<(), i32> {
         }
         Op::MaskFile(dst) => {
             ok(libc::mount(
-                b"/oldroot/dev/null\0".as_ptr().cast(),
+                c"/oldroot/dev/null".as_ptr(),
                 dst.as_ptr(),
                 null(),
                 libc::MS_BIND,
@@ -348,53 +370,68 @@ unsafe fn run_op(op: &Op) -> Result<(), i32> {
             read_only(dst.as_ptr())
         }
         Op::MaskDir(dst) => ok(libc::mount(
-            b"tmpfs\0".as_ptr().cast(),
+            c"tmpfs".as_ptr(),
             dst.as_ptr(),
-            b"tmpfs\0".as_ptr().cast(),
+            c"tmpfs".as_ptr(),
             libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            b"mode=0555,size=4k\0".as_ptr().cast(),
+            c"mode=0555,size=4k".as_ptr().cast(),
         )),
         Op::Tmpfs { dst, flags, data } => ok(libc::mount(
-            b"tmpfs\0".as_ptr().cast(),
+            c"tmpfs".as_ptr(),
             dst.as_ptr(),
-            b"tmpfs\0".as_ptr().cast(),
+            c"tmpfs".as_ptr(),
             *flags,
             data.as_ptr().cast(),
         )),
         Op::Proc(dst) => ok(libc::mount(
-            b"proc\0".as_ptr().cast(),
+            c"proc".as_ptr(),
             dst.as_ptr(),
-            b"proc\0".as_ptr().cast(),
+            c"proc".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             null(),
         )),
         Op::Devpts(dst) => {
             // Optional: without it there are no pseudo-terminals, nothing else.
             libc::mount(
-                b"devpts\0".as_ptr().cast(),
+                c"devpts".as_ptr(),
                 dst.as_ptr(),
-                b"devpts\0".as_ptr().cast(),
+                c"devpts".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NOEXEC,
-                b"newinstance,ptmxmode=0666,mode=0620\0".as_ptr().cast(),
+                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
             );
             Ok(())
         }
         Op::ProcReadOnly(dst) => {
-            if libc::mount(dst.as_ptr(), dst.as_ptr(), null(), libc::MS_BIND | libc::MS_REC, null()) != 0 {
-                return if errno() == libc::ENOENT { Ok(()) } else { Err(errno()) };
+            if libc::mount(
+                dst.as_ptr(),
+                dst.as_ptr(),
+                null(),
+                libc::MS_BIND | libc::MS_REC,
+                null(),
+            ) != 0
+            {
+                return if errno() == libc::ENOENT {
+                    Ok(())
+                } else {
+                    Err(errno())
+                };
             }
             read_only(dst.as_ptr())
         }
         Op::ProcMask(dst) => {
             if libc::mount(
-                b"/oldroot/dev/null\0".as_ptr().cast(),
+                c"/oldroot/dev/null".as_ptr(),
                 dst.as_ptr(),
                 null(),
                 libc::MS_BIND,
                 null(),
             ) != 0
             {
-                return if errno() == libc::ENOENT { Ok(()) } else { Err(errno()) };
+                return if errno() == libc::ENOENT {
+                    Ok(())
+                } else {
+                    Err(errno())
+                };
             }
             read_only(dst.as_ptr())
         }
@@ -436,7 +473,13 @@ unsafe fn drop_capabilities() -> Result<(), i32> {
             return Err(errno());
         }
     }
-    libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    libc::prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+        0,
+        0,
+        0,
+    );
     let header = CapHeader {
         version: 0x2008_0522,
         pid: 0,
@@ -462,7 +505,9 @@ unsafe fn drop_capabilities() -> Result<(), i32> {
 /// Brings loopback up, listens on 127.0.0.1:PROXY_PORT and sends the
 /// listener to the engine.
 unsafe fn proxy_listener(tx: Option<RawFd>) -> Result<(), i32> {
-    let Some(tx) = tx else { return Err(libc::EINVAL) };
+    let Some(tx) = tx else {
+        return Err(libc::EINVAL);
+    };
     let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
     if s < 0 {
         return Err(errno());
@@ -605,10 +650,10 @@ pub(crate) fn seccomp_program() -> Vec<libc::sock_filter> {
     ];
     let n = denied.len() as u8;
     let mut p = vec![
-        st(ld, 4),                  // arch
-        j(jeq, AUDIT_ARCH, 1, 0),   // native ? next+1 : next
+        st(ld, 4),                // arch
+        j(jeq, AUDIT_ARCH, 1, 0), // native ? next+1 : next
         st(ret, eperm),
-        st(ld, 0),                  // nr
+        st(ld, 0),                     // nr
         j(jge, 0x4000_0000, n + 1, 0), // x32 numbers: refuse
     ];
     for (i, nr) in denied.iter().enumerate() {

@@ -98,7 +98,10 @@ impl Rules {
             (cstr("/")?, read),
             // No writes to /proc: sysctls and triggers are machine-wide.
             (cstr("/proc")?, read),
-            (cstr("/dev")?, handled & (read | WRITE_FILE | TRUNCATE | IOCTL_DEV)),
+            (
+                cstr("/dev")?,
+                handled & (read | WRITE_FILE | TRUNCATE | IOCTL_DEV),
+            ),
         ];
         for w in writable {
             rules.push((cstr(w.as_os_str().as_bytes())?, handled));
@@ -164,5 +167,7 @@ impl Rules {
 }
 
 fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }

@@ -157,10 +157,13 @@ impl Failure {
     /// The error for a caller: what failed, why, and the way out.
     pub fn into_error(self) -> SandboxError {
         let err = io::Error::from_raw_os_error(self.errno);
-        let namespaces = self.step.starts_with("unshare") || self.step.starts_with("writing /proc/self");
+        let namespaces =
+            self.step.starts_with("unshare") || self.step.starts_with("writing /proc/self");
         let why = if namespaces
-            && matches!(self.errno, libc::EPERM | libc::EACCES | libc::ENOSPC | libc::EINVAL | libc::ENOSYS)
-        {
+            && matches!(
+                self.errno,
+                libc::EPERM | libc::EACCES | libc::ENOSPC | libc::EINVAL | libc::ENOSYS
+            ) {
             " (unprivileged user namespaces are disabled here: kernel.unprivileged_userns_clone=0, user.max_user_namespaces=0, an AppArmor restriction or a container's seccomp policy; `cairn doctor` shows which walls this machine supports)"
         } else {
             ""
@@ -220,7 +223,13 @@ impl Prepared {
     pub fn failure(&self) -> Option<Failure> {
         let mut buf = [0u8; 8];
         // SAFETY: reads into a live buffer from a non-blocking pipe.
-        let n = unsafe { libc::read(self.report_rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        let n = unsafe {
+            libc::read(
+                self.report_rx.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
         if n != 8 {
             return None;
         }

@@ -216,7 +216,10 @@ impl Builder {
                 self.dir(parent)?;
             }
             if !self.exists_in_new_root(dst) {
-                self.push(Op::File(new_path(dst)?), format!("creating {}", dst.display()));
+                self.push(
+                    Op::File(new_path(dst)?),
+                    format!("creating {}", dst.display()),
+                );
             }
         }
         self.push(
@@ -284,9 +287,8 @@ impl Builder {
 }
 
 pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, SandboxError> {
-    let root = std::fs::canonicalize(&conf.root).map_err(|e| {
-        SandboxError::Invalid(format!("root `{}`: {e}", conf.root.display()))
-    })?;
+    let root = std::fs::canonicalize(&conf.root)
+        .map_err(|e| SandboxError::Invalid(format!("root `{}`: {e}", conf.root.display())))?;
     if !root.is_dir() {
         return Err(SandboxError::Invalid(format!(
             "root `{}` is not a folder",
@@ -369,7 +371,11 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
     }
 
     // /dev: a tmpfs with the harmless devices bound from the host.
-    b.tmpfs(Path::new("/dev"), libc::MS_NOSUID | libc::MS_NOEXEC, "mode=0755,size=64k")?;
+    b.tmpfs(
+        Path::new("/dev"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        "mode=0755,size=64k",
+    )?;
     for d in DEVICES {
         let p = Path::new("/dev").join(d);
         if p.exists() {
@@ -393,7 +399,10 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
     }
 
     b.dir(Path::new("/proc"))?;
-    b.push(Op::Proc(new_path(Path::new("/proc"))?), "mounting a fresh /proc".into());
+    b.push(
+        Op::Proc(new_path(Path::new("/proc"))?),
+        "mounting a fresh /proc".into(),
+    );
     for p in PROC_READ_ONLY {
         let p = Path::new("/proc").join(p);
         b.push(
@@ -403,7 +412,10 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
     }
     for p in PROC_MASKED {
         let p = Path::new("/proc").join(p);
-        b.push(Op::ProcMask(new_path(&p)?), format!("hiding {}", p.display()));
+        b.push(
+            Op::ProcMask(new_path(&p)?),
+            format!("hiding {}", p.display()),
+        );
     }
     b.tmpfs(Path::new("/tmp"), nosuid_nodev, "mode=1777")?;
     b.tmpfs(Path::new("/var/tmp"), nosuid_nodev, "mode=1777")?;
@@ -424,18 +436,38 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         }
         b.mask(&h)?;
     }
-    b.push(Op::SealRoot(cstr(NEW_ROOT)?), "making the new root read-only".into());
+    b.push(
+        Op::SealRoot(cstr(NEW_ROOT)?),
+        "making the new root read-only".into(),
+    );
 
-    let writable: Vec<&Path> = vec![Path::new("/tmp"), Path::new("/var/tmp"), Path::new("/dev/shm"), &root];
+    let writable: Vec<&Path> = vec![
+        Path::new("/tmp"),
+        Path::new("/var/tmp"),
+        Path::new("/dev/shm"),
+        &root,
+    ];
     let landlock = landlock::Rules::plan(&writable)?;
 
     let mut rlimits = Vec::new();
     let lim = conf.limits;
     if let Some(m) = lim.memory_bytes {
-        rlimits.push((libc::RLIMIT_AS, libc::rlimit { rlim_cur: m, rlim_max: m }));
+        rlimits.push((
+            libc::RLIMIT_AS,
+            libc::rlimit {
+                rlim_cur: m,
+                rlim_max: m,
+            },
+        ));
     }
     if let Some(n) = lim.processes {
-        rlimits.push((libc::RLIMIT_NPROC, libc::rlimit { rlim_cur: n, rlim_max: n }));
+        rlimits.push((
+            libc::RLIMIT_NPROC,
+            libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            },
+        ));
     }
     if let Some(c) = lim.cpu_seconds {
         rlimits.push((

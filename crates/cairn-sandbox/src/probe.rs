@@ -43,7 +43,11 @@ fn try_unshare(flags: libc::c_int) -> i32 {
         }
         if pid == 0 {
             let rc = libc::unshare(flags);
-            libc::_exit(if rc == 0 { 0 } else { *libc::__errno_location() & 0xff });
+            libc::_exit(if rc == 0 {
+                0
+            } else {
+                *libc::__errno_location() & 0xff
+            });
         }
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) < 0 {
@@ -85,11 +89,14 @@ fn end_to_end() -> Check {
         let prep = std::sync::Arc::new(conf.prepare(&dir).map_err(|e| e.to_string())?);
         let p2 = prep.clone();
         let mut cmd = Command::new("/bin/sh");
-        cmd.args(["-c", "test -d /proc/self && test ! -e /etc/shadow -o ! -s /etc/shadow"])
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "-c",
+            "test -d /proc/self && test ! -e /etc/shadow -o ! -s /etc/shadow",
+        ])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         // SAFETY: enter is async-signal-safe and allocation-free.
         unsafe {
             cmd.pre_exec(move || p2.enter());

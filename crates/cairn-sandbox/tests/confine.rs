@@ -22,7 +22,10 @@ fn run(conf: &Confinement, cwd: &Path, script: &str) -> Output {
     }
     match cmd.output() {
         Ok(o) => o,
-        Err(e) => panic!("spawn: {e}; sandbox: {:?}", prep.failure().map(|f| f.into_error().to_string())),
+        Err(e) => panic!(
+            "spawn: {e}; sandbox: {:?}",
+            prep.failure().map(|f| f.into_error().to_string())
+        ),
     }
 }
 
@@ -68,10 +71,20 @@ echo done"#,
     assert!(stdout.contains("pid=1\n"));
     assert!(stdout.contains("write-inside=ok"));
     assert!(stdout.contains("tmp=ok"));
-    for bad in ["store-readable", "store-writable", "outside-visible", "usr-writable", "shadow-readable", "pg-visible"] {
+    for bad in [
+        "store-readable",
+        "store-writable",
+        "outside-visible",
+        "usr-writable",
+        "shadow-readable",
+        "pg-visible",
+    ] {
         assert!(!stdout.contains(bad), "{bad}");
     }
-    assert_eq!(std::fs::read_to_string(root.join("inside")).unwrap(), "hi\n");
+    assert_eq!(
+        std::fs::read_to_string(root.join("inside")).unwrap(),
+        "hi\n"
+    );
     assert!(!root.join(".cairn/new").exists());
     let _ = Network::None;
 }
@@ -90,6 +103,15 @@ fn hidden_paths_outside_the_root_are_simply_absent() {
     std::fs::create_dir_all(dir.path().join("logs")).unwrap();
     let mut conf = Confinement::new(&root);
     conf.hidden = vec![dir.path().join("cairn.db"), dir.path().join("logs")];
-    let out = run(&conf, &root, "test ! -e ../cairn.db && test ! -e ../logs && echo ok");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n", "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(
+        &conf,
+        &root,
+        "test ! -e ../cairn.db && test ! -e ../logs && echo ok",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ok\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -172,10 +172,22 @@ fn main() {
     };
     let shut = || Sandbox::new(dir.path()).unwrap();
     let cases = [
-        ("bash `true`, no sandbox, network open:              ", open().with_isolation(Isolation::None)),
-        ("bash `true`, no sandbox, network shut (seccomp):    ", shut().with_isolation(Isolation::None)),
-        ("bash `true`, sandbox, network open:                 ", open()),
-        ("bash `true`, sandbox, network shut (netns+seccomp): ", shut()),
+        (
+            "bash `true`, no sandbox, network open:              ",
+            open().with_isolation(Isolation::None),
+        ),
+        (
+            "bash `true`, no sandbox, network shut (seccomp):    ",
+            shut().with_isolation(Isolation::None),
+        ),
+        (
+            "bash `true`, sandbox, network open:                 ",
+            open(),
+        ),
+        (
+            "bash `true`, sandbox, network shut (netns+seccomp): ",
+            shut(),
+        ),
     ];
     for (name, sandbox) in cases {
         let d = per_call(&sandbox);

@@ -201,7 +201,9 @@ impl ToolError {
                 code,
                 signal,
                 stderr,
-            } => Some(json!({"limit": limit, "exitCode": code, "signal": signal, "stderr": stderr})),
+            } => {
+                Some(json!({"limit": limit, "exitCode": code, "signal": signal, "stderr": stderr}))
+            }
             _ => None,
         }
     }

@@ -55,11 +55,11 @@ mod sandbox;
 mod tool;
 
 pub use error::ToolError;
-pub use proxy::HostRules;
 pub use process::{
     kill_group, run_process, NetworkPolicy, NoopObserver, ProcessError, ProcessObserver,
     ProcessOutcome, ProcessSpec, Stream,
 };
+pub use proxy::HostRules;
 pub use sandbox::{Isolation, Limits, Sandbox, SandboxError};
 
 /// The process sandbox, re-exported so the engine configures it through

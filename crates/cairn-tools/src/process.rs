@@ -207,21 +207,35 @@ impl ProcessOutcome {
             }
         }
         if let Some(mem) = limits.memory_bytes {
-            let said = ["memoryerror", "cannot allocate memory", "out of memory", "memory allocation of", "std::bad_alloc"]
-                .iter()
-                .any(|m| err.contains(m));
+            let said = [
+                "memoryerror",
+                "cannot allocate memory",
+                "out of memory",
+                "memory allocation of",
+                "std::bad_alloc",
+            ]
+            .iter()
+            .any(|m| err.contains(m));
             let died = matches!(
                 self.signal,
-                Some(libc::SIGSEGV) | Some(libc::SIGABRT) | Some(libc::SIGBUS) | Some(libc::SIGKILL)
+                Some(libc::SIGSEGV)
+                    | Some(libc::SIGABRT)
+                    | Some(libc::SIGBUS)
+                    | Some(libc::SIGKILL)
             );
             if said || died {
                 return Some(format!("the memory limit ({mem} bytes) was likely reached"));
             }
         }
         if let Some(n) = limits.processes {
-            let said = ["resource temporarily unavailable", "cannot fork", "fork: retry", "can't fork"]
-                .iter()
-                .any(|m| err.contains(m));
+            let said = [
+                "resource temporarily unavailable",
+                "cannot fork",
+                "fork: retry",
+                "can't fork",
+            ]
+            .iter()
+            .any(|m| err.contains(m));
             if said {
                 return Some(format!("the process limit ({n}) was reached"));
             }
@@ -480,7 +494,14 @@ pub async fn run_process(
     }
     if proxied {
         let url = format!("http://127.0.0.1:{}", cairn_sandbox::PROXY_PORT);
-        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"] {
+        for k in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
             cmd.env(k, &url);
         }
         cmd.env_remove("NO_PROXY").env_remove("no_proxy");

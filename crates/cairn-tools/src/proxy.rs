@@ -59,7 +59,10 @@ impl HostRules {
                 }
                 _ => (t.clone(), None),
             };
-            let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
             if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c == '/') {
                 return Err(format!("`{item}` is not a host name or pattern"));
             }
@@ -74,9 +77,9 @@ impl HostRules {
     /// Whether `host:port` matches a rule.
     pub fn allows(&self, host: &str, port: u16) -> bool {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
-        self.rules
-            .iter()
-            .any(|r| r.port.is_none_or(|p| p == port) && glob(r.pattern.as_bytes(), host.as_bytes()))
+        self.rules.iter().any(|r| {
+            r.port.is_none_or(|p| p == port) && glob(r.pattern.as_bytes(), host.as_bytes())
+        })
     }
 }
 
@@ -150,8 +153,14 @@ async fn handle(
             });
         }
     };
-    let Ok(Ok((head, rest))) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await else {
-        let _ = reply(&mut client, "400 Bad Request", "cannot read the request head").await;
+    let Ok(Ok((head, rest))) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await
+    else {
+        let _ = reply(
+            &mut client,
+            "400 Bad Request",
+            "cannot read the request head",
+        )
+        .await;
         return;
     };
     let req = match parse_head(&head) {
@@ -184,21 +193,41 @@ async fn handle(
     let mut upstream = match upstream {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            report(true, target.clone(), format!("in the network list; connecting failed: {e}"));
-            let _ = reply(&mut client, "502 Bad Gateway", &format!("cannot reach {target}: {e}")).await;
+            report(
+                true,
+                target.clone(),
+                format!("in the network list; connecting failed: {e}"),
+            );
+            let _ = reply(
+                &mut client,
+                "502 Bad Gateway",
+                &format!("cannot reach {target}: {e}"),
+            )
+            .await;
             return;
         }
         Err(_) => {
-            report(true, target.clone(), "in the network list; connecting timed out".into());
-            let _ = reply(&mut client, "504 Gateway Timeout", &format!("{target} did not answer")).await;
+            report(
+                true,
+                target.clone(),
+                "in the network list; connecting timed out".into(),
+            );
+            let _ = reply(
+                &mut client,
+                "504 Gateway Timeout",
+                &format!("{target} did not answer"),
+            )
+            .await;
             return;
         }
     };
     report(true, target, "in the workflow's network list".into());
     let sent = match &req.forward_head {
-        None => client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await,
+        None => {
+            client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+        }
         Some(h) => upstream.write_all(h).await,
     };
     if sent.is_err() || upstream.write_all(&rest).await.is_err() {
@@ -228,11 +257,13 @@ async fn read_head(client: &mut TcpStream) -> std::io::Result<(Vec<u8>, Vec<u8>)
 }
 
 fn parse_head(head: &[u8]) -> Result<Request, String> {
-    let text = std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8".to_string())?;
+    let text =
+        std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8".to_string())?;
     let mut lines = text.split("\r\n");
     let first = lines.next().unwrap_or_default();
     let mut parts = first.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next()) else {
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
         return Err(format!("malformed request line `{first}`"));
     };
     if method.eq_ignore_ascii_case("CONNECT") {
@@ -243,7 +274,10 @@ fn parse_head(head: &[u8]) -> Result<Request, String> {
             forward_head: None,
         });
     }
-    let Some(after) = target.strip_prefix("http://").or_else(|| target.strip_prefix("HTTP://")) else {
+    let Some(after) = target
+        .strip_prefix("http://")
+        .or_else(|| target.strip_prefix("HTTP://"))
+    else {
         return Err(format!(
             "`{target}`: the proxy takes CONNECT or absolute http:// requests"
         ));
@@ -311,7 +345,12 @@ mod tests {
 
     #[test]
     fn rules_match_hosts_and_ports() {
-        let r = HostRules::parse(&["pypi.org".into(), "*.github.com:443".into(), "127.0.0.1:8080".into()]).unwrap();
+        let r = HostRules::parse(&[
+            "pypi.org".into(),
+            "*.github.com:443".into(),
+            "127.0.0.1:8080".into(),
+        ])
+        .unwrap();
         assert!(r.allows("pypi.org", 443));
         assert!(r.allows("PyPI.org.", 80));
         assert!(r.allows("api.github.com", 443));
@@ -333,7 +372,10 @@ mod tests {
             "GET /a?b HTTP/1.1\r\nHost: example.org\r\n\r\n"
         );
         let c = parse_head(b"CONNECT pypi.org:443 HTTP/1.1\r\n\r\n").unwrap();
-        assert_eq!((c.host.as_str(), c.port, c.forward_head), ("pypi.org", 443, None));
+        assert_eq!(
+            (c.host.as_str(), c.port, c.forward_head),
+            ("pypi.org", 443, None)
+        );
         assert!(parse_head(b"GET /relative HTTP/1.1\r\n\r\n").is_err());
     }
 }

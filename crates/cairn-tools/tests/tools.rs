@@ -442,9 +442,8 @@ async fn bash_timeout_is_capped_by_the_sandbox_and_kills_the_group() {
     // The sleeper's pid as printed is one of the sandbox's PID namespace:
     // it is found from outside by its unusual argument instead.
     let marker = format!("1000.{}", std::process::id());
-    let script = format!(
-        "trap '' TERM; sh -c 'trap \"\" TERM; sleep {marker}' & echo $!; sleep 1000"
-    );
+    let script =
+        format!("trap '' TERM; sh -c 'trap \"\" TERM; sleep {marker}' & echo $!; sleep 1000");
     let err = e
         .call(
             "bash",

@@ -411,7 +411,10 @@ impl Cx {
                     item.pos,
                     Some(&f),
                     format!("`{h}` is not a host pattern"),
-                    Some("use a host name or glob with an optional port: pypi.org, *.github.com:443".into()),
+                    Some(
+                        "use a host name or glob with an optional port: pypi.org, *.github.com:443"
+                            .into(),
+                    ),
                 );
             } else {
                 out.push(h);
@@ -426,7 +429,10 @@ impl Cx {
             self.at(
                 node.pos,
                 Some(field),
-                format!("expected a list of absolute paths, found {}", node.value.type_name()),
+                format!(
+                    "expected a list of absolute paths, found {}",
+                    node.value.type_name()
+                ),
             );
             return Vec::new();
         };
@@ -626,9 +632,7 @@ impl Cx {
                     sandbox.tool_timeout = self.duration(t, "sandbox.tool_timeout");
                 }
                 if let Some((_, i)) = s.get("isolation") {
-                    sandbox.isolation = self
-                        .isolation(i, "sandbox.isolation")
-                        .unwrap_or_default();
+                    sandbox.isolation = self.isolation(i, "sandbox.isolation").unwrap_or_default();
                 }
                 if let Some((_, l)) = s.get("limits") {
                     sandbox.limits = self.limits(l, "sandbox.limits");
