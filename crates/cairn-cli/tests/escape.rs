@@ -697,3 +697,80 @@ fn a_host_list_lets_through_its_hosts_only_via_the_proxy() {
         "a blocked connection reached its host"
     );
 }
+
+/// Runs `script` (with `$CAIRN` the binary) in a user namespace of its own
+/// where no further user namespace may be created: a machine without
+/// unprivileged user namespaces, as far as Cairn can tell.
+fn without_user_namespaces(dir: &Path, script: &str) -> Option<std::process::Output> {
+    let out = Command::new("unshare")
+        .args(["-Ur", "sh", "-c"])
+        .arg(format!(
+            "echo 0 > /proc/sys/user/max_user_namespaces || exit 97; {script}"
+        ))
+        .current_dir(dir)
+        .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .output();
+    match out {
+        Ok(o) if o.status.code() != Some(97) => Some(o),
+        _ => {
+            eprintln!("skipped: cannot simulate a machine without user namespaces (no `unshare`, or user.max_user_namespaces not writable)");
+            None
+        }
+    }
+}
+
+#[test]
+fn without_user_namespaces_processes_are_refused_with_the_way_out() {
+    if !sandbox_available() {
+        return;
+    }
+    let env = Env::new();
+    std::fs::write(
+        env.root.join("r.yaml"),
+        "name: refused\nnodes:\n  - id: c\n    command: [\"sh\", \"-c\", \"echo ran > ran-c.txt\"]\n    on_failure: continue\n  - id: b\n    tool: bash\n    args: { argv: [\"sh\", \"-c\", \"echo ran > ran-b.txt\"] }\n    on_failure: continue\n  - id: out\n    command: [\"sh\", \"-c\", \"echo ran > ran-out.txt\"]\n    sandbox: { isolation: none }\n",
+    )
+    .unwrap();
+    let Some(doctor) = without_user_namespaces(&env.root, "\"$CAIRN\" doctor") else {
+        return;
+    };
+    assert_eq!(doctor.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(text.contains("FAIL user namespace"), "{text}");
+    assert!(text.contains("isolation: none"), "{text}");
+
+    let run = without_user_namespaces(
+        &env.root,
+        "\"$CAIRN\" run r.yaml --run-id r1 --store .cairn/cairn.db",
+    )
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let events = env.events("r1");
+    for n in ["c", "b"] {
+        let failed = of(&events, n)
+            .into_iter()
+            .find(|e| e["type"] == "NodeFailed")
+            .unwrap_or_else(|| panic!("{n} was not refused: {stderr}\n{}", dump(&events, n)));
+        let msg = failed["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("unshare (user and PID namespaces) failed"),
+            "{msg}"
+        );
+        assert!(msg.contains("isolation: none"), "{msg}");
+        assert!(
+            !env.root.join(format!("ran-{n}.txt")).exists(),
+            "{n} ran unconfined"
+        );
+    }
+    assert_eq!(
+        of(&events, "c")
+            .iter()
+            .find(|e| e["type"] == "NodeFailed")
+            .unwrap()["error"]["kind"],
+        "sandbox"
+    );
+    // The explicit opt-out still runs.
+    assert_eq!(ended(&events, "out"), "finished", "{stderr}");
+    assert!(env.root.join("ran-out.txt").exists());
+}

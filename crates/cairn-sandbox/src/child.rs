@@ -108,7 +108,7 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     libc::close(alive[0]);
     check!(
         report,
-        step::UNSHARE,
+        step::UNSHARE_REST,
         libc::unshare(plan.unshare_flags & !(libc::CLONE_NEWUSER | libc::CLONE_NEWPID))
     );
 

@@ -157,14 +157,16 @@ impl Failure {
     /// The error for a caller: what failed, why, and the way out.
     pub fn into_error(self) -> SandboxError {
         let err = io::Error::from_raw_os_error(self.errno);
-        let namespaces =
-            self.step.starts_with("unshare") || self.step.starts_with("writing /proc/self");
-        let why = if namespaces
-            && matches!(
-                self.errno,
-                libc::EPERM | libc::EACCES | libc::ENOSPC | libc::EINVAL | libc::ENOSYS
-            ) {
+        let userns =
+            self.step.starts_with("unshare (user") || self.step.starts_with("writing /proc/self");
+        let refused = matches!(
+            self.errno,
+            libc::EPERM | libc::EACCES | libc::ENOSPC | libc::EINVAL | libc::ENOSYS
+        );
+        let why = if userns && refused {
             " (unprivileged user namespaces are disabled here: kernel.unprivileged_userns_clone=0, user.max_user_namespaces=0, an AppArmor restriction or a container's seccomp policy; `cairn doctor` shows which walls this machine supports)"
+        } else if self.step.starts_with("unshare") && refused {
+            " (a container's seccomp policy or a namespace limit; `cairn doctor` shows which walls this machine supports)"
         } else {
             ""
         };

@@ -66,6 +66,7 @@ pub(crate) mod step {
     pub const LANDLOCK: u32 = 13;
     pub const CAPS: u32 = 14;
     pub const SECCOMP: u32 = 15;
+    pub const UNSHARE_REST: u32 = 16;
     pub const OPS: u32 = 100;
 }
 
@@ -139,7 +140,8 @@ impl Plan {
                 .unwrap_or_else(|| format!("mount step {n}"));
         }
         match n {
-            step::UNSHARE => "unshare (user, mount, PID, network, IPC and UTS namespaces)",
+            step::UNSHARE => "unshare (user and PID namespaces)",
+            step::UNSHARE_REST => "unshare (mount, network, IPC, UTS and cgroup namespaces)",
             step::SETGROUPS => "writing /proc/self/setgroups",
             step::UID_MAP => "writing /proc/self/uid_map",
             step::GID_MAP => "writing /proc/self/gid_map",
