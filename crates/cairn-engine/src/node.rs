@@ -322,9 +322,11 @@ impl NodeCtx {
             Err(e) if self.cancel.is_cancelled() => Err(NodeError::cancelled(e.to_string())),
             Err(_) => {
                 let info = error.expect("error set above");
+                // A sandbox the kernel cannot build stays unbuildable.
+                let retryable = info.kind != "sandbox";
                 Err(NodeError {
                     info,
-                    retryable: true,
+                    retryable,
                     cancelled: false,
                 })
             }
