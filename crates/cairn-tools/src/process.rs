@@ -488,6 +488,11 @@ pub async fn run_process(
         if std::env::var_os("PATH").is_none() {
             cmd.env("PATH", DEFAULT_PATH);
         }
+        // The engine's home folder is not in a sandbox's view; its private
+        // /tmp is, and is writable (caches, dotfiles).
+        if spec.confine.is_some() {
+            cmd.env("HOME", "/tmp");
+        }
     }
     for (k, v) in &spec.env {
         cmd.env(k, v);
