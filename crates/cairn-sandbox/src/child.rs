@@ -148,7 +148,26 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
             &prog as *const _
         )
     );
+    close_on_exec_from(3);
     Ok(())
+}
+
+/// Marks every descriptor from `first` on close-on-exec, so the program
+/// inherits only its standard streams, whatever the engine (or a library
+/// in it) left inheritable; the ones still needed until `exec` (the report
+/// pipe, the seccomp listener's channel) stay usable until then.
+unsafe fn close_on_exec_from(first: u32) {
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+    if libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) == 0 {
+        return;
+    }
+    // Before Linux 5.11.
+    for fd in first as i32..4096 {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+        }
+    }
 }
 
 /// The spawned process's life after the fork: wait for PID 1 and end the

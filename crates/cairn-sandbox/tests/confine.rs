@@ -115,3 +115,27 @@ fn hidden_paths_outside_the_root_are_simply_absent() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn only_the_standard_streams_are_inherited() {
+    if !available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // An inheritable descriptor the engine "leaked" (no close-on-exec).
+    let f = std::fs::File::open("/etc/hostname")
+        .unwrap_or_else(|_| std::fs::File::open("/etc/passwd").unwrap());
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup2 onto an unused number; closed below.
+    let leaked = unsafe { libc::dup2(f.as_raw_fd(), 77) };
+    assert_eq!(leaked, 77);
+    let conf = Confinement::new(dir.path());
+    let out = run(
+        &conf,
+        dir.path(),
+        "test -e /proc/self/fd/77 && echo leaked; echo done",
+    );
+    // SAFETY: closing the descriptor made above.
+    unsafe { libc::close(77) };
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+}
