@@ -284,6 +284,7 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
         // unless the sandbox makes them read-only.
         ("sysctl", sh("test -w /proc/sys/kernel/core_pattern")),
         ("sysrq", sh("test -w /proc/sysrq-trigger")),
+        ("nested_userns", sh("command -v unshare >/dev/null && unshare -U true")),
         (
             "environ",
             sh("cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep CAIRN_ESCAPE_SECRET"),

@@ -111,6 +111,11 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
         step::UNSHARE_REST,
         libc::unshare(plan.unshare_flags & !(libc::CLONE_NEWUSER | libc::CLONE_NEWPID))
     );
+    // No user namespaces below this one: they would hand the program a
+    // full set of capabilities over new namespaces, a large attack surface
+    // of the kernel for no need of a build. Best effort: the limit is this
+    // namespace's own (the host's /proc is still mounted here).
+    let _ = write_file(b"/proc/sys/user/max_user_namespaces\0", b"0");
 
     build_root(plan, report)?;
     libc::sethostname(b"cairn".as_ptr().cast(), 5);
