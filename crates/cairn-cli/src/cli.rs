@@ -79,6 +79,8 @@ pub enum Command {
     Gc(GcArgs),
     /// Serve the HTTP API (runs, live events, metrics).
     Serve(ServeArgs),
+    /// Show which walls of the process sandbox this machine supports.
+    Doctor,
 }
 
 /// How a run's progress is shown (shared by `run` and `resume`).

@@ -8,6 +8,7 @@
 
 mod cli;
 mod display;
+mod doctor;
 mod format;
 mod inspect;
 mod run;
@@ -57,6 +58,12 @@ pub fn bad_input(msg: impl Into<String>) -> anyhow::Error {
 fn main() -> ExitCode {
     // Before the runtime starts its threads: arenas made earlier stay.
     cairn_engine::limit_malloc_arenas();
+    // Before anything else: the processes a run starts must not be able to
+    // read this process's memory or /proc entries (its environment holds
+    // the engine's secrets), even outside their sandbox.
+    if let Err(e) = cairn_sandbox::make_non_dumpable() {
+        eprintln!("warning: cannot mark the engine non-dumpable: {e}");
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -119,6 +126,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Export(a) => inspect::export(&g, a),
         Command::Gc(a) => inspect::gc(&g, a),
         Command::Serve(a) => inspect::serve(&g, a).await,
+        Command::Doctor => Ok(doctor::doctor()),
     }
 }
 

@@ -413,10 +413,10 @@ fn sigkill_at_random_moments_then_resume_until_done() {
     );
 }
 
-/// A `bash` tool call's processes outlive a SIGKILL of the engine (they are
-/// in a process group of their own); the resume kills them, whether they
-/// stayed in the recorded group or left it with `setsid`, before anything
-/// runs again.
+/// A `bash` tool call's processes do not outlive a SIGKILL of the engine,
+/// whether they stayed in the call's group or left it with `setsid`: the
+/// sandbox's PID namespace dies with the engine (`PR_SET_PDEATHSIG` chain).
+/// The resume then runs the interrupted call again.
 #[test]
 fn a_resume_kills_what_bash_calls_left_running() {
     let dir = tempfile::tempdir().unwrap();
@@ -460,11 +460,17 @@ fn a_resume_kills_what_bash_calls_left_running() {
         assert!(t0.elapsed() < PATIENCE, "the bash call never started");
         std::thread::sleep(Duration::from_millis(10));
     }
+    let left = marked(&marker);
     child.kill().unwrap(); // SIGKILL
     wait_exit(&mut child);
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(both(), "the leftovers should outlive the engine");
-    let left = marked(&marker);
+    let t0 = Instant::now();
+    while left.iter().any(|&p| alive_with(p, &marker)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "processes of the bash call survived the engine"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 
     let mut resume = cairn(dir, &["resume", "b1"]);
     let status = wait_exit(&mut resume);
@@ -477,14 +483,6 @@ fn a_resume_kills_what_bash_calls_left_running() {
         .read_to_string(&mut err)
         .unwrap();
     assert_eq!(status.code(), Some(0), "{err}");
-    let t0 = Instant::now();
-    while left.iter().any(|&p| alive_with(p, &marker)) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "processes of the killed bash call survived the resume"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let evs = events(&store, "b1");
     assert!(evs.iter().any(|e| matches!(
         &e.kind,

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use cairn_events::{EventKind, NetworkAction, OutputStream};
 use cairn_store::ProcessRecord;
-use cairn_tools::process::{run_process, NetworkPolicy, ProcessObserver, ProcessSpec, Stream};
+use cairn_tools::process::{run_process, ProcessError, ProcessObserver, ProcessSpec, Stream};
 use cairn_workflow::{NodeKind, NodeSpec, OutputFormat};
 use serde_json::{json, Value};
 
@@ -67,6 +67,22 @@ impl ProcessObserver for EventObserver<'_> {
         };
         self.ctx.output(stream, text);
     }
+
+    fn network_refused(&self, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action: NetworkAction::Blocked,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+
+    fn network_allowed(&self, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action: NetworkAction::Allowed,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
 }
 
 impl cairn_tools::ToolObserver for EventObserver<'_> {
@@ -97,6 +113,13 @@ impl NodeRunner for CommandNode {
             .iter()
             .map(|a| render(a))
             .collect::<Result<Vec<_>, _>>()?;
+        let sandbox = ctx
+            .services
+            .sandbox_for(&ctx.workflow, None, None, &spec.sandbox)?;
+        let confine = sandbox.confinement();
+        if confine.is_none() {
+            ctx.unconfined_notice();
+        }
         let cwd = match &spec.cwd {
             Some(c) => {
                 let c = PathBuf::from(render(c)?);
@@ -105,6 +128,10 @@ impl NodeRunner for CommandNode {
                 } else {
                     ctx.workflow.base_dir.join(c)
                 }
+            }
+            // The workflow's folder, unless the sandbox root is narrower.
+            None if confine.is_some() && !within(&ctx.workflow.base_dir, sandbox.root()) => {
+                sandbox.root().to_path_buf()
             }
             None => ctx.workflow.base_dir.clone(),
         };
@@ -126,18 +153,36 @@ impl NodeRunner for CommandNode {
             argv,
             cwd,
             env,
-            clear_env: false,
+            // Only what the node declares, never the engine's secrets.
+            clear_env: true,
             // The node's timeout is enforced by the driver, which cancels us.
             timeout: None,
             max_output_bytes: max_output,
-            network: NetworkPolicy::Allow,
+            network: sandbox.network(),
+            confine,
+            proxy: sandbox.network_hosts(),
         };
         let observer = EventObserver::new(ctx);
         let outcome = run_process(proc_spec, &observer, ctx.cancel.clone()).await;
         drop(observer);
-        let outcome = outcome.map_err(|e| NodeError::new("spawn", e.to_string()))?;
+        let outcome = outcome.map_err(|e| match e {
+            // Retrying cannot make the kernel offer what it lacks.
+            ProcessError::Sandbox { .. } => NodeError::fatal("sandbox", e.to_string()),
+            e => NodeError::new("spawn", e.to_string()),
+        })?;
         if outcome.cancelled || outcome.timed_out {
             return Err(NodeError::cancelled(format!("`{program}` was stopped")));
+        }
+        if let Some(limit) = outcome.resource_limit(&sandbox.resources()) {
+            return Err(NodeError::new(
+                "resource_limit",
+                format!("`{program}` was stopped by a resource limit: {limit}"),
+            )
+            .with_details(json!({
+                "exitCode": outcome.exit_code,
+                "signal": outcome.signal,
+                "stderr": tail(&outcome.stderr, 2000),
+            })));
         }
         if outcome.exit_code != Some(0) {
             let how = match (outcome.exit_code, outcome.signal) {
@@ -155,6 +200,12 @@ impl NodeRunner for CommandNode {
         }
         parse_output(&outcome.stdout, spec.output)
     }
+}
+
+/// Whether `path` lies inside `root` (compared canonically when it exists).
+fn within(path: &std::path::Path, root: &std::path::Path) -> bool {
+    let p = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    p.starts_with(root)
 }
 
 fn tail(s: &str, n: usize) -> &str {
@@ -250,6 +301,6 @@ impl NodeRunner for ToolNode {
             unreachable!("runner_for maps only tool nodes here")
         };
         let args = ctx.render_value(args)?;
-        ctx.call_tool(tool, args).await
+        ctx.call_tool_in(tool, args, &spec.sandbox).await
     }
 }

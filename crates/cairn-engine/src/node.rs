@@ -146,6 +146,20 @@ impl NodeCtx {
         }
     }
 
+    /// Logs that this attempt starts processes without the sandbox, as its
+    /// workflow or node asked (`sandbox.isolation: none`).
+    pub(crate) fn unconfined_notice(&self) {
+        tracing::warn!(run = %self.run_id, node = %self.node_id, "processes run without the sandbox (isolation: none)");
+        self.emit(EventKind::Diagnostic {
+            level: cairn_events::Level::Warn,
+            source: "sandbox".into(),
+            message: format!(
+                "node `{}` runs its processes without the sandbox (sandbox.isolation: none)",
+                self.node_id
+            ),
+        });
+    }
+
     /// Streams a piece of output (`NodeOutput`).
     pub fn output(&self, stream: OutputStream, text: &str) {
         if text.is_empty() {
@@ -206,6 +220,17 @@ impl NodeCtx {
     /// `ToolCallStarted`/`ToolCallFinished`), hands it a stable idempotency key,
     /// and returns its result.
     pub async fn call_tool(&self, name: &str, args: Value) -> Result<Value, NodeError> {
+        self.call_tool_in(name, args, &cairn_workflow::NodeSandbox::default())
+            .await
+    }
+
+    /// [`NodeCtx::call_tool`] with the calling node's own `sandbox:` settings.
+    pub async fn call_tool_in(
+        &self,
+        name: &str,
+        args: Value,
+        node_sandbox: &cairn_workflow::NodeSandbox,
+    ) -> Result<Value, NodeError> {
         let tool = self.services.tools.get(name).ok_or_else(|| {
             NodeError::fatal(
                 "tool",
@@ -246,9 +271,15 @@ impl NodeCtx {
         })
         .await?;
         let observer = kinds::EventObserver::new(self);
-        let sandbox =
-            self.services
-                .sandbox_for(&self.workflow, self.max_output_bytes, self.timeout)?;
+        let sandbox = self.services.sandbox_for(
+            &self.workflow,
+            self.max_output_bytes,
+            self.timeout,
+            node_sandbox,
+        )?;
+        if name == "bash" && sandbox.isolation() == cairn_tools::Isolation::None {
+            self.unconfined_notice();
+        }
         let sandbox: &cairn_tools::Sandbox = &sandbox;
         let tctx = cairn_tools::ToolContext {
             sandbox,
@@ -291,9 +322,11 @@ impl NodeCtx {
             Err(e) if self.cancel.is_cancelled() => Err(NodeError::cancelled(e.to_string())),
             Err(_) => {
                 let info = error.expect("error set above");
+                // A sandbox the kernel cannot build stays unbuildable.
+                let retryable = info.kind != "sandbox";
                 Err(NodeError {
                     info,
-                    retryable: true,
+                    retryable,
                     cancelled: false,
                 })
             }

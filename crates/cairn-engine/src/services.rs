@@ -1,13 +1,14 @@
 //! What every run of an engine shares: the journal and the tools.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_store::Journal;
 use cairn_tools::process::NetworkPolicy;
 use cairn_tools::{Limits, Sandbox, ToolRegistry};
-use cairn_workflow::Workflow;
+use cairn_workflow::{Isolation, NodeSandbox, ResourceLimits, Workflow};
 
 use crate::node::NodeError;
 
@@ -29,14 +30,19 @@ impl Services {
     /// The sandbox a node's tool calls run in: the workflow's (built once
     /// per workflow text), with the node's own lower limits when it has any.
     /// Limits only ever go down: workflow ≥ node ≥ call.
+    /// The node's `sandbox:` overrides the workflow's isolation and limits.
     pub fn sandbox_for(
         &self,
         wf: &Workflow,
         node_output: Option<usize>,
         node_timeout: Option<Duration>,
+        node_sandbox: &NodeSandbox,
     ) -> Result<Arc<Sandbox>, NodeError> {
         let base = self.workflow_sandbox(wf)?;
-        if node_output.is_none() && node_timeout.is_none() {
+        if node_output.is_none()
+            && node_timeout.is_none()
+            && *node_sandbox == NodeSandbox::default()
+        {
             return Ok(base);
         }
         let ceiling = base.limits();
@@ -46,11 +52,15 @@ impl Services {
             }),
             timeout: node_timeout.map_or(ceiling.timeout, |t| t.min(ceiling.timeout)),
         };
-        let sandbox = Sandbox::new(base.root())
+        let isolation = node_sandbox
+            .isolation
+            .map_or(base.isolation(), isolation_of);
+        let resources = resources_of(wf.sandbox.limits.overridden_by(node_sandbox.limits));
+        let sandbox = base
+            .derive(limits)
             .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
-            .with_network(base.network())
-            .with_limits(limits)
-            .with_env(base.env().to_vec());
+            .with_isolation(isolation)
+            .with_resources(resources);
         Ok(Arc::new(sandbox))
     }
 
@@ -77,10 +87,21 @@ impl Services {
         } else {
             NetworkPolicy::Deny
         };
-        let sandbox = Sandbox::new(&root)
+        let mut sandbox = Sandbox::new(&root)
             .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
             .with_network(network)
             .with_limits(limits);
+        if !wf.sandbox.network_hosts.is_empty() {
+            let hosts = cairn_tools::HostRules::parse(&wf.sandbox.network_hosts)
+                .map_err(|e| NodeError::fatal("sandbox", format!("sandbox.network: {e}")))?;
+            sandbox = sandbox.with_network_hosts(hosts);
+        }
+        let hidden = hidden_paths(sandbox.root(), self.journal.files());
+        let sandbox = sandbox
+            .with_hidden(hidden)
+            .with_isolation(isolation_of(wf.sandbox.isolation))
+            .with_resources(resources_of(wf.sandbox.limits))
+            .with_read_only(wf.sandbox.read_only.iter().map(PathBuf::from).collect());
         let sandbox = Arc::new(sandbox);
         self.sandboxes
             .lock()
@@ -88,4 +109,42 @@ impl Services {
             .insert(wf.hash.clone(), sandbox.clone());
         Ok(sandbox)
     }
+}
+
+fn isolation_of(i: Isolation) -> cairn_tools::Isolation {
+    match i {
+        Isolation::Namespaces => cairn_tools::Isolation::Namespaces,
+        Isolation::None => cairn_tools::Isolation::None,
+    }
+}
+
+/// The workflow's limits as rlimits (CPU time rounded up to whole seconds).
+fn resources_of(l: ResourceLimits) -> cairn_tools::cairn_sandbox::ResourceLimits {
+    cairn_tools::cairn_sandbox::ResourceLimits {
+        memory_bytes: l.memory_bytes,
+        processes: l.processes,
+        cpu_seconds: l.cpu.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+    }
+}
+
+/// What processes must not see of the store: a store folder inside the
+/// sandbox root (`.cairn`) is hidden whole, so nothing can be created in it
+/// either; a store whose files lie directly in the root (or elsewhere) has
+/// its files hidden one by one.
+fn hidden_paths(root: &Path, files: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut hidden: Vec<PathBuf> = Vec::new();
+    for f in files {
+        let abs = match f.parent().map(|d| (d, d.canonicalize())) {
+            Some((_, Ok(dir))) if dir.starts_with(root) && dir != root => dir,
+            Some((_, Ok(dir))) => match f.file_name() {
+                Some(name) => dir.join(name),
+                None => continue,
+            },
+            _ => f,
+        };
+        if !hidden.contains(&abs) {
+            hidden.push(abs);
+        }
+    }
+    hidden
 }

@@ -409,4 +409,10 @@ pub trait Backend: Send + Sync + 'static {
     fn notify(&self, topic: Topic<'_>);
     /// Registers for wake-ups of a topic.
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
+    /// Files and folders this backend keeps on the local disk (database,
+    /// journals, locks, wake-up markers), so the engine can hide them from
+    /// the processes it starts. A remote backend has none.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
 }

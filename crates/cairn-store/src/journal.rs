@@ -136,6 +136,8 @@ struct Inner {
     /// `RunLog`s alive in this process, of every run; the writer checkpoints
     /// the store when the last one goes.
     logs: Arc<AtomicUsize>,
+    /// Where the NDJSON mirrors go, if anywhere.
+    log_dir: Option<PathBuf>,
 }
 
 impl Inner {
@@ -209,6 +211,7 @@ impl Journal {
             runs: Mutex::new(HashMap::new()),
             all: all.clone(),
             closed: closed.clone(),
+            log_dir: opts.log_dir.clone(),
         });
         let writer = Writer {
             backend,
@@ -234,6 +237,14 @@ impl Journal {
     /// The backend, for run rows, controls and tool calls.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
+    }
+
+    /// Files and folders of the store and its NDJSON mirrors: what the
+    /// processes a run starts must never see, even inside their sandbox.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files = self.inner.backend.files();
+        files.extend(self.inner.log_dir.iter().cloned());
+        files
     }
 
     /// Takes the run's lease ([`StoreError::Busy`] if another process or

@@ -649,6 +649,19 @@ struct FlockLease {
 impl RunLease for FlockLease {}
 
 impl Backend for SqliteBackend {
+    fn files(&self) -> Vec<PathBuf> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let mut files = vec![self.path.clone()];
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            files.push(PathBuf::from(p));
+        }
+        files.push(self.lock_dir.clone());
+        files.push(dir.join("wake"));
+        files
+    }
+
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cairn_tools::grep::{grep_blocking, GrepQuery};
-use cairn_tools::{Limits, NoopObserver, Sandbox, ToolContext, ToolRegistry};
+use cairn_tools::{Isolation, Limits, NoopObserver, Sandbox, ToolContext, ToolRegistry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -130,65 +130,71 @@ fn main() {
         .unwrap();
     let reg = ToolRegistry::builtin();
     let n = 200;
-    let per_call = rt.block_on(async {
-        let ctx = ToolContext::new(
-            &sandbox,
-            "bench",
-            "bash",
-            0,
-            1,
-            1,
-            &NoopObserver,
-            CancellationToken::new(),
-        );
-        // Warm up (first spawn pays for page-ins).
-        reg.call("bash", json!({"argv": ["true"]}), &ctx)
-            .await
-            .unwrap();
-        let t = Instant::now();
-        for _ in 0..n {
+    let per_call = |sandbox: &Sandbox| -> Duration {
+        rt.block_on(async {
+            let ctx = ToolContext::new(
+                sandbox,
+                "bench",
+                "bash",
+                0,
+                1,
+                1,
+                &NoopObserver,
+                CancellationToken::new(),
+            );
+            // Warm up (first spawn pays for page-ins).
             reg.call("bash", json!({"argv": ["true"]}), &ctx)
                 .await
                 .unwrap();
-        }
-        t.elapsed() / n
-    });
-    println!(
-        "bash `true` (network shut, seccomp filter): {:.0} µs per call over {n} calls",
-        per_call.as_secs_f64() * 1e6
-    );
-    let open = Sandbox::new(dir.path())
-        .unwrap()
-        .with_network(cairn_tools::NetworkPolicy::Allow);
-    let per_call_open = rt.block_on(async {
-        let ctx = ToolContext::new(
-            &open,
-            "bench",
-            "bash",
-            0,
-            1,
-            1,
-            &NoopObserver,
-            CancellationToken::new(),
-        );
-        let t = Instant::now();
-        for _ in 0..n {
-            reg.call("bash", json!({"argv": ["true"]}), &ctx)
-                .await
-                .unwrap();
-        }
-        t.elapsed() / n
-    });
-    println!(
-        "bash `true` (network allowed):              {:.0} µs per call over {n} calls",
-        per_call_open.as_secs_f64() * 1e6
-    );
+            let t = Instant::now();
+            for _ in 0..n {
+                reg.call("bash", json!({"argv": ["true"]}), &ctx)
+                    .await
+                    .unwrap();
+            }
+            t.elapsed() / n
+        })
+    };
     let t = Instant::now();
     for _ in 0..n {
         Command::new("true").status().unwrap();
     }
+    let baseline = t.elapsed() / n;
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "std::process::Command `true` (baseline):    {:.0} µs per call",
-        (t.elapsed() / n).as_secs_f64() * 1e6
+        "std::process::Command `true` (baseline):             {:.0} µs per call over {n} calls",
+        us(baseline)
     );
+    let open = || {
+        Sandbox::new(dir.path())
+            .unwrap()
+            .with_network(cairn_tools::NetworkPolicy::Allow)
+    };
+    let shut = || Sandbox::new(dir.path()).unwrap();
+    let cases = [
+        (
+            "bash `true`, no sandbox, network open:              ",
+            open().with_isolation(Isolation::None),
+        ),
+        (
+            "bash `true`, no sandbox, network shut (seccomp):    ",
+            shut().with_isolation(Isolation::None),
+        ),
+        (
+            "bash `true`, sandbox, network open:                 ",
+            open(),
+        ),
+        (
+            "bash `true`, sandbox, network shut (netns+seccomp): ",
+            shut(),
+        ),
+    ];
+    for (name, sandbox) in cases {
+        let d = per_call(&sandbox);
+        println!(
+            "{name}{:.0} µs per call ({:.1}x the baseline)",
+            us(d),
+            d.as_secs_f64() / baseline.as_secs_f64()
+        );
+    }
 }

@@ -117,6 +117,8 @@ impl Tool for BashTool {
                         "the workflow's sandbox allows the network",
                     );
                 }
+                // The proxy judges each connection the program makes.
+                NetworkPolicy::Proxy => {}
             }
         }
 
@@ -128,6 +130,8 @@ impl Tool for BashTool {
             timeout: Some(timeout),
             max_output_bytes: ctx.sandbox.limits().max_output_bytes,
             network,
+            confine: ctx.sandbox.confinement(),
+            proxy: ctx.sandbox.network_hosts(),
         };
         let outcome =
             run_process(spec, &AsProcessObserver(ctx.observer), ctx.cancel.clone()).await?;
@@ -138,6 +142,14 @@ impl Tool for BashTool {
             return Err(ToolError::Timeout {
                 timeout,
                 stdout: outcome.stdout,
+                stderr: outcome.stderr,
+            });
+        }
+        if let Some(limit) = outcome.resource_limit(&ctx.sandbox.resources()) {
+            return Err(ToolError::ResourceLimit {
+                limit,
+                code: outcome.exit_code,
+                signal: outcome.signal,
                 stderr: outcome.stderr,
             });
         }

@@ -101,6 +101,19 @@ pub enum ToolError {
     /// A process could not be started.
     #[error(transparent)]
     Process(#[from] ProcessError),
+    /// The command failed because it hit one of the sandbox's resource
+    /// limits.
+    #[error("command stopped by a resource limit: {limit}")]
+    ResourceLimit {
+        /// Which limit, in words.
+        limit: String,
+        /// Exit code, if it exited.
+        code: Option<i32>,
+        /// Signal, if one ended it.
+        signal: Option<i32>,
+        /// Captured standard error.
+        stderr: String,
+    },
     /// Reading or writing failed.
     #[error("{context}: {source}")]
     Io {
@@ -150,7 +163,9 @@ impl ToolError {
             ToolError::Hunk { .. } => "hunk",
             ToolError::Patch { .. } => "patch",
             ToolError::Pattern { .. } => "pattern",
+            ToolError::Process(ProcessError::Sandbox { .. }) => "sandbox",
             ToolError::Process(_) => "spawn",
+            ToolError::ResourceLimit { .. } => "resource_limit",
             ToolError::Io { .. } => "io",
             ToolError::UnknownTool(_) => "unknown_tool",
             ToolError::Other(_) => "tool",
@@ -181,6 +196,14 @@ impl ToolError {
                 Some(json!({"target": target, "reason": reason}))
             }
             ToolError::BadArgs { field, .. } => Some(json!({"field": field})),
+            ToolError::ResourceLimit {
+                limit,
+                code,
+                signal,
+                stderr,
+            } => {
+                Some(json!({"limit": limit, "exitCode": code, "signal": signal, "stderr": stderr}))
+            }
             _ => None,
         }
     }

@@ -15,10 +15,9 @@
 //!   reporting each refusal through [`ToolObserver::network`]. Then the child
 //!   runs under a **seccomp filter** that refuses `socket`/`socketpair` for
 //!   every address family except `AF_UNIX` (with `EACCES`) and refuses
-//!   `io_uring_setup`. Seccomp was chosen over Landlock because Landlock's
-//!   network rules (ABI 4) cover only TCP bind/connect, not UDP, and over a
-//!   network namespace because that needs privileges containers often lack.
-//!   The filter hands those calls to a supervisor thread in the engine
+//!   `io_uring_setup`. A confined process also has a network namespace of
+//!   its own, which alone shuts the network; the filter stays because it
+//!   reports what was tried. It hands those calls to a supervisor thread in the engine
 //!   (`SECCOMP_RET_USER_NOTIF`), which answers `EACCES` (the command sees an
 //!   ordinary "permission denied") and reports each refusal through
 //!   [`ProcessObserver::network_refused`]; `bash` forwards it as a blocked
@@ -27,9 +26,13 @@
 //!   ([`process::MINIMAL_ENV_KEYS`]) plus what the workflow passes.
 //! * **Processes.** Each command leads its own process group; timeouts and
 //!   cancellation SIGKILL the whole group, and a direct child dies with the
-//!   engine (`PR_SET_PDEATHSIG`). `bash` children are not confined to the
-//!   root's files: the sandbox governs paths given to the file tools, the
-//!   working directory, the network and the environment.
+//!   engine (`PR_SET_PDEATHSIG`). With a [`ProcessSpec::confine`] (what
+//!   [`Sandbox::confinement`] gives unless the workflow opts out with
+//!   [`Isolation::None`]), the process runs in the `cairn-sandbox`: its own
+//!   user, mount, PID and network namespaces, the system folders read-only,
+//!   the root read-write, the store hidden, no capabilities. It is PID 1 of
+//!   its PID namespace, so everything it starts (`setsid` included) dies
+//!   with it.
 //!
 //! # Side effects
 //!
@@ -47,6 +50,7 @@ pub mod fs;
 pub mod grep;
 mod netfilter;
 pub mod process;
+mod proxy;
 mod sandbox;
 mod tool;
 
@@ -55,7 +59,12 @@ pub use process::{
     kill_group, run_process, NetworkPolicy, NoopObserver, ProcessError, ProcessObserver,
     ProcessOutcome, ProcessSpec, Stream,
 };
-pub use sandbox::{Limits, Sandbox, SandboxError};
+pub use proxy::HostRules;
+pub use sandbox::{Isolation, Limits, Sandbox, SandboxError};
+
+/// The process sandbox, re-exported so the engine configures it through
+/// this crate.
+pub use cairn_sandbox;
 pub use tool::{idempotency_key, Tool, ToolContext, ToolObserver, ToolRegistry, ToolSpec};
 
 /// Re-exported so observers can be written without depending on

@@ -17,12 +17,14 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::netfilter::{ListenerChannel, NetFilter, Refusal, Supervisor};
+use crate::proxy::HostRules;
 
 /// How long the pipes are still read after the group was killed: long enough
 /// to collect what is already buffered, short enough that a pipe held by an
@@ -61,6 +63,13 @@ pub struct ProcessSpec {
     pub max_output_bytes: usize,
     /// Whether the child may open internet sockets.
     pub network: NetworkPolicy,
+    /// The namespaces, file-system view and limits the child runs in;
+    /// `None` runs it unconfined (the caller's explicit choice). Its
+    /// `network` is derived from [`ProcessSpec::network`]: shut means a
+    /// network namespace of its own.
+    pub confine: Option<cairn_sandbox::Confinement>,
+    /// With [`NetworkPolicy::Proxy`]: the hosts the proxy lets through.
+    pub proxy: Option<Arc<HostRules>>,
 }
 
 impl ProcessSpec {
@@ -75,6 +84,8 @@ impl ProcessSpec {
             timeout: None,
             max_output_bytes: 200_000,
             network: NetworkPolicy::Deny,
+            confine: None,
+            proxy: None,
         }
     }
 }
@@ -88,6 +99,12 @@ pub enum NetworkPolicy {
     /// (see the crate docs for why seccomp); each refusal is reported through
     /// [`ProcessObserver::network_refused`].
     Deny,
+    /// Only through the filtering proxy, to the hosts of
+    /// [`ProcessSpec::proxy`]; each connection is reported through
+    /// [`ProcessObserver::network_allowed`] or
+    /// [`ProcessObserver::network_refused`]. Needs the sandbox (its own
+    /// network namespace): an unconfined process gets [`NetworkPolicy::Deny`].
+    Proxy,
 }
 
 /// Which of the child's output streams a chunk came from.
@@ -131,6 +148,11 @@ pub trait ProcessObserver: Send + Sync {
     fn network_refused(&self, target: &str, reason: &str) {
         let _ = (target, reason);
     }
+    /// With [`NetworkPolicy::Proxy`], the proxy let a connection through to
+    /// `target` (`host:port`).
+    fn network_allowed(&self, target: &str, reason: &str) {
+        let _ = (target, reason);
+    }
 }
 
 /// An observer that ignores everything.
@@ -167,6 +189,59 @@ impl ProcessOutcome {
     pub fn success(&self) -> bool {
         self.exit_code == Some(0) && !self.timed_out && !self.cancelled
     }
+
+    /// When the process failed and one of `limits` is the likely cause,
+    /// which one. Rlimits do not announce themselves: the CPU limit ends
+    /// the process with SIGXCPU (or SIGKILL a second later), the memory
+    /// limit makes allocations fail (the program then aborts, crashes or
+    /// says so), the process limit makes `fork` fail with EAGAIN. So this
+    /// reads the signal and the usual messages on stderr.
+    pub fn resource_limit(&self, limits: &cairn_sandbox::ResourceLimits) -> Option<String> {
+        if self.success() || self.timed_out || self.cancelled {
+            return None;
+        }
+        let err = self.stderr.to_ascii_lowercase();
+        if let Some(cpu) = limits.cpu_seconds {
+            if matches!(self.signal, Some(libc::SIGXCPU) | Some(libc::SIGKILL)) {
+                return Some(format!("the CPU-time limit ({cpu}s) was reached"));
+            }
+        }
+        if let Some(mem) = limits.memory_bytes {
+            let said = [
+                "memoryerror",
+                "cannot allocate memory",
+                "out of memory",
+                "memory allocation of",
+                "std::bad_alloc",
+            ]
+            .iter()
+            .any(|m| err.contains(m));
+            let died = matches!(
+                self.signal,
+                Some(libc::SIGSEGV)
+                    | Some(libc::SIGABRT)
+                    | Some(libc::SIGBUS)
+                    | Some(libc::SIGKILL)
+            );
+            if said || died {
+                return Some(format!("the memory limit ({mem} bytes) was likely reached"));
+            }
+        }
+        if let Some(n) = limits.processes {
+            let said = [
+                "resource temporarily unavailable",
+                "cannot fork",
+                "fork: retry",
+                "can't fork",
+            ]
+            .iter()
+            .any(|m| err.contains(m));
+            if said {
+                return Some(format!("the process limit ({n}) was reached"));
+            }
+        }
+        None
+    }
 }
 
 /// Why a process could not be run at all.
@@ -201,6 +276,17 @@ pub enum ProcessError {
         program: String,
         /// Why no filter is available.
         reason: String,
+    },
+    /// The process sandbox could not be built (or the confinement is
+    /// wrong), so the process was not started rather than started
+    /// unconfined.
+    #[error("cannot start `{program}`: {source}")]
+    Sandbox {
+        /// `argv[0]`.
+        program: String,
+        /// What is missing or wrong.
+        #[source]
+        source: cairn_sandbox::SandboxError,
     },
     /// Waiting for the process failed.
     #[error("waiting for `{program}` failed: {source}")]
@@ -365,8 +451,15 @@ pub async fn run_process(
         }
     }
 
-    let filter = match spec.network {
-        NetworkPolicy::Allow => None,
+    // Through the proxy only from a network namespace of its own; without
+    // one, the proxy could be bypassed, so the network is shut instead.
+    let proxied = spec.network == NetworkPolicy::Proxy && spec.confine.is_some();
+    let policy = match spec.network {
+        NetworkPolicy::Proxy if !proxied => NetworkPolicy::Deny,
+        p => p,
+    };
+    let filter = match policy {
+        NetworkPolicy::Allow | NetworkPolicy::Proxy => None,
         NetworkPolicy::Deny => {
             Some(
                 NetFilter::build().map_err(|reason| ProcessError::NetworkFilter {
@@ -395,9 +488,28 @@ pub async fn run_process(
         if std::env::var_os("PATH").is_none() {
             cmd.env("PATH", DEFAULT_PATH);
         }
+        // The engine's home folder is not in a sandbox's view; its private
+        // /tmp is, and is writable (caches, dotfiles).
+        if spec.confine.is_some() {
+            cmd.env("HOME", "/tmp");
+        }
     }
     for (k, v) in &spec.env {
         cmd.env(k, v);
+    }
+    if proxied {
+        let url = format!("http://127.0.0.1:{}", cairn_sandbox::PROXY_PORT);
+        for k in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
+            cmd.env(k, &url);
+        }
+        cmd.env_remove("NO_PROXY").env_remove("no_proxy");
     }
 
     // The child sends its seccomp listener back over this, so refusals can
@@ -413,11 +525,30 @@ pub async fn run_process(
     };
     let report_fd = channel.as_ref().map(ListenerChannel::child_fd);
 
+    let prepared = match &spec.confine {
+        Some(c) => {
+            let mut c = c.clone();
+            c.network = match policy {
+                NetworkPolicy::Allow => cairn_sandbox::Network::Host,
+                NetworkPolicy::Deny => cairn_sandbox::Network::None,
+                NetworkPolicy::Proxy => cairn_sandbox::Network::Proxy,
+            };
+            Some(Arc::new(c.prepare(&spec.cwd).map_err(|source| {
+                ProcessError::Sandbox {
+                    program: program.clone(),
+                    source,
+                }
+            })?))
+        }
+        None => None,
+    };
+    let in_child = prepared.clone();
+
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid, seccomp, sendmsg, close)
-    // without allocating.
+    // async-signal-safe calls (prctl, getppid, unshare, mount, seccomp,
+    // sendmsg, close, ...) without allocating.
     unsafe {
         cmd.pre_exec(move || {
             // A direct child dies with the engine even if the engine is
@@ -429,6 +560,11 @@ pub async fn run_process(
             if libc::getppid() != parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
+            // Returns only in PID 1 of the sandbox; the process spawned
+            // here waits for it and mirrors its end.
+            if let Some(p) = &in_child {
+                p.enter()?;
+            }
             if let Some(filter) = &filter {
                 filter.install(report_fd)?;
             }
@@ -437,11 +573,28 @@ pub async fn run_process(
     }
 
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-        program: program.clone(),
-        source,
-    })?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(source) => {
+            if let Some(f) = prepared.as_ref().and_then(|p| p.failure()) {
+                return Err(ProcessError::Sandbox {
+                    program,
+                    source: f.into_error(),
+                });
+            }
+            return Err(ProcessError::Spawn { program, source });
+        }
+    };
     let pid = child.id().unwrap_or(0);
+    // The proxy runs until this function returns (dropping the set aborts
+    // it); its verdicts come back over `proxy_rx`.
+    let (proxy_tx, mut proxy_rx) = tokio::sync::mpsc::unbounded_channel();
+    let _proxy = match (&prepared, proxied) {
+        (Some(p), true) => p.take_proxy_listener().and_then(|l| {
+            crate::proxy::serve(l, spec.proxy.clone().unwrap_or_default(), proxy_tx).ok()
+        }),
+        _ => None,
+    };
     // Until the supervisor runs, a refused call in the child just waits.
     let mut supervisor = channel
         .and_then(ListenerChannel::receive)
@@ -500,6 +653,13 @@ pub async fn run_process(
                     Some(r) => observer.network_refused(&r.target, &r.reason),
                     None => supervisor = None,
                 },
+                Some(ev) = proxy_rx.recv() => {
+                    if ev.allowed {
+                        observer.network_allowed(&ev.target, &ev.reason);
+                    } else {
+                        observer.network_refused(&ev.target, &ev.reason);
+                    }
+                }
             }
         }
 

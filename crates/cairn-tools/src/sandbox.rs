@@ -21,7 +21,11 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::ToolError;
+use cairn_sandbox::{Confinement, Network, ResourceLimits};
+
 use crate::process::NetworkPolicy;
+use crate::proxy::HostRules;
+use std::sync::Arc;
 
 /// Output and time limits of tool calls.
 ///
@@ -88,6 +92,23 @@ pub struct Sandbox {
     network: NetworkPolicy,
     limits: Limits,
     env: Vec<(String, String)>,
+    isolation: Isolation,
+    hidden: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+    resources: ResourceLimits,
+    hosts: Option<Arc<HostRules>>,
+}
+
+/// Whether processes started in a sandbox are confined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Their own user, mount, PID and network namespaces (see
+    /// `cairn-sandbox`); refused where the kernel cannot provide them.
+    #[default]
+    Namespaces,
+    /// No confinement beyond the process group, the minimal environment
+    /// and the seccomp network filter: an explicit, logged opt-out.
+    None,
 }
 
 /// What a resolved path is opened for.
@@ -134,6 +155,11 @@ impl Sandbox {
             network: NetworkPolicy::Deny,
             limits: Limits::default(),
             env: Vec::new(),
+            isolation: Isolation::Namespaces,
+            hidden: Vec::new(),
+            read_only: Vec::new(),
+            resources: ResourceLimits::default(),
+            hosts: None,
         })
     }
 
@@ -154,6 +180,96 @@ impl Sandbox {
     pub fn with_env(mut self, env: Vec<(String, String)>) -> Self {
         self.env = env;
         self
+    }
+
+    /// Lets processes reach `hosts` only, through the filtering proxy
+    /// ([`NetworkPolicy::Proxy`]).
+    pub fn with_network_hosts(mut self, hosts: HostRules) -> Self {
+        self.network = NetworkPolicy::Proxy;
+        self.hosts = Some(Arc::new(hosts));
+        self
+    }
+
+    /// The hosts of [`NetworkPolicy::Proxy`].
+    pub fn network_hosts(&self) -> Option<Arc<HostRules>> {
+        self.hosts.clone()
+    }
+
+    /// Sets whether processes are confined (namespaces by default).
+    pub fn with_isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = isolation;
+        self
+    }
+
+    /// Sets paths confined processes must not see even inside the root
+    /// (the store, its locks, the logs).
+    pub fn with_hidden(mut self, hidden: Vec<PathBuf>) -> Self {
+        self.hidden = hidden;
+        self
+    }
+
+    /// Sets extra host folders confined processes see read-only.
+    pub fn with_read_only(mut self, paths: Vec<PathBuf>) -> Self {
+        self.read_only = paths;
+        self
+    }
+
+    /// Sets memory, process and CPU ceilings for each process.
+    pub fn with_resources(mut self, resources: ResourceLimits) -> Self {
+        self.resources = resources;
+        self
+    }
+
+    /// Whether processes are confined.
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    /// The paths hidden from confined processes.
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.hidden
+    }
+
+    /// The extra read-only folders.
+    pub fn read_only(&self) -> &[PathBuf] {
+        &self.read_only
+    }
+
+    /// The per-process resource ceilings.
+    pub fn resources(&self) -> ResourceLimits {
+        self.resources
+    }
+
+    /// The confinement for a process started here, or `None` when the
+    /// sandbox opts out of isolation.
+    pub fn confinement(&self) -> Option<Confinement> {
+        match self.isolation {
+            Isolation::None => None,
+            Isolation::Namespaces => Some(Confinement {
+                root: self.root.clone(),
+                hidden: self.hidden.clone(),
+                read_only: self.read_only.clone(),
+                network: match self.network {
+                    NetworkPolicy::Allow => Network::Host,
+                    NetworkPolicy::Deny => Network::None,
+                    NetworkPolicy::Proxy => Network::Proxy,
+                },
+                limits: self.resources,
+            }),
+        }
+    }
+
+    /// A copy with other limits (same root, policies and environment).
+    pub fn derive(&self, limits: Limits) -> Result<Sandbox, SandboxError> {
+        let mut s = Sandbox::new(&self.root)?;
+        s.hosts = self.hosts.clone();
+        Ok(s.with_network(self.network)
+            .with_limits(limits)
+            .with_env(self.env.clone())
+            .with_isolation(self.isolation)
+            .with_hidden(self.hidden.clone())
+            .with_read_only(self.read_only.clone())
+            .with_resources(self.resources))
     }
 
     /// A second descriptor of the root, for work that outlives a borrow of

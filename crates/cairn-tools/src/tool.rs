@@ -56,6 +56,9 @@ impl ProcessObserver for AsProcessObserver<'_> {
     fn network_refused(&self, target: &str, reason: &str) {
         self.0.network(NetworkAction::Blocked, target, reason)
     }
+    fn network_allowed(&self, target: &str, reason: &str) {
+        self.0.network(NetworkAction::Allowed, target, reason)
+    }
 }
 
 /// Everything a call knows about where it runs.

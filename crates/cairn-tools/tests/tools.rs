@@ -9,7 +9,7 @@ use std::time::Duration;
 use cairn_tools::{
     idempotency_key, Limits, Sandbox, Tool, ToolContext, ToolError, ToolRegistry, ToolSpec,
 };
-use common::{wait_all_dead, Recorder};
+use common::{wait_all_dead, wait_none_with_arg, Recorder};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -439,11 +439,15 @@ async fn bash_timeout_is_capped_by_the_sandbox_and_kills_the_group() {
         max_output_bytes: 1000,
         timeout: Duration::from_millis(600),
     });
-    let script = "trap '' TERM; sh -c 'trap \"\" TERM; sleep 1000' & echo $!; sleep 1000";
+    // The sleeper's pid as printed is one of the sandbox's PID namespace:
+    // it is found from outside by its unusual argument instead.
+    let marker = format!("1000.{}", std::process::id());
+    let script =
+        format!("trap '' TERM; sh -c 'trap \"\" TERM; sleep {marker}' & echo $!; sleep 1000");
     let err = e
         .call(
             "bash",
-            json!({"argv": ["sh", "-c", script], "timeout": "1h"}),
+            json!({"argv": ["sh", "-c", &script], "timeout": "1h"}),
         )
         .await
         .unwrap_err();
@@ -454,8 +458,8 @@ async fn bash_timeout_is_capped_by_the_sandbox_and_kills_the_group() {
         panic!("{err}")
     };
     assert_eq!(*timeout, Duration::from_millis(600));
-    let pid: i32 = stdout.trim().parse().unwrap();
-    assert_eq!(wait_all_dead(&[pid]), Vec::<i32>::new());
+    let _: i32 = stdout.trim().parse().expect("the sleeper started");
+    assert_eq!(wait_none_with_arg(&marker), Vec::<i32>::new());
     assert_eq!(err.kind(), "timeout");
 }
 

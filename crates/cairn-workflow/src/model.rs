@@ -47,12 +47,63 @@ pub struct Defaults {
 pub struct SandboxSpec {
     /// Root folder (relative to the workflow's folder); `None` means the workflow's folder.
     pub root: Option<String>,
-    /// Whether bash may use the network.
+    /// Whether processes may use the network (`network: true`).
     pub network: bool,
+    /// `network: [hosts]`: the hosts (globs, optional `:port`) processes may
+    /// reach through the filtering proxy; `network` is false then.
+    pub network_hosts: Vec<String>,
     /// Cap on a tool's captured output.
     pub max_output_bytes: Option<u64>,
     /// Default timeout of one tool call.
     pub tool_timeout: Option<Duration>,
+    /// Whether the processes nodes start are confined (`isolation`).
+    pub isolation: Isolation,
+    /// Per-process resource ceilings (`limits`).
+    pub limits: ResourceLimits,
+    /// Extra host folders processes see read-only (`read_only`), e.g. a
+    /// toolchain outside `/usr`.
+    pub read_only: Vec<String>,
+}
+
+/// Whether the processes a node starts are confined (`sandbox.isolation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// Their own user, mount, PID and network namespaces (the default).
+    #[default]
+    Namespaces,
+    /// No namespaces: an explicit opt-out, logged when a node uses it.
+    None,
+}
+
+/// Per-process resource ceilings (`sandbox.limits`); unset means none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceLimits {
+    /// `memory`: address space in bytes (`512MiB`, `2GiB` or bytes).
+    pub memory_bytes: Option<u64>,
+    /// `processes`: processes (and threads) at once.
+    pub processes: Option<u64>,
+    /// `cpu`: CPU time (a duration, whole seconds).
+    pub cpu: Option<Duration>,
+}
+
+impl ResourceLimits {
+    /// These limits with `over`'s set values taking precedence.
+    pub fn overridden_by(self, over: ResourceLimits) -> ResourceLimits {
+        ResourceLimits {
+            memory_bytes: over.memory_bytes.or(self.memory_bytes),
+            processes: over.processes.or(self.processes),
+            cpu: over.cpu.or(self.cpu),
+        }
+    }
+}
+
+/// A node's own `sandbox:` settings, overriding the workflow's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeSandbox {
+    /// `isolation`, when the node sets it.
+    pub isolation: Option<Isolation>,
+    /// `limits` the node sets (each replaces the workflow's).
+    pub limits: ResourceLimits,
 }
 
 /// One node as written in the file.
@@ -85,6 +136,8 @@ pub struct NodeSpec {
     /// A `tool` node's own output/content limit, lower than the sandbox's
     /// `max_output_bytes` (the sandbox's stays the ceiling).
     pub max_output_bytes: Option<u64>,
+    /// The node's own sandbox settings (`command` and `tool` nodes).
+    pub sandbox: NodeSandbox,
     /// 1-based line where the node starts in the file.
     pub line: usize,
 }

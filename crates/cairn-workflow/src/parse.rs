@@ -36,7 +36,17 @@ const COMMON_NODE_FIELDS: &[&str] = &[
 ];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "delay", "max_delay"];
 const DEFAULTS_FIELDS: &[&str] = &["timeout", "retry"];
-const SANDBOX_FIELDS: &[&str] = &["root", "network", "max_output_bytes", "tool_timeout"];
+const SANDBOX_FIELDS: &[&str] = &[
+    "root",
+    "network",
+    "max_output_bytes",
+    "tool_timeout",
+    "isolation",
+    "limits",
+    "read_only",
+];
+const NODE_SANDBOX_FIELDS: &[&str] = &["isolation", "limits"];
+const LIMITS_FIELDS: &[&str] = &["memory", "processes", "cpu"];
 const LOOP_FIELDS: &[&str] = &["until", "max_iterations", "nodes"];
 /// Names the engine puts in the template context; an `as` name must not hide them.
 const RESERVED_NAMES: &[&str] = &["input", "nodes", "iteration", "index", "run", "workflow"];
@@ -418,6 +428,144 @@ impl Cx {
         }
     }
 
+    /// `namespaces` or `none`.
+    fn isolation(&mut self, node: &Node, field: &str) -> Option<Isolation> {
+        match self.string(node, field)?.as_str() {
+            "namespaces" => Some(Isolation::Namespaces),
+            "none" => Some(Isolation::None),
+            other => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("expected `namespaces` or `none`, found `{other}`"),
+                );
+                None
+            }
+        }
+    }
+
+    /// A node's `sandbox: { isolation, limits }`.
+    fn node_sandbox(&mut self, node: &Node, field: &str) -> NodeSandbox {
+        let mut out = NodeSandbox::default();
+        let Some(f) = self.fields(node, field, NODE_SANDBOX_FIELDS, "in a node's sandbox") else {
+            return out;
+        };
+        if let Some((_, i)) = f.get("isolation") {
+            out.isolation = self.isolation(i, &join(field, "isolation"));
+        }
+        if let Some((_, l)) = f.get("limits") {
+            out.limits = self.limits(l, &join(field, "limits"));
+        }
+        out
+    }
+
+    /// `{ memory, processes, cpu }`.
+    fn limits(&mut self, node: &Node, field: &str) -> ResourceLimits {
+        let mut limits = ResourceLimits::default();
+        let Some(f) = self.fields(node, field, LIMITS_FIELDS, "in limits") else {
+            return limits;
+        };
+        if let Some((_, m)) = f.get("memory") {
+            limits.memory_bytes = self.bytes(m, &join(field, "memory"));
+        }
+        if let Some((_, p)) = f.get("processes") {
+            limits.processes = self.uint(p, &join(field, "processes"), 1);
+        }
+        if let Some((_, c)) = f.get("cpu") {
+            let cf = join(field, "cpu");
+            limits.cpu = self.duration(c, &cf);
+            if limits.cpu.is_some_and(|d| d < Duration::from_secs(1)) {
+                self.at(c.pos, Some(&cf), "must be at least 1s".to_string());
+                limits.cpu = None;
+            }
+        }
+        limits
+    }
+
+    /// A size: an integer of bytes, or a number with KiB, MiB, GiB (or K,
+    /// M, G, powers of 1024 as well).
+    fn bytes(&mut self, node: &Node, field: &str) -> Option<u64> {
+        let parsed = match &node.value {
+            Yaml::Int(i) if *i > 0 => Ok(*i as u64),
+            Yaml::Str(s) => parse_bytes(s),
+            other => Err(format!(
+                "expected a size like 512MiB or 2GiB, found {}",
+                other.type_name()
+            )),
+        };
+        match parsed {
+            Ok(b) => Some(b),
+            Err(msg) => {
+                self.at(node.pos, Some(field), msg);
+                None
+            }
+        }
+    }
+
+    /// `network: [hosts]`: host names or globs, each with an optional port.
+    fn hosts(&mut self, node: &Node, field: &str) -> Vec<String> {
+        let Yaml::Seq(items) = &node.value else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            let Some(h) = self.string(item, &f) else {
+                continue;
+            };
+            let (host, port) = match h.rsplit_once(':') {
+                Some((host, p)) if !host.contains(':') => (host, Some(p)),
+                _ => (h.as_str(), None),
+            };
+            let bad_host = host.is_empty()
+                || host
+                    .chars()
+                    .any(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '*' | '_')));
+            let bad_port = port.is_some_and(|p| p.parse::<u16>().map_or(true, |n| n == 0));
+            if bad_host || bad_port {
+                self.at_hint(
+                    item.pos,
+                    Some(&f),
+                    format!("`{h}` is not a host pattern"),
+                    Some(
+                        "use a host name or glob with an optional port: pypi.org, *.github.com:443"
+                            .into(),
+                    ),
+                );
+            } else {
+                out.push(h);
+            }
+        }
+        out
+    }
+
+    /// A list of absolute folder paths.
+    fn read_only(&mut self, node: &Node, field: &str) -> Vec<String> {
+        let Yaml::Seq(items) = &node.value else {
+            self.at(
+                node.pos,
+                Some(field),
+                format!(
+                    "expected a list of absolute paths, found {}",
+                    node.value.type_name()
+                ),
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            if let Some(p) = self.string(item, &f) {
+                if p.starts_with('/') {
+                    out.push(p);
+                } else {
+                    self.at(item.pos, Some(&f), format!("`{p}` is not an absolute path"));
+                }
+            }
+        }
+        out
+    }
+
     fn template(&mut self, node: &Node, field: &str) -> Option<String> {
         let s = self.string(node, field)?;
         self.check_template_at(&s, node.pos, field);
@@ -587,13 +735,26 @@ impl Cx {
                     sandbox.root = self.string(r, "sandbox.root");
                 }
                 if let Some((_, n)) = s.get("network") {
-                    sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
+                    if let Yaml::Seq(_) = &n.value {
+                        sandbox.network_hosts = self.hosts(n, "sandbox.network");
+                    } else {
+                        sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
+                    }
                 }
                 if let Some((_, m)) = s.get("max_output_bytes") {
                     sandbox.max_output_bytes = self.uint(m, "sandbox.max_output_bytes", 1);
                 }
                 if let Some((_, t)) = s.get("tool_timeout") {
                     sandbox.tool_timeout = self.duration(t, "sandbox.tool_timeout");
+                }
+                if let Some((_, i)) = s.get("isolation") {
+                    sandbox.isolation = self.isolation(i, "sandbox.isolation").unwrap_or_default();
+                }
+                if let Some((_, l)) = s.get("limits") {
+                    sandbox.limits = self.limits(l, "sandbox.limits");
+                }
+                if let Some((_, r)) = s.get("read_only") {
+                    sandbox.read_only = self.read_only(r, "sandbox.read_only");
                 }
             }
         }
@@ -874,16 +1035,16 @@ impl Cx {
         };
         let mut allowed: Vec<&str> = COMMON_NODE_FIELDS.to_vec();
         match kind {
-            Some("command") => allowed.extend(["command", "env", "cwd", "output"]),
+            Some("command") => allowed.extend(["command", "env", "cwd", "output", "sandbox"]),
             Some("for_each") => allowed.extend(["for_each", "as", "nodes"]),
-            Some("tool") => allowed.extend(["tool", "args", "max_output_bytes"]),
+            Some("tool") => allowed.extend(["tool", "args", "max_output_bytes", "sandbox"]),
             Some(k) => allowed.push(k),
             // Unknown kind: accept every field some kind allows, so only true typos show.
             None => allowed.extend(
                 KIND_KEYS
                     .iter()
                     .copied()
-                    .chain(["env", "cwd", "output", "as", "nodes", "args"]),
+                    .chain(["env", "cwd", "output", "as", "nodes", "args", "sandbox"]),
             ),
         }
         let what = match kind {
@@ -991,6 +1152,10 @@ impl Cx {
         let max_output_bytes = f
             .get("max_output_bytes")
             .and_then(|(_, v)| self.uint(v, &join(field, "max_output_bytes"), 1));
+        let node_sandbox = match f.get("sandbox") {
+            Some((_, v)) => self.node_sandbox(v, &join(field, "sandbox")),
+            None => NodeSandbox::default(),
+        };
         let on_failure = match f.get("on_failure") {
             Some((_, v)) => {
                 let of = join(field, "on_failure");
@@ -1104,6 +1269,7 @@ impl Cx {
                 cwd,
                 output,
                 max_output_bytes,
+                sandbox: node_sandbox,
                 line: node.pos.line,
             });
         }
@@ -1398,4 +1564,30 @@ fn locate<'n>(node: &'n Node, pointer: &str) -> Option<(&'n Node, String)> {
         };
     }
     Some((cur, field))
+}
+
+/// `512MiB`, `2GiB`, `64K`, or a number of bytes.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (use bytes, or 512MiB, 2GiB)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "`{s}` has an unknown unit `{other}` (use KiB, MiB or GiB)"
+            ))
+        }
+    };
+    match n.checked_mul(mult) {
+        Some(0) => Err(format!("`{s}` is not a positive size")),
+        Some(b) => Ok(b),
+        None => Err(format!("`{s}` is too large")),
+    }
 }

@@ -85,3 +85,37 @@ pub fn status_kb(field: &str) -> u64 {
 pub fn argv(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
+
+/// Host pids of processes whose argv contains `marker` as one argument.
+/// Sandboxed processes print pids of their own PID namespace, so tests find
+/// them from outside by a marker instead.
+pub fn pids_with_arg(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            if cmdline.split(|b| *b == 0).any(|a| a == marker.as_bytes()) && alive(pid) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Waits (bounded) until no live process has `marker` in its argv; returns
+/// the survivors.
+pub fn wait_none_with_arg(marker: &str) -> Vec<i32> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let live = pids_with_arg(marker);
+        if live.is_empty() || Instant::now() > until {
+            return live;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
