@@ -179,7 +179,7 @@ fn engine_exit_code(e: &cairn_engine::EngineError) -> u8 {
         | EngineError::BadRequest(_)
         | EngineError::Conflict(_) => EXIT_BAD_INPUT,
         EngineError::Store(se) => store_exit_code(se),
-        EngineError::ShuttingDown => EXIT_FAILED,
+        EngineError::ShuttingDown | EngineError::Integrity(_) => EXIT_FAILED,
     }
 }
 

@@ -646,3 +646,35 @@ fn status_and_logs_through_a_server() {
     // Nothing listens any more: reaching it is an error, not bad input.
     assert_code(&env.run(&["status", "s1", "--server", &url]), 1);
 }
+
+/// A stored workflow changed after the run started (say, by a process that
+/// reached the store) is refused by `resume`, which would otherwise run
+/// the changed file.
+#[test]
+fn resume_refuses_a_stored_workflow_changed_behind_its_back() {
+    let env = Env::new();
+    let wf = env.write("gated.yaml", GATED);
+    let out = env.run(&[
+        "run",
+        wf.to_str().unwrap(),
+        "--run-id",
+        "t1",
+        "--exit-on-wait",
+    ]);
+    assert_code(&out, 3);
+    let db = rusqlite::Connection::open(env.path().join(".cairn/cairn.db")).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE runs SET workflow_source = workflow_source || '\n# changed\n' WHERE run_id = 't1'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let resumed = env.run(&["resume", "t1"]);
+    assert_code(&resumed, 1);
+    let err = text(&resumed.stderr);
+    assert!(err.contains("changed outside Cairn"), "{err}");
+    // Nothing ran: the run still waits at its gate.
+    assert_eq!(env.state("t1").unwrap()["status"], "waiting-approval");
+}

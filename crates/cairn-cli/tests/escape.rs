@@ -324,7 +324,10 @@ fn attacks_fail_and_controls_work_in_commands_and_bash_calls() {
         ),
         ("declared_env", sh("test \"$DECLARED\" = yes")),
         ("tmp", sh("echo x > /tmp/x && test -s /tmp/x")),
-        ("home", sh("test \"$HOME\" = /tmp && echo x > \"$HOME/.probe\"")),
+        (
+            "home",
+            sh("test \"$HOME\" = /tmp && echo x > \"$HOME/.probe\""),
+        ),
         (
             "system",
             sh("ls /usr/bin >/dev/null && cat /etc/passwd >/dev/null"),

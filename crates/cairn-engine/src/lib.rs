@@ -102,6 +102,10 @@ pub enum EngineError {
     /// The engine is shutting down and takes no new runs.
     #[error("the engine is shutting down and takes no new runs")]
     ShuttingDown,
+    /// What the store holds of a run does not match what its log recorded
+    /// (the stored workflow was changed after the run started).
+    #[error("{0}")]
+    Integrity(String),
 }
 
 /// How a run (or one session of it) ended.
@@ -436,6 +440,18 @@ impl Engine {
         }
         let path = PathBuf::from(&rec.workflow_path);
         let wf = cairn_workflow::parse(&rec.workflow_source, &path)?;
+        // The log's `RunStarted` names the workflow the run was started
+        // with; a stored source that hashes otherwise was changed behind
+        // the engine's back (say, `network: false` turned to `true`), and
+        // resuming would run the changed file.
+        if let Some(recorded) = state.workflow_hash.as_deref() {
+            if recorded != wf.hash {
+                return Err(EngineError::Integrity(format!(
+                    "run `{run_id}`: the stored workflow hashes to {} but the run started with {recorded}; the store was changed outside Cairn, so the run is not resumed",
+                    wf.hash
+                )));
+            }
+        }
         if let Some(obs) = opts.observer.clone() {
             log.set_observer(Box::new(move |e| obs(e)));
         }

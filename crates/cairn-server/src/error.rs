@@ -71,6 +71,7 @@ impl From<EngineError> for ApiError {
             EngineError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            EngineError::Integrity(_) => (StatusCode::CONFLICT, "integrity"),
             EngineError::Store(s) => store_status(s),
         };
         let details = match &e {

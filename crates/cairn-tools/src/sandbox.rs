@@ -203,8 +203,16 @@ impl Sandbox {
 
     /// Sets paths confined processes must not see even inside the root
     /// (the store, its locks, the logs).
+    ///
+    /// The file tools refuse them too: a path that resolves into one, by
+    /// name or through a symlink inside the root, is refused.
     pub fn with_hidden(mut self, hidden: Vec<PathBuf>) -> Self {
-        self.hidden = hidden;
+        // Compared with the real paths of opened descriptors, so kept
+        // canonical where they exist.
+        self.hidden = hidden
+            .into_iter()
+            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+            .collect();
         self
     }
 
@@ -348,7 +356,48 @@ impl Sandbox {
         mode: Open,
         shown: &str,
     ) -> Result<OwnedFd, ToolError> {
-        openat2_beneath(self.root_fd.as_raw_fd(), rel, mode).map_err(|e| io_path_err(shown, e))
+        let fd = openat2_beneath(self.root_fd.as_raw_fd(), rel, mode)
+            .map_err(|e| io_path_err(shown, e))?;
+        self.refuse_hidden(&fd, None, shown)?;
+        Ok(fd)
+    }
+
+    /// Refuses an opened file or folder (or the entry `name` in an opened
+    /// folder) that is, or lies inside, a hidden path: the store, its locks
+    /// and logs stay out of the tools' reach even inside the root. The
+    /// descriptor's real path is the kernel's, so a symlink to the store
+    /// inside the root is refused as the store itself is.
+    fn refuse_hidden(
+        &self,
+        fd: &OwnedFd,
+        name: Option<&std::ffi::OsStr>,
+        shown: &str,
+    ) -> Result<(), ToolError> {
+        if self.hidden.is_empty() {
+            return Ok(());
+        }
+        let Ok(mut real) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            return Err(path_err(
+                shown,
+                "cannot be checked against the store's folder",
+            ));
+        };
+        if let Some(n) = name {
+            real.push(n);
+        }
+        // A hidden folder around the whole root would hide everything;
+        // only what lies inside the root is the tools' to refuse.
+        if self
+            .hidden
+            .iter()
+            .any(|h| real.starts_with(h) && !self.root.starts_with(h))
+        {
+            return Err(path_err(
+                shown,
+                "is inside the run store's folder, which tools cannot reach",
+            ));
+        }
+        Ok(())
     }
 
     /// Opens a regular file for reading.
@@ -386,8 +435,12 @@ impl Sandbox {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
+        let entry = std::ffi::OsStr::from_bytes(name.as_bytes());
         match openat2_beneath(self.root_fd.as_raw_fd(), parent, Open::Dir) {
-            Ok(fd) => return Ok((fd, name)),
+            Ok(fd) => {
+                self.refuse_hidden(&fd, Some(entry), path)?;
+                return Ok((fd, name));
+            }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {}
             Err(e) => return Err(io_path_err(path, e)),
         }
@@ -420,6 +473,7 @@ impl Sandbox {
                 Err(e) => return Err(io_path_err(path, e)),
             }
         }
+        self.refuse_hidden(&dir, Some(entry), path)?;
         Ok((dir, name))
     }
 

@@ -363,3 +363,73 @@ proptest! {
         });
     }
 }
+
+/// The store's folder inside the root is out of the file tools' reach: by
+/// name, through a symlink, for reads, writes, edits and creating it; the
+/// rest of the root still works.
+#[tokio::test]
+async fn the_store_inside_the_root_is_refused_to_every_file_tool() {
+    let l = layout();
+    let store = l.root.join(".cairn");
+    std::fs::create_dir_all(store.join("logs")).unwrap();
+    std::fs::write(store.join("cairn.db"), "events").unwrap();
+    symlink("../.cairn", l.root.join("sub/store-link")).unwrap();
+    let sb = Sandbox::new(&l.root)
+        .unwrap()
+        .with_hidden(vec![store.clone()]);
+    let cases = [
+        ("read", json!({ "path": ".cairn/cairn.db" })),
+        (
+            "read",
+            json!({ "path": store.join("cairn.db").display().to_string() }),
+        ),
+        ("read", json!({ "path": "sub/store-link/cairn.db" })),
+        (
+            "write",
+            json!({ "path": ".cairn/cairn.db", "content": "forged" }),
+        ),
+        (
+            "write",
+            json!({ "path": ".cairn/logs/run.ndjson", "content": "forged" }),
+        ),
+        (
+            "write",
+            json!({ "path": "sub/../.cairn/new.lock", "content": "x" }),
+        ),
+        (
+            "edit",
+            json!({ "path": ".cairn/cairn.db", "patch": "@@ -1 +1 @@\n-events\n+forged\n" }),
+        ),
+    ];
+    for (tool, args) in cases {
+        let err = call(&sb, tool, args.clone()).await.unwrap_err();
+        assert!(
+            path_reason(&err).contains("store"),
+            "{tool} {args}: {err:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(store.join("cairn.db")).unwrap(),
+        "events"
+    );
+    assert!(!store.join("new.lock").exists());
+    // Removing the store and putting a file in its place is refused too.
+    let err = call(&sb, "write", json!({ "path": ".cairn", "content": "x" }))
+        .await
+        .unwrap_err();
+    assert!(path_reason(&err).contains("store"), "{err:?}");
+    // The rest of the root is the tools' as before.
+    call(
+        &sb,
+        "write",
+        json!({ "path": "sub/ok.txt", "content": "fine" }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        call(&sb, "read", json!({ "path": "sub/ok.txt" }))
+            .await
+            .unwrap()["content"],
+        json!("fine")
+    );
+}
