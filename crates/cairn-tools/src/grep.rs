@@ -70,8 +70,9 @@ impl Tool for GrepTool {
         let root = sandbox.root().to_path_buf();
         let limit = sandbox.limits().max_output_bytes;
         let cancel = ctx.cancel.clone();
+        let hidden = sandbox.hidden().to_vec();
         let result = tokio::task::spawn_blocking(move || {
-            search(&query, &root, root_fd, &rel, limit, &cancel)
+            search(&query, &root, root_fd, &rel, &hidden, limit, &cancel)
         })
         .await
         .map_err(|e| ToolError::Other(format!("grep task failed: {e}")))??;
@@ -102,6 +103,7 @@ fn search(
     root: &Path,
     root_fd: OwnedFd,
     rel: &Path,
+    hidden: &[PathBuf],
     limit: usize,
     cancel: &CancellationToken,
 ) -> Result<(Vec<String>, bool), ToolError> {
@@ -116,6 +118,11 @@ fn search(
     let start = root.join(rel);
     let mut walker = WalkBuilder::new(&start);
     walker.require_git(false).follow_links(false);
+    // The store's folder is out of the tools' reach even inside the root
+    // (its logs are text a search would otherwise return); symlinks are
+    // not followed, so a path under it is the only way in.
+    let hidden: Vec<PathBuf> = hidden.to_vec();
+    walker.filter_entry(move |e| !hidden.iter().any(|h| e.path().starts_with(h)));
     if let Some(glob) = &q.glob {
         let mut ob = OverrideBuilder::new(&start);
         ob.add(glob)
@@ -222,6 +229,7 @@ pub fn grep_blocking(
         sandbox.root(),
         root_fd,
         &rel,
+        sandbox.hidden(),
         sandbox.limits().max_output_bytes,
         &CancellationToken::new(),
     )
