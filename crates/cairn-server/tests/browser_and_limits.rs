@@ -320,20 +320,27 @@ async fn a_client_slow_to_send_its_headers_is_disconnected() {
 }
 
 /// A kept-alive connection that has been served once (so the server holds
-/// it), idle.
+/// it), idle. A connection closed just before frees its slot a moment
+/// after the close, so a 503 is tried again a while.
 async fn held(addr: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut b = [0u8; 1024];
-    let n = s.read(&mut b).await.unwrap();
-    assert!(
-        b[..n].starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&b[..n])
-    );
-    s
+    for _ in 0..100 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut b = [0u8; 1024];
+        let n = s.read(&mut b).await.unwrap_or(0);
+        if b[..n].starts_with(b"HTTP/1.1 200") {
+            return s;
+        }
+        assert!(
+            n == 0 || b[..n].starts_with(b"HTTP/1.1 503"),
+            "{}",
+            String::from_utf8_lossy(&b[..n])
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no slot freed for a held connection");
 }
 
 /// A fresh connection's answer to a request: `Some(text)` or `None` when
@@ -361,11 +368,21 @@ async fn connections_over_the_cap_are_refused_until_one_closes() {
     .await;
     let a = srv.addr;
     let first = held(a).await;
-    // A WebSocket keeps its place after the upgrade.
-    let ws = tokio_tungstenite::connect_async(format!("ws://{a}/v1/ws"))
-        .await
-        .unwrap()
-        .0;
+    // A WebSocket keeps its place after the upgrade. The server frees the
+    // slot of a connection that closed (the start's readiness probe) a
+    // moment after the close, so the second place may take a few tries.
+    let mut tries = 0;
+    let ws = loop {
+        match tokio_tungstenite::connect_async(format!("ws://{a}/v1/ws")).await {
+            Ok((ws, _)) => break ws,
+            Err(e) if tries < 100 => {
+                assert!(e.to_string().contains("503"), "{e}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the second place never freed: {e}"),
+        }
+    };
     for _ in 0..3 {
         match try_request(a).await {
             None => {}
