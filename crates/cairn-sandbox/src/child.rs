@@ -5,9 +5,10 @@
 //! held the allocator's lock at the fork).
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::ptr::null;
 
+use crate::fdpass::send_fd;
 use crate::plan::{step, Op, Plan, NEW_ROOT, OLD_ROOT};
 use crate::Prepared;
 
@@ -573,69 +574,6 @@ unsafe fn proxy_listener(tx: Option<RawFd>) -> Result<(), i32> {
     let sent = send_fd(tx, l);
     libc::close(l);
     sent
-}
-
-#[repr(C, align(8))]
-struct CmsgBuf([u8; 64]);
-
-/// Sends `fd` over the Unix socket `sock`. Async-signal-safe.
-unsafe fn send_fd(sock: RawFd, fd: RawFd) -> Result<(), i32> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut buf = CmsgBuf([0; 64]);
-    let mut msg: libc::msghdr = std::mem::zeroed();
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = buf.0.as_mut_ptr().cast();
-    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
-    let cmsg = libc::CMSG_FIRSTHDR(&msg);
-    (*cmsg).cmsg_level = libc::SOL_SOCKET;
-    (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-    (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
-    loop {
-        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) >= 0 {
-            return Ok(());
-        }
-        if errno() != libc::EINTR {
-            return Err(errno());
-        }
-    }
-}
-
-/// Receives a descriptor sent with [`send_fd`], without blocking.
-pub(crate) fn recv_fd(sock: RawFd) -> Option<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut buf = CmsgBuf([0; 64]);
-    // SAFETY: recvmsg fills buffers that live for the call; the control
-    // message is read only within the length it reports.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = buf.0.as_mut_ptr().cast();
-        msg.msg_controllen = buf.0.len() as _;
-        let n = libc::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC);
-        if n <= 0 {
-            return None;
-        }
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return None;
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd);
-        Some(OwnedFd::from_raw_fd(fd))
-    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -37,6 +37,7 @@
 #![warn(missing_docs)]
 
 mod child;
+pub mod fdpass;
 mod landlock;
 mod plan;
 mod probe;
@@ -196,7 +197,11 @@ impl Prepared {
     pub(crate) fn new(plan: plan::Plan, proxy: bool) -> Result<Prepared, SandboxError> {
         let (report_rx, report_tx) = pipe()?;
         set_nonblocking(report_rx.as_raw_fd())?;
-        let proxy = if proxy { Some(socket_pair()?) } else { None };
+        let proxy = if proxy {
+            Some(fdpass::seqpacket_pair()?)
+        } else {
+            None
+        };
         let proxy_tx = proxy.as_ref().map(|(_, tx)| tx.as_raw_fd());
         Ok(Prepared {
             plan,
@@ -248,7 +253,7 @@ impl Prepared {
     pub fn take_proxy_listener(&self) -> Option<OwnedFd> {
         let (rx, tx) = self.proxy.lock().ok()?.take()?;
         drop(tx);
-        child::recv_fd(rx.as_raw_fd())
+        fdpass::recv_fd(rx.as_raw_fd())
     }
 }
 
@@ -256,24 +261,6 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors into `fds`.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both were just created and are owned here.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: socketpair writes two descriptors into `fds`.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: both were just created and are owned here.

@@ -157,7 +157,8 @@ impl NetFilter {
                 );
                 if listener >= 0 {
                     let listener = listener as RawFd;
-                    let sent = send_fd(report, listener);
+                    let sent = cairn_sandbox::fdpass::send_fd(report, listener)
+                        .map_err(io::Error::from_raw_os_error);
                     libc::close(listener);
                     // Unsent, the listener is closed and the kernel answers
                     // ENOSYS: still refused, but unreported, so fail instead.
@@ -183,40 +184,6 @@ impl NetFilter {
     }
 }
 
-/// Room for one `SCM_RIGHTS` control message carrying one descriptor, aligned
-/// for `cmsghdr`.
-#[repr(C, align(8))]
-struct CmsgBuf([u8; 64]);
-
-/// Sends `fd` over the Unix socket `sock`. Async-signal-safe.
-unsafe fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut buf = CmsgBuf([0; 64]);
-    let mut msg: libc::msghdr = std::mem::zeroed();
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = buf.0.as_mut_ptr().cast();
-    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
-    let cmsg = libc::CMSG_FIRSTHDR(&msg);
-    (*cmsg).cmsg_level = libc::SOL_SOCKET;
-    (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-    (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
-    loop {
-        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
-        }
-    }
-}
-
 /// The socket pair over which the child hands its seccomp listener to the
 /// parent.
 pub(crate) struct ListenerChannel {
@@ -228,26 +195,8 @@ impl ListenerChannel {
     /// A close-on-exec pair: the child's copies vanish at `exec`, so once the
     /// spawn has returned the parent can read without ever blocking.
     pub(crate) fn new() -> io::Result<Self> {
-        let mut fds = [0 as RawFd; 2];
-        // SAFETY: socketpair writes two descriptors into `fds`.
-        let rc = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both descriptors were just created and are owned here.
-        unsafe {
-            Ok(ListenerChannel {
-                parent: OwnedFd::from_raw_fd(fds[0]),
-                child: OwnedFd::from_raw_fd(fds[1]),
-            })
-        }
+        let (parent, child) = cairn_sandbox::fdpass::seqpacket_pair()?;
+        Ok(ListenerChannel { parent, child })
     }
 
     /// The end the child sends on.
@@ -259,38 +208,7 @@ impl ListenerChannel {
     /// installed the self-answering filter.
     pub(crate) fn receive(self) -> Option<OwnedFd> {
         drop(self.child);
-        let mut byte = [0u8; 1];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        let mut buf = CmsgBuf([0; 64]);
-        // SAFETY: recvmsg fills `msg`'s buffers, which live for the call;
-        // the control message is read only within the length it reports.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = buf.0.as_mut_ptr().cast();
-            msg.msg_controllen = buf.0.len() as _;
-            let n = libc::recvmsg(
-                self.parent.as_raw_fd(),
-                &mut msg,
-                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            );
-            if n <= 0 {
-                return None;
-            }
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            if cmsg.is_null()
-                || (*cmsg).cmsg_level != libc::SOL_SOCKET
-                || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-            {
-                return None;
-            }
-            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd);
-            Some(OwnedFd::from_raw_fd(fd))
-        }
+        cairn_sandbox::fdpass::recv_fd(self.parent.as_raw_fd())
     }
 }
 
