@@ -146,8 +146,9 @@ impl Driver {
     /// unless the node says its work must never run twice.
     pub(super) fn interrupted(&mut self, key: &Key, inst: &Inst, attempt: u32) {
         if self.cancelling.is_some() {
-            // The run is being cancelled: the attempt ends cancelled, with
-            // every node not done, when the run ends.
+            // The run is being cancelled: the run's end closes the attempt
+            // as interrupted, then cancels the node, with every node not done.
+            self.left_open.insert(key.clone());
             return;
         }
         let err = NodeError::new(
@@ -175,6 +176,38 @@ impl Driver {
             EventKind::NodeRetrying { delay_ms: 0 },
         );
         self.ready.push_back(key.clone());
+    }
+
+    /// Closes an attempt a stop left open as interrupted, without running
+    /// it again: the run is ending. Returns whether that failed the node
+    /// (`on_interrupt: fail`); otherwise its rerun is announced, and the
+    /// run's end cancels it between the two attempts.
+    pub(super) fn close_interrupted(&mut self, key: &Key, attempt: u32) -> bool {
+        let fails = self
+            .plan
+            .insts
+            .get(key)
+            .is_some_and(|i| i.spec.on_interrupt == OnInterrupt::Fail);
+        let scope = self.node_scope(key).with_attempt(attempt);
+        self.emit(
+            scope,
+            EventKind::NodeFailed {
+                error: ErrorInfo::new(
+                    "interrupted",
+                    "the process driving the run stopped while this attempt was running",
+                ),
+                will_retry: !fails,
+            },
+        );
+        if !fails {
+            // The next attempt is announced as every rerun's is; the run's
+            // end cancels the node before it starts.
+            self.emit(
+                self.node_scope(key).with_attempt(attempt + 1),
+                EventKind::NodeRetrying { delay_ms: 0 },
+            );
+        }
+        fails
     }
 
     pub(super) fn retry_policy(&self, spec: &NodeSpec) -> Option<RetryPolicy> {

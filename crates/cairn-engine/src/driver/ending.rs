@@ -32,6 +32,16 @@ impl Driver {
                 if n.status.is_done() {
                     continue;
                 }
+                if let Some(attempt) = n.open_attempt().filter(|_| self.left_open.remove(&key)) {
+                    // An attempt a stop left open (the resume that would
+                    // have closed it was cut short by this end, or only
+                    // applies commands): closed as interrupted first, as
+                    // every resume closes one.
+                    if self.close_interrupted(&key, attempt) {
+                        self.node_done(&key);
+                        continue;
+                    }
+                }
                 let mut scope = self.node_scope(&key);
                 if n.attempt > 0 {
                     // The attempt that was running, or the last one that

@@ -126,6 +126,11 @@ pub(crate) struct Driver {
     /// Attempts to continue without a new `NodeStarted` (approvals after a resume).
     resumed_attempts: HashMap<Key, u32>,
     running: HashMap<Key, CancellationToken>,
+    /// Attempts a stop left open that this resume has not closed because a
+    /// cancel came first: the run's end closes them as interrupted before
+    /// it cancels their nodes. (A driver that only applies commands starts
+    /// no session, and leaves them to the next resume.)
+    left_open: HashSet<Key>,
     waiting: HashMap<Key, oneshot::Sender<Decision>>,
     retry_pending: usize,
     msg_tx: mpsc::UnboundedSender<Msg>,
@@ -217,6 +222,7 @@ impl Driver {
             queued: HashSet::new(),
             resumed_attempts: HashMap::new(),
             running: HashMap::new(),
+            left_open: HashSet::new(),
             waiting: HashMap::new(),
             retry_pending: 0,
             msg_tx,
