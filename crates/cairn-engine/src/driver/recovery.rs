@@ -14,7 +14,9 @@ impl Driver {
         loop {
             let mut changed = false;
             for key in self.plan.order.clone() {
-                let inst = self.plan.insts[&key].clone();
+                let Some(inst) = self.plan.insts.get(&key).cloned() else {
+                    continue;
+                };
                 let is_group = inst.spec.kind.children().is_some();
                 if !is_group || self.shape.started_groups.contains(&key) {
                     continue;
@@ -32,7 +34,12 @@ impl Driver {
             self.rerender();
         }
         for key in self.plan.order.clone() {
-            let inst = self.plan.insts[&key].clone();
+            // Closing an attempt can end a group's pass and mount another
+            // (an `on_interrupt: fail` node that may fail): what went with
+            // the old pass needs no recovery.
+            let Some(inst) = self.plan.insts.get(&key).cloned() else {
+                continue;
+            };
             if inst.spec.kind.children().is_some() {
                 continue;
             }
@@ -73,7 +80,12 @@ impl Driver {
         // A node failed the run, then a stop came before the run's end: the
         // run that goes on is failing.
         for key in self.plan.order.clone() {
-            if self.plan.insts[&key].spec.on_failure != OnFailure::Fail {
+            if self
+                .plan
+                .insts
+                .get(&key)
+                .is_none_or(|i| i.spec.on_failure != OnFailure::Fail)
+            {
                 continue;
             }
             let Some(n) = self.state.node(&key.0, key.1) else {
