@@ -25,8 +25,9 @@ use crate::wake::WakeDir;
 /// The schema version kept in `PRAGMA user_version`. Version 1 indexed every
 /// event by type and by node and kept commands as loosely typed control
 /// requests; version 2 keeps one partial index (see [`EVENTS_BY_TYPE`]), the
-/// run inbox and the process records.
-const SCHEMA_VERSION: i64 = 2;
+/// run inbox and the process records; version 3 keeps a run's workflow text
+/// in a table of its own (see [`SOURCES`]).
+const SCHEMA_VERSION: i64 = 3;
 
 /// The event type that makes up most of a busy log; the type index leaves
 /// it out.
@@ -55,7 +56,6 @@ CREATE TABLE runs (
     workflow        TEXT NOT NULL,
     workflow_path   TEXT NOT NULL,
     workflow_hash   TEXT NOT NULL,
-    workflow_source TEXT NOT NULL,
     input           TEXT NOT NULL,
     status          TEXT NOT NULL,
     created_ms      INTEGER NOT NULL,
@@ -126,6 +126,17 @@ CREATE TABLE IF NOT EXISTS processes (
 CREATE INDEX IF NOT EXISTS processes_by_run ON processes(run_id);
 "#;
 
+/// The workflow text of each run, apart from the run's row: the row is
+/// updated on every append (its status and time), and SQLite rewrites a
+/// whole row to update it, so a text of megabytes in it was copied, into
+/// memory and into the WAL, once per commit.
+const SOURCES: &str = r#"
+CREATE TABLE IF NOT EXISTS workflow_sources (
+    run_id TEXT PRIMARY KEY REFERENCES runs(run_id) ON DELETE CASCADE,
+    source TEXT NOT NULL
+);
+"#;
+
 /// The tables a Cairn store has; a file with other tables is someone else's.
 const TABLES: &[&str] = &[
     "events",
@@ -134,6 +145,7 @@ const TABLES: &[&str] = &[
     "runs",
     "sqlite_sequence",
     "tool_calls",
+    "workflow_sources",
     // Version 1 only; the migration to 2 drops it.
     "controls",
 ];
@@ -198,10 +210,17 @@ impl SqliteBackend {
             )));
         }
         if version >= 1 {
-            let required: &[&str] = if version == 1 {
-                &["runs", "events", "controls", "tool_calls"]
-            } else {
-                &["runs", "events", "inbox", "processes", "tool_calls"]
+            let required: &[&str] = match version {
+                1 => &["runs", "events", "controls", "tool_calls"],
+                2 => &["runs", "events", "inbox", "processes", "tool_calls"],
+                _ => &[
+                    "runs",
+                    "events",
+                    "inbox",
+                    "processes",
+                    "tool_calls",
+                    "workflow_sources",
+                ],
             };
             for &t in required {
                 if !tables.iter().any(|x| x == t) {
@@ -337,14 +356,17 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
             conn.execute_batch(SCHEMA)?;
             conn.execute_batch(EVENTS_BY_TYPE)?;
             conn.execute_batch(INBOX)?;
+            conn.execute_batch(SOURCES)?;
         }
         Ok(())
     })
 }
 
-/// Brings an older store to [`SCHEMA_VERSION`]. Every step only changes
-/// indexes, so no row moves and nothing is lost; building the type index
-/// reads the events table once, under the write lock.
+/// Brings an older store to [`SCHEMA_VERSION`], in one transaction, so a
+/// store is either migrated whole or not at all. From 1, only indexes and
+/// the command tables change (building the type index reads the events
+/// table once, under the write lock); from 2, every run's workflow text
+/// moves to its table, and no event row moves.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     in_schema_transaction(conn, |v| {
         if v == 1 {
@@ -353,6 +375,14 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             )?;
             conn.execute_batch(EVENTS_BY_TYPE)?;
             conn.execute_batch(INBOX)?;
+        }
+        if v < 3 {
+            conn.execute_batch(SOURCES)?;
+            conn.execute_batch(
+                "INSERT INTO workflow_sources (run_id, source) \
+                 SELECT run_id, workflow_source FROM runs; \
+                 ALTER TABLE runs DROP COLUMN workflow_source;",
+            )?;
         }
         Ok(())
     })
@@ -498,7 +528,7 @@ fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
 
 macro_rules! run_cols {
     () => {
-        "run_id, workflow, workflow_path, workflow_hash, workflow_source, input, \
+        "run_id, workflow, workflow_path, workflow_hash, source, input, \
          status, created_ms, updated_ms, parent_run_id"
     };
 }
@@ -508,12 +538,17 @@ macro_rules! run_cols {
 const LAST_SEQ: &str = "SELECT max(seq) FROM events WHERE run_id = ?1";
 const UPDATE_RUN_AFTER_APPEND: &str = "UPDATE runs SET updated_ms = max(updated_ms, ?2), \
                                        status = coalesce(?3, status) WHERE run_id = ?1";
-const GET_RUN: &str = concat!("SELECT ", run_cols!(), " FROM runs WHERE run_id = ?1");
+const GET_RUN: &str = concat!(
+    "SELECT ",
+    run_cols!(),
+    " FROM runs JOIN workflow_sources USING (run_id) WHERE run_id = ?1"
+);
 const LIST_RUNS: &str = concat!(
     "SELECT ",
     run_cols!(),
-    " FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2) \
-     ORDER BY created_ms DESC, rowid DESC LIMIT ?3 OFFSET ?4"
+    " FROM runs JOIN workflow_sources USING (run_id) \
+     WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2) \
+     ORDER BY created_ms DESC, runs.rowid DESC LIMIT ?3 OFFSET ?4"
 );
 const GC_CANDIDATES: &str = "SELECT run_id FROM runs WHERE status IN ('finished', 'failed', \
                              'cancelled') AND updated_ms < ?1 ORDER BY created_ms";
@@ -762,17 +797,14 @@ impl Backend for SqliteBackend {
         validate_run_id(&rec.run_id)?;
         self.write(|tx| {
             tx.execute(
-                concat!(
-                    "INSERT INTO runs (",
-                    run_cols!(),
-                    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-                ),
+                "INSERT INTO runs (run_id, workflow, workflow_path, workflow_hash, input, \
+                 status, created_ms, updated_ms, parent_run_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     rec.run_id,
                     rec.workflow,
                     rec.workflow_path,
                     rec.workflow_hash,
-                    rec.workflow_source,
                     json_text(&rec.input),
                     rec.status,
                     rec.created_ms,
@@ -787,6 +819,11 @@ impl Backend for SqliteBackend {
                     self.err(e)
                 }
             })?;
+            tx.execute(
+                "INSERT INTO workflow_sources (run_id, source) VALUES (?1, ?2)",
+                params![rec.run_id, rec.workflow_source],
+            )
+            .map_err(|e| self.err(e))?;
             Ok(())
         })
     }
@@ -844,6 +881,7 @@ impl Backend for SqliteBackend {
                     "DELETE FROM tool_calls WHERE run_id = ?1",
                     "DELETE FROM inbox WHERE run_id = ?1",
                     "DELETE FROM processes WHERE run_id = ?1",
+                    "DELETE FROM workflow_sources WHERE run_id = ?1",
                     "DELETE FROM runs WHERE run_id = ?1",
                 ] {
                     tx.execute(sql, [&id]).map_err(|e| self.err(e))?;
@@ -1101,6 +1139,7 @@ mod tests {
                 // As `delete_finished_before` runs them.
                 "DELETE FROM events WHERE run_id = ?1",
                 "DELETE FROM tool_calls WHERE run_id = ?1",
+                "DELETE FROM workflow_sources WHERE run_id = ?1",
                 "DELETE FROM runs WHERE run_id = ?1",
             ])
             .map(|s| s.to_string()),
@@ -1125,6 +1164,46 @@ mod tests {
         );
     }
 
+    /// Versions 1 and 2 kept the workflow text in the run's row.
+    const RUNS_BEFORE_3: &str =
+        "ALTER TABLE runs ADD COLUMN workflow_source TEXT NOT NULL DEFAULT '';";
+
+    #[test]
+    fn a_version_2_store_is_migrated_and_keeps_its_runs_workflow_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("s.db");
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(SCHEMA).unwrap();
+            c.execute_batch(RUNS_BEFORE_3).unwrap();
+            c.execute_batch(EVENTS_BY_TYPE).unwrap();
+            c.execute_batch(INBOX).unwrap();
+            c.execute_batch(
+                "INSERT INTO runs (run_id, workflow, workflow_path, workflow_hash, \
+                 workflow_source, input, status, created_ms, updated_ms) \
+                 VALUES ('r', 'wf', '/wf.yaml', 'h', 'name: wf', '{}', 'running', 1, 2);
+                 INSERT INTO events VALUES ('r', 1, 'RunStarted', NULL, 5, '{}');
+                 PRAGMA user_version = 2;",
+            )
+            .unwrap();
+        }
+        let b = SqliteBackend::open(&db).unwrap();
+        let run = b.get_run("r").unwrap().expect("the run is kept");
+        assert_eq!(run.workflow_source, "name: wf");
+        assert_eq!(run.status, "running");
+        assert_eq!(b.list_runs(&RunFilter::default()).unwrap().len(), 1);
+        assert_eq!(b.last_seq("r").unwrap(), 1);
+        let c = b.write.lock().unwrap();
+        let cols: Vec<String> = c
+            .prepare("SELECT name FROM pragma_table_info('runs')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(!cols.iter().any(|n| n == "workflow_source"), "{cols:?}");
+    }
+
     #[test]
     fn a_version_1_store_is_migrated_and_keeps_its_events() {
         let dir = tempfile::tempdir().unwrap();
@@ -1132,6 +1211,7 @@ mod tests {
         {
             let c = Connection::open(&db).unwrap();
             c.execute_batch(SCHEMA).unwrap();
+            c.execute_batch(RUNS_BEFORE_3).unwrap();
             c.execute_batch(
                 "CREATE TABLE controls (
                      id INTEGER PRIMARY KEY AUTOINCREMENT,
