@@ -107,6 +107,12 @@ pub struct NodeSandbox {
 }
 
 /// One node as written in the file.
+///
+/// What every node has is inline; the settings most nodes leave at their
+/// defaults are in a [`NodeSettings`] shared between the nodes whose
+/// settings are equal (a workflow of 100,000 nodes usually holds one or a
+/// few), and read through this type as if they were its own fields
+/// (`spec.timeout`), which is why it dereferences to them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSpec {
     /// Id, unique among siblings.
@@ -115,6 +121,22 @@ pub struct NodeSpec {
     pub kind: NodeKind,
     /// Sibling ids that must end before this node starts.
     pub needs: Vec<String>,
+    /// 1-based line where the node starts in the file.
+    pub line: usize,
+    /// Everything else the node sets.
+    pub settings: std::sync::Arc<NodeSettings>,
+}
+
+impl std::ops::Deref for NodeSpec {
+    type Target = NodeSettings;
+    fn deref(&self) -> &NodeSettings {
+        &self.settings
+    }
+}
+
+/// The settings of a node beside its id, kind and needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeSettings {
     /// Expression; false skips the node.
     pub if_: Option<String>,
     /// Timeline grouping name (the events' `chapter`).
@@ -138,8 +160,6 @@ pub struct NodeSpec {
     pub max_output_bytes: Option<u64>,
     /// The node's own sandbox settings (`command` and `tool` nodes).
     pub sandbox: NodeSandbox,
-    /// 1-based line where the node starts in the file.
-    pub line: usize,
 }
 
 /// The kind of a node and its kind-specific settings.

@@ -123,6 +123,7 @@ fn parse_text(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
         file: path.to_path_buf(),
         problems: Vec::new(),
         templates: Templates::new(),
+        last_settings: None,
     };
     if source.len() as u64 > MAX_FILE_BYTES {
         cx.at(
@@ -164,6 +165,9 @@ struct Cx {
     file: PathBuf,
     problems: Vec<Problem>,
     templates: Templates,
+    /// The settings of the last node read, shared with the next node whose
+    /// settings are equal (siblings mostly repeat each other's).
+    last_settings: Option<std::sync::Arc<NodeSettings>>,
 }
 
 /// A node as far as it could be read; sibling checks need ids and needs even when the rest of
@@ -1250,15 +1254,7 @@ impl Cx {
             return partial;
         }
         if let (Some(id), Some(kind)) = (id, kind) {
-            partial.spec = Some(NodeSpec {
-                id,
-                kind,
-                needs: {
-                    // The spec stays for the run: no room past the last need.
-                    let mut needs = std::mem::take(&mut partial.needs);
-                    needs.shrink_to_fit();
-                    needs
-                },
+            let settings = self.shared_settings(NodeSettings {
                 if_,
                 stage,
                 timeout,
@@ -1270,10 +1266,33 @@ impl Cx {
                 output,
                 max_output_bytes,
                 sandbox: node_sandbox,
+            });
+            partial.spec = Some(NodeSpec {
+                id,
+                kind,
+                needs: {
+                    // The spec stays for the run: no room past the last need.
+                    let mut needs = std::mem::take(&mut partial.needs);
+                    needs.shrink_to_fit();
+                    needs
+                },
                 line: node.pos.line,
+                settings,
             });
         }
         partial
+    }
+
+    /// `settings` as a shared allocation: the previous node's when equal.
+    fn shared_settings(&mut self, settings: NodeSettings) -> std::sync::Arc<NodeSettings> {
+        match &self.last_settings {
+            Some(last) if **last == settings => last.clone(),
+            _ => {
+                let shared = std::sync::Arc::new(settings);
+                self.last_settings = Some(shared.clone());
+                shared
+            }
+        }
     }
 
     fn kind(

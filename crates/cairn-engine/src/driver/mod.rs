@@ -677,15 +677,18 @@ impl Driver {
             self.nodes_ctx.insert(&key.0, node_ctx_entry(n));
         }
         self.count_done(&inst, status);
-        if let Some(deps) = self.dependents.get(key) {
+        // An ended node's dependents and a ready node's count are not
+        // needed again: dropped, so a long run's maps hold only what waits.
+        if let Some(deps) = self.dependents.remove(key) {
             for d in deps {
-                if let Some(n) = self.unmet.get_mut(d) {
+                if let Some(n) = self.unmet.get_mut(&d) {
                     *n = n.saturating_sub(1);
                     if *n > 0 {
                         continue;
                     }
+                    self.unmet.remove(&d);
                 }
-                self.check_queue.push_back(d.clone());
+                self.check_queue.push_back(d);
             }
         }
         if let Some(parent) = &inst.parent {

@@ -20,7 +20,9 @@ impl Driver {
             },
         );
         let old = std::mem::replace(&mut self.plan, plan);
-        let order = self.plan.order.clone();
+        // Taken for the walk and put back: a copy would be a second list of
+        // every instance at the run's peak.
+        let order = std::mem::take(&mut self.plan.order);
         let appearing = order.len().saturating_sub(old.order.len());
         self.state.reserve_nodes(appearing);
         // Counted once every instance is in its layer's total, so that a
@@ -48,13 +50,15 @@ impl Driver {
             }
             let mut unmet = 0;
             for dep in &inst.needs {
+                // A need that has ended already has nothing left to tell.
+                if self.status_of(dep).is_some_and(|s| s.is_done()) {
+                    continue;
+                }
+                unmet += 1;
                 let deps = self.dependents.entry(dep.clone()).or_default();
                 // Most nodes have one dependent: no room for four.
                 deps.reserve_exact(1);
                 deps.push(key.clone());
-                if !self.status_of(dep).is_some_and(|s| s.is_done()) {
-                    unmet += 1;
-                }
             }
             if unmet > 0 {
                 self.unmet.insert(key.clone(), unmet);
@@ -66,10 +70,12 @@ impl Driver {
             }
             if done {
                 done_already.push((inst, status));
-            } else if status == NodeStatus::Pending {
+            } else if status == NodeStatus::Pending && unmet == 0 {
+                // One with unmet needs is queued when the last of them ends.
                 self.check_queue.push_back(key.clone());
             }
         }
+        self.plan.order = order;
         for (inst, status) in done_already {
             self.count_done(&inst, status);
         }
