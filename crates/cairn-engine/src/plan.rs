@@ -52,7 +52,7 @@ pub struct Inst {
     /// Depth in the mounted graph.
     pub layer: u32,
     /// Names that only exist inside a group instance (`item`, the `as` name, `index`, `iteration`).
-    pub vars: Arc<Vec<(String, Value)>>,
+    pub vars: Arc<GroupVars>,
     /// The path prefix of its siblings, so templates can name a sibling by
     /// its plain id; shared by the group's members.
     pub prefix: Arc<str>,
@@ -70,6 +70,61 @@ impl Inst {
         match self.spec.kind {
             NodeKind::Loop { .. } if self.in_loop => format!("{}@{}.", self.key.0, self.key.1),
             _ => format!("{}.", self.key.0),
+        }
+    }
+}
+
+/// The names a group instance gives its members, as a chain from the
+/// innermost group out. A `for_each` element points into the group's list
+/// instead of holding copies of its item under each name: a list of
+/// 100,000 elements would otherwise keep 100,000 copies of the list's
+/// values, and a vector of names for each.
+#[derive(Debug, Default)]
+pub struct GroupVars {
+    outer: Option<Arc<GroupVars>>,
+    bind: Bind,
+}
+
+#[derive(Debug, Default)]
+enum Bind {
+    /// The top level: no names.
+    #[default]
+    None,
+    /// A loop's pass: `iteration`.
+    Pass(u32),
+    /// A `for_each` element: `item`, the `as` name and `index`.
+    Element {
+        list: Arc<Vec<Value>>,
+        index: usize,
+        as_name: Option<Arc<str>>,
+    },
+}
+
+impl GroupVars {
+    /// Calls `f` with every name and value, outermost group first, so that
+    /// when a name repeats the innermost group's value comes last (and
+    /// wins where the caller inserts them into a map in turn).
+    pub fn visit(&self, f: &mut impl FnMut(&str, Value)) {
+        if let Some(outer) = &self.outer {
+            outer.visit(f);
+        }
+        match &self.bind {
+            Bind::None => {}
+            Bind::Pass(pass) => f("iteration", Value::from(*pass)),
+            Bind::Element {
+                list,
+                index,
+                as_name,
+            } => {
+                let item = list.get(*index).cloned().unwrap_or(Value::Null);
+                if let Some(name) = as_name {
+                    f("item", item.clone());
+                    f(name, item);
+                } else {
+                    f("item", item);
+                }
+                f("index", Value::from(*index));
+            }
         }
     }
 }
@@ -183,7 +238,7 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape, paths: &mut Paths)
         None,
         0,
         false,
-        Arc::new(Vec::new()),
+        Arc::new(GroupVars::default()),
     );
     xml.push_str("</plan>");
     plan.xml_hash = hex::encode(Sha256::digest(xml.as_bytes()));
@@ -209,7 +264,7 @@ impl Mount<'_> {
         parent: Option<&Key>,
         base_layer: u32,
         in_loop: bool,
-        vars: Arc<Vec<(String, Value)>>,
+        vars: Arc<GroupVars>,
     ) {
         let depths = depths(specs);
         // Every sibling's path first, so that `needs` share them.
@@ -290,14 +345,16 @@ impl Mount<'_> {
         spec: &SpecRef,
         layer: u32,
         in_loop: bool,
-        vars: &Arc<Vec<(String, Value)>>,
+        vars: &Arc<GroupVars>,
     ) {
         let iteration = key.1;
         match &spec.kind {
             NodeKind::Loop { .. } => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
-                let mut v = (**vars).clone();
-                set_var(&mut v, "iteration", Value::from(pass));
+                let v = GroupVars {
+                    outer: Some(vars.clone()),
+                    bind: Bind::Pass(pass),
+                };
                 let child_prefix: Arc<str> = if in_loop {
                     format!("{}@{iteration}.", key.0).into()
                 } else {
@@ -317,13 +374,16 @@ impl Mount<'_> {
             NodeKind::ForEach { as_name, .. } => {
                 if let Some(list) = self.shape.lists.get(key).cloned() {
                     let kids = self.tree.children(spec);
-                    for (i, item) in list.iter().enumerate() {
-                        let mut v = (**vars).clone();
-                        set_var(&mut v, "item", item.clone());
-                        if let Some(name) = as_name {
-                            set_var(&mut v, name, item.clone());
-                        }
-                        set_var(&mut v, "index", Value::from(i));
+                    let as_name: Option<Arc<str>> = as_name.as_deref().map(Arc::from);
+                    for i in 0..list.len() {
+                        let v = GroupVars {
+                            outer: Some(vars.clone()),
+                            bind: Bind::Element {
+                                list: list.clone(),
+                                index: i,
+                                as_name: as_name.clone(),
+                            },
+                        };
                         self.group(
                             &kids,
                             format!("{}[{i}].", key.0).into(),
@@ -338,14 +398,6 @@ impl Mount<'_> {
             }
             _ => {}
         }
-    }
-}
-
-fn set_var(vars: &mut Vec<(String, Value)>, name: &str, value: Value) {
-    if let Some(slot) = vars.iter_mut().find(|(n, _)| n == name) {
-        slot.1 = value;
-    } else {
-        vars.push((name.to_string(), value));
     }
 }
 

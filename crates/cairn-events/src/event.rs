@@ -332,8 +332,10 @@ pub enum EventKind {
     },
     NodeFinished {
         duration_ms: u64,
+        /// Shared with the run state that folds the event, instead of
+        /// copied (a group's output holds every member's).
         #[serde(default)]
-        output: Option<Value>,
+        output: Option<std::sync::Arc<Value>>,
         #[serde(default)]
         cached: Option<bool>,
     },
@@ -791,7 +793,7 @@ mod tests {
             scope: Scope::node("g", 0).with_attempt(1),
             kind: EventKind::NodeFinished {
                 duration_ms: 0,
-                output: Some(output),
+                output: Some(std::sync::Arc::new(output)),
                 cached: None,
             },
         };

@@ -487,7 +487,7 @@ impl RunState {
             } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Finished;
-                    n.output = output.clone().map(Arc::new);
+                    n.output = output.clone();
                     n.duration_ms = Some(*duration_ms);
                     close_attempt(n, ts, "finished", None);
                 }
@@ -641,7 +641,7 @@ mod tests {
                     Scope::node("a", 0).with_attempt(2),
                     EventKind::NodeFinished {
                         duration_ms: 10,
-                        output: Some(Value::from(3)),
+                        output: Some(Arc::new(Value::from(3))),
                         cached: None,
                     },
                 ),

@@ -94,7 +94,7 @@ fn baseline(db: &Path, schema: Option<&str>) -> f64 {
                     r.run_id,
                     r.seq as i64,
                     r.type_name,
-                    r.node_id,
+                    r.node_id.as_deref(),
                     r.timestamp_ms,
                     &*r.json
                 ])

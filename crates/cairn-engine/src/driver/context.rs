@@ -10,7 +10,7 @@ impl Driver {
     /// The template context of the workflow's `output`.
     pub(super) fn run_context(&self) -> Context {
         Context::scoped_nodes(
-            self.small_vars(0, &[]),
+            self.small_vars(0, &GroupVars::default()),
             "nodes",
             self.nodes_ctx.shared(),
             "",
@@ -21,19 +21,15 @@ impl Driver {
     /// built for every render. A group's names (`item`, the `as` name,
     /// `index`) come after `input` and before `run` and `workflow`, as they
     /// always have, so the same one wins where they clash.
-    pub(super) fn small_vars(
-        &self,
-        iteration: u32,
-        group: &[(String, Value)],
-    ) -> Map<String, Value> {
+    pub(super) fn small_vars(&self, iteration: u32, group: &GroupVars) -> Map<String, Value> {
         let mut vars = Map::new();
         vars.insert(
             "input".into(),
             self.state.input.clone().unwrap_or(Value::Null),
         );
-        for (k, v) in group {
-            vars.insert(k.clone(), v.clone());
-        }
+        group.visit(&mut |k, v| {
+            vars.insert(k.to_string(), v);
+        });
         // Inside a loop the group's `iteration` is the instance's pass
         // already; a loop's own `until` reads the pass that just ended.
         vars.insert("iteration".into(), Value::from(iteration));
@@ -91,9 +87,9 @@ impl Driver {
             vars.insert("nodes".into(), Value::Object(Map::new()));
         }
         vars.insert("iteration".into(), Value::from(inst.key.1));
-        for (k, v) in inst.vars.iter() {
-            vars.insert(k.clone(), v.clone());
-        }
+        inst.vars.visit(&mut |k, v| {
+            vars.insert(k.to_string(), v);
+        });
         vars.insert("run".into(), json!({ "id": self.run_id }));
         vars.insert("workflow".into(), json!({ "name": self.wf.name }));
         Value::Object(vars)

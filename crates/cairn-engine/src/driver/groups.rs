@@ -144,7 +144,7 @@ impl Driver {
             scope,
             EventKind::NodeFinished {
                 duration_ms,
-                output: Some(output),
+                output: Some(Arc::new(output)),
                 cached: None,
             },
         );

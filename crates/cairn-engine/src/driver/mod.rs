@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
-use crate::plan::{self, Inst, Key, Paths, Plan, Shape, SpecTree};
+use crate::plan::{self, GroupVars, Inst, Key, Paths, Plan, Shape, SpecTree};
 use crate::services::Services;
 use crate::{EngineError, RunOutcome, Shutdown};
 
@@ -648,7 +648,7 @@ impl Driver {
                             scope,
                             EventKind::NodeFinished {
                                 duration_ms: t0.elapsed().as_millis() as u64,
-                                output: Some(output),
+                                output: Some(Arc::new(output)),
                                 cached: None,
                             },
                         );
