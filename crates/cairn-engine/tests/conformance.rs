@@ -1540,7 +1540,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
         }
         if got.status == NodeStatus::Finished {
             if let Some(o) = &x.output {
-                if got.output.as_deref() != Some(o) {
+                if got.output.as_ref().map(|g| g.to_value()).as_ref() != Some(o) {
                     return Err(format!(
                         "{}#{} output {:?}, want {o}",
                         key.0, key.1, got.output

@@ -149,7 +149,10 @@ async fn inner_passes_are_distinct_in_every_outer_pass_and_resume() {
                 .node(&format!("review.inner@{outer}.check"), inner)
                 .unwrap();
             assert_eq!(check.status.as_str(), "finished");
-            assert_eq!(check.output.as_deref(), Some(&json!(inner)));
+            assert_eq!(
+                check.output.as_ref().map(|o| o.to_value()),
+                Some(json!(inner))
+            );
             let gate = st
                 .node(&format!("review.inner@{outer}.gate"), inner)
                 .unwrap();

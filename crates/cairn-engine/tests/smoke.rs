@@ -89,12 +89,22 @@ nodes:
     }
     let state = engine.state(&events[0].run_id).unwrap();
     assert_eq!(
-        state.node("per_line[2].show", 0).unwrap().output.as_deref(),
-        Some(&json!("2: c"))
+        state
+            .node("per_line[2].show", 0)
+            .unwrap()
+            .output
+            .as_ref()
+            .map(|o| o.to_value()),
+        Some(json!("2: c"))
     );
     assert_eq!(
-        state.node("review.step", 2).unwrap().output.as_deref(),
-        Some(&json!("pass 2"))
+        state
+            .node("review.step", 2)
+            .unwrap()
+            .output
+            .as_ref()
+            .map(|o| o.to_value()),
+        Some(json!("pass 2"))
     );
     assert_eq!(state.node("never", 0).unwrap().status.as_str(), "skipped");
     assert_eq!(
@@ -173,8 +183,12 @@ nodes:
     let st = engine.state(&run_id).unwrap();
     assert_eq!(st.node("gate", 0).unwrap().attempts.len(), 1);
     assert_eq!(
-        st.node("after", 0).unwrap().output.as_deref(),
-        Some(&json!("done"))
+        st.node("after", 0)
+            .unwrap()
+            .output
+            .as_ref()
+            .map(|o| o.to_value()),
+        Some(json!("done"))
     );
 }
 

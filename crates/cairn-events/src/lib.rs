@@ -10,6 +10,7 @@ mod command;
 mod event;
 mod ids;
 mod metrics;
+mod output;
 mod reducer;
 
 pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
@@ -23,4 +24,5 @@ pub use ids::{
     InvalidNodePath, InvalidRunId, NodePath, RunId, Seq, MAX_NODE_PATH_LEN, MAX_RUN_ID_LEN,
 };
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
+pub use output::{Output, OUTPUT_TEXT_MAX};
 pub use reducer::{AttemptState, Decision, NodeState, NodeStatus, RunState};

@@ -7,13 +7,13 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::event::{ErrorInfo, Event, EventKind, RunStatus, TokenTotals};
 use crate::ids::NodePath;
+use crate::output::Output;
 
 /// Where a node stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -96,10 +96,10 @@ pub struct NodeState {
     /// The latest attempt number (0 before the first start).
     pub attempt: u32,
     pub attempts: Vec<AttemptState>,
-    /// Shared, so that the engine's template context holds the same value
-    /// instead of a copy.
+    /// Compact when small; shared with the engine's template context
+    /// instead of copied.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<Arc<Value>>,
+    pub output: Option<Output>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     // The fields below are boxed: few nodes have them, and a run of
@@ -487,7 +487,7 @@ impl RunState {
             } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Finished;
-                    n.output = output.clone();
+                    n.output = output.as_ref().map(Output::new);
                     n.duration_ms = Some(*duration_ms);
                     close_attempt(n, ts, "finished", None);
                 }
@@ -641,7 +641,7 @@ mod tests {
                     Scope::node("a", 0).with_attempt(2),
                     EventKind::NodeFinished {
                         duration_ms: 10,
-                        output: Some(Arc::new(Value::from(3))),
+                        output: Some(std::sync::Arc::new(Value::from(3))),
                         cached: None,
                     },
                 ),
@@ -652,7 +652,10 @@ mod tests {
         assert_eq!(n.attempt, 2);
         assert_eq!(n.attempts.len(), 2);
         assert_eq!(n.attempts[0].status, "failed");
-        assert_eq!(n.output.as_deref(), Some(&Value::from(3)));
+        assert_eq!(
+            n.output.as_ref().map(Output::to_value),
+            Some(Value::from(3))
+        );
         assert_eq!(s.progress(), 1.0);
         assert_eq!(s.last_seq, 6);
     }

@@ -73,9 +73,8 @@ impl Context {
 /// One ended node instance as templates see it under `nodes`.
 #[derive(Debug, Clone)]
 pub struct NodeEntry {
-    /// Its output (`null` when it had none); shared, so that a render reads
-    /// it without a copy.
-    pub output: Arc<serde_json::Value>,
+    /// Its output (`null` when it had none), shared with the run state.
+    pub output: cairn_events::Output,
     /// `finished`, `failed`, `skipped` or `cancelled`.
     pub status: &'static str,
     /// Its latest attempt.
@@ -87,7 +86,7 @@ impl NodeEntry {
     /// copied rather than shared.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "output": *self.output,
+            "output": self.output.to_value(),
             "status": self.status,
             "attempt": self.attempt,
         })
@@ -156,7 +155,7 @@ impl Object for NodeEntry {
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         match key.as_str()? {
-            "output" => lazy(&self.output, &[]),
+            "output" => lazy(&self.output.value(), &[]),
             "status" => Some(Value::from(self.status)),
             "attempt" => Some(Value::from(self.attempt)),
             _ => None,

@@ -301,7 +301,7 @@ fn node_entries_read_as_the_json_map() {
         entries.insert(
             Arc::from(k.as_str()),
             NodeEntry {
-                output: Arc::new(v["output"].clone()),
+                output: v["output"].clone().into(),
                 status,
                 attempt: v["attempt"].as_u64().unwrap() as u32,
             },

@@ -121,7 +121,7 @@ impl NodesCtx {
 
 pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
     NodeEntry {
-        output: n.output.clone().unwrap_or_else(|| Arc::new(Value::Null)),
+        output: n.output.clone().unwrap_or_else(|| Value::Null.into()),
         status: n.status.as_str(),
         attempt: n.attempt,
     }

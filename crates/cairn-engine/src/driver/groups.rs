@@ -71,7 +71,7 @@ impl Driver {
                     let v = self
                         .state
                         .node(&path, pass)
-                        .and_then(|n| n.output.as_deref().cloned())
+                        .and_then(|n| n.output.as_ref().map(cairn_events::Output::to_value))
                         .unwrap_or(Value::Null);
                     out.insert(c.id.clone(), v);
                 }
@@ -120,7 +120,7 @@ impl Driver {
                         let v = self
                             .state
                             .node(&path, key.1)
-                            .and_then(|n| n.output.as_deref().cloned())
+                            .and_then(|n| n.output.as_ref().map(cairn_events::Output::to_value))
                             .unwrap_or(Value::Null);
                         entry.insert(c.id.clone(), v);
                     }
