@@ -31,6 +31,10 @@ use crate::proxy::HostRules;
 /// escaped process cannot hang the caller.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
+/// How often the CPU time of a tree with a CPU limit is read: a tree
+/// overruns its limit by at most about this much.
+const CPU_POLL: Duration = Duration::from_millis(100);
+
 /// Size of each read from a pipe; also the most memory one stream uses beyond
 /// its captured bytes.
 const READ_CHUNK: usize = 64 * 1024;
@@ -182,6 +186,24 @@ pub struct ProcessOutcome {
     pub cancelled: bool,
     /// From spawn to the end of reading.
     pub duration: Duration,
+    /// What the tree's control group counted and saw, when one counted
+    /// its limits; `None` when the limits were rlimits only.
+    pub tree: Option<TreeLimits>,
+}
+
+/// The limits a process tree's control group counted, and the one its
+/// counters show was hit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TreeLimits {
+    /// The memory limit was the group's.
+    pub memory: bool,
+    /// The process limit was the group's.
+    pub processes: bool,
+    /// The CPU-time limit was the group's (enforced by the runner).
+    pub cpu: bool,
+    /// The limit the kernel's counters (or the runner, for CPU time) show
+    /// was hit.
+    pub hit: Option<cairn_sandbox::cgroup::Limit>,
 }
 
 impl ProcessOutcome {
@@ -190,23 +212,57 @@ impl ProcessOutcome {
         self.exit_code == Some(0) && !self.timed_out && !self.cancelled
     }
 
-    /// When the process failed and one of `limits` is the likely cause,
-    /// which one. Rlimits do not announce themselves: the CPU limit ends
-    /// the process with SIGXCPU (or SIGKILL a second later), the memory
-    /// limit makes allocations fail (the program then aborts, crashes or
-    /// says so), the process limit makes `fork` fail with EAGAIN. So this
-    /// reads the signal and the usual messages on stderr.
+    /// When the process failed because of one of `limits`, which one.
+    /// Never after a timeout or cancel, which are reported as such.
+    ///
+    /// A limit counted by the tree's control group is known exactly: its
+    /// counters say whether the OOM killer ran or a `fork` was refused, and
+    /// the runner itself ended a tree over its CPU time. Rlimits do not
+    /// announce themselves: the CPU limit ends the process with SIGXCPU (or
+    /// SIGKILL a second later), the memory limit makes allocations fail
+    /// (the program then aborts, crashes or says so), the process limit
+    /// makes `fork` fail with EAGAIN. So for those alone this reads the
+    /// signal and the usual messages on stderr.
     pub fn resource_limit(&self, limits: &cairn_sandbox::ResourceLimits) -> Option<String> {
-        if self.success() || self.timed_out || self.cancelled {
+        use cairn_sandbox::cgroup::Limit;
+        if self.timed_out || self.cancelled {
+            return None;
+        }
+        // A hit the counters show fails the process even when it exited 0:
+        // a process of the tree was killed or a fork refused, so its work
+        // is not what it would have been.
+        let tree = self.tree.unwrap_or_default();
+        match tree.hit {
+            Some(Limit::Memory) => {
+                return Some(format!(
+                    "the memory limit ({} bytes) was reached by the process tree; the kernel's OOM killer ended it",
+                    limits.memory_bytes.unwrap_or(0)
+                ))
+            }
+            Some(Limit::Processes) => {
+                return Some(format!(
+                    "the process limit ({}) was reached by the process tree; a fork was refused",
+                    limits.processes.unwrap_or(0)
+                ))
+            }
+            Some(Limit::CpuTime) => {
+                return Some(format!(
+                    "the CPU-time limit ({}s) was reached by the process tree, which was killed",
+                    limits.cpu_seconds.unwrap_or(0)
+                ))
+            }
+            None => {}
+        }
+        if self.success() {
             return None;
         }
         let err = self.stderr.to_ascii_lowercase();
-        if let Some(cpu) = limits.cpu_seconds {
+        if let Some(cpu) = limits.cpu_seconds.filter(|_| !tree.cpu) {
             if matches!(self.signal, Some(libc::SIGXCPU) | Some(libc::SIGKILL)) {
                 return Some(format!("the CPU-time limit ({cpu}s) was reached"));
             }
         }
-        if let Some(mem) = limits.memory_bytes {
+        if let Some(mem) = limits.memory_bytes.filter(|_| !tree.memory) {
             let said = [
                 "memoryerror",
                 "cannot allocate memory",
@@ -227,7 +283,7 @@ impl ProcessOutcome {
                 return Some(format!("the memory limit ({mem} bytes) was likely reached"));
             }
         }
-        if let Some(n) = limits.processes {
+        if let Some(n) = limits.processes.filter(|_| !tree.processes) {
             let said = [
                 "resource temporarily unavailable",
                 "cannot fork",
@@ -606,6 +662,19 @@ pub async fn run_process(
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
 
+    // The tree's control group, when its limits are counted in one.
+    let group = prepared.as_ref().and_then(|p| p.cgroup());
+    let cpu_limit = group.and_then(|g| g.cpu_limit());
+    let mut cpu_ticks = tokio::time::interval(CPU_POLL);
+    cpu_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut cpu_over = false;
+    let end_tree = || {
+        kill_group(pid);
+        if let Some(g) = group {
+            g.kill();
+        }
+    };
+
     let mut stop: Option<Stop> = None;
     let status;
     {
@@ -637,9 +706,19 @@ pub async fn run_process(
                     if pipes_done { break; }
                     // The leader is gone but something in its group still
                     // holds a pipe: end the group, keep what is buffered.
-                    kill_group(pid);
+                    end_tree();
                     let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
                     break;
+                }
+                _ = cpu_ticks.tick(), if cpu_limit.is_some() && !cpu_over && exited.is_none() => {
+                    if let (Some(g), Some(limit)) = (group, cpu_limit) {
+                        if g.cpu_used().is_some_and(|used| used >= limit) {
+                            // Over its CPU time: the tree ends like a
+                            // killed one, and the loop reaps it as usual.
+                            cpu_over = true;
+                            end_tree();
+                        }
+                    }
                 }
                 _ = &mut deadline, if stop.is_none() => {
                     stop = Some(Stop::Timeout);
@@ -666,13 +745,13 @@ pub async fn run_process(
         status = match exited {
             Some(res) => {
                 // Stragglers that closed their pipes but still run.
-                kill_group(pid);
+                end_tree();
                 res
             }
             None => {
                 // Kill before reaping: while the leader is an unreaped zombie
                 // its pid, and so the group id, cannot be reused.
-                kill_group(pid);
+                end_tree();
                 let res = child.wait().await;
                 if !pipes_done {
                     let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
@@ -698,6 +777,23 @@ pub async fn run_process(
         source,
     })?;
 
+    let tree = group.map(|g| {
+        let (memory, processes, cpu) = g.counts();
+        TreeLimits {
+            memory,
+            processes,
+            cpu,
+            hit: if cpu_over {
+                Some(cairn_sandbox::cgroup::Limit::CpuTime)
+            } else {
+                g.hit()
+            },
+        }
+    });
+    if let Some(g) = group {
+        remove_group(g).await;
+    }
+
     let (stdout, stdout_truncated) = out.finish(observer);
     let (stderr, stderr_truncated) = err.finish(observer);
     Ok(ProcessOutcome {
@@ -710,7 +806,21 @@ pub async fn run_process(
         timed_out: stop == Some(Stop::Timeout),
         cancelled: stop == Some(Stop::Cancel),
         duration: started.elapsed(),
+        tree,
     })
+}
+
+/// Removes a tree's control group once its processes are gone; they may
+/// take a moment to leave after the kill. Whatever remains is retried when
+/// the sandbox plan is dropped, and swept by the next engine.
+async fn remove_group(g: &cairn_sandbox::cgroup::Group) {
+    for _ in 0..50 {
+        if g.remove() {
+            return;
+        }
+        g.kill();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 #[cfg(test)]
