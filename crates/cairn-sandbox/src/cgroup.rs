@@ -16,8 +16,9 @@
 //!   hierarchy or of a cgroup namespace (a container), a group systemd
 //!   marked delegated (`trusted.delegate` / `user.delegate` extended
 //!   attribute, set for `Delegate=yes` units), or, for an ordinary user, a
-//!   group it may write. A writable group is not enough for root, who may
-//!   write every group, including those systemd manages. Because of v2's
+//!   group it may write below one it may not (handed to it). A writable
+//!   group alone is not enough: root may write every group, and a user
+//!   every group of their own systemd manager. Because of v2's
 //!   "no internal processes" rule, a group holding processes cannot hand
 //!   controllers to children; the engine does what systemd's
 //!   `DelegateSubgroup=` and container init scripts do: it moves itself
@@ -282,25 +283,25 @@ fn writable(dir: &Path) -> bool {
 }
 
 /// Whether `dir` is this process's to divide: the root of what it sees,
-/// marked delegated by systemd, or (for an ordinary user) writable.
-fn delegated(dir: &Path, group: &str) -> bool {
+/// marked delegated (systemd sets `trusted.delegate`, or `user.delegate`
+/// in a user's manager, on `Delegate=yes` units), or, for an ordinary
+/// user, a group handed to it: one it may write below one it may not.
+/// Writable alone says nothing for root, nor inside a user's own systemd
+/// tree, whose groups the user may all write.
+fn delegated(dir: &Path, group: &str, root: bool) -> bool {
     if group == "/" {
         return true;
     }
     if !writable(dir) {
         return false;
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return true;
-    }
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
-        // SAFETY: a size query (null buffer) on valid C strings.
-        unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
-    })
+    let marked = CString::new(dir.as_os_str().as_bytes()).is_ok_and(|c| {
+        [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+            // SAFETY: a size query (null buffer) on valid C strings.
+            unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+        })
+    });
+    marked || (!root && dir.parent().is_some_and(|p| !writable(p)))
 }
 
 fn parent_group(group: &str) -> Option<String> {
@@ -323,6 +324,15 @@ fn find_v2(act: bool) -> Result<(PathBuf, String), String> {
             mount.display()
         ));
     };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    decide_v2(&mount, &own, root, act)
+}
+
+/// [`find_v2`] for the hierarchy mounted at `mount`, this process being in
+/// `own` (as root when `root`).
+fn decide_v2(mount: &Path, own: &str, root: bool, act: bool) -> Result<(PathBuf, String), String> {
+    let own = own.to_string();
     let dir = |g: &str| mount.join(g.trim_start_matches('/'));
     let g = dir(&own);
     let offered = words(&g.join("cgroup.controllers"));
@@ -339,11 +349,11 @@ fn find_v2(act: bool) -> Result<(PathBuf, String), String> {
     // Beside the engine, when the parent already hands both out.
     if let Some(parent) = parent_group(&own) {
         let p = dir(&parent);
-        if has_both(&words(&p.join("cgroup.subtree_control"))) && delegated(&p, &parent) {
+        if has_both(&words(&p.join("cgroup.subtree_control"))) && delegated(&p, &parent, root) {
             return Ok((p, format!("beside the engine's group {own}")));
         }
     }
-    if !delegated(&g, &own) {
+    if !delegated(&g, &own, root) {
         return Err(format!(
             "cgroup v2 group {own} is not delegated to this process (run the engine in a unit with Delegate=yes, or as the user owning the group)"
         ));
@@ -802,6 +812,99 @@ mod tests {
     fn mountinfo_escapes_are_undone() {
         assert_eq!(unescape(r"/a\040b"), "/a b");
         assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    /// A fake v2 hierarchy: `own` offers `offered`, its parent hands out
+    /// `parent_hands`.
+    fn fake(own: &str, offered: &str, parent_hands: &str) -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let g = t.path().join(own.trim_start_matches('/'));
+        std::fs::create_dir_all(&g).unwrap();
+        std::fs::write(g.join("cgroup.controllers"), offered).unwrap();
+        std::fs::write(g.join("cgroup.subtree_control"), "").unwrap();
+        std::fs::write(
+            g.parent().unwrap().join("cgroup.subtree_control"),
+            parent_hands,
+        )
+        .unwrap();
+        t
+    }
+
+    /// Marks `dir` delegated the way systemd does; false (and says so)
+    /// where the file system keeps no user attributes.
+    fn mark(dir: &Path) -> bool {
+        let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings and a one-byte value.
+        let rc = unsafe {
+            libc::setxattr(
+                c.as_ptr(),
+                c"user.delegate".as_ptr(),
+                b"1".as_ptr().cast(),
+                1,
+                0,
+            )
+        };
+        if rc != 0 {
+            eprintln!(
+                "skipped: {} keeps no user attributes: {}",
+                dir.display(),
+                io::Error::last_os_error()
+            );
+        }
+        rc == 0
+    }
+
+    #[test]
+    fn v2_needs_memory_and_pids_offered() {
+        let t = fake("/a/b", "cpu io hugetlb", "cpu io");
+        let e = decide_v2(t.path(), "/a/b", false, false).unwrap_err();
+        assert!(e.contains("offers no memory and pids"), "{e}");
+        assert!(e.contains("cpu io hugetlb"), "{e}");
+    }
+
+    #[test]
+    fn v2_groups_go_beside_the_engine_when_the_parent_hands_both_out() {
+        let t = fake("/a/b", "cpu memory pids", "cpu memory pids");
+        if !mark(&t.path().join("a")) {
+            return;
+        }
+        let (base, how) = decide_v2(t.path(), "/a/b", false, true).unwrap();
+        assert_eq!(base, t.path().join("a"));
+        assert!(how.contains("beside"), "{how}");
+        // Nothing was enabled in the engine's own group.
+        let own = std::fs::read_to_string(t.path().join("a/b/cgroup.subtree_control")).unwrap();
+        assert_eq!(own, "");
+    }
+
+    #[test]
+    fn v2_groups_go_below_an_owned_group_after_enabling_the_controllers() {
+        let t = fake("/a/b", "memory pids", "cpu");
+        if !mark(&t.path().join("a/b")) {
+            return;
+        }
+        let (base, how) = decide_v2(t.path(), "/a/b", false, false).unwrap();
+        assert_eq!(base, t.path().join("a/b"));
+        assert!(how.contains("moves into a leaf"), "{how}");
+        let (base, _) = decide_v2(t.path(), "/a/b", false, true).unwrap();
+        assert_eq!(base, t.path().join("a/b"));
+        let control = std::fs::read_to_string(t.path().join("a/b/cgroup.subtree_control")).unwrap();
+        assert_eq!(control, "+memory +pids");
+    }
+
+    #[test]
+    fn v2_needs_a_delegated_group_or_the_namespace_root() {
+        let t = fake("/a/b", "memory pids", "memory pids");
+        // Writable, but neither the root nor marked delegated; and for an
+        // ordinary user the parent is writable too: not handed over.
+        for root in [true, false] {
+            let e = decide_v2(t.path(), "/a/b", root, false).unwrap_err();
+            assert!(e.contains("not delegated"), "{e}");
+        }
+        // The root of a cgroup namespace (a container) is its own.
+        std::fs::write(t.path().join("cgroup.controllers"), "memory pids").unwrap();
+        std::fs::write(t.path().join("cgroup.subtree_control"), "").unwrap();
+        let (base, _) = decide_v2(t.path(), "/", true, false).unwrap();
+        assert_eq!(base, t.path());
     }
 
     #[test]
