@@ -825,7 +825,77 @@ async fn remove_group(g: &cairn_sandbox::cgroup::Group) {
 
 #[cfg(test)]
 mod tests {
-    use super::complete_prefix_len;
+    use super::{complete_prefix_len, ProcessOutcome, TreeLimits};
+    use cairn_sandbox::cgroup::Limit;
+    use cairn_sandbox::ResourceLimits;
+    use std::time::Duration;
+
+    fn outcome(code: Option<i32>, signal: Option<i32>, stderr: &str) -> ProcessOutcome {
+        ProcessOutcome {
+            exit_code: code,
+            signal,
+            stdout: String::new(),
+            stderr: stderr.into(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            timed_out: false,
+            cancelled: false,
+            duration: Duration::ZERO,
+            tree: None,
+        }
+    }
+
+    const ALL: ResourceLimits = ResourceLimits {
+        memory_bytes: Some(1 << 20),
+        processes: Some(20),
+        cpu_seconds: Some(1),
+    };
+
+    #[test]
+    fn a_counted_hit_names_its_limit_even_after_exit_0() {
+        let mut o = outcome(Some(0), None, "");
+        o.tree = Some(TreeLimits {
+            memory: true,
+            processes: true,
+            cpu: true,
+            hit: Some(Limit::Processes),
+        });
+        let why = o.resource_limit(&ALL).unwrap();
+        assert!(why.contains("process limit (20)"), "{why}");
+        o.tree.as_mut().unwrap().hit = Some(Limit::Memory);
+        assert!(o.resource_limit(&ALL).unwrap().contains("memory limit"));
+        o.tree.as_mut().unwrap().hit = Some(Limit::CpuTime);
+        assert!(o
+            .resource_limit(&ALL)
+            .unwrap()
+            .contains("CPU-time limit (1s)"));
+        // A timeout is reported as one, whatever the counters say.
+        o.timed_out = true;
+        assert_eq!(o.resource_limit(&ALL), None);
+    }
+
+    #[test]
+    fn counted_limits_are_not_guessed_from_stderr() {
+        // Killed, with an allocation failure on stderr: evidence enough for
+        // an rlimit, none for a limit the group counted and saw no hit of.
+        let mut o = outcome(
+            None,
+            Some(libc::SIGKILL),
+            "Cannot allocate memory; fork: retry",
+        );
+        assert!(o.resource_limit(&ALL).is_some());
+        o.tree = Some(TreeLimits {
+            memory: true,
+            processes: true,
+            cpu: true,
+            hit: None,
+        });
+        assert_eq!(o.resource_limit(&ALL), None);
+        // A limit the group does not count still falls back.
+        o.tree.as_mut().unwrap().processes = false;
+        let why = o.resource_limit(&ALL).unwrap();
+        assert!(why.contains("process limit"), "{why}");
+    }
 
     #[test]
     fn utf8_prefix_stops_before_a_cut_character() {
