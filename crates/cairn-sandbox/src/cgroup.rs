@@ -38,8 +38,9 @@
 //! process runs and kills the group once it is over ([`Group::cpu_used`],
 //! [`Group::kill`]).
 //!
-//! Groups left by an engine that died (its pid no longer running) are
-//! removed when the next engine looks for its place ([`support`]).
+//! Groups left by an engine that died (its pid no longer running, the
+//! group older than a minute) are removed when the next engine looks for
+//! its place ([`support`]).
 
 use std::ffi::CString;
 use std::io;
@@ -289,11 +290,12 @@ fn writable(dir: &Path) -> bool {
 /// Writable alone says nothing for root, nor inside a user's own systemd
 /// tree, whose groups the user may all write.
 fn delegated(dir: &Path, group: &str, root: bool) -> bool {
-    if group == "/" {
-        return true;
-    }
+    // A container's cgroup file system is often mounted read-only.
     if !writable(dir) {
         return false;
+    }
+    if group == "/" {
+        return true;
     }
     let marked = CString::new(dir.as_os_str().as_bytes()).is_ok_and(|c| {
         [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
@@ -440,6 +442,11 @@ fn v1_dir(controller: &str) -> Option<PathBuf> {
     writable(&dir).then_some(dir)
 }
 
+/// How old a group must be before a sweep may take it: an engine in
+/// another PID namespace (its pid invisible here) may have just made it
+/// and not yet moved its process in.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
 /// Removes the groups of engines that are no longer running, and their
 /// empty leaves.
 fn sweep(place: &Place) {
@@ -468,7 +475,13 @@ fn sweep(place: &Place) {
             // A group with this process's pid is from an earlier process
             // (none is made before this sweep); our own leaf is not.
             let ours_now = pid == me && name.starts_with(ENGINE_PREFIX);
-            if !ours_now && (pid == me || !alive(pid)) {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= STALE_AFTER);
+            if old && !ours_now && (pid == me || !alive(pid)) {
                 // Fails (EBUSY) while it still holds processes: left alone.
                 let _ = std::fs::remove_dir(e.path());
             }
