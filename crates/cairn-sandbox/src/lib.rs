@@ -24,14 +24,15 @@
 //! 3. **Landlock**, where the kernel has it: the same view again as access
 //!    rules (writes only beneath the root, `/tmp`, `/dev`), and on ABI 6 no
 //!    abstract Unix sockets or signals outside the sandbox.
-//! 0. **Limits on the whole tree** ([`ResourceLimits`]): before anything
-//!    else the spawned process joins a control group of its own
-//!    ([`cgroup`]) where the machine offers one, so everything it starts is
-//!    counted together.
-//! 4. **Limits** the group does not count (as rlimits), `no_new_privs`, no
+//! 4. **Limits** ([`ResourceLimits`]) the tree's control group does not
+//!    count, as rlimits; `no_new_privs`, no
 //!    capabilities (bounding, ambient and effective sets emptied), and a
 //!    seccomp filter refusing `ptrace`, `process_vm_readv/writev` and
 //!    `pidfd_getfd` and the kernel keyring calls.
+//!
+//! Before all of these, when there are limits and the machine offers a
+//! place for it, the spawned process joins a control group of its own
+//! ([`cgroup`]), so everything it starts is counted together.
 //!
 //! When the kernel refuses a step (user namespaces disabled, a container's
 //! seccomp policy), the program is not started: [`Prepared::failure`] names

@@ -13,6 +13,13 @@
 //! behind. After a kill the pipes are read only until EOF or a short grace,
 //! because a process that escaped the group (via `setsid`) could hold them
 //! open forever.
+//!
+//! A confined process with limits runs in a control group of its own where
+//! the machine offers one (`cairn_sandbox::cgroup`): the group is killed
+//! with the process group, its CPU time is read every [`CPU_POLL`] while
+//! it runs (and the tree killed once over its limit), its counters say
+//! which limit was hit ([`ProcessOutcome::tree`]), and it is removed when
+//! the process has ended.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
