@@ -16,7 +16,7 @@
 //!
 //! A confined process with limits runs in a control group of its own where
 //! the machine offers one (`cairn_sandbox::cgroup`): the group is killed
-//! with the process group, its CPU time is read every [`CPU_POLL`] while
+//! with the process group, its CPU time is read every 100 ms while
 //! it runs (and the tree killed once over its limit), its counters say
 //! which limit was hit ([`ProcessOutcome::tree`]), and it is removed when
 //! the process has ended.
