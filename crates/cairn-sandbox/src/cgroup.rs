@@ -695,14 +695,11 @@ impl Group {
                 Version::V2 => std::fs::read_to_string(d.join("memory.events"))
                     .ok()
                     .and_then(|s| field(&s, "oom_kill").max(field(&s, "oom_group_kill"))),
+                // The count is there since Linux 4.13, long before the
+                // 5.6 the file tools need.
                 Version::V1 => std::fs::read_to_string(d.join("memory.oom_control"))
                     .ok()
-                    .and_then(|s| field(&s, "oom_kill"))
-                    .or_else(|| {
-                        // Kernels before 4.13 lack the count.
-                        let f = std::fs::read_to_string(d.join("memory.failcnt")).ok()?;
-                        f.trim().parse().ok()
-                    }),
+                    .and_then(|s| field(&s, "oom_kill")),
             };
             if oom.unwrap_or(0) > 0 {
                 return Some(Limit::Memory);
