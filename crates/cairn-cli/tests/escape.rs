@@ -697,6 +697,13 @@ fn tree_wide_limits_name_the_limit_and_leave_no_group() {
             let msg = error_message(&events, &n);
             assert!(msg.contains(says), "{msg}\n{}", dump(&events, &n));
         }
+        let failed = of(&events, &format!("c_{id}"))
+            .into_iter()
+            .rev()
+            .find(|e| e["type"] == "NodeFailed")
+            .cloned()
+            .unwrap();
+        assert_eq!(failed["error"]["details"]["limit"], *id, "{failed}");
     }
     // The engine has ended: none of its groups is left.
     let mine = format!("cairn-sbx-{engine}-");

@@ -79,6 +79,18 @@ pub enum Limit {
     CpuTime,
 }
 
+impl Limit {
+    /// The limit's name in a workflow's `limits` (`memory`, `processes`,
+    /// `cpu`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory",
+            Limit::Processes => "processes",
+            Limit::CpuTime => "cpu",
+        }
+    }
+}
+
 /// What this machine offers for tree-wide limits, decided once per process.
 #[derive(Debug, Clone)]
 pub struct Support {
