@@ -190,7 +190,9 @@ fn detect(act: bool) -> Support {
             .iter()
             .filter_map(|(n, d)| d.as_ref().map(|d| format!("{n} in {}", d.display())))
             .collect();
-            if !found.is_empty() {
+            if found.is_empty() {
+                notes.push("no writable cgroup v1 memory, pids or cpuacct hierarchy".into());
+            } else {
                 notes.push(format!("cgroup v1: {}", found.join(", ")));
             }
         }
