@@ -377,6 +377,14 @@ fn decide_v2(mount: &Path, own: &str, root: bool, act: bool) -> Result<(PathBuf,
     if has_both(&words(&g.join("cgroup.subtree_control"))) {
         return Ok((g, "the engine's own group".into()));
     }
+    // Checked before anything moves, and by `cairn doctor` alike: a shell
+    // that started the engine in its own group keeps the group from being
+    // divided, and the engine does not move what is not its own.
+    if shared(&g) {
+        return Err(format!(
+            "cgroup v2 group {own} holds other processes too; start the engine in a group of its own (systemd-run --scope -p Delegate=yes, or a unit with Delegate=yes)"
+        ));
+    }
     if !act {
         return Ok((
             g,
@@ -391,6 +399,20 @@ fn decide_v2(mount: &Path, own: &str, root: bool, act: bool) -> Result<(PathBuf,
         };
         (g, how)
     })
+}
+
+/// Whether processes other than this one are in `g`, which is not the
+/// hierarchy's root (the root has no `cgroup.events`, and may hand out
+/// controllers whatever it holds).
+fn shared(g: &Path) -> bool {
+    if !g.join("cgroup.events").exists() {
+        return false;
+    }
+    let me = std::process::id().to_string();
+    std::fs::read_to_string(g.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .any(|pid| pid.trim() != me && !pid.trim().is_empty())
 }
 
 /// Hands `memory` and `pids` to `g`'s children, moving this process into a
@@ -929,6 +951,28 @@ mod tests {
         std::fs::write(t.path().join("cgroup.subtree_control"), "").unwrap();
         let (base, _) = decide_v2(t.path(), "/", true, false).unwrap();
         assert_eq!(base, t.path());
+    }
+
+    #[test]
+    fn v2_leaves_a_group_shared_with_other_processes_alone() {
+        let t = fake("/a/b", "memory pids", "cpu");
+        if !mark(&t.path().join("a/b")) {
+            return;
+        }
+        let g = t.path().join("a/b");
+        std::fs::write(g.join("cgroup.events"), "populated 1\n").unwrap();
+        std::fs::write(g.join("cgroup.procs"), format!("{}\n", std::process::id())).unwrap();
+        assert!(decide_v2(t.path(), "/a/b", true, false).is_ok());
+        std::fs::write(
+            g.join("cgroup.procs"),
+            format!("1\n{}\n", std::process::id()),
+        )
+        .unwrap();
+        let e = decide_v2(t.path(), "/a/b", true, true).unwrap_err();
+        assert!(e.contains("holds other processes"), "{e}");
+        // Nothing was touched.
+        let control = std::fs::read_to_string(g.join("cgroup.subtree_control")).unwrap();
+        assert_eq!(control, "");
     }
 
     #[test]
