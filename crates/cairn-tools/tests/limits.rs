@@ -47,13 +47,22 @@ fn python() -> bool {
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn run(root: &Path, limits: ResourceLimits, script: &str) -> ProcessOutcome {
+    run_for(root, limits, script, Duration::from_secs(120)).await
+}
+
+async fn run_for(
+    root: &Path,
+    limits: ResourceLimits,
+    script: &str,
+    timeout: Duration,
+) -> ProcessOutcome {
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut spec = ProcessSpec::new(
         vec!["sh".into(), "-c".into(), script.into()],
         root.to_path_buf(),
     );
     spec.network = NetworkPolicy::Allow;
-    spec.timeout = Some(Duration::from_secs(120));
+    spec.timeout = Some(timeout);
     let mut conf = Confinement::new(root);
     conf.limits = limits;
     spec.confine = Some(conf);
@@ -166,4 +175,27 @@ async fn no_limits_no_group() {
     let out = run(dir.path(), ResourceLimits::default(), "exit 0").await;
     assert!(out.success(), "{out:?}");
     assert_eq!(out.tree, None);
+}
+
+#[tokio::test]
+async fn a_timed_out_tree_is_a_timeout_and_its_group_goes() {
+    if !available(|s| s.processes.is_some()) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let limits = ResourceLimits {
+        processes: Some(50),
+        ..Default::default()
+    };
+    // Sleepers that outlive the shell's own end keep the group busy until
+    // the runner kills them.
+    let out = run_for(
+        dir.path(),
+        limits,
+        "for i in 1 2 3; do setsid sleep 60 & done; sleep 60",
+        Duration::from_millis(500),
+    )
+    .await;
+    assert!(out.timed_out, "{out:?}");
+    assert_eq!(out.resource_limit(&limits), None);
 }
