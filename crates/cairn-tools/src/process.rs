@@ -669,18 +669,7 @@ pub async fn run_process(
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
 
-    // The tree's control group, when its limits are counted in one.
-    let group = prepared.as_ref().and_then(|p| p.cgroup());
-    let cpu_limit = group.and_then(|g| g.cpu_limit());
-    let mut cpu_ticks = tokio::time::interval(CPU_POLL);
-    cpu_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut cpu_over = false;
-    let end_tree = || {
-        kill_group(pid);
-        if let Some(g) = group {
-            g.kill();
-        }
-    };
+    let mut tree = Tree::new(pid, prepared.as_ref().and_then(|p| p.cgroup()));
 
     let mut stop: Option<Stop> = None;
     let status;
@@ -713,20 +702,13 @@ pub async fn run_process(
                     if pipes_done { break; }
                     // The leader is gone but something in its group still
                     // holds a pipe: end the group, keep what is buffered.
-                    end_tree();
+                    tree.end();
                     let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
                     break;
                 }
-                _ = cpu_ticks.tick(), if cpu_limit.is_some() && !cpu_over && exited.is_none() => {
-                    if let (Some(g), Some(limit)) = (group, cpu_limit) {
-                        if g.cpu_used().is_some_and(|used| used >= limit) {
-                            // Over its CPU time: the tree ends like a
-                            // killed one, and the loop reaps it as usual.
-                            cpu_over = true;
-                            end_tree();
-                        }
-                    }
-                }
+                // Over its CPU time, the tree is ended like a killed one
+                // and the loop reaps it as usual.
+                _ = tree.cpu_tick(), if tree.watching() && exited.is_none() => tree.check_cpu(),
                 _ = &mut deadline, if stop.is_none() => {
                     stop = Some(Stop::Timeout);
                     break;
@@ -752,13 +734,13 @@ pub async fn run_process(
         status = match exited {
             Some(res) => {
                 // Stragglers that closed their pipes but still run.
-                end_tree();
+                tree.end();
                 res
             }
             None => {
                 // Kill before reaping: while the leader is an unreaped zombie
                 // its pid, and so the group id, cannot be reused.
-                end_tree();
+                tree.end();
                 let res = child.wait().await;
                 if !pipes_done {
                     let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
@@ -784,22 +766,7 @@ pub async fn run_process(
         source,
     })?;
 
-    let tree = group.map(|g| {
-        let (memory, processes, cpu) = g.counts();
-        TreeLimits {
-            memory,
-            processes,
-            cpu,
-            hit: if cpu_over {
-                Some(cairn_sandbox::cgroup::Limit::CpuTime)
-            } else {
-                g.hit()
-            },
-        }
-    });
-    if let Some(g) = group {
-        remove_group(g).await;
-    }
+    let tree = tree.finish().await;
 
     let (stdout, stdout_truncated) = out.finish(observer);
     let (stderr, stderr_truncated) = err.finish(observer);
@@ -817,16 +784,82 @@ pub async fn run_process(
     })
 }
 
-/// Removes a tree's control group once its processes are gone; they may
-/// take a moment to leave after the kill. Whatever remains is retried when
-/// the sandbox plan is dropped, and swept by the next engine.
-async fn remove_group(g: &cairn_sandbox::cgroup::Group) {
-    for _ in 0..50 {
-        if g.remove() {
-            return;
+/// The process tree while it runs: its process group and, when its limits
+/// are counted in one, its control group.
+struct Tree<'a> {
+    pid: u32,
+    group: Option<&'a cairn_sandbox::cgroup::Group>,
+    cpu_limit: Option<Duration>,
+    ticks: tokio::time::Interval,
+    cpu_over: bool,
+}
+
+impl<'a> Tree<'a> {
+    fn new(pid: u32, group: Option<&'a cairn_sandbox::cgroup::Group>) -> Self {
+        let mut ticks = tokio::time::interval(CPU_POLL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Tree {
+            pid,
+            group,
+            cpu_limit: group.and_then(|g| g.cpu_limit()),
+            ticks,
+            cpu_over: false,
         }
-        g.kill();
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+
+    /// Kills the process group and the control group.
+    fn end(&self) {
+        kill_group(self.pid);
+        if let Some(g) = self.group {
+            g.kill();
+        }
+    }
+
+    /// Whether the tree's CPU time is to be read.
+    fn watching(&self) -> bool {
+        self.cpu_limit.is_some() && !self.cpu_over
+    }
+
+    async fn cpu_tick(&mut self) {
+        self.ticks.tick().await;
+    }
+
+    /// Ends the tree once its CPU time is over the limit.
+    fn check_cpu(&mut self) {
+        let (Some(g), Some(limit)) = (self.group, self.cpu_limit) else {
+            return;
+        };
+        if g.cpu_used().is_some_and(|used| used >= limit) {
+            self.cpu_over = true;
+            self.end();
+        }
+    }
+
+    /// Once the process has ended: what the group counted and saw. Then
+    /// removes the group once its processes are gone (they may take a
+    /// moment to leave after the kill); whatever remains is retried when
+    /// the sandbox plan is dropped, and swept by the next engine.
+    async fn finish(self) -> Option<TreeLimits> {
+        let g = self.group?;
+        let (memory, processes, cpu) = g.counts();
+        let seen = TreeLimits {
+            memory,
+            processes,
+            cpu,
+            hit: if self.cpu_over {
+                Some(cairn_sandbox::cgroup::Limit::CpuTime)
+            } else {
+                g.hit()
+            },
+        };
+        for _ in 0..50 {
+            if g.remove() {
+                break;
+            }
+            g.kill();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Some(seen)
     }
 }
 
