@@ -182,6 +182,9 @@ impl NodeRunner for CommandNode {
                 "exitCode": outcome.exit_code,
                 "signal": outcome.signal,
                 "stderr": tail(&outcome.stderr, 2000),
+                // Named when the tree's control group counted it; null
+                // when inferred from the exit and stderr.
+                "limit": outcome.tree.and_then(|t| t.hit).map(|l| l.as_str()),
             })));
         }
         if outcome.exit_code != Some(0) {

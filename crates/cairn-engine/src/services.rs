@@ -20,6 +20,11 @@ pub(crate) struct Services {
 
 impl Services {
     pub fn new(journal: Journal, tools: ToolRegistry) -> Self {
+        // Decided while the engine's control group holds only the engine:
+        // on cgroup v2 the engine may move itself into a leaf so that its
+        // nodes' groups can be made beside it, which other processes in
+        // the group would prevent.
+        let _ = cairn_tools::cairn_sandbox::cgroup::support();
         Services {
             journal,
             tools,

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_sandbox::{Confinement, Network};
+use cairn_sandbox::{Confinement, Network, ResourceLimits};
 
 fn per_spawn(n: u32, mut make: impl FnMut() -> Command) -> Duration {
     make().status().unwrap();
@@ -31,12 +31,33 @@ fn main() {
         "plain std::process::Command:   {:>6.0} µs",
         base.as_secs_f64() * 1e6
     );
-    for (name, net) in [
-        ("sandbox, network open:", Network::Host),
-        ("sandbox, network none:", Network::None),
+    let limits = ResourceLimits {
+        memory_bytes: Some(1 << 30),
+        processes: Some(256),
+        cpu_seconds: Some(60),
+    };
+    let counted = cairn_sandbox::cgroup::support();
+    let limited = if counted.any() {
+        "sandbox, limits in a cgroup:"
+    } else {
+        "sandbox, limits as rlimits:"
+    };
+    for (name, net, limits) in [
+        (
+            "sandbox, network open:",
+            Network::Host,
+            ResourceLimits::default(),
+        ),
+        (
+            "sandbox, network none:",
+            Network::None,
+            ResourceLimits::default(),
+        ),
+        (limited, Network::None, limits),
     ] {
         let mut conf = Confinement::new(dir.path());
         conf.network = net;
+        conf.limits = limits;
         let d = per_spawn(n, || {
             let prep = Arc::new(conf.prepare(dir.path()).unwrap());
             let mut c = plain();

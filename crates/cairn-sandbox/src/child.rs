@@ -55,6 +55,13 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     let plan = &prep.plan;
     let report = prep.report_tx.as_raw_fd();
 
+    // First, while this process is still the engine's in every way: the
+    // group must hold the tree before anything in it can fork.
+    if let Some(g) = &plan.group {
+        if let Err(e) = g.join() {
+            return Err(fail(report, step::CGROUP, e));
+        }
+    }
     // Only the user and PID namespaces here: the others are PID 1's own,
     // so that this process's exit has no namespace to tear down.
     let here = libc::CLONE_NEWUSER | libc::CLONE_NEWPID;

@@ -24,10 +24,15 @@
 //! 3. **Landlock**, where the kernel has it: the same view again as access
 //!    rules (writes only beneath the root, `/tmp`, `/dev`), and on ABI 6 no
 //!    abstract Unix sockets or signals outside the sandbox.
-//! 4. **Limits** ([`ResourceLimits`], as rlimits), `no_new_privs`, no
+//! 4. **Limits** ([`ResourceLimits`]) the tree's control group does not
+//!    count, as rlimits; `no_new_privs`, no
 //!    capabilities (bounding, ambient and effective sets emptied), and a
 //!    seccomp filter refusing `ptrace`, `process_vm_readv/writev` and
 //!    `pidfd_getfd` and the kernel keyring calls.
+//!
+//! Before all of these, when there are limits and the machine offers a
+//! place for it, the spawned process joins a control group of its own
+//! ([`cgroup`]), so everything it starts is counted together.
 //!
 //! When the kernel refuses a step (user namespaces disabled, a container's
 //! seccomp policy), the program is not started: [`Prepared::failure`] names
@@ -36,6 +41,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cgroup;
 mod child;
 pub mod fdpass;
 mod landlock;
@@ -69,17 +75,23 @@ pub enum Network {
     Proxy,
 }
 
-/// Per-process resource ceilings, applied as rlimits before `exec`.
+/// Resource ceilings of one sandboxed process tree. Each is counted over the
+/// whole tree in a control group where [`cgroup::support`] offers one, and
+/// is an rlimit of each process otherwise.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResourceLimits {
-    /// Address space in bytes (`RLIMIT_AS`): allocations beyond fail.
+    /// Memory in bytes: the tree's resident memory (`memory.max`, no swap;
+    /// the OOM killer ends the tree beyond it), or each process's address
+    /// space (`RLIMIT_AS`: allocations beyond fail).
     pub memory_bytes: Option<u64>,
-    /// Processes of the sandbox's user (`RLIMIT_NPROC`; counted per user
-    /// namespace, so per sandbox). Not enforced when the engine runs as
-    /// root, which the kernel exempts.
+    /// Tasks (processes and threads) of the tree (`pids.max`: `fork`
+    /// fails beyond), or of the sandbox's user (`RLIMIT_NPROC`, counted per
+    /// user namespace, and not enforced when the engine runs as root,
+    /// which the kernel exempts).
     pub processes: Option<u64>,
-    /// CPU seconds (`RLIMIT_CPU`): SIGXCPU at the limit, SIGKILL a second
-    /// later.
+    /// CPU seconds: of the whole tree (the engine reads the group's usage
+    /// and kills it when over), or of each process (`RLIMIT_CPU`: SIGXCPU at
+    /// the limit, SIGKILL a second later).
     pub cpu_seconds: Option<u64>,
 }
 
@@ -246,6 +258,15 @@ impl Prepared {
             step: self.plan.step_name(step),
             errno,
         })
+    }
+
+    /// The control group counting the tree's limits, when the confinement
+    /// has limits and this machine offers a place for the group
+    /// ([`cgroup::support`]). The engine polls its CPU time, kills it on
+    /// timeout or cancel, reads [`cgroup::Group::hit`] once the process
+    /// ended and removes it.
+    pub fn cgroup(&self) -> Option<&cgroup::Group> {
+        self.plan.group.as_ref()
     }
 
     /// With [`Network::Proxy`], after the spawn: the listening socket the

@@ -67,6 +67,7 @@ pub(crate) mod step {
     pub const CAPS: u32 = 14;
     pub const SECCOMP: u32 = 15;
     pub const UNSHARE_REST: u32 = 16;
+    pub const CGROUP: u32 = 17;
     pub const OPS: u32 = 100;
 }
 
@@ -121,6 +122,8 @@ pub(crate) struct Plan {
     pub cwd: CString,
     pub landlock: Option<landlock::Rules>,
     pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
+    /// The tree's control group, joined first thing in the child.
+    pub group: Option<crate::cgroup::Group>,
     pub proxy: bool,
     pub seccomp: Vec<libc::sock_filter>,
 }
@@ -157,6 +160,7 @@ impl Plan {
             step::LANDLOCK => "applying Landlock rules",
             step::CAPS => "dropping capabilities",
             step::SECCOMP => "installing the seccomp filter",
+            step::CGROUP => "joining the control group of the node's limits",
             _ => "an unknown step",
         }
         .to_string()
@@ -451,9 +455,14 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
     ];
     let landlock = landlock::Rules::plan(&writable)?;
 
-    let mut rlimits = Vec::new();
     let lim = conf.limits;
-    if let Some(m) = lim.memory_bytes {
+    // A group counts the whole tree; what it does not count stays an
+    // rlimit. A group that cannot be made leaves every limit to rlimits
+    // rather than refusing the node.
+    let group = crate::cgroup::Group::create(&lim).unwrap_or(None);
+    let (by_memory, by_pids, by_cpu) = group.as_ref().map_or((false, false, false), |g| g.counts());
+    let mut rlimits = Vec::new();
+    if let Some(m) = lim.memory_bytes.filter(|_| !by_memory) {
         rlimits.push((
             libc::RLIMIT_AS,
             libc::rlimit {
@@ -462,7 +471,7 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             },
         ));
     }
-    if let Some(n) = lim.processes {
+    if let Some(n) = lim.processes.filter(|_| !by_pids) {
         rlimits.push((
             libc::RLIMIT_NPROC,
             libc::rlimit {
@@ -471,7 +480,7 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             },
         ));
     }
-    if let Some(c) = lim.cpu_seconds {
+    if let Some(c) = lim.cpu_seconds.filter(|_| !by_cpu) {
         rlimits.push((
             libc::RLIMIT_CPU,
             libc::rlimit {
@@ -501,6 +510,7 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         cwd: cstr(cwd.as_os_str().as_bytes())?,
         landlock,
         rlimits,
+        group,
         proxy: conf.network == Network::Proxy,
         seccomp: crate::child::seccomp_program(),
     };

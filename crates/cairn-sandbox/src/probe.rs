@@ -160,42 +160,12 @@ fn landlock_check() -> Check {
 }
 
 fn cgroup_check() -> Check {
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
-        });
-    let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .into_iter()
-        .find(|m| std::path::Path::new(m).join("cgroup.procs").exists());
-    let (ok, detail) = match (mount, own) {
-        (Some(m), Some(own)) => {
-            let dir = format!("{m}{own}");
-            let controllers = std::fs::read_to_string(format!("{dir}/cgroup.controllers"))
-                .unwrap_or_default();
-            let c = std::ffi::CString::new(dir.clone()).unwrap_or_default();
-            // SAFETY: access on a valid C string.
-            let writable = unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0;
-            let controllers = controllers.trim();
-            let useful = controllers.contains("memory") && controllers.contains("pids");
-            (
-                writable && useful,
-                format!(
-                    "cgroup v2 at {m}, own group {own} ({}, controllers: {}); limits use rlimits",
-                    if writable { "writable" } else { "not writable" },
-                    if controllers.is_empty() { "none" } else { controllers }
-                ),
-            )
-        }
-        (Some(m), None) => (false, format!("cgroup v2 at {m}, but this process is in no v2 group (hybrid layout); limits use rlimits")),
-        (None, _) => (false, "no cgroup v2 hierarchy; limits use rlimits".into()),
-    };
+    let s = crate::cgroup::inspect();
     Check {
-        name: "cgroup v2 (delegated)",
-        ok,
+        name: "cgroups (tree-wide limits)",
+        ok: s.memory.is_some() && s.processes.is_some() && s.cpu.is_some(),
         required: false,
-        detail,
+        detail: s.detail,
     }
 }
 

@@ -13,6 +13,13 @@
 //! behind. After a kill the pipes are read only until EOF or a short grace,
 //! because a process that escaped the group (via `setsid`) could hold them
 //! open forever.
+//!
+//! A confined process with limits runs in a control group of its own where
+//! the machine offers one (`cairn_sandbox::cgroup`): the group is killed
+//! with the process group, its CPU time is read every 100 ms while
+//! it runs (and the tree killed once over its limit), its counters say
+//! which limit was hit ([`ProcessOutcome::tree`]), and it is removed when
+//! the process has ended.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -30,6 +37,10 @@ use crate::proxy::HostRules;
 /// to collect what is already buffered, short enough that a pipe held by an
 /// escaped process cannot hang the caller.
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
+
+/// How often the CPU time of a tree with a CPU limit is read: a tree
+/// overruns its limit by at most about this much.
+const CPU_POLL: Duration = Duration::from_millis(100);
 
 /// Size of each read from a pipe; also the most memory one stream uses beyond
 /// its captured bytes.
@@ -182,6 +193,24 @@ pub struct ProcessOutcome {
     pub cancelled: bool,
     /// From spawn to the end of reading.
     pub duration: Duration,
+    /// What the tree's control group counted and saw, when one counted
+    /// its limits; `None` when the limits were rlimits only.
+    pub tree: Option<TreeLimits>,
+}
+
+/// The limits a process tree's control group counted, and the one its
+/// counters show was hit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TreeLimits {
+    /// The memory limit was the group's.
+    pub memory: bool,
+    /// The process limit was the group's.
+    pub processes: bool,
+    /// The CPU-time limit was the group's (enforced by the runner).
+    pub cpu: bool,
+    /// The limit the kernel's counters (or the runner, for CPU time) show
+    /// was hit.
+    pub hit: Option<cairn_sandbox::cgroup::Limit>,
 }
 
 impl ProcessOutcome {
@@ -190,23 +219,57 @@ impl ProcessOutcome {
         self.exit_code == Some(0) && !self.timed_out && !self.cancelled
     }
 
-    /// When the process failed and one of `limits` is the likely cause,
-    /// which one. Rlimits do not announce themselves: the CPU limit ends
-    /// the process with SIGXCPU (or SIGKILL a second later), the memory
-    /// limit makes allocations fail (the program then aborts, crashes or
-    /// says so), the process limit makes `fork` fail with EAGAIN. So this
-    /// reads the signal and the usual messages on stderr.
+    /// When the process failed because of one of `limits`, which one.
+    /// Never after a timeout or cancel, which are reported as such.
+    ///
+    /// A limit counted by the tree's control group is known exactly: its
+    /// counters say whether the OOM killer ran or a `fork` was refused, and
+    /// the runner itself ended a tree over its CPU time. Rlimits do not
+    /// announce themselves: the CPU limit ends the process with SIGXCPU (or
+    /// SIGKILL a second later), the memory limit makes allocations fail
+    /// (the program then aborts, crashes or says so), the process limit
+    /// makes `fork` fail with EAGAIN. So for those alone this reads the
+    /// signal and the usual messages on stderr.
     pub fn resource_limit(&self, limits: &cairn_sandbox::ResourceLimits) -> Option<String> {
-        if self.success() || self.timed_out || self.cancelled {
+        use cairn_sandbox::cgroup::Limit;
+        if self.timed_out || self.cancelled {
+            return None;
+        }
+        // A hit the counters show fails the process even when it exited 0:
+        // a process of the tree was killed or a fork refused, so its work
+        // is not what it would have been.
+        let tree = self.tree.unwrap_or_default();
+        match tree.hit {
+            Some(Limit::Memory) => {
+                return Some(format!(
+                    "the memory limit ({} bytes) was reached by the process tree; the kernel's OOM killer ended it",
+                    limits.memory_bytes.unwrap_or(0)
+                ))
+            }
+            Some(Limit::Processes) => {
+                return Some(format!(
+                    "the process limit ({}) was reached by the process tree; a fork was refused",
+                    limits.processes.unwrap_or(0)
+                ))
+            }
+            Some(Limit::CpuTime) => {
+                return Some(format!(
+                    "the CPU-time limit ({}s) was reached by the process tree, which was killed",
+                    limits.cpu_seconds.unwrap_or(0)
+                ))
+            }
+            None => {}
+        }
+        if self.success() {
             return None;
         }
         let err = self.stderr.to_ascii_lowercase();
-        if let Some(cpu) = limits.cpu_seconds {
+        if let Some(cpu) = limits.cpu_seconds.filter(|_| !tree.cpu) {
             if matches!(self.signal, Some(libc::SIGXCPU) | Some(libc::SIGKILL)) {
                 return Some(format!("the CPU-time limit ({cpu}s) was reached"));
             }
         }
-        if let Some(mem) = limits.memory_bytes {
+        if let Some(mem) = limits.memory_bytes.filter(|_| !tree.memory) {
             let said = [
                 "memoryerror",
                 "cannot allocate memory",
@@ -227,7 +290,7 @@ impl ProcessOutcome {
                 return Some(format!("the memory limit ({mem} bytes) was likely reached"));
             }
         }
-        if let Some(n) = limits.processes {
+        if let Some(n) = limits.processes.filter(|_| !tree.processes) {
             let said = [
                 "resource temporarily unavailable",
                 "cannot fork",
@@ -606,6 +669,8 @@ pub async fn run_process(
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
 
+    let mut tree = Tree::new(pid, prepared.as_ref().and_then(|p| p.cgroup()));
+
     let mut stop: Option<Stop> = None;
     let status;
     {
@@ -637,10 +702,13 @@ pub async fn run_process(
                     if pipes_done { break; }
                     // The leader is gone but something in its group still
                     // holds a pipe: end the group, keep what is buffered.
-                    kill_group(pid);
+                    tree.end();
                     let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
                     break;
                 }
+                // Over its CPU time, the tree is ended like a killed one
+                // and the loop reaps it as usual.
+                _ = tree.cpu_tick(), if tree.watching() && exited.is_none() => tree.check_cpu(),
                 _ = &mut deadline, if stop.is_none() => {
                     stop = Some(Stop::Timeout);
                     break;
@@ -666,13 +734,13 @@ pub async fn run_process(
         status = match exited {
             Some(res) => {
                 // Stragglers that closed their pipes but still run.
-                kill_group(pid);
+                tree.end();
                 res
             }
             None => {
                 // Kill before reaping: while the leader is an unreaped zombie
                 // its pid, and so the group id, cannot be reused.
-                kill_group(pid);
+                tree.end();
                 let res = child.wait().await;
                 if !pipes_done {
                     let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
@@ -698,6 +766,8 @@ pub async fn run_process(
         source,
     })?;
 
+    let tree = tree.finish().await;
+
     let (stdout, stdout_truncated) = out.finish(observer);
     let (stderr, stderr_truncated) = err.finish(observer);
     Ok(ProcessOutcome {
@@ -710,12 +780,162 @@ pub async fn run_process(
         timed_out: stop == Some(Stop::Timeout),
         cancelled: stop == Some(Stop::Cancel),
         duration: started.elapsed(),
+        tree,
     })
+}
+
+/// The process tree while it runs: its process group and, when its limits
+/// are counted in one, its control group.
+struct Tree<'a> {
+    pid: u32,
+    group: Option<&'a cairn_sandbox::cgroup::Group>,
+    cpu_limit: Option<Duration>,
+    ticks: tokio::time::Interval,
+    cpu_over: bool,
+}
+
+impl<'a> Tree<'a> {
+    fn new(pid: u32, group: Option<&'a cairn_sandbox::cgroup::Group>) -> Self {
+        let mut ticks = tokio::time::interval(CPU_POLL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Tree {
+            pid,
+            group,
+            cpu_limit: group.and_then(|g| g.cpu_limit()),
+            ticks,
+            cpu_over: false,
+        }
+    }
+
+    /// Kills the process group and the control group.
+    fn end(&self) {
+        kill_group(self.pid);
+        if let Some(g) = self.group {
+            g.kill();
+        }
+    }
+
+    /// Whether the tree's CPU time is to be read.
+    fn watching(&self) -> bool {
+        self.cpu_limit.is_some() && !self.cpu_over
+    }
+
+    async fn cpu_tick(&mut self) {
+        self.ticks.tick().await;
+    }
+
+    /// Ends the tree once its CPU time is over the limit.
+    fn check_cpu(&mut self) {
+        let (Some(g), Some(limit)) = (self.group, self.cpu_limit) else {
+            return;
+        };
+        if g.cpu_used().is_some_and(|used| used >= limit) {
+            self.cpu_over = true;
+            self.end();
+        }
+    }
+
+    /// Once the process has ended: what the group counted and saw. Then
+    /// removes the group once its processes are gone (they may take a
+    /// moment to leave after the kill); whatever remains is retried when
+    /// the sandbox plan is dropped, and swept by the next engine.
+    async fn finish(self) -> Option<TreeLimits> {
+        let g = self.group?;
+        let (memory, processes, cpu) = g.counts();
+        let seen = TreeLimits {
+            memory,
+            processes,
+            cpu,
+            hit: if self.cpu_over {
+                Some(cairn_sandbox::cgroup::Limit::CpuTime)
+            } else {
+                g.hit()
+            },
+        };
+        for _ in 0..50 {
+            if g.remove() {
+                break;
+            }
+            g.kill();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Some(seen)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::complete_prefix_len;
+    use super::{complete_prefix_len, ProcessOutcome, TreeLimits};
+    use cairn_sandbox::cgroup::Limit;
+    use cairn_sandbox::ResourceLimits;
+    use std::time::Duration;
+
+    fn outcome(code: Option<i32>, signal: Option<i32>, stderr: &str) -> ProcessOutcome {
+        ProcessOutcome {
+            exit_code: code,
+            signal,
+            stdout: String::new(),
+            stderr: stderr.into(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            timed_out: false,
+            cancelled: false,
+            duration: Duration::ZERO,
+            tree: None,
+        }
+    }
+
+    const ALL: ResourceLimits = ResourceLimits {
+        memory_bytes: Some(1 << 20),
+        processes: Some(20),
+        cpu_seconds: Some(1),
+    };
+
+    #[test]
+    fn a_counted_hit_names_its_limit_even_after_exit_0() {
+        let mut o = outcome(Some(0), None, "");
+        o.tree = Some(TreeLimits {
+            memory: true,
+            processes: true,
+            cpu: true,
+            hit: Some(Limit::Processes),
+        });
+        let why = o.resource_limit(&ALL).unwrap();
+        assert!(why.contains("process limit (20)"), "{why}");
+        o.tree.as_mut().unwrap().hit = Some(Limit::Memory);
+        assert!(o.resource_limit(&ALL).unwrap().contains("memory limit"));
+        o.tree.as_mut().unwrap().hit = Some(Limit::CpuTime);
+        assert!(o
+            .resource_limit(&ALL)
+            .unwrap()
+            .contains("CPU-time limit (1s)"));
+        // A timeout is reported as one, whatever the counters say.
+        o.timed_out = true;
+        assert_eq!(o.resource_limit(&ALL), None);
+    }
+
+    #[test]
+    fn counted_limits_are_not_guessed_from_stderr() {
+        // Killed, with an allocation failure on stderr: evidence enough for
+        // an rlimit, none for a limit the group counted and saw no hit of.
+        let mut o = outcome(
+            None,
+            Some(libc::SIGKILL),
+            "Cannot allocate memory; fork: retry",
+        );
+        assert!(o.resource_limit(&ALL).is_some());
+        o.tree = Some(TreeLimits {
+            memory: true,
+            processes: true,
+            cpu: true,
+            hit: None,
+        });
+        assert_eq!(o.resource_limit(&ALL), None);
+        // A limit the group does not count still falls back.
+        o.tree.as_mut().unwrap().processes = false;
+        let why = o.resource_limit(&ALL).unwrap();
+        assert!(why.contains("process limit"), "{why}");
+    }
 
     #[test]
     fn utf8_prefix_stops_before_a_cut_character() {
