@@ -665,7 +665,7 @@ fn resume_refuses_a_stored_workflow_changed_behind_its_back() {
     let db = rusqlite::Connection::open(env.path().join(".cairn/cairn.db")).unwrap();
     let changed = db
         .execute(
-            "UPDATE runs SET workflow_source = workflow_source || '\n# changed\n' WHERE run_id = 't1'",
+            "UPDATE workflow_sources SET source = source || '\n# changed\n' WHERE run_id = 't1'",
             [],
         )
         .unwrap();

@@ -5,7 +5,7 @@
 //! `chapter`), then the kind's own fields. Absent optional fields are omitted.
 
 use serde::de::Error as _;
-use serde::ser::{Error as _, SerializeMap};
+use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use serde_with::skip_serializing_none;
@@ -701,12 +701,6 @@ impl Event {
 
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let fields = serde_json::to_value(&self.kind).map_err(S::Error::custom)?;
-        let Value::Object(fields) = fields else {
-            return Err(S::Error::custom(
-                "event kind did not serialize to an object",
-            ));
-        };
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("type", self.kind.type_name())?;
         map.serialize_entry("runId", &self.run_id)?;
@@ -724,12 +718,141 @@ impl Serialize for Event {
         if let Some(c) = &self.scope.chapter {
             map.serialize_entry("chapter", c)?;
         }
-        for (k, v) in fields.iter() {
-            if k != "type" {
-                map.serialize_entry(k, v)?;
-            }
-        }
+        // The kind's own fields follow in the same map, written straight
+        // through: no JSON value of the payload is built first (a group's
+        // output can be megabytes of members' outputs).
+        self.kind.serialize(flat::Fields(&mut map))?;
         map.end()
+    }
+}
+
+/// Serializes an [`EventKind`] as entries of an enclosing map.
+mod flat {
+    use serde::ser::{self, Impossible, Serialize, SerializeMap, SerializeStruct};
+
+    /// The enclosing map. The kind's `type` tag is left out: the event
+    /// writes it first.
+    pub(super) struct Fields<'a, M>(pub(super) &'a mut M);
+
+    fn not_a_struct<E: ser::Error>() -> E {
+        E::custom("event kind did not serialize to an object")
+    }
+
+    impl<'a, M: SerializeMap> SerializeStruct for Fields<'a, M> {
+        type Ok = ();
+        type Error = M::Error;
+        fn serialize_field<T: Serialize + ?Sized>(
+            &mut self,
+            key: &'static str,
+            value: &T,
+        ) -> Result<(), M::Error> {
+            if key == "type" {
+                return Ok(());
+            }
+            self.0.serialize_entry(key, value)
+        }
+        fn end(self) -> Result<(), M::Error> {
+            Ok(())
+        }
+    }
+
+    macro_rules! refuse {
+        ($($name:ident($($arg:ty),*);)*) => {
+            $(fn $name(self, $(_: $arg),*) -> Result<(), M::Error> {
+                Err(not_a_struct())
+            })*
+        };
+    }
+
+    impl<'a, M: SerializeMap> ser::Serializer for Fields<'a, M> {
+        type Ok = ();
+        type Error = M::Error;
+        type SerializeSeq = Impossible<(), M::Error>;
+        type SerializeTuple = Impossible<(), M::Error>;
+        type SerializeTupleStruct = Impossible<(), M::Error>;
+        type SerializeTupleVariant = Impossible<(), M::Error>;
+        type SerializeMap = Impossible<(), M::Error>;
+        type SerializeStruct = Self;
+        type SerializeStructVariant = Impossible<(), M::Error>;
+
+        fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, M::Error> {
+            Ok(self)
+        }
+
+        refuse! {
+            serialize_bool(bool);
+            serialize_i8(i8);
+            serialize_i16(i16);
+            serialize_i32(i32);
+            serialize_i64(i64);
+            serialize_u8(u8);
+            serialize_u16(u16);
+            serialize_u32(u32);
+            serialize_u64(u64);
+            serialize_f32(f32);
+            serialize_f64(f64);
+            serialize_char(char);
+            serialize_str(&str);
+            serialize_bytes(&[u8]);
+            serialize_none();
+            serialize_unit();
+            serialize_unit_struct(&'static str);
+            serialize_unit_variant(&'static str, u32, &'static str);
+        }
+
+        fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<(), M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_newtype_struct<T: Serialize + ?Sized>(
+            self,
+            _: &'static str,
+            value: &T,
+        ) -> Result<(), M::Error> {
+            value.serialize(self)
+        }
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: &T,
+        ) -> Result<(), M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_tuple_struct(
+            self,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeTupleStruct, M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_tuple_variant(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeTupleVariant, M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, M::Error> {
+            Err(not_a_struct())
+        }
+        fn serialize_struct_variant(
+            self,
+            _: &'static str,
+            _: u32,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeStructVariant, M::Error> {
+            Err(not_a_struct())
+        }
     }
 }
 
@@ -835,6 +958,64 @@ mod tests {
             r#"{"type":"NodeFailed","runId":"r","seq":7,"timestampMs":42,"nodeId":"build","iteration":2,"attempt":1,"chapter":"ship","error":{"kind":"exit","message":"exit code 3"},"willRetry":true}"#
         );
         assert_eq!(Event::from_json(&ev.to_json()).unwrap(), ev);
+    }
+
+    /// The kind's fields are written straight into the event's map: the
+    /// same text as building the kind's JSON object first and copying its
+    /// entries after the envelope's.
+    #[test]
+    fn kind_fields_are_written_as_through_a_json_object() {
+        let kinds = vec![
+            EventKind::NodeStarted {},
+            EventKind::RunCancelled { reason: None },
+            EventKind::RunCancelled {
+                reason: Some("by \"ops\"".into()),
+            },
+            EventKind::NodeFinished {
+                duration_ms: 3,
+                output: Some(std::sync::Arc::new(
+                    json!({"z": [1, {"a": null}], "b": "x"}),
+                )),
+                cached: Some(true),
+            },
+            EventKind::NodeHeartbeat {
+                elapsed_ms: 5,
+                timeout_ms: None,
+                percent_elapsed: Some(0.5),
+            },
+            EventKind::FrameCommitted {
+                frame_no: 1,
+                xml_hash: "h".into(),
+                mounted: 2,
+            },
+        ];
+        for kind in kinds {
+            let ev = Event {
+                run_id: "r".into(),
+                seq: 2,
+                timestamp_ms: 9,
+                scope: Scope::node("n", 0).with_attempt(1),
+                kind,
+            };
+            let mut want = serde_json::Map::new();
+            want.insert("type".into(), json!(ev.kind.type_name()));
+            want.insert("runId".into(), json!("r"));
+            want.insert("seq".into(), json!(2));
+            want.insert("timestampMs".into(), json!(9));
+            want.insert("nodeId".into(), json!("n"));
+            want.insert("iteration".into(), json!(0));
+            want.insert("attempt".into(), json!(1));
+            let Value::Object(fields) = serde_json::to_value(&ev.kind).unwrap() else {
+                panic!("not an object");
+            };
+            for (k, v) in fields {
+                if k != "type" {
+                    want.insert(k, v);
+                }
+            }
+            assert_eq!(ev.to_json(), Value::Object(want).to_string());
+            assert_eq!(Event::from_json(&ev.to_json()).unwrap(), ev);
+        }
     }
 
     #[test]
