@@ -616,6 +616,8 @@ impl Driver {
                             condition: inst.spec.if_.clone(),
                         },
                     );
+                    // A join of 100,000 needs appends as many edges at once.
+                    self.ease_backlog_now();
                 }
             }
             if is_group {

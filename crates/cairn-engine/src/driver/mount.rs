@@ -5,6 +5,21 @@
 use super::*;
 
 impl Driver {
+    /// Waits for the log, blocking, once a render (or a join's edges) has
+    /// appended a backlog's worth of events: a frame that mounts 100,000
+    /// instances appends their `NodePending`s in one go, and the round's own
+    /// wait comes only after it. The store's writer is a thread of its own, so blocking here
+    /// cannot stall it; it costs the wait the round would have made anyway.
+    pub(super) fn ease_backlog_now(&mut self) {
+        if !self.backlog_full() || self.store_error.is_some() {
+            return;
+        }
+        self.synced_at = self.log.last_seq();
+        if let Err(e) = self.log.sync_blocking() {
+            self.store_error = Some(e.to_string());
+        }
+    }
+
     pub(super) fn rerender(&mut self) {
         let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
         if plan.xml_hash == self.plan.xml_hash {
@@ -41,6 +56,7 @@ impl Driver {
                         layer_index: Some(inst.layer),
                     },
                 );
+                self.ease_backlog_now();
             }
             let status = self.status_of(key).unwrap_or(NodeStatus::Pending);
             let done = status.is_done();
