@@ -638,7 +638,7 @@ fn from_deep_json(s: &str) -> Result<Event, DecodeError> {
 
 /// How deep arrays and objects nest in JSON text (strings skipped), without
 /// parsing it.
-fn text_depth(s: &str) -> usize {
+pub(crate) fn text_depth(s: &str) -> usize {
     let (mut depth, mut deepest) = (0usize, 0usize);
     let (mut in_string, mut escaped) = (false, false);
     for b in s.bytes() {

@@ -21,6 +21,11 @@ use serde_json::Value;
 /// Outputs whose JSON text is at most this long are kept as text.
 pub const OUTPUT_TEXT_MAX: usize = 64 * 1024;
 
+/// Outputs nested deeper than this stay parsed: serializing text into a
+/// `serde_json::Value` (as the API does with a run's state) parses it with
+/// serde_json's limit of 128 levels.
+const TEXT_DEPTH_MAX: usize = 100;
+
 /// A node instance's output: JSON text up to [`OUTPUT_TEXT_MAX`], a shared
 /// parsed value beyond. Serializes as the JSON value either way.
 #[derive(Clone)]
@@ -36,7 +41,9 @@ impl Output {
     /// The output `value`, shared as is when large.
     pub fn new(value: &Arc<Value>) -> Output {
         if let Ok(raw) = serde_json::value::to_raw_value(&**value) {
-            if raw.get().len() <= OUTPUT_TEXT_MAX {
+            if raw.get().len() <= OUTPUT_TEXT_MAX
+                && crate::event::text_depth(raw.get()) <= TEXT_DEPTH_MAX
+            {
                 return Output(Repr::Text(Arc::from(raw)));
             }
         }
@@ -138,6 +145,11 @@ mod tests {
             v = json!({ "x": v });
         }
         let o = Output::from(v.clone());
+        assert!(matches!(o.0, Repr::Parsed(_)));
         assert_eq!(o.to_value(), v);
+        // Into a JSON value too, past serde_json's recursion limit.
+        assert_eq!(serde_json::to_value(&o).unwrap(), v);
+        let shallow = Output::from(json!([[[[1]]]]));
+        assert_eq!(serde_json::to_value(&shallow).unwrap(), json!([[[[1]]]]));
     }
 }

@@ -65,7 +65,7 @@ impl Driver {
             } => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
                 let prefix = inst.child_prefix();
-                let mut out = Map::new();
+                let mut out = Map::with_capacity(children.len());
                 for c in &children {
                     let path = format!("{prefix}{}", c.id);
                     let v = self
@@ -114,7 +114,9 @@ impl Driver {
                 let len = self.shape.lists.get(key).map_or(0, |l| l.len());
                 let mut list = Vec::with_capacity(len);
                 for i in 0..len {
-                    let mut entry = Map::new();
+                    // Sized to fit: an ordered map grows by more than one
+                    // entry, and a list of 100,000 of them keeps the slack.
+                    let mut entry = Map::with_capacity(children.len());
                     for c in &children {
                         let path = format!("{}[{i}].{}", key.0, c.id);
                         let v = self
