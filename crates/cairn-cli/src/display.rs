@@ -63,8 +63,8 @@ fn elapsed(n: &NodeState, now_ms: i64) -> Option<u64> {
 /// The text after a node's line: why it failed, or why it was skipped.
 fn problem(n: &NodeState) -> Option<&str> {
     match n.status {
-        NodeStatus::Skipped => n.reason.as_deref(),
-        _ => n.error.as_ref().map(|e| e.message.as_str()),
+        NodeStatus::Skipped => n.reason(),
+        _ => n.error().map(|e| e.message.as_str()),
     }
 }
 

@@ -308,9 +308,9 @@ nodes:
     let capped = st.node("capped", 0).unwrap();
     assert_eq!(capped.status.as_str(), "failed");
     assert!(
-        capped.error.as_ref().unwrap().message.contains("10"),
+        capped.error().unwrap().message.contains("10"),
         "{:?}",
-        capped.error
+        capped.error()
     );
     // A node cannot raise the workflow's ceiling, but 100 bytes fit under it.
     assert_eq!(st.node("raised", 0).unwrap().status.as_str(), "finished");

@@ -82,6 +82,22 @@ pub struct Decision {
     pub note: Option<String>,
 }
 
+/// The rarely set parts of a [`NodeState`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeNotes {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_request_id: Option<String>,
+}
+
 /// One node pass (`nodeId`, `iteration`) as the log tells it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -102,18 +118,11 @@ pub struct NodeState {
     pub output: Option<Output>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
-    // The fields below are boxed: few nodes have them, and a run of
-    // 100,000 nodes keeps a state for each.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Box<ErrorInfo>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<Box<str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub approval_message: Option<Box<str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub decision: Option<Box<Decision>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub input_request_id: Option<Box<str>>,
+    /// What few nodes have (an error, a reason, a gate's message and
+    /// decision, an input request), in one box: a run of 100,000 nodes
+    /// keeps a state for each. Serialized as fields of the node.
+    #[serde(flatten)]
+    pub notes: Option<Box<NodeNotes>>,
     pub first_seq: u64,
     /// A `NodeRetrying` announced the next attempt, which has not started yet.
     #[serde(skip)]
@@ -132,14 +141,39 @@ impl NodeState {
             attempts: Vec::new(),
             output: None,
             duration_ms: None,
-            error: None,
-            reason: None,
-            approval_message: None,
-            decision: None,
-            input_request_id: None,
+            notes: None,
             first_seq: seq,
             retry_announced: false,
         }
+    }
+
+    /// Its error, when it failed (or is retrying after a failure).
+    pub fn error(&self) -> Option<&ErrorInfo> {
+        self.notes.as_ref()?.error.as_ref()
+    }
+
+    /// Why it was skipped or cancelled.
+    pub fn reason(&self) -> Option<&str> {
+        self.notes.as_ref()?.reason.as_deref()
+    }
+
+    /// An approval gate's message.
+    pub fn approval_message(&self) -> Option<&str> {
+        self.notes.as_ref()?.approval_message.as_deref()
+    }
+
+    /// An approval gate's decision.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.notes.as_ref()?.decision.as_ref()
+    }
+
+    /// The input request it waits on.
+    pub fn input_request_id(&self) -> Option<&str> {
+        self.notes.as_ref()?.input_request_id.as_deref()
+    }
+
+    fn notes_mut(&mut self) -> &mut NodeNotes {
+        self.notes.get_or_insert_with(Default::default)
     }
 
     /// The attempt that started but never ended, if the log stops inside one
@@ -467,7 +501,9 @@ impl RunState {
                     n.status = NodeStatus::Running;
                     n.retry_announced = false;
                     n.attempt = attempt;
-                    n.error = None;
+                    if let Some(notes) = n.notes.as_mut() {
+                        notes.error = None;
+                    }
                     // Most nodes have one attempt: no room for four.
                     n.attempts.reserve_exact(1);
                     n.attempts.push(AttemptState {
@@ -499,7 +535,7 @@ impl RunState {
                     } else {
                         NodeStatus::Failed
                     };
-                    n.error = Some(Box::new(error.clone()));
+                    n.notes_mut().error = Some(error.clone());
                     close_attempt(n, ts, "failed", Some(Box::new(error.clone())));
                     if !*will_retry {
                         n.duration_ms = Some(total_duration(n));
@@ -515,13 +551,15 @@ impl RunState {
             EventKind::NodeSkipped { reason } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Skipped;
-                    n.reason = Some(reason.as_str().into());
+                    n.notes_mut().reason = Some(reason.clone());
                 }
             }
             EventKind::NodeCancelled { reason } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Cancelled;
-                    n.reason = reason.as_deref().map(Box::from);
+                    if reason.is_some() || n.notes.is_some() {
+                        n.notes_mut().reason = reason.clone();
+                    }
                     close_attempt(n, ts, "cancelled", None);
                 }
             }
@@ -532,18 +570,20 @@ impl RunState {
             }
             EventKind::ApprovalRequested { message } => {
                 if let Some(n) = self.node_mut(ev) {
-                    n.approval_message = message.as_deref().map(Box::from);
+                    if message.is_some() || n.notes.is_some() {
+                        n.notes_mut().approval_message = message.clone();
+                    }
                 }
             }
             EventKind::ApprovalGranted { decided_by, note }
             | EventKind::ApprovalDenied { decided_by, note } => {
                 let approved = matches!(ev.kind, EventKind::ApprovalGranted { .. });
                 if let Some(n) = self.node_mut(ev) {
-                    n.decision = Some(Box::new(Decision {
+                    n.notes_mut().decision = Some(Decision {
                         approved,
                         by: decided_by.clone(),
                         note: note.clone(),
-                    }));
+                    });
                     if n.status == NodeStatus::WaitingApproval {
                         n.status = NodeStatus::Running;
                     }
@@ -554,7 +594,7 @@ impl RunState {
                 let rid = request_id.clone();
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::WaitingInput;
-                    n.input_request_id = Some(rid.into());
+                    n.notes_mut().input_request_id = Some(rid);
                 }
             }
             EventKind::InputReceived { .. } => {

@@ -18,7 +18,7 @@ impl Driver {
                     return;
                 }
                 let node = self.state.node(&key.0, key.1).cloned();
-                if let Some(d) = node.as_ref().and_then(|n| n.decision.clone()) {
+                if let Some(d) = node.as_ref().and_then(|n| n.decision().cloned()) {
                     let _ = reply.send(Decision {
                         approved: d.approved,
                         note: d.note,
@@ -152,7 +152,7 @@ impl Driver {
                     .filter(|n| {
                         n.node_id == node_id
                             && n.status == NodeStatus::WaitingApproval
-                            && n.decision.is_none()
+                            && n.decision().is_none()
                             && self
                                 .plan
                                 .insts

@@ -54,7 +54,8 @@ impl Driver {
                     self.ready.push_back(key);
                 }
                 NodeStatus::Running | NodeStatus::WaitingInput
-                    if matches!(inst.spec.kind, NodeKind::Approval(_)) && n.decision.is_some() =>
+                    if matches!(inst.spec.kind, NodeKind::Approval(_))
+                        && n.decision().is_some() =>
                 {
                     self.resumed_attempts.insert(key.clone(), n.attempt);
                     self.ready.push_back(key);
@@ -93,8 +94,7 @@ impl Driver {
             };
             if n.status == NodeStatus::Failed {
                 let error = n
-                    .error
-                    .as_deref()
+                    .error()
                     .cloned()
                     .unwrap_or_else(|| ErrorInfo::new("failed", "the node failed"));
                 self.fail_run(&key, error);
