@@ -83,6 +83,10 @@ impl ProcessObserver for EventObserver<'_> {
             reason: reason.to_string(),
         });
     }
+
+    fn limits_weakened(&self, why: &str) {
+        self.ctx.limits_notice(why);
+    }
 }
 
 impl cairn_tools::ToolObserver for EventObserver<'_> {

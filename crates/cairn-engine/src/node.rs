@@ -146,6 +146,17 @@ impl NodeCtx {
         }
     }
 
+    /// Logs that the limits of a process this attempt started apply less
+    /// than fully (no control group could be made for them).
+    pub(crate) fn limits_notice(&self, why: &str) {
+        tracing::warn!(run = %self.run_id, node = %self.node_id, "{why}");
+        self.emit(EventKind::Diagnostic {
+            level: cairn_events::Level::Warn,
+            source: "sandbox".into(),
+            message: format!("node `{}`: {why}", self.node_id),
+        });
+    }
+
     /// Logs that this attempt starts processes without the sandbox, as its
     /// workflow or node asked (`sandbox.isolation: none`).
     pub(crate) fn unconfined_notice(&self) {

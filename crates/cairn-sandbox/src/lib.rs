@@ -269,6 +269,13 @@ impl Prepared {
         self.plan.group.as_ref()
     }
 
+    /// Why the confinement's limits apply less than fully here, if they do:
+    /// no control group could be made for them, or a process limit binds
+    /// nobody. The program still runs; the engine reports this.
+    pub fn limits_note(&self) -> Option<&str> {
+        self.plan.limits_note.as_deref()
+    }
+
     /// With [`Network::Proxy`], after the spawn: the listening socket the
     /// child created in its network namespace.
     pub fn take_proxy_listener(&self) -> Option<OwnedFd> {

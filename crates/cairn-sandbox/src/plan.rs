@@ -124,6 +124,9 @@ pub(crate) struct Plan {
     pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)>,
     /// The tree's control group, joined first thing in the child.
     pub group: Option<crate::cgroup::Group>,
+    /// Why limits that were asked for apply less than fully (per process,
+    /// or not at all), for the engine to report.
+    pub limits_note: Option<String>,
     pub proxy: bool,
     pub seccomp: Vec<libc::sock_filter>,
 }
@@ -459,8 +462,12 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
     // A group counts the whole tree; what it does not count stays an
     // rlimit. A group that cannot be made leaves every limit to rlimits
     // rather than refusing the node.
-    let group = crate::cgroup::Group::create(&lim).unwrap_or(None);
+    let (group, failed) = match crate::cgroup::Group::create(&lim) {
+        Ok(g) => (g, None),
+        Err(e) => (None, Some(e)),
+    };
     let (by_memory, by_pids, by_cpu) = group.as_ref().map_or((false, false, false), |g| g.counts());
+    let limits_note = limits_note(&lim, by_pids, failed.as_ref());
     let mut rlimits = Vec::new();
     if let Some(m) = lim.memory_bytes.filter(|_| !by_memory) {
         rlimits.push((
@@ -511,8 +518,73 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         landlock,
         rlimits,
         group,
+        limits_note,
         proxy: conf.network == Network::Proxy,
         seccomp: crate::child::seccomp_program(),
     };
     Prepared::new(plan, conf.network == Network::Proxy)
+}
+
+/// What to tell the engine when the limits asked for apply less than fully:
+/// the group could not be made (each limit falls back to an rlimit, per
+/// process), and without a group a process limit binds nobody when the
+/// engine runs as root (the kernel exempts root from `RLIMIT_NPROC`).
+fn limits_note(
+    lim: &crate::ResourceLimits,
+    by_pids: bool,
+    failed: Option<&std::io::Error>,
+) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let unbound = lim.processes.is_some() && !by_pids && root;
+    match (failed, unbound) {
+        (None, false) => None,
+        (Some(e), false) => Some(format!(
+            "no control group for the node's limits ({e}): they apply to each process alone"
+        )),
+        (Some(e), true) => Some(format!(
+            "no control group for the node's limits ({e}): they apply to each process alone, \
+             and the process limit is not enforced for an engine running as root"
+        )),
+        (None, true) => Some(
+            "no control group counts processes here (see `cairn doctor`): the process limit \
+             is not enforced for an engine running as root"
+                .into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod limits_note_tests {
+    use super::limits_note;
+    use crate::ResourceLimits;
+
+    #[test]
+    fn a_weakened_limit_is_said_and_a_counted_one_is_not() {
+        let procs = ResourceLimits {
+            processes: Some(10),
+            ..ResourceLimits::default()
+        };
+        let mem = ResourceLimits {
+            memory_bytes: Some(1 << 30),
+            ..ResourceLimits::default()
+        };
+        // Counted by a group: nothing to say.
+        assert_eq!(limits_note(&procs, true, None), None);
+        assert_eq!(limits_note(&mem, false, None), None);
+        // The group could not be made: every limit is per process.
+        let e = std::io::Error::from_raw_os_error(libc::EACCES);
+        let note = limits_note(&mem, false, Some(&e)).unwrap();
+        assert!(note.contains("each process alone"), "{note}");
+        // No group counts processes: for root the limit binds nobody.
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        match limits_note(&procs, false, None) {
+            Some(n) => {
+                assert!(root);
+                assert!(n.contains("not enforced"), "{n}");
+            }
+            None => assert!(!root),
+        }
+    }
 }

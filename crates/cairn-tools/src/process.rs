@@ -164,6 +164,11 @@ pub trait ProcessObserver: Send + Sync {
     fn network_allowed(&self, target: &str, reason: &str) {
         let _ = (target, reason);
     }
+    /// The process's resource limits apply less than fully (`why` says
+    /// how); called once, after the spawn.
+    fn limits_weakened(&self, why: &str) {
+        let _ = why;
+    }
 }
 
 /// An observer that ignores everything.
@@ -663,6 +668,9 @@ pub async fn run_process(
         .and_then(ListenerChannel::receive)
         .and_then(|listener| Supervisor::start(listener).ok());
     observer.spawned(pid);
+    if let Some(why) = prepared.as_ref().and_then(|p| p.limits_note()) {
+        observer.limits_weakened(why);
+    }
 
     let mut out = Capture::new(Stream::Stdout, spec.max_output_bytes);
     let mut err = Capture::new(Stream::Stderr, spec.max_output_bytes);

@@ -59,6 +59,9 @@ impl ProcessObserver for AsProcessObserver<'_> {
     fn network_allowed(&self, target: &str, reason: &str) {
         self.0.network(NetworkAction::Allowed, target, reason)
     }
+    fn limits_weakened(&self, why: &str) {
+        self.0.limits_weakened(why)
+    }
 }
 
 /// Everything a call knows about where it runs.
