@@ -22,11 +22,21 @@ use sha2::{Digest, Sha256};
 /// plan, the driver's maps, the run state, its events) holds one allocation.
 pub type Key = (NodePath, u32);
 
+/// A map keyed by instance. Paths nest their groups' paths, so they grow
+/// long in deep workflows, and the driver looks instances up several times
+/// per node: a keyed hash (aHash, seeded per process, so paths chosen by a
+/// workflow's author cannot be made to collide) hashes them several times
+/// faster than the standard SipHash.
+pub type KeyMap<V> = HashMap<Key, V, ahash::RandomState>;
+
+/// A set of instances; see [`KeyMap`].
+pub type KeySet = std::collections::HashSet<Key, ahash::RandomState>;
+
 /// The paths of every instance mounted so far, so that a render reuses the
 /// text of instances it mounted before instead of copying it again (the
 /// run state and the driver's maps hold those from the first render).
 #[derive(Debug, Default)]
-pub struct Paths(std::collections::HashSet<NodePath>);
+pub struct Paths(std::collections::HashSet<NodePath, ahash::RandomState>);
 
 impl Paths {
     /// The shared path for `text`.
@@ -133,11 +143,11 @@ impl GroupVars {
 #[derive(Debug, Default)]
 pub struct Shape {
     /// Group instances that have started (children are mounted only then).
-    pub started_groups: std::collections::HashSet<Key>,
+    pub started_groups: KeySet,
     /// The current pass of each started loop instance.
-    pub loop_pass: HashMap<Key, u32>,
+    pub loop_pass: KeyMap<u32>,
     /// The evaluated list of each started `for_each` instance.
-    pub lists: HashMap<Key, Arc<Vec<Value>>>,
+    pub lists: KeyMap<Arc<Vec<Value>>>,
 }
 
 /// The result of one render.
@@ -145,7 +155,7 @@ pub struct Plan {
     /// Instances in mount order.
     pub order: Vec<Key>,
     /// Shared, so that the driver's look-ups take an instance without copying its paths.
-    pub insts: HashMap<Key, Arc<Inst>>,
+    pub insts: KeyMap<Arc<Inst>>,
     /// SHA-256 hex of the canonical XML.
     pub xml_hash: String,
 }
@@ -219,17 +229,14 @@ impl SpecTree {
 pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape, paths: &mut Paths) -> Plan {
     let mut plan = Plan {
         order: Vec::new(),
-        insts: HashMap::new(),
+        insts: KeyMap::default(),
         xml_hash: String::new(),
     };
-    let mut xml = String::with_capacity(64 * 16);
-    let _ = write!(xml, "<plan workflow=\"{}\">", esc(workflow));
     let mut cx = Mount {
         tree,
         shape,
         paths,
         plan: &mut plan,
-        xml: &mut xml,
     };
     cx.group(
         &tree.roots,
@@ -240,9 +247,95 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape, paths: &mut Paths)
         false,
         Arc::new(GroupVars::default()),
     );
-    xml.push_str("</plan>");
-    plan.xml_hash = hex::encode(Sha256::digest(xml.as_bytes()));
+    plan.xml_hash = xml_hash(&plan, workflow, shape);
     plan
+}
+
+/// What a change of one group's shape did to the plan.
+pub struct Change {
+    /// The plan after it.
+    pub plan: Plan,
+    /// Instances that appeared, in mount order.
+    pub added: Vec<Key>,
+    /// Instances that went, in their old mount order.
+    pub removed: Vec<Key>,
+}
+
+/// The plan after the shape of the group instance `group` changed (it
+/// started, or a loop moved to its next pass) and nothing else did: only
+/// the group's subtree is mounted again, the rest is kept as it was. A
+/// full render mounts every instance each time, which made a group start
+/// cost the whole plan (deep nesting paid it once per level). `None` when
+/// the group is not mounted.
+pub fn rerender_group(
+    tree: &SpecTree,
+    workflow: &str,
+    shape: &Shape,
+    paths: &mut Paths,
+    old: &Plan,
+    group: &Key,
+) -> Option<Change> {
+    let at = old.order.iter().position(|k| k == group)?;
+    let inst = old.insts.get(group)?.clone();
+    // Its old subtree follows it in mount order: every instance whose
+    // parent is the group or in the subtree already.
+    let mut inside: std::collections::HashSet<&Key, ahash::RandomState> = Default::default();
+    inside.insert(group);
+    let mut end = at + 1;
+    while let Some(k) = old.order.get(end) {
+        match old.insts.get(k).and_then(|i| i.parent.as_ref()) {
+            Some(p) if inside.contains(p) => {
+                inside.insert(k);
+                end += 1;
+            }
+            _ => break,
+        }
+    }
+    let mut sub = Plan {
+        order: Vec::new(),
+        insts: KeyMap::default(),
+        xml_hash: String::new(),
+    };
+    if shape.started_groups.contains(group) {
+        let mut cx = Mount {
+            tree,
+            shape,
+            paths,
+            plan: &mut sub,
+        };
+        cx.children(&inst.key, &inst.spec, inst.layer, inst.in_loop, &inst.vars);
+    }
+    let removed: Vec<Key> = old.order[at + 1..end]
+        .iter()
+        .filter(|k| !sub.insts.contains_key(*k))
+        .cloned()
+        .collect();
+    let added: Vec<Key> = sub
+        .order
+        .iter()
+        .filter(|k| !old.insts.contains_key(*k))
+        .cloned()
+        .collect();
+    let mut order = Vec::with_capacity(old.order.len() - (end - at - 1) + sub.order.len());
+    order.extend_from_slice(&old.order[..=at]);
+    order.extend(sub.order.iter().cloned());
+    order.extend_from_slice(&old.order[end..]);
+    let mut insts = old.insts.clone();
+    for k in &old.order[at + 1..end] {
+        insts.remove(k);
+    }
+    insts.extend(sub.insts);
+    let mut plan = Plan {
+        order,
+        insts,
+        xml_hash: String::new(),
+    };
+    plan.xml_hash = xml_hash(&plan, workflow, shape);
+    Some(Change {
+        plan,
+        added,
+        removed,
+    })
 }
 
 /// One render's work: what it reads and what it writes.
@@ -251,7 +344,6 @@ struct Mount<'a> {
     shape: &'a Shape,
     paths: &'a mut Paths,
     plan: &'a mut Plan,
-    xml: &'a mut String,
 }
 
 impl Mount<'_> {
@@ -289,7 +381,6 @@ impl Mount<'_> {
                     None => (self.paths.intern(&format!("{prefix}{n}")), iteration),
                 })
                 .collect();
-            self.node_xml(&key, spec, layer, &needs);
             self.plan.order.push(key.clone());
             self.plan.insts.insert(
                 key.clone(),
@@ -304,36 +395,9 @@ impl Mount<'_> {
                     in_loop,
                 }),
             );
-            if !self.shape.started_groups.contains(&key) {
-                self.xml.push_str("/>");
-                continue;
+            if self.shape.started_groups.contains(&key) {
+                self.children(&key, spec, layer, in_loop, &vars);
             }
-            self.xml.push('>');
-            self.children(&key, spec, layer, in_loop, &vars);
-            self.xml.push_str("</node>");
-        }
-    }
-
-    fn node_xml(&mut self, key: &Key, spec: &SpecRef, layer: u32, needs: &[Key]) {
-        let xml = &mut *self.xml;
-        xml.push_str("<node id=\"");
-        esc_into(xml, &key.0);
-        let _ = write!(
-            xml,
-            "\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
-            key.1,
-            spec.kind.name(),
-            layer
-        );
-        if !needs.is_empty() {
-            xml.push_str(" needs=\"");
-            for (i, k) in needs.iter().enumerate() {
-                if i > 0 {
-                    xml.push(' ');
-                }
-                esc_into(xml, &k.0);
-            }
-            xml.push('"');
         }
     }
 
@@ -435,6 +499,61 @@ fn depths(specs: &[SpecRef]) -> Vec<u32> {
     depth
 }
 
+/// SHA-256 hex of the plan's canonical XML: one `<node>` per instance in
+/// mount order, a started group's children inside it. An instance is named
+/// by its path after its parent's (`.fix`, `[2].say`, `@1.check`; the whole
+/// path at the top level), so the text grows with the number of instances,
+/// not with their depth times their number.
+pub fn xml_hash(plan: &Plan, workflow: &str, shape: &Shape) -> String {
+    let mut xml = String::with_capacity(64 * plan.order.len().min(1 << 16) + 64);
+    let _ = write!(xml, "<plan workflow=\"{}\">", esc(workflow));
+    // The open groups, innermost last, with the length of their paths.
+    let mut open: Vec<&Key> = Vec::new();
+    for key in &plan.order {
+        let Some(inst) = plan.insts.get(key) else {
+            continue;
+        };
+        while let Some(top) = open.last() {
+            if inst.parent.as_ref() == Some(*top) {
+                break;
+            }
+            xml.push_str("</node>");
+            open.pop();
+        }
+        let base = inst.parent.as_ref().map_or(0, |p| p.0.len());
+        xml.push_str("<node id=\"");
+        esc_into(&mut xml, key.0.get(base..).unwrap_or(&key.0));
+        let _ = write!(
+            xml,
+            "\" iteration=\"{}\" kind=\"{}\" layer=\"{}\"",
+            key.1,
+            inst.spec.kind.name(),
+            inst.layer
+        );
+        if !inst.needs.is_empty() {
+            xml.push_str(" needs=\"");
+            for (i, k) in inst.needs.iter().enumerate() {
+                if i > 0 {
+                    xml.push(' ');
+                }
+                esc_into(&mut xml, k.0.get(base..).unwrap_or(&k.0));
+            }
+            xml.push('"');
+        }
+        if shape.started_groups.contains(key) {
+            xml.push('>');
+            open.push(key);
+        } else {
+            xml.push_str("/>");
+        }
+    }
+    for _ in open {
+        xml.push_str("</node>");
+    }
+    xml.push_str("</plan>");
+    hex::encode(Sha256::digest(xml.as_bytes()))
+}
+
 /// Appends `s` escaped as [`esc`] would, without a copy per attribute
 /// (the plan is rendered after every group start).
 fn esc_into(out: &mut String, s: &str) {
@@ -464,6 +583,106 @@ fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NESTED: &str = r#"
+name: nested
+nodes:
+  - id: a
+    value: 1
+  - id: outer
+    needs: [a]
+    loop:
+      until: "false"
+      max_iterations: 3
+      nodes:
+        - id: x
+          value: 1
+        - id: each
+          needs: [x]
+          for_each: "[1, 2]"
+          nodes:
+            - id: say
+              value: 1
+            - id: inner
+              needs: [say]
+              loop:
+                until: "false"
+                max_iterations: 2
+                nodes:
+                  - id: leaf
+                    value: 1
+  - id: z
+    needs: [outer]
+    value: 1
+"#;
+
+    /// Mounting one group's subtree again gives exactly the plan a full
+    /// render gives, frame hash included, through every start and pass of
+    /// loops and for_each nested in each other.
+    #[test]
+    fn a_group_rerender_matches_a_full_render() {
+        let wf = Arc::new(cairn_workflow::parse(NESTED, std::path::Path::new("/w.yaml")).unwrap());
+        let tree = SpecTree::new(&wf);
+        let mut shape = Shape::default();
+        let mut paths = Paths::default();
+        let mut plan = render(&tree, "nested", &shape, &mut paths);
+        let mut steps = 0;
+        // Start every group in mount order, then move each loop through its
+        // passes, checking after every change.
+        for round in 0..16 {
+            let groups: Vec<Key> = plan
+                .order
+                .iter()
+                .filter(|k| plan.insts[*k].spec.kind.children().is_some())
+                .cloned()
+                .collect();
+            for g in groups {
+                if !plan.insts.contains_key(&g) {
+                    continue;
+                }
+                let inst = plan.insts[&g].clone();
+                if !shape.started_groups.contains(&g) {
+                    shape.started_groups.insert(g.clone());
+                    match &inst.spec.kind {
+                        NodeKind::Loop { .. } => {
+                            shape.loop_pass.insert(g.clone(), 0);
+                        }
+                        _ => {
+                            shape
+                                .lists
+                                .insert(g.clone(), Arc::new(vec![Value::from(1), Value::from(2)]));
+                        }
+                    }
+                } else if matches!(inst.spec.kind, NodeKind::Loop { .. }) && round % 2 == 1 {
+                    *shape.loop_pass.get_mut(&g).unwrap() += 1;
+                } else {
+                    continue;
+                }
+                let change =
+                    rerender_group(&tree, "nested", &shape, &mut paths, &plan, &g).unwrap();
+                let full = render(&tree, "nested", &shape, &mut paths);
+                assert_eq!(change.plan.order, full.order, "order after changing {g:?}");
+                assert_eq!(
+                    change.plan.xml_hash, full.xml_hash,
+                    "hash after changing {g:?}"
+                );
+                let mut a: Vec<&Key> = change.plan.insts.keys().collect();
+                let mut b: Vec<&Key> = full.insts.keys().collect();
+                a.sort();
+                b.sort();
+                assert_eq!(a, b);
+                for k in &change.added {
+                    assert!(!plan.insts.contains_key(k) && full.insts.contains_key(k));
+                }
+                for k in &change.removed {
+                    assert!(plan.insts.contains_key(k) && !full.insts.contains_key(k));
+                }
+                plan = change.plan;
+                steps += 1;
+            }
+        }
+        assert!(steps > 10, "only {steps} changes were checked");
+    }
 
     /// The frame's hash is over these bytes: the in-place escape must write
     /// exactly what the copying one returns.

@@ -98,7 +98,7 @@ impl Driver {
                     }
                     Ok(_) => {
                         self.shape.loop_pass.insert(key.clone(), pass + 1);
-                        self.rerender();
+                        self.rerender_group(key);
                         if self.group_remaining.get(key).copied().unwrap_or(0) == 0 {
                             self.finish_group_pass(key);
                         }

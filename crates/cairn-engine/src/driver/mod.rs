@@ -16,7 +16,7 @@
 //! context), `inbox` (people and commands), `recovery` (what a resume does
 //! first).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
-use crate::plan::{self, GroupVars, Inst, Key, Paths, Plan, Shape, SpecTree};
+use crate::plan::{self, GroupVars, Inst, Key, KeyMap, KeySet, Paths, Plan, Shape, SpecTree};
 use crate::services::Services;
 use crate::{EngineError, RunOutcome, Shutdown};
 
@@ -111,27 +111,27 @@ pub(crate) struct Driver {
     /// Every instance path mounted so far, shared by each render.
     paths: Paths,
     frame_no: u64,
-    dependents: HashMap<Key, Vec<Key>>,
+    dependents: KeyMap<Vec<Key>>,
     /// How many of each mounted instance's needs have not ended, so that a
     /// join is looked at in full once, not once per finished need.
-    unmet: HashMap<Key, usize>,
-    group_remaining: HashMap<Key, usize>,
+    unmet: KeyMap<usize>,
+    group_remaining: KeyMap<usize>,
     nodes_ctx: NodesCtx,
     templated: HashMap<usize, bool>,
     check_queue: VecDeque<Key>,
     ready: VecDeque<Key>,
     /// Pending nodes already in `ready`, so a node checked once per finished
     /// dependency is queued once (a `VecDeque::contains` would be quadratic).
-    queued: HashSet<Key>,
+    queued: KeySet,
     /// Attempts to continue without a new `NodeStarted` (approvals after a resume).
-    resumed_attempts: HashMap<Key, u32>,
-    running: HashMap<Key, CancellationToken>,
+    resumed_attempts: KeyMap<u32>,
+    running: KeyMap<CancellationToken>,
     /// Attempts a stop left open that this resume has not closed because a
     /// cancel came first: the run's end closes them as interrupted before
     /// it cancels their nodes. (A driver that only applies commands starts
     /// no session, and leaves them to the next resume.)
-    left_open: HashSet<Key>,
-    waiting: HashMap<Key, oneshot::Sender<Decision>>,
+    left_open: KeySet,
+    waiting: KeyMap<oneshot::Sender<Decision>>,
     retry_pending: usize,
     msg_tx: mpsc::UnboundedSender<Msg>,
     msg_rx: mpsc::UnboundedReceiver<Msg>,
@@ -207,23 +207,23 @@ impl Driver {
             shape: Shape::default(),
             plan: Plan {
                 order: Vec::new(),
-                insts: HashMap::new(),
+                insts: Default::default(),
                 xml_hash: String::new(),
             },
             paths: Paths::default(),
             frame_no,
-            dependents: HashMap::new(),
-            unmet: HashMap::new(),
-            group_remaining: HashMap::new(),
+            dependents: Default::default(),
+            unmet: Default::default(),
+            group_remaining: Default::default(),
             nodes_ctx: NodesCtx::default(),
             templated: HashMap::new(),
             check_queue: VecDeque::new(),
             ready: VecDeque::new(),
-            queued: HashSet::new(),
-            resumed_attempts: HashMap::new(),
-            running: HashMap::new(),
-            left_open: HashSet::new(),
-            waiting: HashMap::new(),
+            queued: Default::default(),
+            resumed_attempts: Default::default(),
+            running: Default::default(),
+            left_open: Default::default(),
+            waiting: Default::default(),
             retry_pending: 0,
             msg_tx,
             msg_rx,
@@ -623,7 +623,7 @@ impl Driver {
             if is_group {
                 match self.enter_group(&key, false) {
                     Ok(()) => {
-                        self.rerender();
+                        self.rerender_group(&key);
                         if self.group_remaining.get(&key).copied().unwrap_or(0) == 0 {
                             self.finish_group_pass(&key);
                         }

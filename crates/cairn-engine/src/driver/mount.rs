@@ -20,11 +20,51 @@ impl Driver {
         }
     }
 
+    /// Renders the whole plan again (a run's start, a resume).
     pub(super) fn rerender(&mut self) {
         let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
         if plan.xml_hash == self.plan.xml_hash {
             return;
         }
+        let added: Vec<Key> = plan
+            .order
+            .iter()
+            .filter(|k| !self.plan.insts.contains_key(*k))
+            .cloned()
+            .collect();
+        let removed: Vec<Key> = self
+            .plan
+            .order
+            .iter()
+            .filter(|k| !plan.insts.contains_key(*k))
+            .cloned()
+            .collect();
+        self.commit_plan(plan, added, removed);
+    }
+
+    /// Mounts again what the shape change of one group instance (its start,
+    /// a loop's next pass) changed: that group's subtree.
+    pub(super) fn rerender_group(&mut self, group: &Key) {
+        let Some(change) = plan::rerender_group(
+            &self.tree,
+            &self.wf.name,
+            &self.shape,
+            &mut self.paths,
+            &self.plan,
+            group,
+        ) else {
+            return self.rerender();
+        };
+        if change.plan.xml_hash == self.plan.xml_hash {
+            return;
+        }
+        self.commit_plan(change.plan, change.added, change.removed);
+    }
+
+    /// Commits a new plan as a frame: the instances that appeared become
+    /// pending and join the tallies and the dependency counts, the pending
+    /// ones that went are cancelled.
+    fn commit_plan(&mut self, plan: Plan, added: Vec<Key>, removed: Vec<Key>) {
         self.frame_no += 1;
         self.emit(
             Scope::run(),
@@ -35,18 +75,11 @@ impl Driver {
             },
         );
         let old = std::mem::replace(&mut self.plan, plan);
-        // Taken for the walk and put back: a copy would be a second list of
-        // every instance at the run's peak.
-        let order = std::mem::take(&mut self.plan.order);
-        let appearing = order.len().saturating_sub(old.order.len());
-        self.state.reserve_nodes(appearing);
+        self.state.reserve_nodes(added.len());
         // Counted once every instance is in its layer's total, so that a
         // layer still open from before a resume is not closed half-counted.
         let mut done_already = Vec::new();
-        for key in &order {
-            if old.insts.contains_key(key) {
-                continue;
-            }
+        for key in &added {
             let inst = self.plan.insts[key].clone();
             if self.state.node(&key.0, key.1).is_none() {
                 let scope = self.node_scope(key);
@@ -91,14 +124,10 @@ impl Driver {
                 self.check_queue.push_back(key.clone());
             }
         }
-        self.plan.order = order;
         for (inst, status) in done_already {
             self.count_done(&inst, status);
         }
-        for key in &old.order {
-            if self.plan.insts.contains_key(key) {
-                continue;
-            }
+        for key in &removed {
             if self.status_of(key) == Some(NodeStatus::Pending) {
                 let scope = Scope::node(key.0.clone(), key.1)
                     .with_chapter(old.insts[key].spec.stage.clone());
