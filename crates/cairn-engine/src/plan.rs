@@ -253,42 +253,42 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape, paths: &mut Paths)
 
 /// What a change of one group's shape did to the plan.
 pub struct Change {
-    /// The plan after it.
-    pub plan: Plan,
     /// Instances that appeared, in mount order.
     pub added: Vec<Key>,
     /// Instances that went, in their old mount order.
-    pub removed: Vec<Key>,
+    pub removed: Vec<Arc<Inst>>,
 }
 
-/// The plan after the shape of the group instance `group` changed (it
+/// Updates `plan` after the shape of the group instance `group` changed (it
 /// started, or a loop moved to its next pass) and nothing else did: only
-/// the group's subtree is mounted again, the rest is kept as it was. A
-/// full render mounts every instance each time, which made a group start
-/// cost the whole plan (deep nesting paid it once per level). `None` when
-/// the group is not mounted.
+/// the group's subtree is mounted again and spliced in, the rest is kept as
+/// it was. A full render mounts every instance each time, which made a
+/// group start cost the whole plan (deep nesting paid it once per level).
+/// `None`, with the plan untouched, when the group is not mounted.
 pub fn rerender_group(
     tree: &SpecTree,
     workflow: &str,
     shape: &Shape,
     paths: &mut Paths,
-    old: &Plan,
+    plan: &mut Plan,
     group: &Key,
 ) -> Option<Change> {
-    let at = old.order.iter().position(|k| k == group)?;
-    let inst = old.insts.get(group)?.clone();
+    let at = plan.order.iter().position(|k| k == group)?;
+    let inst = plan.insts.get(group)?.clone();
     // Its old subtree follows it in mount order: every instance whose
     // parent is the group or in the subtree already.
-    let mut inside: std::collections::HashSet<&Key, ahash::RandomState> = Default::default();
-    inside.insert(group);
     let mut end = at + 1;
-    while let Some(k) = old.order.get(end) {
-        match old.insts.get(k).and_then(|i| i.parent.as_ref()) {
-            Some(p) if inside.contains(p) => {
-                inside.insert(k);
-                end += 1;
+    {
+        let mut inside: std::collections::HashSet<&Key, ahash::RandomState> = Default::default();
+        inside.insert(group);
+        while let Some(k) = plan.order.get(end) {
+            match plan.insts.get(k).and_then(|i| i.parent.as_ref()) {
+                Some(p) if inside.contains(p) => {
+                    inside.insert(k);
+                    end += 1;
+                }
+                _ => break,
             }
-            _ => break,
         }
     }
     let mut sub = Plan {
@@ -305,37 +305,24 @@ pub fn rerender_group(
         };
         cx.children(&inst.key, &inst.spec, inst.layer, inst.in_loop, &inst.vars);
     }
-    let removed: Vec<Key> = old.order[at + 1..end]
+    let old: Vec<Key> = plan
+        .order
+        .splice(at + 1..end, sub.order.iter().cloned())
+        .collect();
+    let removed: Vec<Arc<Inst>> = old
         .iter()
         .filter(|k| !sub.insts.contains_key(*k))
-        .cloned()
+        .filter_map(|k| plan.insts.remove(k))
         .collect();
     let added: Vec<Key> = sub
         .order
         .iter()
-        .filter(|k| !old.insts.contains_key(*k))
+        .filter(|k| !plan.insts.contains_key(*k))
         .cloned()
         .collect();
-    let mut order = Vec::with_capacity(old.order.len() - (end - at - 1) + sub.order.len());
-    order.extend_from_slice(&old.order[..=at]);
-    order.extend(sub.order.iter().cloned());
-    order.extend_from_slice(&old.order[end..]);
-    let mut insts = old.insts.clone();
-    for k in &old.order[at + 1..end] {
-        insts.remove(k);
-    }
-    insts.extend(sub.insts);
-    let mut plan = Plan {
-        order,
-        insts,
-        xml_hash: String::new(),
-    };
-    plan.xml_hash = xml_hash(&plan, workflow, shape);
-    Some(Change {
-        plan,
-        added,
-        removed,
-    })
+    plan.insts.extend(sub.insts);
+    plan.xml_hash = xml_hash(plan, workflow, shape);
+    Some(Change { added, removed })
 }
 
 /// One render's work: what it reads and what it writes.
@@ -658,26 +645,29 @@ nodes:
                 } else {
                     continue;
                 }
+                let before: Vec<Key> = plan.order.clone();
                 let change =
-                    rerender_group(&tree, "nested", &shape, &mut paths, &plan, &g).unwrap();
+                    rerender_group(&tree, "nested", &shape, &mut paths, &mut plan, &g).unwrap();
                 let full = render(&tree, "nested", &shape, &mut paths);
-                assert_eq!(change.plan.order, full.order, "order after changing {g:?}");
-                assert_eq!(
-                    change.plan.xml_hash, full.xml_hash,
-                    "hash after changing {g:?}"
-                );
-                let mut a: Vec<&Key> = change.plan.insts.keys().collect();
+                assert_eq!(plan.order, full.order, "order after changing {g:?}");
+                assert_eq!(plan.xml_hash, full.xml_hash, "hash after changing {g:?}");
+                let mut a: Vec<&Key> = plan.insts.keys().collect();
                 let mut b: Vec<&Key> = full.insts.keys().collect();
                 a.sort();
                 b.sort();
                 assert_eq!(a, b);
                 for k in &change.added {
-                    assert!(!plan.insts.contains_key(k) && full.insts.contains_key(k));
+                    assert!(!before.contains(k) && full.insts.contains_key(k));
                 }
-                for k in &change.removed {
-                    assert!(plan.insts.contains_key(k) && !full.insts.contains_key(k));
+                for i in &change.removed {
+                    assert!(before.contains(&i.key) && !full.insts.contains_key(&i.key));
                 }
-                plan = change.plan;
+                let appeared = full.order.iter().filter(|k| !before.contains(k)).count();
+                let went = before
+                    .iter()
+                    .filter(|k| !full.insts.contains_key(*k))
+                    .count();
+                assert_eq!((change.added.len(), change.removed.len()), (appeared, went));
                 steps += 1;
             }
         }

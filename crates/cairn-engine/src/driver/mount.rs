@@ -32,49 +32,52 @@ impl Driver {
             .filter(|k| !self.plan.insts.contains_key(*k))
             .cloned()
             .collect();
-        let removed: Vec<Key> = self
-            .plan
+        let old = std::mem::replace(&mut self.plan, plan);
+        let removed: Vec<Arc<Inst>> = old
             .order
             .iter()
-            .filter(|k| !plan.insts.contains_key(*k))
-            .cloned()
+            .filter(|k| !self.plan.insts.contains_key(*k))
+            .filter_map(|k| old.insts.get(k).cloned())
             .collect();
-        self.commit_plan(plan, added, removed);
+        drop(old);
+        self.commit_plan(added, removed);
     }
 
     /// Mounts again what the shape change of one group instance (its start,
     /// a loop's next pass) changed: that group's subtree.
     pub(super) fn rerender_group(&mut self, group: &Key) {
-        let Some(change) = plan::rerender_group(
+        let before = std::mem::take(&mut self.plan.xml_hash);
+        let change = plan::rerender_group(
             &self.tree,
             &self.wf.name,
             &self.shape,
             &mut self.paths,
-            &self.plan,
+            &mut self.plan,
             group,
-        ) else {
+        );
+        let Some(change) = change else {
+            self.plan.xml_hash = before;
             return self.rerender();
         };
-        if change.plan.xml_hash == self.plan.xml_hash {
+        if self.plan.xml_hash == before {
             return;
         }
-        self.commit_plan(change.plan, change.added, change.removed);
+        self.commit_plan(change.added, change.removed);
     }
 
-    /// Commits a new plan as a frame: the instances that appeared become
-    /// pending and join the tallies and the dependency counts, the pending
-    /// ones that went are cancelled.
-    fn commit_plan(&mut self, plan: Plan, added: Vec<Key>, removed: Vec<Key>) {
+    /// Commits the plan in `self.plan` as a frame: the instances that
+    /// appeared become pending and join the tallies and the dependency
+    /// counts, the pending ones that went are cancelled.
+    fn commit_plan(&mut self, added: Vec<Key>, removed: Vec<Arc<Inst>>) {
         self.frame_no += 1;
         self.emit(
             Scope::run(),
             EventKind::FrameCommitted {
                 frame_no: self.frame_no,
-                xml_hash: plan.xml_hash.clone(),
-                mounted: plan.order.len() as u64,
+                xml_hash: self.plan.xml_hash.clone(),
+                mounted: self.plan.order.len() as u64,
             },
         );
-        let old = std::mem::replace(&mut self.plan, plan);
         self.state.reserve_nodes(added.len());
         // Counted once every instance is in its layer's total, so that a
         // layer still open from before a resume is not closed half-counted.
@@ -127,10 +130,10 @@ impl Driver {
         for (inst, status) in done_already {
             self.count_done(&inst, status);
         }
-        for key in &removed {
+        for inst in &removed {
+            let key = &inst.key;
             if self.status_of(key) == Some(NodeStatus::Pending) {
-                let scope = Scope::node(key.0.clone(), key.1)
-                    .with_chapter(old.insts[key].spec.stage.clone());
+                let scope = Scope::node(key.0.clone(), key.1).with_chapter(inst.spec.stage.clone());
                 self.emit(
                     scope,
                     EventKind::NodeCancelled {
