@@ -2,9 +2,10 @@
 //!
 //! A workflow is static; the plan is not. A `loop` mounts its children for the
 //! current pass only, and a `for_each` mounts one copy of its children per
-//! element once its list is known. The driver renders the plan after every
-//! change that can alter it, and commits a new frame when the plan's canonical
-//! XML changes.
+//! element once its list is known. The driver renders the plan at a run's
+//! start and on resume, mounts one group's subtree again after that group's
+//! shape changes, and commits a new frame when the plan's canonical XML
+//! changes.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
