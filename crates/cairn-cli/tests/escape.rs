@@ -559,6 +559,18 @@ fn error_kind(events: &[Value], node: &str) -> Option<String> {
         .and_then(|e| e["error"]["kind"].as_str().map(str::to_string))
 }
 
+/// Node `n` failed with kind `resource_limit`, its message naming the limit.
+fn assert_limit_hit(events: &[Value], n: &str, says: &str, stderr: &str) {
+    assert_eq!(
+        error_kind(events, n).as_deref(),
+        Some("resource_limit"),
+        "{stderr}\n{}",
+        dump(events, n)
+    );
+    let msg = error_message(events, n);
+    assert!(msg.contains(says), "{msg}\n{}", dump(events, n));
+}
+
 #[test]
 fn resource_limits_fail_the_node_with_resource_limit() {
     if !sandbox_available() || !python() {
@@ -581,15 +593,7 @@ fn resource_limits_fail_the_node_with_resource_limit() {
     let (_, err, events) = env.run(&yaml, "l1");
     for prefix in ["c", "b"] {
         for (id, says) in [("memory", "memory limit"), ("cpu", "CPU-time limit")] {
-            let n = format!("{prefix}_{id}");
-            assert_eq!(
-                error_kind(&events, &n).as_deref(),
-                Some("resource_limit"),
-                "{err}\n{}",
-                dump(&events, &n)
-            );
-            let msg = error_message(&events, &n);
-            assert!(msg.contains(says), "{msg}");
+            assert_limit_hit(&events, &format!("{prefix}_{id}"), says, &err);
         }
         for id in ["small", "raised"] {
             let n = format!("{prefix}_{id}");
@@ -687,15 +691,7 @@ fn tree_wide_limits_name_the_limit_and_leave_no_group() {
             continue;
         }
         for prefix in ["c", "b"] {
-            let n = format!("{prefix}_{id}");
-            assert_eq!(
-                error_kind(&events, &n).as_deref(),
-                Some("resource_limit"),
-                "{err}\n{}",
-                dump(&events, &n)
-            );
-            let msg = error_message(&events, &n);
-            assert!(msg.contains(says), "{msg}\n{}", dump(&events, &n));
+            assert_limit_hit(&events, &format!("{prefix}_{id}"), says, &err);
         }
         let failed = of(&events, &format!("c_{id}"))
             .into_iter()
