@@ -18,8 +18,11 @@ use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-/// Outputs whose JSON text is at most this long are kept as text.
-pub const OUTPUT_TEXT_MAX: usize = 64 * 1024;
+/// Outputs whose JSON text is at most this long are kept as text. Every
+/// template read of a kept text parses it again, so this bounds what one
+/// read costs (a few microseconds) where a template reads an element of
+/// another node's output from each of many instances.
+pub const OUTPUT_TEXT_MAX: usize = 4 * 1024;
 
 /// Outputs nested deeper than this stay parsed: serializing text into a
 /// `serde_json::Value` (as the API does with a run's state) parses it with
