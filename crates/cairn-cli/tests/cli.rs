@@ -1,14 +1,13 @@
 //! The `cairn` binary driven as users drive it: real processes, a real store
 //! in a temporary folder, real child commands.
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-/// Upper bound on any wait in these tests: a hang fails instead of blocking CI.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 struct Env {
     dir: tempfile::TempDir,

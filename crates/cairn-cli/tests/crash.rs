@@ -5,6 +5,8 @@
 //! the attempts the log started; no process of a killed run may survive the
 //! resume that follows.
 
+mod common;
+use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,7 +25,6 @@ const FANOUT: usize = 100;
 /// still be alive when checked.
 const SLOW: usize = 3;
 /// Upper bound on any wait: a hang fails instead of blocking CI.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A small xorshift generator: the test needs varied delays, not crypto.
 struct Rng(u64);
@@ -180,20 +181,6 @@ fn run_exists(store: &Path, run: &str) -> bool {
             .is_some()
 }
 
-fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(
-            t0.elapsed() < PATIENCE,
-            "cairn did not end within {PATIENCE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn sigkill_at_random_moments_then_resume_until_done() {
     let dir = tempfile::tempdir().unwrap();
@@ -221,14 +208,7 @@ fn sigkill_at_random_moments_then_resume_until_done() {
         std::thread::sleep(Duration::from_millis(20 + rng.below(281)));
         if let Some(status) = child.try_wait().unwrap() {
             let code = status.code();
-            let mut err = String::new();
-            use std::io::Read;
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let err = stderr_of(&mut child);
             if code == Some(0) {
                 ended_early = Some(kills);
                 break;
@@ -267,14 +247,7 @@ fn sigkill_at_random_moments_then_resume_until_done() {
     if ended_early.is_none() {
         let mut child = cairn(dir, &["resume", run]);
         let status = wait_exit(&mut child);
-        let mut err = String::new();
-        use std::io::Read;
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let err = stderr_of(&mut child);
         assert_eq!(status.code(), Some(0), "the final resume failed: {err}");
     }
     eprintln!(
@@ -474,14 +447,7 @@ fn a_resume_kills_what_bash_calls_left_running() {
 
     let mut resume = cairn(dir, &["resume", "b1"]);
     let status = wait_exit(&mut resume);
-    let mut err = String::new();
-    use std::io::Read;
-    resume
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = stderr_of(&mut resume);
     assert_eq!(status.code(), Some(0), "{err}");
     let evs = events(&store, "b1");
     assert!(evs.iter().any(|e| matches!(

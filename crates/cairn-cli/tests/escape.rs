@@ -5,6 +5,8 @@
 //! works. Every attack runs twice: from a `command` node and from a `bash`
 //! tool call.
 
+mod common;
+use common::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;
@@ -14,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use cairn_store::{Backend, EventQuery, SqliteBackend};
 use serde_json::Value;
-
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A temporary folder holding the sandbox root (`root/`, where the
 /// workflow and the store live) and files outside it.
@@ -64,13 +64,7 @@ impl Env {
         let mut child = self.cairn(&["run", &format!("{run}.yaml"), "--run-id", run]);
         std::fs::write(self.root.join("engine.pid"), child.id().to_string()).unwrap();
         let status = wait_exit(&mut child);
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let err = stderr_of(&mut child);
         (status, err, self.events(run))
     }
 
@@ -83,20 +77,6 @@ impl Env {
             .iter()
             .map(|s| serde_json::from_str(&s.json).unwrap())
             .collect()
-    }
-}
-
-fn wait_exit(child: &mut Child) -> ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(
-            t0.elapsed() < PATIENCE,
-            "cairn did not end within {PATIENCE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -541,13 +521,7 @@ fn setsid_children_die_with_a_killed_engine() {
 
     let mut resume = env.cairn(&["resume", "k1"]);
     let status = wait_exit(&mut resume);
-    let mut err = String::new();
-    resume
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = stderr_of(&mut resume);
     assert_eq!(status.code(), Some(0), "{err}");
 }
 
