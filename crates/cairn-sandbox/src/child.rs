@@ -307,6 +307,24 @@ const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 
+/// Binds `src` on `dst` and makes it read-only; a `dst` this kernel's
+/// `/proc` does not have is skipped. Runs between fork and exec: no
+/// allocation.
+unsafe fn bind_read_only_if_there(
+    src: *const libc::c_char,
+    dst: *const libc::c_char,
+    flags: libc::c_ulong,
+) -> Result<(), i32> {
+    if libc::mount(src, dst, null(), flags, null()) != 0 {
+        return if errno() == libc::ENOENT {
+            Ok(())
+        } else {
+            Err(errno())
+        };
+    }
+    read_only(dst)
+}
+
 /// Makes a mount (and everything beneath it) read-only.
 unsafe fn read_only(path: *const libc::c_char) -> Result<(), i32> {
     let attr = MountAttr {
@@ -434,38 +452,10 @@ unsafe fn run_op(op: &Op) -> Result<(), i32> {
             Ok(())
         }
         Op::ProcReadOnly(dst) => {
-            if libc::mount(
-                dst.as_ptr(),
-                dst.as_ptr(),
-                null(),
-                libc::MS_BIND | libc::MS_REC,
-                null(),
-            ) != 0
-            {
-                return if errno() == libc::ENOENT {
-                    Ok(())
-                } else {
-                    Err(errno())
-                };
-            }
-            read_only(dst.as_ptr())
+            bind_read_only_if_there(dst.as_ptr(), dst.as_ptr(), libc::MS_BIND | libc::MS_REC)
         }
         Op::ProcMask(dst) => {
-            if libc::mount(
-                c"/oldroot/dev/null".as_ptr(),
-                dst.as_ptr(),
-                null(),
-                libc::MS_BIND,
-                null(),
-            ) != 0
-            {
-                return if errno() == libc::ENOENT {
-                    Ok(())
-                } else {
-                    Err(errno())
-                };
-            }
-            read_only(dst.as_ptr())
+            bind_read_only_if_there(c"/oldroot/dev/null".as_ptr(), dst.as_ptr(), libc::MS_BIND)
         }
         Op::Symlink { target, link } => {
             if libc::symlink(target.as_ptr(), link.as_ptr()) != 0 && errno() != libc::EEXIST {
