@@ -143,8 +143,10 @@ async fn websocket_subscribes_replays_lists_and_steers() {
         json!({"type": "approve", "id": "ap", "runId": "g1", "nodeId": "gate", "by": "ws"}),
     )
     .await;
-    let mut approved = false;
-    loop {
+    // The reply to the approval and the end of the subscription travel
+    // apart: a run that ends at once may end its watch first.
+    let (mut approved, mut ended) = (false, false);
+    while !(approved && ended) {
         let v = recv(&mut w).await.unwrap();
         match v["kind"].as_str().unwrap() {
             "reply" => {
@@ -158,7 +160,7 @@ async fn websocket_subscribes_replays_lists_and_steers() {
             "event" => got.push(v["event"].clone()),
             "end" => {
                 assert_eq!(v["runId"], "g1");
-                break;
+                ended = true;
             }
             other => panic!("unexpected {other}: {v}"),
         }
