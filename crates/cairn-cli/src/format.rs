@@ -157,7 +157,11 @@ pub fn event_detail(kind: &EventKind) -> String {
             output,
             ..
         } => match output {
-            Some(o) => format!("in {}; output {}", duration_ms(*d), short_value(o, 80)),
+            Some(o) => format!(
+                "in {}; output {}",
+                duration_ms(*d),
+                short_value(&o.value(), 80)
+            ),
             None => format!("in {}", duration_ms(*d)),
         },
         EventKind::NodeFailed { error, will_retry } => format!(

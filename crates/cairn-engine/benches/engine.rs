@@ -332,7 +332,7 @@ fn run_journal(n: usize, events: u64) -> Measure {
                         scope.with_attempt(1),
                         EventKind::NodeFinished {
                             duration_ms: 0,
-                            output: Some(Arc::new(json!(i))),
+                            output: Some(json!(i).into()),
                             cached: None,
                         },
                     );

@@ -333,9 +333,10 @@ pub enum EventKind {
     NodeFinished {
         duration_ms: u64,
         /// Shared with the run state that folds the event, instead of
-        /// copied (a group's output holds every member's).
+        /// copied (a group's output holds every member's); small outputs
+        /// are their JSON text.
         #[serde(default)]
-        output: Option<std::sync::Arc<Value>>,
+        output: Option<crate::output::Output>,
         #[serde(default)]
         cached: Option<bool>,
     },
@@ -916,7 +917,7 @@ mod tests {
             scope: Scope::node("g", 0).with_attempt(1),
             kind: EventKind::NodeFinished {
                 duration_ms: 0,
-                output: Some(std::sync::Arc::new(output)),
+                output: Some(output.into()),
                 cached: None,
             },
         };
@@ -973,9 +974,7 @@ mod tests {
             },
             EventKind::NodeFinished {
                 duration_ms: 3,
-                output: Some(std::sync::Arc::new(
-                    json!({"z": [1, {"a": null}], "b": "x"}),
-                )),
+                output: Some(json!({"z": [1, {"a": null}], "b": "x"}).into()),
                 cached: Some(true),
             },
             EventKind::NodeHeartbeat {

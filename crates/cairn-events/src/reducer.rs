@@ -523,7 +523,7 @@ impl RunState {
             } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::Finished;
-                    n.output = output.as_ref().map(Output::new);
+                    n.output = output.clone();
                     n.duration_ms = Some(*duration_ms);
                     close_attempt(n, ts, "finished", None);
                 }
@@ -681,7 +681,7 @@ mod tests {
                     Scope::node("a", 0).with_attempt(2),
                     EventKind::NodeFinished {
                         duration_ms: 10,
-                        output: Some(std::sync::Arc::new(Value::from(3))),
+                        output: Some(Value::from(3).into()),
                         cached: None,
                     },
                 ),

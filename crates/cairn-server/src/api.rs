@@ -493,12 +493,22 @@ async fn get_run(
     Ok(Json(run_state_json(&st, &rec)))
 }
 
+/// A run's state as a JSON value. Through text, since outputs are kept as
+/// JSON text and turning text into a value directly is bound by
+/// serde_json's limit of 128 levels, which a group's output can pass.
+fn state_value(st: &RunState) -> Value {
+    let text = serde_json::to_string(st).expect("a RunState serializes to JSON");
+    let mut de = serde_json::Deserializer::from_str(&text);
+    de.disable_recursion_limit();
+    serde::Deserialize::deserialize(&mut de).expect("JSON this process wrote reads back")
+}
+
 /// A run's state as `GET /v1/runs/{id}` answers it (and `cairn status
 /// --json` prints it): the reducer's state, plus progress, counts by status,
 /// the workflow's name, the store's status before the log has one, and the
 /// parent run of a child run.
 pub fn run_state_json(st: &RunState, rec: &RunRecord) -> Value {
-    let mut v = serde_json::to_value(st).expect("a RunState serializes to JSON");
+    let mut v = state_value(st);
     v["progress"] = json!(st.progress());
     v["counts"] = json!(st.counts());
     v["workflow"] = json!(rec.workflow);

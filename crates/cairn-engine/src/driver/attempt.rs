@@ -102,7 +102,7 @@ impl Driver {
                             scope,
                             EventKind::NodeFinished {
                                 duration_ms,
-                                output: Some(Arc::new(output)),
+                                output: Some(output.into()),
                                 cached: None,
                             },
                         );

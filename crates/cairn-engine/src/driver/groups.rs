@@ -2,6 +2,7 @@
 //! the list), and a group ends a pass when its last child ends.
 
 use super::*;
+use cairn_events::Output;
 
 impl Driver {
     /// Marks a group instance started and computes its shape (pass, list).
@@ -65,16 +66,15 @@ impl Driver {
             } => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
                 let prefix = inst.child_prefix();
-                let mut out = Map::with_capacity(children.len());
-                for c in &children {
-                    let path = format!("{prefix}{}", c.id);
-                    let v = self
-                        .state
-                        .node(&path, pass)
-                        .and_then(|n| n.output.as_ref().map(cairn_events::Output::to_value))
-                        .unwrap_or(Value::Null);
-                    out.insert(c.id.clone(), v);
-                }
+                let members: Vec<(&str, Option<Output>)> = children
+                    .iter()
+                    .map(|c| {
+                        let path = format!("{prefix}{}", c.id);
+                        let o = self.state.node(&path, pass).and_then(|n| n.output.clone());
+                        (c.id.as_str(), o)
+                    })
+                    .collect();
+                let out = members_object(&members);
                 let holds = {
                     let ctx = self.context_for(&inst, pass);
                     self.templates.eval_bool_in(until, &ctx)
@@ -94,7 +94,7 @@ impl Driver {
                                 },
                             );
                         }
-                        self.finish_group(key, Value::Object(out));
+                        self.finish_group(key, out);
                     }
                     Ok(_) => {
                         self.shape.loop_pass.insert(key.clone(), pass + 1);
@@ -111,30 +111,31 @@ impl Driver {
                 }
             }
             NodeKind::ForEach { .. } => {
+                // Built as a value, not as text: a list's output is large (it
+                // stays parsed), and objects sized to fit weigh less than the
+                // ones a parse grows.
                 let len = self.shape.lists.get(key).map_or(0, |l| l.len());
                 let mut list = Vec::with_capacity(len);
                 for i in 0..len {
-                    // Sized to fit: an ordered map grows by more than one
-                    // entry, and a list of 100,000 of them keeps the slack.
                     let mut entry = Map::with_capacity(children.len());
                     for c in &children {
                         let path = format!("{}[{i}].{}", key.0, c.id);
                         let v = self
                             .state
                             .node(&path, key.1)
-                            .and_then(|n| n.output.as_ref().map(cairn_events::Output::to_value))
+                            .and_then(|n| n.output.as_ref().map(Output::to_value))
                             .unwrap_or(Value::Null);
                         entry.insert(c.id.clone(), v);
                     }
                     list.push(Value::Object(entry));
                 }
-                self.finish_group(key, Value::Array(list));
+                self.finish_group(key, Value::Array(list).into());
             }
             _ => {}
         }
     }
 
-    pub(super) fn finish_group(&mut self, key: &Key, output: Value) {
+    pub(super) fn finish_group(&mut self, key: &Key, output: Output) {
         let n = self.state.node(&key.0, key.1).cloned();
         let attempt = n.as_ref().map_or(1, |n| n.attempt);
         let started = n
@@ -146,12 +147,42 @@ impl Driver {
             scope,
             EventKind::NodeFinished {
                 duration_ms,
-                output: Some(Arc::new(output)),
+                output: Some(output),
                 cached: None,
             },
         );
         self.node_done(key);
     }
+}
+
+/// A group's output object, `{member id: its output}`, put together from
+/// the members' JSON texts: a group's output holds its members' outputs, so
+/// loops nested in loops would otherwise parse and copy every level again.
+fn members_object(members: &[(&str, Option<Output>)]) -> Output {
+    let mut text = String::new();
+    write_members(&mut text, members);
+    Output::from_json_text(text).unwrap_or_else(|| Value::Null.into())
+}
+
+/// Writes `{member id: its output}` as JSON (`null` for a member without
+/// one).
+fn write_members(text: &mut String, members: &[(&str, Option<Output>)]) {
+    text.push('{');
+    for (i, (id, out)) in members.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&serde_json::to_string(id).unwrap_or_default());
+        text.push(':');
+        match out {
+            Some(o) => match o.as_text() {
+                Some(t) => text.push_str(t),
+                None => text.push_str(&serde_json::to_string(&*o.value()).unwrap_or_default()),
+            },
+            None => text.push_str("null"),
+        }
+    }
+    text.push('}');
 }
 
 pub(super) fn json_type(v: &Value) -> &'static str {

@@ -650,7 +650,7 @@ impl Driver {
                             scope,
                             EventKind::NodeFinished {
                                 duration_ms: t0.elapsed().as_millis() as u64,
-                                output: Some(Arc::new(output)),
+                                output: Some(output.into()),
                                 cached: None,
                             },
                         );
