@@ -238,8 +238,11 @@ pub struct RunState {
     /// Chapters with `ChapterStarted` and no `ChapterFinished` yet.
     #[serde(skip)]
     pub open_chapters: BTreeSet<String>,
+    /// aHash, randomly keyed as std's SipHash is, but several times
+    /// faster on long keys: paths run to hundreds of bytes inside nested
+    /// groups, and the engine looks each node up several times.
     #[serde(skip)]
-    index: HashMap<(NodePath, u32), usize>,
+    index: HashMap<(NodePath, u32), usize, ahash::RandomState>,
 }
 
 /// A node key as borrowed parts, so that a lookup by `(&str, u32)` needs no

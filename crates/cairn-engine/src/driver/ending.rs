@@ -25,7 +25,7 @@ impl Driver {
             } else {
                 "run failed"
             };
-            for key in self.plan.order.clone() {
+            for key in self.plan_keys() {
                 let Some(n) = self.state.node(&key.0, key.1).cloned() else {
                     continue;
                 };
@@ -61,8 +61,8 @@ impl Driver {
             .plan
             .order
             .iter()
-            .filter(|k| !self.status_of(k).is_some_and(|s| s.is_done()))
-            .cloned()
+            .filter(|i| !self.status_of(&i.key).is_some_and(|s| s.is_done()))
+            .map(|i| i.key.clone())
             .collect();
         if !not_done.is_empty() && !stopping {
             // Applying commands starts nothing, and leaves the attempts a

@@ -205,11 +205,7 @@ impl Driver {
             services: init.services,
             state: init.state,
             shape: Shape::default(),
-            plan: Plan {
-                order: Vec::new(),
-                insts: Default::default(),
-                xml_hash: String::new(),
-            },
+            plan: Plan::default(),
             paths: Paths::default(),
             frame_no,
             dependents: Default::default(),
@@ -256,6 +252,12 @@ impl Driver {
     fn node_scope(&self, key: &Key) -> Scope {
         let chapter = self.plan.insts.get(key).and_then(|i| i.spec.stage.clone());
         Scope::node(key.0.clone(), key.1).with_chapter(chapter)
+    }
+
+    /// The mounted instances' keys in mount order, as a list of their own
+    /// (the walks that use it change the plan as they go).
+    fn plan_keys(&self) -> Vec<Key> {
+        self.plan.order.iter().map(|i| i.key.clone()).collect()
     }
 
     fn status_of(&self, key: &Key) -> Option<NodeStatus> {

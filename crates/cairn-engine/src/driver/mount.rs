@@ -29,15 +29,15 @@ impl Driver {
         let added: Vec<Key> = plan
             .order
             .iter()
-            .filter(|k| !self.plan.insts.contains_key(*k))
-            .cloned()
+            .filter(|i| !self.plan.insts.contains_key(&i.key))
+            .map(|i| i.key.clone())
             .collect();
         let old = std::mem::replace(&mut self.plan, plan);
         let removed: Vec<Arc<Inst>> = old
             .order
             .iter()
-            .filter(|k| !self.plan.insts.contains_key(*k))
-            .filter_map(|k| old.insts.get(k).cloned())
+            .filter(|i| !self.plan.insts.contains_key(&i.key))
+            .cloned()
             .collect();
         drop(old);
         self.commit_plan(added, removed);

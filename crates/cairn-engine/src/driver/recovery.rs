@@ -13,10 +13,8 @@ impl Driver {
         // Groups first, repeatedly, since a started group mounts more groups.
         loop {
             let mut changed = false;
-            for key in self.plan.order.clone() {
-                let Some(inst) = self.plan.insts.get(&key).cloned() else {
-                    continue;
-                };
+            for inst in self.plan.order.clone() {
+                let key = inst.key.clone();
                 let is_group = inst.spec.kind.children().is_some();
                 if !is_group || self.shape.started_groups.contains(&key) {
                     continue;
@@ -33,7 +31,7 @@ impl Driver {
             }
             self.rerender();
         }
-        for key in self.plan.order.clone() {
+        for key in self.plan_keys() {
             // Closing an attempt can end a group's pass and mount another
             // (an `on_interrupt: fail` node that may fail): what went with
             // the old pass needs no recovery.
@@ -80,7 +78,7 @@ impl Driver {
         }
         // A node failed the run, then a stop came before the run's end: the
         // run that goes on is failing.
-        for key in self.plan.order.clone() {
+        for key in self.plan_keys() {
             if self
                 .plan
                 .insts
