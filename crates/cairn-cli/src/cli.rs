@@ -69,6 +69,8 @@ pub enum Command {
     Status(StatusArgs),
     /// Print a run's events.
     Logs(LogsArgs),
+    /// Print a run's Activity: one line per meaningful action.
+    Activity(StatusArgs),
     /// Check a workflow file without running it.
     Validate(FileArgs),
     /// Print a workflow's graph as a Mermaid flowchart.

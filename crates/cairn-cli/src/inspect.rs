@@ -112,6 +112,64 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
     Ok(crate::EXIT_OK)
 }
 
+/// `cairn activity`: the run's Activity view, one line per entry (a child
+/// run's entries indented under the delegation), or the entries as JSON.
+pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
+    let entries: Value = match &a.remote.server {
+        Some(url) => {
+            let client = cairn_server::client::Client::new(url, a.remote.token.clone())
+                .map_err(|e| bad_input(e.to_string()))?;
+            cairn_store::validate_run_id(&a.run).map_err(|e| bad_input(e.to_string()))?;
+            let path = format!("/v1/runs/{}/activity", a.run);
+            client.get_json(&path).await.map_err(client_error)?["activity"].take()
+        }
+        None => {
+            let engine = store::engine(g, false)?;
+            let rec = store::require_run(engine.journal(), &a.run)?;
+            let entries = cairn_server::run_activity(engine.journal().backend().as_ref(), &rec);
+            engine.journal().close();
+            serde_json::to_value(entries?)?
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&entries)?);
+    } else {
+        print!("{}", render_activity(entries.as_array().map_or(&[][..], |v| v)));
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// Activity entries for people: when (from the first entry), status,
+/// node, what, how long, and the error of those that failed.
+fn render_activity(entries: &[Value]) -> String {
+    let t0 = entries
+        .iter()
+        .filter_map(|e| e["startedMs"].as_i64())
+        .min()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for e in entries {
+        let s = |k: &str| e[k].as_str().unwrap_or("");
+        let started = e["startedMs"].as_i64().unwrap_or(t0);
+        let indent = if e["delegatedBy"].is_object() { "  " } else { "" };
+        let took = match e["endedMs"].as_i64() {
+            Some(end) => format!("  ({})", crate::format::duration_ms((end - started).max(0) as u64)),
+            None => String::new(),
+        };
+        out.push_str(&format!(
+            "{indent}+{:<8} {:<9} {:<20} {}{took}\n",
+            crate::format::duration_ms((started - t0).max(0) as u64),
+            s("status"),
+            s("nodeId"),
+            s("title"),
+        ));
+        if let Some(err) = e["error"].as_str() {
+            out.push_str(&format!("{indent}{:>10}{}\n", "", err.lines().next().unwrap_or("")));
+        }
+    }
+    out
+}
+
 /// A server's "not found" or "bad request" is bad input like a local one.
 fn client_error(e: cairn_server::client::ClientError) -> anyhow::Error {
     use cairn_server::client::ClientError;

@@ -121,6 +121,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Runs(a) => inspect::runs(&g, a),
         Command::Status(a) => inspect::status(&g, a).await,
         Command::Logs(a) => inspect::logs(&g, a).await,
+        Command::Activity(a) => inspect::activity(&g, a).await,
         Command::Validate(a) => inspect::validate(a),
         Command::Graph(a) => inspect::graph(a),
         Command::Export(a) => inspect::export(&g, a),

@@ -212,6 +212,23 @@ fn hello_finishes_and_logs_json_is_the_mirror_byte_for_byte() {
     let first: Value = serde_json::from_str(text(&runs.stdout).lines().next().unwrap()).unwrap();
     assert_eq!(first["runId"], "h1");
     assert_eq!(first["status"], "finished");
+
+    // The Activity view: the same entries as JSON and as lines, chained.
+    let act = env.run(&["activity", "h1", "--json"]);
+    assert_code(&act, 0);
+    let entries: Vec<Value> = serde_json::from_slice(&act.stdout).unwrap();
+    assert!(entries.len() >= 3, "{entries:?}");
+    assert_eq!(entries[0]["kind"], "run");
+    for pair in entries.windows(2) {
+        assert_eq!(pair[1]["previousActivityId"], pair[0]["id"]);
+    }
+    assert_eq!(entries.last().unwrap()["title"].as_str().map(|t| t.starts_with("Run finished")), Some(true));
+    let lines = env.run(&["activity", "h1"]);
+    assert_code(&lines, 0);
+    let lines = text(&lines.stdout);
+    assert_eq!(lines.lines().count(), entries.len(), "{lines}");
+    assert!(lines.contains("greet_each[2].say"), "{lines}");
+    assert_code(&env.run(&["activity", "no-such-run"]), 4);
 }
 
 #[test]

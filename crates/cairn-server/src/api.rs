@@ -553,22 +553,51 @@ async fn activity(
 ) -> Result<Json<Value>, ApiError> {
     let rec = existing_run(&state, &id).await?;
     let journal = state.journal().clone();
-    let run = id.clone();
     let entries = blocking(move || {
-        let stored = journal
-            .backend()
-            .read_events(&run, &EventQuery::default())?;
-        let mut f = ActivityFolder::new().with_node_kinds(node_kinds(&rec));
-        for s in stored {
-            let ev: Event = s
-                .decode()
-                .map_err(|e| ApiError::internal(format!("run `{run}` seq {}: {e}", s.seq)))?;
-            f.apply(&ev);
-        }
-        Ok(f.into_entries())
+        run_activity(journal.backend().as_ref(), &rec).map_err(|e| match e {
+            ActivityError::Store(e) => ApiError::from(e),
+            e @ ActivityError::Decode { .. } => ApiError::internal(e.to_string()),
+        })
     })
     .await?;
     Ok(Json(json!({"runId": id, "activity": entries})))
+}
+
+/// Why a run's Activity view could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivityError {
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] cairn_store::StoreError),
+    /// An event in the store is not one this build can read.
+    #[error("run `{run}` seq {seq}: {message}")]
+    Decode {
+        /// The run.
+        run: String,
+        /// The event's place in the log.
+        seq: u64,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// The Activity view of a run, folded from its whole log: what
+/// `GET /v1/runs/{id}/activity` serves and `cairn activity` prints.
+pub fn run_activity(
+    backend: &dyn cairn_store::Backend,
+    rec: &RunRecord,
+) -> Result<Vec<cairn_events::Activity>, ActivityError> {
+    let stored = backend.read_events(&rec.run_id, &EventQuery::default())?;
+    let mut f = ActivityFolder::new().with_node_kinds(node_kinds(rec));
+    for s in stored {
+        let ev: Event = s.decode().map_err(|e| ActivityError::Decode {
+            run: rec.run_id.clone(),
+            seq: s.seq,
+            message: e.to_string(),
+        })?;
+        f.apply(&ev);
+    }
+    Ok(f.into_entries())
 }
 
 /// Most events one page returns.
