@@ -20,6 +20,8 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 
+cairn_engine::use_run_allocator!();
+
 /// The exit codes, as `cairn --help` and docs/cli.md list them.
 pub const EXIT_CODES: &str = "\
 Exit codes:

@@ -40,9 +40,10 @@
 //! than a second are noisy on a shared machine, so each case (and the
 //! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
 //! change it) and the median run counts; peak memory is the highest seen.
-//! Each case sets up the C allocator as the CLI does (two malloc arenas, the
-//! parse's freed memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1`
-//! leaves glibc's defaults, to compare.
+//! Each case sets up the allocators as the CLI does (jemalloc with two
+//! arenas, glibc's malloc, which SQLite uses, with two; the parse's freed
+//! memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1` leaves
+//! the arenas and the parse's memory alone, to compare.
 
 use std::path::Path;
 use std::process::Command;
@@ -54,6 +55,9 @@ use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
 use cairn_events::{EventKind, Scope};
 use cairn_store::{Journal, JournalOptions};
 use serde_json::json;
+
+// The allocator the `cairn` binary runs with.
+cairn_engine::use_run_allocator!();
 
 const TARGET_OVERHEAD_US: f64 = 50.0;
 const TARGET_PEAK_MB: f64 = 150.0;

@@ -46,7 +46,9 @@ use cairn_workflow::{InputError, Templates, Workflow, WorkflowError};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-pub use alloc::{limit_malloc_arenas, release_free_memory, MALLOC_ARENAS};
+pub use alloc::{
+    limit_malloc_arenas, release_free_memory, MallocConf, RunAllocator, MALLOC_ARENAS, MALLOC_CONF,
+};
 pub use node::{runner_for, Decision, NodeCtx, NodeError, NodeRunner};
 
 use driver::{Driver, DriverInit, Mode};
