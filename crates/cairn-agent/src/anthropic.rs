@@ -1,0 +1,393 @@
+//! Anthropic's Messages API, streamed.
+//!
+//! Blocks arrive by index (`text`, `tool_use`, `thinking`,
+//! `redacted_thinking`) and grow by deltas (`text_delta`,
+//! `input_json_delta`, `thinking_delta`, `signature_delta`). Usage comes
+//! from `message_start` and then `message_delta`, whose figures are
+//! cumulative: the latest value is kept, never added. Thinking blocks go
+//! back to the model, with their signatures, in the next request
+//! ([`AssistantMessage::provider_data`]).
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde_json::{json, Value};
+
+use crate::client::{ModelClient, ModelRequest, StreamEvent};
+use crate::config::{ModelConfig, ProviderKind};
+use crate::error::{ModelError, ModelErrorKind};
+use crate::http::{self, cut};
+use crate::message::{AssistantMessage, FinishReason, Message, ModelResponse, ToolCall, Usage};
+use crate::sse::{SseEvent, SseParser};
+use crate::{MAX_ANSWER_BYTES, MAX_TOOL_CALLS};
+
+/// `max_tokens` when the model gives none (the API requires one).
+const DEFAULT_MAX_TOKENS: u32 = 8192;
+
+/// A model behind the Messages API.
+pub struct Anthropic {
+    config: ModelConfig,
+    key: String,
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Anthropic {
+    /// A client of `config`'s model with `key`.
+    pub fn new(config: &ModelConfig, key: String) -> Result<Anthropic, ModelError> {
+        let base = config
+            .base_url
+            .as_deref()
+            .unwrap_or("https://api.anthropic.com")
+            .trim_end_matches('/');
+        Ok(Anthropic {
+            config: config.clone(),
+            key,
+            url: format!("{base}/v1/messages"),
+            http: http::client()?,
+        })
+    }
+
+    /// The request's JSON body: the same conversation gives the same bytes.
+    pub fn body(&self, req: &ModelRequest<'_>) -> Value {
+        let mut messages = Vec::new();
+        for m in &req.conversation.messages {
+            match m {
+                Message::User { text } => messages.push(json!({"role": "user", "content": text})),
+                Message::Assistant(a) => {
+                    let mut content: Vec<Value> = a
+                        .provider_data
+                        .as_ref()
+                        .and_then(|d| d["thinking"].as_array())
+                        .cloned()
+                        .unwrap_or_default();
+                    if let Some(t) = a.text.as_ref().filter(|t| !t.is_empty()) {
+                        content.push(json!({"type": "text", "text": t}));
+                    }
+                    for c in &a.tool_calls {
+                        let input: Value = serde_json::from_str(&c.args)
+                            .ok()
+                            .filter(Value::is_object)
+                            .unwrap_or_else(|| json!({}));
+                        content.push(
+                            json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}),
+                        );
+                    }
+                    if content.is_empty() {
+                        content.push(json!({"type": "text", "text": "(no answer)"}));
+                    }
+                    messages.push(json!({"role": "assistant", "content": content}));
+                }
+                Message::ToolResults(results) => {
+                    let content: Vec<Value> = results
+                        .iter()
+                        .map(|r| {
+                            json!({
+                                "type": "tool_result",
+                                "tool_use_id": r.call_id,
+                                "content": r.content,
+                                "is_error": r.is_error,
+                            })
+                        })
+                        .collect();
+                    messages.push(json!({"role": "user", "content": content}));
+                }
+            }
+        }
+        let mut body = json!({
+            "model": self.config.model,
+            "max_tokens": self.config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+            "stream": true,
+        });
+        if let Some(s) = &req.conversation.system {
+            body["system"] = json!(s);
+        }
+        body["messages"] = Value::Array(messages);
+        if !req.tools.is_empty() {
+            body["tools"] = req
+                .tools
+                .iter()
+                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+                .collect();
+        }
+        if let Some(t) = self.config.temperature {
+            body["temperature"] = json!(t);
+        }
+        body
+    }
+}
+
+#[async_trait]
+impl ModelClient for Anthropic {
+    fn provider(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn model(&self) -> &str {
+        &self.config.model
+    }
+
+    async fn complete(
+        &self,
+        req: &ModelRequest<'_>,
+        on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
+    ) -> Result<ModelResponse, ModelError> {
+        let call = async {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            headers.insert(
+                HeaderName::from_static("anthropic-version"),
+                HeaderValue::from_static("2023-06-01"),
+            );
+            let mut key = HeaderValue::from_str(&self.key).map_err(|_| {
+                ModelError::new(
+                    ModelErrorKind::Auth,
+                    "the API key is not a valid header value",
+                )
+            })?;
+            key.set_sensitive(true);
+            headers.insert(HeaderName::from_static("x-api-key"), key);
+            let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
+            let mut stream = http::post_streamed(
+                &self.http,
+                &self.config,
+                &self.url,
+                headers,
+                body,
+                &self.key,
+                on,
+            )
+            .await?;
+            let mut parser = SseParser::new();
+            let mut state = Answer::default();
+            let mut events = Vec::new();
+            while let Some(chunk) = stream.next().await? {
+                parser.feed(&chunk, &mut events).map_err(|_| too_large())?;
+                for ev in events.drain(..) {
+                    if state.take(&ev, on)? {
+                        return Ok(state.finish(&self.config));
+                    }
+                }
+            }
+            Err(ModelError::new(
+                ModelErrorKind::Interrupted,
+                "the answer's stream ended before `message_stop`",
+            ))
+        };
+        match self.config.call_timeout {
+            Some(t) => tokio::time::timeout(t, call).await.unwrap_or_else(|_| {
+                Err(ModelError::new(
+                    ModelErrorKind::Timeout,
+                    format!("the call took longer than {t:?}"),
+                ))
+            }),
+            None => call.await,
+        }
+    }
+}
+
+fn too_large() -> ModelError {
+    ModelError::new(
+        ModelErrorKind::TooLarge,
+        "the answer is larger than Cairn keeps",
+    )
+}
+
+/// One content block as its deltas build it.
+enum Block {
+    Text(String),
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Redacted(Value),
+    Other,
+}
+
+/// The answer as its events build it.
+#[derive(Default)]
+struct Answer {
+    blocks: BTreeMap<u64, Block>,
+    usage: Usage,
+    stop: Option<String>,
+    bytes: usize,
+}
+
+impl Answer {
+    /// Takes one event; true at `message_stop`.
+    fn take(
+        &mut self,
+        ev: &SseEvent,
+        on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
+    ) -> Result<bool, ModelError> {
+        let data: Value = match ev.event.as_str() {
+            "ping" => return Ok(false),
+            _ => serde_json::from_str(&ev.data).map_err(|e| {
+                ModelError::new(
+                    ModelErrorKind::Protocol,
+                    format!("an event is not JSON ({e}): {}", cut(&ev.data, 200)),
+                )
+            })?,
+        };
+        let kind = if ev.event.is_empty() {
+            data["type"].as_str().unwrap_or("")
+        } else {
+            ev.event.as_str()
+        };
+        match kind {
+            "message_start" => self.usage_from(&data["message"]["usage"]),
+            "content_block_start" => {
+                let index = data["index"].as_u64().unwrap_or(0);
+                if self.blocks.len() >= MAX_TOOL_CALLS * 2 {
+                    return Err(too_large());
+                }
+                let b = &data["content_block"];
+                let block = match b["type"].as_str() {
+                    Some("text") => Block::Text(b["text"].as_str().unwrap_or("").to_string()),
+                    Some("tool_use") => Block::ToolUse {
+                        id: b["id"].as_str().unwrap_or("").to_string(),
+                        name: b["name"].as_str().unwrap_or("").to_string(),
+                        json: String::new(),
+                    },
+                    Some("thinking") => Block::Thinking {
+                        thinking: b["thinking"].as_str().unwrap_or("").to_string(),
+                        signature: b["signature"].as_str().unwrap_or("").to_string(),
+                    },
+                    Some("redacted_thinking") => Block::Redacted(b.clone()),
+                    _ => Block::Other,
+                };
+                self.blocks.insert(index, block);
+            }
+            "content_block_delta" => {
+                let index = data["index"].as_u64().unwrap_or(0);
+                let d = &data["delta"];
+                let piece = |f: &str| d[f].as_str().unwrap_or("").to_string();
+                let grown = match (self.blocks.get_mut(&index), d["type"].as_str()) {
+                    (Some(Block::Text(t)), Some("text_delta")) => {
+                        let p = piece("text");
+                        on(StreamEvent::Text(&p));
+                        t.push_str(&p);
+                        p.len()
+                    }
+                    (Some(Block::ToolUse { json, .. }), Some("input_json_delta")) => {
+                        let p = piece("partial_json");
+                        json.push_str(&p);
+                        p.len()
+                    }
+                    (Some(Block::Thinking { thinking, .. }), Some("thinking_delta")) => {
+                        let p = piece("thinking");
+                        on(StreamEvent::Reasoning(&p));
+                        thinking.push_str(&p);
+                        p.len()
+                    }
+                    (Some(Block::Thinking { signature, .. }), Some("signature_delta")) => {
+                        let p = piece("signature");
+                        signature.push_str(&p);
+                        p.len()
+                    }
+                    _ => 0,
+                };
+                self.bytes += grown;
+                if self.bytes > MAX_ANSWER_BYTES {
+                    return Err(too_large());
+                }
+            }
+            "message_delta" => {
+                if let Some(s) = data["delta"]["stop_reason"].as_str() {
+                    self.stop = Some(s.to_string());
+                }
+                self.usage_from(&data["usage"]);
+            }
+            "message_stop" => return Ok(true),
+            "error" => {
+                let msg = data["error"]["message"].as_str().unwrap_or("no message");
+                let kind = data["error"]["type"].as_str().unwrap_or("error");
+                return Err(ModelError::new(
+                    ModelErrorKind::StreamError,
+                    format!("the provider sent an error ({kind}): {}", cut(msg, 500)),
+                ));
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    /// Usage figures are the call's totals so far: each replaces the last.
+    fn usage_from(&mut self, u: &Value) {
+        if !u.is_object() {
+            return;
+        }
+        if let Some(n) = u["input_tokens"].as_u64() {
+            self.usage.input_tokens = n;
+        }
+        if let Some(n) = u["output_tokens"].as_u64() {
+            self.usage.output_tokens = n;
+        }
+        if let Some(n) = u["cache_read_input_tokens"].as_u64() {
+            self.usage.cache_read_tokens = Some(n);
+        }
+        if let Some(n) = u["cache_creation_input_tokens"].as_u64() {
+            self.usage.cache_write_tokens = Some(n);
+        }
+    }
+
+    fn finish(self, config: &ModelConfig) -> ModelResponse {
+        let mut text = String::new();
+        let mut reasoning = String::new();
+        let mut calls = Vec::new();
+        let mut thinking = Vec::new();
+        for block in self.blocks.into_values() {
+            match block {
+                Block::Text(t) => text.push_str(&t),
+                Block::ToolUse { id, name, json } => calls.push(ToolCall {
+                    id,
+                    name,
+                    args: if json.is_empty() { "{}".into() } else { json },
+                }),
+                Block::Thinking {
+                    thinking: t,
+                    signature,
+                } => {
+                    reasoning.push_str(&t);
+                    thinking
+                        .push(json!({"type": "thinking", "thinking": t, "signature": signature}));
+                }
+                Block::Redacted(b) => thinking.push(b),
+                Block::Other => {}
+            }
+        }
+        let finish_reason = match self.stop.as_deref() {
+            Some("end_turn") | Some("stop_sequence") | None => {
+                if calls.is_empty() {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::ToolCalls
+                }
+            }
+            Some("tool_use") => FinishReason::ToolCalls,
+            Some("max_tokens") => FinishReason::MaxTokens,
+            Some("refusal") => FinishReason::ContentFilter,
+            Some(other) => FinishReason::Other(other.to_string()),
+        };
+        let usage = self.usage;
+        ModelResponse {
+            message: AssistantMessage {
+                text: (!text.is_empty()).then_some(text),
+                reasoning: (!reasoning.is_empty()).then_some(reasoning),
+                tool_calls: calls,
+                provider_data: (!thinking.is_empty()).then(|| json!({ "thinking": thinking })),
+            },
+            cost_usd: config
+                .effective_price()
+                .map(|p| p.cost(ProviderKind::Anthropic, &usage)),
+            usage,
+            finish_reason,
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! One streamed POST with the retries a model call may make before its
+//! answer begins, and reading its body with an idle timeout.
+//!
+//! A request is sent again on 408, 409, 429 and 5xx answers, and when the
+//! connection fails, or drops or stays silent before the first byte of the
+//! body; the wait honours `retry-after-ms` and `retry-after` (seconds or an
+//! HTTP date). Once a byte of the body arrived nothing is sent again: the
+//! answer may be paid for, and the engine decides what to do.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
+
+use crate::client::StreamEvent;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, ModelErrorKind};
+
+/// Most bytes of an error answer's body read (for its message).
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// A streamed answer whose first bytes arrived.
+pub(crate) struct Body {
+    first: Option<Bytes>,
+    rest: BoxStream<'static, reqwest::Result<Bytes>>,
+    idle: Duration,
+    key: String,
+}
+
+impl Body {
+    /// The next chunk; `None` at the end of the body. No byte for the idle
+    /// timeout, or a broken connection, is `Interrupted` (the answer had
+    /// begun).
+    pub(crate) async fn next(&mut self) -> Result<Option<Bytes>, ModelError> {
+        if let Some(b) = self.first.take() {
+            return Ok(Some(b));
+        }
+        match tokio::time::timeout(self.idle, self.rest.next()).await {
+            Err(_) => Err(ModelError::new(
+                ModelErrorKind::IdleTimeout,
+                format!("no byte of the answer for {:?}", self.idle),
+            )),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(b))) => Ok(Some(b)),
+            Ok(Some(Err(e))) => Err(ModelError::new(
+                ModelErrorKind::Interrupted,
+                format!(
+                    "the answer's stream broke: {}",
+                    scrub(&e.to_string(), &self.key)
+                ),
+            )),
+        }
+    }
+}
+
+/// Sends `body` to `url` with `headers`, retrying as the model's policy
+/// says until an answer's body begins.
+pub(crate) async fn post_streamed(
+    http: &reqwest::Client,
+    config: &ModelConfig,
+    url: &str,
+    headers: HeaderMap,
+    body: Vec<u8>,
+    key: &str,
+    on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
+) -> Result<Body, ModelError> {
+    let attempts = config.retry.attempts.max(1);
+    let idle = config.idle_timeout;
+    let mut n = 1;
+    loop {
+        let sent = http
+            .post(url)
+            .headers(headers.clone())
+            .body(body.clone())
+            .send();
+        // Why this try failed in a way a retry may mend, and the wait the
+        // server asked for.
+        let (reason, asked, failure) = match tokio::time::timeout(idle, sent).await {
+            Err(_) => (
+                "no answer in time".to_string(),
+                None,
+                ModelError::new(
+                    ModelErrorKind::IdleTimeout,
+                    format!("the server did not answer within {idle:?}"),
+                ),
+            ),
+            Ok(Err(e)) => {
+                let msg = scrub(&e.to_string(), key);
+                (
+                    format!("connection: {}", cut(&msg, 200)),
+                    None,
+                    ModelError::new(
+                        ModelErrorKind::Network,
+                        format!("cannot reach {url}: {msg}"),
+                    ),
+                )
+            }
+            Ok(Ok(resp)) if resp.status().is_success() => {
+                let mut rest = resp.bytes_stream().boxed();
+                // The body's first bytes: until they arrive, a drop or a
+                // silence is still a failed try, not a broken answer.
+                match tokio::time::timeout(idle, rest.next()).await {
+                    Ok(Some(Ok(first))) => {
+                        return Ok(Body {
+                            first: Some(first),
+                            rest,
+                            idle,
+                            key: key.to_string(),
+                        })
+                    }
+                    Err(_) => (
+                        "no byte of the answer in time".to_string(),
+                        None,
+                        ModelError::new(
+                            ModelErrorKind::IdleTimeout,
+                            format!("no byte of the answer for {idle:?}"),
+                        ),
+                    ),
+                    Ok(None) => (
+                        "empty answer".to_string(),
+                        None,
+                        ModelError::new(ModelErrorKind::Protocol, "the answer's body was empty"),
+                    ),
+                    Ok(Some(Err(e))) => {
+                        let msg = scrub(&e.to_string(), key);
+                        (
+                            format!("connection dropped: {}", cut(&msg, 200)),
+                            None,
+                            ModelError::new(
+                                ModelErrorKind::Network,
+                                format!("the connection dropped before the answer: {msg}"),
+                            ),
+                        )
+                    }
+                }
+            }
+            Ok(Ok(resp)) => {
+                let status = resp.status();
+                let asked = retry_after(resp.headers(), SystemTime::now());
+                let text = error_body(resp, key).await;
+                let kind = match status.as_u16() {
+                    401 | 403 => ModelErrorKind::Auth,
+                    429 => ModelErrorKind::RateLimited,
+                    408 | 409 => ModelErrorKind::Network,
+                    s if s >= 500 => ModelErrorKind::Server,
+                    _ => ModelErrorKind::BadRequest,
+                };
+                let mut err = ModelError::new(
+                    kind,
+                    format!("{url} answered {status}: {}", cut(&text, 500)),
+                );
+                err.status = Some(status.as_u16());
+                if !retried_status(status) {
+                    return Err(err);
+                }
+                (format!("http {}", status.as_u16()), asked, err)
+            }
+        };
+        if n >= attempts {
+            return Err(failure);
+        }
+        n += 1;
+        let delay = match asked {
+            Some(d) => d.min(config.retry.max_honoured()),
+            None => config.retry.backoff(n),
+        };
+        on(StreamEvent::Retrying {
+            attempt: n,
+            reason,
+            delay,
+        });
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Statuses a later try may get past.
+fn retried_status(s: StatusCode) -> bool {
+    matches!(s.as_u16(), 408 | 409 | 429) || s.is_server_error()
+}
+
+/// The wait a server asks for: `retry-after-ms`, else `retry-after` as
+/// seconds or as an HTTP date.
+pub(crate) fn retry_after(h: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
+        }
+    }
+    let v = text("retry-after")?;
+    if let Ok(secs) = v.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e6)));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// An error answer's text, bounded, without the key.
+async fn error_body(resp: reqwest::Response, key: &str) -> String {
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Ok(Some(Ok(chunk))) =
+        tokio::time::timeout(Duration::from_secs(5), stream.next()).await
+    {
+        buf.extend_from_slice(&chunk);
+        if buf.len() >= MAX_ERROR_BODY {
+            buf.truncate(MAX_ERROR_BODY);
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&buf);
+    // The provider's own message, when it sends the usual JSON.
+    let msg = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v["error"]["message"]
+                .as_str()
+                .or(v["message"].as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| text.trim().to_string());
+    scrub(&msg, key)
+}
+
+/// `text` with every occurrence of the key blanked out: servers echo
+/// requests in their errors, and errors reach logs.
+pub(crate) fn scrub(text: &str, key: &str) -> String {
+    if key.len() < 4 {
+        return text.to_string();
+    }
+    text.replace(key, "[redacted]")
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+pub(crate) fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// The shared HTTP client of a provider: no overall timeout (answers
+/// stream for minutes; idle timeouts guard them instead).
+pub(crate) fn client() -> Result<reqwest::Client, ModelError> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| ModelError::new(ModelErrorKind::Config, format!("HTTP client: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn retry_after_reads_milliseconds_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(3)));
+        h.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(250)));
+        let mut h = HeaderMap::new();
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(7));
+        h.insert("retry-after", HeaderValue::from_str(&later).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(7)));
+        h.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h, now), None);
+    }
+
+    #[test]
+    fn the_key_never_survives_in_a_message() {
+        assert_eq!(
+            scrub("bad key sk-abc123 given", "sk-abc123"),
+            "bad key [redacted] given"
+        );
+    }
+}

@@ -1,0 +1,558 @@
+//! Each provider against a real HTTP server on 127.0.0.1 that streams its
+//! wire format as the providers do, cut in awkward places.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_agent::testing::{End, FakeProvider, Reply};
+use cairn_agent::{
+    client_for, AssistantMessage, Conversation, FinishReason, Message, ModelClient, ModelConfig,
+    ModelErrorKind, ModelRequest, ProviderKind, RetryPolicy, Script, StreamEvent, ToolCall,
+    ToolDef, ToolResult,
+};
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-test-0123456789abcdef";
+
+fn config(provider: ProviderKind, server: &FakeProvider) -> ModelConfig {
+    let mut c = ModelConfig::new(provider, "gpt-4o");
+    if provider == ProviderKind::Anthropic {
+        c.model = "claude-sonnet-4-5".into();
+    }
+    c.base_url = Some(server.url());
+    c.api_key_env = Some("CAIRN_TEST_PROVIDER_KEY".into());
+    c.idle_timeout = Duration::from_millis(300);
+    c.retry = RetryPolicy {
+        attempts: 3,
+        delay: Duration::from_millis(5),
+        exponential: true,
+        max_delay: Duration::from_millis(20),
+    };
+    c
+}
+
+fn client(c: &ModelConfig) -> Arc<dyn ModelClient> {
+    std::env::set_var("CAIRN_TEST_PROVIDER_KEY", KEY);
+    client_for(c).expect("client")
+}
+
+fn convo() -> Conversation {
+    Conversation {
+        system: Some("Be brief.".into()),
+        messages: vec![Message::User {
+            text: "Read a.txt".into(),
+        }],
+    }
+}
+
+fn tools() -> Vec<ToolDef> {
+    vec![ToolDef {
+        name: "read".into(),
+        description: "Read a file".into(),
+        parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+    }]
+}
+
+/// Runs one call and collects what it streamed.
+async fn call(
+    m: &Arc<dyn ModelClient>,
+    c: &Conversation,
+) -> (
+    Result<cairn_agent::ModelResponse, cairn_agent::ModelError>,
+    Vec<String>,
+) {
+    let tools = tools();
+    let req = ModelRequest {
+        conversation: c,
+        tools: &tools,
+    };
+    let mut seen = Vec::new();
+    let mut on = |e: StreamEvent<'_>| {
+        seen.push(match e {
+            StreamEvent::Text(t) => format!("text:{t}"),
+            StreamEvent::Reasoning(t) => format!("reasoning:{t}"),
+            StreamEvent::Retrying {
+                attempt, reason, ..
+            } => format!("retry:{attempt}:{reason}"),
+        })
+    };
+    let r = m.complete(&req, &mut on).await;
+    (r, seen)
+}
+
+fn openai_chunk(delta: Value) -> String {
+    json!({"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]}).to_string()
+}
+
+#[tokio::test]
+async fn openai_streams_text_and_parallel_tool_calls_split_mid_token() {
+    let server = FakeProvider::start().await;
+    let finish =
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}).to_string();
+    let usage = json!({"choices": [], "usage": {"prompt_tokens": 120, "completion_tokens": 33,
+        "prompt_tokens_details": {"cached_tokens": 100}, "completion_tokens_details": {"reasoning_tokens": 7}}}).to_string();
+    // Raw bytes split inside a JSON string and inside an event.
+    let events = [
+        openai_chunk(json!({"role": "assistant", "content": "Let me "})),
+        openai_chunk(json!({"content": "look."})),
+        openai_chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "read", "arguments": ""}}]}),
+        ),
+        openai_chunk(
+            json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "read", "arguments": "{\"pa"}}]}),
+        ),
+        openai_chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"path\": \"a."}}]}),
+        ),
+        openai_chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "txt\"}"}}]})),
+        openai_chunk(
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": "th\": \"b.txt\"}"}}]}),
+        ),
+        finish,
+        usage,
+        "[DONE]".to_string(),
+    ];
+    let text: String = events.iter().map(|d| format!("data: {d}\n\n")).collect();
+    let bytes = text.as_bytes();
+    let cuts = [7, 50, 51, 300, bytes.len() - 5];
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    for c in cuts {
+        pieces.push(bytes[at..c].to_vec());
+        at = c;
+    }
+    pieces.push(bytes[at..].to_vec());
+    server.push(Reply::chunks(pieces));
+    let c = config(ProviderKind::OpenAi, &server);
+    let m = client(&c);
+    let (r, seen) = call(&m, &convo()).await;
+    let r = r.expect("answer");
+    assert_eq!(r.message.text.as_deref(), Some("Let me look."));
+    assert_eq!(
+        r.message.tool_calls,
+        vec![
+            ToolCall {
+                id: "call_a".into(),
+                name: "read".into(),
+                args: "{\"path\": \"a.txt\"}".into()
+            },
+            ToolCall {
+                id: "call_b".into(),
+                name: "read".into(),
+                args: "{\"path\": \"b.txt\"}".into()
+            },
+        ]
+    );
+    assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+    assert_eq!((r.usage.input_tokens, r.usage.output_tokens), (120, 33));
+    assert_eq!(r.usage.cache_read_tokens, Some(100));
+    assert_eq!(r.usage.reasoning_tokens, Some(7));
+    // gpt-4o: 20 full input tokens at 2.5, 100 cached at 1.25, 33 out at 10.
+    let cost = r.cost_usd.expect("priced");
+    assert!(
+        (cost - (20.0 * 2.5 + 100.0 * 1.25 + 33.0 * 10.0) / 1e6).abs() < 1e-12,
+        "{cost}"
+    );
+    assert_eq!(seen, vec!["text:Let me ", "text:look."]);
+
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].path, "/chat/completions");
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    let body = &reqs[0].body;
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"]["include_usage"], true);
+    assert_eq!(
+        body["messages"][0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(body["tools"][0]["function"]["name"], "read");
+}
+
+#[tokio::test]
+async fn openai_sends_the_conversation_back_as_it_was() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::sse([
+        openai_chunk(json!({"content": "done"})),
+        "[DONE]".into(),
+    ]));
+    let c = config(ProviderKind::OpenAi, &server);
+    let m = client(&c);
+    let mut conversation = convo();
+    conversation
+        .messages
+        .push(Message::Assistant(AssistantMessage {
+            text: None,
+            tool_calls: vec![ToolCall {
+                id: "call_a".into(),
+                name: "read".into(),
+                args: "{\"path\":\"a.txt\"}".into(),
+            }],
+            ..AssistantMessage::default()
+        }));
+    conversation
+        .messages
+        .push(Message::ToolResults(vec![ToolResult {
+            call_id: "call_a".into(),
+            name: "read".into(),
+            content: "hello".into(),
+            is_error: false,
+        }]));
+    let (r, _) = call(&m, &conversation).await;
+    let r = r.unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Stop);
+    // No usage chunk (as llama.cpp's server streams): zero, not an error.
+    assert_eq!(r.usage.input_tokens, 0);
+    let body = &server.requests()[0].body;
+    assert_eq!(
+        body["messages"][2]["tool_calls"][0]["function"]["arguments"],
+        "{\"path\":\"a.txt\"}"
+    );
+    assert_eq!(
+        body["messages"][3],
+        json!({"role": "tool", "tool_call_id": "call_a", "content": "hello"})
+    );
+    // The same conversation gives the same bytes.
+    let again = cairn_agent::openai::OpenAi::new(&c, KEY.into()).unwrap();
+    let tools = tools();
+    let req = ModelRequest {
+        conversation: &conversation,
+        tools: &tools,
+    };
+    assert_eq!(again.body(&req).to_string(), again.body(&req).to_string());
+}
+
+#[tokio::test]
+async fn a_429_is_retried_after_the_wait_it_asks_for_and_reported() {
+    let server = FakeProvider::start().await;
+    server.push(
+        Reply::status(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after-ms", "30"),
+    );
+    server.push(Reply::status(503, r#"{"error":{"message":"overloaded"}}"#));
+    server.push(Reply::sse([
+        openai_chunk(json!({"content": "ok"})),
+        "[DONE]".into(),
+    ]));
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    assert_eq!(r.unwrap().message.text.as_deref(), Some("ok"));
+    assert_eq!(seen[0], "retry:2:http 429");
+    assert_eq!(seen[1], "retry:3:http 503");
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn retries_end_with_the_last_failure() {
+    let server = FakeProvider::start().await;
+    server.fallback(
+        Reply::status(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "0"),
+    );
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, ModelErrorKind::RateLimited);
+    assert_eq!(e.status, Some(429));
+    assert!(e.message.contains("slow down"), "{e}");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn a_refused_request_is_not_retried_and_the_key_never_shows() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::status(
+        400,
+        &json!({"error": {"message": format!("bad request from key {KEY}")}}).to_string(),
+    ));
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, _) = call(&client(&c), &convo()).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, ModelErrorKind::BadRequest);
+    assert!(
+        !e.message.contains(KEY) && !format!("{e:?}").contains(KEY),
+        "{e:?}"
+    );
+    assert!(e.message.contains("[redacted]"), "{e}");
+    assert_eq!(server.requests().len(), 1);
+
+    server.push(Reply::status(401, r#"{"error":{"message":"invalid key"}}"#));
+    let (r, _) = call(&client(&c), &convo()).await;
+    assert_eq!(r.unwrap_err().kind, ModelErrorKind::Auth);
+}
+
+#[tokio::test]
+async fn a_missing_key_names_its_variable() {
+    let mut c = ModelConfig::new(ProviderKind::Anthropic, "claude-sonnet-4-5");
+    c.api_key_env = Some("CAIRN_TEST_NO_SUCH_KEY".into());
+    let e = client_for(&c).err().expect("no key");
+    assert_eq!(e.kind, ModelErrorKind::Auth);
+    assert!(e.message.contains("CAIRN_TEST_NO_SUCH_KEY"), "{e}");
+}
+
+#[tokio::test]
+async fn an_error_event_mid_stream_fails_the_call() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::sse([
+        openai_chunk(json!({"content": "Half an ans"})),
+        json!({"error": {"message": "model crashed", "type": "server_error"}}).to_string(),
+    ]));
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, ModelErrorKind::StreamError);
+    assert!(e.message.contains("model crashed"));
+    assert_eq!(seen, vec!["text:Half an ans"]);
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "never re-sent once the answer began"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_stops_without_its_end_is_interrupted_not_resent() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::sse([openai_chunk(json!({"content": "Half"}))]));
+    server.push(Reply::sse([openai_chunk(json!({"content": "Half"}))]).ending(End::Abort));
+    let c = config(ProviderKind::OpenAi, &server);
+    for _ in 0..2 {
+        let (r, _) = call(&client(&c), &convo()).await;
+        assert_eq!(r.unwrap_err().kind, ModelErrorKind::Interrupted);
+    }
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn silence_before_and_inside_an_answer() {
+    let server = FakeProvider::start().await;
+    // Silent before answering: retried, then the silence is the error.
+    server.fallback(Reply::silent(Duration::from_secs(30)));
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    assert_eq!(r.unwrap_err().kind, ModelErrorKind::IdleTimeout);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+
+    // Silent after the answer began: no retry.
+    let server = FakeProvider::start().await;
+    server.push(Reply::sse([openai_chunk(json!({"content": "Hel"}))]).ending(End::Hang));
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    assert_eq!(r.unwrap_err().kind, ModelErrorKind::IdleTimeout);
+    assert_eq!(seen, vec!["text:Hel"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_dropped_connection_before_the_answer_is_retried() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::chunks(Vec::<Vec<u8>>::new()).ending(End::Abort));
+    server.push(Reply::sse([
+        openai_chunk(json!({"content": "ok"})),
+        "[DONE]".into(),
+    ]));
+    let c = config(ProviderKind::OpenAi, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    assert_eq!(r.unwrap().message.text.as_deref(), Some("ok"));
+    assert!(seen[0].starts_with("retry:2:"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn the_whole_call_has_a_timeout() {
+    let server = FakeProvider::start().await;
+    let slow: Vec<String> = (0..50)
+        .map(|_| format!("data: {}\n\n", openai_chunk(json!({"content": "."}))))
+        .collect();
+    server.push(Reply::chunks(slow).every(Duration::from_millis(20)));
+    let mut c = config(ProviderKind::OpenAi, &server);
+    c.call_timeout = Some(Duration::from_millis(200));
+    let (r, _) = call(&client(&c), &convo()).await;
+    assert_eq!(r.unwrap_err().kind, ModelErrorKind::Timeout);
+}
+
+fn anthropic_stream() -> Vec<(&'static str, String)> {
+    vec![
+        ("message_start", json!({"type": "message_start", "message": {"id": "m1", "role": "assistant", "content": [],
+            "usage": {"input_tokens": 50, "output_tokens": 1, "cache_read_input_tokens": 200, "cache_creation_input_tokens": 30}}}).to_string()),
+        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "The file "}}).to_string()),
+        ("ping", json!({"type": "ping"}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "is named."}}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig-123"}}).to_string()),
+        ("content_block_stop", json!({"type": "content_block_stop", "index": 0}).to_string()),
+        ("content_block_start", json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Reading."}}).to_string()),
+        ("content_block_stop", json!({"type": "content_block_stop", "index": 1}).to_string()),
+        ("content_block_start", json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {}}}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"path\": \"a"}}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": ".txt\"}"}}).to_string()),
+        ("content_block_stop", json!({"type": "content_block_stop", "index": 2}).to_string()),
+        ("content_block_start", json!({"type": "content_block_start", "index": 3, "content_block": {"type": "tool_use", "id": "toolu_2", "name": "read", "input": {}}}).to_string()),
+        ("content_block_stop", json!({"type": "content_block_stop", "index": 3}).to_string()),
+        ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 10}}).to_string()),
+        ("message_delta", json!({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 25}}).to_string()),
+        ("message_stop", json!({"type": "message_stop"}).to_string()),
+    ]
+}
+
+#[tokio::test]
+async fn anthropic_thinking_tools_and_cumulative_usage() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::named_sse(anthropic_stream()));
+    let c = config(ProviderKind::Anthropic, &server);
+    let m = client(&c);
+    let (r, seen) = call(&m, &convo()).await;
+    let r = r.expect("answer");
+    assert_eq!(r.message.text.as_deref(), Some("Reading."));
+    assert_eq!(r.message.reasoning.as_deref(), Some("The file is named."));
+    assert_eq!(
+        r.message.tool_calls,
+        vec![
+            ToolCall {
+                id: "toolu_1".into(),
+                name: "read".into(),
+                args: "{\"path\": \"a.txt\"}".into()
+            },
+            ToolCall {
+                id: "toolu_2".into(),
+                name: "read".into(),
+                args: "{}".into()
+            },
+        ]
+    );
+    assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+    // message_delta's usage is cumulative: 25, not 1 + 10 + 25.
+    assert_eq!((r.usage.input_tokens, r.usage.output_tokens), (50, 25));
+    assert_eq!(
+        (r.usage.cache_read_tokens, r.usage.cache_write_tokens),
+        (Some(200), Some(30))
+    );
+    let cost = r.cost_usd.unwrap();
+    assert!((cost - (50.0 * 3.0 + 200.0 * 0.30 + 30.0 * 3.75 + 25.0 * 15.0) / 1e6).abs() < 1e-12);
+    assert_eq!(
+        seen,
+        vec![
+            "reasoning:The file ",
+            "reasoning:is named.",
+            "text:Reading."
+        ]
+    );
+
+    let req = &server.requests()[0];
+    assert_eq!(req.path, "/v1/messages");
+    assert_eq!(req.header("x-api-key"), Some(KEY));
+    assert_eq!(req.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(req.body["system"], "Be brief.");
+    assert_eq!(req.body["max_tokens"], 8192);
+    assert_eq!(req.body["tools"][0]["input_schema"]["type"], "object");
+
+    // The next request carries the thinking block with its signature first.
+    server.push(Reply::named_sse(vec![
+        ("message_start", json!({"type": "message_start", "message": {"usage": {"input_tokens": 80, "output_tokens": 1}}}).to_string()),
+        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}).to_string()),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Done."}}).to_string()),
+        ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}).to_string()),
+        ("message_stop", json!({"type": "message_stop"}).to_string()),
+    ]));
+    let mut next = convo();
+    next.messages.push(Message::Assistant(r.message.clone()));
+    next.messages.push(Message::ToolResults(vec![
+        ToolResult {
+            call_id: "toolu_1".into(),
+            name: "read".into(),
+            content: "hello".into(),
+            is_error: false,
+        },
+        ToolResult {
+            call_id: "toolu_2".into(),
+            name: "read".into(),
+            content: "error (arguments): `path` is required".into(),
+            is_error: true,
+        },
+    ]));
+    let (r2, _) = call(&m, &next).await;
+    assert_eq!(r2.unwrap().finish_reason, FinishReason::Stop);
+    let body = &server.requests()[1].body;
+    let assistant = &body["messages"][1]["content"];
+    assert_eq!(
+        assistant[0],
+        json!({"type": "thinking", "thinking": "The file is named.", "signature": "sig-123"})
+    );
+    assert_eq!(assistant[1], json!({"type": "text", "text": "Reading."}));
+    assert_eq!(assistant[2]["input"], json!({"path": "a.txt"}));
+    let results = &body["messages"][2]["content"];
+    assert_eq!(results[1]["is_error"], true);
+    assert_eq!(results[0]["tool_use_id"], "toolu_1");
+}
+
+#[tokio::test]
+async fn anthropic_error_event_and_overload() {
+    let server = FakeProvider::start().await;
+    server.push(Reply::status(
+        529,
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    ));
+    let mut events = anthropic_stream();
+    events.truncate(9);
+    events.push((
+        "error",
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+            .to_string(),
+    ));
+    server.push(Reply::named_sse(events));
+    let c = config(ProviderKind::Anthropic, &server);
+    let (r, seen) = call(&client(&c), &convo()).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, ModelErrorKind::StreamError);
+    assert!(e.message.contains("Overloaded"));
+    assert_eq!(seen[0], "retry:2:http 529");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn scripted_turns_replay_by_the_conversations_length() {
+    let script = Script::from_value(json!({
+        "chunk_chars": 4,
+        "turns": [
+            {"text": "Reading now", "tool_calls": [{"name": "read", "args": {"path": "a.txt"}}], "usage": {"input": 10, "output": 5}},
+            {"text": "Done.", "tool_calls": [{"name": "read", "args_raw": "{\"path\": "}]},
+        ]
+    }))
+    .unwrap();
+    let mut c = ModelConfig::new(ProviderKind::Scripted, "demo");
+    c.script = Some(Arc::new(script));
+    let m = client_for(&c).unwrap();
+    let (r, seen) = call(&m, &convo()).await;
+    let r = r.unwrap();
+    assert_eq!(seen, vec!["text:Read", "text:ing ", "text:now"]);
+    assert_eq!(r.message.tool_calls[0].args, "{\"path\":\"a.txt\"}");
+    assert_eq!(r.message.tool_calls[0].id, "call_1_0");
+    assert_eq!((r.usage.input_tokens, r.usage.output_tokens), (10, 5));
+    assert_eq!(r.cost_usd, None);
+    let mut next = convo();
+    next.messages.push(Message::Assistant(r.message));
+    let (r2, _) = call(&m, &next).await;
+    let r2 = r2.unwrap();
+    assert_eq!(
+        r2.message.tool_calls[0].args, "{\"path\": ",
+        "scripted broken arguments"
+    );
+    assert!(r2.usage.input_tokens > 0);
+    next.messages.push(Message::Assistant(r2.message));
+    let e = call(&m, &next).await.0.unwrap_err();
+    assert_eq!(e.kind, ModelErrorKind::Config);
+    assert!(e.message.contains("has 2 turns"), "{e}");
+}
+
+#[test]
+fn a_bad_script_names_the_turn() {
+    let e = Script::from_value(json!({"turns": [{"text": "a"}, {"txt": "b"}]})).unwrap_err();
+    assert!(e.starts_with("turn 2: unknown field `txt`"), "{e}");
+    let e = Script::from_value(json!({"turns": []})).unwrap_err();
+    assert!(e.contains("no turns"), "{e}");
+    let e =
+        Script::from_value(json!({"turns": [{"text": "a"}], "chunk_delay": "soon"})).unwrap_err();
+    assert!(e.contains("not a duration"), "{e}");
+}
