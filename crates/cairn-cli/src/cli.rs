@@ -61,6 +61,8 @@ pub enum Command {
     Approve(DecideArgs),
     /// Deny a waiting approval (the node fails; its on_failure decides what follows).
     Deny(DecideArgs),
+    /// Answer a question a run asks (works whether or not a process drives the run).
+    Answer(AnswerArgs),
     /// Cancel a run, from any process.
     Cancel(CancelArgs),
     /// List runs, newest first.
@@ -135,6 +137,20 @@ pub struct DecideArgs {
     #[arg(long)]
     pub note: Option<String>,
     /// Who decides [default: $USER].
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// `cairn answer`.
+#[derive(Debug, Args)]
+pub struct AnswerArgs {
+    /// The run's id.
+    pub run: String,
+    /// The question's request id (`cairn status` and the log show it).
+    pub request_id: String,
+    /// The answer: JSON, or else taken as text.
+    pub answer: String,
+    /// Who answers [default: $USER].
     #[arg(long)]
     pub by: Option<String>,
 }

@@ -28,13 +28,15 @@ pub enum Mode {
     Plain,
 }
 
-/// A person's decision the display asks for.
+/// A person's decision the display asks for: an approval, or an answer.
 #[derive(Debug, Clone)]
 pub struct Ask {
-    /// The approval node's path.
+    /// The node's path.
     pub node_id: String,
-    /// The rendered message.
+    /// The rendered message (the question).
     pub message: String,
+    /// For a question: its request id and the schema its answer must match.
+    pub question: Option<(String, Option<serde_json::Value>)>,
 }
 
 /// A node pass's name on screen: its id, with `#iteration` for loop passes
@@ -202,6 +204,20 @@ impl Progress {
                     return Some(Ask {
                         node_id: node.to_string(),
                         message: message.clone().unwrap_or_default(),
+                        question: None,
+                    });
+                }
+            }
+            EventKind::InputRequested {
+                request_id,
+                prompt,
+                schema,
+            } => {
+                if let Some(node) = &ev.scope.node_id {
+                    return Some(Ask {
+                        node_id: node.to_string(),
+                        message: prompt.clone(),
+                        question: Some((request_id.clone(), schema.clone())),
                     });
                 }
             }
@@ -488,6 +504,18 @@ impl Progress {
                         n = n.node_id
                     ));
                 }
+                for (rid, q) in self
+                    .state
+                    .questions
+                    .iter()
+                    .filter(|(_, q)| q.answer.is_none())
+                {
+                    lines.push(format!(
+                        "  answer: cairn answer {id} {rid} '<answer>'   ({}: {})",
+                        q.node_id,
+                        truncate(&q.prompt, 80)
+                    ));
+                }
                 lines.push(format!("  then:   cairn resume {id}"));
             }
             RunOutcome::Interrupted => {
@@ -531,6 +559,15 @@ impl Progress {
 
     /// Tells people (on stderr) that the run waits for someone elsewhere.
     pub fn note_waiting_elsewhere(&self, ask: &Ask) {
+        if let Some((rid, _)) = &ask.question {
+            eprintln!(
+                "{n} asks: {m}\n  answer from another shell: cairn answer {id} {rid} '<answer>'",
+                n = ask.node_id,
+                m = short_value(&serde_json::Value::String(ask.message.clone()), 200),
+                id = self.run_id
+            );
+            return;
+        }
         eprintln!(
             "waiting for approval of {n}: {m}\n  decide from another shell: cairn approve {id} {n}   (or: cairn deny {id} {n})",
             n = ask.node_id,

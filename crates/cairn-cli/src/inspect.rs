@@ -134,7 +134,10 @@ pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&entries)?);
     } else {
-        print!("{}", render_activity(entries.as_array().map_or(&[][..], |v| v)));
+        print!(
+            "{}",
+            render_activity(entries.as_array().map_or(&[][..], |v| v))
+        );
     }
     Ok(crate::EXIT_OK)
 }
@@ -151,9 +154,16 @@ fn render_activity(entries: &[Value]) -> String {
     for e in entries {
         let s = |k: &str| e[k].as_str().unwrap_or("");
         let started = e["startedMs"].as_i64().unwrap_or(t0);
-        let indent = if e["delegatedBy"].is_object() { "  " } else { "" };
+        let indent = if e["delegatedBy"].is_object() {
+            "  "
+        } else {
+            ""
+        };
         let took = match e["endedMs"].as_i64() {
-            Some(end) => format!("  ({})", crate::format::duration_ms((end - started).max(0) as u64)),
+            Some(end) => format!(
+                "  ({})",
+                crate::format::duration_ms((end - started).max(0) as u64)
+            ),
             None => String::new(),
         };
         out.push_str(&format!(
@@ -164,7 +174,11 @@ fn render_activity(entries: &[Value]) -> String {
             s("title"),
         ));
         if let Some(err) = e["error"].as_str() {
-            out.push_str(&format!("{indent}{:>10}{}\n", "", err.lines().next().unwrap_or("")));
+            out.push_str(&format!(
+                "{indent}{:>10}{}\n",
+                "",
+                err.lines().next().unwrap_or("")
+            ));
         }
     }
     out

@@ -118,6 +118,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(a) => run::run(&g, a).await,
         Command::Resume(a) => run::resume(&g, a).await,
         Command::Approve(a) => run::decide(&g, a, true).await,
+        Command::Answer(a) => run::answer(&g, a).await,
         Command::Deny(a) => run::decide(&g, a, false).await,
         Command::Cancel(a) => run::cancel(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a),

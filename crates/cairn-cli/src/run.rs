@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::bad_input;
-use crate::cli::{CancelArgs, DecideArgs, DisplayArgs, Global, ResumeArgs, RunArgs};
+use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, DisplayArgs, Global, ResumeArgs, RunArgs};
 use crate::display::{now_ms, Ask, Mode, Progress};
 use crate::store;
 
@@ -284,6 +284,12 @@ async fn prompt_loop(
 ) {
     let by = std::env::var("USER").ok();
     while let Some(ask) = asks.recv().await {
+        if let Some((rid, schema)) = &ask.question {
+            progress.lock().unwrap().pause();
+            answer_inline(&engine, &run_id, &ask, rid, schema.as_ref(), by.clone()).await;
+            progress.lock().unwrap().resume_drawing();
+            continue;
+        }
         // Someone else may have decided while an earlier question was open.
         if let Ok(state) = engine.state(&run_id) {
             let waiting = state
@@ -296,18 +302,10 @@ async fn prompt_loop(
         progress.lock().unwrap().pause();
         let message = ask.message.trim().trim_end_matches('?');
         let question = format!("Approve {}: {message}? [y/N] ", ask.node_id);
-        let answer = tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            let mut err = std::io::stderr();
-            let _ = write!(err, "{question}");
-            let _ = err.flush();
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line).map(|_| line)
-        })
-        .await;
+        let answer = read_line(question).await;
         let approved = matches!(
-            answer.as_ref().map(|r| r.as_ref().map(|l| l.trim().to_ascii_lowercase())),
-            Ok(Ok(l)) if l == "y" || l == "yes"
+            answer.as_ref().map(|l| l.trim().to_ascii_lowercase()),
+            Some(l) if l == "y" || l == "yes"
         );
         if let Err(e) = engine
             .decide(&run_id, &ask.node_id, approved, None, by.clone())
@@ -317,6 +315,83 @@ async fn prompt_loop(
         }
         progress.lock().unwrap().resume_drawing();
     }
+}
+
+/// Prints `prompt` on stderr and reads a line of stdin (`None` at its end).
+async fn read_line(prompt: String) -> Option<String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut err = std::io::stderr();
+        let _ = write!(err, "{prompt}");
+        let _ = err.flush();
+        let mut line = String::new();
+        match std::io::stdin().read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(line),
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Asks a node's question on the terminal until an answer is accepted (a
+/// refused one says why), someone answers elsewhere, or stdin ends.
+async fn answer_inline(
+    engine: &Engine,
+    run_id: &str,
+    ask: &Ask,
+    request_id: &str,
+    schema: Option<&serde_json::Value>,
+    by: Option<String>,
+) {
+    let choices = schema
+        .and_then(|s| s["enum"].as_array())
+        .map(|e| {
+            let items: Vec<String> = e
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                .collect();
+            format!(" [{}]", items.join("/"))
+        })
+        .unwrap_or_default();
+    loop {
+        let open = engine.state(run_id).ok().is_some_and(|s| {
+            s.questions
+                .get(request_id)
+                .is_some_and(|q| q.answer.is_none())
+        });
+        if !open {
+            return;
+        }
+        let prompt = format!("{} asks: {}{choices}\n> ", ask.node_id, ask.message.trim());
+        let Some(line) = read_line(prompt).await else {
+            return;
+        };
+        let answer = parse_answer(line.trim());
+        match engine.answer(run_id, request_id, answer, by.clone()).await {
+            Ok(_) => return,
+            Err(e) => eprintln!("not taken: {e}"),
+        }
+    }
+}
+
+/// An answer as people type it: JSON when it parses, else the text.
+pub fn parse_answer(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string()))
+}
+
+/// `cairn answer`.
+pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
+    let engine = store::engine(g, false)?;
+    store::require_run(engine.journal(), &a.run)?;
+    let by = a.by.or_else(|| std::env::var("USER").ok());
+    let value = parse_answer(&a.answer);
+    let r = engine.answer(&a.run, &a.request_id, value, by).await;
+    engine.journal().close();
+    r?;
+    println!("answered {} of run {}", a.request_id, a.run);
+    Ok(crate::EXIT_OK)
 }
 
 /// `cairn approve` and `cairn deny`.

@@ -222,7 +222,12 @@ fn hello_finishes_and_logs_json_is_the_mirror_byte_for_byte() {
     for pair in entries.windows(2) {
         assert_eq!(pair[1]["previousActivityId"], pair[0]["id"]);
     }
-    assert_eq!(entries.last().unwrap()["title"].as_str().map(|t| t.starts_with("Run finished")), Some(true));
+    assert_eq!(
+        entries.last().unwrap()["title"]
+            .as_str()
+            .map(|t| t.starts_with("Run finished")),
+        Some(true)
+    );
     let lines = env.run(&["activity", "h1"]);
     assert_code(&lines, 0);
     let lines = text(&lines.stdout);

@@ -591,7 +591,11 @@ fn main() {
              engine CPU net of it: {net:.1} µs per node{}",
             fixed.wall_ms,
             fixed.engine_cpu_ms,
-            if net <= TARGET_OVERHEAD_US { "" } else { "  MISSED" }
+            if net <= TARGET_OVERHEAD_US {
+                ""
+            } else {
+                "  MISSED"
+            }
         );
     }
     println!(

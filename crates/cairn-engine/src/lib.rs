@@ -24,6 +24,7 @@
 //! # Ok(()) }
 //! ```
 
+mod agent;
 mod alloc;
 mod driver;
 mod kinds;

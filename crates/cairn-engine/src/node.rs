@@ -71,6 +71,20 @@ impl From<StoreError> for NodeError {
     }
 }
 
+/// What [`NodeCtx::recorded_call`] records of a call besides its input.
+pub(crate) struct CallInfo<'a> {
+    /// The tool's name as the log shows it.
+    pub name: &'a str,
+    /// The idempotency key; `None` derives it from the call's `toolSeq`.
+    pub key: Option<String>,
+    /// Whether the call changes anything outside Cairn.
+    pub side_effect: bool,
+    /// Whether repeating the call is harmless.
+    pub idempotent: bool,
+    /// The most bytes of its result that are kept (and handed on).
+    pub output_limit: usize,
+}
+
 /// A person's decision, as an approval node receives it.
 #[derive(Debug, Clone)]
 pub struct Decision {
@@ -86,6 +100,29 @@ pub(crate) enum Ask {
         message: Option<String>,
         reply: oneshot::Sender<Decision>,
     },
+    /// A question to a person; the answer comes back checked against the
+    /// schema.
+    Input {
+        key: Key,
+        request_id: String,
+        prompt: String,
+        schema: Option<Value>,
+        reply: oneshot::Sender<Value>,
+    },
+}
+
+/// The request id of a question: the same for the same node pass and
+/// `call` whatever the attempt, so that an answer given while the run was
+/// down (or to the attempt a crash cut short) reaches the attempt that
+/// asks again. Short and safe in a URL path.
+pub(crate) fn request_id(node: &str, iteration: u32, call: Option<&str>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update((node.len() as u64).to_le_bytes());
+    h.update(node.as_bytes());
+    h.update(iteration.to_le_bytes());
+    h.update(call.unwrap_or("").as_bytes());
+    format!("q-{}", &hex::encode(h.finalize())[..16])
 }
 
 /// Everything a node attempt can see and do.
@@ -108,6 +145,8 @@ pub struct NodeCtx {
     pub(crate) services: Arc<Services>,
     pub(crate) log: Arc<RunLog>,
     pub(crate) asks: mpsc::UnboundedSender<Ask>,
+    /// What the run has spent on models (the agents' budgets).
+    pub(crate) spend: Arc<crate::agent::Spend>,
     tool_seq: AtomicU32,
 }
 
@@ -142,6 +181,7 @@ impl NodeCtx {
             services,
             log,
             asks,
+            spend: Arc::default(),
             tool_seq: AtomicU32::new(0),
         }
     }
@@ -227,6 +267,33 @@ impl NodeCtx {
         }
     }
 
+    /// Asks a person `prompt` and waits for the answer (checked against
+    /// `schema` by the driver before it is accepted). `call` tells apart
+    /// several questions of one attempt (an agent's parallel `ask_user`
+    /// calls); an answer already in the log, after a resume, comes back at
+    /// once.
+    pub async fn ask_person(
+        &self,
+        prompt: String,
+        schema: Option<Value>,
+        call: Option<String>,
+    ) -> Result<Value, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.asks
+            .send(Ask::Input {
+                key: (self.node_id.clone(), self.iteration),
+                request_id: request_id(self.node_id.as_str(), self.iteration, call.as_deref()),
+                prompt,
+                schema,
+                reply: tx,
+            })
+            .map_err(|_| NodeError::cancelled("run stopped"))?;
+        tokio::select! {
+            a = rx => a.map_err(|_| NodeError::cancelled("run stopped")),
+            _ = self.cancel.cancelled() => Err(NodeError::cancelled("cancelled while waiting for an answer")),
+        }
+    }
+
     /// Calls a sandboxed tool: records it (`tool_calls` row and
     /// `ToolCallStarted`/`ToolCallFinished`), hands it a stable idempotency key,
     /// and returns its result.
@@ -251,88 +318,10 @@ impl NodeCtx {
                 ),
             )
         })?;
-        let spec = tool.spec();
-        let tool_seq = self.tool_seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let key =
-            cairn_tools::idempotency_key(&self.run_id, &self.node_id, self.iteration, tool_seq);
-        let started = now_ms();
-        let mut record = ToolCallRecord {
-            run_id: self.run_id.clone(),
-            node_id: self.node_id.to_string(),
-            iteration: self.iteration,
-            attempt: self.attempt,
-            tool_seq,
-            tool: name.to_string(),
-            idempotency_key: key.clone(),
-            side_effect: spec.side_effect,
-            idempotent: spec.idempotent,
-            input: args.clone(),
-            output: None,
-            started_ms: started,
-            finished_ms: None,
-            status: "running".into(),
-            error: None,
-        };
-        self.services.journal.backend().put_tool_call(&record)?;
-        self.emit_durable(EventKind::ToolCallStarted {
-            tool_name: name.to_string(),
-            tool_seq,
-            idempotency_key: key.clone(),
-            side_effect: spec.side_effect,
-        })
-        .await?;
-        let observer = kinds::EventObserver::new(self);
-        let sandbox = self.services.sandbox_for(
-            &self.workflow,
-            self.max_output_bytes,
-            self.timeout,
-            node_sandbox,
-        )?;
-        if name == "bash" && sandbox.isolation() == cairn_tools::Isolation::None {
-            self.unconfined_notice();
-        }
-        let sandbox: &cairn_tools::Sandbox = &sandbox;
-        let tctx = cairn_tools::ToolContext {
-            sandbox,
-            run_id: &self.run_id,
-            node_id: &self.node_id,
-            iteration: self.iteration,
-            attempt: self.attempt,
-            tool_seq,
-            idempotency_key: key,
-            observer: &observer,
-            cancel: self.cancel.clone(),
-        };
-        let t0 = std::time::Instant::now();
-        let result = tool.call(args, &tctx).await;
-        let duration_ms = t0.elapsed().as_millis() as u64;
-        record.finished_ms = Some(now_ms());
-        let (status, error) = match &result {
-            Ok(v) => {
-                record.output = Some(cut_json(v, sandbox.limits().max_output_bytes));
-                record.status = "success".into();
-                (ToolStatus::Success, None)
-            }
-            Err(e) => {
-                let info = ErrorInfo::new(e.kind(), e.to_string());
-                record.status = "error".into();
-                record.error = Some(serde_json::to_value(&info).unwrap_or(Value::Null));
-                (ToolStatus::Error, Some(info))
-            }
-        };
-        self.services.journal.backend().put_tool_call(&record)?;
-        self.emit(EventKind::ToolCallFinished {
-            tool_name: name.to_string(),
-            tool_seq,
-            status,
-            duration_ms,
-            error: error.clone(),
-        });
+        let result = self.run_tool(&tool, args, None, node_sandbox).await?;
         match result {
             Ok(v) => Ok(v),
-            Err(e) if self.cancel.is_cancelled() => Err(NodeError::cancelled(e.to_string())),
-            Err(_) => {
-                let info = error.expect("error set above");
+            Err(info) => {
                 // A sandbox the kernel cannot build stays unbuildable.
                 let retryable = info.kind != "sandbox";
                 Err(NodeError {
@@ -342,6 +331,139 @@ impl NodeCtx {
                 })
             }
         }
+    }
+
+    /// Runs one tool as a recorded call (see [`NodeCtx::recorded_call`]):
+    /// the inner result is the tool's own (its value as recorded, or its
+    /// error); the outer error stops the attempt (a cancel, the store).
+    /// `key` overrides the idempotency key derived from the call's place
+    /// in the attempt.
+    pub(crate) async fn run_tool(
+        &self,
+        tool: &Arc<dyn cairn_tools::Tool>,
+        args: Value,
+        key: Option<String>,
+        node_sandbox: &cairn_workflow::NodeSandbox,
+    ) -> Result<Result<Value, ErrorInfo>, NodeError> {
+        let spec = tool.spec();
+        let sandbox = self.services.sandbox_for(
+            &self.workflow,
+            self.max_output_bytes,
+            self.timeout,
+            node_sandbox,
+        )?;
+        let limit = sandbox.limits().max_output_bytes;
+        let bash = spec.name == "bash";
+        let call = CallInfo {
+            name: &spec.name,
+            key,
+            side_effect: spec.side_effect,
+            idempotent: spec.idempotent,
+            output_limit: limit,
+        };
+        self.recorded_call(call, args.clone(), |tool_seq, key| async move {
+            let observer = kinds::EventObserver::new(self);
+            if bash && sandbox.isolation() == cairn_tools::Isolation::None {
+                self.unconfined_notice();
+            }
+            let tctx = cairn_tools::ToolContext {
+                sandbox: &sandbox,
+                run_id: &self.run_id,
+                node_id: &self.node_id,
+                iteration: self.iteration,
+                attempt: self.attempt,
+                tool_seq,
+                idempotency_key: key,
+                observer: &observer,
+                cancel: self.cancel.clone(),
+            };
+            tool.call(args, &tctx)
+                .await
+                .map_err(|e| ErrorInfo::new(e.kind(), e.to_string()))
+        })
+        .await
+    }
+
+    /// Records one call of a tool around `body`: its `tool_calls` row
+    /// (durable before anything happens, so a resume knows the call may
+    /// have taken effect) and `ToolCallStarted` (durable), then, once
+    /// `body` returns, the row's result (cut to `output_limit` by
+    /// [`cut_json`]) and `ToolCallFinished`. `body` gets the call's
+    /// `toolSeq` and idempotency key.
+    pub(crate) async fn recorded_call<F, Fut>(
+        &self,
+        call: CallInfo<'_>,
+        input: Value,
+        body: F,
+    ) -> Result<Result<Value, ErrorInfo>, NodeError>
+    where
+        F: FnOnce(u32, String) -> Fut,
+        Fut: std::future::Future<Output = Result<Value, ErrorInfo>>,
+    {
+        let tool_seq = self.tool_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let key = call.key.unwrap_or_else(|| {
+            cairn_tools::idempotency_key(&self.run_id, &self.node_id, self.iteration, tool_seq)
+        });
+        let started = now_ms();
+        let mut record = ToolCallRecord {
+            run_id: self.run_id.clone(),
+            node_id: self.node_id.to_string(),
+            iteration: self.iteration,
+            attempt: self.attempt,
+            tool_seq,
+            tool: call.name.to_string(),
+            idempotency_key: key.clone(),
+            side_effect: call.side_effect,
+            idempotent: call.idempotent,
+            input,
+            output: None,
+            started_ms: started,
+            finished_ms: None,
+            status: "running".into(),
+            error: None,
+        };
+        self.services.journal.backend().put_tool_call(&record)?;
+        self.emit_durable(EventKind::ToolCallStarted {
+            tool_name: call.name.to_string(),
+            tool_seq,
+            idempotency_key: key.clone(),
+            side_effect: call.side_effect,
+        })
+        .await?;
+        let t0 = std::time::Instant::now();
+        let result = body(tool_seq, key).await;
+        let duration_ms = t0.elapsed().as_millis() as u64;
+        record.finished_ms = Some(now_ms());
+        let result = match result {
+            Ok(v) => {
+                record.output = Some(cut_json(&v, call.output_limit));
+                record.status = "success".into();
+                Ok(v)
+            }
+            Err(info) => {
+                record.status = "error".into();
+                record.error = Some(serde_json::to_value(&info).unwrap_or(Value::Null));
+                Err(info)
+            }
+        };
+        self.services.journal.backend().put_tool_call(&record)?;
+        let (status, error) = match &result {
+            Ok(_) => (ToolStatus::Success, None),
+            Err(info) => (ToolStatus::Error, Some(info.clone())),
+        };
+        self.emit(EventKind::ToolCallFinished {
+            tool_name: call.name.to_string(),
+            tool_seq,
+            status,
+            duration_ms,
+            error,
+        });
+        if self.cancel.is_cancelled() {
+            if let Err(info) = &result {
+                return Err(NodeError::cancelled(info.message.clone()));
+            }
+        }
+        Ok(result)
     }
 
     /// Side-effecting, non-idempotent tool calls that earlier attempts of this
@@ -357,7 +479,9 @@ impl NodeCtx {
     }
 }
 
-fn cut_json(v: &Value, limit: usize) -> Value {
+/// A JSON value as a tool call's row keeps it: whole up to `limit` bytes,
+/// else its head.
+pub(crate) fn cut_json(v: &Value, limit: usize) -> Value {
     let s = v.to_string();
     if s.len() <= limit {
         v.clone()
@@ -393,6 +517,8 @@ pub fn runner_for(kind: &NodeKind) -> Option<&'static dyn NodeRunner> {
         NodeKind::Value(_) => Some(&kinds::ValueNode),
         NodeKind::Approval(_) => Some(&kinds::ApprovalNode),
         NodeKind::Tool { .. } => Some(&kinds::ToolNode),
+        NodeKind::Ask { .. } => Some(&kinds::AskNode),
+        NodeKind::Agent(_) => Some(&crate::agent::AgentNode),
         NodeKind::Loop { .. } | NodeKind::ForEach { .. } => None,
     }
 }

@@ -770,9 +770,10 @@ nodes:
                             shape.loop_pass.insert(g.clone(), 0);
                         }
                         _ => {
-                            shape
-                                .lists
-                                .insert(g.clone(), Arc::new((0..elements).map(Value::from).collect()));
+                            shape.lists.insert(
+                                g.clone(),
+                                Arc::new((0..elements).map(Value::from).collect()),
+                            );
                         }
                     }
                 } else if matches!(inst.spec.kind, NodeKind::Loop { .. }) && round % 2 == 1 {
@@ -798,7 +799,11 @@ nodes:
                 for i in &change.removed {
                     assert!(before.contains(&i.key) && !full.insts.contains_key(&i.key));
                 }
-                let appeared = full.order.iter().filter(|i| !before.contains(&i.key)).count();
+                let appeared = full
+                    .order
+                    .iter()
+                    .filter(|i| !before.contains(&i.key))
+                    .count();
                 let went = before
                     .iter()
                     .filter(|k| !full.insts.contains_key(*k))

@@ -384,6 +384,9 @@ pub enum EventKind {
     },
     InputReceived {
         request_id: String,
+        /// The answer, as JSON.
+        #[serde(default)]
+        answer: Value,
         #[serde(default)]
         answered_by: Option<String>,
     },
@@ -391,10 +394,20 @@ pub enum EventKind {
     // Agents and tools
     AgentStepStarted {
         step: u32,
+        /// The model asked.
+        #[serde(default)]
+        model: String,
     },
     AgentStepFinished {
         step: u32,
         tool_calls: u32,
+        /// Why the model stopped: `stop`, `tool_calls`, `max_tokens`, ...
+        #[serde(default)]
+        finish_reason: String,
+        /// The model's whole answer: `text?`, `reasoning?`, `toolCalls`
+        /// [{`id`, `name`, `args`}], and what the provider needs back.
+        #[serde(default)]
+        message: Value,
     },
     AgentGenerationRetried {
         step: u32,

@@ -231,6 +231,10 @@ pub struct RunState {
     pub cost_usd: Option<f64>,
     pub tool_calls: u64,
     pub nodes: Vec<NodeState>,
+    /// The questions asked of people (`ask` nodes, agents' `ask_user`), by
+    /// request id, with their answers once given.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub questions: BTreeMap<String, Question>,
     /// Layers with `LayerStarted` and no `LayerFinished` yet, with the
     /// start's timestamp: a resumed engine closes them.
     #[serde(skip)]
@@ -243,6 +247,28 @@ pub struct RunState {
     /// groups, and the engine looks each node up several times.
     #[serde(skip)]
     index: HashMap<(NodePath, u32), usize, ahash::RandomState>,
+}
+
+/// A question asked of a person (`InputRequested`), and its answer
+/// (`InputReceived`) once given.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Question {
+    /// The node that asked.
+    pub node_id: NodePath,
+    /// Its loop pass.
+    pub iteration: u32,
+    /// The question.
+    pub prompt: String,
+    /// The JSON Schema an answer must match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    /// The answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<Value>,
+    /// Who answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answered_by: Option<String>,
 }
 
 /// A node key as borrowed parts, so that a lookup by `(&str, u32)` needs no
@@ -594,15 +620,48 @@ impl RunState {
             }
             EventKind::NodeWaitingInput { request_id }
             | EventKind::InputRequested { request_id, .. } => {
+                if let (EventKind::InputRequested { prompt, schema, .. }, Some((node, iteration))) =
+                    (&ev.kind, ev.node_key())
+                {
+                    self.questions
+                        .entry(request_id.clone())
+                        .or_insert_with(|| Question {
+                            node_id: ev
+                                .scope
+                                .node_id
+                                .clone()
+                                .unwrap_or_else(|| NodePath::from(node)),
+                            iteration,
+                            prompt: prompt.clone(),
+                            schema: schema.clone(),
+                            answer: None,
+                            answered_by: None,
+                        });
+                }
                 let rid = request_id.clone();
                 if let Some(n) = self.node_mut(ev) {
                     n.status = NodeStatus::WaitingInput;
                     n.notes_mut().input_request_id = Some(rid);
                 }
             }
-            EventKind::InputReceived { .. } => {
+            EventKind::InputReceived {
+                request_id,
+                answer,
+                answered_by,
+            } => {
+                if let Some(q) = self.questions.get_mut(request_id) {
+                    q.answer = Some(answer.clone());
+                    q.answered_by = answered_by.clone();
+                }
+                // The node waits while any question it asked is open (an
+                // agent asks several at once).
+                let open = ev.node_key().is_some_and(|(node, it)| {
+                    self.questions.values().any(|q| {
+                        q.answer.is_none() && q.iteration == it && q.node_id.as_str() == node
+                    })
+                });
                 if let Some(n) = self.node_mut(ev) {
-                    if n.status == NodeStatus::WaitingInput {
+                    if n.status == NodeStatus::WaitingInput && !open {
                         n.status = NodeStatus::Running;
                     }
                 }

@@ -65,7 +65,9 @@ pub use sandbox::{Isolation, Limits, Sandbox, SandboxError};
 /// The process sandbox, re-exported so the engine configures it through
 /// this crate.
 pub use cairn_sandbox;
-pub use tool::{idempotency_key, Tool, ToolContext, ToolObserver, ToolRegistry, ToolSpec};
+pub use tool::{
+    agent_call_key, idempotency_key, Tool, ToolContext, ToolObserver, ToolRegistry, ToolSpec,
+};
 
 /// Re-exported so observers can be written without depending on
 /// `cairn-events` directly.

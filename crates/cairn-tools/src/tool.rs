@@ -206,6 +206,31 @@ pub fn idempotency_key(run_id: &str, node_id: &str, iteration: u32, call_index: 
     format!("ck_{}", hex::encode(h.finalize()))
 }
 
+/// The idempotency key of the `index`th tool call (from 0) that step `step`
+/// of an agent's conversation asked for: the same however often a crash
+/// cuts the conversation short and a resume takes it up, and different in
+/// the fresh conversation a retry after a failure begins (`conversation` is
+/// the attempt that began it).
+pub fn agent_call_key(
+    run_id: &str,
+    node_id: &str,
+    iteration: u32,
+    conversation: u32,
+    step: u32,
+    index: u32,
+) -> String {
+    let mut h = Sha256::new();
+    h.update(b"agent-call\0");
+    for part in [run_id.as_bytes(), node_id.as_bytes()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    for n in [iteration, conversation, step, index] {
+        h.update(n.to_le_bytes());
+    }
+    format!("ck_{}", hex::encode(h.finalize()))
+}
+
 /// Reads tool arguments field by field so that every error names its field.
 pub(crate) struct Args<'a> {
     tool: &'static str,

@@ -23,6 +23,10 @@ pub struct Workflow {
     pub output: Option<String>,
     /// Top-level nodes, in file order.
     pub nodes: Vec<NodeSpec>,
+    /// The models agent nodes use, by name (`models:`).
+    pub models: BTreeMap<String, ModelDef>,
+    /// Most the run may spend on models, in USD (`max_cost_usd`).
+    pub max_cost_usd: Option<f64>,
     /// The file's path, made absolute.
     pub path: PathBuf,
     /// The file's folder: default cwd for commands and default sandbox root.
@@ -31,6 +35,72 @@ pub struct Workflow {
     pub source: String,
     /// SHA-256 hex of the text.
     pub hash: String,
+}
+
+/// A named model (`models.<name>`), as the file gives it; the engine turns
+/// it into a provider's client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelDef {
+    /// `anthropic`, `openai` or `scripted`.
+    pub provider: String,
+    /// The provider's model id (a scripted model's defaults to its name).
+    pub model: String,
+    /// The environment variable holding the key.
+    pub api_key_env: Option<String>,
+    /// A server that speaks the provider's wire format.
+    pub base_url: Option<String>,
+    /// Most tokens of one answer.
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Longest silence inside a streamed answer.
+    pub idle_timeout: Option<Duration>,
+    /// Longest one call may take.
+    pub timeout: Option<Duration>,
+    /// Retries before an answer begins.
+    pub retry: Option<RetryPolicy>,
+    /// USD per million tokens, overriding the built-in prices.
+    pub price: Option<ModelPrice>,
+    /// A scripted model's file of turns, relative to the workflow's folder.
+    pub script: Option<String>,
+}
+
+/// A model's price (`models.<name>.price`), USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelPrice {
+    /// Input tokens.
+    pub input: f64,
+    /// Output tokens.
+    pub output: f64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read: f64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write: f64,
+}
+
+/// An `agent` node's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSpec {
+    /// The model's name in `models`.
+    pub model: Option<String>,
+    /// An external agent CLI instead of a model (`claude-code`, `codex`).
+    pub engine: Option<String>,
+    /// The system prompt (template).
+    pub system: Option<String>,
+    /// The task (template).
+    pub prompt: String,
+    /// The tools the agent may call.
+    pub tools: Vec<String>,
+    /// Child workflows the agent may start, by tool name.
+    pub delegates: BTreeMap<String, String>,
+    /// Most model calls.
+    pub max_steps: u32,
+    /// JSON Schema the final answer must match.
+    pub output_schema: Option<serde_json::Value>,
+    /// How often a non-conforming answer is sent back.
+    pub schema_retries: u32,
+    /// Most this node may spend on models, in USD.
+    pub max_cost_usd: Option<f64>,
 }
 
 /// Node options applied workflow-wide.
@@ -196,10 +266,20 @@ pub enum NodeKind {
         /// Arguments; strings inside are templates.
         args: serde_json::Value,
     },
+    /// Asks a person a question and waits for the answer.
+    Ask {
+        /// The question (template).
+        prompt: String,
+        /// JSON Schema the answer must match.
+        schema: Option<serde_json::Value>,
+    },
+    /// Runs an agent loop (boxed: it is the largest kind).
+    Agent(Box<AgentSpec>),
 }
 
 impl NodeKind {
-    /// The kind key as written in files: `command`, `value`, `approval`, `loop`, `for_each`, `tool`.
+    /// The kind key as written in files: `command`, `value`, `approval`, `loop`, `for_each`,
+    /// `tool`, `ask`, `agent`.
     pub fn name(&self) -> &'static str {
         match self {
             NodeKind::Command(_) => "command",
@@ -208,6 +288,8 @@ impl NodeKind {
             NodeKind::Loop { .. } => "loop",
             NodeKind::ForEach { .. } => "for_each",
             NodeKind::Tool { .. } => "tool",
+            NodeKind::Ask { .. } => "ask",
+            NodeKind::Agent(_) => "agent",
         }
     }
 

@@ -22,8 +22,40 @@ const TOP_FIELDS: &[&str] = &[
     "sandbox",
     "output",
     "nodes",
+    "models",
+    "max_cost_usd",
 ];
-const KIND_KEYS: &[&str] = &["command", "value", "approval", "loop", "for_each", "tool"];
+const KIND_KEYS: &[&str] = &[
+    "command", "value", "approval", "loop", "for_each", "tool", "ask", "agent",
+];
+const MODEL_FIELDS: &[&str] = &[
+    "provider",
+    "model",
+    "api_key_env",
+    "base_url",
+    "max_tokens",
+    "temperature",
+    "idle_timeout",
+    "timeout",
+    "retry",
+    "price",
+    "script",
+];
+const PRICE_FIELDS: &[&str] = &["input", "output", "cache_read", "cache_write"];
+const AGENT_FIELDS: &[&str] = &[
+    "model",
+    "engine",
+    "system",
+    "prompt",
+    "tools",
+    "delegates",
+    "max_steps",
+    "output_schema",
+    "schema_retries",
+    "max_cost_usd",
+];
+/// The tools an agent may name: the built-in sandbox tools and `ask_user`.
+pub const AGENT_TOOLS: &[&str] = &["read", "write", "edit", "grep", "bash", "ask_user"];
 const COMMON_NODE_FIELDS: &[&str] = &[
     "id",
     "needs",
@@ -65,6 +97,51 @@ pub fn load(path: &Path) -> Result<Workflow, WorkflowError> {
         }],
     })?;
     parse_owned(source, path)
+}
+
+/// Reads a data file a workflow refers to (a scripted model's turns): YAML
+/// or JSON, bounded as a workflow file is, as JSON. Syntax errors name the
+/// file, line and column.
+pub fn load_data(path: &Path) -> Result<serde_json::Value, WorkflowError> {
+    let problem = |line: Option<usize>, column: Option<usize>, message: String| WorkflowError {
+        problems: vec![Problem {
+            file: path.to_path_buf(),
+            line,
+            column,
+            field: None,
+            message,
+            hint: None,
+        }],
+    };
+    let source =
+        read_limited(path, MAX_FILE_BYTES).map_err(|message| problem(None, None, message))?;
+    /// Data files have no workflow node lists.
+    struct NoLists;
+    impl yaml::Lists for NoLists {
+        type Open = ();
+        fn open(&mut self, _: &str) {}
+        fn item(&mut self, _: &mut (), _: &str, _: &Node) {}
+        fn close(&mut self, _: (), _: Pos) -> Streamed {
+            Streamed::default()
+        }
+    }
+    let root = yaml::load(&source, &mut NoLists).map_err(|e| {
+        let message = if e.limit {
+            e.message
+        } else {
+            format!("YAML syntax error: {}", e.message)
+        };
+        problem(
+            Some(e.pos.line).filter(|l| *l > 0),
+            Some(e.pos.col),
+            message,
+        )
+    })?;
+    if let Some((pos, at)) = too_deep(&root, 0) {
+        let message = format!("nested deeper than {MAX_VALUE_DEPTH} levels (at `{at}`)");
+        return Err(problem(Some(pos.line), Some(pos.col), message));
+    }
+    Ok(root.to_json())
 }
 
 /// The file's text, refused past `max` bytes: by its size when it has one, and by reading at
@@ -767,6 +844,14 @@ impl Cx {
             .get("output")
             .and_then(|(_, v)| self.template(v, "output"));
 
+        let models = match f.get("models") {
+            Some((_, v)) => self.models(v),
+            None => BTreeMap::new(),
+        };
+        let max_cost_usd = f
+            .get("max_cost_usd")
+            .and_then(|(_, v)| self.positive(v, "max_cost_usd"));
+
         let nodes = match f.get("nodes") {
             Some((_, v)) => self.nodes(v, "nodes"),
             None => {
@@ -778,6 +863,8 @@ impl Cx {
                 Vec::new()
             }
         };
+
+        self.agent_models(&nodes, "nodes", &models);
 
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let base_dir = abs
@@ -793,6 +880,8 @@ impl Cx {
             sandbox,
             output,
             nodes,
+            models,
+            max_cost_usd,
             path: abs,
             base_dir,
             source: String::new(),
@@ -801,10 +890,16 @@ impl Cx {
     }
 
     fn input_schema(&mut self, node: &Node) -> Option<serde_json::Value> {
+        self.json_schema(node, "input")
+    }
+
+    /// A JSON Schema (`input`, an `ask`'s `schema`, an agent's
+    /// `output_schema`), checked; a problem points into it where it can.
+    fn json_schema(&mut self, node: &Node, field: &str) -> Option<serde_json::Value> {
         if !matches!(node.value, Yaml::Map(_) | Yaml::Bool(_)) {
             self.at(
                 node.pos,
-                Some("input"),
+                Some(field),
                 format!(
                     "expected a JSON Schema (a mapping), found {}",
                     node.value.type_name()
@@ -812,7 +907,7 @@ impl Cx {
             );
             return None;
         }
-        if !self.shallow(node, "input") {
+        if !self.shallow(node, field) {
             return None;
         }
         let schema = node.to_json();
@@ -821,11 +916,382 @@ impl Cx {
             Err(e) => {
                 // Point at the offending part of the schema when the pointer leads somewhere.
                 let pointer = e.instance_path().to_string();
-                let (pos, field) = locate(node, &pointer)
-                    .map(|(n, f)| (n.pos, format!("input{f}")))
-                    .unwrap_or((node.pos, "input".to_string()));
-                self.at(pos, Some(&field), format!("not a valid JSON Schema: {e}"));
+                let (pos, at) = locate(node, &pointer)
+                    .map(|(n, f)| (n.pos, format!("{field}{f}")))
+                    .unwrap_or((node.pos, field.to_string()));
+                self.at(pos, Some(&at), format!("not a valid JSON Schema: {e}"));
                 None
+            }
+        }
+    }
+
+    /// A number above zero (`max_cost_usd`, prices may be zero: see `price`).
+    fn positive(&mut self, node: &Node, field: &str) -> Option<f64> {
+        let n = self.number(node, field)?;
+        if n > 0.0 {
+            Some(n)
+        } else {
+            self.at(
+                node.pos,
+                Some(field),
+                format!("must be more than 0, found {n}"),
+            );
+            None
+        }
+    }
+
+    /// A finite number, not below zero.
+    fn number(&mut self, node: &Node, field: &str) -> Option<f64> {
+        let n = match node.value {
+            Yaml::Int(i) => i as f64,
+            Yaml::Float(f) => f,
+            ref other => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("expected a number, found {}", other.type_name()),
+                );
+                return None;
+            }
+        };
+        if !n.is_finite() || n < 0.0 {
+            self.at(
+                node.pos,
+                Some(field),
+                format!("must be a number of at least 0, found {n}"),
+            );
+            return None;
+        }
+        Some(n)
+    }
+
+    /// `models:`: each entry a model agents may name.
+    fn models(&mut self, node: &Node) -> BTreeMap<String, ModelDef> {
+        let mut out = BTreeMap::new();
+        let Yaml::Map(entries) = &node.value else {
+            self.at(
+                node.pos,
+                Some("models"),
+                format!(
+                    "expected a mapping of named models, found {}",
+                    node.value.type_name()
+                ),
+            );
+            return out;
+        };
+        for (k, v) in entries {
+            let name = k.key_text();
+            let mf = join("models", &name);
+            if !is_node_id(&name) {
+                self.at(
+                    k.pos,
+                    Some(&mf),
+                    format!("`{name}` is not a valid model name; use letters, digits, `_` and `-`"),
+                );
+                continue;
+            }
+            if out.contains_key(&name) {
+                self.at(k.pos, Some(&mf), format!("duplicate model `{name}`"));
+                continue;
+            }
+            if let Some(def) = self.model(v, &mf, &name) {
+                out.insert(name, def);
+            }
+        }
+        out
+    }
+
+    fn model(&mut self, node: &Node, field: &str, name: &str) -> Option<ModelDef> {
+        let f = self.fields(node, field, MODEL_FIELDS, "in a model")?;
+        let provider = match f.get("provider") {
+            Some((_, p)) => {
+                let pf = join(field, "provider");
+                let p_name = self.string(p, &pf)?;
+                if !["anthropic", "openai", "scripted"].contains(&p_name.as_str()) {
+                    self.at_hint(
+                        p.pos,
+                        Some(&pf),
+                        format!("unknown provider `{p_name}`"),
+                        Some("use anthropic, openai (also for vLLM, Ollama, llama.cpp, OpenRouter) or scripted".into()),
+                    );
+                    return None;
+                }
+                p_name
+            }
+            None => {
+                self.at(
+                    node.pos,
+                    Some(&join(field, "provider")),
+                    "missing required field `provider` (anthropic, openai or scripted)",
+                );
+                return None;
+            }
+        };
+        let scripted = provider == "scripted";
+        let model = match f.get("model") {
+            Some((_, m)) => self.string(m, &join(field, "model"))?,
+            None if scripted => name.to_string(),
+            None => {
+                self.at(
+                    node.pos,
+                    Some(&join(field, "model")),
+                    "missing required field `model` (the provider's model id)",
+                );
+                return None;
+            }
+        };
+        let opt_string = |cx: &mut Cx, key: &str| {
+            f.get(key)
+                .and_then(|(_, v)| cx.string(v, &join(field, key)))
+        };
+        let api_key_env = opt_string(self, "api_key_env");
+        let base_url = opt_string(self, "base_url");
+        if let (Some(url), Some((_, v))) = (&base_url, f.get("base_url")) {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                self.at(
+                    v.pos,
+                    Some(&join(field, "base_url")),
+                    format!("`{url}` is not an http:// or https:// address"),
+                );
+            }
+        }
+        let script = opt_string(self, "script");
+        match (&script, scripted) {
+            (None, true) => self.at(
+                node.pos,
+                Some(&join(field, "script")),
+                "a scripted model needs `script` (its file of turns)",
+            ),
+            (Some(_), false) => {
+                let pos = f.get("script").map_or(node.pos, |(k, _)| k.pos);
+                self.at(
+                    pos,
+                    Some(&join(field, "script")),
+                    "`script` is only for scripted models",
+                );
+            }
+            _ => {}
+        }
+        let max_tokens = f
+            .get("max_tokens")
+            .and_then(|(_, v)| self.uint(v, &join(field, "max_tokens"), 1))
+            .map(|n| n.min(u32::MAX as u64) as u32);
+        let temperature = f
+            .get("temperature")
+            .and_then(|(_, v)| self.number(v, &join(field, "temperature")));
+        let idle_timeout = f
+            .get("idle_timeout")
+            .and_then(|(_, v)| self.duration(v, &join(field, "idle_timeout")));
+        let timeout = f
+            .get("timeout")
+            .and_then(|(_, v)| self.duration(v, &join(field, "timeout")));
+        let retry = f
+            .get("retry")
+            .and_then(|(_, v)| self.retry(v, &join(field, "retry")));
+        let price = match f.get("price") {
+            Some((_, v)) => {
+                let pf = join(field, "price");
+                let p = self.fields(v, &pf, PRICE_FIELDS, "in a price")?;
+                let get = |cx: &mut Cx, key: &str| {
+                    p.get(key)
+                        .map(|(_, n)| cx.number(n, &join(&pf, key)))
+                        .unwrap_or(Some(0.0))
+                };
+                Some(ModelPrice {
+                    input: get(self, "input")?,
+                    output: get(self, "output")?,
+                    cache_read: get(self, "cache_read")?,
+                    cache_write: get(self, "cache_write")?,
+                })
+            }
+            None => None,
+        };
+        Some(ModelDef {
+            provider,
+            model,
+            api_key_env,
+            base_url,
+            max_tokens,
+            temperature,
+            idle_timeout,
+            timeout,
+            retry,
+            price,
+            script,
+        })
+    }
+
+    /// An `agent:` node's settings.
+    fn agent(&mut self, node: &Node, field: &str) -> Option<AgentSpec> {
+        let f = self.fields(node, field, AGENT_FIELDS, "in agent")?;
+        let model = f
+            .get("model")
+            .and_then(|(_, v)| self.string(v, &join(field, "model")));
+        if let Some((k, v)) = f.get("engine") {
+            let engine = self.string(v, &join(field, "engine"))?;
+            self.at_hint(
+                k.pos,
+                Some(&join(field, "engine")),
+                format!("agent engine `{engine}` is not available in this version of Cairn"),
+                Some("give the agent a `model` from `models` instead".into()),
+            );
+            return None;
+        }
+        if let Some((k, _)) = f.get("delegates") {
+            self.at_hint(
+                k.pos,
+                Some(&join(field, "delegates")),
+                "`delegates` is not available in this version of Cairn",
+                Some("run the child workflow as its own run for now".into()),
+            );
+            return None;
+        }
+        if model.is_none() {
+            self.at(
+                node.pos,
+                Some(&join(field, "model")),
+                "missing required field `model` (a name from `models`)",
+            );
+        }
+        let system = f
+            .get("system")
+            .and_then(|(_, v)| self.template(v, &join(field, "system")));
+        let prompt = match f.get("prompt") {
+            Some((_, v)) => self.template(v, &join(field, "prompt")),
+            None => {
+                self.at(
+                    node.pos,
+                    Some(&join(field, "prompt")),
+                    "missing required field `prompt` (the agent's task)",
+                );
+                None
+            }
+        };
+        let mut tools = Vec::new();
+        if let Some((_, v)) = f.get("tools") {
+            let tf = join(field, "tools");
+            match &v.value {
+                Yaml::Seq(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        let itf = format!("{tf}[{i}]");
+                        let Some(name) = self.string(item, &itf) else {
+                            continue;
+                        };
+                        if tools.contains(&name) {
+                            self.at(
+                                item.pos,
+                                Some(&itf),
+                                format!("tool `{name}` is listed twice"),
+                            );
+                        } else if AGENT_TOOLS.contains(&name.as_str()) {
+                            tools.push(name);
+                        } else if name.contains('.') {
+                            self.at_hint(
+                                item.pos,
+                                Some(&itf),
+                                format!("`{name}` names an MCP server's tool; `mcp_servers` are not available in this version of Cairn"),
+                                Some(format!("the tools are: {}", AGENT_TOOLS.join(", "))),
+                            );
+                        } else {
+                            let mut hint = String::new();
+                            if let Some(c) = closest(&name, AGENT_TOOLS.iter().copied()) {
+                                hint.push_str(&format!("did you mean `{c}`? "));
+                            }
+                            hint.push_str(&format!("the tools are: {}", AGENT_TOOLS.join(", ")));
+                            self.at_hint(
+                                item.pos,
+                                Some(&itf),
+                                format!("unknown tool `{name}`"),
+                                Some(hint),
+                            );
+                        }
+                    }
+                }
+                other => self.at(
+                    v.pos,
+                    Some(&tf),
+                    format!("expected a list of tool names, found {}", other.type_name()),
+                ),
+            }
+        }
+        let max_steps = match f.get("max_steps") {
+            Some((_, v)) => self
+                .uint(v, &join(field, "max_steps"), 1)
+                .map(|n| n.min(100_000) as u32),
+            None => Some(40),
+        };
+        let output_schema = match f.get("output_schema") {
+            Some((_, v)) => Some(self.json_schema(v, &join(field, "output_schema"))?),
+            None => None,
+        };
+        let schema_retries = match f.get("schema_retries") {
+            Some((_, v)) => self
+                .uint(v, &join(field, "schema_retries"), 0)
+                .map(|n| n.min(100) as u32),
+            None => Some(2),
+        };
+        let max_cost_usd = match f.get("max_cost_usd") {
+            Some((_, v)) => Some(self.positive(v, &join(field, "max_cost_usd"))?),
+            None => None,
+        };
+        Some(AgentSpec {
+            model,
+            engine: None,
+            system,
+            prompt: prompt?,
+            tools,
+            delegates: BTreeMap::new(),
+            max_steps: max_steps?,
+            output_schema,
+            schema_retries: schema_retries?,
+            max_cost_usd,
+        })
+    }
+
+    /// Every agent names a model the workflow declares (checked once the
+    /// whole file is read: `models` may come after `nodes`).
+    fn agent_models(
+        &mut self,
+        nodes: &[NodeSpec],
+        field: &str,
+        models: &BTreeMap<String, ModelDef>,
+    ) {
+        for (i, n) in nodes.iter().enumerate() {
+            let nf = format!("{field}[{i}]");
+            match &n.kind {
+                NodeKind::Agent(a) => {
+                    if let Some(m) = &a.model {
+                        if !models.contains_key(m) {
+                            let hint = if models.is_empty() {
+                                "declare it under `models:` at the top level".to_string()
+                            } else {
+                                format!(
+                                    "the workflow's models are: {}",
+                                    models.keys().cloned().collect::<Vec<_>>().join(", ")
+                                )
+                            };
+                            self.at_hint(
+                                Pos {
+                                    line: n.line,
+                                    col: 1,
+                                },
+                                Some(&format!("{nf}.agent.model")),
+                                format!(
+                                    "node `{}` names model `{m}`, which `models` does not declare",
+                                    n.id
+                                ),
+                                Some(hint),
+                            );
+                        }
+                    }
+                }
+                NodeKind::Loop { nodes, .. } => {
+                    self.agent_models(nodes, &format!("{nf}.loop.nodes"), models)
+                }
+                NodeKind::ForEach { nodes, .. } => {
+                    self.agent_models(nodes, &format!("{nf}.nodes"), models)
+                }
+                _ => {}
             }
         }
     }
@@ -1042,14 +1508,12 @@ impl Cx {
             Some("command") => allowed.extend(["command", "env", "cwd", "output", "sandbox"]),
             Some("for_each") => allowed.extend(["for_each", "as", "nodes"]),
             Some("tool") => allowed.extend(["tool", "args", "max_output_bytes", "sandbox"]),
+            Some("ask") => allowed.extend(["ask", "schema"]),
             Some(k) => allowed.push(k),
             // Unknown kind: accept every field some kind allows, so only true typos show.
-            None => allowed.extend(
-                KIND_KEYS
-                    .iter()
-                    .copied()
-                    .chain(["env", "cwd", "output", "as", "nodes", "args", "sandbox"]),
-            ),
+            None => allowed.extend(KIND_KEYS.iter().copied().chain([
+                "env", "cwd", "output", "as", "nodes", "args", "sandbox", "schema",
+            ])),
         }
         let what = match kind {
             Some(k) => format!("on a `{k}` node"),
@@ -1065,6 +1529,7 @@ impl Cx {
                     "as" => Some("for_each"),
                     "nodes" => Some("for_each"),
                     "args" => Some("tool"),
+                    "schema" => Some("ask"),
                     _ => None,
                 };
                 if let Some(owner) = owner {
@@ -1335,6 +1800,15 @@ impl Cx {
                 Some(NodeKind::Value(v.to_json()))
             }
             "approval" => self.template(v, &kf).map(NodeKind::Approval),
+            "ask" => {
+                let prompt = self.template(v, &kf)?;
+                let schema = match f.get("schema") {
+                    Some((_, sch)) => Some(self.json_schema(sch, &join(field, "schema"))?),
+                    None => None,
+                };
+                Some(NodeKind::Ask { prompt, schema })
+            }
+            "agent" => self.agent(v, &kf).map(|a| NodeKind::Agent(Box::new(a))),
             "tool" => {
                 let tool = self.string(v, &kf)?;
                 if tool.trim().is_empty() {

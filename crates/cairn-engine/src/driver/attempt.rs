@@ -28,6 +28,7 @@ impl Driver {
             self.ask_tx.clone(),
         );
         ctx.max_output_bytes = inst.spec.max_output_bytes.map(|b| b as usize);
+        ctx.spend = self.spend.clone();
         self.running.insert(key.clone(), cancel.clone());
         let tx = self.msg_tx.clone();
         let log = self.log.clone();

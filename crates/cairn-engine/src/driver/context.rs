@@ -147,6 +147,9 @@ pub(super) fn uses_templates(spec: &NodeSpec) -> bool {
             NodeKind::Value(v) => value_has(v),
             NodeKind::Approval(m) => has(m),
             NodeKind::Tool { args, .. } => value_has(args),
+            NodeKind::Ask { prompt, .. } => has(prompt),
+            // An agent renders its prompts in its attempt, with `nodes`.
+            NodeKind::Agent(_) => true,
             NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
         }
 }

@@ -44,7 +44,132 @@ impl Driver {
                 }
                 self.waiting.insert(key, reply);
             }
+            Ask::Input {
+                key,
+                request_id,
+                prompt,
+                schema,
+                reply,
+            } => {
+                if !self.running.contains_key(&key) {
+                    return;
+                }
+                // Answered while the run was down, or before this attempt
+                // asked again: the answer in the log is the answer.
+                let asked = self.state.questions.get(&request_id);
+                if let Some(answer) = asked.and_then(|q| q.answer.clone()) {
+                    let _ = reply.send(answer);
+                    return;
+                }
+                if matches!(self.cancelling, Some((CancelMechanism::Graceful, _))) {
+                    if let Some(t) = self.running.get(&key) {
+                        t.cancel();
+                    }
+                    return;
+                }
+                let waiting_already = self
+                    .state
+                    .node(&key.0, key.1)
+                    .is_some_and(|n| n.status == NodeStatus::WaitingInput);
+                if asked.is_some() && !waiting_already {
+                    // Asked by an attempt a crash cut short: this one waits
+                    // for the same answer.
+                    let scope = self.node_scope(&key);
+                    self.emit(
+                        scope,
+                        EventKind::NodeWaitingInput {
+                            request_id: request_id.clone(),
+                        },
+                    );
+                } else if asked.is_none() {
+                    let scope = self.node_scope(&key);
+                    self.emit(
+                        scope.clone(),
+                        EventKind::InputRequested {
+                            request_id: request_id.clone(),
+                            prompt,
+                            schema,
+                        },
+                    );
+                    self.emit(
+                        scope,
+                        EventKind::NodeWaitingInput {
+                            request_id: request_id.clone(),
+                        },
+                    );
+                }
+                self.asking.insert(request_id, (key, reply));
+            }
         }
+    }
+
+    /// Records the answer to an open question, once it matches the
+    /// question's schema, and hands it to the attempt that asked.
+    pub(super) async fn answer(
+        &mut self,
+        request_id: &str,
+        answer: Value,
+        by: Option<String>,
+    ) -> Result<(), EngineError> {
+        let q = self.state.questions.get(request_id).ok_or_else(|| {
+            EngineError::NotFound(format!(
+                "run `{}` has no question `{request_id}`",
+                self.run_id
+            ))
+        })?;
+        if q.answer.is_some() {
+            return Err(EngineError::Conflict(format!(
+                "question `{request_id}` of run `{}` was answered already",
+                self.run_id
+            )));
+        }
+        if let Some(schema) = &q.schema {
+            let validator = jsonschema::validator_for(schema).map_err(|e| {
+                EngineError::BadRequest(format!("the question's schema is not valid: {e}"))
+            })?;
+            let problems: Vec<String> = validator
+                .iter_errors(&answer)
+                .take(5)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    if at.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("at {at}: {e}")
+                    }
+                })
+                .collect();
+            if !problems.is_empty() {
+                return Err(EngineError::BadRequest(format!(
+                    "the answer to `{request_id}` does not match its schema: {}",
+                    problems.join("; ")
+                )));
+            }
+        }
+        let key = (q.node_id.clone(), q.iteration);
+        let scope = self.node_scope(&key);
+        self.emit(
+            scope,
+            EventKind::InputReceived {
+                request_id: request_id.to_string(),
+                answer: answer.clone(),
+                answered_by: by,
+            },
+        );
+        if self.announced != RunStatus::Running {
+            self.announced = RunStatus::Running;
+            self.emit(
+                Scope::run(),
+                EventKind::RunStatusChanged {
+                    status: RunStatus::Running,
+                },
+            );
+        }
+        self.log.sync().await?;
+        if let Some((_, reply)) = self.asking.remove(request_id) {
+            let _ = reply.send(answer);
+        }
+        Ok(())
     }
 
     /// Applies the commands waiting in the run's inbox, oldest first, and
@@ -123,10 +248,11 @@ impl Driver {
                     .await
                     .map(|_| None)
             }
-            RunCommand::Answer { request_id, .. } => Err(EngineError::NotFound(format!(
-                "no node of run `{}` waits for an answer to `{request_id}`",
-                self.run_id
-            ))),
+            RunCommand::Answer {
+                request_id,
+                answer,
+                by,
+            } => self.answer(&request_id, answer, by).await.map(|_| None),
         }
     }
 

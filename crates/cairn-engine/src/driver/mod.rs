@@ -111,6 +111,8 @@ pub(crate) struct Driver {
     /// Every instance path mounted so far, shared by each render.
     paths: Paths,
     frame_no: u64,
+    /// What the run has spent on models, shared with its agents' attempts.
+    spend: Arc<crate::agent::Spend>,
     dependents: KeyMap<Vec<Key>>,
     /// How many of each mounted instance's needs have not ended, so that a
     /// join is looked at in full once, not once per finished need.
@@ -132,6 +134,8 @@ pub(crate) struct Driver {
     /// no session, and leaves them to the next resume.)
     left_open: KeySet,
     waiting: KeyMap<oneshot::Sender<Decision>>,
+    /// Questions whose attempts wait for an answer, by request id.
+    asking: HashMap<String, (Key, oneshot::Sender<Value>)>,
     retry_pending: usize,
     msg_tx: mpsc::UnboundedSender<Msg>,
     msg_rx: mpsc::UnboundedReceiver<Msg>,
@@ -182,6 +186,7 @@ impl Driver {
             .unwrap_or(8)
             .max(1);
         let frame_no = init.state.frame_no;
+        let spend = Arc::new(crate::agent::Spend::new(init.state.cost_usd.unwrap_or(0.0)));
         // A run that stopped while waiting for a person still waits.
         let announced = match init.state.status {
             Some(s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput)) => s,
@@ -208,6 +213,7 @@ impl Driver {
             plan: Plan::default(),
             paths: Paths::default(),
             frame_no,
+            spend,
             dependents: Default::default(),
             unmet: Default::default(),
             group_remaining: Default::default(),
@@ -220,6 +226,7 @@ impl Driver {
             running: Default::default(),
             left_open: Default::default(),
             waiting: Default::default(),
+            asking: Default::default(),
             retry_pending: 0,
             msg_tx,
             msg_rx,
@@ -330,14 +337,14 @@ impl Driver {
                 return RunOutcome::Waiting;
             }
             if self.shutdown_grace.is_none() && self.is_waiting() {
-                if self.announced != RunStatus::WaitingApproval {
-                    self.announced = RunStatus::WaitingApproval;
-                    self.emit(
-                        Scope::run(),
-                        EventKind::RunStatusChanged {
-                            status: RunStatus::WaitingApproval,
-                        },
-                    );
+                let status = if self.asking.is_empty() {
+                    RunStatus::WaitingApproval
+                } else {
+                    RunStatus::WaitingInput
+                };
+                if self.announced != status {
+                    self.announced = status;
+                    self.emit(Scope::run(), EventKind::RunStatusChanged { status });
                     if let Err(e) = self.log.sync().await {
                         return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
                     }
@@ -417,8 +424,21 @@ impl Driver {
     }
 
     /// Nothing runs but attempts waiting for a person, and nothing is ready.
+    /// Attempts that wait for a person: at a gate, or for an answer.
+    fn waiting_count(&self) -> usize {
+        let mut asking: Vec<&Key> = self
+            .asking
+            .values()
+            .map(|(k, _)| k)
+            .filter(|k| !self.waiting.contains_key(*k))
+            .collect();
+        asking.sort_unstable();
+        asking.dedup();
+        self.waiting.len() + asking.len()
+    }
+
     fn idle(&self) -> bool {
-        self.running.len() == self.waiting.len()
+        self.running.len() == self.waiting_count()
             && self.check_queue.is_empty()
             && self.cancelling.is_none()
             && self.failing.is_none()
@@ -469,8 +489,8 @@ impl Driver {
     }
 
     fn is_waiting(&self) -> bool {
-        !self.waiting.is_empty()
-            && self.running.len() == self.waiting.len()
+        (!self.waiting.is_empty() || !self.asking.is_empty())
+            && self.running.len() == self.waiting_count()
             && self.ready.is_empty()
             && self.retry_pending == 0
             && self.cancelling.is_none()

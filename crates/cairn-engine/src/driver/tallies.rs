@@ -128,11 +128,24 @@ impl Driver {
                 duration_ms: d,
             })
             .collect();
+        // Agents log their model calls themselves: what this session's
+        // calls add to what the log held when the driver started.
+        let (session_tokens, session_usd) = self.spend.session();
+        let mut tokens = self.state.tokens.clone();
+        tokens.input += session_tokens.input;
+        tokens.output += session_tokens.output;
+        tokens.cache_read += session_tokens.cache_read;
+        tokens.cache_write += session_tokens.cache_write;
+        tokens.reasoning += session_tokens.reasoning;
+        let cost_usd = match (self.state.cost_usd, session_usd) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
         EventKind::RunSummary {
             duration_ms: self.duration_ms(),
             nodes,
-            tokens: self.state.tokens.clone(),
-            cost_usd: self.state.cost_usd,
+            tokens,
+            cost_usd,
             timings,
         }
     }

@@ -1,0 +1,152 @@
+//! What the log and the store hold of an agent's conversation, so that an
+//! attempt that continues an interrupted one rebuilds it exactly: the
+//! model's messages from `AgentStepFinished`, the tools' results from the
+//! calls' rows.
+
+use std::collections::HashMap;
+
+use cairn_agent::AssistantMessage;
+use cairn_events::{ErrorInfo, EventKind};
+use cairn_store::{EventQuery, ToolCallRecord};
+use serde_json::Value;
+
+use crate::node::{NodeCtx, NodeError};
+
+/// The conversation an attempt takes up, as the log left it.
+#[derive(Debug, Default)]
+pub(super) struct History {
+    /// The attempt that began the conversation: this one, unless the
+    /// attempts before it were interrupted by a crash (then the first of
+    /// them). Part of every tool call's idempotency key.
+    pub origin: u32,
+    /// The finished steps in order, with the model's message of each.
+    pub steps: Vec<(u32, AssistantMessage)>,
+    /// The step that was asked for and never answered when the process
+    /// died: asked again, the one repeat a crash costs.
+    pub unanswered: Option<u32>,
+    /// The conversation's tool calls by idempotency key (the latest row
+    /// when a call was made twice).
+    pub calls: HashMap<String, ToolCallRecord>,
+    /// What this node has spent on models in every attempt of this pass.
+    pub spent_usd: f64,
+}
+
+impl History {
+    /// Reads the history of `ctx`'s node and pass. The first attempt has
+    /// none, and reads nothing.
+    pub(super) async fn load(ctx: &NodeCtx) -> Result<History, NodeError> {
+        if ctx.attempt <= 1 {
+            return Ok(History {
+                origin: ctx.attempt.max(1),
+                ..History::default()
+            });
+        }
+        let backend = ctx.services.journal.backend().clone();
+        let run_id = ctx.run_id.clone();
+        let node = ctx.node_id.to_string();
+        let iteration = ctx.iteration;
+        let (events, records) = tokio::task::spawn_blocking(move || {
+            let events = backend.read_events(
+                &run_id,
+                &EventQuery {
+                    node: Some(node.clone()),
+                    types: [
+                        "NodeFailed",
+                        "AgentStepStarted",
+                        "AgentStepFinished",
+                        "TokenUsageReported",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                    ..EventQuery::default()
+                },
+            )?;
+            let records = backend.tool_calls(&run_id, &node, iteration)?;
+            Ok::<_, cairn_store::StoreError>((events, records))
+        })
+        .await
+        .map_err(|e| NodeError::new("internal", e.to_string()))??;
+
+        let mut failed: HashMap<u32, String> = HashMap::new();
+        let mut started: Vec<(u32, u32)> = Vec::new();
+        let mut finished: Vec<(u32, u32, Value)> = Vec::new();
+        let mut spent = 0.0;
+        for stored in &events {
+            let Ok(ev) = stored.decode() else { continue };
+            if ev.scope.iteration != Some(iteration) {
+                continue;
+            }
+            let attempt = ev.scope.attempt.unwrap_or(0);
+            match ev.kind {
+                EventKind::NodeFailed { error, .. } => {
+                    failed.insert(attempt, error.kind);
+                }
+                EventKind::AgentStepStarted { step, .. } => started.push((attempt, step)),
+                EventKind::AgentStepFinished { step, message, .. } => {
+                    finished.push((attempt, step, message))
+                }
+                EventKind::TokenUsageReported { cost_usd, .. } => spent += cost_usd.unwrap_or(0.0),
+                _ => {}
+            }
+        }
+        // The attempts before this one that a crash cut short belong to
+        // this conversation; the first one that ended otherwise does not.
+        let mut origin = ctx.attempt;
+        while origin > 1 && failed.get(&(origin - 1)).map(String::as_str) == Some("interrupted") {
+            origin -= 1;
+        }
+        let ours = |a: u32| a >= origin && a < ctx.attempt;
+        let mut steps: Vec<(u32, AssistantMessage)> = Vec::new();
+        for (attempt, step, message) in finished {
+            if !ours(attempt) || steps.iter().any(|(s, _)| *s == step) {
+                continue;
+            }
+            let message: AssistantMessage = serde_json::from_value(message).map_err(|e| {
+                NodeError::fatal(
+                    "agent",
+                    format!("the log's message of step {step} cannot be read back: {e}"),
+                )
+            })?;
+            steps.push((step, message));
+        }
+        steps.sort_by_key(|(s, _)| *s);
+        let unanswered = started
+            .iter()
+            .filter(|(a, s)| ours(*a) && !steps.iter().any(|(f, _)| f == s))
+            .map(|(_, s)| *s)
+            .max();
+        let mut calls: HashMap<String, ToolCallRecord> = HashMap::new();
+        for rec in records {
+            if !ours(rec.attempt) {
+                continue;
+            }
+            match calls.get(&rec.idempotency_key) {
+                Some(old) if old.attempt > rec.attempt => {}
+                _ => {
+                    calls.insert(rec.idempotency_key.clone(), rec);
+                }
+            }
+        }
+        Ok(History {
+            origin,
+            steps,
+            unanswered,
+            calls,
+            spent_usd: spent,
+        })
+    }
+}
+
+/// How a recorded call ended: `None` when it started and never finished
+/// (the process died while it ran), else its result as the model saw it.
+pub(super) fn outcome(rec: &ToolCallRecord) -> Option<Result<Value, ErrorInfo>> {
+    match rec.status.as_str() {
+        "success" => Some(Ok(rec.output.clone().unwrap_or(Value::Null))),
+        "error" => Some(Err(rec
+            .error
+            .clone()
+            .and_then(|e| serde_json::from_value(e).ok())
+            .unwrap_or_else(|| ErrorInfo::new("tool", "the call failed")))),
+        _ => None,
+    }
+}

@@ -1,0 +1,304 @@
+//! The tools an agent may call, and how one step's calls run: each a
+//! recorded call with the idempotency key of its place in the
+//! conversation, reads side by side, side effects one at a time, and
+//! whatever the model gets wrong (an unknown tool, arguments that are not
+//! JSON) a result it reads rather than the node's failure.
+
+use std::sync::Arc;
+
+use cairn_agent::{ToolCall, ToolDef, ToolResult};
+use cairn_events::ErrorInfo;
+use cairn_tools::Tool;
+use serde_json::{json, Value};
+
+use super::history::{outcome, History};
+use super::tool_result;
+use crate::node::{CallInfo, NodeCtx, NodeError};
+
+/// The name of the tool that asks a person.
+const ASK_USER: &str = "ask_user";
+
+/// What an agent may call.
+pub(super) struct Toolbox<'a> {
+    ctx: &'a NodeCtx,
+    builtin: Vec<Arc<dyn Tool>>,
+    ask_user: bool,
+    defs: Vec<ToolDef>,
+}
+
+/// How one call of a step is to be carried out.
+enum Plan<'c> {
+    /// Its result is in the store already.
+    Known(Result<Value, ErrorInfo>),
+    /// It started before a crash and may have taken effect.
+    Unknown,
+    /// It is to run now.
+    Run(&'c ToolCall, bool),
+}
+
+impl<'a> Toolbox<'a> {
+    /// The tools `names` names: built-in sandbox tools and `ask_user`.
+    /// The workflow was validated, so an unknown name is the engine's
+    /// mistake (or a kind of tool this build does not have).
+    pub(super) fn new(ctx: &'a NodeCtx, names: &[String]) -> Result<Toolbox<'a>, NodeError> {
+        let mut builtin = Vec::new();
+        let mut ask_user = false;
+        let mut defs = Vec::new();
+        for name in names {
+            if name == ASK_USER {
+                ask_user = true;
+                defs.push(ToolDef {
+                    name: ASK_USER.into(),
+                    description: "Ask the person running this workflow a question and wait for \
+                                  the answer. Use it when you need a decision or information \
+                                  that only they have."
+                        .into(),
+                    parameters: json!({
+                        "type": "object",
+                        "properties": {
+                            "question": {"type": "string", "description": "The question."},
+                            "schema": {"type": "object", "description": "Optional JSON Schema the answer must match."}
+                        },
+                        "required": ["question"],
+                        "additionalProperties": false
+                    }),
+                });
+                continue;
+            }
+            let Some(tool) = ctx.services.tools.get(name) else {
+                return Err(NodeError::fatal(
+                    "unsupported",
+                    format!("the agent's tool `{name}` is not available in this build of Cairn"),
+                ));
+            };
+            let spec = tool.spec();
+            defs.push(ToolDef {
+                name: spec.name.clone(),
+                description: spec.description.clone(),
+                parameters: spec.args_schema.clone(),
+            });
+            builtin.push(tool);
+        }
+        Ok(Toolbox {
+            ctx,
+            builtin,
+            ask_user,
+            defs,
+        })
+    }
+
+    /// The tools as the model is told of them.
+    pub(super) fn defs(&self) -> &[ToolDef] {
+        &self.defs
+    }
+
+    fn find(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.builtin.iter().find(|t| t.spec().name == name)
+    }
+
+    /// Whether a call only reads (so it may run beside others).
+    fn reads_only(&self, name: &str) -> bool {
+        if name == ASK_USER && self.ask_user {
+            return true;
+        }
+        self.find(name).is_some_and(|t| !t.spec().side_effect)
+    }
+
+    /// Carries out the calls of step `step` in the model's order, taking
+    /// from `history` what an earlier attempt of the conversation already
+    /// did, and returns their results in that order.
+    pub(super) async fn run_calls(
+        &self,
+        history: &History,
+        step: u32,
+        calls: &[ToolCall],
+    ) -> Result<Vec<ToolResult>, NodeError> {
+        let ctx = self.ctx;
+        let keys: Vec<String> = (0..calls.len())
+            .map(|i| {
+                cairn_tools::agent_call_key(
+                    &ctx.run_id,
+                    ctx.node_id.as_str(),
+                    ctx.iteration,
+                    history.origin,
+                    step,
+                    i as u32,
+                )
+            })
+            .collect();
+        let plans: Vec<Plan> = calls
+            .iter()
+            .zip(&keys)
+            .map(|(call, key)| match history.calls.get(key) {
+                None => Plan::Run(call, self.reads_only(&call.name)),
+                Some(rec) => match outcome(rec) {
+                    Some(result) => Plan::Known(result),
+                    // A read is harmless to run again; a side effect is not.
+                    None if self.reads_only(&call.name) => Plan::Run(call, true),
+                    None => Plan::Unknown,
+                },
+            })
+            .collect();
+        let mut results: Vec<Option<Result<Value, ErrorInfo>>> = vec![None; calls.len()];
+        let mut i = 0;
+        while i < plans.len() {
+            match &plans[i] {
+                Plan::Known(r) => {
+                    results[i] = Some(r.clone());
+                    i += 1;
+                }
+                Plan::Unknown => {
+                    results[i] = Some(Err(ErrorInfo::new(
+                        "interrupted",
+                        format!(
+                            "this call was started before Cairn stopped and may or may not have \
+                             taken effect (idempotency key {}); check its effect before \
+                             repeating it",
+                            keys[i]
+                        ),
+                    )));
+                    i += 1;
+                }
+                Plan::Run(call, false) => {
+                    results[i] = Some(self.run_one(call, &keys[i]).await?);
+                    i += 1;
+                }
+                Plan::Run(_, true) => {
+                    // A run of reads: side by side.
+                    let mut j = i;
+                    let mut batch = Vec::new();
+                    while let Some(Plan::Run(call, true)) = plans.get(j) {
+                        batch.push((j, self.run_one(call, &keys[j])));
+                        j += 1;
+                    }
+                    let (at, futs): (Vec<usize>, Vec<_>) = batch.into_iter().unzip();
+                    for (k, r) in at.into_iter().zip(futures::future::join_all(futs).await) {
+                        results[k] = Some(r?);
+                    }
+                    i = j;
+                }
+            }
+        }
+        Ok(calls
+            .iter()
+            .zip(results)
+            .map(|(call, r)| {
+                let r = r.unwrap_or_else(|| Err(ErrorInfo::new("internal", "not run")));
+                tool_result(&call.id, &call.name, &r)
+            })
+            .collect())
+    }
+
+    /// Runs one call as a recorded call. What the model got wrong is the
+    /// inner error; the outer one stops the attempt.
+    async fn run_one(
+        &self,
+        call: &ToolCall,
+        key: &str,
+    ) -> Result<Result<Value, ErrorInfo>, NodeError> {
+        let ctx = self.ctx;
+        let args = parse_args(&call.args);
+        let input = args
+            .clone()
+            .unwrap_or_else(|_| Value::String(call.args.clone()));
+        if call.name == ASK_USER && self.ask_user {
+            let info = CallInfo {
+                name: ASK_USER,
+                key: Some(key.to_string()),
+                side_effect: false,
+                idempotent: true,
+                output_limit: usize::MAX,
+            };
+            return ctx
+                .recorded_call(info, input, |_, key| async move {
+                    let args = args?;
+                    let question = args
+                        .get("question")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| ErrorInfo::new("arguments", "`question` must be a string"))?
+                        .to_string();
+                    let schema = args.get("schema").cloned().filter(|s| !s.is_null());
+                    ctx.ask_person(question, schema, Some(key))
+                        .await
+                        .map_err(|e| e.info)
+                })
+                .await;
+        }
+        match self.find(&call.name) {
+            Some(tool) => match args {
+                Ok(args) => {
+                    ctx.run_tool(tool, args, Some(key.to_string()), &Default::default())
+                        .await
+                }
+                Err(e) => self.refuse(call, key, input, e).await,
+            },
+            None => {
+                let known: Vec<&str> = self.defs.iter().map(|d| d.name.as_str()).collect();
+                let e = ErrorInfo::new(
+                    "unknown_tool",
+                    format!(
+                        "there is no tool `{}`; the tools are: {}",
+                        call.name,
+                        known.join(", ")
+                    ),
+                );
+                self.refuse(call, key, input, e).await
+            }
+        }
+    }
+
+    /// Records a call that cannot run, with the reason as its result.
+    async fn refuse(
+        &self,
+        call: &ToolCall,
+        key: &str,
+        input: Value,
+        error: ErrorInfo,
+    ) -> Result<Result<Value, ErrorInfo>, NodeError> {
+        let info = CallInfo {
+            name: &call.name,
+            key: Some(key.to_string()),
+            side_effect: false,
+            idempotent: true,
+            output_limit: usize::MAX,
+        };
+        self.ctx
+            .recorded_call(info, input, |_, _| async move { Err(error) })
+            .await
+    }
+}
+
+/// A call's arguments as the model wrote them: a JSON object (an empty
+/// string is no arguments).
+fn parse_args(raw: &str) -> Result<Value, ErrorInfo> {
+    if raw.trim().is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    match serde_json::from_str::<Value>(raw) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(ErrorInfo::new(
+            "arguments",
+            "the arguments must be a JSON object",
+        )),
+        Err(e) => Err(ErrorInfo::new(
+            "arguments",
+            format!("the arguments are not valid JSON: {e}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_args;
+
+    #[test]
+    fn arguments_must_be_a_json_object() {
+        assert!(parse_args("").unwrap().as_object().unwrap().is_empty());
+        assert!(parse_args("{\"path\": \"a\"}").is_ok());
+        assert_eq!(parse_args("[1]").unwrap_err().kind, "arguments");
+        assert!(parse_args("{\"path\": ")
+            .unwrap_err()
+            .message
+            .contains("not valid JSON"));
+    }
+}
