@@ -150,8 +150,13 @@ impl Recorded {
     }
 }
 
+/// Chooses a reply from the request (a model that answers by the
+/// conversation, however often it is asked).
+type Responder = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;
+
 #[derive(Default)]
 struct Shared {
+    responder: Mutex<Option<Responder>>,
     replies: Mutex<VecDeque<Reply>>,
     /// Played when the queue is empty.
     fallback: Mutex<Option<Reply>>,
@@ -201,6 +206,12 @@ impl FakeProvider {
         *self.shared.fallback.lock().unwrap() = Some(reply);
     }
 
+    /// Answers every request with what `f` makes of it (the queue and the
+    /// fallback are not used then).
+    pub fn respond_with(&self, f: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) {
+        *self.shared.responder.lock().unwrap() = Some(Arc::new(f));
+    }
+
     /// The requests so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.requests.lock().unwrap().clone()
@@ -217,12 +228,15 @@ async fn serve(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let body = axum::body::to_bytes(req.into_body(), 64 << 20)
         .await
         .unwrap_or_default();
-    shared.requests.lock().unwrap().push(Recorded {
+    let recorded = Recorded {
         path,
         headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-    });
-    let reply = shared.replies.lock().unwrap().pop_front();
+    };
+    let responder = shared.responder.lock().unwrap().clone();
+    let chosen = responder.map(|f| f(&recorded));
+    shared.requests.lock().unwrap().push(recorded);
+    let reply = chosen.or_else(|| shared.replies.lock().unwrap().pop_front());
     let reply = reply
         .or_else(|| shared.fallback.lock().unwrap().clone())
         .unwrap_or_else(|| {

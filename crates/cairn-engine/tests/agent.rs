@@ -1,0 +1,438 @@
+//! The `agent` node end to end: a real SQLite store, the real sandboxed
+//! tools, and a fake OpenAI-compatible server on 127.0.0.1 that answers by
+//! the conversation it is sent.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_agent::testing::{FakeProvider, Recorded, Reply};
+use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
+use cairn_events::{Event, EventKind, ToolStatus};
+use cairn_store::{Journal, JournalOptions};
+use serde_json::{json, Value};
+
+fn journal(dir: &std::path::Path) -> Journal {
+    Journal::open_sqlite(
+        &dir.join("cairn.db"),
+        JournalOptions {
+            log_dir: Some(dir.join("logs")),
+        },
+    )
+    .unwrap()
+}
+
+fn workflow(dir: &std::path::Path, yaml: &str) -> cairn_workflow::Workflow {
+    let path = dir.join("wf.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    cairn_workflow::load(&path).unwrap()
+}
+
+fn stored(engine: &Engine, run: &str) -> Vec<Event> {
+    engine
+        .journal()
+        .backend()
+        .read_events(run, &Default::default())
+        .unwrap()
+        .iter()
+        .map(|s| s.decode().unwrap())
+        .collect()
+}
+
+/// One streamed Chat Completions answer: text, then tool calls, then usage.
+fn turn(text: &str, calls: &[(&str, &str)], usage: (u64, u64), every: Duration) -> Reply {
+    let mut events = Vec::new();
+    for piece in text.as_bytes().chunks(5) {
+        let p = String::from_utf8_lossy(piece);
+        events.push(json!({"choices": [{"index": 0, "delta": {"content": p}}]}).to_string());
+    }
+    for (i, (name, args)) in calls.iter().enumerate() {
+        events.push(
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "id": format!("call_{i}"),
+                "type": "function", "function": {"name": name, "arguments": args}}]}}]})
+            .to_string(),
+        );
+    }
+    let finish = if calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    events
+        .push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}).to_string());
+    events.push(
+        json!({"choices": [], "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1}})
+            .to_string(),
+    );
+    events.push("[DONE]".into());
+    Reply::sse(events).every(every)
+}
+
+/// How many model answers the conversation of a request holds.
+fn answers(r: &Recorded) -> usize {
+    r.body["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count())
+}
+
+fn wf_yaml(url: &str, agent: &str) -> String {
+    format!(
+        r#"
+name: agent-test
+models:
+  m:
+    provider: openai
+    model: gpt-4o
+    base_url: {url}
+    idle_timeout: 5s
+    retry: {{ attempts: 2, delay: 10ms }}
+nodes:
+  - id: a
+    agent:
+      model: m
+      system: You are careful.
+      prompt: "Work on {{{{ input.task }}}}"
+{agent}
+"#
+    )
+}
+
+async fn run(engine: &Engine, wf: cairn_workflow::Workflow, run_id: &str) -> RunOutcome {
+    let opts = StartOptions {
+        run_id: Some(run_id.into()),
+        ..StartOptions::default()
+    };
+    engine
+        .start(wf, json!({"task": "the file"}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_calls_tools_reads_its_mistakes_and_answers_in_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("in.txt"), "forty-two\n").unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| match answers(r) {
+        0 => turn(
+            "Reading.",
+            &[
+                ("read", r#"{"path": "in.txt"}"#),
+                ("fly", "{}"),
+                ("read", r#"{"pa"#),
+            ],
+            (100, 20),
+            Duration::ZERO,
+        ),
+        1 => turn("It says 42.", &[], (150, 10), Duration::ZERO),
+        _ => turn(r#"{"answer": 42}"#, &[], (170, 8), Duration::ZERO),
+    });
+    let yaml = wf_yaml(
+        &server.url(),
+        "      tools: [read]\n      output_schema: { type: object, required: [answer], properties: { answer: { type: integer } } }",
+    );
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = run(&engine, workflow(dir.path(), &yaml), "ag1").await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let state = engine.state("ag1").unwrap();
+    let node = state.node("a", 0).unwrap();
+    assert_eq!(
+        node.output.as_ref().unwrap().to_value(),
+        json!({"answer": 42})
+    );
+
+    let evs = stored(&engine, "ag1");
+    let kinds: Vec<&EventKind> = evs.iter().map(|e| &e.kind).collect();
+    // Step 1 is finished before its calls start; the calls' results are
+    // recorded, mistakes included.
+    let pos = |f: &dyn Fn(&EventKind) -> bool| kinds.iter().position(|k| f(k)).unwrap();
+    let step1_done = pos(&|k| matches!(k, EventKind::AgentStepFinished { step: 1, .. }));
+    let first_call = pos(&|k| matches!(k, EventKind::ToolCallStarted { .. }));
+    assert!(step1_done < first_call);
+    let finished: Vec<(String, ToolStatus)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolCallFinished {
+                tool_name, status, ..
+            } => Some((tool_name.clone(), *status)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        finished,
+        vec![
+            ("read".into(), ToolStatus::Success),
+            ("fly".into(), ToolStatus::Error),
+            ("read".into(), ToolStatus::Error),
+        ]
+    );
+    // Every step: started, usage, finished; three model calls in all (the
+    // second answer broke the schema and was sent back).
+    let steps = evs
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::AgentStepStarted { .. }))
+        .count();
+    assert_eq!(steps, 3);
+    let tokens: u64 = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsageReported { input_tokens, .. } => Some(*input_tokens),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(tokens, 100 + 150 + 170);
+    let summary = evs.iter().find_map(|e| match &e.kind {
+        EventKind::RunSummary {
+            tokens, cost_usd, ..
+        } => Some((tokens.clone(), *cost_usd)),
+        _ => None,
+    });
+    let (t, cost) = summary.unwrap();
+    assert_eq!((t.input, t.output), (420, 38));
+    assert!(cost.unwrap() > 0.0, "gpt-4o is priced");
+    if let Some(EventKind::AgentStepFinished {
+        message,
+        finish_reason,
+        ..
+    }) = kinds.get(step1_done).copied()
+    {
+        assert_eq!(finish_reason, "tool_calls");
+        assert_eq!(message["toolCalls"][1]["name"], "fly");
+    }
+
+    // What the model read back: each result by its call, mistakes as errors.
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3);
+    let msgs = reqs[1].body["messages"].as_array().unwrap();
+    let tool_msgs: Vec<&Value> = msgs.iter().filter(|m| m["role"] == "tool").collect();
+    assert_eq!(tool_msgs.len(), 3);
+    assert!(tool_msgs[0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("forty-two"));
+    assert!(
+        tool_msgs[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("unknown_tool"),
+        "{}",
+        tool_msgs[1]
+    );
+    assert!(
+        tool_msgs[2]["content"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{}",
+        tool_msgs[2]
+    );
+    let last = reqs[2].body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "user");
+    assert!(
+        last["content"].as_str().unwrap().contains("does not match"),
+        "{last}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_fail_the_node_with_their_own_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| {
+        if r.body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .contains("schema")
+        {
+            turn("not json", &[], (10, 1), Duration::ZERO)
+        } else {
+            turn(
+                "again",
+                &[("read", r#"{"path": "nothing"}"#)],
+                (1_000_000, 0),
+                Duration::ZERO,
+            )
+        }
+    });
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let cases = [
+        ("      tools: [read]\n      max_steps: 3", "max_steps"),
+        ("      tools: [read]\n      max_cost_usd: 4", "budget"),
+    ];
+    for (i, (agent, kind)) in cases.iter().enumerate() {
+        let run_id = format!("lim{i}");
+        let outcome = run(
+            &engine,
+            workflow(dir.path(), &wf_yaml(&server.url(), agent)),
+            &run_id,
+        )
+        .await;
+        assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
+        let st = engine.state(&run_id).unwrap();
+        assert_eq!(st.node("a", 0).unwrap().error().unwrap().kind, *kind);
+    }
+    // An answer that never matches the schema.
+    let yaml = wf_yaml(
+        &server.url(),
+        "      system: schema\n      output_schema: { type: object }\n      schema_retries: 1",
+    )
+    .replace("      system: You are careful.\n", "");
+    let outcome = run(&engine, workflow(dir.path(), &yaml), "sch").await;
+    assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
+    let st = engine.state("sch").unwrap();
+    assert_eq!(st.node("a", 0).unwrap().error().unwrap().kind, "schema");
+}
+
+/// The model's script for the crash test: two side effects (appends to
+/// `side.log`), a write and a read, then the answer.
+fn crash_script(r: &Recorded) -> Reply {
+    let every = Duration::from_millis(15);
+    match answers(r) {
+        0 => turn(
+            "First effect.",
+            &[("bash", r#"{"argv": ["sh", "-c", "echo one >> side.log"]}"#)],
+            (10, 1),
+            every,
+        ),
+        1 => turn(
+            "Write, read.",
+            &[
+                ("write", r#"{"path": "a.txt", "content": "A"}"#),
+                ("read", r#"{"path": "a.txt"}"#),
+            ],
+            (20, 2),
+            every,
+        ),
+        2 => turn(
+            "Second effect.",
+            &[("bash", r#"{"argv": ["sh", "-c", "echo two >> side.log"]}"#)],
+            (30, 3),
+            every,
+        ),
+        _ => turn("All done here.", &[], (40, 4), every),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stopped_anywhere_repeats_nothing_it_finished() {
+    let server = FakeProvider::start().await;
+    server.respond_with(crash_script);
+    // Stop the engine at the n-th event of each session, for many n.
+    let mut stats = (0usize, 0usize);
+    for stop_at in [4usize, 7, 9, 12, 15, 18, 22, 26, 31] {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = wf_yaml(&server.url(), "      tools: [bash, write, read]");
+        let wf = workflow(dir.path(), &yaml);
+        let before = server.requests().len();
+        let mut sessions = 0;
+        let outcome = loop {
+            sessions += 1;
+            assert!(sessions < 40, "the run never finished");
+            let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+            let seen = Arc::new(Mutex::new(0usize));
+            let (s2, e2) = (seen.clone(), engine.clone());
+            let rt = tokio::runtime::Handle::current();
+            // Later sessions stop later, and the seventh not at all, so
+            // that every run ends.
+            let stop = (sessions < 7).then_some(stop_at + 8 * (sessions - 1));
+            let opts = StartOptions {
+                run_id: Some("crash".into()),
+                observer: Some(Arc::new(move |_: &Event| {
+                    let mut n = s2.lock().unwrap();
+                    *n += 1;
+                    if Some(*n) == stop {
+                        let e = e2.clone();
+                        rt.spawn(async move { e.shutdown(Duration::ZERO).await });
+                    }
+                })),
+                ..StartOptions::default()
+            };
+            let handle = if sessions == 1 {
+                engine
+                    .start(wf.clone(), json!({"task": "x"}), opts)
+                    .await
+                    .unwrap()
+            } else {
+                engine.resume("crash", opts).await.unwrap()
+            };
+            let outcome = handle.wait().await;
+            engine.shutdown(Duration::ZERO).await;
+            engine.journal().close();
+            if !matches!(outcome, RunOutcome::Interrupted) {
+                break outcome;
+            }
+        };
+        assert!(
+            matches!(outcome, RunOutcome::Finished(_)),
+            "stop at {stop_at}: {outcome:?}"
+        );
+        assert!(
+            sessions > 1 || stop_at > 30,
+            "stop at {stop_at}: the run was never stopped"
+        );
+        let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+        let evs = stored(&engine, "crash");
+        // No side effect twice: a call whose end was committed never runs
+        // again, one that started and never ended is not run blindly.
+        let side = std::fs::read_to_string(dir.path().join("side.log")).unwrap_or_default();
+        for line in ["one", "two"] {
+            assert!(
+                side.lines().filter(|l| *l == line).count() <= 1,
+                "stop at {stop_at}: {side:?}"
+            );
+        }
+        // No step asked again once its answer was committed: every request
+        // is a logged step start, and a finished step is never started again.
+        let mut finished_steps = std::collections::HashSet::new();
+        let mut starts = 0;
+        for e in &evs {
+            match &e.kind {
+                EventKind::AgentStepStarted { step, .. } => {
+                    starts += 1;
+                    assert!(
+                        !finished_steps.contains(step),
+                        "stop at {stop_at}: step {step} asked again"
+                    );
+                }
+                EventKind::AgentStepFinished { step, .. } => {
+                    assert!(
+                        finished_steps.insert(*step),
+                        "stop at {stop_at}: step {step} finished twice"
+                    );
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(finished_steps.len(), 4, "stop at {stop_at}");
+        let requests = server.requests().len() - before;
+        assert!(
+            requests <= starts,
+            "stop at {stop_at}: {requests} requests, {starts} logged steps"
+        );
+        // Token totals are the finished calls' own, once each.
+        let input: u64 = evs
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::TokenUsageReported { input_tokens, .. } => Some(*input_tokens),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(input, 10 + 20 + 30 + 40, "stop at {stop_at}");
+        let reasked = evs
+            .iter()
+            .filter(|e| matches!(&e.kind, EventKind::AgentGenerationRetried { reason, .. } if reason == "interrupted"))
+            .count();
+        eprintln!("stop at {stop_at}: {sessions} sessions, {starts} step starts, {reasked} re-asked, side {side:?}");
+        stats.0 += usize::from(sessions > 1);
+        stats.1 += reasked;
+        engine.journal().close();
+    }
+    // The stops did cut steps while they streamed.
+    assert!(stats.0 >= 5 && stats.1 >= 1, "{stats:?}");
+}
