@@ -420,6 +420,76 @@ fn exit_on_wait_then_approve_from_another_process_then_resume() {
     assert_eq!(logs.stdout, std::fs::read(env.mirror("g1")).unwrap());
 }
 
+const ASKING: &str = r#"
+name: asking
+nodes:
+  - id: branch
+    ask: "Which branch should the fix go to?"
+    schema: { type: string, enum: [main, release] }
+  - id: use
+    needs: [branch]
+    value: "going to {{ nodes.branch.output }}"
+output: "{{ nodes.use.output }}"
+"#;
+
+#[test]
+fn a_question_exits_3_is_answered_from_another_process_and_resumed() {
+    let env = Env::new();
+    let wf = env.write("asking.yaml", ASKING);
+    let out = env.run(&[
+        "run",
+        wf.to_str().unwrap(),
+        "--run-id",
+        "q1",
+        "--exit-on-wait",
+    ]);
+    assert_code(&out, 3);
+    let st = env.state("q1").unwrap();
+    assert_eq!(st["status"], "waiting-input");
+    let (rid, q) = st["questions"].as_object().unwrap().iter().next().unwrap();
+    assert_eq!(q["prompt"], "Which branch should the fix go to?");
+    assert!(
+        text(&out.stdout).contains(&format!("cairn answer q1 {rid}")),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // An answer outside the schema is refused with the reason; nothing changes.
+    let bad = env.run(&["answer", "q1", rid, "develop"]);
+    assert_code(&bad, 4);
+    assert!(
+        text(&bad.stderr).contains("does not match its schema"),
+        "{}",
+        text(&bad.stderr)
+    );
+    assert_code(&env.run(&["answer", "q1", "q-0000000000000000", "main"]), 4);
+    assert_eq!(env.state("q1").unwrap()["status"], "waiting-input");
+
+    assert_code(
+        &env.run(&["answer", "q1", rid, "release", "--by", "bob"]),
+        0,
+    );
+    // Answering twice is refused.
+    assert_code(&env.run(&["answer", "q1", rid, "main"]), 4);
+    let resumed = env.run(&["resume", "q1"]);
+    assert_code(&resumed, 0);
+    let st = env.state("q1").unwrap();
+    assert_eq!(st["output"], "going to release");
+    assert_eq!(st["questions"][rid.as_str()]["answer"], "release");
+    assert_eq!(st["questions"][rid.as_str()]["answeredBy"], "bob");
+    let logs = text(&env.run(&["logs", "q1", "--json"]).stdout);
+    let received: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("\"InputReceived\""))
+        .collect();
+    assert_eq!(received.len(), 1, "{logs}");
+    assert!(
+        received[0].contains("\"answer\":\"release\""),
+        "{}",
+        received[0]
+    );
+}
+
 #[test]
 fn a_waiting_run_is_decided_by_a_second_process() {
     let env = Env::new();

@@ -726,7 +726,33 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let node = match command {
             RunCommand::Approve { node_id, .. } | RunCommand::Deny { node_id, .. } => node_id,
-            RunCommand::Answer { request_id, .. } => {
+            RunCommand::Answer {
+                request_id, answer, ..
+            } => {
+                // An answer that breaks the question's schema is refused
+                // here, as a bad request, before anything is recorded.
+                let asked = self.backend().read_events(
+                    run_id,
+                    &EventQuery {
+                        types: vec!["InputRequested".to_string()],
+                        ..Default::default()
+                    },
+                )?;
+                let schema = asked.iter().find_map(|e| match e.decode().map(|e| e.kind) {
+                    Ok(EventKind::InputRequested {
+                        request_id: r,
+                        schema,
+                        ..
+                    }) if &r == request_id => Some(schema),
+                    _ => None,
+                });
+                if let Some(Some(schema)) = &schema {
+                    if let Some(problem) = schema_problem(schema, answer) {
+                        return Err(EngineError::BadRequest(format!(
+                            "the answer to `{request_id}` does not match its schema: {problem}"
+                        )));
+                    }
+                }
                 if !waiting_known {
                     return Ok(());
                 }
@@ -931,4 +957,25 @@ pub fn new_run_id() -> String {
     let ms = node::now_ms() as u64;
     let r: u32 = rand::random();
     format!("run-{ms:x}-{:06x}", r & 0xff_ffff)
+}
+
+/// Why `value` breaks `schema` (the first few problems), if it does.
+pub(crate) fn schema_problem(schema: &Value, value: &Value) -> Option<String> {
+    let validator = match jsonschema::validator_for(schema) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("the schema is not valid: {e}")),
+    };
+    let problems: Vec<String> = validator
+        .iter_errors(value)
+        .take(5)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("at {at}: {e}")
+            }
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
 }

@@ -382,3 +382,50 @@ async fn every_documented_route_is_served() {
     assert_eq!(n, 14);
     srv.stop().await;
 }
+
+const ASKING: &str = r#"
+name: asking
+nodes:
+  - id: branch
+    ask: "Which branch?"
+    schema: { type: string, enum: [main, release] }
+output: "{{ nodes.branch.output }}"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_is_answered_over_http_and_a_wrong_answer_refused() {
+    let srv = TestServer::start(Some("sekret")).await;
+    srv.workflow("asking", ASKING);
+    let c = srv.client();
+    let started = c
+        .post_json("/v1/runs", &json!({"workflow": "asking", "input": {}}))
+        .await
+        .unwrap();
+    let run = started["runId"].as_str().unwrap().to_string();
+    wait_status(&c, &run, "waiting-input").await;
+    let state = c.run(&run).await.unwrap();
+    let rid = state["questions"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let path = format!("/v1/runs/{run}/inputs/{rid}");
+
+    let refused = c.post_json(&path, &json!({"value": "develop"})).await;
+    let err = refused.unwrap_err().to_string();
+    assert!(
+        err.contains("400") && err.contains("does not match its schema"),
+        "{err}"
+    );
+    assert_eq!(status_of(&c, &run).await, "waiting-input");
+
+    let ok = c
+        .post_json(&path, &json!({"value": "main", "by": "ana"}))
+        .await
+        .unwrap();
+    assert_eq!(ok["requestId"], rid.as_str());
+    wait_status(&c, &run, "finished").await;
+    assert_eq!(c.run(&run).await.unwrap()["output"], "main");
+}

@@ -123,28 +123,14 @@ impl Driver {
                 self.run_id
             )));
         }
-        if let Some(schema) = &q.schema {
-            let validator = jsonschema::validator_for(schema).map_err(|e| {
-                EngineError::BadRequest(format!("the question's schema is not valid: {e}"))
-            })?;
-            let problems: Vec<String> = validator
-                .iter_errors(&answer)
-                .take(5)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() {
-                        e.to_string()
-                    } else {
-                        format!("at {at}: {e}")
-                    }
-                })
-                .collect();
-            if !problems.is_empty() {
-                return Err(EngineError::BadRequest(format!(
-                    "the answer to `{request_id}` does not match its schema: {}",
-                    problems.join("; ")
-                )));
-            }
+        if let Some(problem) = q
+            .schema
+            .as_ref()
+            .and_then(|s| crate::schema_problem(s, &answer))
+        {
+            return Err(EngineError::BadRequest(format!(
+                "the answer to `{request_id}` does not match its schema: {problem}"
+            )));
         }
         let key = (q.node_id.clone(), q.iteration);
         let scope = self.node_scope(&key);
