@@ -62,6 +62,21 @@ fn elapsed(n: &NodeState, now_ms: i64) -> Option<u64> {
     Some(end.saturating_sub(a.started_ms).max(0) as u64)
 }
 
+/// An agent's progress in a few words: step, tool calls, tokens, cost.
+pub fn agent_summary(a: &cairn_events::AgentProgress) -> String {
+    let mut s = format!(
+        "step {} · {} tool call{} · {} tokens",
+        a.step,
+        a.tool_calls,
+        if a.tool_calls == 1 { "" } else { "s" },
+        a.input_tokens + a.output_tokens
+    );
+    if let Some(c) = a.cost_usd {
+        s.push_str(&format!(" · ${c:.4}"));
+    }
+    s
+}
+
 /// The text after a node's line: why it failed, or why it was skipped.
 fn problem(n: &NodeState) -> Option<&str> {
     match n.status {
@@ -252,7 +267,61 @@ impl Progress {
             let line = self.plain_line(&ev);
             self.plain(&line);
         }
+        if loud_plain {
+            if let Some(line) = self.agent_line(&ev) {
+                self.plain(&line);
+            }
+        }
         None
+    }
+
+    /// An agent's step or tool call as an appended line: a step's text
+    /// folded to one line, a call's tool and status.
+    fn agent_line(&self, ev: &Event) -> Option<String> {
+        let n = self.node_of(ev)?;
+        let since = self
+            .state
+            .session_started_ms()
+            .map(|s| duration_ms(ev.timestamp_ms.saturating_sub(s).max(0) as u64))
+            .unwrap_or_default();
+        let what = match &ev.kind {
+            EventKind::AgentStepFinished {
+                step,
+                message,
+                tool_calls,
+                ..
+            } => {
+                let text = message["text"].as_str().unwrap_or("");
+                let folded: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                let calls = if *tool_calls > 0 {
+                    format!(
+                        " [{tool_calls} tool call{}]",
+                        if *tool_calls == 1 { "" } else { "s" }
+                    )
+                } else {
+                    String::new()
+                };
+                format!("step {step}: {}{calls}", truncate(&folded, 160))
+            }
+            EventKind::ToolCallFinished {
+                tool_name,
+                status,
+                error,
+                ..
+            } => {
+                n.agent()?;
+                let status = match status {
+                    cairn_events::ToolStatus::Success => "success",
+                    cairn_events::ToolStatus::Error => "error",
+                };
+                match error {
+                    Some(e) => format!("tool {tool_name} {status}: {}", truncate(&e.message, 120)),
+                    None => format!("tool {tool_name} {status}"),
+                }
+            }
+            _ => return None,
+        };
+        Some(format!("{since:>8}  {:<24} {what}", label(n)))
     }
 
     /// The node pass an event is about, as the state holds it.
@@ -425,12 +494,22 @@ impl Progress {
                 attempt,
                 spent
             );
+            if let Some(a) = n.agent() {
+                text.push_str(&format!("  {}", agent_summary(a)));
+            }
             if let Some(e) = problem(n).filter(|_| n.status == NodeStatus::Failed) {
                 text.push_str("  ");
                 text.push_str(e);
             }
             let text = truncate(&text, width.saturating_sub(4));
             lines.push(format!("  {} {}", self.paint(code, mark), text));
+            // A running agent's latest words, under its row.
+            if let Some(a) = n.agent().filter(|_| n.status == NodeStatus::Running) {
+                if !a.last_line.trim().is_empty() {
+                    let said = truncate(a.last_line.trim(), width.saturating_sub(8));
+                    lines.push(format!("      {}", self.paint("2", &said)));
+                }
+            }
         }
         let hidden = nodes.len() - shown.len();
         if hidden > 0 {

@@ -441,7 +441,14 @@ impl NodeCtx {
                 Ok(v)
             }
             Err(info) => {
-                record.status = "error".into();
+                // A call cut short by a cancel or a stop did not fail on its
+                // own: its row says so, and an agent that takes up the
+                // conversation treats it as a call that may not have ended.
+                record.status = if self.cancel.is_cancelled() {
+                    "cancelled".into()
+                } else {
+                    "error".into()
+                };
                 record.error = Some(serde_json::to_value(&info).unwrap_or(Value::Null));
                 Err(info)
             }

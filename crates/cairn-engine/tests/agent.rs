@@ -436,3 +436,70 @@ async fn an_agent_stopped_anywhere_repeats_nothing_it_finished() {
     // The stops did cut steps while they streamed.
     assert!(stats.0 >= 5 && stats.1 >= 1, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_question_outlives_the_process_and_its_answer_reaches_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| match answers(r) {
+        0 => turn(
+            "One question.",
+            &[("ask_user", r#"{"question": "Which colour?", "schema": {"type": "string", "enum": ["blue", "red"]}}"#)],
+            (10, 1),
+            Duration::ZERO,
+        ),
+        _ => turn("Blue it is.", &[], (20, 2), Duration::ZERO),
+    });
+    let wf = workflow(
+        dir.path(),
+        &wf_yaml(&server.url(), "      tools: [ask_user]"),
+    );
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let opts = StartOptions {
+        run_id: Some("q".into()),
+        exit_on_wait: true,
+        ..StartOptions::default()
+    };
+    let outcome = engine
+        .start(wf, json!({"task": "x"}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Waiting), "{outcome:?}");
+    let st = engine.state("q").unwrap();
+    assert_eq!(st.status, Some(cairn_events::RunStatus::WaitingInput));
+    let rid = st.questions.keys().next().unwrap().clone();
+    assert_eq!(st.questions[&rid].prompt, "Which colour?");
+    // Answered while no process drives the run, then resumed.
+    assert!(engine
+        .answer("q", &rid, json!("green"), None)
+        .await
+        .is_err());
+    engine
+        .answer("q", &rid, json!("blue"), Some("ana".into()))
+        .await
+        .unwrap();
+    let outcome = engine
+        .resume("q", StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 2, "the first step is not asked again");
+    let last = reqs[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["content"], "blue", "{last}");
+    let st = engine.state("q").unwrap();
+    assert_eq!(
+        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
+        json!("Blue it is.")
+    );
+}

@@ -25,4 +25,6 @@ pub use ids::{
 };
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
-pub use reducer::{AttemptState, Decision, NodeNotes, NodeState, NodeStatus, Question, RunState};
+pub use reducer::{
+    AgentProgress, AttemptState, Decision, NodeNotes, NodeState, NodeStatus, Question, RunState,
+};

@@ -11,7 +11,7 @@ use std::hash::{Hash, Hasher};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::event::{ErrorInfo, Event, EventKind, RunStatus, TokenTotals};
+use crate::event::{ErrorInfo, Event, EventKind, OutputStream, RunStatus, TokenTotals};
 use crate::ids::NodePath;
 use crate::output::Output;
 
@@ -96,7 +96,34 @@ pub struct NodeNotes {
     pub decision: Option<Decision>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input_request_id: Option<String>,
+    /// An agent node's progress.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentProgress>,
 }
+
+/// What the log tells of an agent node's work so far (every attempt).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentProgress {
+    /// The latest step started.
+    pub step: u32,
+    /// The model it asks.
+    pub model: String,
+    /// Tool calls started.
+    pub tool_calls: u32,
+    /// Input tokens of its model calls.
+    pub input_tokens: u64,
+    /// Output tokens of its model calls.
+    pub output_tokens: u64,
+    /// What its model calls cost, where priced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The last line of text it streamed (at most 200 bytes).
+    pub last_line: String,
+}
+
+/// Most bytes of an agent's last streamed line kept.
+const LAST_LINE_MAX: usize = 200;
 
 /// One node pass (`nodeId`, `iteration`) as the log tells it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -150,6 +177,11 @@ impl NodeState {
     /// Its error, when it failed (or is retrying after a failure).
     pub fn error(&self) -> Option<&ErrorInfo> {
         self.notes.as_ref()?.error.as_ref()
+    }
+
+    /// An agent node's progress, once it asked its model.
+    pub fn agent(&self) -> Option<&AgentProgress> {
+        self.notes.as_ref()?.agent.as_ref()
     }
 
     /// Why it was skipped or cancelled.
@@ -503,10 +535,57 @@ impl RunState {
                 if let Some(c) = cost_usd {
                     *self.cost_usd.get_or_insert(0.0) += c;
                 }
+                if let Some(a) = self
+                    .node_mut(ev)
+                    .and_then(|n| n.notes.as_mut()?.agent.as_mut())
+                {
+                    a.input_tokens += input_tokens;
+                    a.output_tokens += output_tokens;
+                    if let Some(c) = cost_usd {
+                        *a.cost_usd.get_or_insert(0.0) += c;
+                    }
+                }
+            }
+            EventKind::AgentStepStarted { step, model } => {
+                if let Some(n) = self.node_mut(ev) {
+                    let a = n.notes_mut().agent.get_or_insert_with(Default::default);
+                    a.step = *step;
+                    if a.model != *model {
+                        a.model = model.clone();
+                    }
+                }
+            }
+            EventKind::NodeOutput {
+                text,
+                stream: OutputStream::Text,
+            } => {
+                // Only agents keep a last line: a command's output is not
+                // copied into the state.
+                if let Some(a) = self
+                    .node_mut(ev)
+                    .and_then(|n| n.notes.as_mut()?.agent.as_mut())
+                {
+                    let line = text.trim_end().rsplit('\n').next().unwrap_or("");
+                    if text.contains('\n') || a.last_line.len() >= LAST_LINE_MAX {
+                        a.last_line.clear();
+                    }
+                    let room = LAST_LINE_MAX.saturating_sub(a.last_line.len());
+                    let mut end = line.len().min(room);
+                    while !line.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    a.last_line.push_str(&line[..end]);
+                }
             }
             EventKind::ToolCallStarted { .. } => {
                 self.tool_calls += 1;
                 let attempt = ev.scope.attempt;
+                if let Some(a) = self
+                    .node_mut(ev)
+                    .and_then(|n| n.notes.as_mut()?.agent.as_mut())
+                {
+                    a.tool_calls += 1;
+                }
                 if let Some(n) = self.node_mut(ev) {
                     if let Some(a) = n
                         .attempts

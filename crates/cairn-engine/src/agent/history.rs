@@ -138,7 +138,8 @@ impl History {
 }
 
 /// How a recorded call ended: `None` when it started and never finished
-/// (the process died while it ran), else its result as the model saw it.
+/// (the process died while it ran, or a cancel or a stop cut it short),
+/// else its result as the model saw it.
 pub(super) fn outcome(rec: &ToolCallRecord) -> Option<Result<Value, ErrorInfo>> {
     match rec.status.as_str() {
         "success" => Some(Ok(rec.output.clone().unwrap_or(Value::Null))),
