@@ -229,6 +229,28 @@ fn render_status(v: &Value) -> String {
     if let Some(o) = v.get("output").filter(|o| !o.is_null()) {
         out.push_str(&format!("output    {}\n", short_value(o, 200)));
     }
+    let t = &v["tokens"];
+    let (tin, tout) = (
+        t["input"].as_u64().unwrap_or(0),
+        t["output"].as_u64().unwrap_or(0),
+    );
+    if tin + tout > 0 {
+        let cost = v["costUsd"]
+            .as_f64()
+            .map(|c| format!(", ${c:.4}"))
+            .unwrap_or_default();
+        out.push_str(&format!("tokens    {tin} in, {tout} out{cost}\n"));
+    }
+    if let Some(qs) = v["questions"].as_object() {
+        for (rid, q) in qs.iter().filter(|(_, q)| q["answer"].is_null()) {
+            out.push_str(&format!(
+                "question  {rid} from {}: {}\n          answer: cairn answer {} {rid} '<answer>'\n",
+                q["nodeId"].as_str().unwrap_or("?"),
+                short_value(&q["prompt"], 120),
+                s("runId")
+            ));
+        }
+    }
     let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
     if nodes.is_empty() {
         return out;
@@ -279,13 +301,27 @@ fn render_status(v: &Value) -> String {
         } else {
             String::new()
         };
+        let mut tail = short_value(&Value::String(tail), 100);
+        if let Some(a) = n.get("agent").filter(|a| a.is_object()) {
+            let tokens =
+                a["inputTokens"].as_u64().unwrap_or(0) + a["outputTokens"].as_u64().unwrap_or(0);
+            let cost = a["costUsd"]
+                .as_f64()
+                .map(|c| format!(" ${c:.4}"))
+                .unwrap_or_default();
+            tail = format!(
+                "[step {}, {} tool calls, {tokens} tokens{cost}] {tail}",
+                a["step"].as_u64().unwrap_or(0),
+                a["toolCalls"].as_u64().unwrap_or(0)
+            );
+        }
         let line = format!(
             "{:<w$}  {:<16}  {:>8}  {:>9}  {}",
             label(n),
             n["status"].as_str().unwrap_or("?"),
             attempts,
             dur,
-            short_value(&Value::String(tail), 100)
+            tail
         );
         out.push_str(line.trim_end());
         out.push('\n');
