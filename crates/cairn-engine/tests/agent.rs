@@ -503,3 +503,177 @@ async fn an_agents_question_outlives_the_process_and_its_answer_reaches_the_mode
         json!("Blue it is.")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_questions_are_answered_each_by_its_own_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| match answers(r) {
+        0 => turn(
+            "Two questions.",
+            &[
+                ("ask_user", r#"{"question": "First?"}"#),
+                ("ask_user", r#"{"question": "Second?"}"#),
+            ],
+            (10, 1),
+            Duration::ZERO,
+        ),
+        _ => turn("Thanks.", &[], (20, 2), Duration::ZERO),
+    });
+    let wf = workflow(
+        dir.path(),
+        &wf_yaml(&server.url(), "      tools: [ask_user]"),
+    );
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let opts = StartOptions {
+        run_id: Some("pq".into()),
+        ..StartOptions::default()
+    };
+    let handle = engine.start(wf, json!({"task": "x"}), opts).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let questions = loop {
+        let st = engine.state("pq").unwrap();
+        if st.questions.len() == 2 {
+            break st.questions;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the questions never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        engine.state("pq").unwrap().status,
+        Some(cairn_events::RunStatus::WaitingInput)
+    );
+    // Answered in the other order, each to its own question.
+    let mut by_prompt: Vec<(String, String)> = questions
+        .iter()
+        .map(|(rid, q)| (q.prompt.clone(), rid.clone()))
+        .collect();
+    by_prompt.sort();
+    engine
+        .answer("pq", &by_prompt[1].1, json!("two"), None)
+        .await
+        .unwrap();
+    engine
+        .answer("pq", &by_prompt[0].1, json!("one"), None)
+        .await
+        .unwrap();
+    let outcome = handle.wait().await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let reqs = server.requests();
+    let msgs = reqs[1].body["messages"].as_array().unwrap();
+    let tools: Vec<(String, String)> = msgs
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap().into(),
+                m["content"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tools,
+        vec![
+            ("call_0".into(), "one".into()),
+            ("call_1".into(), "two".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_failure_starts_over_and_is_told_the_earlier_side_effects() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| {
+        let prompt = r.body["messages"][1]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if prompt.contains("Earlier attempts") {
+            turn("Checked; done.", &[], (5, 1), Duration::ZERO)
+        } else if answers(r) == 0 {
+            turn(
+                "Effect.",
+                &[("bash", r#"{"argv": ["sh", "-c", "echo once >> side.log"]}"#)],
+                (5, 1),
+                Duration::ZERO,
+            )
+        } else {
+            Reply::status(500, r#"{"error": {"message": "the model fell over"}}"#)
+        }
+    });
+    let yaml = wf_yaml(
+        &server.url(),
+        "      tools: [bash]\n    retry: { attempts: 2, delay: 10ms }",
+    );
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = run(&engine, workflow(dir.path(), &yaml), "rt").await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let side = std::fs::read_to_string(dir.path().join("side.log")).unwrap();
+    assert_eq!(side, "once\n");
+    let evs = stored(&engine, "rt");
+    let failed = evs.iter().find_map(|e| match &e.kind {
+        EventKind::NodeFailed { error, will_retry } => Some((error.kind.clone(), *will_retry)),
+        _ => None,
+    });
+    assert_eq!(failed, Some(("server".into(), true)));
+    // The new conversation counts its steps from 1 again.
+    let steps: Vec<(u32, u32)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::AgentStepStarted { step, .. } => Some((e.scope.attempt.unwrap(), *step)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps, vec![(1, 1), (1, 2), (2, 1)]);
+    let last = server.requests().last().unwrap().body.clone();
+    let prompt = last["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        prompt.contains("bash") && prompt.contains("ck_"),
+        "{prompt}"
+    );
+}
+
+/// Opt-in: a real model served locally (see README, "A real model"). Set
+/// `CAIRN_REAL_MODEL_URL` (an OpenAI-compatible `/v1` base) and
+/// `CAIRN_REAL_MODEL` (its model id). Small local servers stream no usage
+/// chunk and refuse tools while streaming, so the agent has no tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_local_model_answers_an_agent() {
+    let (Ok(url), Ok(model)) = (
+        std::env::var("CAIRN_REAL_MODEL_URL"),
+        std::env::var("CAIRN_REAL_MODEL"),
+    ) else {
+        eprintln!("skipped: CAIRN_REAL_MODEL_URL and CAIRN_REAL_MODEL are not set (see README, \"A real model\")");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"
+name: real-model
+models:
+  m: {{ provider: openai, model: "{model}", base_url: "{url}", max_tokens: 64, temperature: 0, idle_timeout: 120s }}
+nodes:
+  - id: a
+    agent:
+      model: m
+      prompt: "Say hello in one short sentence."
+      max_steps: 2
+"#
+    );
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = run(&engine, workflow(dir.path(), &yaml), "real").await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let st = engine.state("real").unwrap();
+    let out = st.node("a", 0).unwrap().output.as_ref().unwrap().to_value();
+    assert!(out.as_str().is_some_and(|s| !s.trim().is_empty()), "{out}");
+    let evs = stored(&engine, "real");
+    assert!(
+        evs.iter()
+            .any(|e| matches!(e.kind, EventKind::NodeOutput { .. })),
+        "the answer streamed"
+    );
+}
