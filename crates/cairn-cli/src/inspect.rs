@@ -36,11 +36,29 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         limit: Some(a.limit),
         ..Default::default()
     })?;
+    // What each run spent on models, from its latest summary (a run
+    // still going has none yet).
+    let spent: Vec<Option<(u64, u64, Option<f64>)>> = runs
+        .iter()
+        .map(|r| {
+            let q = cairn_store::EventQuery {
+                types: vec!["RunSummary".into()],
+                ..Default::default()
+            };
+            let last = j.backend().read_events(&r.run_id, &q).ok()?.pop()?;
+            match last.decode().ok()?.kind {
+                cairn_events::EventKind::RunSummary { tokens, cost_usd, .. } => {
+                    Some((tokens.input, tokens.output, cost_usd))
+                }
+                _ => None,
+            }
+        })
+        .collect();
     j.close();
     let mut out = std::io::stdout().lock();
     if a.json {
-        for r in &runs {
-            let v = json!({
+        for (r, spent) in runs.iter().zip(&spent) {
+            let mut v = json!({
                 "runId": r.run_id,
                 "workflow": r.workflow,
                 "status": r.status,
@@ -49,6 +67,12 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
                 "workflowPath": r.workflow_path,
                 "parentRunId": r.parent_run_id,
             });
+            if let Some((i, o, c)) = spent.filter(|(i, o, _)| i + o > 0) {
+                v["tokens"] = json!({"input": i, "output": o});
+                if let Some(c) = c {
+                    v["costUsd"] = json!(c);
+                }
+            }
             writeln!(out, "{v}")?;
         }
         return Ok(crate::EXIT_OK);
@@ -74,10 +98,17 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  UPDATED",
         "RUN", "WORKFLOW", "STATUS", "CREATED"
     )?;
-    for r in &runs {
+    for (r, spent) in runs.iter().zip(&spent) {
+        let spent = match spent {
+            Some((i, o, c)) if i + o > 0 => {
+                let cost = c.map(|c| format!(" ${c:.4}")).unwrap_or_default();
+                format!("  {} tokens{cost}", i + o)
+            }
+            _ => String::new(),
+        };
         writeln!(
             out,
-            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}",
+            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}{spent}",
             r.run_id,
             r.workflow,
             r.status,
