@@ -17,9 +17,9 @@ use serde_json::{json, Value};
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
 use crate::config::{ModelConfig, ProviderKind};
 use crate::error::{ModelError, ModelErrorKind};
-use crate::http::{self, cut};
+use crate::http::{self, cut, too_large};
 use crate::message::{AssistantMessage, FinishReason, Message, ModelResponse, ToolCall, Usage};
-use crate::sse::{SseEvent, SseParser};
+use crate::sse::SseEvent;
 use crate::{MAX_ANSWER_BYTES, MAX_TOOL_CALLS};
 
 /// `max_tokens` when the model gives none (the API requires one).
@@ -133,65 +133,32 @@ impl ModelClient for Anthropic {
         req: &ModelRequest<'_>,
         on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
     ) -> Result<ModelResponse, ModelError> {
-        let call = async {
-            let mut headers = HeaderMap::new();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            headers.insert(
-                HeaderName::from_static("anthropic-version"),
-                HeaderValue::from_static("2023-06-01"),
-            );
-            let mut key = HeaderValue::from_str(&self.key).map_err(|_| {
-                ModelError::new(
-                    ModelErrorKind::Auth,
-                    "the API key is not a valid header value",
-                )
-            })?;
-            key.set_sensitive(true);
-            headers.insert(HeaderName::from_static("x-api-key"), key);
-            let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
-            let mut stream = http::post_streamed(
-                &self.http,
-                &self.config,
-                &self.url,
-                headers,
-                body,
-                &self.key,
-                on,
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static("2023-06-01"),
+        );
+        let mut key = HeaderValue::from_str(&self.key).map_err(|_| {
+            ModelError::new(
+                ModelErrorKind::Auth,
+                "the API key is not a valid header value",
             )
-            .await?;
-            let mut parser = SseParser::new();
-            let mut state = Answer::default();
-            let mut events = Vec::new();
-            while let Some(chunk) = stream.next().await? {
-                parser.feed(&chunk, &mut events).map_err(|_| too_large())?;
-                for ev in events.drain(..) {
-                    if state.take(&ev, on)? {
-                        return Ok(state.finish(&self.config));
-                    }
-                }
-            }
-            Err(ModelError::new(
-                ModelErrorKind::Interrupted,
-                "the answer's stream ended before `message_stop`",
-            ))
-        };
-        match self.config.call_timeout {
-            Some(t) => tokio::time::timeout(t, call).await.unwrap_or_else(|_| {
-                Err(ModelError::new(
-                    ModelErrorKind::Timeout,
-                    format!("the call took longer than {t:?}"),
-                ))
-            }),
-            None => call.await,
-        }
+        })?;
+        key.set_sensitive(true);
+        headers.insert(HeaderName::from_static("x-api-key"), key);
+        let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
+        http::call_sse::<Answer>(
+            &self.http,
+            &self.config,
+            &self.url,
+            headers,
+            body,
+            &self.key,
+            on,
+        )
+        .await
     }
-}
-
-fn too_large() -> ModelError {
-    ModelError::new(
-        ModelErrorKind::TooLarge,
-        "the answer is larger than Cairn keeps",
-    )
 }
 
 /// One content block as its deltas build it.
@@ -219,7 +186,9 @@ struct Answer {
     bytes: usize,
 }
 
-impl Answer {
+impl http::Decoder for Answer {
+    const END: &'static str = "message_stop";
+
     /// Takes one event; true at `message_stop`.
     fn take(
         &mut self,
@@ -318,26 +287,7 @@ impl Answer {
         Ok(false)
     }
 
-    /// Usage figures are the call's totals so far: each replaces the last.
-    fn usage_from(&mut self, u: &Value) {
-        if !u.is_object() {
-            return;
-        }
-        if let Some(n) = u["input_tokens"].as_u64() {
-            self.usage.input_tokens = n;
-        }
-        if let Some(n) = u["output_tokens"].as_u64() {
-            self.usage.output_tokens = n;
-        }
-        if let Some(n) = u["cache_read_input_tokens"].as_u64() {
-            self.usage.cache_read_tokens = Some(n);
-        }
-        if let Some(n) = u["cache_creation_input_tokens"].as_u64() {
-            self.usage.cache_write_tokens = Some(n);
-        }
-    }
-
-    fn finish(self, config: &ModelConfig) -> ModelResponse {
+    fn finish(self, config: &ModelConfig) -> Result<ModelResponse, ModelError> {
         let mut text = String::new();
         let mut reasoning = String::new();
         let mut calls = Vec::new();
@@ -376,7 +326,7 @@ impl Answer {
             Some(other) => FinishReason::Other(other.to_string()),
         };
         let usage = self.usage;
-        ModelResponse {
+        Ok(ModelResponse {
             message: AssistantMessage {
                 text: (!text.is_empty()).then_some(text),
                 reasoning: (!reasoning.is_empty()).then_some(reasoning),
@@ -388,6 +338,27 @@ impl Answer {
                 .map(|p| p.cost(ProviderKind::Anthropic, &usage)),
             usage,
             finish_reason,
+        })
+    }
+}
+
+impl Answer {
+    /// Usage figures are the call's totals so far: each replaces the last.
+    fn usage_from(&mut self, u: &Value) {
+        if !u.is_object() {
+            return;
+        }
+        if let Some(n) = u["input_tokens"].as_u64() {
+            self.usage.input_tokens = n;
+        }
+        if let Some(n) = u["output_tokens"].as_u64() {
+            self.usage.output_tokens = n;
+        }
+        if let Some(n) = u["cache_read_input_tokens"].as_u64() {
+            self.usage.cache_read_tokens = Some(n);
+        }
+        if let Some(n) = u["cache_creation_input_tokens"].as_u64() {
+            self.usage.cache_write_tokens = Some(n);
         }
     }
 }

@@ -18,6 +18,8 @@ use reqwest::StatusCode;
 use crate::client::StreamEvent;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, ModelErrorKind};
+use crate::message::ModelResponse;
+use crate::sse::{SseEvent, SseParser};
 
 /// Most bytes of an error answer's body read (for its message).
 const MAX_ERROR_BODY: usize = 64 << 10;
@@ -174,6 +176,76 @@ pub(crate) async fn post_streamed(
         });
         tokio::time::sleep(delay).await;
     }
+}
+
+/// A wire format's answer, built from the stream's events.
+pub(crate) trait Decoder: Default {
+    /// The event that ends an answer, named in the error of a stream that
+    /// stops before it.
+    const END: &'static str;
+
+    /// Takes one event; true at the end of the answer.
+    fn take(
+        &mut self,
+        ev: &SseEvent,
+        on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
+    ) -> Result<bool, ModelError>;
+
+    /// The whole answer.
+    fn finish(self, config: &ModelConfig) -> Result<ModelResponse, ModelError>;
+}
+
+/// One streamed model call: the POST with its retries, the stream read
+/// into `D`'s answer, all within the model's whole-call timeout.
+pub(crate) async fn call_sse<D: Decoder>(
+    http: &reqwest::Client,
+    config: &ModelConfig,
+    url: &str,
+    headers: HeaderMap,
+    body: Vec<u8>,
+    key: &str,
+    on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
+) -> Result<ModelResponse, ModelError> {
+    let call = async {
+        let mut stream = post_streamed(http, config, url, headers, body, key, on).await?;
+        let mut parser = SseParser::new();
+        let mut answer = D::default();
+        let mut events = Vec::new();
+        while let Some(chunk) = stream.next().await? {
+            parser.feed(&chunk, &mut events).map_err(|_| {
+                ModelError::new(
+                    ModelErrorKind::TooLarge,
+                    "the answer is larger than Cairn keeps",
+                )
+            })?;
+            for ev in events.drain(..) {
+                if answer.take(&ev, on)? {
+                    return answer.finish(config);
+                }
+            }
+        }
+        Err(ModelError::new(
+            ModelErrorKind::Interrupted,
+            format!("the answer's stream ended before `{}`", D::END),
+        ))
+    };
+    match config.call_timeout {
+        Some(t) => tokio::time::timeout(t, call).await.unwrap_or_else(|_| {
+            Err(ModelError::new(
+                ModelErrorKind::Timeout,
+                format!("the call took longer than {t:?}"),
+            ))
+        }),
+        None => call.await,
+    }
+}
+
+/// An answer past what Cairn keeps of one.
+pub(crate) fn too_large() -> ModelError {
+    ModelError::new(
+        ModelErrorKind::TooLarge,
+        "the answer is larger than Cairn keeps",
+    )
 }
 
 /// Statuses a later try may get past.

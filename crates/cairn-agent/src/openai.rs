@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
 use crate::config::{ModelConfig, ProviderKind};
 use crate::error::{ModelError, ModelErrorKind};
-use crate::http::{self, cut};
+use crate::http::{self, cut, too_large};
 use crate::message::{AssistantMessage, FinishReason, Message, ModelResponse, ToolCall, Usage};
-use crate::sse::{SseEvent, SseParser};
+use crate::sse::SseEvent;
 use crate::{MAX_ANSWER_BYTES, MAX_TOOL_CALLS};
 
 /// A model behind a Chat Completions endpoint.
@@ -125,64 +125,30 @@ impl ModelClient for OpenAi {
         req: &ModelRequest<'_>,
         on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
     ) -> Result<ModelResponse, ModelError> {
-        let call = async {
-            let mut headers = HeaderMap::new();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            if !self.key.is_empty() {
-                let mut v =
-                    HeaderValue::from_str(&format!("Bearer {}", self.key)).map_err(|_| {
-                        ModelError::new(
-                            ModelErrorKind::Auth,
-                            "the API key is not a valid header value",
-                        )
-                    })?;
-                v.set_sensitive(true);
-                headers.insert(AUTHORIZATION, v);
-            }
-            let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
-            let mut stream = http::post_streamed(
-                &self.http,
-                &self.config,
-                &self.url,
-                headers,
-                body,
-                &self.key,
-                on,
-            )
-            .await?;
-            let mut parser = SseParser::new();
-            let mut state = Answer::default();
-            let mut events = Vec::new();
-            while let Some(chunk) = stream.next().await? {
-                parser.feed(&chunk, &mut events).map_err(|_| too_large())?;
-                for ev in events.drain(..) {
-                    if state.take(&ev, on)? {
-                        return state.finish(&self.config);
-                    }
-                }
-            }
-            Err(ModelError::new(
-                ModelErrorKind::Interrupted,
-                "the answer's stream ended before `[DONE]`",
-            ))
-        };
-        match self.config.call_timeout {
-            Some(t) => tokio::time::timeout(t, call).await.unwrap_or_else(|_| {
-                Err(ModelError::new(
-                    ModelErrorKind::Timeout,
-                    format!("the call took longer than {t:?}"),
-                ))
-            }),
-            None => call.await,
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if !self.key.is_empty() {
+            let mut v = HeaderValue::from_str(&format!("Bearer {}", self.key)).map_err(|_| {
+                ModelError::new(
+                    ModelErrorKind::Auth,
+                    "the API key is not a valid header value",
+                )
+            })?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
         }
+        let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
+        http::call_sse::<Answer>(
+            &self.http,
+            &self.config,
+            &self.url,
+            headers,
+            body,
+            &self.key,
+            on,
+        )
+        .await
     }
-}
-
-fn too_large() -> ModelError {
-    ModelError::new(
-        ModelErrorKind::TooLarge,
-        "the answer is larger than Cairn keeps",
-    )
 }
 
 /// The answer as its chunks build it.
@@ -196,7 +162,9 @@ struct Answer {
     bytes: usize,
 }
 
-impl Answer {
+impl http::Decoder for Answer {
+    const END: &'static str = "[DONE]";
+
     /// Takes one event; true at `[DONE]`.
     fn take(
         &mut self,
@@ -280,14 +248,6 @@ impl Answer {
         Ok(false)
     }
 
-    fn grow(&mut self, n: usize) -> Result<(), ModelError> {
-        self.bytes += n;
-        if self.bytes > MAX_ANSWER_BYTES {
-            return Err(too_large());
-        }
-        Ok(())
-    }
-
     fn finish(self, config: &ModelConfig) -> Result<ModelResponse, ModelError> {
         let mut calls: Vec<ToolCall> = self.calls.into_values().collect();
         for (i, c) in calls.iter_mut().enumerate() {
@@ -318,5 +278,15 @@ impl Answer {
             usage,
             finish_reason,
         })
+    }
+}
+
+impl Answer {
+    fn grow(&mut self, n: usize) -> Result<(), ModelError> {
+        self.bytes += n;
+        if self.bytes > MAX_ANSWER_BYTES {
+            return Err(too_large());
+        }
+        Ok(())
     }
 }

@@ -47,9 +47,9 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
             };
             let last = j.backend().read_events(&r.run_id, &q).ok()?.pop()?;
             match last.decode().ok()?.kind {
-                cairn_events::EventKind::RunSummary { tokens, cost_usd, .. } => {
-                    Some((tokens.input, tokens.output, cost_usd))
-                }
+                cairn_events::EventKind::RunSummary {
+                    tokens, cost_usd, ..
+                } => Some((tokens.input, tokens.output, cost_usd)),
                 _ => None,
             }
         })
