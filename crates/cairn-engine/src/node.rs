@@ -334,10 +334,12 @@ impl NodeCtx {
     }
 
     /// Runs one tool as a recorded call (see [`NodeCtx::recorded_call`]):
-    /// the inner result is the tool's own (its value as recorded, or its
-    /// error); the outer error stops the attempt (a cancel, the store).
-    /// `key` overrides the idempotency key derived from the call's place
-    /// in the attempt.
+    /// the inner result is the tool's own (its value, or its error); the
+    /// outer error stops the attempt (a cancel, the store). `key`
+    /// overrides the idempotency key derived from the call's place in the
+    /// attempt; a call with a key (an agent's) returns its value as the
+    /// row keeps it, cut to the output limit, so that what a model reads
+    /// is what a resume rebuilds.
     pub(crate) async fn run_tool(
         &self,
         tool: &Arc<dyn cairn_tools::Tool>,
@@ -353,6 +355,7 @@ impl NodeCtx {
             node_sandbox,
         )?;
         let limit = sandbox.limits().max_output_bytes;
+        let as_recorded = key.is_some();
         let bash = spec.name == "bash";
         let call = CallInfo {
             name: &spec.name,
@@ -361,27 +364,32 @@ impl NodeCtx {
             idempotent: spec.idempotent,
             output_limit: limit,
         };
-        self.recorded_call(call, args.clone(), |tool_seq, key| async move {
-            let observer = kinds::EventObserver::new(self);
-            if bash && sandbox.isolation() == cairn_tools::Isolation::None {
-                self.unconfined_notice();
-            }
-            let tctx = cairn_tools::ToolContext {
-                sandbox: &sandbox,
-                run_id: &self.run_id,
-                node_id: &self.node_id,
-                iteration: self.iteration,
-                attempt: self.attempt,
-                tool_seq,
-                idempotency_key: key,
-                observer: &observer,
-                cancel: self.cancel.clone(),
-            };
-            tool.call(args, &tctx)
-                .await
-                .map_err(|e| ErrorInfo::new(e.kind(), e.to_string()))
+        let result = self
+            .recorded_call(call, args.clone(), |tool_seq, key| async move {
+                let observer = kinds::EventObserver::new(self);
+                if bash && sandbox.isolation() == cairn_tools::Isolation::None {
+                    self.unconfined_notice();
+                }
+                let tctx = cairn_tools::ToolContext {
+                    sandbox: &sandbox,
+                    run_id: &self.run_id,
+                    node_id: &self.node_id,
+                    iteration: self.iteration,
+                    attempt: self.attempt,
+                    tool_seq,
+                    idempotency_key: key,
+                    observer: &observer,
+                    cancel: self.cancel.clone(),
+                };
+                tool.call(args, &tctx)
+                    .await
+                    .map_err(|e| ErrorInfo::new(e.kind(), e.to_string()))
+            })
+            .await?;
+        Ok(match result {
+            Ok(v) if as_recorded => Ok(cut_json(&v, limit)),
+            other => other,
         })
-        .await
     }
 
     /// Records one call of a tool around `body`: its `tool_calls` row
