@@ -232,6 +232,7 @@ impl http::Decoder for Answer {
                 }
                 if let Some(name) = c["function"]["name"].as_str() {
                     call.name.push_str(name);
+                    self.bytes += name.len();
                 }
                 if let Some(a) = c["function"]["arguments"].as_str() {
                     call.args.push_str(a);

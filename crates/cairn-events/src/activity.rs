@@ -109,8 +109,10 @@ pub struct ActivityFolder {
     commands: HashMap<AttemptKey, usize>,
     /// Open tool-call entries by (node, iteration, attempt, toolSeq).
     tools: HashMap<(NodePath, u32, u32, u32), usize>,
-    /// Open approval / input entries by (node, iteration).
+    /// Open approval entries by (node, iteration).
     waits: HashMap<(NodePath, u32), usize>,
+    /// Open questions by request id (an agent asks several at once).
+    questions: HashMap<String, usize>,
     /// Open delegations by child run id.
     delegations: HashMap<String, usize>,
 }
@@ -380,14 +382,26 @@ impl ActivityFolder {
                 self.entries[idx].title = title;
                 self.close(idx, ev, if granted { "approved" } else { "denied" }, None);
             }
-            EventKind::InputRequested { prompt, .. } => {
-                let Some(node) = node else { return };
+            EventKind::InputRequested {
+                prompt, request_id, ..
+            } => {
+                if node.is_none() {
+                    return;
+                }
+                // A question asked again by the attempt after a crash is
+                // the same question, still open.
+                if self.questions.contains_key(request_id) {
+                    return;
+                }
                 let idx = self.push(ev, "input", format!("Asked for input: {prompt}"), "waiting");
-                self.waits.insert((node, iteration), idx);
+                self.questions.insert(request_id.clone(), idx);
             }
-            EventKind::InputReceived { answered_by, .. } => {
-                let Some(node) = node else { return };
-                if let Some(idx) = self.waits.remove(&(node, iteration)) {
+            EventKind::InputReceived {
+                answered_by,
+                request_id,
+                ..
+            } => {
+                if let Some(idx) = self.questions.remove(request_id) {
                     if let Some(by) = answered_by {
                         let t = format!("{} (answered by {by})", self.entries[idx].title);
                         self.entries[idx].title = t;
@@ -466,6 +480,7 @@ impl ActivityFolder {
         let mut open: Vec<usize> = self.commands.drain().map(|(_, i)| i).collect();
         open.extend(self.tools.drain().map(|(_, i)| i));
         open.extend(self.waits.drain().map(|(_, i)| i));
+        open.extend(self.questions.drain().map(|(_, i)| i));
         open.extend(self.delegations.drain().map(|(_, i)| i));
         self.attempts.clear();
         for idx in open {
@@ -824,6 +839,63 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&story[1]).unwrap()["previousActivityId"],
             "r-1"
+        );
+    }
+
+    #[test]
+    fn parallel_questions_are_entries_of_their_own() {
+        let ask = |seq, rid: &str| {
+            ev(
+                seq,
+                Scope::node("a", 0),
+                EventKind::InputRequested {
+                    request_id: rid.into(),
+                    prompt: format!("question {rid}"),
+                    schema: None,
+                },
+            )
+        };
+        let answer = |seq, rid: &str| {
+            ev(
+                seq,
+                Scope::node("a", 0),
+                EventKind::InputReceived {
+                    request_id: rid.into(),
+                    answer: serde_json::json!(rid),
+                    answered_by: Some("ana".into()),
+                },
+            )
+        };
+        let log = [
+            started(1, None),
+            ask(2, "q1"),
+            ask(3, "q2"),
+            ask(4, "q1"),
+            answer(5, "q2"),
+            answer(6, "q1"),
+        ];
+        let mut f = ActivityFolder::new();
+        for e in &log {
+            f.apply(e);
+        }
+        let inputs: Vec<(String, &str)> = f
+            .into_entries()
+            .into_iter()
+            .filter(|a| a.kind == "input")
+            .map(|a| (a.title, a.status))
+            .collect();
+        assert_eq!(
+            inputs,
+            vec![
+                (
+                    "Asked for input: question q1 (answered by ana)".to_string(),
+                    "answered"
+                ),
+                (
+                    "Asked for input: question q2 (answered by ana)".to_string(),
+                    "answered"
+                ),
+            ]
         );
     }
 }
