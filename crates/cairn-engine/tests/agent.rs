@@ -677,3 +677,39 @@ nodes:
         "the answer streamed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_no_answer_could_match_is_refused_to_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| match answers(r) {
+        0 => turn(
+            "Asking.",
+            &[(
+                "ask_user",
+                r#"{"question": "Which?", "schema": {"type": 12}}"#,
+            )],
+            (1, 1),
+            Duration::ZERO,
+        ),
+        _ => turn("Never mind.", &[], (1, 1), Duration::ZERO),
+    });
+    let wf = workflow(
+        dir.path(),
+        &wf_yaml(&server.url(), "      tools: [ask_user]"),
+    );
+    let engine = Engine::new(journal(dir.path()), EngineOptions::default());
+    let outcome = run(&engine, wf, "badq").await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    assert!(engine.state("badq").unwrap().questions.is_empty());
+    let tool = server.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(tool.contains("not a valid JSON Schema"), "{tool}");
+}

@@ -18,6 +18,9 @@ use crate::node::{CallInfo, NodeCtx, NodeError};
 /// The name of the tool that asks a person.
 const ASK_USER: &str = "ask_user";
 
+/// Longest question a model may ask a person.
+const MAX_QUESTION_BYTES: usize = 4096;
+
 /// What an agent may call.
 pub(super) struct Toolbox<'a> {
     ctx: &'a NodeCtx,
@@ -217,7 +220,23 @@ impl<'a> Toolbox<'a> {
                         .and_then(Value::as_str)
                         .ok_or_else(|| ErrorInfo::new("arguments", "`question` must be a string"))?
                         .to_string();
+                    if question.len() > MAX_QUESTION_BYTES {
+                        return Err(ErrorInfo::new(
+                            "arguments",
+                            format!("`question` is longer than {MAX_QUESTION_BYTES} bytes"),
+                        ));
+                    }
                     let schema = args.get("schema").cloned().filter(|s| !s.is_null());
+                    // A schema no answer could be checked against would
+                    // leave the question open for ever.
+                    if let Some(s) = &schema {
+                        if let Err(e) = jsonschema::validator_for(s) {
+                            return Err(ErrorInfo::new(
+                                "arguments",
+                                format!("`schema` is not a valid JSON Schema: {e}"),
+                            ));
+                        }
+                    }
                     ctx.ask_person(question, schema, Some(key))
                         .await
                         .map_err(|e| e.info)
