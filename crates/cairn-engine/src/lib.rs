@@ -961,13 +961,24 @@ pub fn new_run_id() -> String {
 
 /// Why `value` breaks `schema` (the first few problems), if it does.
 pub(crate) fn schema_problem(schema: &Value, value: &Value) -> Option<String> {
-    let validator = match jsonschema::validator_for(schema) {
-        Ok(v) => v,
-        Err(e) => return Some(format!("the schema is not valid: {e}")),
-    };
-    let problems: Vec<String> = validator
+    match jsonschema::validator_for(schema) {
+        Ok(v) => {
+            let problems = schema_errors(&v, value, 5);
+            (!problems.is_empty()).then(|| problems.join("; "))
+        }
+        Err(e) => Some(format!("the schema is not valid: {e}")),
+    }
+}
+
+/// At most `max` of the ways `value` breaks a schema, each with where.
+pub(crate) fn schema_errors(
+    validator: &jsonschema::Validator,
+    value: &Value,
+    max: usize,
+) -> Vec<String> {
+    validator
         .iter_errors(value)
-        .take(5)
+        .take(max)
         .map(|e| {
             let at = e.instance_path().to_string();
             if at.is_empty() {
@@ -976,6 +987,5 @@ pub(crate) fn schema_problem(schema: &Value, value: &Value) -> Option<String> {
                 format!("at {at}: {e}")
             }
         })
-        .collect();
-    (!problems.is_empty()).then(|| problems.join("; "))
+        .collect()
 }

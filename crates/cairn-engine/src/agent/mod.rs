@@ -353,18 +353,7 @@ impl<'a> Agent<'a> {
         };
         let value: Value = serde_json::from_str(strip_fence(text))
             .map_err(|e| vec![format!("the answer is not JSON: {e}")])?;
-        let errors: Vec<String> = schema
-            .iter_errors(&value)
-            .take(20)
-            .map(|e| {
-                let at = e.instance_path().to_string();
-                if at.is_empty() {
-                    e.to_string()
-                } else {
-                    format!("at {at}: {e}")
-                }
-            })
-            .collect();
+        let errors = crate::schema_errors(schema, &value, 20);
         if errors.is_empty() {
             Ok(value)
         } else {
