@@ -550,6 +550,8 @@ impl RunState {
                 if let Some(n) = self.node_mut(ev) {
                     let a = n.notes_mut().agent.get_or_insert_with(Default::default);
                     a.step = *step;
+                    // A new step says new things.
+                    a.last_line.clear();
                     if a.model != *model {
                         a.model = model.clone();
                     }
