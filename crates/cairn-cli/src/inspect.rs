@@ -81,9 +81,10 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         writeln!(out, "no runs")?;
         return Ok(crate::EXIT_OK);
     }
-    let id_w = runs
+    let order = tree_order(&runs);
+    let id_w = order
         .iter()
-        .map(|r| r.run_id.len())
+        .map(|&(i, depth)| runs[i].run_id.len() + 2 * depth)
         .max()
         .unwrap_or(3)
         .max(3);
@@ -98,7 +99,9 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  UPDATED",
         "RUN", "WORKFLOW", "STATUS", "CREATED"
     )?;
-    for (r, spent) in runs.iter().zip(&spent) {
+    for i in order {
+        let (r, spent) = (&runs[i.0], &spent[i.0]);
+        let indent = "  ".repeat(i.1);
         let spent = match spent {
             Some((i, o, c)) if i + o > 0 => {
                 let cost = c.map(|c| format!(" ${c:.4}")).unwrap_or_default();
@@ -109,7 +112,7 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         writeln!(
             out,
             "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}{spent}",
-            r.run_id,
+            format!("{indent}{}", r.run_id),
             r.workflow,
             r.status,
             datetime_ms(r.created_ms),
@@ -117,6 +120,38 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         )?;
     }
     Ok(crate::EXIT_OK)
+}
+
+/// The listed runs as a tree: each run, then its children (newest first,
+/// as listed) indented one level deeper; a run whose parent is not in the
+/// list stands at the top. Indexes into `runs`, with depths.
+fn tree_order(runs: &[cairn_store::RunRecord]) -> Vec<(usize, usize)> {
+    use std::collections::HashMap;
+    let at: HashMap<&str, usize> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.run_id.as_str(), i))
+        .collect();
+    let mut kids: HashMap<usize, Vec<usize>> = HashMap::new();
+    let mut tops = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        match r.parent_run_id.as_deref().and_then(|p| at.get(p)) {
+            Some(&p) if p != i => kids.entry(p).or_default().push(i),
+            _ => tops.push(i),
+        }
+    }
+    let mut out = Vec::with_capacity(runs.len());
+    let mut stack: Vec<(usize, usize)> = tops.into_iter().rev().map(|i| (i, 0)).collect();
+    while let Some((i, depth)) = stack.pop() {
+        if out.len() > runs.len() {
+            break;
+        }
+        out.push((i, depth));
+        if let Some(k) = kids.get(&i) {
+            stack.extend(k.iter().rev().map(|&c| (c, depth + 1)));
+        }
+    }
+    out
 }
 
 /// `cairn status`.
@@ -131,8 +166,10 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             let engine = store::engine(g, false)?;
             let rec = store::require_run(engine.journal(), &a.run)?;
             let st = engine.state(&a.run);
+            let mut v = cairn_server::run_state_json(&st?, &rec);
+            cairn_server::with_child_states(&mut v, engine.journal().backend().as_ref());
             engine.journal().close();
-            cairn_server::run_state_json(&st?, &rec)
+            v
         }
     };
     if a.json {
@@ -182,13 +219,20 @@ fn render_activity(entries: &[Value]) -> String {
         .min()
         .unwrap_or(0);
     let mut out = String::new();
+    // How deep each child run is, from its parent's depth.
+    let mut depth: std::collections::HashMap<String, usize> = Default::default();
     for e in entries {
         let s = |k: &str| e[k].as_str().unwrap_or("");
         let started = e["startedMs"].as_i64().unwrap_or(t0);
-        let indent = if e["delegatedBy"].is_object() {
-            "  "
-        } else {
-            ""
+        let indent = match e["delegatedBy"]["runId"].as_str() {
+            Some(parent) => {
+                let d = depth.get(parent).copied().unwrap_or(0) + 1;
+                if let Some(run) = e["runId"].as_str() {
+                    depth.insert(run.to_string(), d);
+                }
+                "  ".repeat(d)
+            }
+            None => String::new(),
         };
         let took = match e["endedMs"].as_i64() {
             Some(end) => format!(
@@ -281,6 +325,24 @@ fn render_status(v: &Value) -> String {
                 s("runId")
             ));
         }
+    }
+    if let Some(p) = v["parentRunId"].as_str() {
+        out.push_str(&format!(
+            "parent    {p} (node {})
+",
+            v["parentNodeId"].as_str().unwrap_or("?")
+        ));
+    }
+    for c in v["children"].as_array().map_or(&[][..], |c| c) {
+        out.push_str(&format!(
+            "child     {}  {:<16}  {} ({}) from {}
+",
+            c["runId"].as_str().unwrap_or("?"),
+            c["state"].as_str().or(c["status"].as_str()).unwrap_or("?"),
+            c["agent"].as_str().unwrap_or("?"),
+            c["workflow"].as_str().unwrap_or("?"),
+            c["nodeId"].as_str().unwrap_or("?"),
+        ));
     }
     let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
     if nodes.is_empty() {

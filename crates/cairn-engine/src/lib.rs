@@ -26,6 +26,7 @@
 
 mod agent;
 mod alloc;
+mod child;
 mod driver;
 mod kinds;
 mod node;
@@ -164,6 +165,9 @@ pub struct EngineOptions {
     /// driving the run afterwards (a server), instead of applying the
     /// command and stopping at the next wait (the CLI).
     pub adopt_idle_runs: bool,
+    /// Most parents a child run may have (`workflow` nodes and delegates
+    /// inside children); a child deeper than this fails its node.
+    pub max_depth: u32,
 }
 
 impl Default for EngineOptions {
@@ -171,9 +175,13 @@ impl Default for EngineOptions {
         EngineOptions {
             tools: ToolRegistry::builtin(),
             adopt_idle_runs: false,
+            max_depth: DEFAULT_MAX_DEPTH,
         }
     }
 }
+
+/// The default of [`EngineOptions::max_depth`].
+pub const DEFAULT_MAX_DEPTH: u32 = 8;
 
 /// A run being driven by this engine.
 pub struct RunHandle {
@@ -213,8 +221,13 @@ impl Engine {
     /// An engine over a journal.
     pub fn new(journal: Journal, opts: EngineOptions) -> Engine {
         Engine {
-            inner: Arc::new(Inner {
-                services: Arc::new(services::Services::new(journal, opts.tools)),
+            inner: Arc::new_cyclic(|me| Inner {
+                services: Arc::new(services::Services::new(
+                    journal,
+                    opts.tools,
+                    me.clone(),
+                    opts.max_depth,
+                )),
                 templates: Arc::new(Templates::new()),
                 active: Mutex::new(HashSet::new()),
                 adopt_idle_runs: opts.adopt_idle_runs,
@@ -258,7 +271,8 @@ impl Engine {
     }
 
     /// Loads a workflow by path, or by name from a folder of workflows
-    /// (`NAME.yaml`, `NAME.yml` or `NAME.json`).
+    /// (`NAME.yaml`, `NAME.yml` or `NAME.json`), with the child workflows
+    /// it names checked too ([`cairn_workflow::load_tree`]).
     pub fn load_workflow(
         &self,
         name_or_path: &str,
@@ -266,7 +280,7 @@ impl Engine {
     ) -> Result<Workflow, EngineError> {
         let direct = PathBuf::from(name_or_path);
         if direct.is_file() {
-            return Ok(cairn_workflow::load(&direct)?);
+            return Ok(cairn_workflow::load_tree(&direct)?);
         }
         if let Some(dir) = workflows_dir {
             let safe = !name_or_path.is_empty()
@@ -277,7 +291,7 @@ impl Engine {
                 for ext in ["yaml", "yml", "json"] {
                     let p = dir.join(format!("{name_or_path}.{ext}"));
                     if p.is_file() {
-                        return Ok(cairn_workflow::load(&p)?);
+                        return Ok(cairn_workflow::load_tree(&p)?);
                     }
                 }
             }
@@ -297,6 +311,17 @@ impl Engine {
         wf: Workflow,
         input: Value,
         opts: StartOptions,
+    ) -> Result<RunHandle, EngineError> {
+        self.start_as(wf, input, opts, None).await
+    }
+
+    /// [`Engine::start`], as the child of `parent` when there is one.
+    pub(crate) async fn start_as(
+        &self,
+        wf: Workflow,
+        input: Value,
+        opts: StartOptions,
+        parent: Option<child::Lineage>,
     ) -> Result<RunHandle, EngineError> {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
@@ -320,7 +345,7 @@ impl Engine {
             status: "pending".into(),
             created_ms: now,
             updated_ms: now,
-            parent_run_id: None,
+            parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
         };
         let log = self
             .blocking(move |e| {
@@ -340,9 +365,9 @@ impl Engine {
                     workflow_hash: wf.hash.clone(),
                     input: Some(input),
                     resumed: false,
-                    parent_run_id: None,
-                    parent_node_id: None,
-                    depth: 0,
+                    parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
+                    parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
+                    depth: parent.as_ref().map_or(0, |p| p.depth),
                 },
             )
             .await?;
@@ -393,6 +418,11 @@ impl Engine {
             // The driver dropped its log (and with it the run's lease) on return.
             inner.active.lock().unwrap().remove(&id);
             inner.done_tx.send_modify(|n| *n += 1);
+            // A run that ended while children of it ran (a cancel applied
+            // by a driver that runs nothing, a failure) takes them along.
+            if matches!(outcome, RunOutcome::Cancelled | RunOutcome::Failed(_)) {
+                Engine { inner }.cancel_children(&id).await;
+            }
             outcome
         });
         RunHandle { run_id, join }
@@ -471,9 +501,9 @@ impl Engine {
                         workflow_hash: wf.hash.clone(),
                         input: None,
                         resumed: true,
-                        parent_run_id: rec.parent_run_id.clone(),
-                        parent_node_id: None,
-                        depth: 0,
+                        parent_run_id: state.parent_run_id.clone(),
+                        parent_node_id: state.parent_node_id.clone(),
+                        depth: state.depth,
                     },
                 )
                 .await?;

@@ -71,6 +71,11 @@ impl From<StoreError> for NodeError {
     }
 }
 
+/// The error kind of [`NodeError::cancelled`]: a recorded call whose body
+/// fails with it was stopped (a child run stopped with the engine), not
+/// failed, and the attempt stops with it.
+pub(crate) const STOPPED: &str = "cancelled";
+
 /// What [`NodeCtx::recorded_call`] records of a call besides its input.
 pub(crate) struct CallInfo<'a> {
     /// The tool's name as the log shows it.
@@ -99,6 +104,12 @@ pub(crate) enum Ask {
         key: Key,
         message: Option<String>,
         reply: oneshot::Sender<Decision>,
+    },
+    /// A child run of the attempt waits for a person (`Some` with its
+    /// status) or goes on again (`None`): the parent waits with it.
+    Child {
+        key: Key,
+        status: Option<cairn_events::RunStatus>,
     },
     /// A question to a person; the answer comes back checked against the
     /// schema.
@@ -147,6 +158,15 @@ pub struct NodeCtx {
     pub(crate) asks: mpsc::UnboundedSender<Ask>,
     /// What the run has spent on models (the agents' budgets).
     pub(crate) spend: Arc<crate::agent::Spend>,
+    /// How many parents the run has: its children are one deeper.
+    pub(crate) depth: u32,
+    /// The run's budget for child runs its agents start side by side.
+    pub(crate) child_slots: Arc<tokio::sync::Semaphore>,
+    /// The driver stopped its attempts to wait for a person: children
+    /// are left waiting, not cancelled.
+    pub(crate) parking: Arc<std::sync::atomic::AtomicBool>,
+    /// The run stops when it waits for a person; so do its children.
+    pub(crate) exit_on_wait: bool,
     tool_seq: AtomicU32,
 }
 
@@ -182,6 +202,10 @@ impl NodeCtx {
             log,
             asks,
             spend: Arc::default(),
+            depth: 0,
+            child_slots: Arc::new(tokio::sync::Semaphore::new(1)),
+            parking: Default::default(),
+            exit_on_wait: false,
             tool_seq: AtomicU32::new(0),
         }
     }
@@ -452,7 +476,7 @@ impl NodeCtx {
                 // A call cut short by a cancel or a stop did not fail on its
                 // own: its row says so, and an agent that takes up the
                 // conversation treats it as a call that may not have ended.
-                record.status = if self.cancel.is_cancelled() {
+                record.status = if self.cancel.is_cancelled() || info.kind == STOPPED {
                     "cancelled".into()
                 } else {
                     "error".into()
@@ -473,8 +497,8 @@ impl NodeCtx {
             duration_ms,
             error,
         });
-        if self.cancel.is_cancelled() {
-            if let Err(info) = &result {
+        if let Err(info) = &result {
+            if self.cancel.is_cancelled() || info.kind == STOPPED {
                 return Err(NodeError::cancelled(info.message.clone()));
             }
         }
@@ -534,6 +558,7 @@ pub fn runner_for(kind: &NodeKind) -> Option<&'static dyn NodeRunner> {
         NodeKind::Tool { .. } => Some(&kinds::ToolNode),
         NodeKind::Ask { .. } => Some(&kinds::AskNode),
         NodeKind::Agent(_) => Some(&crate::agent::AgentNode),
+        NodeKind::Workflow { .. } => Some(&crate::child::WorkflowNode),
         NodeKind::Loop { .. } | NodeKind::ForEach { .. } => None,
     }
 }

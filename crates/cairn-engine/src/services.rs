@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use cairn_store::Journal;
@@ -16,10 +16,20 @@ pub(crate) struct Services {
     pub journal: Journal,
     pub tools: ToolRegistry,
     sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    /// The engine these services belong to, for nodes that start child
+    /// runs. Weak: the engine owns the services.
+    engine: Weak<crate::Inner>,
+    /// Most parents a child run may have.
+    pub max_depth: u32,
 }
 
 impl Services {
-    pub fn new(journal: Journal, tools: ToolRegistry) -> Self {
+    pub fn new(
+        journal: Journal,
+        tools: ToolRegistry,
+        engine: Weak<crate::Inner>,
+        max_depth: u32,
+    ) -> Self {
         // Decided while the engine's control group holds only the engine:
         // on cgroup v2 the engine may move itself into a leaf so that its
         // nodes' groups can be made beside it, which other processes in
@@ -29,7 +39,14 @@ impl Services {
             journal,
             tools,
             sandboxes: Mutex::new(HashMap::new()),
+            engine,
+            max_depth,
         }
+    }
+
+    /// The engine, unless it is gone (then nothing may start).
+    pub fn engine(&self) -> Option<crate::Engine> {
+        self.engine.upgrade().map(|inner| crate::Engine { inner })
     }
 
     /// The sandbox a node's tool calls run in: the workflow's (built once
@@ -67,6 +84,13 @@ impl Services {
             .with_isolation(isolation)
             .with_resources(resources);
         Ok(Arc::new(sandbox))
+    }
+
+    /// The most bytes of a result the workflow's sandbox keeps.
+    pub fn sandbox_limit(&self, wf: &Workflow) -> usize {
+        self.workflow_sandbox(wf)
+            .map(|s| s.limits().max_output_bytes)
+            .unwrap_or(Limits::default().max_output_bytes)
     }
 
     fn workflow_sandbox(&self, wf: &Workflow) -> Result<Arc<Sandbox>, NodeError> {

@@ -70,6 +70,10 @@ pub struct Activity {
     /// The error message, for entries that ended in error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The child run a `delegation` entry started: its entries follow it
+    /// in a tree's view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child_run_id: Option<String>,
 }
 
 /// The Activity view of a whole log.
@@ -193,6 +197,7 @@ impl ActivityFolder {
             seq,
             updated_seq: ev.seq,
             error: None,
+            child_run_id: None,
         });
         self.entries.len() - 1
     }
@@ -412,9 +417,15 @@ impl ActivityFolder {
             EventKind::DelegationStarted {
                 child_run_id,
                 agent,
+                workflow,
             } => {
-                let title = format!("Delegated to {agent} (run {child_run_id})");
+                // Taken up again after a crash: the same entry goes on.
+                if self.delegations.contains_key(child_run_id) {
+                    return;
+                }
+                let title = format!("Delegated to {agent} ({workflow}, run {child_run_id})");
                 let idx = self.push(ev, "delegation", title, "running");
+                self.entries[idx].child_run_id = Some(child_run_id.clone());
                 self.delegations.insert(child_run_id.clone(), idx);
             }
             EventKind::DelegationFinished {
@@ -808,6 +819,7 @@ mod tests {
                 EventKind::DelegationStarted {
                     child_run_id: "c1".into(),
                     agent: "coder".into(),
+                    workflow: "coder.yaml".into(),
                 },
             ),
             ev(

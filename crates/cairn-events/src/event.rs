@@ -448,6 +448,7 @@ pub enum EventKind {
     DelegationStarted {
         child_run_id: String,
         agent: String,
+        workflow: String,
     },
     DelegationFinished {
         child_run_id: String,

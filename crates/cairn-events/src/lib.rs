@@ -12,8 +12,10 @@ mod ids;
 mod metrics;
 mod output;
 mod reducer;
+mod tree;
 
 pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
+pub use tree::check_tree;
 pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
@@ -26,5 +28,5 @@ pub use ids::{
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
 pub use reducer::{
-    AgentProgress, AttemptState, Decision, NodeNotes, NodeState, NodeStatus, Question, RunState,
+    AgentProgress, AttemptState, ChildRun, Decision, NodeNotes, NodeState, NodeStatus, Question, RunState,
 };

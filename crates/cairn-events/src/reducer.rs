@@ -267,6 +267,17 @@ pub struct RunState {
     /// request id, with their answers once given.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub questions: BTreeMap<String, Question>,
+    /// The run that started this one as a child (`workflow` node, delegate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// The parent's node that started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_node_id: Option<String>,
+    /// How many parents it has (0 for a run started by a person).
+    pub depth: u32,
+    /// The child runs this run started, in the order it started them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildRun>,
     /// Layers with `LayerStarted` and no `LayerFinished` yet, with the
     /// start's timestamp: a resumed engine closes them.
     #[serde(skip)]
@@ -279,6 +290,26 @@ pub struct RunState {
     /// groups, and the engine looks each node up several times.
     #[serde(skip)]
     index: HashMap<(NodePath, u32), usize, ahash::RandomState>,
+}
+
+/// A child run as its parent's log tells it (`DelegationStarted`, then
+/// `DelegationFinished`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildRun {
+    /// The child's run id.
+    pub run_id: String,
+    /// The parent's node that started it.
+    pub node_id: NodePath,
+    /// That node's loop pass.
+    pub iteration: u32,
+    /// The delegate's name, or `workflow` for a `workflow` node.
+    pub agent: String,
+    /// The child's workflow file.
+    pub workflow: String,
+    /// How it ended (`finished`, `failed`, `cancelled`), once it has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// A question asked of a person (`InputRequested`), and its answer
@@ -459,8 +490,15 @@ impl RunState {
                 workflow_hash,
                 input,
                 resumed,
-                ..
+                parent_run_id,
+                parent_node_id,
+                depth,
             } => {
+                if parent_run_id.is_some() {
+                    self.parent_run_id = parent_run_id.clone();
+                    self.parent_node_id = parent_node_id.clone();
+                    self.depth = *depth;
+                }
                 self.workflow = Some(workflow.clone());
                 self.workflow_hash = Some(workflow_hash.clone());
                 if input.is_some() {
@@ -745,6 +783,35 @@ impl RunState {
                     if n.status == NodeStatus::WaitingInput && !open {
                         n.status = NodeStatus::Running;
                     }
+                }
+            }
+            EventKind::DelegationStarted {
+                child_run_id,
+                agent,
+                workflow,
+            } => {
+                // An attempt that takes a delegation up again after a crash
+                // logs it again: one entry per child.
+                if !self.children.iter().any(|c| &c.run_id == child_run_id) {
+                    if let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration)
+                    {
+                        self.children.push(ChildRun {
+                            run_id: child_run_id.clone(),
+                            node_id: node.clone(),
+                            iteration,
+                            agent: agent.clone(),
+                            workflow: workflow.clone(),
+                            status: None,
+                        });
+                    }
+                }
+            }
+            EventKind::DelegationFinished {
+                child_run_id,
+                status,
+            } => {
+                if let Some(c) = self.children.iter_mut().find(|c| &c.run_id == child_run_id) {
+                    c.status = Some(status.clone());
                 }
             }
             _ => {}

@@ -403,6 +403,7 @@ async fn list_runs(
         // One more than asked tells whether another page exists.
         limit: Some(limit + 1),
         offset: Some(offset),
+        parent: q.get("parent").cloned(),
     };
     let journal = state.journal().clone();
     let mut runs = blocking(move || Ok(journal.backend().list_runs(&filter)?)).await?;
@@ -489,8 +490,29 @@ async fn get_run(
     let rec = existing_run(&state, &id).await?;
     let engine = state.engine().clone();
     let run = id.clone();
-    let st = blocking(move || Ok(engine.state(&run)?)).await?;
-    Ok(Json(run_state_json(&st, &rec)))
+    let v = blocking(move || {
+        let st = engine.state(&run)?;
+        let mut v = run_state_json(&st, &rec);
+        with_child_states(&mut v, engine.journal().backend().as_ref());
+        Ok(v)
+    })
+    .await?;
+    Ok(Json(v))
+}
+
+/// Gives each child run listed in a run's state (`children`) the status
+/// its own record has now: the parent's log says how a child ended, not
+/// how one that runs is doing (waiting for a person, say).
+pub fn with_child_states(v: &mut Value, backend: &dyn cairn_store::Backend) {
+    let Some(children) = v.get_mut("children").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for c in children {
+        let Some(id) = c["runId"].as_str() else { continue };
+        if let Ok(Some(rec)) = backend.get_run(id) {
+            c["state"] = json!(rec.status);
+        }
+    }
 }
 
 /// A run's state as a JSON value. Through text, since outputs are kept as
@@ -587,6 +609,23 @@ pub fn run_activity(
     backend: &dyn cairn_store::Backend,
     rec: &RunRecord,
 ) -> Result<Vec<cairn_events::Activity>, ActivityError> {
+    let mut out = Vec::new();
+    tree_activity(backend, rec, 0, &mut out)?;
+    Ok(out)
+}
+
+/// Most levels of child runs an Activity view follows (the engine's
+/// default depth limit, and then some).
+const MAX_ACTIVITY_DEPTH: usize = 16;
+
+/// `rec`'s entries, each child run's entries right after the delegation
+/// that started it (and theirs after theirs).
+fn tree_activity(
+    backend: &dyn cairn_store::Backend,
+    rec: &RunRecord,
+    depth: usize,
+    out: &mut Vec<cairn_events::Activity>,
+) -> Result<(), ActivityError> {
     let stored = backend.read_events(&rec.run_id, &EventQuery::default())?;
     let mut f = ActivityFolder::new().with_node_kinds(node_kinds(rec));
     for s in stored {
@@ -597,7 +636,17 @@ pub fn run_activity(
         })?;
         f.apply(&ev);
     }
-    Ok(f.into_entries())
+    for entry in f.into_entries() {
+        let child = entry.child_run_id.clone();
+        out.push(entry);
+        if depth >= MAX_ACTIVITY_DEPTH {
+            continue;
+        }
+        if let Some(child) = child.and_then(|c| backend.get_run(&c).ok().flatten()) {
+            tree_activity(backend, &child, depth + 1, out)?;
+        }
+    }
+    Ok(())
 }
 
 /// Most events one page returns.

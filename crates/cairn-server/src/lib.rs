@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-pub use api::{run_activity, run_state_json, ActivityError};
+pub use api::{run_activity, run_state_json, with_child_states, ActivityError};
 pub use cairn_engine::{Engine, EngineError, EngineOptions};
 pub use guard::GuardConfigError;
 

@@ -224,6 +224,8 @@ pub struct RunFilter {
     pub limit: Option<usize>,
     /// Skip this many runs first.
     pub offset: Option<usize>,
+    /// Only the child runs of this run.
+    pub parent: Option<String>,
 }
 
 /// A command waiting in a run's inbox, as the store keeps it.

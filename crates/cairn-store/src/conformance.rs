@@ -459,6 +459,18 @@ pub fn runs_are_created_got_and_listed(fresh: Factory<'_>) {
         .unwrap()
         .iter()
         .all(|r| r.run_id == "child"));
+    let children = |parent: &str| -> Vec<String> {
+        b.list_runs(&RunFilter {
+            parent: Some(parent.into()),
+            ..RunFilter::default()
+        })
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect()
+    };
+    assert_eq!(children("r0"), ["child"], "a parent lists its children");
+    assert!(children("child").is_empty());
 
     let b = fresh();
     // r0..r4 by creation time; t1 and t2 share r2's millisecond, created
@@ -508,6 +520,7 @@ pub fn runs_are_created_got_and_listed(fresh: Factory<'_>) {
         workflow: workflow.map(str::to_string),
         limit,
         offset,
+        parent: None,
     };
     assert_eq!(
         ids(RunFilter::default()),

@@ -26,8 +26,14 @@ use crate::wake::WakeDir;
 /// event by type and by node and kept commands as loosely typed control
 /// requests; version 2 keeps one partial index (see [`EVENTS_BY_TYPE`]), the
 /// run inbox and the process records; version 3 keeps a run's workflow text
-/// in a table of its own (see [`SOURCES`]).
-const SCHEMA_VERSION: i64 = 3;
+/// in a table of its own (see [`SOURCES`]); version 4 indexes child runs by
+/// their parent (see [`RUNS_BY_PARENT`]).
+const SCHEMA_VERSION: i64 = 4;
+
+/// Child runs by parent, for a parent's status and cancel; most runs have
+/// no parent, and the partial index leaves them out.
+const RUNS_BY_PARENT: &str = "CREATE INDEX IF NOT EXISTS runs_by_parent ON runs(parent_run_id) \
+                              WHERE parent_run_id IS NOT NULL;";
 
 /// The event type that makes up most of a busy log; the type index leaves
 /// it out.
@@ -357,6 +363,7 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
             conn.execute_batch(EVENTS_BY_TYPE)?;
             conn.execute_batch(INBOX)?;
             conn.execute_batch(SOURCES)?;
+            conn.execute_batch(RUNS_BY_PARENT)?;
         }
         Ok(())
     })
@@ -383,6 +390,9 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
                  SELECT run_id, workflow_source FROM runs; \
                  ALTER TABLE runs DROP COLUMN workflow_source;",
             )?;
+        }
+        if v < 4 {
+            conn.execute_batch(RUNS_BY_PARENT)?;
         }
         Ok(())
     })
@@ -548,6 +558,7 @@ const LIST_RUNS: &str = concat!(
     run_cols!(),
     " FROM runs JOIN workflow_sources USING (run_id) \
      WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2) \
+     AND (?5 IS NULL OR parent_run_id = ?5) \
      ORDER BY created_ms DESC, runs.rowid DESC LIMIT ?3 OFFSET ?4"
 );
 const GC_CANDIDATES: &str = "SELECT run_id FROM runs WHERE status IN ('finished', 'failed', \
@@ -844,7 +855,10 @@ impl Backend for SqliteBackend {
         let offset = f.offset.unwrap_or(0).min(i64::MAX as usize) as i64;
         self.read(|c| {
             let mut st = c.prepare_cached(LIST_RUNS)?;
-            let rows = st.query_map(params![f.status, f.workflow, limit, offset], run_row)?;
+            let rows = st.query_map(
+                params![f.status, f.workflow, limit, offset, f.parent],
+                run_row,
+            )?;
             rows.collect()
         })
     }

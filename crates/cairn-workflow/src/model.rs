@@ -275,11 +275,18 @@ pub enum NodeKind {
     },
     /// Runs an agent loop (boxed: it is the largest kind).
     Agent(Box<AgentSpec>),
+    /// Runs another workflow file as a child run and ends with its result.
+    Workflow {
+        /// The child's file, relative to this workflow's folder.
+        path: String,
+        /// The child's input; strings inside are templates.
+        input: Option<serde_json::Value>,
+    },
 }
 
 impl NodeKind {
     /// The kind key as written in files: `command`, `value`, `approval`, `loop`, `for_each`,
-    /// `tool`, `ask`, `agent`.
+    /// `tool`, `ask`, `agent`, `workflow`.
     pub fn name(&self) -> &'static str {
         match self {
             NodeKind::Command(_) => "command",
@@ -290,6 +297,7 @@ impl NodeKind {
             NodeKind::Tool { .. } => "tool",
             NodeKind::Ask { .. } => "ask",
             NodeKind::Agent(_) => "agent",
+            NodeKind::Workflow { .. } => "workflow",
         }
     }
 
@@ -404,6 +412,42 @@ impl RetryPolicy {
 }
 
 impl Workflow {
+    /// Where a child workflow's path (`workflow:`, `delegates`) points: an
+    /// absolute path as it is, a relative one from this file's folder.
+    pub fn resolve(&self, path: &str) -> PathBuf {
+        let p = std::path::Path::new(path);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// Every child workflow path the file names, in file order, each once,
+    /// with the line of the first node that names it: `workflow` nodes
+    /// (inside groups too) and agents' `delegates`.
+    pub fn child_paths(&self) -> Vec<(String, usize)> {
+        fn walk(nodes: &[NodeSpec], out: &mut Vec<(String, usize)>) {
+            for n in nodes {
+                match &n.kind {
+                    NodeKind::Workflow { path, .. } => out.push((path.clone(), n.line)),
+                    NodeKind::Agent(a) => {
+                        out.extend(a.delegates.values().map(|p| (p.clone(), n.line)))
+                    }
+                    NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } => {
+                        walk(nodes, out)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.nodes, &mut out);
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|(p, _)| seen.insert(p.clone()));
+        out
+    }
+
     /// Checks a run input against the workflow's JSON Schema, and that it nests at most
     /// [`crate::limits::MAX_VALUE_DEPTH`] deep.
     ///

@@ -26,7 +26,7 @@ const TOP_FIELDS: &[&str] = &[
     "max_cost_usd",
 ];
 const KIND_KEYS: &[&str] = &[
-    "command", "value", "approval", "loop", "for_each", "tool", "ask", "agent",
+    "command", "value", "approval", "loop", "for_each", "tool", "ask", "agent", "workflow",
 ];
 const MODEL_FIELDS: &[&str] = &[
     "provider",
@@ -97,6 +97,50 @@ pub fn load(path: &Path) -> Result<Workflow, WorkflowError> {
         }],
     })?;
     parse_owned(source, path)
+}
+
+/// [`load`], then every child workflow the file names (`workflow` nodes,
+/// agents' `delegates`) and theirs in turn, so that a broken or missing
+/// child is found before the parent starts rather than halfway through it.
+/// A file reached twice is read once: a workflow that names itself is
+/// allowed here (its runs stop at the engine's depth limit and cycle check).
+pub fn load_tree(path: &Path) -> Result<Workflow, WorkflowError> {
+    let wf = load(path)?;
+    let mut seen = HashSet::new();
+    seen.insert(wf.path.canonicalize().unwrap_or_else(|_| wf.path.clone()));
+    let mut problems = Vec::new();
+    check_children(&wf, &mut seen, &mut problems);
+    if problems.is_empty() {
+        Ok(wf)
+    } else {
+        Err(WorkflowError { problems })
+    }
+}
+
+fn check_children(wf: &Workflow, seen: &mut HashSet<PathBuf>, problems: &mut Vec<Problem>) {
+    for (path, line) in wf.child_paths() {
+        let full = wf.resolve(&path);
+        if !seen.insert(full.canonicalize().unwrap_or_else(|_| full.clone())) {
+            continue;
+        }
+        match load(&full) {
+            Ok(child) => check_children(&child, seen, problems),
+            // A file that cannot be read at all is the parent's mistake.
+            Err(e) if e.problems.iter().all(|p| p.line.is_none()) => {
+                for p in e.problems {
+                    problems.push(Problem {
+                        file: wf.path.clone(),
+                        line: Some(line),
+                        column: None,
+                        field: None,
+                        message: format!("child workflow `{path}`: {}", p.message),
+                        hint: Some(format!("paths are relative to {}", wf.base_dir.display())),
+                    });
+                }
+            }
+            Err(e) => problems.extend(e.problems),
+        }
+    }
 }
 
 /// Reads a data file a workflow refers to (a scripted model's turns): YAML
@@ -1137,15 +1181,10 @@ impl Cx {
             );
             return None;
         }
-        if let Some((k, _)) = f.get("delegates") {
-            self.at_hint(
-                k.pos,
-                Some(&join(field, "delegates")),
-                "`delegates` is not available in this version of Cairn",
-                Some("run the child workflow as its own run for now".into()),
-            );
-            return None;
-        }
+        let delegates = match f.get("delegates") {
+            Some((_, v)) => self.delegates(v, &join(field, "delegates"))?,
+            None => BTreeMap::new(),
+        };
         if model.is_none() {
             self.at(
                 node.pos,
@@ -1240,12 +1279,88 @@ impl Cx {
             system,
             prompt: prompt?,
             tools,
-            delegates: BTreeMap::new(),
+            delegates,
             max_steps: max_steps?,
             output_schema,
             schema_retries: schema_retries?,
             max_cost_usd,
         })
+    }
+
+    /// The path of a child workflow (`workflow:` and each delegate): a
+    /// plain relative or absolute path, not a template, so that the files a
+    /// workflow runs are known before it starts.
+    fn child_path(&mut self, node: &Node, field: &str) -> Option<String> {
+        let path = self.string(node, field)?;
+        if path.trim().is_empty() {
+            self.at(node.pos, Some(field), "the workflow path is empty");
+            return None;
+        }
+        if path.contains("{{") || path.contains("{%") {
+            self.at_hint(
+                node.pos,
+                Some(field),
+                "a child workflow's path cannot be a template",
+                Some("name the file; pass what varies as its `input`".into()),
+            );
+            return None;
+        }
+        Some(path)
+    }
+
+    /// An agent's `delegates`: tool names to child workflow paths. The
+    /// names become tools the model calls, so they follow the tools' rule
+    /// and must not hide a built-in tool.
+    fn delegates(&mut self, node: &Node, field: &str) -> Option<BTreeMap<String, String>> {
+        let Yaml::Map(entries) = &node.value else {
+            self.at(
+                node.pos,
+                Some(field),
+                format!(
+                    "expected a mapping of tool names to workflow files, found {}",
+                    node.value.type_name()
+                ),
+            );
+            return None;
+        };
+        let mut out = BTreeMap::new();
+        let mut ok = true;
+        for (k, v) in entries {
+            let name = k.key_text();
+            let ef = join(field, &name);
+            let valid = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !valid {
+                self.at_hint(
+                    k.pos,
+                    Some(&ef),
+                    format!("`{name}` is not a valid delegate name"),
+                    Some("use 1 to 64 letters, digits, `_` and `-`: it is the tool's name".into()),
+                );
+                ok = false;
+                continue;
+            }
+            if AGENT_TOOLS.contains(&name.as_str()) {
+                self.at_hint(
+                    k.pos,
+                    Some(&ef),
+                    format!("delegate `{name}` has the name of a built-in tool"),
+                    Some("give the delegate another name".into()),
+                );
+                ok = false;
+                continue;
+            }
+            match self.child_path(v, &ef) {
+                Some(p) => {
+                    out.insert(name, p);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
     }
 
     /// Every agent names a model the workflow declares (checked once the
@@ -1509,10 +1624,11 @@ impl Cx {
             Some("for_each") => allowed.extend(["for_each", "as", "nodes"]),
             Some("tool") => allowed.extend(["tool", "args", "max_output_bytes", "sandbox"]),
             Some("ask") => allowed.extend(["ask", "schema"]),
+            Some("workflow") => allowed.extend(["workflow", "input"]),
             Some(k) => allowed.push(k),
             // Unknown kind: accept every field some kind allows, so only true typos show.
             None => allowed.extend(KIND_KEYS.iter().copied().chain([
-                "env", "cwd", "output", "as", "nodes", "args", "sandbox", "schema",
+                "env", "cwd", "output", "as", "nodes", "args", "sandbox", "schema", "input",
             ])),
         }
         let what = match kind {
@@ -1530,6 +1646,7 @@ impl Cx {
                     "nodes" => Some("for_each"),
                     "args" => Some("tool"),
                     "schema" => Some("ask"),
+                    "input" => Some("workflow"),
                     _ => None,
                 };
                 if let Some(owner) = owner {
@@ -1809,6 +1926,17 @@ impl Cx {
                 Some(NodeKind::Ask { prompt, schema })
             }
             "agent" => self.agent(v, &kf).map(|a| NodeKind::Agent(Box::new(a))),
+            "workflow" => {
+                let path = self.child_path(v, &kf)?;
+                let input = match f.get("input") {
+                    Some((_, i)) => {
+                        self.check_templates_in(i, &join(field, "input"));
+                        Some(i.to_json())
+                    }
+                    None => None,
+                };
+                Some(NodeKind::Workflow { path, input })
+            }
             "tool" => {
                 let tool = self.string(v, &kf)?;
                 if tool.trim().is_empty() {

@@ -122,7 +122,7 @@ impl<'a> Agent<'a> {
             ));
         }
         let client = models::client(ctx, spec)?;
-        let tools = Toolbox::new(ctx, &spec.tools)?;
+        let tools = Toolbox::new(ctx, &spec.tools, &spec.delegates)?;
         let schema = match &spec.output_schema {
             Some(s) => Some(jsonschema::validator_for(s).map_err(|e| {
                 NodeError::fatal(

@@ -4,6 +4,7 @@
 //! whatever the model gets wrong (an unknown tool, arguments that are not
 //! JSON) a result it reads rather than the node's failure.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cairn_agent::{ToolCall, ToolDef, ToolResult};
@@ -13,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::history::{outcome, History};
 use super::tool_result;
+use crate::child::{child_run_id, ChildSpec};
 use crate::node::{CallInfo, NodeCtx, NodeError};
 
 /// The name of the tool that asks a person.
@@ -26,6 +28,8 @@ pub(super) struct Toolbox<'a> {
     ctx: &'a NodeCtx,
     builtin: Vec<Arc<dyn Tool>>,
     ask_user: bool,
+    /// Delegates: tool name to child workflow path.
+    delegates: BTreeMap<String, String>,
     defs: Vec<ToolDef>,
 }
 
@@ -40,10 +44,15 @@ enum Plan<'c> {
 }
 
 impl<'a> Toolbox<'a> {
-    /// The tools `names` names: built-in sandbox tools and `ask_user`.
-    /// The workflow was validated, so an unknown name is the engine's
-    /// mistake (or a kind of tool this build does not have).
-    pub(super) fn new(ctx: &'a NodeCtx, names: &[String]) -> Result<Toolbox<'a>, NodeError> {
+    /// The tools `names` names (built-in sandbox tools and `ask_user`),
+    /// and one tool per delegate. The workflow was validated, so an
+    /// unknown name is the engine's mistake (or a kind of tool this build
+    /// does not have).
+    pub(super) fn new(
+        ctx: &'a NodeCtx,
+        names: &[String],
+        delegates: &BTreeMap<String, String>,
+    ) -> Result<Toolbox<'a>, NodeError> {
         let mut builtin = Vec::new();
         let mut ask_user = false;
         let mut defs = Vec::new();
@@ -82,10 +91,14 @@ impl<'a> Toolbox<'a> {
             });
             builtin.push(tool);
         }
+        for (name, path) in delegates {
+            defs.push(delegate_def(ctx, name, path)?);
+        }
         Ok(Toolbox {
             ctx,
             builtin,
             ask_user,
+            delegates: delegates.clone(),
             defs,
         })
     }
@@ -99,9 +112,11 @@ impl<'a> Toolbox<'a> {
         self.builtin.iter().find(|t| t.spec().name == name)
     }
 
-    /// Whether a call only reads (so it may run beside others).
+    /// Whether a call may run beside others, and again after a crash cut
+    /// it short: reads, questions (the answer is kept), and delegations (a
+    /// call takes up the child run it started).
     fn reads_only(&self, name: &str) -> bool {
-        if name == ASK_USER && self.ask_user {
+        if (name == ASK_USER && self.ask_user) || self.delegates.contains_key(name) {
             return true;
         }
         self.find(name).is_some_and(|t| !t.spec().side_effect)
@@ -243,6 +258,9 @@ impl<'a> Toolbox<'a> {
                 })
                 .await;
         }
+        if let Some(path) = self.delegates.get(&call.name) {
+            return self.delegate(call, key, path, args, input).await;
+        }
         match self.find(&call.name) {
             Some(tool) => match args {
                 Ok(args) => {
@@ -266,6 +284,50 @@ impl<'a> Toolbox<'a> {
         }
     }
 
+    /// Runs a delegate: a child run of its workflow with the call's
+    /// arguments as input, whose output (or error) is the result. The
+    /// child's id comes from the call's key, so the call made again after
+    /// a crash waits for the same child. At most the run's concurrency of
+    /// children go at once.
+    async fn delegate(
+        &self,
+        call: &ToolCall,
+        key: &str,
+        path: &str,
+        args: Result<Value, ErrorInfo>,
+        input: Value,
+    ) -> Result<Result<Value, ErrorInfo>, NodeError> {
+        let ctx = self.ctx;
+        let info = CallInfo {
+            name: &call.name,
+            key: Some(key.to_string()),
+            side_effect: true,
+            idempotent: true,
+            output_limit: ctx.services.sandbox_limit(&ctx.workflow),
+        };
+        let name = call.name.clone();
+        let result = ctx
+            .recorded_call(info, input, |_, key| async move {
+                let args = args?;
+                let _slot = ctx
+                    .child_slots
+                    .acquire()
+                    .await
+                    .map_err(|_| ErrorInfo::new(crate::node::STOPPED, "the run stopped"))?;
+                ctx.run_child(ChildSpec {
+                    run_id: child_run_id(&ctx.run_id, ctx.depth, &key),
+                    path: path.to_string(),
+                    agent: name,
+                    input: args,
+                })
+                .await
+                .map_err(|e| e.info)
+            })
+            .await?;
+        let limit = ctx.services.sandbox_limit(&ctx.workflow);
+        Ok(result.map(|v| crate::node::cut_json(&v, limit)))
+    }
+
     /// Records a call that cannot run, with the reason as its result.
     async fn refuse(
         &self,
@@ -285,6 +347,30 @@ impl<'a> Toolbox<'a> {
             .recorded_call(info, input, |_, _| async move { Err(error) })
             .await
     }
+}
+
+/// How a delegate is shown to the model: its workflow's description and
+/// input schema (an object schema, as providers require of tools).
+fn delegate_def(ctx: &NodeCtx, name: &str, path: &str) -> Result<ToolDef, NodeError> {
+    let wf = cairn_workflow::load(&ctx.workflow.resolve(path)).map_err(|e| {
+        NodeError::fatal("workflow", format!("delegate `{name}`: {e}"))
+    })?;
+    let parameters = match &wf.input_schema {
+        Some(s) if s.get("type").and_then(Value::as_str) == Some("object") => s.clone(),
+        _ => json!({"type": "object"}),
+    };
+    let about = wf
+        .description
+        .clone()
+        .unwrap_or_else(|| format!("Runs the workflow `{}`.", wf.name));
+    Ok(ToolDef {
+        name: name.to_string(),
+        description: format!(
+            "{about} Starts it as a child run with the arguments as its input and \
+             returns its output once it has finished. Several calls run side by side."
+        ),
+        parameters,
+    })
 }
 
 /// A call's arguments as the model wrote them: a JSON object (an empty

@@ -29,6 +29,10 @@ impl Driver {
         );
         ctx.max_output_bytes = inst.spec.max_output_bytes.map(|b| b as usize);
         ctx.spend = self.spend.clone();
+        ctx.depth = self.state.depth;
+        ctx.child_slots = self.child_slots.clone();
+        ctx.parking = self.parking.clone();
+        ctx.exit_on_wait = self.exit_on_wait;
         self.running.insert(key.clone(), cancel.clone());
         let tx = self.msg_tx.clone();
         let log = self.log.clone();
@@ -89,6 +93,7 @@ impl Driver {
             } => {
                 self.running.remove(&key);
                 self.waiting.remove(&key);
+                self.child_waits.remove(&key);
                 let Some(inst) = self.plan.insts.get(&key).cloned() else {
                     return;
                 };

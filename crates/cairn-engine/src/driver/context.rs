@@ -150,6 +150,7 @@ pub(super) fn uses_templates(spec: &NodeSpec) -> bool {
             NodeKind::Ask { prompt, .. } => has(prompt),
             // An agent renders its prompts in its attempt, with `nodes`.
             NodeKind::Agent(_) => true,
+            NodeKind::Workflow { input, .. } => input.as_ref().is_some_and(value_has),
             NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
         }
 }

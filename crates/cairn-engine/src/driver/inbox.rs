@@ -6,6 +6,29 @@ use super::*;
 impl Driver {
     pub(super) fn on_ask(&mut self, a: Ask) {
         match a {
+            Ask::Child { key, status } => {
+                if !self.running.contains_key(&key) {
+                    return;
+                }
+                match status {
+                    Some(s) => {
+                        self.child_waits.insert(key, s);
+                    }
+                    None => {
+                        if self.child_waits.remove(&key).is_some()
+                            && self.announced != RunStatus::Running
+                        {
+                            self.announced = RunStatus::Running;
+                            self.emit(
+                                Scope::run(),
+                                EventKind::RunStatusChanged {
+                                    status: RunStatus::Running,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
             Ask::Approval {
                 key,
                 message,
@@ -328,7 +351,8 @@ impl Driver {
         self.log.sync().await?;
         self.cancelling = Some((mechanism, reason));
         if graceful {
-            for key in self.waiting.keys() {
+            // Gates and children waiting for a person would wait for ever.
+            for key in self.waiting.keys().chain(self.child_waits.keys()) {
                 if let Some(t) = self.running.get(key) {
                     t.cancel();
                 }

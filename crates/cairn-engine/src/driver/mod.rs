@@ -136,6 +136,14 @@ pub(crate) struct Driver {
     waiting: KeyMap<oneshot::Sender<Decision>>,
     /// Questions whose attempts wait for an answer, by request id.
     asking: HashMap<String, (Key, oneshot::Sender<Value>)>,
+    /// Attempts whose child run waits for a person, with its status.
+    child_waits: KeyMap<RunStatus>,
+    /// How many child runs the run's agents may have going at once: the
+    /// run's concurrency.
+    child_slots: Arc<tokio::sync::Semaphore>,
+    /// Set when the driver stops its attempts to stop and wait for a
+    /// person: their child runs wait too, rather than being cancelled.
+    parking: Arc<std::sync::atomic::AtomicBool>,
     retry_pending: usize,
     msg_tx: mpsc::UnboundedSender<Msg>,
     msg_rx: mpsc::UnboundedReceiver<Msg>,
@@ -227,6 +235,9 @@ impl Driver {
             left_open: Default::default(),
             waiting: Default::default(),
             asking: Default::default(),
+            child_waits: Default::default(),
+            child_slots: Arc::new(tokio::sync::Semaphore::new(concurrency)),
+            parking: Default::default(),
             retry_pending: 0,
             msg_tx,
             msg_rx,
@@ -332,12 +343,17 @@ impl Driver {
                 if self.drain_inbox().await > 0 {
                     continue;
                 }
+                self.parking.store(true, std::sync::atomic::Ordering::SeqCst);
                 self.run_cancel.cancel();
                 self.drain_running().await;
                 return RunOutcome::Waiting;
             }
             if self.shutdown_grace.is_none() && self.is_waiting() {
-                let status = if self.asking.is_empty() {
+                let child_asks = self
+                    .child_waits
+                    .values()
+                    .any(|s| *s == RunStatus::WaitingInput);
+                let status = if self.asking.is_empty() && !child_asks {
                     RunStatus::WaitingApproval
                 } else {
                     RunStatus::WaitingInput
@@ -355,6 +371,7 @@ impl Driver {
                     if self.drain_inbox().await > 0 {
                         continue;
                     }
+                    self.parking.store(true, std::sync::atomic::Ordering::SeqCst);
                     self.run_cancel.cancel();
                     self.drain_running().await;
                     return RunOutcome::Waiting;
@@ -432,6 +449,11 @@ impl Driver {
             .map(|(k, _)| k)
             .filter(|k| !self.waiting.contains_key(*k))
             .collect();
+        asking.extend(
+            self.child_waits
+                .keys()
+                .filter(|k| !self.waiting.contains_key(*k)),
+        );
         asking.sort_unstable();
         asking.dedup();
         self.waiting.len() + asking.len()
@@ -489,7 +511,7 @@ impl Driver {
     }
 
     fn is_waiting(&self) -> bool {
-        (!self.waiting.is_empty() || !self.asking.is_empty())
+        (!self.waiting.is_empty() || !self.asking.is_empty() || !self.child_waits.is_empty())
             && self.running.len() == self.waiting_count()
             && self.ready.is_empty()
             && self.retry_pending == 0
