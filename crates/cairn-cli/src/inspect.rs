@@ -583,9 +583,15 @@ pub fn validate(a: FileArgs) -> anyhow::Result<u8> {
             a.file.display()
         )));
     }
-    match cairn_workflow::load(&a.file) {
+    match cairn_workflow::load_tree(&a.file) {
         Ok(wf) => {
-            println!("ok: {} ({} nodes)", wf.name, count_nodes(&wf.nodes));
+            let children = wf.child_paths().len();
+            let also = match children {
+                0 => String::new(),
+                1 => ", 1 child workflow".to_string(),
+                n => format!(", {n} child workflows"),
+            };
+            println!("ok: {} ({} nodes{also})", wf.name, count_nodes(&wf.nodes));
             Ok(crate::EXIT_OK)
         }
         Err(e) => {

@@ -90,7 +90,9 @@ fn load_workflow(path: &Path) -> anyhow::Result<cairn_workflow::Workflow> {
             path.display()
         )));
     }
-    let wf = cairn_workflow::load(path)?;
+    // The child workflows it names are read too: a broken one is found
+    // before anything runs.
+    let wf = cairn_workflow::load_tree(path)?;
     // The parse's YAML tree is freed but still resident; a large workflow's
     // run would otherwise carry it to its end.
     cairn_engine::release_free_memory();
