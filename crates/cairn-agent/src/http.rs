@@ -318,9 +318,19 @@ pub(crate) fn cut(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Makes ring rustls's crypto provider for the process, once: reqwest is
+/// built without one. Another already installed stays.
+pub fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// The shared HTTP client of a provider: no overall timeout (answers
 /// stream for minutes; idle timeouts guard them instead).
 pub(crate) fn client() -> Result<reqwest::Client, ModelError> {
+    install_tls_provider();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(30))
         .build()

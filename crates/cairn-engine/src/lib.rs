@@ -29,6 +29,7 @@ mod alloc;
 mod child;
 mod driver;
 mod kinds;
+mod mcp;
 mod node;
 mod plan;
 mod services;

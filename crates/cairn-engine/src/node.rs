@@ -167,6 +167,8 @@ pub struct NodeCtx {
     pub(crate) parking: Arc<std::sync::atomic::AtomicBool>,
     /// The run stops when it waits for a person; so do its children.
     pub(crate) exit_on_wait: bool,
+    /// The run's MCP servers.
+    pub(crate) mcp: Option<Arc<crate::mcp::McpPool>>,
     tool_seq: AtomicU32,
 }
 
@@ -206,6 +208,7 @@ impl NodeCtx {
             child_slots: Arc::new(tokio::sync::Semaphore::new(1)),
             parking: Default::default(),
             exit_on_wait: false,
+            mcp: None,
             tool_seq: AtomicU32::new(0),
         }
     }

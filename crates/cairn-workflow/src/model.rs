@@ -27,6 +27,8 @@ pub struct Workflow {
     pub models: BTreeMap<String, ModelDef>,
     /// Most the run may spend on models, in USD (`max_cost_usd`).
     pub max_cost_usd: Option<f64>,
+    /// The MCP servers agents may use, by name (`mcp_servers:`).
+    pub mcp_servers: BTreeMap<String, McpServerDef>,
     /// The file's path, made absolute.
     pub path: PathBuf,
     /// The file's folder: default cwd for commands and default sandbox root.
@@ -35,6 +37,36 @@ pub struct Workflow {
     pub source: String,
     /// SHA-256 hex of the text.
     pub hash: String,
+}
+
+/// An MCP server agents may use (`mcp_servers.<name>`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpServerDef {
+    /// How Cairn reaches it.
+    pub transport: McpTransport,
+    /// Longest one tool call may take.
+    pub timeout: Option<Duration>,
+}
+
+/// How an MCP server is reached.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpTransport {
+    /// A program Cairn starts (in the workflow's sandbox) and speaks to
+    /// over its stdin and stdout.
+    Stdio {
+        /// The argv; `argv[0]` is looked up in `PATH`.
+        command: Vec<String>,
+        /// Variables added to its environment.
+        env: BTreeMap<String, String>,
+    },
+    /// A server that speaks MCP's streamable HTTP at a URL.
+    Http {
+        /// The endpoint.
+        url: String,
+        /// Header names to the environment variables holding their values
+        /// (a token never enters the workflow file or the log).
+        headers_env: BTreeMap<String, String>,
+    },
 }
 
 /// A named model (`models.<name>`), as the file gives it; the engine turns

@@ -24,7 +24,9 @@ const TOP_FIELDS: &[&str] = &[
     "nodes",
     "models",
     "max_cost_usd",
+    "mcp_servers",
 ];
+const MCP_FIELDS: &[&str] = &["command", "url", "headers_env", "env", "timeout"];
 const KIND_KEYS: &[&str] = &[
     "command", "value", "approval", "loop", "for_each", "tool", "ask", "agent", "workflow",
 ];
@@ -895,6 +897,10 @@ impl Cx {
         let max_cost_usd = f
             .get("max_cost_usd")
             .and_then(|(_, v)| self.positive(v, "max_cost_usd"));
+        let mcp_servers = match f.get("mcp_servers") {
+            Some((_, v)) => self.mcp_servers(v),
+            None => BTreeMap::new(),
+        };
 
         let nodes = match f.get("nodes") {
             Some((_, v)) => self.nodes(v, "nodes"),
@@ -909,6 +915,7 @@ impl Cx {
         };
 
         self.agent_models(&nodes, "nodes", &models);
+        self.agent_mcp_tools(&nodes, "nodes", &mcp_servers);
 
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let base_dir = abs
@@ -926,6 +933,7 @@ impl Cx {
             nodes,
             models,
             max_cost_usd,
+            mcp_servers,
             path: abs,
             base_dir,
             source: String::new(),
@@ -1007,6 +1015,169 @@ impl Cx {
             return None;
         }
         Some(n)
+    }
+
+    /// `mcp_servers:`: each entry a server whose tools agents may use.
+    fn mcp_servers(&mut self, node: &Node) -> BTreeMap<String, McpServerDef> {
+        let mut out = BTreeMap::new();
+        let Yaml::Map(entries) = &node.value else {
+            self.at(
+                node.pos,
+                Some("mcp_servers"),
+                format!(
+                    "expected a mapping of named MCP servers, found {}",
+                    node.value.type_name()
+                ),
+            );
+            return out;
+        };
+        for (k, v) in entries {
+            let name = k.key_text();
+            let sf = join("mcp_servers", &name);
+            if !is_node_id(&name) {
+                self.at(
+                    k.pos,
+                    Some(&sf),
+                    format!("`{name}` is not a valid server name; use letters, digits, `_` and `-`"),
+                );
+                continue;
+            }
+            let Some(f) = self.fields(v, &sf, MCP_FIELDS, "in an MCP server") else {
+                continue;
+            };
+            let string_map = |cx: &mut Self, key: &str| -> Option<BTreeMap<String, String>> {
+                let Some((_, m)) = f.get(key) else {
+                    return Some(BTreeMap::new());
+                };
+                let mf = join(&sf, key);
+                let Yaml::Map(items) = &m.value else {
+                    cx.at(
+                        m.pos,
+                        Some(&mf),
+                        format!("expected a mapping of names to strings, found {}", m.value.type_name()),
+                    );
+                    return None;
+                };
+                let mut out = BTreeMap::new();
+                for (ik, iv) in items {
+                    let key = ik.key_text();
+                    let value = cx.string(iv, &join(&mf, &key))?;
+                    out.insert(key, value);
+                }
+                Some(out)
+            };
+            let transport = match (f.get("command"), f.get("url")) {
+                (Some(_), Some((k, _))) => {
+                    self.at_hint(
+                        k.pos,
+                        Some(&sf),
+                        "an MCP server has either `command` (stdio) or `url` (streamable HTTP), not both",
+                        None,
+                    );
+                    continue;
+                }
+                (None, None) => {
+                    self.at_hint(
+                        v.pos,
+                        Some(&sf),
+                        "an MCP server needs `command` (a program to start) or `url` (a streamable HTTP endpoint)",
+                        None,
+                    );
+                    continue;
+                }
+                (Some((_, c)), None) => {
+                    let cf = join(&sf, "command");
+                    let Yaml::Seq(items) = &c.value else {
+                        self.at(
+                            c.pos,
+                            Some(&cf),
+                            format!("expected a list (the argv), found {}", c.value.type_name()),
+                        );
+                        continue;
+                    };
+                    let argv: Vec<String> = items
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, it)| self.string(it, &format!("{cf}[{i}]")))
+                        .collect();
+                    if argv.len() != items.len() {
+                        continue;
+                    }
+                    if argv.is_empty() {
+                        self.at(c.pos, Some(&cf), "the argv is empty");
+                        continue;
+                    }
+                    if f.contains_key("headers_env") {
+                        self.at(v.pos, Some(&join(&sf, "headers_env")), "`headers_env` is for `url` servers");
+                        continue;
+                    }
+                    let Some(env) = string_map(self, "env") else { continue };
+                    McpTransport::Stdio { command: argv, env }
+                }
+                (None, Some((_, u))) => {
+                    let uf = join(&sf, "url");
+                    let Some(url) = self.string(u, &uf) else { continue };
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        self.at(u.pos, Some(&uf), format!("`{url}` is not an http:// or https:// URL"));
+                        continue;
+                    }
+                    if f.contains_key("env") {
+                        self.at(v.pos, Some(&join(&sf, "env")), "`env` is for `command` servers");
+                        continue;
+                    }
+                    let Some(headers_env) = string_map(self, "headers_env") else { continue };
+                    McpTransport::Http { url, headers_env }
+                }
+            };
+            let timeout = f
+                .get("timeout")
+                .and_then(|(_, t)| self.duration(t, &join(&sf, "timeout")));
+            out.insert(name, McpServerDef { transport, timeout });
+        }
+        out
+    }
+
+    /// Every agent's `server.tool` names a server of `mcp_servers` (checked
+    /// once the whole file is read).
+    fn agent_mcp_tools(
+        &mut self,
+        nodes: &[NodeSpec],
+        field: &str,
+        servers: &BTreeMap<String, McpServerDef>,
+    ) {
+        for (i, n) in nodes.iter().enumerate() {
+            let nf = format!("{field}[{i}]");
+            match &n.kind {
+                NodeKind::Agent(a) => {
+                    for t in &a.tools {
+                        let Some((server, _)) = t.split_once('.') else { continue };
+                        if !servers.contains_key(server) {
+                            let hint = if servers.is_empty() {
+                                "declare it under `mcp_servers:` at the top level".to_string()
+                            } else {
+                                format!(
+                                    "the workflow's MCP servers are: {}",
+                                    servers.keys().cloned().collect::<Vec<_>>().join(", ")
+                                )
+                            };
+                            self.at_hint(
+                                Pos { line: n.line, col: 1 },
+                                Some(&format!("{nf}.agent.tools")),
+                                format!("tool `{t}` names MCP server `{server}`, which `mcp_servers` does not declare"),
+                                Some(hint),
+                            );
+                        }
+                    }
+                }
+                NodeKind::Loop { nodes, .. } => {
+                    self.agent_mcp_tools(nodes, &format!("{nf}.loop.nodes"), servers)
+                }
+                NodeKind::ForEach { nodes, .. } => {
+                    self.agent_mcp_tools(nodes, &format!("{nf}.nodes"), servers)
+                }
+                _ => {}
+            }
+        }
     }
 
     /// `models:`: each entry a model agents may name.
@@ -1224,13 +1395,19 @@ impl Cx {
                             );
                         } else if AGENT_TOOLS.contains(&name.as_str()) {
                             tools.push(name);
-                        } else if name.contains('.') {
-                            self.at_hint(
-                                item.pos,
-                                Some(&itf),
-                                format!("`{name}` names an MCP server's tool; `mcp_servers` are not available in this version of Cairn"),
-                                Some(format!("the tools are: {}", AGENT_TOOLS.join(", "))),
-                            );
+                        } else if let Some((server, tool)) = name.split_once('.') {
+                            // An MCP server's tool, or all of them: the
+                            // server is checked once the file is read.
+                            if is_node_id(server) && !tool.is_empty() && !tool.contains('.') {
+                                tools.push(name);
+                            } else {
+                                self.at_hint(
+                                    item.pos,
+                                    Some(&itf),
+                                    format!("`{name}` is not an MCP tool name"),
+                                    Some("write `server.tool`, or `server.*` for all of a server's tools".into()),
+                                );
+                            }
                         } else {
                             let mut hint = String::new();
                             if let Some(c) = closest(&name, AGENT_TOOLS.iter().copied()) {

@@ -100,7 +100,7 @@ impl NodeRunner for AgentNode {
         let NodeKind::Agent(agent) = &spec.kind else {
             return Err(NodeError::fatal("internal", "not an agent node"));
         };
-        Agent::new(agent, ctx)?.run().await
+        Agent::new(agent, ctx).await?.run().await
     }
 }
 
@@ -114,7 +114,7 @@ struct Agent<'a> {
 }
 
 impl<'a> Agent<'a> {
-    fn new(spec: &'a AgentSpec, ctx: &'a NodeCtx) -> Result<Agent<'a>, NodeError> {
+    async fn new(spec: &'a AgentSpec, ctx: &'a NodeCtx) -> Result<Agent<'a>, NodeError> {
         if let Some(engine) = &spec.engine {
             return Err(NodeError::fatal(
                 "unsupported",
@@ -122,7 +122,7 @@ impl<'a> Agent<'a> {
             ));
         }
         let client = models::client(ctx, spec)?;
-        let tools = Toolbox::new(ctx, &spec.tools, &spec.delegates)?;
+        let tools = Toolbox::new(ctx, &spec.tools, &spec.delegates).await?;
         let schema = match &spec.output_schema {
             Some(s) => Some(jsonschema::validator_for(s).map_err(|e| {
                 NodeError::fatal(

@@ -30,7 +30,21 @@ pub(super) struct Toolbox<'a> {
     ask_user: bool,
     /// Delegates: tool name to child workflow path.
     delegates: BTreeMap<String, String>,
+    /// MCP tools by the name the model knows them by.
+    mcp: BTreeMap<String, McpTool>,
     defs: Vec<ToolDef>,
+}
+
+/// An MCP server's tool as an agent has it.
+struct McpTool {
+    /// `server.tool`, as the log names it.
+    log_name: String,
+    /// The tool's name on its server.
+    tool: String,
+    server: String,
+    conn: Arc<cairn_mcp::Connection>,
+    read_only: bool,
+    idempotent: bool,
 }
 
 /// How one call of a step is to be carried out.
@@ -48,7 +62,7 @@ impl<'a> Toolbox<'a> {
     /// and one tool per delegate. The workflow was validated, so an
     /// unknown name is the engine's mistake (or a kind of tool this build
     /// does not have).
-    pub(super) fn new(
+    pub(super) async fn new(
         ctx: &'a NodeCtx,
         names: &[String],
         delegates: &BTreeMap<String, String>,
@@ -56,7 +70,12 @@ impl<'a> Toolbox<'a> {
         let mut builtin = Vec::new();
         let mut ask_user = false;
         let mut defs = Vec::new();
+        let mut mcp = BTreeMap::new();
         for name in names {
+            if let Some((server, pattern)) = name.split_once('.') {
+                add_mcp_tools(ctx, server, pattern, &mut mcp, &mut defs).await?;
+                continue;
+            }
             if name == ASK_USER {
                 ask_user = true;
                 defs.push(ToolDef {
@@ -99,6 +118,7 @@ impl<'a> Toolbox<'a> {
             builtin,
             ask_user,
             delegates: delegates.clone(),
+            mcp,
             defs,
         })
     }
@@ -118,6 +138,9 @@ impl<'a> Toolbox<'a> {
     fn reads_only(&self, name: &str) -> bool {
         if (name == ASK_USER && self.ask_user) || self.delegates.contains_key(name) {
             return true;
+        }
+        if let Some(t) = self.mcp.get(name) {
+            return t.read_only;
         }
         self.find(name).is_some_and(|t| !t.spec().side_effect)
     }
@@ -151,8 +174,12 @@ impl<'a> Toolbox<'a> {
                 None => Plan::Run(call, self.reads_only(&call.name)),
                 Some(rec) => match outcome(rec) {
                     Some(result) => Plan::Known(result),
-                    // A read is harmless to run again; a side effect is not.
+                    // A read is harmless to run again; a side effect is not,
+                    // unless its tool says repeating it is harmless.
                     None if self.reads_only(&call.name) => Plan::Run(call, true),
+                    None if self.mcp.get(&call.name).is_some_and(|t| t.idempotent) => {
+                        Plan::Run(call, false)
+                    }
                     None => Plan::Unknown,
                 },
             })
@@ -261,6 +288,9 @@ impl<'a> Toolbox<'a> {
         if let Some(path) = self.delegates.get(&call.name) {
             return self.delegate(call, key, path, args, input).await;
         }
+        if let Some(tool) = self.mcp.get(&call.name) {
+            return self.call_mcp(tool, key, args, input).await;
+        }
         match self.find(&call.name) {
             Some(tool) => match args {
                 Ok(args) => {
@@ -328,6 +358,46 @@ impl<'a> Toolbox<'a> {
         Ok(result.map(|v| crate::node::cut_json(&v, limit)))
     }
 
+    /// Calls an MCP server's tool as a recorded call, named `server.tool`
+    /// in the log, with the call's idempotency key in the request.
+    async fn call_mcp(
+        &self,
+        tool: &McpTool,
+        key: &str,
+        args: Result<Value, ErrorInfo>,
+        input: Value,
+    ) -> Result<Result<Value, ErrorInfo>, NodeError> {
+        let ctx = self.ctx;
+        let limit = ctx.services.sandbox_limit(&ctx.workflow);
+        let info = CallInfo {
+            name: &tool.log_name,
+            key: Some(key.to_string()),
+            side_effect: !tool.read_only,
+            idempotent: tool.idempotent,
+            output_limit: limit,
+        };
+        let timeout = ctx
+            .mcp
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(60), |p| p.timeout(&tool.server));
+        let result = ctx
+            .recorded_call(info, input, |_, key| async move {
+                let args = args?;
+                tokio::select! {
+                    r = tool.conn.call(&tool.tool, args, &key, timeout) => match r {
+                        Ok(Ok(v)) => Ok(v),
+                        Ok(Err(message)) => Err(ErrorInfo::new("tool", message)),
+                        Err(e) => Err(ErrorInfo::new("mcp", format!("MCP server `{}`: {e}", tool.server))),
+                    },
+                    _ = ctx.cancel.cancelled() => {
+                        Err(ErrorInfo::new(crate::node::STOPPED, "the call was cancelled"))
+                    }
+                }
+            })
+            .await?;
+        Ok(result.map(|v| crate::node::cut_json(&v, limit)))
+    }
+
     /// Records a call that cannot run, with the reason as its result.
     async fn refuse(
         &self,
@@ -347,6 +417,75 @@ impl<'a> Toolbox<'a> {
             .recorded_call(info, input, |_, _| async move { Err(error) })
             .await
     }
+}
+
+/// The model-facing name of an MCP tool: providers allow only letters,
+/// digits, `_` and `-` (at most 64), so `server.tool` becomes
+/// `server__tool`, other characters `_`.
+fn mcp_tool_name(server: &str, tool: &str) -> String {
+    let mut name: String = format!("{server}__{tool}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .collect();
+    name.truncate(64);
+    name
+}
+
+/// Connects to `server` (started on first use) and adds the tools that
+/// `pattern` (`*` or a tool's name) names.
+async fn add_mcp_tools(
+    ctx: &NodeCtx,
+    server: &str,
+    pattern: &str,
+    out: &mut BTreeMap<String, McpTool>,
+    defs: &mut Vec<ToolDef>,
+) -> Result<(), NodeError> {
+    let pool = ctx
+        .mcp
+        .as_ref()
+        .ok_or_else(|| NodeError::fatal("mcp", "MCP servers are not available here"))?;
+    let conn = pool
+        .connect(server)
+        .await
+        .map_err(|e| NodeError::new("mcp", format!("MCP server `{server}`: {e}")))?;
+    let mut found = false;
+    for t in conn.tools() {
+        if pattern != "*" && t.name != pattern {
+            continue;
+        }
+        found = true;
+        let name = mcp_tool_name(server, &t.name);
+        if out.contains_key(&name) || defs.iter().any(|d| d.name == name) {
+            continue;
+        }
+        defs.push(ToolDef {
+            name: name.clone(),
+            description: t.description.clone(),
+            parameters: t.input_schema.clone(),
+        });
+        out.insert(
+            name,
+            McpTool {
+                log_name: format!("{server}.{}", t.name),
+                tool: t.name.clone(),
+                server: server.to_string(),
+                conn: conn.clone(),
+                read_only: t.read_only,
+                idempotent: t.idempotent,
+            },
+        );
+    }
+    if !found {
+        let have: Vec<&str> = conn.tools().iter().map(|t| t.name.as_str()).take(30).collect();
+        return Err(NodeError::fatal(
+            "mcp",
+            format!(
+                "MCP server `{server}` has no tool `{pattern}`; it has: {}",
+                have.join(", ")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// How a delegate is shown to the model: its workflow's description and

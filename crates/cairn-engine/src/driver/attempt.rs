@@ -32,6 +32,7 @@ impl Driver {
         ctx.depth = self.state.depth;
         ctx.child_slots = self.child_slots.clone();
         ctx.parking = self.parking.clone();
+        ctx.mcp = Some(self.mcp.clone());
         ctx.exit_on_wait = self.exit_on_wait;
         self.running.insert(key.clone(), cancel.clone());
         let tx = self.msg_tx.clone();

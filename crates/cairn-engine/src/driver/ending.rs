@@ -10,6 +10,7 @@ impl Driver {
             return None;
         }
         if self.shutdown_grace.is_some() {
+            self.mcp.close("the engine stopped").await;
             return Some(RunOutcome::Interrupted);
         }
         let stopping = self.cancelling.is_some() || self.failing.is_some();
@@ -77,6 +78,7 @@ impl Driver {
                 format!("nodes can never start: {}", names.join(", ")),
             ));
         }
+        self.mcp.close("the run ended").await;
         Some(self.finish().await)
     }
 

@@ -144,6 +144,8 @@ pub(crate) struct Driver {
     /// Set when the driver stops its attempts to stop and wait for a
     /// person: their child runs wait too, rather than being cancelled.
     parking: Arc<std::sync::atomic::AtomicBool>,
+    /// The run's MCP servers, started when a node first needs one.
+    mcp: Arc<crate::mcp::McpPool>,
     retry_pending: usize,
     msg_tx: mpsc::UnboundedSender<Msg>,
     msg_rx: mpsc::UnboundedReceiver<Msg>,
@@ -188,6 +190,11 @@ impl Driver {
         let (msg_tx, msg_rx) = mpsc::unbounded_channel();
         let (ask_tx, ask_rx) = mpsc::unbounded_channel();
         let tree = SpecTree::new(&init.wf);
+        let mcp = Arc::new(crate::mcp::McpPool::new(
+            init.wf.clone(),
+            init.services.clone(),
+            init.log.clone(),
+        ));
         let concurrency = init
             .max_concurrency
             .or(init.wf.concurrency)
@@ -238,6 +245,7 @@ impl Driver {
             child_waits: Default::default(),
             child_slots: Arc::new(tokio::sync::Semaphore::new(concurrency)),
             parking: Default::default(),
+            mcp,
             retry_pending: 0,
             msg_tx,
             msg_rx,
@@ -346,6 +354,7 @@ impl Driver {
                 self.parking.store(true, std::sync::atomic::Ordering::SeqCst);
                 self.run_cancel.cancel();
                 self.drain_running().await;
+                self.mcp.close("the run stopped").await;
                 return RunOutcome::Waiting;
             }
             if self.shutdown_grace.is_none() && self.is_waiting() {
@@ -374,6 +383,7 @@ impl Driver {
                     self.parking.store(true, std::sync::atomic::Ordering::SeqCst);
                     self.run_cancel.cancel();
                     self.drain_running().await;
+                    self.mcp.close("the run stopped to wait for a person").await;
                     return RunOutcome::Waiting;
                 }
             }

@@ -1,0 +1,199 @@
+//! A run's MCP servers: started once per driver session when a node first
+//! needs one (`McpServerStarting`, then `McpServerConnected` with its tool
+//! count and start time, or `McpServerDisconnected` with why it could not
+//! start), their stderr logged as `McpServerStderr`, and stopped before the
+//! run ends or stops (`McpServerDisconnected`). A resume starts them again
+//! when a node needs them.
+//!
+//! stdio servers run in the workflow's sandbox (root, hidden store, limits)
+//! with its network setting: shut, or open; a host list is not served to
+//! them yet, so they get no network then (said once in a `Diagnostic`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_events::{EventKind, Level, Scope};
+use cairn_mcp::{Connection, StdioSpec};
+use cairn_store::RunLog;
+use cairn_workflow::{McpServerDef, McpTransport, NodeSandbox, Workflow};
+use tokio::sync::{Mutex, OnceCell};
+
+use crate::services::Services;
+
+/// One server's connection, made at most once (concurrent first uses wait
+/// for the same start).
+type Slot = Arc<OnceCell<Result<Arc<Connection>, String>>>;
+
+/// The MCP servers of one driver session of a run.
+pub(crate) struct McpPool {
+    wf: Arc<Workflow>,
+    services: Arc<Services>,
+    log: Arc<RunLog>,
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+impl McpPool {
+    pub(crate) fn new(wf: Arc<Workflow>, services: Arc<Services>, log: Arc<RunLog>) -> Self {
+        McpPool {
+            wf,
+            services,
+            log,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The connection to `server`, started on first use. A server that
+    /// hung up since is started again.
+    pub(crate) async fn connect(&self, server: &str) -> Result<Arc<Connection>, String> {
+        let slot = {
+            let mut slots = self.slots.lock().await;
+            let stale = slots
+                .get(server)
+                .and_then(|s| s.get())
+                .is_some_and(|r| r.as_ref().is_ok_and(|c| c.is_closed()));
+            if stale {
+                self.log.append(
+                    Scope::run(),
+                    EventKind::McpServerDisconnected {
+                        server: server.to_string(),
+                        reason: Some("the server hung up; starting it again".into()),
+                    },
+                );
+                slots.remove(server);
+            }
+            slots.entry(server.to_string()).or_default().clone()
+        };
+        slot.get_or_init(|| self.start(server)).await.clone()
+    }
+
+    async fn start(&self, server: &str) -> Result<Arc<Connection>, String> {
+        let Some(def) = self.wf.mcp_servers.get(server) else {
+            return Err(format!("the workflow declares no MCP server `{server}`"));
+        };
+        let (command, args) = match &def.transport {
+            McpTransport::Stdio { command, .. } => (command[0].clone(), command[1..].to_vec()),
+            McpTransport::Http { url, .. } => (url.clone(), Vec::new()),
+        };
+        self.log.append(
+            Scope::run(),
+            EventKind::McpServerStarting {
+                server: server.to_string(),
+                command,
+                args,
+            },
+        );
+        let result = self.open(server, def).await;
+        match &result {
+            Ok(conn) => self.log.append(
+                Scope::run(),
+                EventKind::McpServerConnected {
+                    server: server.to_string(),
+                    tool_count: conn.tools().len() as u32,
+                    start_ms: conn.start_time().as_millis() as u64,
+                },
+            ),
+            Err(e) => self.log.append(
+                Scope::run(),
+                EventKind::McpServerDisconnected {
+                    server: server.to_string(),
+                    reason: Some(e.clone()),
+                },
+            ),
+        };
+        result.map(Arc::new)
+    }
+
+    async fn open(&self, server: &str, def: &McpServerDef) -> Result<Connection, String> {
+        match &def.transport {
+            McpTransport::Http { url, headers_env } => {
+                let mut headers = Vec::new();
+                for (header, var) in headers_env {
+                    let value = std::env::var(var).map_err(|_| {
+                        format!("header `{header}`: environment variable `{var}` is not set")
+                    })?;
+                    headers.push((header.clone(), value));
+                }
+                Connection::http(url, &headers)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            McpTransport::Stdio { command, env } => {
+                let sandbox = self
+                    .services
+                    .sandbox_for(&self.wf, None, None, &NodeSandbox::default())
+                    .map_err(|e| e.info.message)?;
+                let mut confine = sandbox.confinement();
+                if let Some(c) = confine.as_mut() {
+                    if c.network == cairn_tools::cairn_sandbox::Network::Proxy {
+                        c.network = cairn_tools::cairn_sandbox::Network::None;
+                        self.log.append(
+                            Scope::run(),
+                            EventKind::Diagnostic {
+                                level: Level::Warn,
+                                source: "mcp".into(),
+                                message: format!(
+                                    "MCP server `{server}` runs without network: a host list (`sandbox.network`) is not served to MCP servers"
+                                ),
+                            },
+                        );
+                    }
+                }
+                let log = self.log.clone();
+                let name = server.to_string();
+                let spec = StdioSpec {
+                    argv: command.clone(),
+                    env: env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    cwd: sandbox.root().to_path_buf(),
+                    confine,
+                };
+                Connection::stdio(spec, move |line| {
+                    log.append(
+                        Scope::run(),
+                        EventKind::McpServerStderr {
+                            server: name.clone(),
+                            message: line.to_string(),
+                        },
+                    );
+                })
+                .await
+                .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The longest a call to `server`'s tools may take.
+    pub(crate) fn timeout(&self, server: &str) -> Duration {
+        self.wf
+            .mcp_servers
+            .get(server)
+            .and_then(|d| d.timeout)
+            .unwrap_or_else(|| {
+                self.wf
+                    .sandbox
+                    .tool_timeout
+                    .unwrap_or(Duration::from_secs(60))
+            })
+    }
+
+    /// Stops every server that was started, logging why.
+    pub(crate) async fn close(&self, reason: &str) {
+        let slots: Vec<(String, Slot)> = self.slots.lock().await.drain().collect();
+        for (server, slot) in slots {
+            let Some(Ok(conn)) = slot.get().cloned() else {
+                continue;
+            };
+            drop(slot);
+            self.log.append(
+                Scope::run(),
+                EventKind::McpServerDisconnected {
+                    server,
+                    reason: Some(reason.to_string()),
+                },
+            );
+            if let Ok(conn) = Arc::try_unwrap(conn) {
+                conn.close().await;
+            }
+        }
+    }
+}
