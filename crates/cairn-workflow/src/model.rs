@@ -117,6 +117,9 @@ pub struct AgentSpec {
     pub model: Option<String>,
     /// An external agent CLI instead of a model (`claude-code`, `codex`).
     pub engine: Option<String>,
+    /// The argv that starts the engine's CLI, before the arguments Cairn
+    /// adds (default: `claude` or `codex` from `PATH`).
+    pub engine_command: Option<Vec<String>>,
     /// The system prompt (template).
     pub system: Option<String>,
     /// The task (template).

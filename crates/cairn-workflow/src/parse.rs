@@ -55,7 +55,10 @@ const AGENT_FIELDS: &[&str] = &[
     "output_schema",
     "schema_retries",
     "max_cost_usd",
+    "engine_command",
 ];
+/// The external agent CLIs an agent node may run instead of a model.
+pub const AGENT_ENGINES: &[&str] = &["claude-code", "codex"];
 /// The tools an agent may name: the built-in sandbox tools and `ask_user`.
 pub const AGENT_TOOLS: &[&str] = &["read", "write", "edit", "grep", "bash", "ask_user"];
 const COMMON_NODE_FIELDS: &[&str] = &[
@@ -1342,21 +1345,64 @@ impl Cx {
         let model = f
             .get("model")
             .and_then(|(_, v)| self.string(v, &join(field, "model")));
-        if let Some((k, v)) = f.get("engine") {
-            let engine = self.string(v, &join(field, "engine"))?;
-            self.at_hint(
-                k.pos,
-                Some(&join(field, "engine")),
-                format!("agent engine `{engine}` is not available in this version of Cairn"),
-                Some("give the agent a `model` from `models` instead".into()),
-            );
-            return None;
-        }
+        let engine = match f.get("engine") {
+            Some((_, v)) => {
+                let ef = join(field, "engine");
+                let engine = self.string(v, &ef)?;
+                if !AGENT_ENGINES.contains(&engine.as_str()) {
+                    self.at_hint(
+                        v.pos,
+                        Some(&ef),
+                        format!("unknown agent engine `{engine}`"),
+                        Some(format!("the engines are: {}", AGENT_ENGINES.join(", "))),
+                    );
+                    return None;
+                }
+                // An external CLI brings its own tools and loop.
+                for key in ["tools", "delegates", "max_steps", "schema_retries"] {
+                    if let Some((k, _)) = f.get(key) {
+                        self.at_hint(
+                            k.pos,
+                            Some(&join(field, key)),
+                            format!("`{key}` does not apply to an agent run by `engine: {engine}`"),
+                            Some("the CLI uses its own tools and loop".into()),
+                        );
+                        return None;
+                    }
+                }
+                Some(engine)
+            }
+            None => None,
+        };
+        let engine_command = match f.get("engine_command") {
+            Some((k, v)) => {
+                let cf = join(field, "engine_command");
+                if engine.is_none() {
+                    self.at(k.pos, Some(&cf), "`engine_command` needs an `engine`");
+                    return None;
+                }
+                let Yaml::Seq(items) = &v.value else {
+                    self.at(v.pos, Some(&cf), format!("expected a list (the argv before the CLI's own arguments), found {}", v.value.type_name()));
+                    return None;
+                };
+                let argv: Vec<String> = items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, it)| self.string(it, &format!("{cf}[{i}]")))
+                    .collect();
+                if argv.is_empty() || argv.len() != items.len() {
+                    self.at(v.pos, Some(&cf), "the argv is empty");
+                    return None;
+                }
+                Some(argv)
+            }
+            None => None,
+        };
         let delegates = match f.get("delegates") {
             Some((_, v)) => self.delegates(v, &join(field, "delegates"))?,
             None => BTreeMap::new(),
         };
-        if model.is_none() {
+        if model.is_none() && engine.is_none() {
             self.at(
                 node.pos,
                 Some(&join(field, "model")),
@@ -1452,7 +1498,8 @@ impl Cx {
         };
         Some(AgentSpec {
             model,
-            engine: None,
+            engine,
+            engine_command,
             system,
             prompt: prompt?,
             tools,

@@ -35,6 +35,8 @@ use serde_json::{json, Value};
 
 use crate::node::{NodeCtx, NodeError, NodeRunner};
 use history::History;
+
+mod engines;
 use toolbox::Toolbox;
 
 /// What a run has spent on models: the USD total (seeded from the log when
@@ -100,6 +102,9 @@ impl NodeRunner for AgentNode {
         let NodeKind::Agent(agent) = &spec.kind else {
             return Err(NodeError::fatal("internal", "not an agent node"));
         };
+        if let Some(engine) = &agent.engine {
+            return engines::run(agent, ctx, engine).await;
+        }
         Agent::new(agent, ctx).await?.run().await
     }
 }
@@ -115,12 +120,6 @@ struct Agent<'a> {
 
 impl<'a> Agent<'a> {
     async fn new(spec: &'a AgentSpec, ctx: &'a NodeCtx) -> Result<Agent<'a>, NodeError> {
-        if let Some(engine) = &spec.engine {
-            return Err(NodeError::fatal(
-                "unsupported",
-                format!("agent engine `{engine}` is not available in this build of Cairn"),
-            ));
-        }
         let client = models::client(ctx, spec)?;
         let tools = Toolbox::new(ctx, &spec.tools, &spec.delegates).await?;
         let schema = match &spec.output_schema {

@@ -1,0 +1,276 @@
+//! External agent CLIs as engines, against stand-in CLIs (shell scripts in
+//! the test) that print recorded-style JSON lines of each format: a clean
+//! run, a hang, a crash mid-stream, children left behind, and a resume of
+//! the session after the engine stopped. They run in the sandbox, as the
+//! real CLIs would.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
+use cairn_events::{Event, EventKind, OutputStream};
+use cairn_store::{Journal, JournalOptions};
+use serde_json::json;
+
+fn journal(dir: &Path) -> Journal {
+    Journal::open_sqlite(
+        &dir.join(".cairn/cairn.db"),
+        JournalOptions {
+            log_dir: Some(dir.join(".cairn/logs")),
+        },
+    )
+    .unwrap()
+}
+
+fn stored(engine: &Engine, run: &str) -> Vec<Event> {
+    engine
+        .journal()
+        .backend()
+        .read_events(run, &Default::default())
+        .unwrap()
+        .iter()
+        .map(|s| s.decode().unwrap())
+        .collect()
+}
+
+fn workflow(dir: &Path, engine: &str, script: &str, extra: &str) -> cairn_workflow::Workflow {
+    std::fs::write(dir.join("cli.sh"), script).unwrap();
+    let yaml = format!(
+        r#"
+name: engine-test
+models:
+  m: {{ provider: anthropic, model: claude-test, idle_timeout: 1s }}
+nodes:
+  - id: a
+{extra}
+    agent:
+      engine: {engine}
+      engine_command: ["sh", "cli.sh"]
+      model: m
+      prompt: "Fix the bug in {{{{ input.file }}}}"
+"#
+    );
+    std::fs::write(dir.join("wf.yaml"), yaml).unwrap();
+    cairn_workflow::load(&dir.join("wf.yaml")).unwrap()
+}
+
+async fn start(engine: &Engine, wf: cairn_workflow::Workflow, run: &str) -> cairn_engine::RunHandle {
+    let opts = StartOptions {
+        run_id: Some(run.into()),
+        ..StartOptions::default()
+    };
+    engine.start(wf, json!({"file": "main.rs"}), opts).await.unwrap()
+}
+
+const CLAUDE: &str = r#"
+printf '%s\n' "$@" > args.log
+echo '{"type":"system","subtype":"init","session_id":"sess-1","model":"claude-test","tools":["Bash"]}'
+echo '{"type":"assistant","message":{"id":"m1","role":"assistant","content":[{"type":"text","text":"Looking at the file. "}],"usage":{"input_tokens":100,"output_tokens":5}}}'
+echo '{"type":"assistant","message":{"id":"m2","role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}],"usage":{"input_tokens":110,"output_tokens":9}}}'
+echo '{"type":"user","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"main.rs"}]}}'
+echo '{"type":"assistant","message":{"id":"m3","role":"assistant","content":[{"type":"text","text":"Fixed it."}],"usage":{"input_tokens":130,"output_tokens":12}}}'
+echo '{"type":"result","subtype":"success","is_error":false,"result":"Fixed the off-by-one in main.rs.","session_id":"sess-1","total_cost_usd":0.0123,"usage":{"input_tokens":340,"output_tokens":26,"cache_read_input_tokens":50,"cache_creation_input_tokens":20}}'
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_lines_become_events_and_usage_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = start(&engine, workflow(d, "claude-code", CLAUDE, ""), "c1")
+        .await
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let st = engine.state("c1").unwrap();
+    assert_eq!(
+        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
+        json!("Fixed the off-by-one in main.rs.")
+    );
+    let evs = stored(&engine, "c1");
+    let raw = evs
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::AgentEvent { engine, .. } if engine == "claude-code"))
+        .count();
+    assert_eq!(raw, 6, "one AgentEvent per line");
+    let usage: Vec<(u64, u64, Option<u64>, Option<f64>)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsageReported {
+                input_tokens,
+                output_tokens,
+                cache_read_tokens,
+                cost_usd,
+                ..
+            } => Some((*input_tokens, *output_tokens, *cache_read_tokens, *cost_usd)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(usage, vec![(340, 26, Some(50), Some(0.0123))], "from the result line only");
+    let text: String = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::NodeOutput {
+                text,
+                stream: OutputStream::Text,
+            } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, "Looking at the file. Fixed it.");
+    let args = std::fs::read_to_string(d.join("args.log")).unwrap();
+    let args: Vec<&str> = args.lines().collect();
+    for a in ["-p", "--output-format", "stream-json", "--verbose", "--model", "claude-test"] {
+        assert!(args.contains(&a), "{args:?}");
+    }
+    assert_eq!(args.last(), Some(&"Fix the bug in main.rs"));
+    assert_eq!(st.tokens.input, 340);
+}
+
+const CODEX: &str = r#"
+echo '{"type":"thread.started","thread_id":"th-9"}'
+echo '{"type":"turn.started"}'
+echo '{"type":"item.completed","item":{"id":"i0","type":"reasoning","text":"Check the loop bounds."}}'
+echo '{"type":"item.completed","item":{"id":"i1","type":"command_execution","command":"ls","aggregated_output":"main.rs\n","exit_code":0,"status":"completed"}}'
+echo '{"type":"item.completed","item":{"id":"i2","type":"agent_message","text":"{\"fixed\": true}"}}'
+echo '{"type":"turn.completed","usage":{"input_tokens":900,"cached_input_tokens":300,"output_tokens":45}}'
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_lines_become_events_and_the_final_message_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("unused"), "").unwrap();
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let mut wf = workflow(d, "codex", CODEX, "");
+    if let cairn_workflow::NodeKind::Agent(a) = &mut wf.nodes[0].kind {
+        a.output_schema = Some(json!({"type": "object", "required": ["fixed"]}));
+    }
+    let outcome = start(&engine, wf, "x1").await.wait().await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let st = engine.state("x1").unwrap();
+    assert_eq!(
+        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
+        json!({"fixed": true})
+    );
+    let evs = stored(&engine, "x1");
+    let usage: Vec<(u64, Option<u64>)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsageReported {
+                input_tokens,
+                cache_read_tokens,
+                ..
+            } => Some((*input_tokens, *cache_read_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(usage, vec![(900, Some(300))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cli_is_killed_with_what_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let hang = r#"
+echo '{"type":"system","subtype":"init","session_id":"sess-2"}'
+sleep 313.25 &
+sleep 300
+"#;
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = start(&engine, workflow(d, "claude-code", hang, "    retry: { attempts: 1 }"), "h1")
+        .await
+        .wait()
+        .await;
+    let RunOutcome::Failed(e) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(e.message.contains("printed nothing"), "{e:?}");
+    let st = engine.state("h1").unwrap();
+    let err = st.node("a", 0).unwrap().attempts[0].error.clone().unwrap();
+    assert_eq!(err.kind, "idle_timeout");
+    // The child it left behind went with it (its odd duration is this
+    // test's mark).
+    let mut left = String::new();
+    for _ in 0..40 {
+        left = std::process::Command::new("pgrep")
+            .args(["-f", "sleep 313.25"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        if left.trim().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(left.trim().is_empty(), "left running: {left}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_that_crashes_mid_stream_fails_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let crash = r#"
+echo '{"type":"system","subtype":"init","session_id":"sess-3"}'
+printf '{"type":"assistant","message":{"content":[{"type":"text","te'
+echo 'segfault in the CLI' >&2
+exit 139
+"#;
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = start(&engine, workflow(d, "claude-code", crash, "    retry: { attempts: 1 }"), "k1")
+        .await
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
+    let st = engine.state("k1").unwrap();
+    let err = st.node("a", 0).unwrap().attempts[0].error.clone().unwrap();
+    assert_eq!(err.kind, "engine");
+    assert!(err.message.contains("exited with code 139"), "{err:?}");
+    assert!(err.details.unwrap()["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("segfault"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_session_is_resumed_with_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = r#"
+printf '%s\n' "$@" >> args.log
+case "$*" in
+  *--resume*)
+    echo '{"type":"result","subtype":"success","is_error":false,"result":"resumed","session_id":"sess-4","usage":{"input_tokens":1,"output_tokens":1}}'
+    ;;
+  *)
+    echo '{"type":"system","subtype":"init","session_id":"sess-4"}'
+    sleep 30
+    ;;
+esac
+"#;
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let handle = start(&engine, workflow(d, "claude-code", script, ""), "r1").await;
+    // Until the session's first line is in the log.
+    loop {
+        let seen = stored(&engine, "r1")
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::AgentEvent { .. }));
+        if seen {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine.shutdown(Duration::ZERO).await;
+    assert_eq!(handle.wait().await, RunOutcome::Interrupted);
+    drop(engine);
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = engine
+        .resume("r1", StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let args = std::fs::read_to_string(d.join("args.log")).unwrap();
+    assert!(args.contains("--resume\nsess-4"), "{args}");
+}
