@@ -164,7 +164,10 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
         kids.iter().map(|k| (k.clone(), events(&b, k))).collect();
     for (k, log) in &logs {
         assert!(
-            matches!(log.last().map(|e| &e.kind), Some(EventKind::RunFinished { .. })),
+            matches!(
+                log.last().map(|e| &e.kind),
+                Some(EventKind::RunFinished { .. })
+            ),
             "child {k} did not finish"
         );
     }

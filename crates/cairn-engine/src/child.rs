@@ -289,20 +289,20 @@ impl NodeCtx {
         }
         let path: PathBuf = self.workflow.resolve(&spec.path);
         let wf = cairn_workflow::load(&path).map_err(|e| {
-            NodeError::fatal(
-                "workflow",
-                format!("child workflow `{}`: {e}", spec.path),
-            )
+            NodeError::fatal("workflow", format!("child workflow `{}`: {e}", spec.path))
         })?;
-        wf.validate_input(&spec.input)
-            .map_err(|e| NodeError::fatal("input", format!("child workflow `{}`: {e}", spec.path)))?;
+        wf.validate_input(&spec.input).map_err(|e| {
+            NodeError::fatal("input", format!("child workflow `{}`: {e}", spec.path))
+        })?;
         let (hash, input, parent) = (wf.hash.clone(), spec.input.clone(), self.run_id.clone());
         let cycle = engine
             .blocking(move |e| {
                 let mut at = Some(parent);
                 let mut hops = 0;
                 while let Some(id) = at.take() {
-                    let Some(rec) = e.backend().get_run(&id)? else { break };
+                    let Some(rec) = e.backend().get_run(&id)? else {
+                        break;
+                    };
                     if rec.workflow_hash == hash && rec.input == input {
                         return Ok::<_, cairn_store::StoreError>(Some(id));
                     }
@@ -453,7 +453,10 @@ impl NodeCtx {
             .cancel(
                 child,
                 false,
-                Some(format!("its parent run `{}` stopped node `{}`", self.run_id, self.node_id)),
+                Some(format!(
+                    "its parent run `{}` stopped node `{}`",
+                    self.run_id, self.node_id
+                )),
                 None,
             )
             .await
@@ -473,11 +476,11 @@ impl Engine {
         })?;
         Ok(match state.status {
             Some(RunStatus::Finished) => Some(ChildEnd::Finished(state.output)),
-            Some(RunStatus::Failed) => Some(ChildEnd::Failed(
-                state
-                    .error
-                    .unwrap_or_else(|| ErrorInfo::new("unknown", "the run failed")),
-            )),
+            Some(RunStatus::Failed) => {
+                Some(ChildEnd::Failed(state.error.unwrap_or_else(|| {
+                    ErrorInfo::new("unknown", "the run failed")
+                })))
+            }
             Some(RunStatus::Cancelled) => Some(ChildEnd::Cancelled),
             _ => None,
         })

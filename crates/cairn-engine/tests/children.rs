@@ -256,7 +256,10 @@ nodes:
     };
     assert!(e.message.contains("ancestors"), "{e:?}");
     let st = engine.state("cyc").unwrap();
-    let err = st.node("again", 0).unwrap().attempts[0].error.clone().unwrap();
+    let err = st.node("again", 0).unwrap().attempts[0]
+        .error
+        .clone()
+        .unwrap();
     assert_eq!(err.kind, "cycle");
     assert!(children(&engine, "cyc").is_empty(), "nothing was started");
 
@@ -271,7 +274,10 @@ nodes:
     }
     assert_eq!(depth, 3);
     let st = engine.state(&run).unwrap();
-    let err = st.node("again", 0).unwrap().attempts[0].error.clone().unwrap();
+    let err = st.node("again", 0).unwrap().attempts[0]
+        .error
+        .clone()
+        .unwrap();
     assert_eq!(err.kind, "depth", "{err:?}");
     check(&engine, "deep");
 }
@@ -313,7 +319,11 @@ async fn a_child_that_waits_for_a_person_makes_its_parent_wait() {
         .wait()
         .await;
     assert_eq!(outcome, RunOutcome::Finished(Some(json!("approved"))));
-    assert_eq!(children(&engine, "p5").len(), 1, "the resume took the child up");
+    assert_eq!(
+        children(&engine, "p5").len(),
+        1,
+        "the resume took the child up"
+    );
     check(&engine, "p5");
 }
 
@@ -437,7 +447,10 @@ output: "{{ nodes.lead.output }}"
     // Side by side: the second child started before the first ended.
     let span = |id: &str| {
         let evs = stored(&engine, id);
-        (evs.first().unwrap().timestamp_ms, evs.last().unwrap().timestamp_ms)
+        (
+            evs.first().unwrap().timestamp_ms,
+            evs.last().unwrap().timestamp_ms,
+        )
     };
     let (a, b) = (span(&kids[0].run_id), span(&kids[1].run_id));
     assert!(a.0 < b.1 && b.0 < a.1, "{a:?} {b:?}");
@@ -454,9 +467,7 @@ output: "{{ nodes.lead.output }}"
         .collect();
     assert_eq!(statuses.len(), 3, "{statuses:?}");
     assert!(
-        statuses
-            .iter()
-            .any(|(_, e)| e.as_deref() == Some("input")),
+        statuses.iter().any(|(_, e)| e.as_deref() == Some("input")),
         "{statuses:?}"
     );
     check(&engine, "p7");
@@ -476,7 +487,11 @@ fn a_missing_child_workflow_is_found_before_the_parent_starts() {
     assert!(text.contains("parent.yaml:5"), "{text}");
     assert!(text.contains("nowhere.yaml"), "{text}");
     // A broken child is reported in its own file, with its line.
-    write(d, "broken.yaml", "name: broken\nnodes:\n  - id: x\n    comand: [true]\n");
+    write(
+        d,
+        "broken.yaml",
+        "name: broken\nnodes:\n  - id: x\n    comand: [true]\n",
+    );
     write(
         d,
         "parent.yaml",

@@ -54,12 +54,19 @@ nodes:
     cairn_workflow::load(&dir.join("wf.yaml")).unwrap()
 }
 
-async fn start(engine: &Engine, wf: cairn_workflow::Workflow, run: &str) -> cairn_engine::RunHandle {
+async fn start(
+    engine: &Engine,
+    wf: cairn_workflow::Workflow,
+    run: &str,
+) -> cairn_engine::RunHandle {
     let opts = StartOptions {
         run_id: Some(run.into()),
         ..StartOptions::default()
     };
-    engine.start(wf, json!({"file": "main.rs"}), opts).await.unwrap()
+    engine
+        .start(wf, json!({"file": "main.rs"}), opts)
+        .await
+        .unwrap()
 }
 
 const CLAUDE: &str = r#"
@@ -90,7 +97,9 @@ async fn claude_code_lines_become_events_and_usage_is_counted_once() {
     let evs = stored(&engine, "c1");
     let raw = evs
         .iter()
-        .filter(|e| matches!(&e.kind, EventKind::AgentEvent { engine, .. } if engine == "claude-code"))
+        .filter(
+            |e| matches!(&e.kind, EventKind::AgentEvent { engine, .. } if engine == "claude-code"),
+        )
         .count();
     assert_eq!(raw, 6, "one AgentEvent per line");
     let usage: Vec<(u64, u64, Option<u64>, Option<f64>)> = evs
@@ -106,7 +115,11 @@ async fn claude_code_lines_become_events_and_usage_is_counted_once() {
             _ => None,
         })
         .collect();
-    assert_eq!(usage, vec![(340, 26, Some(50), Some(0.0123))], "from the result line only");
+    assert_eq!(
+        usage,
+        vec![(340, 26, Some(50), Some(0.0123))],
+        "from the result line only"
+    );
     let text: String = evs
         .iter()
         .filter_map(|e| match &e.kind {
@@ -120,7 +133,14 @@ async fn claude_code_lines_become_events_and_usage_is_counted_once() {
     assert_eq!(text, "Looking at the file. Fixed it.");
     let args = std::fs::read_to_string(d.join("args.log")).unwrap();
     let args: Vec<&str> = args.lines().collect();
-    for a in ["-p", "--output-format", "stream-json", "--verbose", "--model", "claude-test"] {
+    for a in [
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        "claude-test",
+    ] {
         assert!(args.contains(&a), "{args:?}");
     }
     assert_eq!(args.last(), Some(&"Fix the bug in main.rs"));
@@ -178,10 +198,14 @@ sleep 313.25 &
 sleep 300
 "#;
     let engine = Engine::new(journal(d), EngineOptions::default());
-    let outcome = start(&engine, workflow(d, "claude-code", hang, "    retry: { attempts: 1 }"), "h1")
-        .await
-        .wait()
-        .await;
+    let outcome = start(
+        &engine,
+        workflow(d, "claude-code", hang, "    retry: { attempts: 1 }"),
+        "h1",
+    )
+    .await
+    .wait()
+    .await;
     let RunOutcome::Failed(e) = outcome else {
         panic!("{outcome:?}")
     };
@@ -217,10 +241,14 @@ echo 'segfault in the CLI' >&2
 exit 139
 "#;
     let engine = Engine::new(journal(d), EngineOptions::default());
-    let outcome = start(&engine, workflow(d, "claude-code", crash, "    retry: { attempts: 1 }"), "k1")
-        .await
-        .wait()
-        .await;
+    let outcome = start(
+        &engine,
+        workflow(d, "claude-code", crash, "    retry: { attempts: 1 }"),
+        "k1",
+    )
+    .await
+    .wait()
+    .await;
     assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
     let st = engine.state("k1").unwrap();
     let err = st.node("a", 0).unwrap().attempts[0].error.clone().unwrap();

@@ -124,7 +124,8 @@ async fn an_agent_calls_a_stdio_servers_tools_in_the_sandbox() {
     let (servers, node) = need_servers!();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let everything = servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let everything =
+        servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let yaml = format!(
         r#"
 name: mcp-stdio
@@ -243,10 +244,7 @@ turns:
     );
     let (engine, outcome) = run(&d, &yaml, &turns, "m2").await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    assert_eq!(
-        std::fs::read_to_string(&note).unwrap(),
-        "written over MCP"
-    );
+    assert_eq!(std::fs::read_to_string(&note).unwrap(), "written over MCP");
     let evs = stored(&engine, "m2");
     let c = calls(&evs);
     assert_eq!(c[0], ("fs.write_file".into(), ToolStatus::Success));
@@ -270,7 +268,8 @@ async fn an_agent_calls_a_streamable_http_server() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let everything = servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let everything =
+        servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let mut server = tokio::process::Command::new(&node)
         .arg(&everything)
         .arg("streamableHttp")
@@ -282,7 +281,10 @@ async fn an_agent_calls_a_streamable_http_server() {
         .unwrap();
     let mut up = false;
     for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             up = true;
             break;
         }

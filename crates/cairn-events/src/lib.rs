@@ -15,7 +15,6 @@ mod reducer;
 mod tree;
 
 pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
-pub use tree::check_tree;
 pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
@@ -28,5 +27,7 @@ pub use ids::{
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
 pub use reducer::{
-    AgentProgress, AttemptState, ChildRun, Decision, NodeNotes, NodeState, NodeStatus, Question, RunState,
+    AgentProgress, AttemptState, ChildRun, Decision, NodeNotes, NodeState, NodeStatus, Question,
+    RunState,
 };
+pub use tree::check_tree;

@@ -792,18 +792,18 @@ impl RunState {
             } => {
                 // An attempt that takes a delegation up again after a crash
                 // logs it again: one entry per child.
-                if !self.children.iter().any(|c| &c.run_id == child_run_id) {
-                    if let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration)
-                    {
-                        self.children.push(ChildRun {
-                            run_id: child_run_id.clone(),
-                            node_id: node.clone(),
-                            iteration,
-                            agent: agent.clone(),
-                            workflow: workflow.clone(),
-                            status: None,
-                        });
-                    }
+                let known = self.children.iter().any(|c| &c.run_id == child_run_id);
+                if let (false, Some(node), Some(iteration)) =
+                    (known, &ev.scope.node_id, ev.scope.iteration)
+                {
+                    self.children.push(ChildRun {
+                        run_id: child_run_id.clone(),
+                        node_id: node.clone(),
+                        iteration,
+                        agent: agent.clone(),
+                        workflow: workflow.clone(),
+                        status: None,
+                    });
                 }
             }
             EventKind::DelegationFinished {

@@ -270,7 +270,9 @@ impl Connection {
             let name = http::HeaderName::from_bytes(k.as_bytes())
                 .map_err(|_| McpError::Start(format!("`{k}` is not a valid header name")))?;
             let mut value = http::HeaderValue::from_str(v).map_err(|_| {
-                McpError::Start(format!("the value of header `{k}` is not a valid header value"))
+                McpError::Start(format!(
+                    "the value of header `{k}` is not a valid header value"
+                ))
             })?;
             value.set_sensitive(true);
             custom.insert(name, value);
@@ -379,15 +381,15 @@ impl Connection {
             }
         };
         let mut meta = serde_json::Map::new();
-        meta.insert("cairn/idempotencyKey".into(), Value::String(key.to_string()));
+        meta.insert(
+            "cairn/idempotencyKey".into(),
+            Value::String(key.to_string()),
+        );
         params.meta = Some(RequestMetaObject(MetaObject(meta)));
         let result = tokio::time::timeout(timeout, self.service.call_tool(params))
             .await
             .map_err(|_| {
-                McpError::Protocol(format!(
-                    "the tool did not answer within {}",
-                    human(timeout)
-                ))
+                McpError::Protocol(format!("the tool did not answer within {}", human(timeout)))
             })?
             .map_err(|e| McpError::Protocol(e.to_string()))?;
         let text: Vec<String> = result

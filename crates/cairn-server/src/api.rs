@@ -508,7 +508,9 @@ pub fn with_child_states(v: &mut Value, backend: &dyn cairn_store::Backend) {
         return;
     };
     for c in children {
-        let Some(id) = c["runId"].as_str() else { continue };
+        let Some(id) = c["runId"].as_str() else {
+            continue;
+        };
         if let Ok(Some(rec)) = backend.get_run(id) {
             c["state"] = json!(rec.status);
         }

@@ -1041,7 +1041,9 @@ impl Cx {
                 self.at(
                     k.pos,
                     Some(&sf),
-                    format!("`{name}` is not a valid server name; use letters, digits, `_` and `-`"),
+                    format!(
+                        "`{name}` is not a valid server name; use letters, digits, `_` and `-`"
+                    ),
                 );
                 continue;
             }
@@ -1057,7 +1059,10 @@ impl Cx {
                     cx.at(
                         m.pos,
                         Some(&mf),
-                        format!("expected a mapping of names to strings, found {}", m.value.type_name()),
+                        format!(
+                            "expected a mapping of names to strings, found {}",
+                            m.value.type_name()
+                        ),
                     );
                     return None;
                 };
@@ -1111,24 +1116,42 @@ impl Cx {
                         continue;
                     }
                     if f.contains_key("headers_env") {
-                        self.at(v.pos, Some(&join(&sf, "headers_env")), "`headers_env` is for `url` servers");
+                        self.at(
+                            v.pos,
+                            Some(&join(&sf, "headers_env")),
+                            "`headers_env` is for `url` servers",
+                        );
                         continue;
                     }
-                    let Some(env) = string_map(self, "env") else { continue };
+                    let Some(env) = string_map(self, "env") else {
+                        continue;
+                    };
                     McpTransport::Stdio { command: argv, env }
                 }
                 (None, Some((_, u))) => {
                     let uf = join(&sf, "url");
-                    let Some(url) = self.string(u, &uf) else { continue };
+                    let Some(url) = self.string(u, &uf) else {
+                        continue;
+                    };
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        self.at(u.pos, Some(&uf), format!("`{url}` is not an http:// or https:// URL"));
+                        self.at(
+                            u.pos,
+                            Some(&uf),
+                            format!("`{url}` is not an http:// or https:// URL"),
+                        );
                         continue;
                     }
                     if f.contains_key("env") {
-                        self.at(v.pos, Some(&join(&sf, "env")), "`env` is for `command` servers");
+                        self.at(
+                            v.pos,
+                            Some(&join(&sf, "env")),
+                            "`env` is for `command` servers",
+                        );
                         continue;
                     }
-                    let Some(headers_env) = string_map(self, "headers_env") else { continue };
+                    let Some(headers_env) = string_map(self, "headers_env") else {
+                        continue;
+                    };
                     McpTransport::Http { url, headers_env }
                 }
             };
@@ -1153,7 +1176,9 @@ impl Cx {
             match &n.kind {
                 NodeKind::Agent(a) => {
                     for t in &a.tools {
-                        let Some((server, _)) = t.split_once('.') else { continue };
+                        let Some((server, _)) = t.split_once('.') else {
+                            continue;
+                        };
                         if !servers.contains_key(server) {
                             let hint = if servers.is_empty() {
                                 "declare it under `mcp_servers:` at the top level".to_string()
@@ -1382,7 +1407,14 @@ impl Cx {
                     return None;
                 }
                 let Yaml::Seq(items) = &v.value else {
-                    self.at(v.pos, Some(&cf), format!("expected a list (the argv before the CLI's own arguments), found {}", v.value.type_name()));
+                    self.at(
+                        v.pos,
+                        Some(&cf),
+                        format!(
+                            "expected a list (the argv before the CLI's own arguments), found {}",
+                            v.value.type_name()
+                        ),
+                    );
                     return None;
                 };
                 let argv: Vec<String> = items

@@ -441,3 +441,58 @@ fn unreadable_and_empty_files() {
         "at least one node",
     );
 }
+
+/// Every problem of `text`, one per line, for checks that only care what
+/// is said.
+fn said(text: &str) -> String {
+    problems(text)
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn child_workflows_delegates_mcp_servers_and_engines_are_checked() {
+    let m = "models:\n  m: { provider: scripted, script: t.yaml }\n";
+    // A workflow node's path is a plain path.
+    let s = said(&format!(
+        "{HEAD}  - id: w\n    workflow: \"{{{{ input.f }}}}.yaml\"\n"
+    ));
+    assert!(s.contains("cannot be a template"), "{s}");
+    // `input` belongs to workflow nodes.
+    let s = said(&format!(
+        "{HEAD}  - id: c\n    command: [\"true\"]\n    input: {{}}\n"
+    ));
+    assert!(s.contains("only allowed on `workflow` nodes"), "{s}");
+    // A delegate may not take a built-in tool's name, nor an invalid one.
+    let s = said(&format!(
+        "{m}{HEAD}  - id: a\n    agent:\n      model: m\n      prompt: p\n      delegates: {{ read: r.yaml, \"a b\": r.yaml }}\n"
+    ));
+    assert!(s.contains("has the name of a built-in tool"), "{s}");
+    assert!(s.contains("not a valid delegate name"), "{s}");
+    // An MCP tool names a declared server.
+    let s = said(&format!(
+        "{m}{HEAD}  - id: a\n    agent:\n      model: m\n      prompt: p\n      tools: [\"docs.search\"]\n"
+    ));
+    assert!(s.contains("which `mcp_servers` does not declare"), "{s}");
+    // A server is a command or a URL, not both, not neither.
+    let s = said(&format!(
+        "mcp_servers:\n  a: {{ command: [x], url: \"http://h/mcp\" }}\n  b: {{ timeout: 1s }}\n  c: {{ url: \"ftp://h\" }}\n{HEAD}  - id: v\n    value: 1\n"
+    ));
+    assert!(s.contains("not both"), "{s}");
+    assert!(s.contains("needs `command`"), "{s}");
+    assert!(s.contains("not an http:// or https:// URL"), "{s}");
+    // Engines: known ones only, and without a model loop's settings.
+    let s = said(&format!(
+        "{HEAD}  - id: a\n    agent:\n      engine: cursor\n      prompt: p\n"
+    ));
+    assert!(s.contains("unknown agent engine `cursor`"), "{s}");
+    let s = said(&format!(
+        "{HEAD}  - id: a\n    agent:\n      engine: codex\n      prompt: p\n      tools: [read]\n"
+    ));
+    assert!(
+        s.contains("does not apply to an agent run by `engine: codex`"),
+        "{s}"
+    );
+}

@@ -70,7 +70,10 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
     };
     let model_def = match &spec.model {
         Some(name) => Some(ctx.workflow.models.get(name).ok_or_else(|| {
-            NodeError::fatal("config", format!("the workflow has no model named `{name}`"))
+            NodeError::fatal(
+                "config",
+                format!("the workflow has no model named `{name}`"),
+            )
         })?),
         None => None,
     };
@@ -158,7 +161,8 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
         let watchdog = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(250).min(idle)).await;
-                let quiet = now_ms().saturating_sub(observer.last_line.load(Ordering::Relaxed) as i64);
+                let quiet =
+                    now_ms().saturating_sub(observer.last_line.load(Ordering::Relaxed) as i64);
                 if quiet >= idle.as_millis() as i64 {
                     idle_hit.store(true, Ordering::SeqCst);
                     stop.cancel();
@@ -178,7 +182,9 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
     };
     observer.flush();
     let outcome = outcome.map_err(|e| match e {
-        cairn_tools::process::ProcessError::Sandbox { .. } => NodeError::fatal("sandbox", e.to_string()),
+        cairn_tools::process::ProcessError::Sandbox { .. } => {
+            NodeError::fatal("sandbox", e.to_string())
+        }
         e => NodeError::new("spawn", format!("{} CLI: {e}", kind.name())),
     })?;
     if idle_hit.load(Ordering::SeqCst) && !ctx.cancel.is_cancelled() {
@@ -287,7 +293,8 @@ fn session_of(kind: Kind, event: &Value) -> Option<String> {
     let ok = !s.is_empty()
         && s.len() <= 200
         && !s.starts_with('-')
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     ok.then(|| s.to_string())
 }
 
@@ -407,7 +414,9 @@ impl<'a> Lines<'a> {
                     ev["total_cost_usd"].as_f64(),
                 );
                 let mut s = self.lock();
-                if ev["is_error"].as_bool() == Some(true) || ev["subtype"].as_str().is_some_and(|t| t != "success") {
+                if ev["is_error"].as_bool() == Some(true)
+                    || ev["subtype"].as_str().is_some_and(|t| t != "success")
+                {
                     s.error = Some(format!(
                         "the run ended with `{}`: {}",
                         ev["subtype"].as_str().unwrap_or("error"),

@@ -379,7 +379,9 @@ impl<'a> Toolbox<'a> {
         let timeout = ctx
             .mcp
             .as_ref()
-            .map_or(std::time::Duration::from_secs(60), |p| p.timeout(&tool.server));
+            .map_or(std::time::Duration::from_secs(60), |p| {
+                p.timeout(&tool.server)
+            });
         let result = ctx
             .recorded_call(info, input, |_, key| async move {
                 let args = args?;
@@ -425,7 +427,13 @@ impl<'a> Toolbox<'a> {
 fn mcp_tool_name(server: &str, tool: &str) -> String {
     let mut name: String = format!("{server}__{tool}")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     name.truncate(64);
     name
@@ -476,7 +484,12 @@ async fn add_mcp_tools(
         );
     }
     if !found {
-        let have: Vec<&str> = conn.tools().iter().map(|t| t.name.as_str()).take(30).collect();
+        let have: Vec<&str> = conn
+            .tools()
+            .iter()
+            .map(|t| t.name.as_str())
+            .take(30)
+            .collect();
         return Err(NodeError::fatal(
             "mcp",
             format!(
@@ -491,9 +504,8 @@ async fn add_mcp_tools(
 /// How a delegate is shown to the model: its workflow's description and
 /// input schema (an object schema, as providers require of tools).
 fn delegate_def(ctx: &NodeCtx, name: &str, path: &str) -> Result<ToolDef, NodeError> {
-    let wf = cairn_workflow::load(&ctx.workflow.resolve(path)).map_err(|e| {
-        NodeError::fatal("workflow", format!("delegate `{name}`: {e}"))
-    })?;
+    let wf = cairn_workflow::load(&ctx.workflow.resolve(path))
+        .map_err(|e| NodeError::fatal("workflow", format!("delegate `{name}`: {e}")))?;
     let parameters = match &wf.input_schema {
         Some(s) if s.get("type").and_then(Value::as_str) == Some("object") => s.clone(),
         _ => json!({"type": "object"}),

@@ -351,7 +351,8 @@ impl Driver {
                 if self.drain_inbox().await > 0 {
                     continue;
                 }
-                self.parking.store(true, std::sync::atomic::Ordering::SeqCst);
+                self.parking
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 self.run_cancel.cancel();
                 self.drain_running().await;
                 self.mcp.close("the run stopped").await;
@@ -380,7 +381,8 @@ impl Driver {
                     if self.drain_inbox().await > 0 {
                         continue;
                     }
-                    self.parking.store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.parking
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     self.run_cancel.cancel();
                     self.drain_running().await;
                     self.mcp.close("the run stopped to wait for a person").await;
