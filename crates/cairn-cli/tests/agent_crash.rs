@@ -135,7 +135,16 @@ nodes:
         }
         child.kill().unwrap(); // SIGKILL
         wait_exit(&mut child);
-        started = started || !events(&store, run).is_empty();
+        let evs = events(&store, run);
+        started = started || !evs.is_empty();
+        // Killed after the run's end was committed: nothing to resume.
+        if matches!(
+            evs.last().map(|e| &e.kind),
+            Some(EventKind::RunFinished { .. })
+        ) {
+            done = true;
+            break;
+        }
     }
     if !done {
         let mut child = cairn(dir, &["resume", run]);
@@ -153,6 +162,7 @@ nodes:
         evs.last().unwrap().kind,
         EventKind::RunFinished { .. }
     ));
+    cairn_events::check_log(&evs).unwrap();
     let sessions = evs
         .iter()
         .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))

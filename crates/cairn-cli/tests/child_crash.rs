@@ -133,7 +133,16 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
         }
         child.kill().unwrap(); // SIGKILL
         wait_exit(&mut child);
-        started = started || open(&store).is_some_and(|b| !events(&b, run).is_empty());
+        let evs = open(&store).map(|b| events(&b, run)).unwrap_or_default();
+        started = started || !evs.is_empty();
+        // Killed after the run's end was committed: nothing to resume.
+        if matches!(
+            evs.last().map(|e| &e.kind),
+            Some(EventKind::RunFinished { .. })
+        ) {
+            done = true;
+            break;
+        }
     }
     if !done {
         let mut child = cairn(dir, &["resume", run]);
@@ -172,6 +181,10 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
         );
     }
     check_tree(&evs, &logs).unwrap();
+    cairn_events::check_log(&evs).unwrap();
+    for (k, log) in &logs {
+        cairn_events::check_log(log).unwrap_or_else(|e| panic!("child {k}: {e}"));
+    }
     // Every task ran to its end (a killed command runs again, so at least
     // once each).
     let side = std::fs::read_to_string(dir.join("side.log")).unwrap_or_default();

@@ -33,7 +33,22 @@ fn stored(engine: &Engine, run: &str) -> Vec<Event> {
         .unwrap()
         .iter()
         .map(|s| s.decode().unwrap())
-        .collect()
+        .collect::<Vec<Event>>()
+        .tap_check()
+}
+
+/// Every log a test reads keeps the contract's rules.
+trait TapCheck {
+    fn tap_check(self) -> Self;
+}
+
+impl TapCheck for Vec<Event> {
+    fn tap_check(self) -> Self {
+        if let Err(e) = cairn_events::check_log(&self) {
+            panic!("the log breaks the contract: {e}");
+        }
+        self
+    }
 }
 
 fn children(engine: &Engine, run: &str) -> Vec<cairn_store::RunRecord> {

@@ -7,6 +7,7 @@
 
 mod activity;
 mod command;
+mod contract;
 mod event;
 mod ids;
 mod metrics;
@@ -16,6 +17,7 @@ mod tree;
 
 pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
 pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
+pub use contract::check_log;
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,

@@ -1,0 +1,213 @@
+//! Checks one run's log against the rules of the event contract that the
+//! log alone can show (`EVENTS.md`, "Envelope", "Guarantees" and "Ordering
+//! rules for one node"): seqs from 1 without gaps, one run id, a first
+//! `RunStarted`, nothing after a terminal event but a resume, and per node
+//! pass: `NodePending` first and once, each attempt opened by `NodeStarted`
+//! before anything of it and closed once, a retry announced between the
+//! failure and the next start, tool calls and agent steps started before
+//! they finish and finished once, questions and gates asked before they
+//! are answered.
+//!
+//! Pure, like [`crate::check_tree`]: tests that make logs (crash tests,
+//! children, agents, engines) run every log they make through it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{Event, EventKind};
+
+/// What the log has said so far of one attempt.
+#[derive(Default)]
+struct Attempt {
+    ended: bool,
+    tools_started: BTreeSet<u32>,
+    tools_finished: BTreeSet<u32>,
+    steps_started: BTreeSet<u32>,
+    steps_finished: BTreeSet<u32>,
+}
+
+/// What the log has said so far of one node pass.
+#[derive(Default)]
+struct Pass {
+    pending: bool,
+    finished: bool,
+    attempts: BTreeMap<u32, Attempt>,
+    /// The attempt a `NodeRetrying` announced, not started yet.
+    announced: Option<u32>,
+    asked: BTreeSet<String>,
+    gate: bool,
+}
+
+/// Checks `events`, one run's whole log in seq order. Returns the first
+/// rule broken, with the seq where it broke.
+pub fn check_log(events: &[Event]) -> Result<(), String> {
+    let Some(first) = events.first() else {
+        return Ok(());
+    };
+    let run = first.run_id.as_str();
+    if !matches!(first.kind, EventKind::RunStarted { resumed: false, .. }) {
+        return Err(format!(
+            "seq {}: the log does not open with RunStarted",
+            first.seq
+        ));
+    }
+    let mut passes: BTreeMap<(String, u32), Pass> = BTreeMap::new();
+    let mut ended = false;
+    for (i, ev) in events.iter().enumerate() {
+        let at = |msg: String| Err(format!("seq {} ({}): {msg}", ev.seq, ev.kind.type_name()));
+        if ev.seq != i as u64 + 1 {
+            return at(format!("expected seq {}", i + 1));
+        }
+        if ev.run_id != run {
+            return at(format!("run id `{}` in the log of `{run}`", ev.run_id));
+        }
+        if ended && !matches!(ev.kind, EventKind::RunStarted { resumed: true, .. }) {
+            return at("an event after the run's terminal event".into());
+        }
+        match &ev.kind {
+            EventKind::RunStarted { .. } => {
+                ended = false;
+                continue;
+            }
+            EventKind::RunFinished { .. }
+            | EventKind::RunFailed { .. }
+            | EventKind::RunCancelled { .. } => {
+                ended = true;
+                continue;
+            }
+            _ => {}
+        }
+        let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration) else {
+            continue;
+        };
+        let pass = passes.entry((node.to_string(), iteration)).or_default();
+        if let EventKind::NodePending { .. } = ev.kind {
+            if pass.pending {
+                return at("NodePending twice".into());
+            }
+            pass.pending = true;
+            continue;
+        }
+        if !pass.pending {
+            return at(format!(
+                "node `{node}` pass {iteration} before its NodePending"
+            ));
+        }
+        match (&ev.kind, ev.scope.attempt) {
+            (EventKind::NodeStarted {}, Some(a)) => {
+                if pass.finished {
+                    return at("an attempt started after the node finished".into());
+                }
+                if pass.attempts.get(&a).is_some() {
+                    return at(format!("attempt {a} started twice"));
+                }
+                if let Some(open) = pass.attempts.iter().find(|(_, t)| !t.ended) {
+                    return at(format!(
+                        "attempt {a} started while attempt {} is open",
+                        open.0
+                    ));
+                }
+                if a > 1 && pass.attempts.contains_key(&(a - 1)) && pass.announced != Some(a) {
+                    return at(format!("attempt {a} started without its NodeRetrying"));
+                }
+                pass.announced = None;
+                pass.attempts.insert(a, Attempt::default());
+            }
+            (EventKind::NodeRetrying { .. }, Some(a)) => {
+                let prev = a.checked_sub(1).and_then(|p| pass.attempts.get(&p));
+                if !prev.is_some_and(|p| p.ended) {
+                    return at(format!(
+                        "NodeRetrying for attempt {a} before attempt {} ended",
+                        a.saturating_sub(1)
+                    ));
+                }
+                pass.announced = Some(a);
+            }
+            (EventKind::NodeCancelled { .. }, Some(a)) => {
+                // The attempt that runs, or (cancelled between retries)
+                // the last one that ran.
+                let Some(t) = pass.attempts.get_mut(&a) else {
+                    return at(format!(
+                        "NodeCancelled names attempt {a}, which never started"
+                    ));
+                };
+                t.ended = true;
+                if pass.attempts.values().any(|t| !t.ended) {
+                    return at("a node cancelled while another attempt is open".into());
+                }
+                pass.finished = true;
+            }
+            (EventKind::NodeSkipped { .. }, _) | (EventKind::NodeCancelled { .. }, None) => {
+                if pass.attempts.values().any(|t| !t.ended) {
+                    return at("a node ended without an attempt while one is open".into());
+                }
+                pass.finished = true;
+            }
+            (_, Some(a)) => {
+                let Some(t) = pass.attempts.get_mut(&a) else {
+                    return at(format!(
+                        "attempt {a} of node `{node}` before its NodeStarted"
+                    ));
+                };
+                if t.ended {
+                    return at(format!("attempt {a} of node `{node}` after it ended"));
+                }
+                match &ev.kind {
+                    EventKind::NodeFinished { .. } => {
+                        t.ended = true;
+                        pass.finished = true;
+                    }
+                    EventKind::NodeFailed { will_retry, .. } => {
+                        t.ended = true;
+                        if !will_retry {
+                            pass.finished = true;
+                        }
+                    }
+                    EventKind::ToolCallStarted { tool_seq, .. } => {
+                        if !t.tools_started.insert(*tool_seq) {
+                            return at(format!("toolSeq {tool_seq} started twice"));
+                        }
+                    }
+                    EventKind::ToolCallFinished { tool_seq, .. } => {
+                        if !t.tools_started.contains(tool_seq) {
+                            return at(format!("toolSeq {tool_seq} finished before it started"));
+                        }
+                        if !t.tools_finished.insert(*tool_seq) {
+                            return at(format!("toolSeq {tool_seq} finished twice"));
+                        }
+                    }
+                    EventKind::AgentStepStarted { step, .. } => {
+                        if t.steps_finished.contains(step) {
+                            return at(format!("step {step} asked again after it finished"));
+                        }
+                        t.steps_started.insert(*step);
+                    }
+                    EventKind::AgentStepFinished { step, .. } => {
+                        if !t.steps_started.contains(step) {
+                            return at(format!("step {step} finished before it started"));
+                        }
+                        if !t.steps_finished.insert(*step) {
+                            return at(format!("step {step} finished twice"));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            (EventKind::InputRequested { request_id, .. }, None) => {
+                pass.asked.insert(request_id.clone());
+            }
+            (EventKind::InputReceived { request_id, .. }, None) => {
+                if !pass.asked.contains(request_id) {
+                    return at(format!("an answer to `{request_id}`, which was not asked"));
+                }
+            }
+            (EventKind::ApprovalRequested { .. }, None) => pass.gate = true,
+            (EventKind::ApprovalGranted { .. } | EventKind::ApprovalDenied { .. }, None) => {
+                if !pass.gate {
+                    return at("a decision on a gate that was not asked".into());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
