@@ -317,3 +317,178 @@ esac
     let args = std::fs::read_to_string(d.join("args.log")).unwrap();
     assert!(args.contains("--resume\nsess-4"), "{args}");
 }
+
+/// The folder `scripts/install-agent-clis` installed the real CLIs into.
+fn real_clis() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("CAIRN_AGENT_CLIS_DIR").map(std::path::PathBuf::from);
+    match dir.and_then(|d| d.canonicalize().ok()) {
+        Some(d) if d.join("node_modules/.bin/claude").exists() => Some(d),
+        _ => {
+            eprintln!(
+                "skipped: CAIRN_AGENT_CLIS_DIR does not name a folder with the real CLIs (run scripts/install-agent-clis; see docs/agents.md)"
+            );
+            None
+        }
+    }
+}
+
+/// The real Claude Code, from npm, run by Cairn in its sandbox against a
+/// fake Anthropic server on 127.0.0.1: its lines become events, its usage
+/// is counted once (from the result line, not the per-message snapshot),
+/// and its answer is the node's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_claude_code_runs_against_a_local_fake_provider() {
+    let Some(clis) = real_clis() else { return };
+    use cairn_agent::testing::{FakeProvider, Reply};
+    let server = FakeProvider::start().await;
+    server.respond_with(|r| {
+        let model = r.body["model"].as_str().unwrap_or("m").to_string();
+        if r.body["stream"] != json!(true) {
+            let body = json!({"id": "msg_0", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 1, "output_tokens": 1}});
+            return Reply::status(200, &body.to_string());
+        }
+        let ev = |t: &str, d: serde_json::Value| (t.to_string(), d.to_string());
+        Reply::named_sse([
+            ev("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                "role": "assistant", "model": model, "content": [], "stop_reason": null,
+                "usage": {"input_tokens": 42, "output_tokens": 1}}})),
+            ev("content_block_start", json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}})),
+            ev("content_block_delta", json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "Hello from the fake model."}})),
+            ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+            ev("message_delta", json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 7}})),
+            ev("message_stop", json!({"type": "message_stop"})),
+        ])
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::env::set_var("CAIRN_TEST_FAKE_ANTHROPIC_KEY", "sk-fake");
+    let yaml = format!(
+        r#"
+name: real-claude
+models:
+  m: {{ provider: anthropic, model: claude-fake-1, base_url: "{url}", api_key_env: CAIRN_TEST_FAKE_ANTHROPIC_KEY, idle_timeout: 60s }}
+sandbox:
+  network: true
+  read_only: ["{clis}"]
+nodes:
+  - id: a
+    timeout: 120s
+    agent:
+      engine: claude-code
+      engine_command: ["{claude}"]
+      model: m
+      prompt: Say hello.
+"#,
+        url = server.url(),
+        clis = clis.display(),
+        claude = clis.join("node_modules/.bin/claude").display(),
+    );
+    std::fs::write(d.join("wf.yaml"), yaml).unwrap();
+    let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = start(&engine, wf, "real-claude").await.wait().await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let st = engine.state("real-claude").unwrap();
+    assert_eq!(
+        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
+        json!("Hello from the fake model.")
+    );
+    let evs = stored(&engine, "real-claude");
+    let usage: Vec<(u64, u64)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsageReported {
+                input_tokens,
+                output_tokens,
+                ..
+            } => Some((*input_tokens, *output_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(usage, vec![(42, 7)], "from the result line only");
+    assert!(server
+        .requests()
+        .iter()
+        .any(|r| r.body["model"] == "claude-fake-1"));
+}
+
+/// The real Codex CLI, from npm, run by Cairn in its sandbox against a fake
+/// OpenAI Responses server on 127.0.0.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_codex_runs_against_a_local_fake_provider() {
+    let Some(clis) = real_clis() else { return };
+    use cairn_agent::testing::{FakeProvider, Reply};
+    let server = FakeProvider::start().await;
+    server.respond_with(|_| {
+        let ev = |d: serde_json::Value| (d["type"].as_str().unwrap().to_string(), d.to_string());
+        let item = json!({"type": "message", "role": "assistant", "id": "msg_1",
+            "content": [{"type": "output_text", "text": "Hello from the fake model."}]});
+        Reply::named_sse([
+            ev(json!({"type": "response.created", "response": {"id": "resp_1"}})),
+            ev(json!({"type": "response.output_item.added", "output_index": 0,
+                "item": {"type": "message", "role": "assistant", "id": "msg_1", "content": []}})),
+            ev(json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                "content_index": 0, "delta": "Hello from the fake model."})),
+            ev(json!({"type": "response.output_item.done", "output_index": 0, "item": item})),
+            ev(json!({"type": "response.completed", "response": {"id": "resp_1", "usage": {
+                "input_tokens": 42, "input_tokens_details": {"cached_tokens": 10},
+                "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 49}}})),
+        ])
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::env::set_var("CAIRN_TEST_FAKE_OPENAI_KEY", "sk-fake");
+    let yaml = format!(
+        r#"
+name: real-codex
+models:
+  m: {{ provider: openai, model: fake-model, base_url: "{url}/v1", api_key_env: CAIRN_TEST_FAKE_OPENAI_KEY, idle_timeout: 60s }}
+sandbox:
+  network: true
+  read_only: ["{clis}"]
+nodes:
+  - id: a
+    timeout: 120s
+    agent:
+      engine: codex
+      engine_command: ["{codex}"]
+      model: m
+      prompt: Say hello.
+"#,
+        url = server.url(),
+        clis = clis.display(),
+        codex = clis.join("node_modules/.bin/codex").display(),
+    );
+    std::fs::write(d.join("wf.yaml"), yaml).unwrap();
+    let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = start(&engine, wf, "real-codex").await.wait().await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let st = engine.state("real-codex").unwrap();
+    assert_eq!(
+        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
+        json!("Hello from the fake model.")
+    );
+    let evs = stored(&engine, "real-codex");
+    let usage: Vec<(u64, u64)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsageReported {
+                input_tokens,
+                output_tokens,
+                ..
+            } => Some((*input_tokens, *output_tokens)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(usage, vec![(42, 7)]);
+    assert!(server
+        .requests()
+        .iter()
+        .any(|r| r.body["model"] == "fake-model"));
+}

@@ -105,9 +105,28 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
             if let Some(s) = &session {
                 argv.extend(["resume".into(), s.clone()]);
             }
-            argv.push("--json".into());
+            // The sandbox root need not be a git repository.
+            argv.extend(["--json".into(), "--skip-git-repo-check".into()]);
             if let Some(m) = model_def {
                 argv.extend(["-m".into(), m.model.clone()]);
+                // Codex reads its provider's address from its config, not
+                // from the environment: a provider of Cairn's, given inline.
+                if let Some(url) = &m.base_url {
+                    if url.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+                        return Err(NodeError::fatal(
+                            "config",
+                            format!("model `{}`: base_url holds a quote, a backslash or a control character", m.model),
+                        ));
+                    }
+                    argv.extend([
+                        "-c".into(),
+                        format!(
+                            "model_providers.cairn={{name=\"cairn\",base_url=\"{url}\",env_key=\"OPENAI_API_KEY\",wire_api=\"responses\"}}"
+                        ),
+                        "-c".into(),
+                        "model_provider=cairn".into(),
+                    ]);
+                }
             }
             argv.push(match &system {
                 Some(s) => format!("{s}\n\n{prompt}"),
@@ -130,6 +149,15 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
     }
     if let Some(url) = model_def.and_then(|m| m.base_url.clone()) {
         env.push((url_var.into(), url));
+    }
+    // A CLI in a workflow reports to nobody but its provider: no telemetry,
+    // error reports or update checks from inside the sandbox.
+    if kind == Kind::Claude {
+        env.push((
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+            "1".into(),
+        ));
+        env.push(("DISABLE_TELEMETRY".into(), "1".into()));
     }
     let idle = model_def
         .and_then(|m| m.idle_timeout)
@@ -213,9 +241,13 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
             .with_details(json!({"stderr": cut(&outcome.stderr, 2000)})));
     }
     let Some(text) = state.final_text else {
+        let why = state
+            .last_error
+            .map(|e| format!(" (its last error: {e})"))
+            .unwrap_or_default();
         return Err(NodeError::new(
             "engine",
-            format!("`{program}` ended without a final message"),
+            format!("`{program}` ended without a final message{why}"),
         ));
     };
     match &spec.output_schema {
@@ -304,6 +336,8 @@ struct Said {
     partial: String,
     final_text: Option<String>,
     error: Option<String>,
+    /// The last error the CLI reported on the way (it may have recovered).
+    last_error: Option<String>,
     model: Option<String>,
 }
 
@@ -457,18 +491,25 @@ impl<'a> Lines<'a> {
                         input_tokens: u["input_tokens"].as_u64().unwrap_or(0),
                         output_tokens: u["output_tokens"].as_u64().unwrap_or(0),
                         cache_read_tokens: u["cached_input_tokens"].as_u64(),
-                        cache_write_tokens: None,
+                        cache_write_tokens: u["cache_write_input_tokens"].as_u64(),
                         reasoning_tokens: u["reasoning_output_tokens"].as_u64(),
                     },
                     None,
                 );
             }
-            Some("turn.failed") | Some("error") => {
+            // A turn that failed is the attempt's failure; other errors
+            // (reconnects, warnings) only explain a CLI that ends
+            // without a final message.
+            Some("turn.failed") => {
                 let msg = ev["error"]["message"]
                     .as_str()
-                    .or(ev["message"].as_str())
-                    .unwrap_or("the CLI reported an error");
+                    .unwrap_or("the CLI reported a failed turn");
                 self.lock().error = Some(cut(msg, 2000));
+            }
+            Some("error") => {
+                if let Some(msg) = ev["message"].as_str() {
+                    self.lock().last_error = Some(cut(msg, 2000));
+                }
             }
             _ => {}
         }
