@@ -6,15 +6,15 @@
 //! when a node needs them.
 //!
 //! stdio servers run in the workflow's sandbox (root, hidden store, limits)
-//! with its network setting: shut, or open; a host list is not served to
-//! them yet, so they get no network then (said once in a `Diagnostic`).
+//! with its network setting: shut by the kernel, open, or a host list
+//! served by the filtering proxy, as for every process of the run.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_events::{EventKind, Level, Scope};
-use cairn_mcp::{Connection, StdioSpec};
+use cairn_events::{EventKind, Scope};
+use cairn_mcp::Connection;
 use cairn_store::RunLog;
 use cairn_workflow::{McpServerDef, McpTransport, NodeSandbox, Workflow};
 use tokio::sync::{Mutex, OnceCell};
@@ -123,30 +123,25 @@ impl McpPool {
                     .services
                     .sandbox_for(&self.wf, None, None, &NodeSandbox::default())
                     .map_err(|e| e.info.message)?;
-                let mut confine = sandbox.confinement();
-                if let Some(c) = confine.as_mut() {
-                    if c.network == cairn_tools::cairn_sandbox::Network::Proxy {
-                        c.network = cairn_tools::cairn_sandbox::Network::None;
-                        self.log.append(
-                            Scope::run(),
-                            EventKind::Diagnostic {
-                                level: Level::Warn,
-                                source: "mcp".into(),
-                                message: format!(
-                                    "MCP server `{server}` runs without network: a host list (`sandbox.network`) is not served to MCP servers"
-                                ),
-                            },
-                        );
-                    }
-                }
+                let mut env: Vec<(String, String)> =
+                    env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                // So that a resume after a crash finds what the dead engine
+                // left running.
+                env.push((crate::RUN_ENV.to_string(), self.log.run_id().to_string()));
+                let spec = cairn_tools::process::ProcessSpec {
+                    argv: command.clone(),
+                    cwd: sandbox.root().to_path_buf(),
+                    env,
+                    // Only what the server declares, never the engine's secrets.
+                    clear_env: true,
+                    timeout: None,
+                    max_output_bytes: 0,
+                    network: sandbox.network(),
+                    confine: sandbox.confinement(),
+                    proxy: sandbox.network_hosts(),
+                };
                 let log = self.log.clone();
                 let name = server.to_string();
-                let spec = StdioSpec {
-                    argv: command.clone(),
-                    env: env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-                    cwd: sandbox.root().to_path_buf(),
-                    confine,
-                };
                 Connection::stdio(spec, move |line| {
                     log.append(
                         Scope::run(),

@@ -387,3 +387,75 @@ nodes:
     });
     assert!(reason.unwrap().contains("cannot start"));
 }
+
+/// A minimal stdio MCP server (Node.js, written for this test) whose one
+/// tool tries to open a TCP connection: what the sandbox lets a server do.
+const NET_SERVER: &str = r#"
+const net = require("net");
+const rl = require("readline").createInterface({ input: process.stdin });
+const send = (m) => process.stdout.write(JSON.stringify(m) + "\n");
+rl.on("line", (line) => {
+  const m = JSON.parse(line);
+  if (m.method === "initialize") {
+    send({ jsonrpc: "2.0", id: m.id, result: { protocolVersion: m.params.protocolVersion,
+      capabilities: { tools: {} }, serverInfo: { name: "net-probe", version: "1" } } });
+  } else if (m.method === "tools/list") {
+    send({ jsonrpc: "2.0", id: m.id, result: { tools: [{ name: "connect",
+      inputSchema: { type: "object", properties: { port: { type: "integer" } } },
+      annotations: { readOnlyHint: true } }] } });
+  } else if (m.method === "tools/call") {
+    const s = net.connect({ host: "127.0.0.1", port: m.params.arguments.port });
+    const answer = (text) => { s.destroy(); send({ jsonrpc: "2.0", id: m.id,
+      result: { content: [{ type: "text", text }] } }); };
+    s.on("connect", () => answer("connected"));
+    s.on("error", (e) => answer("refused: " + e.code));
+  } else if (m.id !== undefined) {
+    send({ jsonrpc: "2.0", id: m.id, error: { code: -32601, message: "no such method" } });
+  }
+});
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_has_the_workflows_network_setting() {
+    let Ok((_, node)) = servers() else {
+        eprintln!("skipped: Node.js or the MCP servers are missing");
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    for (network, expect) in [("false", "refused"), ("true", "connected")] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("probe.js"), NET_SERVER).unwrap();
+        let yaml = format!(
+            r#"
+name: mcp-net
+models:
+  s: {{ provider: scripted, script: turns.yaml }}
+mcp_servers:
+  probe:
+    command: ["{node}", "probe.js"]
+sandbox:
+  network: {network}
+nodes:
+  - id: a
+    agent:
+      model: s
+      prompt: Connect.
+      tools: [probe.connect]
+"#,
+            node = node.display(),
+        );
+        let turns = format!(
+            "turns:\n  - text: Connecting.\n    tool_calls:\n      - {{ name: probe__connect, args: {{ port: {port} }} }}\n  - text: Done.\n"
+        );
+        let run_id = format!("net-{network}");
+        let (engine, outcome) = run(d, &yaml, &turns, &run_id).await;
+        assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+        let out = results(&engine, &run_id);
+        assert!(
+            out[0].to_string().contains(expect),
+            "network {network}: {out:?}"
+        );
+    }
+}

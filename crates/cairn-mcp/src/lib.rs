@@ -1,9 +1,10 @@
 //! Cairn's MCP client: one connection to one MCP server of a workflow.
 //!
-//! A stdio server is a program Cairn starts itself, in the workflow's
-//! sandbox (its namespaces, file-system view and network setting), leading
-//! a process group of its own and dying with the engine; rmcp speaks the
-//! protocol over its pipes. A streamable HTTP server is reached at its URL
+//! A stdio server is a program Cairn starts itself, as it starts every
+//! process ([`cairn_tools::process::spawn_service`]: the workflow's sandbox,
+//! its network setting with the filtering proxy for a host list, a process
+//! group of its own, death with the engine); rmcp speaks the protocol over
+//! its pipes. A streamable HTTP server is reached at its URL
 //! with headers whose values the caller read from the environment. Either
 //! way the connection lists every tool (all pages) once, and calls them with
 //! a time limit and Cairn's idempotency key in the request's `_meta`.
@@ -13,9 +14,9 @@
 //! says nothing is treated as side-effecting and not idempotent.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use cairn_tools::process::{spawn_service, ProcessSpec, Service};
 
 use rmcp::model::{CallToolRequestParams, ContentBlock, MetaObject, RequestMetaObject};
 use rmcp::service::RunningService;
@@ -40,10 +41,6 @@ const MAX_TOOL_DEF_BYTES: usize = 64 * 1024;
 
 /// Most tools kept of one server.
 pub const MAX_TOOLS: usize = 1000;
-
-/// The variables a stdio server sees of the engine's environment (besides
-/// those the workflow gives it): never the engine's secrets.
-const MINIMAL_ENV_KEYS: &[&str] = &["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM"];
 
 /// Why a server cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -71,24 +68,10 @@ pub struct McpTool {
     pub idempotent: bool,
 }
 
-/// A stdio server to start.
-#[derive(Debug, Clone)]
-pub struct StdioSpec {
-    /// The argv; `argv[0]` is looked up in `PATH`.
-    pub argv: Vec<String>,
-    /// Variables added to the server's environment.
-    pub env: Vec<(String, String)>,
-    /// Its working directory (the sandbox root).
-    pub cwd: PathBuf,
-    /// The sandbox it runs in, network setting included; `None` runs it
-    /// unconfined (the workflow's explicit choice).
-    pub confine: Option<cairn_sandbox::Confinement>,
-}
-
 /// A connected server and the tools it offers.
 pub struct Connection {
     service: RunningService<RoleClient, ()>,
-    child: Option<ChildGuard>,
+    child: Option<Service>,
     tools: Vec<McpTool>,
     start: Duration,
 }
@@ -97,112 +80,24 @@ impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
             .field("tools", &self.tools.len())
-            .field("pid", &self.child.as_ref().map(|c| c.pid))
+            .field("pid", &self.child.as_ref().map(Service::pid))
             .finish()
     }
 }
 
-/// Kills the server's process group (and its control group) when dropped.
-struct ChildGuard {
-    pid: u32,
-    child: tokio::process::Child,
-    prepared: Option<Arc<cairn_sandbox::Prepared>>,
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the group this process leads; no memory is touched.
-        unsafe {
-            libc::kill(-(self.pid as libc::pid_t), libc::SIGKILL);
-        }
-        let _ = self.child.start_kill();
-        if let Some(g) = self.prepared.as_ref().and_then(|p| p.cgroup()) {
-            g.kill();
-            g.remove();
-        }
-    }
-}
-
 impl Connection {
-    /// Starts a stdio server and connects to it. `on_stderr` gets its
-    /// stderr, a line at a time (bounded).
+    /// Starts a stdio server (`spec`: its argv, folder, environment and
+    /// sandbox, as every process of Cairn is started) and connects to it.
+    /// `on_stderr` gets its stderr, a line at a time (bounded).
     pub async fn stdio(
-        spec: StdioSpec,
+        spec: ProcessSpec,
         on_stderr: impl Fn(&str) + Send + Sync + 'static,
     ) -> Result<Connection, McpError> {
         let t0 = Instant::now();
-        let program = spec
-            .argv
-            .first()
-            .cloned()
-            .ok_or_else(|| McpError::Start("the command is empty".into()))?;
-        let mut cmd = tokio::process::Command::new(&program);
-        cmd.args(&spec.argv[1..])
-            .current_dir(&spec.cwd)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .env_clear();
-        for key in MINIMAL_ENV_KEYS {
-            if let Some(v) = std::env::var_os(key) {
-                cmd.env(key, v);
-            }
-        }
-        // The engine's home folder is not in a sandbox's view; its private
-        // /tmp is, and is writable (npm's cache, dotfiles).
-        match (&spec.confine, std::env::var_os("HOME")) {
-            (Some(_), _) => {
-                cmd.env("HOME", "/tmp");
-            }
-            (None, Some(h)) => {
-                cmd.env("HOME", h);
-            }
-            (None, None) => {}
-        }
-        for (k, v) in &spec.env {
-            cmd.env(k, v);
-        }
-        let prepared = match &spec.confine {
-            Some(c) => Some(Arc::new(c.prepare(&spec.cwd).map_err(|e| {
-                McpError::Start(format!("cannot sandbox `{program}`: {e}"))
-            })?)),
-            None => None,
-        };
-        let in_child = prepared.clone();
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: the closure runs between fork and exec and makes only
-        // async-signal-safe calls (prctl, getppid, and the sandbox's own,
-        // which allocate nothing).
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() != parent {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                if let Some(p) = &in_child {
-                    p.enter()?;
-                }
-                Ok(())
-            });
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                if let Some(f) = prepared.as_ref().and_then(|p| p.failure()) {
-                    return Err(McpError::Start(format!(
-                        "cannot start `{program}`: {}",
-                        f.into_error()
-                    )));
-                }
-                return Err(McpError::Start(format!("cannot start `{program}`: {e}")));
-            }
-        };
-        let pid = child.id().unwrap_or(0);
+        let program = spec.argv.first().cloned().unwrap_or_default();
+        let mut service = spawn_service(spec)
+            .map_err(|e| McpError::Start(format!("cannot start `{program}`: {e}")))?;
+        let child = service.child_mut();
         let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
             return Err(McpError::Start("the server's pipes are missing".into()));
         };
@@ -233,12 +128,8 @@ impl Connection {
                 }
             });
         }
-        let guard = ChildGuard {
-            pid,
-            child,
-            prepared,
-        };
-        let service = match tokio::time::timeout(START_TIMEOUT, ().serve((stdout, stdin))).await {
+        let service_rpc = match tokio::time::timeout(START_TIMEOUT, ().serve((stdout, stdin))).await
+        {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 return Err(McpError::Start(format!(
@@ -252,7 +143,7 @@ impl Connection {
                 )))
             }
         };
-        Self::ready(service, Some(guard), t0).await
+        Self::ready(service_rpc, Some(service), t0).await
     }
 
     /// Connects to a streamable HTTP server at `url`, sending `headers`
@@ -304,7 +195,7 @@ impl Connection {
     /// Lists the tools (every page) of a connected server.
     async fn ready(
         service: RunningService<RoleClient, ()>,
-        child: Option<ChildGuard>,
+        child: Option<Service>,
         t0: Instant,
     ) -> Result<Connection, McpError> {
         let listed = tokio::time::timeout(START_TIMEOUT, service.list_all_tools())
@@ -357,7 +248,7 @@ impl Connection {
 
     /// The process id of a stdio server.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.pid)
+        self.child.as_ref().map(Service::pid)
     }
 
     /// Calls `tool` with `args` (a JSON object), sending `key` as

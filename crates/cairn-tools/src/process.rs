@@ -488,16 +488,27 @@ enum Stop {
     Cancel,
 }
 
-/// Runs one process to completion, timeout or cancellation.
-///
-/// A non-zero exit is not an error here: it is reported in the outcome, and
-/// callers decide what it means. Errors are for processes that could not be
-/// started or waited for.
-pub async fn run_process(
-    spec: ProcessSpec,
-    observer: &dyn ProcessObserver,
-    cancel: CancellationToken,
-) -> Result<ProcessOutcome, ProcessError> {
+/// A process set up to be spawned: its command (environment, pipes, and
+/// the `pre_exec` that confines it), the planned sandbox, and the channel
+/// its kernel network filter comes back over.
+struct Spawning {
+    program: String,
+    cmd: tokio::process::Command,
+    proxied: bool,
+    prepared: Option<Arc<cairn_sandbox::Prepared>>,
+    channel: Option<ListenerChannel>,
+}
+
+/// Checks `spec` and builds its command: `stdin` as given, stdout and
+/// stderr piped, a process group of its own, the environment the spec
+/// allows, the sandbox entered and (with the network denied and
+/// `filter_network`) the kernel filter installed between fork and exec,
+/// and death with the engine.
+fn spawning(
+    spec: &ProcessSpec,
+    stdin: Stdio,
+    filter_network: bool,
+) -> Result<Spawning, ProcessError> {
     let program = spec.argv.first().ok_or(ProcessError::EmptyArgv)?.clone();
     for (i, arg) in spec.argv.iter().enumerate() {
         if arg.contains('\0') {
@@ -526,22 +537,22 @@ pub async fn run_process(
         NetworkPolicy::Proxy if !proxied => NetworkPolicy::Deny,
         p => p,
     };
+    // A confined process without network is in a network namespace of its
+    // own already; the filter adds the reports of what it tried.
     let filter = match policy {
-        NetworkPolicy::Allow | NetworkPolicy::Proxy => None,
-        NetworkPolicy::Deny => {
-            Some(
-                NetFilter::build().map_err(|reason| ProcessError::NetworkFilter {
-                    program: program.clone(),
-                    reason: reason.to_string(),
-                })?,
-            )
-        }
+        NetworkPolicy::Deny if filter_network || spec.confine.is_none() => Some(
+            NetFilter::build().map_err(|reason| ProcessError::NetworkFilter {
+                program: program.clone(),
+                reason: reason.to_string(),
+            })?,
+        ),
+        _ => None,
     };
 
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(&spec.argv[1..])
         .current_dir(&spec.cwd)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -639,19 +650,121 @@ pub async fn run_process(
             Ok(())
         });
     }
+    Ok(Spawning {
+        program,
+        cmd,
+        proxied,
+        prepared,
+        channel,
+    })
+}
+
+/// The error of a spawn that failed: the sandbox's, when a step of it did.
+fn spawn_error(
+    program: String,
+    prepared: Option<&Arc<cairn_sandbox::Prepared>>,
+    source: std::io::Error,
+) -> ProcessError {
+    match prepared.and_then(|p| p.failure()) {
+        Some(f) => ProcessError::Sandbox {
+            program,
+            source: f.into_error(),
+        },
+        None => ProcessError::Spawn { program, source },
+    }
+}
+
+/// A long-running process the caller talks to over its pipes (an MCP
+/// server), confined like every other: its sandbox, its network (the
+/// filtering proxy serves it while it runs), its own process group, death
+/// with the engine. Dropping it kills the group (and the control group).
+pub struct Service {
+    child: tokio::process::Child,
+    pid: u32,
+    prepared: Option<Arc<cairn_sandbox::Prepared>>,
+    _proxy: Option<tokio::task::JoinSet<()>>,
+    _supervisor: Option<Supervisor>,
+}
+
+impl Service {
+    /// The process, for its pipes and its end.
+    pub fn child_mut(&mut self) -> &mut tokio::process::Child {
+        &mut self.child
+    }
+
+    /// Its process id, which is also its process group's.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        kill_group(self.pid);
+        let _ = self.child.start_kill();
+        if let Some(g) = self.prepared.as_ref().and_then(|p| p.cgroup()) {
+            g.kill();
+            g.remove();
+        }
+    }
+}
+
+/// Starts `spec` as a [`Service`] with piped stdin, stdout and stderr. Its
+/// timeout and output cap do not apply: the caller decides how long it
+/// runs and reads what it writes. Must be called within a tokio runtime.
+pub fn spawn_service(spec: ProcessSpec) -> Result<Service, ProcessError> {
+    let Spawning {
+        program,
+        mut cmd,
+        proxied,
+        prepared,
+        channel,
+    } = spawning(&spec, Stdio::piped(), false)?;
+    let child = cmd
+        .spawn()
+        .map_err(|e| spawn_error(program, prepared.as_ref(), e))?;
+    let pid = child.id().unwrap_or(0);
+    let proxy = match (&prepared, proxied) {
+        (Some(p), true) => p.take_proxy_listener().and_then(|l| {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            crate::proxy::serve(l, spec.proxy.clone().unwrap_or_default(), tx).ok()
+        }),
+        _ => None,
+    };
+    let supervisor = channel
+        .and_then(ListenerChannel::receive)
+        .and_then(|listener| Supervisor::start(listener).ok());
+    Ok(Service {
+        child,
+        pid,
+        prepared,
+        _proxy: proxy,
+        _supervisor: supervisor,
+    })
+}
+
+/// Runs one process to completion, timeout or cancellation.
+///
+/// A non-zero exit is not an error here: it is reported in the outcome, and
+/// callers decide what it means. Errors are for processes that could not be
+/// started or waited for.
+pub async fn run_process(
+    spec: ProcessSpec,
+    observer: &dyn ProcessObserver,
+    cancel: CancellationToken,
+) -> Result<ProcessOutcome, ProcessError> {
+    let Spawning {
+        program,
+        mut cmd,
+        proxied,
+        prepared,
+        channel,
+    } = spawning(&spec, Stdio::null(), true)?;
 
     let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(source) => {
-            if let Some(f) = prepared.as_ref().and_then(|p| p.failure()) {
-                return Err(ProcessError::Sandbox {
-                    program,
-                    source: f.into_error(),
-                });
-            }
-            return Err(ProcessError::Spawn { program, source });
-        }
+        Err(source) => return Err(spawn_error(program, prepared.as_ref(), source)),
     };
     let pid = child.id().unwrap_or(0);
     // The proxy runs until this function returns (dropping the set aborts
