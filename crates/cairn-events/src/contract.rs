@@ -97,7 +97,7 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
                 if pass.finished {
                     return at("an attempt started after the node finished".into());
                 }
-                if pass.attempts.get(&a).is_some() {
+                if pass.attempts.contains_key(&a) {
                     return at(format!("attempt {a} started twice"));
                 }
                 if let Some(open) = pass.attempts.iter().find(|(_, t)| !t.ended) {
@@ -162,10 +162,10 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
                             pass.finished = true;
                         }
                     }
-                    EventKind::ToolCallStarted { tool_seq, .. } => {
-                        if !t.tools_started.insert(*tool_seq) {
-                            return at(format!("toolSeq {tool_seq} started twice"));
-                        }
+                    EventKind::ToolCallStarted { tool_seq, .. }
+                        if !t.tools_started.insert(*tool_seq) =>
+                    {
+                        return at(format!("toolSeq {tool_seq} started twice"));
                     }
                     EventKind::ToolCallFinished { tool_seq, .. } => {
                         if !t.tools_started.contains(tool_seq) {
@@ -195,16 +195,16 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
             (EventKind::InputRequested { request_id, .. }, None) => {
                 pass.asked.insert(request_id.clone());
             }
-            (EventKind::InputReceived { request_id, .. }, None) => {
-                if !pass.asked.contains(request_id) {
-                    return at(format!("an answer to `{request_id}`, which was not asked"));
-                }
+            (EventKind::InputReceived { request_id, .. }, None)
+                if !pass.asked.contains(request_id) =>
+            {
+                return at(format!("an answer to `{request_id}`, which was not asked"));
             }
             (EventKind::ApprovalRequested { .. }, None) => pass.gate = true,
-            (EventKind::ApprovalGranted { .. } | EventKind::ApprovalDenied { .. }, None) => {
-                if !pass.gate {
-                    return at("a decision on a gate that was not asked".into());
-                }
+            (EventKind::ApprovalGranted { .. } | EventKind::ApprovalDenied { .. }, None)
+                if !pass.gate =>
+            {
+                return at("a decision on a gate that was not asked".into());
             }
             _ => {}
         }

@@ -5,6 +5,11 @@
 //! `{"kind":"reply","id":...,"ok":false,"error":{"code","message"}}` and
 //! pushes events as `{"kind":"event","event":<the store's JSON>}`.
 //!
+//! `{"type":"subscribe","runId":...,"tree":true}` follows a tree of runs:
+//! each child run the run starts (its `DelegationStarted`), and theirs, is
+//! subscribed to from its first event, announced by
+//! `{"kind":"subscribed","runId":<child>}`; every event names its run.
+//!
 //! One writer task per socket sends replies and every subscription's events,
 //! polling the subscriptions itself. A subscription whose events pile up
 //! while the socket is busy (see [`crate::feed`]) sends a `lagged` error and
@@ -159,18 +164,33 @@ async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: mpsc::Recei
 
 /// A subscription's messages: its events, then `end` (or a `lagged` error
 /// and the close that cuts the client off).
-fn subscription(feed: Watcher, run_id: String) -> BoxStream<'static, Out> {
+/// With `tree`, the ids of the child runs the run starts (its
+/// `DelegationStarted` events) go to the session, which subscribes to them.
+fn subscription(
+    feed: Watcher,
+    run_id: String,
+    tree: Option<mpsc::UnboundedSender<String>>,
+) -> BoxStream<'static, Out> {
     enum St {
         Live(Watcher, String),
         Closing(String),
         Done,
     }
-    futures::stream::unfold(St::Live(feed, run_id), |st| async move {
+    futures::stream::unfold(St::Live(feed, run_id), move |st| {
+        let tree = tree.clone();
+        async move {
         match st {
             St::Done => None,
             St::Closing(msg) => Some((Out::Close(CLOSE_LAGGED, msg), St::Done)),
             St::Live(mut feed, run_id) => match feed.next().await {
-                Some(Ok(f)) => Some((Out::Text(f.ws.clone()), St::Live(feed, run_id))),
+                Some(Ok(f)) => {
+                    if let Some(tx) = &tree {
+                        if let Some(child) = delegated_child(&f.ws) {
+                            let _ = tx.send(child);
+                        }
+                    }
+                    Some((Out::Text(f.ws.clone()), St::Live(feed, run_id)))
+                }
                 Some(Err(Cut::Lagged)) => {
                     let last_seq = feed.last_seq();
                     let msg = format!(
@@ -196,8 +216,20 @@ fn subscription(feed: Watcher, run_id: String) -> BoxStream<'static, Out> {
                 }
             },
         }
-    })
+    }})
     .boxed()
+}
+
+/// The child run a `DelegationStarted` frame names.
+fn delegated_child(ws: &str) -> Option<String> {
+    if !ws.contains("\"DelegationStarted\"") {
+        return None;
+    }
+    let v: Value = serde_json::from_str(ws).ok()?;
+    let ev = &v["event"];
+    (ev["type"] == "DelegationStarted")
+        .then(|| ev["childRunId"].as_str().map(str::to_string))
+        .flatten()
 }
 
 #[derive(Deserialize)]
@@ -217,6 +249,9 @@ enum Request {
         after_seq: u64,
         #[serde(default)]
         follow: bool,
+        /// Also every child run the run starts, and theirs.
+        #[serde(default)]
+        tree: bool,
     },
     Unsubscribe {
         run_id: String,
@@ -304,18 +339,25 @@ struct Session {
     all: Option<JoinHandle<()>>,
     /// A subscription to hand to the writer once its reply is queued.
     pending: Option<Out>,
+    /// Child runs that tree subscriptions found, to subscribe to.
+    children: mpsc::UnboundedSender<String>,
+    /// Whether tree subscriptions follow each run past its end.
+    tree_follow: bool,
 }
 
 async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
     let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel::<Out>(CONTROL_QUEUE);
     let writer = tokio::spawn(write_loop(sink, rx));
+    let (children_tx, mut children_rx) = mpsc::unbounded_channel::<String>();
     let mut s = Session {
         state: state.clone(),
         tx: tx.clone(),
         subs: HashMap::new(),
         all: None,
         pending: None,
+        children: children_tx,
+        tree_follow: false,
     };
     let mut closing = state.closing();
     loop {
@@ -324,6 +366,27 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
             _ = crate::api::closed(&mut closing) => {
                 let _ = tx.send(Out::Close(CLOSE_GOING_AWAY, "the server is stopping; resubscribe from your last seq".into())).await;
                 break;
+            }
+            Some(child) = children_rx.recv(), if authed => {
+                if s.subs.contains_key(&child) {
+                    continue;
+                }
+                let follow = s.tree_follow;
+                match s.subscribe(child.clone(), 0, follow, true).await {
+                    Ok(_) => {
+                        let note = json!({"kind": "subscribed", "runId": child});
+                        if tx.send(Out::Text(note.to_string().into())).await.is_err() {
+                            break;
+                        }
+                        if let Some(w) = s.pending.take() {
+                            if tx.send(w).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(child, error = %e.body(), "cannot follow a child run"),
+                }
+                continue;
             }
             m = tokio::time::timeout(wait, stream.next()) => match m {
                 Err(_) => {
@@ -447,6 +510,37 @@ fn parse(text: &str) -> (Value, Result<Request, ApiError>) {
 }
 
 impl Session {
+    /// Subscribes to a run's events from `after_seq`; the subscription is
+    /// left in `pending` for the writer.
+    async fn subscribe(
+        &mut self,
+        run_id: String,
+        after_seq: u64,
+        follow: bool,
+        tree: bool,
+    ) -> Result<Value, ApiError> {
+        let state = self.state.clone();
+        self.subs.retain(|_, c| !c.is_closed());
+        if self.subs.contains_key(&run_id) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "already_subscribed",
+                format!("already subscribed to run `{run_id}`; unsubscribe first"),
+            ));
+        }
+        existing_run(&state, &run_id).await?;
+        let feed = state.watch(&run_id, after_seq, follow).await?;
+        let (stop, stopped) = oneshot::channel();
+        let children = tree.then(|| self.children.clone());
+        // Handed to the writer after the reply, so a client always
+        // sees the reply before the first event.
+        self.pending = Some(Out::Watch(
+            subscription(feed, run_id.clone(), children).take_until(stopped),
+        ));
+        self.subs.insert(run_id.clone(), stop);
+        Ok(json!({"runId": run_id, "afterSeq": after_seq}))
+    }
+
     async fn handle(&mut self, req: Request) -> Result<Value, ApiError> {
         let state = self.state.clone();
         match req {
@@ -456,25 +550,12 @@ impl Session {
                 run_id,
                 after_seq,
                 follow,
+                tree,
             } => {
-                self.subs.retain(|_, c| !c.is_closed());
-                if self.subs.contains_key(&run_id) {
-                    return Err(ApiError::new(
-                        axum::http::StatusCode::CONFLICT,
-                        "already_subscribed",
-                        format!("already subscribed to run `{run_id}`; unsubscribe first"),
-                    ));
+                if tree {
+                    self.tree_follow = follow;
                 }
-                existing_run(&state, &run_id).await?;
-                let feed = state.watch(&run_id, after_seq, follow).await?;
-                let (stop, stopped) = oneshot::channel();
-                // Handed to the writer after the reply, so a client always
-                // sees the reply before the first event.
-                self.pending = Some(Out::Watch(
-                    subscription(feed, run_id.clone()).take_until(stopped),
-                ));
-                self.subs.insert(run_id.clone(), stop);
-                Ok(json!({"runId": run_id, "afterSeq": after_seq}))
+                self.subscribe(run_id, after_seq, follow, tree).await
             }
             Request::Unsubscribe { run_id } => match self.subs.remove(&run_id) {
                 Some(_stop) => Ok(json!({"runId": run_id})),

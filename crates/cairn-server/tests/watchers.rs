@@ -419,3 +419,57 @@ async fn stopping_the_server_ends_every_watcher_with_a_reason() {
     let close = recv(&mut w).await.expect_err("the socket closes");
     assert_eq!(close.map(|c| c.0), Some(1001));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_subscription_follows_the_child_runs() {
+    let srv = TestServer::start(None).await;
+    srv.workflow(
+        "leaf",
+        "name: leaf\nnodes:\n  - id: gate\n    approval: \"Go?\"\n  - id: v\n    needs: [gate]\n    value: 3\noutput: \"{{ nodes.v.output }}\"\n",
+    );
+    srv.workflow(
+        "parent",
+        "name: parent\nnodes:\n  - id: sub\n    workflow: leaf.yaml\noutput: \"{{ nodes.sub.output }}\"\n",
+    );
+    let mut w = ws(&srv, None).await;
+    let c = srv.client();
+    c.post_json("/v1/runs", &json!({"workflow": "parent", "runId": "tp"}))
+        .await
+        .unwrap();
+    send(
+        &mut w,
+        json!({"type": "subscribe", "id": "s", "runId": "tp", "tree": true}),
+    )
+    .await;
+    let mut child: Option<String> = None;
+    let mut ended = std::collections::BTreeSet::new();
+    let mut noticed = false;
+    while ended.len() < 2 {
+        let v = recv(&mut w).await.unwrap();
+        if v["kind"] == "subscribed" {
+            noticed = true;
+            child = v["runId"].as_str().map(str::to_string);
+            continue;
+        }
+        let ev = &v["event"];
+        if ev["type"] == "ApprovalRequested" {
+            // The child's gate, seen on the parent's socket: decide it.
+            let run = ev["runId"].as_str().unwrap();
+            assert_eq!(Some(run), child.as_deref());
+            c.post_json(
+                &format!("/v1/runs/{run}/approvals/gate"),
+                &json!({"approved": true}),
+            )
+            .await
+            .unwrap();
+        }
+        if ev["type"] == "RunFinished" {
+            ended.insert(ev["runId"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(noticed, "the child's subscription was announced");
+    let child = child.unwrap();
+    assert!(child.starts_with("tp."), "{child}");
+    assert!(ended.contains("tp") && ended.contains(&child));
+    srv.stop().await;
+}
