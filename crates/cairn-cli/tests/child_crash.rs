@@ -26,7 +26,13 @@ fn cairn(dir: &Path, args: &[&str]) -> Child {
         .env_remove("CAIRN_LOG_DIR")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("sessions.err"))
+                .unwrap(),
+        ))
         .spawn()
         .expect("spawn cairn")
 }
@@ -127,7 +133,36 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
         };
         std::thread::sleep(Duration::from_millis(80 + next() % 300));
         if let Some(status) = child.try_wait().unwrap() {
-            assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
+            if status.code() != Some(0) {
+                let tail: Vec<String> = open(&store)
+                    .map(|b| events(&b, run))
+                    .unwrap_or_default()
+                    .iter()
+                    .rev()
+                    .take(8)
+                    .map(|e| format!("{:?}", e.kind))
+                    .collect();
+                let kids: Vec<String> = open(&store)
+                    .map(|b| {
+                        children(&b, run)
+                            .iter()
+                            .map(|k| {
+                                let evs: Vec<String> = events(&b, k)
+                                    .iter()
+                                    .map(|e| format!("{} {:?} {:?}", e.seq, e.scope, e.kind))
+                                    .collect();
+                                format!("{k}:\n  {}", evs.join("\n  "))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                panic!(
+                    "exit {:?}: {}\nthe log ends: {tail:#?}\nchildren:\n{}",
+                    status.code(),
+                    std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default(),
+                    kids.join("\n")
+                );
+            }
             done = true;
             break;
         }
@@ -151,7 +186,7 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
             status.code(),
             Some(0),
             "the final resume failed: {}",
-            stderr_of(&mut child)
+            std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default()
         );
     }
 
@@ -177,7 +212,15 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
                 log.last().map(|e| &e.kind),
                 Some(EventKind::RunFinished { .. })
             ),
-            "child {k} did not finish"
+            "child {k} did not finish: {}\n{:#?}",
+            std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default(),
+            log.iter()
+                .filter(|e| !matches!(
+                    e.kind,
+                    EventKind::NodeOutput { .. } | EventKind::NodeHeartbeat { .. }
+                ))
+                .map(|e| format!("{} {:?} {:?}", e.seq, e.scope.node_id, e.kind))
+                .collect::<Vec<_>>()
         );
     }
     check_tree(&evs, &logs).unwrap();

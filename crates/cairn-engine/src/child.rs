@@ -39,6 +39,9 @@ pub(crate) struct Lineage {
     pub node_id: String,
     /// The child's depth: its parent's plus one.
     pub depth: u32,
+    /// The child's record exists already: a crash came between it and the
+    /// child's `RunStarted`.
+    pub record_exists: bool,
 }
 
 /// A child run to start, or to wait for if it exists.
@@ -183,23 +186,34 @@ impl NodeCtx {
             .ok_or_else(|| NodeError::cancelled("the engine stopped"))?;
         let existing = {
             let id = spec.run_id.clone();
-            engine.blocking(move |e| e.backend().get_run(&id)).await?
+            engine
+                .blocking(move |e| {
+                    let rec = e.backend().get_run(&id)?;
+                    let started = match &rec {
+                        Some(_) => e.backend().last_seq(&id)? > 0,
+                        None => false,
+                    };
+                    Ok::<_, cairn_store::StoreError>(rec.map(|r| (r, started)))
+                })
+                .await?
         };
+        if let Some((rec, _)) = &existing {
+            if rec.parent_run_id.as_deref() != Some(self.run_id.as_str()) {
+                return Err(NodeError::fatal(
+                    "child",
+                    format!(
+                        "run `{}` exists and is not a child of run `{}`",
+                        spec.run_id, self.run_id
+                    ),
+                ));
+            }
+        }
         let handle = match existing {
-            Some(rec) => {
-                if rec.parent_run_id.as_deref() != Some(self.run_id.as_str()) {
-                    return Err(NodeError::fatal(
-                        "child",
-                        format!(
-                            "run `{}` exists and is not a child of run `{}`",
-                            spec.run_id, self.run_id
-                        ),
-                    ));
-                }
+            Some((_, true)) => {
                 self.delegation_started(&spec).await?;
                 None
             }
-            None => {
+            unstarted => {
                 let wf = self.child_workflow(&engine, &spec).await?;
                 self.delegation_started(&spec).await?;
                 let opts = self.child_options(&spec.run_id);
@@ -207,6 +221,7 @@ impl NodeCtx {
                     run_id: self.run_id.clone(),
                     node_id: self.node_id.to_string(),
                     depth: self.depth + 1,
+                    record_exists: unstarted.is_some(),
                 };
                 match engine
                     .start_as(wf, spec.input.clone(), opts.0, Some(lineage))

@@ -145,7 +145,7 @@ impl NodeRunner for CommandNode {
         }
         // Inherited by every descendant, so a resume can find what a
         // crashed engine left running even before its group was recorded.
-        env.push((crate::RUN_ENV.to_string(), ctx.run_id.clone()));
+        env.extend(ctx.services.process_env(&ctx.run_id));
         let program = argv.first().cloned().unwrap_or_default();
         let max_output = ctx
             .workflow

@@ -348,9 +348,14 @@ impl Engine {
             updated_ms: now,
             parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
         };
+        // A child whose record a crash left without its `RunStarted` is
+        // started in that record.
+        let exists = parent.as_ref().is_some_and(|p| p.record_exists);
         let log = self
             .blocking(move |e| {
-                e.backend().create_run(&rec)?;
+                if !exists {
+                    e.backend().create_run(&rec)?;
+                }
                 e.journal().run_log(&rec.run_id)
             })
             .await?;
@@ -493,6 +498,9 @@ impl Engine {
         // the resume's `RunStarted` clears it from the fold, but the run
         // that goes on is still being cancelled.
         let cancel_requested = state.cancel_requested.clone();
+        // A crash between the run's record and its first event left a log
+        // with nothing in it: the run starts now, with its stored input.
+        let fresh = state.last_seq == 0;
         if mode == Mode::Drive {
             let ev = log
                 .append_durable(
@@ -500,8 +508,8 @@ impl Engine {
                     EventKind::RunStarted {
                         workflow: wf.name.clone(),
                         workflow_hash: wf.hash.clone(),
-                        input: None,
-                        resumed: true,
+                        input: fresh.then(|| rec.input.clone()),
+                        resumed: !fresh,
                         parent_run_id: state.parent_run_id.clone(),
                         parent_node_id: state.parent_node_id.clone(),
                         depth: state.depth,
@@ -915,12 +923,14 @@ impl Engine {
     }
 }
 
-/// Kills every process whose environment says it belongs to `run_id`
-/// ([`RUN_ENV`]), except this process. Called by a resume, when no process
+/// Kills every process whose environment says it belongs to `run_id` of
+/// this store ([`RUN_ENV`] and [`cairn_tools::STORE_ENV`]), except this
+/// process. Called by a resume, when no process
 /// of the run may legitimately be alive: whoever drove it before is dead.
 /// Returns how many were killed.
-pub(crate) fn kill_leftovers(run_id: &str) -> usize {
-    let needle = format!("{RUN_ENV}={run_id}");
+pub(crate) fn kill_leftovers(run_id: &str, store_tag: &str) -> usize {
+    let run = format!("{RUN_ENV}={run_id}");
+    let store = format!("{}={store_tag}", cairn_tools::STORE_ENV);
     let me = std::process::id();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
@@ -940,7 +950,15 @@ pub(crate) fn kill_leftovers(run_id: &str) -> usize {
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
             continue;
         };
-        if environ.split(|&b| b == 0).any(|kv| kv == needle.as_bytes()) {
+        let mut vars = environ.split(|&b| b == 0);
+        let (mut of_run, mut of_store) = (false, false);
+        for kv in &mut vars {
+            of_run |= kv == run.as_bytes();
+            of_store |= kv == store.as_bytes();
+        }
+        // The same run id in another store (another checkout, tests side
+        // by side) is another run: its processes are not ours to kill.
+        if of_run && of_store {
             // SAFETY: kill(2) with a pid read from /proc; no memory is touched.
             unsafe {
                 libc::kill(pid as libc::pid_t, libc::SIGKILL);

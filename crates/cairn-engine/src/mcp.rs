@@ -127,7 +127,7 @@ impl McpPool {
                     env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                 // So that a resume after a crash finds what the dead engine
                 // left running.
-                env.push((crate::RUN_ENV.to_string(), self.log.run_id().to_string()));
+                env.extend(self.services.process_env(self.log.run_id()));
                 let spec = cairn_tools::process::ProcessSpec {
                     argv: command.clone(),
                     cwd: sandbox.root().to_path_buf(),

@@ -21,6 +21,9 @@ pub(crate) struct Services {
     engine: Weak<crate::Inner>,
     /// Most parents a child run may have.
     pub max_depth: u32,
+    /// This store's identity, in every process a run starts
+    /// ([`cairn_tools::STORE_ENV`]).
+    pub store_tag: String,
 }
 
 impl Services {
@@ -35,13 +38,30 @@ impl Services {
         // nodes' groups can be made beside it, which other processes in
         // the group would prevent.
         let _ = cairn_tools::cairn_sandbox::cgroup::support();
+        let store_tag = {
+            use sha2::{Digest, Sha256};
+            let first = journal.files().into_iter().next().unwrap_or_default();
+            let path = first.canonicalize().unwrap_or(first);
+            hex::encode(&Sha256::digest(path.as_os_str().as_encoded_bytes())[..8])
+        };
         Services {
             journal,
             tools,
             sandboxes: Mutex::new(HashMap::new()),
             engine,
             max_depth,
+            store_tag,
         }
+    }
+
+    /// The variables that mark a process as `run_id`'s in this store, so
+    /// that a resume after a crash can find and kill what the dead engine
+    /// left running, and nothing else.
+    pub fn process_env(&self, run_id: &str) -> [(String, String); 2] {
+        [
+            (cairn_tools::RUN_ENV.to_string(), run_id.to_string()),
+            (cairn_tools::STORE_ENV.to_string(), self.store_tag.clone()),
+        ]
     }
 
     /// The engine, unless it is gone (then nothing may start).
@@ -127,6 +147,10 @@ impl Services {
         }
         let hidden = hidden_paths(sandbox.root(), self.journal.files());
         let sandbox = sandbox
+            .with_env(vec![(
+                cairn_tools::STORE_ENV.to_string(),
+                self.store_tag.clone(),
+            )])
             .with_hidden(hidden)
             .with_isolation(isolation_of(wf.sandbox.isolation))
             .with_resources(resources_of(wf.sandbox.limits))

@@ -517,3 +517,41 @@ fn a_missing_child_workflow_is_found_before_the_parent_starts() {
         .to_string();
     assert!(text.contains("broken.yaml:4"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_a_crash_left_without_its_first_event_starts_on_resume() {
+    // A crash between the run's record and its `RunStarted`: the resume
+    // starts it, with its stored input, rather than resuming nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(d, "child.yaml", CHILD);
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let wf = engine
+        .load_workflow(d.join("child.yaml").to_str().unwrap(), None)
+        .unwrap();
+    let rec = cairn_store::RunRecord {
+        run_id: "bare".into(),
+        workflow: wf.name.clone(),
+        workflow_path: wf.path.display().to_string(),
+        workflow_hash: wf.hash.clone(),
+        workflow_source: wf.source.clone(),
+        input: json!({"n": 5}),
+        status: "pending".into(),
+        created_ms: 1,
+        updated_ms: 1,
+        parent_run_id: None,
+    };
+    engine.journal().backend().create_run(&rec).unwrap();
+    let outcome = engine
+        .resume("bare", StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert_eq!(outcome, RunOutcome::Finished(Some(json!({"doubled": 10}))));
+    let evs = stored(&engine, "bare");
+    assert!(matches!(
+        &evs[0].kind,
+        EventKind::RunStarted { resumed: false, input: Some(i), .. } if i == &json!({"n": 5})
+    ));
+}

@@ -77,3 +77,8 @@ pub use cairn_events::NetworkAction;
 /// `bash` calls), holding the run's id: a resume finds and kills what a
 /// crashed engine left running by it, even a process that left its group.
 pub const RUN_ENV: &str = "CAIRN_RUN_ID";
+
+/// The environment variable naming the store of the run a process belongs
+/// to (a hash of its path): run ids repeat across stores (two checkouts,
+/// tests side by side), and a resume must kill only its own run's leftovers.
+pub const STORE_ENV: &str = "CAIRN_STORE_ID";

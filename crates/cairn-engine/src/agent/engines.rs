@@ -85,7 +85,7 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
             Kind::Codex => "codex".into(),
         }]
     });
-    let mut env: Vec<(String, String)> = vec![(crate::RUN_ENV.into(), ctx.run_id.clone())];
+    let mut env: Vec<(String, String)> = ctx.services.process_env(&ctx.run_id).to_vec();
     match kind {
         Kind::Claude => {
             argv.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));

@@ -116,7 +116,7 @@ impl Driver {
                 let _ = backend.remove_process(g.id);
             }
         }
-        killed += crate::kill_leftovers(&self.run_id);
+        killed += crate::kill_leftovers(&self.run_id, &self.services.store_tag);
         if killed > 0 {
             self.emit(
                 Scope::run(),
