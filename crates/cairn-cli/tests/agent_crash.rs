@@ -10,7 +10,6 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use cairn_agent::testing::{FakeProvider, Recorded, Reply};
@@ -58,21 +57,6 @@ fn script(r: &Recorded) -> Reply {
     Reply::sse(events).every(Duration::from_millis(25))
 }
 
-fn cairn(dir: &Path, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .current_dir(dir)
-        .args(args)
-        .args(["--store", ".cairn/cairn.db"])
-        .env_remove("CAIRN_STORE")
-        .env_remove("CAIRN_LOG_DIR")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cairn")
-}
-
 fn events(store: &Path, run: &str) -> Vec<Event> {
     if !store.exists() {
         return Vec::new();
@@ -112,50 +96,23 @@ nodes:
     std::fs::write(dir.join("agent.yaml"), yaml).unwrap();
     let store = dir.join(".cairn/cairn.db");
     let run = "agent-crash";
-    let mut seed = std::process::id() as u64 * 2654435761 % 1_000_003 + 1;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut started = false;
-    let mut done = false;
-    for _ in 0..KILLS {
-        let mut child = if started {
-            cairn(dir, &["resume", run])
-        } else {
-            cairn(dir, &["run", "agent.yaml", "--run-id", run])
-        };
-        std::thread::sleep(Duration::from_millis(60 + next() % 400));
-        if let Some(status) = child.try_wait().unwrap() {
-            assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
-            done = true;
-            break;
-        }
-        child.kill().unwrap(); // SIGKILL
-        wait_exit(&mut child);
+    let ended = || {
         let evs = events(&store, run);
-        started = started || !evs.is_empty();
-        // Killed after the run's end was committed: nothing to resume.
-        if matches!(
+        let end = matches!(
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
-        ) {
-            done = true;
-            break;
-        }
-    }
-    if !done {
-        let mut child = cairn(dir, &["resume", run]);
-        let status = wait_exit(&mut child);
-        assert_eq!(
-            status.code(),
-            Some(0),
-            "the final resume failed: {}",
-            stderr_of(&mut child)
         );
-    }
+        (!evs.is_empty(), end)
+    };
+    kill_and_resume(
+        dir,
+        &["run", "agent.yaml", "--run-id", run],
+        run,
+        KILLS,
+        (60, 400),
+        ended,
+        |_| sessions_err(dir),
+    );
 
     let evs = events(&store, run);
     assert!(matches!(

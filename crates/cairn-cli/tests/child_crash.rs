@@ -9,33 +9,11 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use cairn_events::{check_tree, Event, EventKind};
 use cairn_store::{Backend, EventQuery, RunFilter, SqliteBackend};
 
 const KILLS: usize = 12;
-
-fn cairn(dir: &Path, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .current_dir(dir)
-        .args(args)
-        .args(["--store", ".cairn/cairn.db"])
-        .env_remove("CAIRN_STORE")
-        .env_remove("CAIRN_LOG_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("sessions.err"))
-                .unwrap(),
-        ))
-        .spawn()
-        .expect("spawn cairn")
-}
 
 fn open(store: &Path) -> Option<SqliteBackend> {
     store.exists().then(|| SqliteBackend::open(store).ok())?
@@ -116,79 +94,41 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
     std::fs::write(dir.join("lead.yaml"), LEAD).unwrap();
     let store = dir.join(".cairn/cairn.db");
     let run = "lead-crash";
-    let mut seed = std::process::id() as u64 * 2654435761 % 1_000_003 + 1;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut started = false;
-    let mut done = false;
-    for _ in 0..KILLS {
-        let mut child = if started {
-            cairn(dir, &["resume", run])
-        } else {
-            cairn(dir, &["run", "lead.yaml", "--run-id", run])
-        };
-        std::thread::sleep(Duration::from_millis(80 + next() % 300));
-        if let Some(status) = child.try_wait().unwrap() {
-            if status.code() != Some(0) {
-                let tail: Vec<String> = open(&store)
-                    .map(|b| events(&b, run))
-                    .unwrap_or_default()
-                    .iter()
-                    .rev()
-                    .take(8)
-                    .map(|e| format!("{:?}", e.kind))
-                    .collect();
-                let kids: Vec<String> = open(&store)
-                    .map(|b| {
-                        children(&b, run)
-                            .iter()
-                            .map(|k| {
-                                let evs: Vec<String> = events(&b, k)
-                                    .iter()
-                                    .map(|e| format!("{} {:?} {:?}", e.seq, e.scope, e.kind))
-                                    .collect();
-                                format!("{k}:\n  {}", evs.join("\n  "))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                panic!(
-                    "exit {:?}: {}\nthe log ends: {tail:#?}\nchildren:\n{}",
-                    status.code(),
-                    std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default(),
-                    kids.join("\n")
-                );
-            }
-            done = true;
-            break;
-        }
-        child.kill().unwrap(); // SIGKILL
-        wait_exit(&mut child);
+    let ended = || {
         let evs = open(&store).map(|b| events(&b, run)).unwrap_or_default();
-        started = started || !evs.is_empty();
-        // Killed after the run's end was committed: nothing to resume.
-        if matches!(
+        let end = matches!(
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
-        ) {
-            done = true;
-            break;
-        }
-    }
-    if !done {
-        let mut child = cairn(dir, &["resume", run]);
-        let status = wait_exit(&mut child);
-        assert_eq!(
-            status.code(),
-            Some(0),
-            "the final resume failed: {}",
-            std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default()
         );
-    }
+        (!evs.is_empty(), end)
+    };
+    // Why a session failed: its words, and the tree's logs.
+    let explain = |code: Option<i32>| {
+        let Some(b) = open(&store) else {
+            return sessions_err(dir);
+        };
+        let logs: Vec<String> = std::iter::once(run.to_string())
+            .chain(children(&b, run))
+            .map(|k| {
+                let evs: Vec<String> = events(&b, &k)
+                    .iter()
+                    .filter(|e| !matches!(e.kind, EventKind::NodeOutput { .. }))
+                    .map(|e| format!("{} {:?} {:?}", e.seq, e.scope.node_id, e.kind))
+                    .collect();
+                format!("{k}:\n  {}", evs.join("\n  "))
+            })
+            .collect();
+        format!("exit {code:?}: {}\n{}", sessions_err(dir), logs.join("\n"))
+    };
+    kill_and_resume(
+        dir,
+        &["run", "lead.yaml", "--run-id", run],
+        run,
+        KILLS,
+        (80, 300),
+        ended,
+        explain,
+    );
 
     let b = open(&store).unwrap();
     let evs = events(&b, run);
@@ -213,7 +153,7 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
                 Some(EventKind::RunFinished { .. })
             ),
             "child {k} did not finish: {}\n{:#?}",
-            std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default(),
+            sessions_err(dir),
             log.iter()
                 .filter(|e| !matches!(
                     e.kind,

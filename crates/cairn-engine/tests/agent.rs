@@ -2,6 +2,9 @@
 //! tools, and a fake OpenAI-compatible server on 127.0.0.1 that answers by
 //! the conversation it is sent.
 
+mod common;
+use common::stored;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,32 +28,6 @@ fn workflow(dir: &std::path::Path, yaml: &str) -> cairn_workflow::Workflow {
     let path = dir.join("wf.yaml");
     std::fs::write(&path, yaml).unwrap();
     cairn_workflow::load(&path).unwrap()
-}
-
-fn stored(engine: &Engine, run: &str) -> Vec<Event> {
-    engine
-        .journal()
-        .backend()
-        .read_events(run, &Default::default())
-        .unwrap()
-        .iter()
-        .map(|s| s.decode().unwrap())
-        .collect::<Vec<Event>>()
-        .tap_check()
-}
-
-/// Every log a test reads keeps the contract's rules.
-trait TapCheck {
-    fn tap_check(self) -> Self;
-}
-
-impl TapCheck for Vec<Event> {
-    fn tap_check(self) -> Self {
-        if let Err(e) = cairn_events::check_log(&self) {
-            panic!("the log breaks the contract: {e}");
-        }
-        self
-    }
 }
 
 /// One streamed Chat Completions answer: text, then tool calls, then usage.

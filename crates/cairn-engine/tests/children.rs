@@ -2,53 +2,20 @@
 //! SQLite store, with real child processes; each tree of runs checked with
 //! the contract's parent and child rules ([`cairn_events::check_tree`]).
 
+mod common;
+use common::*;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
 use cairn_events::{check_tree, Event, EventKind, RunStatus};
-use cairn_store::{Journal, JournalOptions, RunFilter};
+use cairn_store::RunFilter;
 use serde_json::{json, Value};
-
-fn journal(dir: &Path) -> Journal {
-    Journal::open_sqlite(
-        &dir.join("cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join("logs")),
-        },
-    )
-    .unwrap()
-}
 
 fn write(dir: &Path, name: &str, yaml: &str) {
     std::fs::write(dir.join(name), yaml).unwrap();
-}
-
-fn stored(engine: &Engine, run: &str) -> Vec<Event> {
-    engine
-        .journal()
-        .backend()
-        .read_events(run, &Default::default())
-        .unwrap()
-        .iter()
-        .map(|s| s.decode().unwrap())
-        .collect::<Vec<Event>>()
-        .tap_check()
-}
-
-/// Every log a test reads keeps the contract's rules.
-trait TapCheck {
-    fn tap_check(self) -> Self;
-}
-
-impl TapCheck for Vec<Event> {
-    fn tap_check(self) -> Self {
-        if let Err(e) = cairn_events::check_log(&self) {
-            panic!("the log breaks the contract: {e}");
-        }
-        self
-    }
 }
 
 fn children(engine: &Engine, run: &str) -> Vec<cairn_store::RunRecord> {

@@ -4,49 +4,15 @@
 //! the session after the engine stopped. They run in the sandbox, as the
 //! real CLIs would.
 
+mod common;
+use common::*;
+
 use std::path::Path;
 use std::time::Duration;
 
 use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
-use cairn_events::{Event, EventKind, OutputStream};
-use cairn_store::{Journal, JournalOptions};
+use cairn_events::{EventKind, OutputStream};
 use serde_json::json;
-
-fn journal(dir: &Path) -> Journal {
-    Journal::open_sqlite(
-        &dir.join(".cairn/cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join(".cairn/logs")),
-        },
-    )
-    .unwrap()
-}
-
-fn stored(engine: &Engine, run: &str) -> Vec<Event> {
-    engine
-        .journal()
-        .backend()
-        .read_events(run, &Default::default())
-        .unwrap()
-        .iter()
-        .map(|s| s.decode().unwrap())
-        .collect::<Vec<Event>>()
-        .tap_check()
-}
-
-/// Every log a test reads keeps the contract's rules.
-trait TapCheck {
-    fn tap_check(self) -> Self;
-}
-
-impl TapCheck for Vec<Event> {
-    fn tap_check(self) -> Self {
-        if let Err(e) = cairn_events::check_log(&self) {
-            panic!("the log breaks the contract: {e}");
-        }
-        self
-    }
-}
 
 fn workflow(dir: &Path, engine: &str, script: &str, extra: &str) -> cairn_workflow::Workflow {
     std::fs::write(dir.join("cli.sh"), script).unwrap();
@@ -332,6 +298,39 @@ fn real_clis() -> Option<std::path::PathBuf> {
     }
 }
 
+/// Runs the one-node workflow `yaml` to its end and returns the node's
+/// output and each usage report's (input, output) tokens.
+async fn run_real(yaml: &str, run: &str) -> (serde_json::Value, Vec<(u64, u64)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("wf.yaml"), yaml).unwrap();
+    let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let outcome = start(&engine, wf, run).await.wait().await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let output = engine
+        .state(run)
+        .unwrap()
+        .node("a", 0)
+        .unwrap()
+        .output
+        .as_ref()
+        .unwrap()
+        .to_value();
+    let usage = stored(&engine, run)
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TokenUsageReported {
+                input_tokens,
+                output_tokens,
+                ..
+            } => Some((*input_tokens, *output_tokens)),
+            _ => None,
+        })
+        .collect();
+    (output, usage)
+}
+
 /// The real Claude Code, from npm, run by Cairn in its sandbox against a
 /// fake Anthropic server on 127.0.0.1: its lines become events, its usage
 /// is counted once (from the result line, not the per-message snapshot),
@@ -364,8 +363,6 @@ async fn real_claude_code_runs_against_a_local_fake_provider() {
             ev("message_stop", json!({"type": "message_stop"})),
         ])
     });
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
     std::env::set_var("CAIRN_TEST_FAKE_ANTHROPIC_KEY", "sk-fake");
     let yaml = format!(
         r#"
@@ -388,28 +385,8 @@ nodes:
         clis = clis.display(),
         claude = clis.join("node_modules/.bin/claude").display(),
     );
-    std::fs::write(d.join("wf.yaml"), yaml).unwrap();
-    let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
-    let engine = Engine::new(journal(d), EngineOptions::default());
-    let outcome = start(&engine, wf, "real-claude").await.wait().await;
-    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    let st = engine.state("real-claude").unwrap();
-    assert_eq!(
-        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
-        json!("Hello from the fake model.")
-    );
-    let evs = stored(&engine, "real-claude");
-    let usage: Vec<(u64, u64)> = evs
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::TokenUsageReported {
-                input_tokens,
-                output_tokens,
-                ..
-            } => Some((*input_tokens, *output_tokens)),
-            _ => None,
-        })
-        .collect();
+    let (output, usage) = run_real(&yaml, "real-claude").await;
+    assert_eq!(output, json!("Hello from the fake model."));
     assert_eq!(usage, vec![(42, 7)], "from the result line only");
     assert!(server
         .requests()
@@ -440,8 +417,6 @@ async fn real_codex_runs_against_a_local_fake_provider() {
                 "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 49}}})),
         ])
     });
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
     std::env::set_var("CAIRN_TEST_FAKE_OPENAI_KEY", "sk-fake");
     let yaml = format!(
         r#"
@@ -464,28 +439,8 @@ nodes:
         clis = clis.display(),
         codex = clis.join("node_modules/.bin/codex").display(),
     );
-    std::fs::write(d.join("wf.yaml"), yaml).unwrap();
-    let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
-    let engine = Engine::new(journal(d), EngineOptions::default());
-    let outcome = start(&engine, wf, "real-codex").await.wait().await;
-    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    let st = engine.state("real-codex").unwrap();
-    assert_eq!(
-        st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
-        json!("Hello from the fake model.")
-    );
-    let evs = stored(&engine, "real-codex");
-    let usage: Vec<(u64, u64)> = evs
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EventKind::TokenUsageReported {
-                input_tokens,
-                output_tokens,
-                ..
-            } => Some((*input_tokens, *output_tokens)),
-            _ => None,
-        })
-        .collect();
+    let (output, usage) = run_real(&yaml, "real-codex").await;
+    assert_eq!(output, json!("Hello from the fake model."));
     assert_eq!(usage, vec![(42, 7)]);
     assert!(server
         .requests()

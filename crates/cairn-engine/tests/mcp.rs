@@ -6,12 +6,14 @@
 //! their `node_modules`); without them, or without Node.js, each test says
 //! it was skipped.
 
+mod common;
+use common::*;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
 use cairn_events::{Event, EventKind, ToolStatus};
-use cairn_store::{Journal, JournalOptions};
 use serde_json::{json, Value};
 
 /// The folder holding the servers' `node_modules`, and `node`, or why the
@@ -53,42 +55,6 @@ macro_rules! need_servers {
             }
         }
     };
-}
-
-fn journal(dir: &Path) -> Journal {
-    Journal::open_sqlite(
-        &dir.join(".cairn/cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join(".cairn/logs")),
-        },
-    )
-    .unwrap()
-}
-
-fn stored(engine: &Engine, run: &str) -> Vec<Event> {
-    engine
-        .journal()
-        .backend()
-        .read_events(run, &Default::default())
-        .unwrap()
-        .iter()
-        .map(|s| s.decode().unwrap())
-        .collect::<Vec<Event>>()
-        .tap_check()
-}
-
-/// Every log a test reads keeps the contract's rules.
-trait TapCheck {
-    fn tap_check(self) -> Self;
-}
-
-impl TapCheck for Vec<Event> {
-    fn tap_check(self) -> Self {
-        if let Err(e) = cairn_events::check_log(&self) {
-            panic!("the log breaks the contract: {e}");
-        }
-        self
-    }
 }
 
 async fn run(dir: &Path, yaml: &str, turns: &str, run_id: &str) -> (Engine, RunOutcome) {

@@ -37,3 +37,85 @@ pub fn stderr_of(child: &mut Child) -> String {
         .expect("read stderr");
     err
 }
+
+/// Starts the `cairn` binary in `dir` with the store `dir/.cairn/cairn.db`,
+/// no key or store from the environment, and its standard error appended
+/// to `dir/sessions.err` (every session of a crash test, for its failure
+/// message).
+pub fn cairn_session(dir: &std::path::Path, args: &[&str]) -> Child {
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("sessions.err"))
+        .expect("open sessions.err");
+    std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .args(args)
+        .args(["--store", ".cairn/cairn.db"])
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .env_remove("OPENAI_API_KEY")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(err))
+        .spawn()
+        .expect("spawn cairn")
+}
+
+/// What the sessions of a crash test said on standard error.
+pub fn sessions_err(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("sessions.err")).unwrap_or_default()
+}
+
+/// The crash loop: runs `first` (which starts run `run`), SIGKILLs it after
+/// a random pause of `pause.0 + rand % pause.1` ms, resumes, and so on,
+/// `kills` times at most, then resumes once more to the end. `state` says
+/// whether the run's log has begun and whether it shows the run's end (a
+/// kill can land after `RunFinished` is committed, and then there is
+/// nothing to resume). A session that exits on its own must exit 0;
+/// `explain` says why it did not.
+pub fn kill_and_resume(
+    dir: &std::path::Path,
+    first: &[&str],
+    run: &str,
+    kills: usize,
+    pause: (u64, u64),
+    state: impl Fn() -> (bool, bool),
+    explain: impl Fn(Option<i32>) -> String,
+) {
+    let mut seed = std::process::id() as u64 * 2654435761 % 1_000_003 + 1;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut started = false;
+    for _ in 0..kills {
+        let mut child = if started {
+            cairn_session(dir, &["resume", run])
+        } else {
+            cairn_session(dir, first)
+        };
+        std::thread::sleep(Duration::from_millis(pause.0 + next() % pause.1));
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0), "{}", explain(status.code()));
+            return;
+        }
+        child.kill().unwrap(); // SIGKILL
+        wait_exit(&mut child);
+        let (begun, ended) = state();
+        started = started || begun;
+        if ended {
+            return;
+        }
+    }
+    let mut child = cairn_session(dir, &["resume", run]);
+    let status = wait_exit(&mut child);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the final resume: {}",
+        explain(status.code())
+    );
+}
