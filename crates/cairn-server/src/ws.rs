@@ -169,7 +169,7 @@ async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: mpsc::Recei
 fn subscription(
     feed: Watcher,
     run_id: String,
-    tree: Option<mpsc::UnboundedSender<String>>,
+    tree: Option<mpsc::UnboundedSender<(String, u32)>>,
 ) -> BoxStream<'static, Out> {
     enum St {
         Live(Watcher, String),
@@ -186,7 +186,7 @@ fn subscription(
                 Some(Ok(f)) => {
                     if let Some(tx) = &tree {
                         if let Some(child) = delegated_child(&f.ws) {
-                            let _ = tx.send(child);
+                            let _ = tx.send((child, 0));
                         }
                     }
                     Some((Out::Text(f.ws.clone()), St::Live(feed, run_id)))
@@ -219,6 +219,11 @@ fn subscription(
     }})
     .boxed()
 }
+
+/// How often, and how far apart, a tree subscription looks for a child run
+/// its parent announced but has not created yet.
+const CHILD_TRIES: u32 = 200;
+const CHILD_RETRY: Duration = Duration::from_millis(50);
 
 /// The child run a `DelegationStarted` frame names.
 fn delegated_child(ws: &str) -> Option<String> {
@@ -339,8 +344,9 @@ struct Session {
     all: Option<JoinHandle<()>>,
     /// A subscription to hand to the writer once its reply is queued.
     pending: Option<Out>,
-    /// Child runs that tree subscriptions found, to subscribe to.
-    children: mpsc::UnboundedSender<String>,
+    /// Child runs that tree subscriptions found, to subscribe to (with how
+    /// often it was tried).
+    children: mpsc::UnboundedSender<(String, u32)>,
     /// Whether tree subscriptions follow each run past its end.
     tree_follow: bool,
 }
@@ -349,7 +355,7 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
     let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel::<Out>(CONTROL_QUEUE);
     let writer = tokio::spawn(write_loop(sink, rx));
-    let (children_tx, mut children_rx) = mpsc::unbounded_channel::<String>();
+    let (children_tx, mut children_rx) = mpsc::unbounded_channel::<(String, u32)>();
     let mut s = Session {
         state: state.clone(),
         tx: tx.clone(),
@@ -367,7 +373,7 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
                 let _ = tx.send(Out::Close(CLOSE_GOING_AWAY, "the server is stopping; resubscribe from your last seq".into())).await;
                 break;
             }
-            Some(child) = children_rx.recv(), if authed => {
+            Some((child, tries)) = children_rx.recv(), if authed => {
                 if s.subs.contains_key(&child) {
                     continue;
                 }
@@ -384,7 +390,16 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
                             }
                         }
                     }
-                    Err(e) => tracing::debug!(child, error = %e.body(), "cannot follow a child run"),
+                    // `DelegationStarted` is committed before the child is
+                    // created: look again shortly.
+                    Err(e) if e.code == "not_found" && tries < CHILD_TRIES => {
+                        let again = s.children.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(CHILD_RETRY).await;
+                            let _ = again.send((child, tries + 1));
+                        });
+                    }
+                    Err(e) => tracing::debug!(child, error = ?e.body(), "cannot follow a child run"),
                 }
                 continue;
             }
