@@ -340,17 +340,7 @@ nodes:
     while children(&engine, "p6").is_empty() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    engine.shutdown(Duration::ZERO).await;
-    assert_eq!(handle.wait().await, RunOutcome::Interrupted);
-    drop(engine);
-
-    let engine = Engine::new(journal(d), EngineOptions::default());
-    let outcome = engine
-        .resume("p6", StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let (engine, outcome) = stop_and_resume(d, engine, handle, "p6").await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
     let kids = children(&engine, "p6");
     assert_eq!(kids.len(), 1, "{kids:?}");

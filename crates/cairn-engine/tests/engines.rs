@@ -191,8 +191,7 @@ sleep 300
         panic!("{outcome:?}")
     };
     assert!(e.message.contains("printed nothing"), "{e:?}");
-    let st = engine.state("h1").unwrap();
-    let err = st.node("a", 0).unwrap().attempts[0].error.clone().unwrap();
+    let err = first_error(&engine, "h1", "a");
     assert_eq!(err.kind, "idle_timeout");
     // The child it left behind went with it (its odd duration is this
     // test's mark).
@@ -231,8 +230,7 @@ exit 139
     .wait()
     .await;
     assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
-    let st = engine.state("k1").unwrap();
-    let err = st.node("a", 0).unwrap().attempts[0].error.clone().unwrap();
+    let err = first_error(&engine, "k1", "a");
     assert_eq!(err.kind, "engine");
     assert!(err.message.contains("exited with code 139"), "{err:?}");
     assert!(err.details.unwrap()["stderr"]
@@ -269,16 +267,7 @@ esac
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    engine.shutdown(Duration::ZERO).await;
-    assert_eq!(handle.wait().await, RunOutcome::Interrupted);
-    drop(engine);
-    let engine = Engine::new(journal(d), EngineOptions::default());
-    let outcome = engine
-        .resume("r1", StartOptions::default())
-        .await
-        .unwrap()
-        .wait()
-        .await;
+    let (_engine, outcome) = stop_and_resume(d, engine, handle, "r1").await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
     let args = std::fs::read_to_string(d.join("args.log")).unwrap();
     assert!(args.contains("--resume\nsess-4"), "{args}");

@@ -37,3 +37,31 @@ pub fn stored(engine: &Engine, run: &str) -> Vec<Event> {
     }
     events
 }
+
+/// Stops `engine` at once (its run is left interrupted, as a crash
+/// leaves it), then resumes `run` with a new engine on the same store and
+/// waits for its end.
+pub async fn stop_and_resume(
+    dir: &Path,
+    engine: Engine,
+    handle: cairn_engine::RunHandle,
+    run: &str,
+) -> (Engine, cairn_engine::RunOutcome) {
+    engine.shutdown(std::time::Duration::ZERO).await;
+    assert_eq!(handle.wait().await, cairn_engine::RunOutcome::Interrupted);
+    drop(engine);
+    let engine = Engine::new(journal(dir), cairn_engine::EngineOptions::default());
+    let outcome = engine
+        .resume(run, cairn_engine::StartOptions::default())
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    (engine, outcome)
+}
+
+/// The error of a node's first attempt.
+pub fn first_error(engine: &Engine, run: &str, node: &str) -> cairn_events::ErrorInfo {
+    let st = engine.state(run).unwrap();
+    (*st.node(node, 0).unwrap().attempts[0].error.clone().unwrap()).clone()
+}
