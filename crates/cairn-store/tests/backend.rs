@@ -164,7 +164,8 @@ fn gc_deletes_only_finished_old_runs() {
     assert_eq!(b.get_run("old-failed").unwrap().unwrap().status, "failed");
     assert_eq!(b.get_run("old-running").unwrap().unwrap().status, "running");
 
-    // Age every run but one by rewriting updated_ms on a side connection.
+    // Age every run but one by rewriting its row's and its events' times on
+    // a side connection (a run's `updated_ms` is the later of the two).
     {
         let c = rusqlite::Connection::open(b.path()).unwrap();
         c.execute(
@@ -172,6 +173,8 @@ fn gc_deletes_only_finished_old_runs() {
             [],
         )
         .unwrap();
+        c.execute("UPDATE events SET ts = 100 WHERE run_id LIKE 'old-%'", [])
+            .unwrap();
     }
     // A run whose lease is held (being resumed) is left alone.
     let held = loop {
