@@ -18,15 +18,27 @@ pub struct Cli {
 /// Flags every command takes.
 #[derive(Debug, Args)]
 pub struct Global {
-    /// The store (SQLite database file).
+    /// The store: a SQLite database file, or a PostgreSQL database as a
+    /// `postgres://user@host:port/db` URL (shared by many machines).
     #[arg(
         long,
         global = true,
         env = "CAIRN_STORE",
-        value_name = "PATH",
+        value_name = "PATH|URL",
         default_value = ".cairn/cairn.db"
     )]
     pub store: PathBuf,
+    /// On PostgreSQL, how long a run stays with a process that stopped
+    /// renewing its lease (it died, or lost the database) before another
+    /// process may take it over.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_LEASE_TTL",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
+    pub lease_ttl: String,
     /// Where each run's NDJSON mirror (`<run>/events.ndjson`) is written
     /// [default: `logs` beside the store, i.e. .cairn/logs]
     #[arg(long, global = true, env = "CAIRN_LOG_DIR", value_name = "DIR")]
@@ -37,10 +49,24 @@ pub struct Global {
 }
 
 impl Global {
-    /// The mirror folder: `--log-dir`, or `logs` next to the store.
+    /// The PostgreSQL URL, when `--store` names one.
+    pub fn postgres_url(&self) -> Option<&str> {
+        let s = self.store.to_str()?;
+        (s.starts_with("postgres://") || s.starts_with("postgresql://")).then_some(s)
+    }
+
+    /// Whether the store is there to read. A PostgreSQL store is taken to
+    /// exist: connecting to it tells.
+    pub fn store_exists(&self) -> bool {
+        self.postgres_url().is_some() || self.store.exists()
+    }
+
+    /// The mirror folder: `--log-dir`, or `logs` next to the store (for a
+    /// PostgreSQL store, `.cairn/logs` here).
     pub fn log_dir(&self) -> PathBuf {
         match &self.log_dir {
             Some(d) => d.clone(),
+            None if self.postgres_url().is_some() => PathBuf::from(".cairn/logs"),
             None => self
                 .store
                 .parent()

@@ -23,7 +23,7 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
             )));
         }
     }
-    if !g.store.exists() {
+    if !g.store_exists() {
         // No store yet means no runs: nothing to list, nothing to create.
         if !a.json {
             println!("no runs");
@@ -651,7 +651,7 @@ pub fn parse_age(s: &str) -> anyhow::Result<Duration> {
 /// `cairn gc`.
 pub fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
     let age = parse_age(&a.older_than)?;
-    if !g.store.exists() {
+    if !g.store_exists() {
         println!("deleted 0 runs");
         return Ok(crate::EXIT_OK);
     }
@@ -731,6 +731,12 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         allowed_origins: a.allow_origins,
         max_connections: a.max_connections as usize,
         header_read_timeout,
+        // Servers that share a PostgreSQL store take over each other's runs
+        // once a dead one's leases expire; a few looks per lease.
+        takeover: g
+            .postgres_url()
+            .map(|_| store::lease_ttl(g).map(|ttl| ttl / 2))
+            .transpose()?,
         ..Default::default()
     };
     let shutdown = async {

@@ -1,6 +1,9 @@
 //! Opening the store: created only by commands that start runs, so a typo
 //! in `--store` never leaves an empty database behind.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use cairn_engine::{Engine, EngineOptions};
 use cairn_store::{Journal, JournalOptions};
 
@@ -10,16 +13,39 @@ use crate::cli::Global;
 /// Opens the store, creating it when `create` is set; otherwise a missing
 /// store is bad input.
 pub fn open(g: &Global, create: bool) -> anyhow::Result<Journal> {
+    let opts = JournalOptions {
+        log_dir: if g.no_log { None } else { Some(g.log_dir()) },
+    };
+    if let Some(url) = g.postgres_url() {
+        let backend = cairn_postgres::PgBackend::open_with(
+            url,
+            cairn_postgres::PgOptions {
+                lease_ttl: lease_ttl(g)?,
+                ..Default::default()
+            },
+        )?;
+        return Ok(Journal::open(Arc::new(backend), opts)?);
+    }
     if !create && !g.store.exists() {
         return Err(bad_input(format!(
             "no store at {} (no run was started with this --store yet)",
             g.store.display()
         )));
     }
-    let opts = JournalOptions {
-        log_dir: if g.no_log { None } else { Some(g.log_dir()) },
-    };
     Ok(Journal::open_sqlite(&g.store, opts)?)
+}
+
+/// `--lease-ttl`, checked.
+pub fn lease_ttl(g: &Global) -> anyhow::Result<Duration> {
+    cairn_workflow::parse_duration(&g.lease_ttl)
+        .ok()
+        .filter(|d| *d >= Duration::from_millis(300))
+        .ok_or_else(|| {
+            bad_input(format!(
+                "--lease-ttl `{}`: write a duration of at least 300ms, e.g. 5s",
+                g.lease_ttl
+            ))
+        })
 }
 
 /// An engine over the store (see [`open`]).

@@ -101,7 +101,7 @@ impl AppState {
         self.0.draining.store(true, Ordering::SeqCst);
     }
 
-    fn draining(&self) -> bool {
+    pub(crate) fn draining(&self) -> bool {
         self.0.draining.load(Ordering::SeqCst)
     }
 

@@ -86,6 +86,12 @@ pub struct ServeConfig {
     /// that falls this far behind is cut off with the seq to resume from;
     /// the run never waits for it.
     pub watcher_queue: usize,
+    /// How often the server looks for runs that nobody drives (their
+    /// process died and its lease expired) and takes them over, as
+    /// `cairn resume` would. `None` looks once, at start: enough when this
+    /// server is the store's only user. Servers that share a PostgreSQL
+    /// store set it, so that a run survives the death of its instance.
+    pub takeover: Option<Duration>,
 }
 
 impl Default for ServeConfig {
@@ -104,6 +110,7 @@ impl Default for ServeConfig {
             body_limit: 1024 * 1024,
             ws_message_limit: 64 * 1024,
             watcher_queue: 8192,
+            takeover: None,
         }
     }
 }
@@ -199,6 +206,10 @@ impl Server {
             tracing::info!(runs = ?resumed, "resumed interrupted runs");
         }
         let metrics_task = tokio::spawn(api::fold_metrics(state.clone()));
+        let takeover_task = state
+            .cfg()
+            .takeover
+            .map(|every| tokio::spawn(take_over(state.clone(), every)));
         let router = api::router(state.clone());
         let stopping = state.clone();
         let graceful = async move {
@@ -215,7 +226,25 @@ impl Server {
         };
         let result = listen::serve(self.listener, router, limits, graceful).await;
         metrics_task.abort();
+        if let Some(t) = takeover_task {
+            t.abort();
+        }
         result.map_err(ServerError::Io)
+    }
+}
+
+/// Takes over, every `every`, the runs whose driver is gone; stops looking
+/// once the server drains.
+async fn take_over(state: api::AppState, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if state.draining() {
+            return;
+        }
+        let resumed = state.engine().resume_interrupted().await;
+        if !resumed.is_empty() {
+            tracing::info!(runs = ?resumed, "took over runs whose process stopped");
+        }
     }
 }
 

@@ -1,0 +1,280 @@
+//! Cairn's event store on PostgreSQL: [`PgBackend`] implements
+//! [`cairn_store::Backend`], so the same journal runs over a database that
+//! engines on several machines share.
+//!
+//! What differs from the SQLite backend:
+//! - run leases are rows with an expiry on the database's clock, renewed by
+//!   a heartbeat, and an append is refused ([`StoreError::Busy`]) for a run
+//!   whose lease another process holds (the fence), see `lease.rs`;
+//! - wake-ups travel by LISTEN/NOTIFY on a channel per schema, see
+//!   `wake.rs`;
+//! - the tables live in a schema of their choosing, created and migrated at
+//!   open, see [`SCHEMA_VERSION`].
+//!
+//! Connections are plain TCP (or a Unix socket): this crate speaks no TLS.
+//! A URL asking for `sslmode=require` fails to connect; reach a remote
+//! server through a tunnel or a private network.
+
+#![warn(missing_docs)]
+
+mod config;
+mod db;
+mod events;
+mod lease;
+mod records;
+mod rt;
+mod runs;
+mod schema;
+mod wake;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_events::RunCommand;
+use cairn_store::{
+    validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease,
+    RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+};
+
+pub use schema::SCHEMA_VERSION;
+
+use config::Target;
+use db::Db;
+use lease::Leases;
+use rt::Bridge;
+use wake::Wake;
+
+/// How a [`PgBackend`] is set up beyond its URL.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// The schema that holds the store's tables, created if missing: a
+    /// plain identifier, `[a-z_][a-z0-9_]{0,62}`. `None` is `public`.
+    /// Stores in different schemas of one database are independent, wake-ups
+    /// included.
+    pub schema: Option<String>,
+    /// How long a run's lease outlives its holder's last renewal (renewals
+    /// come every third of it): how long a run of a crashed process stays
+    /// locked. Default 5 s.
+    pub lease_ttl: Duration,
+    /// The most connections the backend opens for queries (one more is kept
+    /// for wake-ups). Default 4; 0 counts as 1.
+    pub pool_size: usize,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            schema: None,
+            lease_ttl: Duration::from_secs(5),
+            pool_size: 4,
+        }
+    }
+}
+
+/// Cairn's store in a PostgreSQL database.
+///
+/// The [`Backend`] methods are synchronous: each runs its queries on the
+/// backend's own small runtime (threads named `cairn-pg`) and blocks the
+/// calling thread until they are done. That is safe from any thread, but
+/// called from inside an async task it blocks that task's worker thread
+/// meanwhile, as any blocking call does: use `spawn_blocking` there, as the
+/// journal does.
+///
+/// Dropping the backend stops its runtime, its lease heartbeat and its
+/// connections (also when dropped inside another runtime). Leases still
+/// alive then are not renewed any more and expire after the ttl.
+pub struct PgBackend {
+    shared: Arc<Shared>,
+}
+
+/// What the backend and its leases share.
+pub(crate) struct Shared {
+    pub(crate) db: Db,
+    pub(crate) leases: Arc<Leases>,
+    wake: Wake,
+    /// Last, so that it stops once the rest is dropped.
+    pub(crate) bridge: Bridge,
+}
+
+impl PgBackend {
+    /// Opens the store at `url` (`postgres://user:password@host:port/db` or
+    /// `postgresql://...`) in the `public` schema, with default options.
+    pub fn open(url: &str) -> Result<PgBackend, StoreError> {
+        PgBackend::open_with(url, PgOptions::default())
+    }
+
+    /// Opens the store at `url` as `opts` say: connects, creates or
+    /// migrates the schema, and starts listening for wake-ups.
+    ///
+    /// Errors: [`StoreError::Open`] for a bad URL or schema name or a server
+    /// that cannot be reached, [`StoreError::TooNew`] for a schema written by
+    /// a newer Cairn, [`StoreError::Corrupt`] for a schema that holds tables
+    /// of another program under Cairn's names.
+    pub fn open_with(url: &str, opts: PgOptions) -> Result<PgBackend, StoreError> {
+        let target = Target::parse(url, opts.schema.as_deref())?;
+        let bridge = Bridge::new().map_err(|e| StoreError::Open {
+            path: target.place.clone(),
+            detail: format!("cannot start the client's threads: {e}"),
+        })?;
+        let db = Db::new(target.config.clone(), opts.pool_size, target.place.clone())?;
+
+        let (migrating, schema) = (db.clone(), target.schema.clone());
+        bridge.run(async move { schema::migrate(&migrating, &schema).await })?;
+
+        let (wake_config, channel, place) =
+            (target.wake_config(), target.channel(), target.place.clone());
+        let wake = bridge.run(async move {
+            Wake::start(wake_config, channel)
+                .await
+                .map_err(|detail| StoreError::Open {
+                    path: place,
+                    detail: format!("cannot listen for wake-ups: {detail}"),
+                })
+        })?;
+
+        let leases = Arc::new(Leases::new(opts.lease_ttl));
+        bridge
+            .handle()
+            .spawn(lease::heartbeat(db.clone(), leases.clone()));
+        Ok(PgBackend {
+            shared: Arc::new(Shared {
+                db,
+                leases,
+                wake,
+                bridge,
+            }),
+        })
+    }
+
+    /// Runs a query function on the backend's runtime and waits for it.
+    fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Db) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.shared.bridge.run(f(self.shared.db.clone()))
+    }
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("store", &self.shared.db.place())
+            .field("owner", &self.shared.leases.owner())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for PgBackend {
+    fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let batch = batch.to_vec();
+        let owner = self.shared.leases.owner().to_string();
+        self.run(move |db| async move { events::append(&db, &owner, &batch).await })
+    }
+
+    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        let (run, q) = (run_id.to_string(), q.clone());
+        self.run(move |db| async move { events::read(&db, &run, &q).await })
+    }
+
+    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { events::last_seq(&db, &run).await })
+    }
+
+    fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        validate_run_id(&rec.run_id)?;
+        let rec = rec.clone();
+        self.run(move |db| async move { runs::create(&db, &rec).await })
+    }
+
+    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { runs::get(&db, &run).await })
+    }
+
+    fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let f = f.clone();
+        self.run(move |db| async move { runs::list(&db, &f).await })
+    }
+
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        let candidates =
+            self.run(move |db| async move { runs::gc_candidates(&db, cutoff_ms).await })?;
+        // A run being resumed right now holds its lease: leave it alone. The
+        // leases taken here stay held until the deletion has committed.
+        let mut leases = Vec::new();
+        let mut ids = Vec::new();
+        for id in candidates {
+            if let Some(l) = self.try_lock_run(&id)? {
+                leases.push(l);
+                ids.push(id);
+            }
+        }
+        let deleted =
+            self.run(move |db| async move { runs::delete_due(&db, &ids, cutoff_ms).await });
+        drop(leases);
+        deleted
+    }
+
+    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
+        self.shared.try_lock_run(run_id)
+    }
+
+    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
+        let rec = rec.clone();
+        self.run(move |db| async move { records::put_tool_call(&db, &rec).await })
+    }
+
+    fn tool_calls(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        iteration: u32,
+    ) -> Result<Vec<ToolCallRecord>, StoreError> {
+        let (run, node) = (run_id.to_string(), node_id.to_string());
+        self.run(move |db| async move { records::tool_calls(&db, &run, &node, iteration).await })
+    }
+
+    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
+        let (run, command) = (run_id.to_string(), command.clone());
+        self.run(move |db| async move { records::put_command(&db, &run, &command).await })
+    }
+
+    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { records::pending_commands(&db, &run).await })
+    }
+
+    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
+        let outcome = outcome.to_string();
+        self.run(move |db| async move { records::take_command(&db, id, &outcome).await })
+    }
+
+    fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
+        let rec = rec.clone();
+        self.run(move |db| async move { records::put_process(&db, &rec).await })
+    }
+
+    fn remove_process(&self, id: u64) -> Result<(), StoreError> {
+        self.run(move |db| async move { records::remove_process(&db, id).await })
+    }
+
+    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { records::processes(&db, &run).await })
+    }
+
+    fn notify(&self, topic: Topic<'_>) {
+        self.shared.wake.notify(topic);
+    }
+
+    fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
+        Ok(self.shared.wake.listen(topic))
+    }
+}

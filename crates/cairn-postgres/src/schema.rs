@@ -1,0 +1,214 @@
+//! The store's tables and their versioned migrations.
+
+use cairn_store::StoreError;
+
+use crate::config::{fnv1a, quote};
+use crate::db::Db;
+
+/// The schema version this build writes, kept in the `cairn_schema` table.
+/// A database at a newer version is refused ([`StoreError::TooNew`]).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// The tables a store of version 1 has; a schema with one of them but no
+/// version is someone else's.
+const TABLES: &[&str] = &[
+    "cairn_schema",
+    "runs",
+    "events",
+    "tool_calls",
+    "inbox",
+    "processes",
+    "leases",
+];
+
+/// Version 1. As on SQLite, with these differences:
+/// - the workflow text stays in the run's row: PostgreSQL keeps a long text
+///   out of line (TOAST) and an update that does not touch it does not copy
+///   it, so the separate table SQLite needs would buy nothing;
+/// - `created_order` tells apart runs created in the same millisecond (the
+///   role of SQLite's rowid in `list_runs`);
+/// - events are indexed by node (the conformance suite's node filter reads
+///   whole runs otherwise), not by type: outputs are most of a log and
+///   every index slows each append;
+/// - leases are rows with an expiry (SQLite uses `flock`), see `lease.rs`.
+const V1: &str = r#"
+CREATE TABLE cairn_schema (
+    version BIGINT NOT NULL
+);
+INSERT INTO cairn_schema (version) VALUES (0);
+
+CREATE TABLE runs (
+    run_id          TEXT PRIMARY KEY,
+    workflow        TEXT NOT NULL,
+    workflow_path   TEXT NOT NULL,
+    workflow_hash   TEXT NOT NULL,
+    workflow_source TEXT NOT NULL,
+    input           TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    created_ms      BIGINT NOT NULL,
+    updated_ms      BIGINT NOT NULL,
+    parent_run_id   TEXT,
+    created_order   BIGSERIAL NOT NULL
+);
+CREATE INDEX runs_by_created ON runs (created_ms DESC, created_order DESC);
+CREATE INDEX runs_by_status ON runs (status, updated_ms);
+CREATE INDEX runs_by_workflow ON runs (workflow, created_ms DESC, created_order DESC);
+CREATE INDEX runs_by_parent ON runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+
+-- No foreign key to runs: events of a run without a row are kept, and a
+-- check per event would slow every append. The JSON is TEXT, not JSONB, so
+-- it comes back byte for byte.
+CREATE TABLE events (
+    run_id       TEXT NOT NULL,
+    seq          BIGINT NOT NULL,
+    type         TEXT NOT NULL,
+    node_id      TEXT,
+    timestamp_ms BIGINT NOT NULL,
+    json         TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE INDEX events_by_node ON events (run_id, node_id, seq) WHERE node_id IS NOT NULL;
+
+CREATE TABLE tool_calls (
+    run_id          TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    node_id         TEXT NOT NULL,
+    iteration       BIGINT NOT NULL,
+    attempt         BIGINT NOT NULL,
+    tool_seq        BIGINT NOT NULL,
+    tool            TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    side_effect     BOOLEAN NOT NULL,
+    idempotent      BOOLEAN NOT NULL,
+    input           TEXT NOT NULL,
+    output          TEXT,
+    started_ms      BIGINT NOT NULL,
+    finished_ms     BIGINT,
+    status          TEXT NOT NULL,
+    error           TEXT,
+    PRIMARY KEY (run_id, node_id, iteration, attempt, tool_seq)
+);
+
+CREATE TABLE inbox (
+    id         BIGSERIAL PRIMARY KEY,
+    run_id     TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    command    TEXT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    taken_ms   BIGINT,
+    outcome    TEXT
+);
+CREATE INDEX inbox_by_run ON inbox (run_id, id);
+
+CREATE TABLE processes (
+    id         BIGSERIAL PRIMARY KEY,
+    run_id     TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    node_id    TEXT NOT NULL,
+    iteration  BIGINT NOT NULL,
+    attempt    BIGINT NOT NULL,
+    pgid       BIGINT NOT NULL,
+    started_ms BIGINT NOT NULL
+);
+CREATE INDEX processes_by_run ON processes (run_id, id);
+
+-- Not a foreign key either: a lease may be taken before the run's row is
+-- made, and outlives its deletion by gc until it is released.
+CREATE TABLE leases (
+    run_id     TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
+"#;
+
+/// Brings `schema` (created if missing) to [`SCHEMA_VERSION`] in one
+/// transaction: a store is migrated whole or not at all. An advisory lock
+/// keyed by the schema makes processes that open at once take turns; each
+/// sees the version the one before it left.
+pub(crate) async fn migrate(db: &Db, schema: &str) -> Result<(), StoreError> {
+    let mut client = db.client().await?;
+    let tx = client.transaction().await.map_err(|e| db.err(e))?;
+    let key = fnv1a(format!("cairn-postgres schema {schema}").as_bytes()) as i64;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&key])
+        .await
+        .map_err(|e| db.err(e))?;
+    let exists: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&schema],
+        )
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| db.err(e))?;
+    // Only when missing: CREATE SCHEMA IF NOT EXISTS asks for the right to
+    // create schemas even when there is nothing to create.
+    let mut setup = String::new();
+    if !exists {
+        setup.push_str(&format!("CREATE SCHEMA {};", quote(schema)));
+    }
+    // The session's search_path named the schema before it existed.
+    setup.push_str(&format!("SET LOCAL search_path TO {};", quote(schema)));
+    tx.batch_execute(&setup).await.map_err(|e| db.err(e))?;
+
+    let version = stored_version(&tx, db, schema).await?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::TooNew {
+            path: db.place().to_path_buf(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    for step in &MIGRATIONS[version as usize..] {
+        tx.batch_execute(step).await.map_err(|e| db.err(e))?;
+    }
+    tx.execute("UPDATE cairn_schema SET version = $1", &[&SCHEMA_VERSION])
+        .await
+        .map_err(|e| db.err(e))?;
+    tx.commit().await.map_err(|e| db.err(e))
+}
+
+/// The schema's version: 0 for a schema without Cairn's tables.
+async fn stored_version(
+    tx: &deadpool_postgres::Transaction<'_>,
+    db: &Db,
+    schema: &str,
+) -> Result<i64, StoreError> {
+    let found: Vec<String> = tx
+        .query(
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema::text = $1 AND table_name::text = ANY($2::text[])",
+            &[&schema, &TABLES],
+        )
+        .await
+        .map_err(|e| db.err(e))?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()
+        .map_err(|e| db.err(e))?;
+    if !found.iter().any(|t| t == "cairn_schema") {
+        if let Some(t) = found.first() {
+            return Err(StoreError::Corrupt {
+                path: db.place().to_path_buf(),
+                detail: format!(
+                    "the schema has a table `{t}` but no Cairn schema version; choose another schema"
+                ),
+            });
+        }
+        return Ok(0);
+    }
+    let version: Option<i64> = tx
+        .query_one("SELECT max(version) FROM cairn_schema", &[])
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| db.err(e))?;
+    match version {
+        Some(v) if v >= 1 => Ok(v),
+        _ => Err(StoreError::Corrupt {
+            path: db.place().to_path_buf(),
+            detail: "the table cairn_schema holds no version".into(),
+        }),
+    }
+}

@@ -1,0 +1,171 @@
+//! Helpers for the tests that need a PostgreSQL server: finding it (or
+//! skipping), fresh schemas, and plain SQL beside the backend.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cairn_postgres::{PgBackend, PgOptions};
+use cairn_store::Backend;
+
+/// The variable naming the server, e.g.
+/// `postgres://postgres@127.0.0.1:5432/postgres`.
+pub const ENV: &str = "CAIRN_TEST_PG";
+
+/// The server's URL, or why the tests skip; looked at once per test binary.
+fn server() -> Result<&'static str, &'static str> {
+    static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            let url = std::env::var(ENV).map_err(|_| format!("{ENV} is not set"))?;
+            // The URL may hold a password: the reason does not repeat it.
+            sql_with_timeout(&url, "SELECT 1", Duration::from_secs(3))
+                .map_err(|e| format!("nothing answers at {ENV} ({e})"))?;
+            Ok(url)
+        })
+        .as_deref()
+        .map_err(String::as_str)
+}
+
+/// The server's URL; `None`, after saying so on stderr, when there is none.
+pub fn server_or_skip() -> Option<&'static str> {
+    match server() {
+        Ok(url) => Some(url),
+        Err(why) => {
+            eprintln!("skipped: {why} (PostgreSQL tests need a server)");
+            None
+        }
+    }
+}
+
+/// Runs `statements` on the server, off any runtime of the caller's.
+pub fn sql(url: &str, statements: &str) {
+    sql_with_timeout(url, statements, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{statements}: {e}"));
+}
+
+fn sql_with_timeout(url: &str, statements: &str, timeout: Duration) -> Result<(), String> {
+    let (url, statements) = (url.to_string(), statements.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let mut config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
+            config.connect_timeout(timeout);
+            let (client, conn) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| chain(&e))?;
+            tokio::spawn(conn);
+            client
+                .batch_execute(&statements)
+                .await
+                .map_err(|e| chain(&e))
+        })
+    })
+    .join()
+    .expect("the SQL thread does not panic")
+}
+
+/// An error with its causes, which say what tokio-postgres's own words
+/// ("db error") leave out.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    s
+}
+
+/// A schema name no other test (or test run) uses.
+pub fn unique_schema() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "cairn_t_{}_{}_{:08x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst),
+        rand::random::<u32>()
+    )
+}
+
+/// The schemas one test makes, dropped when it ends; kept (and named on
+/// stderr) when it fails, to look at.
+pub struct Scratch {
+    pub url: &'static str,
+    schemas: Mutex<Vec<String>>,
+}
+
+impl Scratch {
+    /// `None` (after the skip line) when there is no server.
+    pub fn new() -> Option<Scratch> {
+        Some(Scratch {
+            url: server_or_skip()?,
+            schemas: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A new schema name, dropped with the scratch.
+    pub fn schema(&self) -> String {
+        let s = unique_schema();
+        self.schemas.lock().unwrap().push(s.clone());
+        s
+    }
+
+    /// A backend on `schema`.
+    pub fn open(&self, schema: &str, opts: PgOptions) -> PgBackend {
+        PgBackend::open_with(
+            self.url,
+            PgOptions {
+                schema: Some(schema.to_string()),
+                ..opts
+            },
+        )
+        .unwrap_or_else(|e| panic!("opening a backend on schema {schema}: {e}"))
+    }
+
+    /// A backend on a new, empty schema: the conformance suite's factory.
+    pub fn fresh(&self) -> Arc<dyn Backend> {
+        Arc::new(self.open(&self.schema(), PgOptions::default()))
+    }
+
+    /// Runs `statements` with `search_path` set to `schema`.
+    pub fn sql_in(&self, schema: &str, statements: &str) {
+        sql(
+            self.url,
+            &format!("SET search_path TO {schema}; {statements}"),
+        );
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let schemas = std::mem::take(&mut *self.schemas.lock().unwrap_or_else(|p| p.into_inner()));
+        if schemas.is_empty() {
+            return;
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "kept the schemas of the failed test: {}",
+                schemas.join(", ")
+            );
+            return;
+        }
+        let drops: String = schemas
+            .iter()
+            .map(|s| format!("DROP SCHEMA IF EXISTS {s} CASCADE;"))
+            .collect();
+        // Never a panic here: a failed cleanup must not hide (or fake) the
+        // test's own outcome.
+        if let Err(e) = sql_with_timeout(self.url, &drops, Duration::from_secs(10)) {
+            eprintln!(
+                "could not drop the test schemas {}: {e}",
+                schemas.join(", ")
+            );
+        }
+    }
+}

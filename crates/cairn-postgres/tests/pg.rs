@@ -1,0 +1,433 @@
+//! What the PostgreSQL backend promises beyond the conformance suite:
+//! migrations, leases and the fence between processes (each "process" here
+//! is a backend of its own, with its own owner id and connections),
+//! wake-ups across backends, and the journal running over it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_events::{Event, EventKind, OutputStream, Scope};
+use cairn_postgres::{PgBackend, PgOptions, SCHEMA_VERSION};
+use cairn_store::{
+    Backend, EventQuery, Journal, JournalOptions, RunRecord, StoreError, StoredEvent, Topic,
+};
+use common::Scratch;
+
+const LONG: Duration = Duration::from_secs(10);
+const SHORT: Duration = Duration::from_millis(300);
+
+fn ttl(ttl: Duration) -> PgOptions {
+    PgOptions {
+        lease_ttl: ttl,
+        ..PgOptions::default()
+    }
+}
+
+fn record(run: &str) -> RunRecord {
+    RunRecord {
+        run_id: run.into(),
+        workflow: "wf".into(),
+        workflow_path: "wf.yaml".into(),
+        workflow_hash: "abc".into(),
+        workflow_source: "name: wf\n".into(),
+        input: serde_json::json!({"n": 1}),
+        status: "pending".into(),
+        created_ms: 1,
+        updated_ms: 1,
+        parent_run_id: None,
+    }
+}
+
+fn output(run: &str, seq: u64) -> StoredEvent {
+    StoredEvent::from_event(&Event {
+        run_id: run.into(),
+        seq,
+        timestamp_ms: seq as i64,
+        scope: Scope::node("a", 0).with_attempt(1),
+        kind: EventKind::NodeOutput {
+            text: format!("{run} {seq}"),
+            stream: OutputStream::Stdout,
+        },
+    })
+}
+
+fn started() -> EventKind {
+    EventKind::RunStarted {
+        workflow: "wf".into(),
+        workflow_hash: "abc".into(),
+        input: None,
+        resumed: false,
+        parent_run_id: None,
+        parent_node_id: None,
+        depth: 0,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn busy_run(err: StoreError) -> String {
+    match err {
+        StoreError::Busy { run } => run,
+        other => panic!("expected Busy, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_schema_written_by_a_newer_cairn_is_refused() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    drop(s.open(&schema, PgOptions::default()));
+    // Opening again at the same version changes nothing.
+    let b = s.open(&schema, PgOptions::default());
+    b.create_run(&record("r")).unwrap();
+    drop(b);
+    s.sql_in(
+        &schema,
+        &format!("UPDATE cairn_schema SET version = {}", SCHEMA_VERSION + 1),
+    );
+    let err = PgBackend::open_with(
+        s.url,
+        PgOptions {
+            schema: Some(schema.clone()),
+            ..PgOptions::default()
+        },
+    )
+    .unwrap_err();
+    match err {
+        StoreError::TooNew {
+            found, supported, ..
+        } => assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION)),
+        other => panic!("expected TooNew, got {other:?}"),
+    }
+}
+
+#[test]
+fn processes_opening_a_new_schema_at_once_all_get_it_migrated_once() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let backends: Vec<PgBackend> = std::thread::scope(|scope| {
+        let opening: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| s.open(&schema, PgOptions::default())))
+            .collect();
+        opening.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    backends[0].create_run(&record("r")).unwrap();
+    assert!(backends[3].get_run("r").unwrap().is_some());
+    // One version row, at the current version.
+    s.sql_in(
+        &schema,
+        &format!(
+            "DO $$ BEGIN IF (SELECT count(*) FROM cairn_schema WHERE version = {SCHEMA_VERSION}) <> 1 \
+             THEN RAISE 'bad version rows'; END IF; END $$"
+        ),
+    );
+}
+
+#[test]
+fn a_schema_with_another_programs_tables_is_refused() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    common::sql(
+        s.url,
+        &format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.events (id int);"),
+    );
+    let err = PgBackend::open_with(
+        s.url,
+        PgOptions {
+            schema: Some(schema),
+            ..PgOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Corrupt { ref detail, .. } if detail.contains("events")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn bad_names_and_absent_servers_fail_to_open() {
+    let err = PgBackend::open_with(
+        "postgres://postgres@127.0.0.1:5432/postgres",
+        PgOptions {
+            schema: Some("Robert'); DROP TABLE runs;--".into()),
+            ..PgOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Open { ref detail, .. } if detail.contains("schema name")),
+        "{err:?}"
+    );
+    assert!(matches!(
+        PgBackend::open("mysql://nope").unwrap_err(),
+        StoreError::Open { .. }
+    ));
+    // Port 1 on the loopback: nothing listens there.
+    let err = PgBackend::open("postgres://postgres:secret@127.0.0.1:1/postgres").unwrap_err();
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+}
+
+#[test]
+fn backends_and_leases_can_be_dropped_inside_a_runtime() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let a = s.open(&schema, PgOptions::default());
+    let b = s.open(&schema, PgOptions::default());
+    for rt in [
+        runtime(),
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    ] {
+        let lease = a.try_lock_run("r").unwrap().expect("a free lease");
+        rt.block_on(async {
+            // Blocks this task's thread for the release; must not panic.
+            drop(lease);
+            assert!(a.try_lock_run("r").unwrap().is_some(), "released");
+        });
+    }
+    runtime().block_on(async move {
+        let _held = b.try_lock_run("s").unwrap().expect("a free lease");
+        drop(a);
+        drop(b);
+    });
+}
+
+#[test]
+fn a_crashed_holders_lease_expires_and_another_process_takes_it() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let lease_ttl = Duration::from_millis(900);
+    let a = s.open(&schema, ttl(lease_ttl));
+    let b = s.open(&schema, ttl(lease_ttl));
+    let held = a.try_lock_run("r").unwrap().expect("a free lease");
+    assert!(b.try_lock_run("r").unwrap().is_none(), "held by the other");
+    // The heartbeat keeps it well past the ttl.
+    std::thread::sleep(lease_ttl * 2);
+    assert!(
+        b.try_lock_run("r").unwrap().is_none(),
+        "renewed while its holder lives"
+    );
+    // A crash: nothing is released and nothing renews any more.
+    std::mem::forget(held);
+    drop(a);
+    let crashed = Instant::now();
+    assert!(
+        b.try_lock_run("r").unwrap().is_none(),
+        "a crashed holder's lease lasts its ttl"
+    );
+    let taken = loop {
+        if let Some(l) = b.try_lock_run("r").unwrap() {
+            break l;
+        }
+        assert!(crashed.elapsed() < LONG, "the lease never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        crashed.elapsed() >= lease_ttl / 2,
+        "{:?}",
+        crashed.elapsed()
+    );
+    drop(taken);
+    assert!(b.try_lock_run("r").unwrap().is_some());
+}
+
+#[test]
+fn the_fence_refuses_writes_to_a_run_leased_by_another_process() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    // A renews rarely, so that its lease can be made to lapse by hand, as
+    // when a process stalls (a long pause, a network partition).
+    let a = s.open(&schema, ttl(Duration::from_secs(60)));
+    let b = s.open(&schema, PgOptions::default());
+    a.create_run(&record("r")).unwrap();
+    let a_lease = a.try_lock_run("r").unwrap().expect("a free lease");
+    a.append(&[output("r", 1)]).unwrap();
+    assert_eq!(busy_run(b.append(&[output("r", 2)]).unwrap_err()), "r");
+
+    // A stalls and its lease lapses; B takes the run over.
+    let mut tries = 0;
+    let b_lease = loop {
+        s.sql_in(
+            &schema,
+            "UPDATE leases SET expires_at = clock_timestamp() - interval '1 second' \
+             WHERE run_id = 'r'",
+        );
+        // A's heartbeat may renew it in between: then again.
+        if let Some(l) = b.try_lock_run("r").unwrap() {
+            break l;
+        }
+        tries += 1;
+        assert!(tries < 5, "the lapsed lease could not be taken");
+    };
+    assert_eq!(b.last_seq("r").unwrap(), 1);
+
+    // A wakes up and writes: refused, and nothing of the batch is kept.
+    let err = a.append(&[output("s", 1), output("r", 2)]).unwrap_err();
+    assert_eq!(busy_run(err), "r");
+    assert_eq!(a.last_seq("s").unwrap(), 0);
+    assert_eq!(a.last_seq("r").unwrap(), 1);
+    b.append(&[output("r", 2)]).unwrap();
+
+    // A's stale lease, dropped, does not free B's.
+    drop(a_lease);
+    let c = s.open(&schema, PgOptions::default());
+    assert!(c.try_lock_run("r").unwrap().is_none(), "B still holds it");
+    drop(b_lease);
+    assert!(c.try_lock_run("r").unwrap().is_some(), "released by B");
+    let seqs: Vec<u64> = c
+        .read_events("r", &EventQuery::default())
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2]);
+}
+
+#[test]
+fn a_notify_from_one_process_wakes_the_listeners_of_another() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let a = s.open(&schema, PgOptions::default());
+    let b = s.open(&schema, PgOptions::default());
+    // Another store in the same database.
+    let elsewhere = s.open(&s.schema(), PgOptions::default());
+    runtime().block_on(async {
+        let mut inbox = b.listen(Topic::Inbox("r")).unwrap();
+        let mut other_run = b.listen(Topic::Inbox("s")).unwrap();
+        let mut other_store = elsewhere.listen(Topic::Inbox("r")).unwrap();
+        let mut own = a.listen(Topic::Inbox("r")).unwrap();
+        a.notify(Topic::Inbox("r"));
+        tokio::time::timeout(LONG, inbox.wait())
+            .await
+            .expect("the other process's listener is woken");
+        tokio::time::timeout(LONG, own.wait())
+            .await
+            .expect("this process's listener is woken");
+        assert!(
+            tokio::time::timeout(SHORT, own.wait()).await.is_err(),
+            "one notify made two wake-ups here (the echo was not skipped)"
+        );
+        assert!(tokio::time::timeout(SHORT, other_run.wait()).await.is_err());
+        assert!(
+            tokio::time::timeout(SHORT, other_store.wait())
+                .await
+                .is_err(),
+            "woken by another store's notification"
+        );
+    });
+}
+
+#[test]
+fn listeners_are_woken_when_the_wake_up_connection_comes_back() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    // A name of its own, to find this backend's wake-up session.
+    let app = format!("cairn_t_wake_{}", std::process::id());
+    let sep = if s.url.contains('?') { '&' } else { '?' };
+    let a = PgBackend::open_with(
+        &format!("{}{sep}application_name={app}", s.url),
+        PgOptions {
+            schema: Some(schema.clone()),
+            ..PgOptions::default()
+        },
+    )
+    .unwrap();
+    let b = s.open(&schema, PgOptions::default());
+    runtime().block_on(async {
+        let mut inbox = a.listen(Topic::Inbox("r")).unwrap();
+        common::sql(
+            s.url,
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = '{app}-wake'"
+            ),
+        );
+        tokio::time::timeout(LONG, inbox.wait())
+            .await
+            .expect("woken after the connection came back");
+        // And it listens again: another process's notify gets through (sent
+        // until then, as the reconnection may still be under way).
+        let woken = async {
+            loop {
+                b.notify(Topic::Inbox("r"));
+                if tokio::time::timeout(SHORT, inbox.wait()).await.is_ok() {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(LONG, woken)
+            .await
+            .expect("notifications arrive again");
+    });
+}
+
+#[test]
+fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let here = Journal::open(
+        Arc::new(s.open(&schema, PgOptions::default())),
+        JournalOptions::default(),
+    )
+    .unwrap();
+    let there = Journal::open(
+        Arc::new(s.open(&schema, PgOptions::default())),
+        JournalOptions::default(),
+    )
+    .unwrap();
+    here.backend().create_run(&record("r")).unwrap();
+    runtime().block_on(async {
+        let mut local = here.subscribe("r", 0).unwrap();
+        let mut remote = there.subscribe("r", 0).unwrap();
+        let log = here.run_log("r").unwrap();
+        assert!(
+            matches!(there.run_log("r"), Err(StoreError::Busy { .. })),
+            "the run is leased by the other journal"
+        );
+        let first = log.append_durable(Scope::run(), started()).await.unwrap();
+        assert_eq!(first.seq, 1);
+        for i in 0..3 {
+            log.append(
+                Scope::node("a", 0).with_attempt(1),
+                EventKind::NodeOutput {
+                    text: format!("line {i}"),
+                    stream: OutputStream::Stdout,
+                },
+            );
+        }
+        log.append(
+            Scope::run(),
+            EventKind::RunFinished {
+                output: None,
+                duration_ms: 1,
+            },
+        );
+        log.sync().await.unwrap();
+        for sub in [&mut local, &mut remote] {
+            let mut seqs = Vec::new();
+            while let Some(ev) = tokio::time::timeout(LONG, sub.next())
+                .await
+                .expect("the subscription keeps up")
+            {
+                seqs.push(ev.unwrap().seq);
+            }
+            assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        }
+        drop(log);
+    });
+    let run = there.backend().get_run("r").unwrap().unwrap();
+    assert_eq!(run.status, "finished");
+    assert!(there.run_log("r").is_ok(), "released when the log dropped");
+}
