@@ -101,11 +101,55 @@ fn workflow(marker: &str) -> (String, Vec<String>) {
     (y, ids)
 }
 
-fn cairn(dir: &Path, args: &[&str]) -> Child {
+/// The store the test's `cairn` processes share.
+enum Store {
+    /// A SQLite file in the test's folder.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database of the test's own.
+    Pg(String),
+}
+
+/// Leases of killed processes on PostgreSQL outlive them by this much.
+const PG_LEASE_TTL: Duration = Duration::from_millis(400);
+
+impl Store {
+    fn args(&self) -> Vec<String> {
+        match self {
+            Store::Sqlite(p) => vec!["--store".into(), p.display().to_string()],
+            Store::Pg(url) => vec![
+                "--store".into(),
+                url.clone(),
+                "--lease-ttl".into(),
+                format!("{}ms", PG_LEASE_TTL.as_millis()),
+            ],
+        }
+    }
+
+    /// The store, as another process opens it; `None` before it exists.
+    fn open(&self) -> Option<Box<dyn Backend>> {
+        match self {
+            Store::Sqlite(p) if !p.exists() => None,
+            Store::Sqlite(p) => Some(Box::new(SqliteBackend::open(p).expect("open the store"))),
+            Store::Pg(url) => Some(Box::new(
+                cairn_postgres::PgBackend::open(url).expect("open the store"),
+            )),
+        }
+    }
+
+    /// After a SIGKILL: on PostgreSQL the dead process's leases stay until
+    /// they expire, and a resume before that finds the run busy.
+    fn after_kill(&self) {
+        if let Store::Pg(_) = self {
+            std::thread::sleep(PG_LEASE_TTL + Duration::from_millis(100));
+        }
+    }
+}
+
+fn cairn(dir: &Path, store: &Store, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
         .current_dir(dir)
         .args(args)
-        .args(["--store", ".cairn/cairn.db"])
+        .args(store.args())
         .env_remove("CAIRN_STORE")
         .env_remove("CAIRN_LOG_DIR")
         .stdin(Stdio::null())
@@ -137,8 +181,10 @@ fn alive_with(pid: u32, marker: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn events(store: &Path, run: &str) -> Vec<Event> {
-    let backend = SqliteBackend::open(store).expect("open the store");
+fn events(store: &Store, run: &str) -> Vec<Event> {
+    let Some(backend) = store.open() else {
+        return Vec::new();
+    };
     backend
         .read_events(run, &EventQuery::default())
         .expect("read events")
@@ -150,7 +196,7 @@ fn events(store: &Path, run: &str) -> Vec<Event> {
 /// How many sessions have started, and whether the latest got past its
 /// recovery (which kills what a killed session left running): recovery
 /// comes before the session's first node event.
-fn sessions(store: &Path, run: &str) -> (usize, bool) {
+fn sessions(store: &Store, run: &str) -> (usize, bool) {
     let evs = events(store, run);
     let starts: Vec<usize> = evs
         .iter()
@@ -172,23 +218,38 @@ fn sessions(store: &Path, run: &str) -> (usize, bool) {
     (starts.len(), recovered)
 }
 
-fn run_exists(store: &Path, run: &str) -> bool {
-    store.exists()
-        && SqliteBackend::open(store)
-            .ok()
-            .and_then(|b| b.get_run(run).ok())
-            .flatten()
-            .is_some()
+fn run_exists(store: &Store, run: &str) -> bool {
+    store
+        .open()
+        .and_then(|b| b.get_run(run).ok())
+        .flatten()
+        .is_some()
 }
 
 #[test]
 fn sigkill_at_random_moments_then_resume_until_done() {
     let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
-    let marker = format!("cairn-crash-orphan-{}", std::process::id());
+    let store = Store::Sqlite(dir.path().join(".cairn/cairn.db"));
+    crash_until_done(dir.path(), &store, "sqlite");
+}
+
+/// The same on PostgreSQL, in a database of the test's own.
+#[test]
+fn sigkill_at_random_moments_then_resume_until_done_on_postgres() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let name = format!("cairn_crash_{}", std::process::id());
+    let url = cairn_postgres::testing::create_database(server, &name);
+    let dir = tempfile::tempdir().unwrap();
+    crash_until_done(dir.path(), &Store::Pg(url), "pg");
+    cairn_postgres::testing::drop_database(server, &name);
+}
+
+fn crash_until_done(dir: &Path, store: &Store, tag: &str) {
+    let marker = format!("cairn-crash-orphan-{tag}-{}", std::process::id());
     let (yaml, ids) = workflow(&marker);
     std::fs::write(dir.join("crash.yaml"), yaml).unwrap();
-    let store: PathBuf = dir.join(".cairn/cairn.db");
     let run = "crash-run";
     let mut rng = Rng::seeded();
 
@@ -199,11 +260,11 @@ fn sigkill_at_random_moments_then_resume_until_done() {
     let mut checked_orphans = 0;
     let mut started = false;
     while kills < KILLS {
-        let before = if started { sessions(&store, run).0 } else { 0 };
+        let before = if started { sessions(store, run).0 } else { 0 };
         let mut child = if started {
-            cairn(dir, &["resume", run])
+            cairn(dir, store, &["resume", run])
         } else {
-            cairn(dir, &["run", "crash.yaml", "--run-id", run])
+            cairn(dir, store, &["run", "crash.yaml", "--run-id", run])
         };
         std::thread::sleep(Duration::from_millis(20 + rng.below(281)));
         if let Some(status) = child.try_wait().unwrap() {
@@ -218,13 +279,14 @@ fn sigkill_at_random_moments_then_resume_until_done() {
         child.kill().unwrap(); // SIGKILL
         wait_exit(&mut child);
         kills += 1;
+        store.after_kill();
         // Killed before the run existed: `run` it again.
-        started = started || run_exists(&store, run);
+        started = started || run_exists(store, run);
         if !started {
             continue;
         }
         // A session that recovered killed the orphans seen before it.
-        let (now, recovered) = sessions(&store, run);
+        let (now, recovered) = sessions(store, run);
         if !orphans.is_empty() && now > before && recovered {
             let t0 = Instant::now();
             while orphans.iter().any(|&p| alive_with(p, &marker)) {
@@ -245,7 +307,7 @@ fn sigkill_at_random_moments_then_resume_until_done() {
     }
 
     if ended_early.is_none() {
-        let mut child = cairn(dir, &["resume", run]);
+        let mut child = cairn(dir, store, &["resume", run]);
         let status = wait_exit(&mut child);
         let err = stderr_of(&mut child);
         assert_eq!(status.code(), Some(0), "the final resume failed: {err}");
@@ -258,7 +320,7 @@ fn sigkill_at_random_moments_then_resume_until_done() {
     let left = marked(&marker);
     assert!(left.is_empty(), "processes survived the run: {left:?}");
 
-    let evs = events(&store, run);
+    let evs = events(store, run);
     // seq 1..n without a gap, one RunStarted per session, one end.
     for (i, e) in evs.iter().enumerate() {
         assert_eq!(e.seq, i as u64 + 1, "seq gap at position {i}");
@@ -408,8 +470,8 @@ fn a_resume_kills_what_bash_calls_left_running() {
         serde_json::to_string(&script).unwrap()
     );
     std::fs::write(dir.join("bashy.yaml"), yaml).unwrap();
-    let store = dir.join(".cairn/cairn.db");
-    let mut child = cairn(dir, &["run", "bashy.yaml", "--run-id", "b1"]);
+    let store = Store::Sqlite(dir.join(".cairn/cairn.db"));
+    let mut child = cairn(dir, &store, &["run", "bashy.yaml", "--run-id", "b1"]);
     // Wait for the two leftovers themselves: the processes whose last
     // argument is the tag (the call's own shell names both tags inside its
     // script).
@@ -445,7 +507,7 @@ fn a_resume_kills_what_bash_calls_left_running() {
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    let mut resume = cairn(dir, &["resume", "b1"]);
+    let mut resume = cairn(dir, &store, &["resume", "b1"]);
     let status = wait_exit(&mut resume);
     let err = stderr_of(&mut resume);
     assert_eq!(status.code(), Some(0), "{err}");

@@ -969,6 +969,51 @@ pub(crate) fn kill_leftovers(run_id: &str, store_tag: &str) -> usize {
     killed
 }
 
+/// Whether the process `rec.pgid` on this machine is the group leader a
+/// node attempt of this run recorded: its environment marks it as the
+/// run's in this store, or (a program may empty its environment) it started
+/// when the record says, to the clock's tick and a margin for the time
+/// between the spawn and the record.
+pub(crate) fn is_recorded_leader(
+    rec: &cairn_store::ProcessRecord,
+    run_id: &str,
+    store_tag: &str,
+) -> bool {
+    let pid = rec.pgid;
+    if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
+        let run = format!("{RUN_ENV}={run_id}");
+        let store = format!("{}={store_tag}", cairn_tools::STORE_ENV);
+        let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+        if vars.contains(&run.as_bytes()) && vars.contains(&store.as_bytes()) {
+            return true;
+        }
+    }
+    match process_start_ms(pid) {
+        Some(started) => (started - rec.started_ms).abs() <= 2_000,
+        None => false,
+    }
+}
+
+/// When a process started (Unix ms), from `/proc`: its start in clock ticks
+/// after boot, and the boot time.
+fn process_start_ms(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields are
+    // counted after its closing one (state is field 3, starttime field 22).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let ticks: i64 = rest.split(' ').nth(19)?.parse().ok()?;
+    let boot: i64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = i64::from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as i32).max(1);
+    Some(boot * 1000 + ticks * 1000 / hz)
+}
+
 pub(crate) fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> EngineError {
     match state.latest(node_id) {
         None => EngineError::NotFound(format!("run `{run_id}` has no node `{node_id}`")),
@@ -1037,4 +1082,41 @@ pub(crate) fn schema_errors(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(pgid: u32, started_ms: i64) -> cairn_store::ProcessRecord {
+        cairn_store::ProcessRecord {
+            id: 1,
+            run_id: "r".into(),
+            node_id: "n".into(),
+            iteration: 0,
+            attempt: 1,
+            pgid,
+            started_ms,
+        }
+    }
+
+    #[test]
+    fn a_recorded_group_is_killed_only_if_its_leader_is_the_recorded_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env_clear()
+            .spawn()
+            .unwrap();
+        let now = crate::node::now_ms();
+        let pid = child.id();
+        // No marks in its environment: recognised by its start time.
+        assert!(is_recorded_leader(&record(pid, now), "r", "s"));
+        // The same pid recorded an hour ago (or on another machine) is
+        // someone else.
+        assert!(!is_recorded_leader(&record(pid, now - 3_600_000), "r", "s"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!is_recorded_leader(&record(pid, now), "r", "s"));
+        assert!(!is_recorded_leader(&record(u32::MAX - 1, now), "r", "s"));
+    }
 }

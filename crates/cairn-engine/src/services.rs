@@ -38,12 +38,7 @@ impl Services {
         // nodes' groups can be made beside it, which other processes in
         // the group would prevent.
         let _ = cairn_tools::cairn_sandbox::cgroup::support();
-        let store_tag = {
-            use sha2::{Digest, Sha256};
-            let first = journal.files().into_iter().next().unwrap_or_default();
-            let path = first.canonicalize().unwrap_or(first);
-            hex::encode(&Sha256::digest(path.as_os_str().as_encoded_bytes())[..8])
-        };
+        let store_tag = journal.backend().store_id();
         Services {
             journal,
             tools,

@@ -28,7 +28,11 @@
 //! takes how an interrupted command ended as given: a flaky command's
 //! counter also counts the attempt a stop cut off).
 //!
-//! `CAIRN_CONFORMANCE_CASES=N` runs more cases than the default 64.
+//! The same cases run on PostgreSQL too (a schema of their own per case,
+//! on the server `CAIRN_TEST_PG` names; skipped, saying so, without one).
+//!
+//! `CAIRN_CONFORMANCE_CASES=N` runs more cases than the default 64 (and a
+//! third as many on PostgreSQL).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -553,15 +557,39 @@ impl Commands {
 
 const HUNG: &str = "hung";
 
-/// A journal over the case's store file, as another process opens it.
-fn open_journal(dir: &Path) -> Journal {
-    Journal::open_sqlite(
-        &dir.join("cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join("logs")),
-        },
-    )
-    .unwrap()
+/// Where a case keeps its files (workflow, mirror) and its store: the
+/// SQLite file in the folder, or a PostgreSQL schema of its own.
+struct Place {
+    dir: std::path::PathBuf,
+    pg: Option<(&'static str, String)>,
+}
+
+impl std::ops::Deref for Place {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// A journal over the case's store, as another process opens it.
+fn open_journal(place: &Place) -> Journal {
+    let opts = JournalOptions {
+        log_dir: Some(place.join("logs")),
+    };
+    match &place.pg {
+        Some((url, schema)) => {
+            let backend = cairn_postgres::PgBackend::open_with(
+                url,
+                cairn_postgres::PgOptions {
+                    schema: Some(schema.clone()),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            Journal::open(Arc::new(backend), opts).unwrap()
+        }
+        None => Journal::open_sqlite(&place.join("cairn.db"), opts).unwrap(),
+    }
 }
 
 /// Waits for one session of the run; at a stop signal, shuts the engine
@@ -585,7 +613,7 @@ async fn session(
 
 /// Another process takes over from a stopped one: the old journal is
 /// closed, a new one opens the same store file.
-fn take_over(dir: &Path, driving: &mut Journal, engine: &mut Engine) {
+fn take_over(dir: &Place, driving: &mut Journal, engine: &mut Engine) {
     driving.close();
     *driving = open_journal(dir);
     *engine = Engine::new(driving.clone(), EngineOptions::default());
@@ -626,7 +654,7 @@ async fn resume(
     panic!("the run stayed busy in another process");
 }
 
-async fn run_case(case: &Case, dir: &Path, journal: Journal, run_id: &str) -> Ran {
+async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> Ran {
     let mut engine = Engine::new(journal.clone(), EngineOptions::default());
     let mut driving = journal.clone();
     // Another process that sends commands (and applies them when nobody
@@ -1725,36 +1753,66 @@ proptest! {
     #[test]
     fn random_workflows_keep_the_contract(case in gen_case()) {
         let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open_sqlite(
-            &dir.path().join("cairn.db"),
-            JournalOptions { log_dir: Some(dir.path().join("logs")) },
-        )
-        .unwrap();
-        let no = CASE_NO.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let run_id = format!("conf-{no}");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let t0 = std::time::Instant::now();
-        let ran = rt.block_on(run_case(&case, dir.path(), journal.clone(), &run_id));
-        drop(rt);
-        let verdict = check(&case, dir.path(), &journal, &ran);
-        if std::env::var_os("CAIRN_CONFORMANCE_VERBOSE").is_some() {
-            eprintln!("{run_id} exit_on_wait={} cancel={:?} stops={:?} remote={}: {} sessions, {} interrupted, {} commands ({} refused), {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, case.stops, case.remote(), ran.sessions, ran.observed.iter().filter(|e| matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted")).count(), ran.sent.len(), ran.sent.iter().filter(|s| s.answer.is_err()).count(), ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
-        }
-        journal.close();
-        if let Err(e) = verdict {
-            // The store's log: events a sender applied while nobody drove
-            // the run never reached the observer.
-            let dump: Vec<String> = journal
-                .backend()
-                .read_events(&ran.run_id, &EventQuery::default())
-                .map(|evs| evs.iter().map(|e| e.json.to_string()).collect())
-                .unwrap_or_else(|e| vec![format!("unreadable: {e}")]);
-            let sent: Vec<String> = ran.sent.iter().map(|s| format!("{s:?}")).collect();
-            prop_assert!(false, "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- commands:\n{}\n--- log:\n{}", yaml(&case), case, sent.join("\n"), dump.join("\n"));
+        let place = Place { dir: dir.path().to_path_buf(), pg: None };
+        if let Err(e) = one_case(&case, &place) {
+            prop_assert!(false, "{e}");
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: (cases() / 3).max(1),
+        max_shrink_iters: 16,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_workflows_keep_the_contract_on_postgres(case in gen_case()) {
+        let Some(scratch) = cairn_postgres::testing::Scratch::new() else {
+            return Ok(());
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let place = Place {
+            dir: dir.path().to_path_buf(),
+            pg: Some((scratch.url, scratch.schema())),
+        };
+        if let Err(e) = one_case(&case, &place) {
+            prop_assert!(false, "{e}");
+        }
+    }
+}
+
+/// Runs one case on its store and checks it; the error says what broke,
+/// with the workflow, the commands sent and the stored log.
+fn one_case(case: &Case, place: &Place) -> Result<(), String> {
+    let journal = open_journal(place);
+    let no = CASE_NO.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let run_id = format!("conf-{no}");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let ran = rt.block_on(run_case(case, place, journal.clone(), &run_id));
+    drop(rt);
+    let verdict = check(case, place, &journal, &ran);
+    if std::env::var_os("CAIRN_CONFORMANCE_VERBOSE").is_some() {
+        eprintln!("{run_id} exit_on_wait={} cancel={:?} stops={:?} remote={}: {} sessions, {} interrupted, {} commands ({} refused), {} events, {:?}, {:?}, {:?}", case.exit_on_wait, case.cancel, case.stops, case.remote(), ran.sessions, ran.observed.iter().filter(|e| matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted")).count(), ran.sent.len(), ran.sent.iter().filter(|s| s.answer.is_err()).count(), ran.observed.len(), ran.outcome, t0.elapsed(), verdict.as_ref().err());
+    }
+    let result = verdict.map_err(|e| {
+        // The store's log: events a sender applied while nobody drove
+        // the run never reached the observer.
+        let dump: Vec<String> = journal
+            .backend()
+            .read_events(&ran.run_id, &EventQuery::default())
+            .map(|evs| evs.iter().map(|e| e.json.to_string()).collect())
+            .unwrap_or_else(|e| vec![format!("unreadable: {e}")]);
+        let sent: Vec<String> = ran.sent.iter().map(|s| format!("{s:?}")).collect();
+        format!("{e}\n--- workflow:\n{}\n--- case: {:?}\n--- commands:\n{}\n--- log:\n{}", yaml(case), case, sent.join("\n"), dump.join("\n"))
+    });
+    journal.close();
+    result
 }

@@ -25,6 +25,8 @@ mod records;
 mod rt;
 mod runs;
 mod schema;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod wake;
 
 use std::future::Future;
@@ -90,6 +92,8 @@ pub struct PgBackend {
 
 /// What the backend and its leases share.
 pub(crate) struct Shared {
+    /// The store's id, kept in its schema (see `Backend::store_id`).
+    store_id: String,
     pub(crate) db: Db,
     pub(crate) leases: Arc<Leases>,
     wake: Wake,
@@ -120,7 +124,7 @@ impl PgBackend {
         let db = Db::new(target.config.clone(), opts.pool_size, target.place.clone())?;
 
         let (migrating, schema) = (db.clone(), target.schema.clone());
-        bridge.run(async move { schema::migrate(&migrating, &schema).await })?;
+        let store_id = bridge.run(async move { schema::migrate(&migrating, &schema).await })?;
 
         let (wake_config, channel, place) =
             (target.wake_config(), target.channel(), target.place.clone());
@@ -139,6 +143,7 @@ impl PgBackend {
             .spawn(lease::heartbeat(db.clone(), leases.clone()));
         Ok(PgBackend {
             shared: Arc::new(Shared {
+                store_id,
                 db,
                 leases,
                 wake,
@@ -168,6 +173,10 @@ impl std::fmt::Debug for PgBackend {
 }
 
 impl Backend for PgBackend {
+    fn store_id(&self) -> String {
+        self.shared.store_id.clone()
+    }
+
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());

@@ -35,8 +35,11 @@ const TABLES: &[&str] = &[
 ///   every index slows each append;
 /// - leases are rows with an expiry (SQLite uses `flock`), see `lease.rs`.
 const V1: &str = r#"
+-- store_id: who this store is, the same for every process that opens it
+-- whatever URL it was given (see `Backend::store_id`).
 CREATE TABLE cairn_schema (
-    version BIGINT NOT NULL
+    version  BIGINT NOT NULL,
+    store_id TEXT NOT NULL DEFAULT substr(md5(random()::text || clock_timestamp()::text), 1, 16)
 );
 INSERT INTO cairn_schema (version) VALUES (0);
 
@@ -124,8 +127,8 @@ CREATE TABLE leases (
 /// Brings `schema` (created if missing) to [`SCHEMA_VERSION`] in one
 /// transaction: a store is migrated whole or not at all. An advisory lock
 /// keyed by the schema makes processes that open at once take turns; each
-/// sees the version the one before it left.
-pub(crate) async fn migrate(db: &Db, schema: &str) -> Result<(), StoreError> {
+/// sees the version the one before it left. Returns the store's id.
+pub(crate) async fn migrate(db: &Db, schema: &str) -> Result<String, StoreError> {
     let mut client = db.client().await?;
     let tx = client.transaction().await.map_err(|e| db.err(e))?;
     let key = fnv1a(format!("cairn-postgres schema {schema}").as_bytes()) as i64;
@@ -158,16 +161,21 @@ pub(crate) async fn migrate(db: &Db, schema: &str) -> Result<(), StoreError> {
             supported: SCHEMA_VERSION,
         });
     }
-    if version == SCHEMA_VERSION {
-        return Ok(());
+    if version < SCHEMA_VERSION {
+        for step in &MIGRATIONS[version as usize..] {
+            tx.batch_execute(step).await.map_err(|e| db.err(e))?;
+        }
+        tx.execute("UPDATE cairn_schema SET version = $1", &[&SCHEMA_VERSION])
+            .await
+            .map_err(|e| db.err(e))?;
     }
-    for step in &MIGRATIONS[version as usize..] {
-        tx.batch_execute(step).await.map_err(|e| db.err(e))?;
-    }
-    tx.execute("UPDATE cairn_schema SET version = $1", &[&SCHEMA_VERSION])
+    let id: String = tx
+        .query_one("SELECT min(store_id) FROM cairn_schema", &[])
         .await
+        .and_then(|r| r.try_get(0))
         .map_err(|e| db.err(e))?;
-    tx.commit().await.map_err(|e| db.err(e))
+    tx.commit().await.map_err(|e| db.err(e))?;
+    Ok(id)
 }
 
 /// The schema's version: 0 for a schema without Cairn's tables.

@@ -2,7 +2,7 @@
 //! fresh schemas of the server named by `CAIRN_TEST_PG`, skipped (with a
 //! line on stderr) when there is none.
 
-mod common;
+use cairn_postgres::testing as common;
 
 // The macro makes one test per check, each calling `check(&factory)`; this
 // factory expression returns from the test when there is no server, and

@@ -3,7 +3,7 @@
 //! is a backend of its own, with its own owner id and connections),
 //! wake-ups across backends, and the journal running over it.
 
-mod common;
+use cairn_postgres::testing as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

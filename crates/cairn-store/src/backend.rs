@@ -121,6 +121,11 @@ impl StoreError {
     }
 }
 
+/// The first 8 bytes of a digest in hex: enough to tell stores apart.
+pub fn hex_prefix(digest: &[u8]) -> String {
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 /// Checks that a run id is usable as a key and as a file name (the NDJSON
 /// mirror's directory and the run's lock file are named after it).
 pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
@@ -411,6 +416,17 @@ pub trait Backend: Send + Sync + 'static {
     fn notify(&self, topic: Topic<'_>);
     /// Registers for wake-ups of a topic.
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
+    /// A name for this store, the same in every process that opens it and
+    /// different for another store: the engine marks the processes it
+    /// starts with it, so that a resume kills only its own store's
+    /// leftovers. The default hashes the first of [`Backend::files`] (its
+    /// canonical path); a backend without files must say who it is.
+    fn store_id(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let first = self.files().into_iter().next().unwrap_or_default();
+        let path = first.canonicalize().unwrap_or(first);
+        hex_prefix(&Sha256::digest(path.as_os_str().as_encoded_bytes()))
+    }
     /// Files and folders this backend keeps on the local disk (database,
     /// journals, locks, wake-up markers), so the engine can hide them from
     /// the processes it starts. A remote backend has none.

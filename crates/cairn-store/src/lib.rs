@@ -18,7 +18,7 @@ mod sqlite;
 mod wake;
 
 pub use backend::{
-    validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease,
+    hex_prefix, validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease,
     RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};

@@ -109,10 +109,16 @@ impl Driver {
         let mut killed = 0;
         if let Ok(groups) = backend.processes(&self.run_id) {
             for g in groups {
-                // SAFETY: signal 0 only asks whether the group exists.
-                let alive = unsafe { libc::kill(-(g.pgid as libc::pid_t), 0) } == 0;
-                cairn_tools::process::kill_group(g.pgid);
-                killed += usize::from(alive);
+                // A record may come from another machine sharing the store,
+                // or name a pid the kernel has given to someone else since:
+                // the group is killed only when its leader is the process
+                // that was recorded.
+                if crate::is_recorded_leader(&g, &self.run_id, &self.services.store_tag) {
+                    // SAFETY: signal 0 only asks whether the group exists.
+                    let alive = unsafe { libc::kill(-(g.pgid as libc::pid_t), 0) } == 0;
+                    cairn_tools::process::kill_group(g.pgid);
+                    killed += usize::from(alive);
+                }
                 let _ = backend.remove_process(g.id);
             }
         }

@@ -1,12 +1,13 @@
-//! Helpers for the tests that need a PostgreSQL server: finding it (or
-//! skipping), fresh schemas, and plain SQL beside the backend.
-#![allow(dead_code)]
+//! For tests that need a PostgreSQL server (this crate's and others'):
+//! finding it from `CAIRN_TEST_PG` or saying clearly that they skip, fresh
+//! schemas dropped afterwards, and plain SQL beside the backend. Behind the
+//! `testing` feature; not part of Cairn's API.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use cairn_postgres::{PgBackend, PgOptions};
+use crate::{PgBackend, PgOptions};
 use cairn_store::Backend;
 
 /// The variable naming the server, e.g.
@@ -70,6 +71,28 @@ fn sql_with_timeout(url: &str, statements: &str, timeout: Duration) -> Result<()
     .expect("the SQL thread does not panic")
 }
 
+/// Creates a database (for tests that need one of their own, e.g. several
+/// processes started with a URL) and returns its URL; see [`drop_database`].
+pub fn create_database(url: &str, name: &str) -> String {
+    sql(url, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    sql(url, &format!("CREATE DATABASE {name}"));
+    let (base, _) = url
+        .rsplit_once('/')
+        .expect("CAIRN_TEST_PG names a database: postgres://user@host:port/db");
+    format!("{base}/{name}")
+}
+
+/// Drops a database made by [`create_database`], ending its sessions first.
+pub fn drop_database(url: &str, name: &str) {
+    if let Err(e) = sql_with_timeout(
+        url,
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        Duration::from_secs(10),
+    ) {
+        eprintln!("could not drop the test database {name}: {e}");
+    }
+}
+
 /// An error with its causes, which say what tokio-postgres's own words
 /// ("db error") leave out.
 fn chain(e: &dyn std::error::Error) -> String {
@@ -96,6 +119,7 @@ pub fn unique_schema() -> String {
 /// The schemas one test makes, dropped when it ends; kept (and named on
 /// stderr) when it fails, to look at.
 pub struct Scratch {
+    /// The server's URL.
     pub url: &'static str,
     schemas: Mutex<Vec<String>>,
 }
