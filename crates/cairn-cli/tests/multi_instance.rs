@@ -1,0 +1,279 @@
+//! Three `cairn serve` processes on one PostgreSQL database. Runs are started
+//! round-robin; each is watched over SSE on an instance other than the one
+//! that drives it; a gate is approved through an instance that does not
+//! drive its run; one instance is SIGKILLed in the middle. Every run must
+//! finish (the dead instance's runs taken over once their leases expire),
+//! every watcher must see every event exactly once (reconnecting elsewhere
+//! with its last seq when its instance dies), the store must hold the same
+//! log, and no node may start again after its `NodeFinished`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_events::{Event, EventKind};
+use cairn_server::client::{wait_healthy, Client};
+use serde_json::{json, Value};
+
+/// Commands that take a while, so that the kill lands in the middle; every
+/// attempt leaves a mark, to count what ran.
+const LONG: &str = r#"
+name: long
+nodes:
+  - id: a
+    command: ["sh", "-c", "echo \"$CAIRN_RUN_ID a\" >> marks; sleep 0.3; echo a"]
+  - id: b
+    needs: [a]
+    command: ["sh", "-c", "echo \"$CAIRN_RUN_ID b\" >> marks; sleep 0.3; echo b"]
+  - id: fan
+    needs: [b]
+    for_each: "[1, 2, 3]"
+    nodes:
+      - id: step
+        command: ["sh", "-c", "echo \"$CAIRN_RUN_ID step\" >> marks; sleep 0.2; echo {{ item }}"]
+  - id: c
+    needs: [fan]
+    command: ["sh", "-c", "echo \"$CAIRN_RUN_ID c\" >> marks; sleep 0.3; echo c"]
+  - id: d
+    needs: [c]
+    value: { done: true }
+"#;
+
+const GATED: &str = r#"
+name: gated
+nodes:
+  - id: gate
+    approval: "ship?"
+  - id: after
+    needs: [gate]
+    command: ["sh", "-c", "echo shipped"]
+"#;
+
+const INSTANCES: usize = 3;
+const RUNS: usize = 6;
+const LEASE_TTL: &str = "1s";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(dir: &Path, store: &str, port: u16) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["--store", store, "--lease-ttl", LEASE_TTL])
+        .arg("serve")
+        .arg("--addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--workflows")
+        .arg(dir)
+        .env_remove("CAIRN_TOKEN")
+        .env_remove("CAIRN_LOG_DIR")
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// What one watcher saw of one run, reconnecting to the next live instance
+/// when its own dies.
+async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
+    let mut seen: Vec<Value> = Vec::new();
+    let mut at = first;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < deadline, "watcher of {run} never saw its end");
+        let after = seen.last().map_or(0, |v| v["seq"].as_u64().unwrap());
+        let mut stream = match clients[at].events(&run, after, false).await {
+            Ok(s) => s,
+            Err(_) => {
+                // This instance is gone: another one serves the same store.
+                at = (at + 1) % clients.len();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let mut ended = false;
+        while let Some(line) = stream.next_event().await {
+            let Ok(line) = line else { break };
+            let v: Value = serde_json::from_str(&line).unwrap();
+            ended = matches!(
+                v["type"].as_str(),
+                Some("RunFinished" | "RunFailed" | "RunCancelled")
+            );
+            seen.push(v);
+        }
+        if ended {
+            return seen;
+        }
+        at = (at + 1) % clients.len();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_each_event_once() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let db = format!("cairn_multi_{}", std::process::id());
+    let store = cairn_postgres::testing::create_database(server, &db);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
+    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+
+    let ports: Vec<u16> = (0..INSTANCES).map(|_| free_port()).collect();
+    let mut servers: Vec<Option<Child>> = ports
+        .iter()
+        .map(|&p| Some(serve(dir.path(), &store, p)))
+        .collect();
+    let mut clients = Vec::new();
+    for &p in &ports {
+        let url = format!("http://127.0.0.1:{p}");
+        wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+        clients.push(Client::new(&url, None).unwrap());
+    }
+
+    // Runs round-robin; run i is driven by instance i % 3 and watched on
+    // the next one.
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let run = clients[i % INSTANCES]
+            .post_json("/v1/runs", &json!({"workflow": "long"}))
+            .await
+            .unwrap()["runId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        runs.push(run);
+    }
+    // A gated run on instance 1, approved through instance 2.
+    let gated = clients[1]
+        .post_json("/v1/runs", &json!({"workflow": "gated"}))
+        .await
+        .unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let mut watchers = Vec::new();
+    for (i, run) in runs.iter().chain(std::iter::once(&gated)).enumerate() {
+        let first = (i % INSTANCES + 1) % INSTANCES;
+        watchers.push((
+            run.clone(),
+            tokio::spawn(watch(clients.clone(), first, run.clone())),
+        ));
+    }
+
+    // Approve once the gate waits, through an instance that does not drive
+    // the run: the command goes through the run's inbox.
+    let t0 = Instant::now();
+    loop {
+        let state = clients[2].run(&gated).await.unwrap();
+        if state["status"] == "waiting-approval" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{state}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let approved = clients[2]
+        .post_json(
+            &format!("/v1/runs/{gated}/approvals/gate"),
+            &json!({"approved": true, "by": "test"}),
+        )
+        .await;
+    assert!(approved.is_ok(), "approve through another instance: {approved:?}");
+
+    // Kill instance 0 in the middle of its runs.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut dead = servers[0].take().unwrap();
+    dead.kill().unwrap(); // SIGKILL
+    dead.wait().unwrap();
+
+    let mut seen_by: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for (run, w) in watchers {
+        let seen = tokio::time::timeout(Duration::from_secs(120), w)
+            .await
+            .unwrap_or_else(|_| panic!("the watcher of {run} hung"))
+            .unwrap();
+        seen_by.insert(run, seen);
+    }
+
+    let backend = cairn_postgres::PgBackend::open(&store).unwrap();
+    let mut taken_over = 0;
+    for (run, seen) in &seen_by {
+        use cairn_store::Backend;
+        let stored: Vec<Event> = backend
+            .read_events(run, &Default::default())
+            .unwrap()
+            .iter()
+            .map(|s| s.decode().unwrap())
+            .collect();
+        let stored_json: Vec<Value> = backend
+            .read_events(run, &Default::default())
+            .unwrap()
+            .iter()
+            .map(|s| serde_json::from_str(&s.json).unwrap())
+            .collect();
+        assert_eq!(
+            seen, &stored_json,
+            "{run}: the watcher's stream is not the stored log, once each"
+        );
+        let seqs: Vec<u64> = stored.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{run}");
+        assert!(
+            matches!(stored.last().unwrap().kind, EventKind::RunFinished { .. }),
+            "{run} did not finish: {}",
+            stored.last().unwrap().to_json()
+        );
+        cairn_events::check_log(&stored).unwrap_or_else(|e| panic!("{run}: {e}"));
+        // No node starts again once it has finished.
+        let mut finished = std::collections::BTreeSet::new();
+        for e in &stored {
+            let Some(node) = e.scope.node_id.as_deref() else {
+                continue;
+            };
+            let key = (node.to_string(), e.scope.iteration);
+            match &e.kind {
+                EventKind::NodeFinished { .. } => {
+                    assert!(finished.insert(key), "{run}: {node} finished twice");
+                }
+                EventKind::NodeStarted {} => {
+                    assert!(
+                        !finished.contains(&key),
+                        "{run}: {node} started again after it finished"
+                    );
+                }
+                _ => {}
+            }
+        }
+        let sessions = stored
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+            .count();
+        taken_over += usize::from(sessions > 1);
+    }
+    assert!(
+        taken_over >= 1,
+        "no run was taken over from the killed instance"
+    );
+    eprintln!("{taken_over} run(s) taken over from the killed instance");
+
+    for s in servers.iter_mut().flatten() {
+        unsafe {
+            libc::kill(s.id() as i32, libc::SIGTERM);
+        }
+    }
+    for s in servers.into_iter().flatten() {
+        let mut s = s;
+        let status = tokio::task::spawn_blocking(move || s.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+    drop(backend);
+    cairn_postgres::testing::drop_database(server, &db);
+}
