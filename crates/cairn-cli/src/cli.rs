@@ -107,6 +107,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Delete finished, failed and cancelled runs older than a duration, with their logs.
     Gc(GcArgs),
+    /// Work on stores as a whole: copy runs between SQLite and PostgreSQL.
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// Serve the HTTP API (runs, live events, metrics).
     Serve(ServeArgs),
     /// Show which walls of the process sandbox this machine supports.
@@ -276,6 +279,34 @@ pub struct GcArgs {
     /// Age of the runs to delete: 30m, 12h, 7d, 2w (last change before now minus this).
     #[arg(long, value_name = "DURATION")]
     pub older_than: String,
+}
+
+/// `cairn store ...`.
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Copy runs with their events (byte for byte), tool calls and pending
+    /// commands from one store to another: SQLite file or PostgreSQL URL,
+    /// either way. The source is only read.
+    Copy(StoreCopyArgs),
+}
+
+/// `cairn store copy`.
+#[derive(Debug, Args)]
+pub struct StoreCopyArgs {
+    /// The store to copy from: a SQLite file, or a `postgres://` URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub from: PathBuf,
+    /// The store to copy to: a SQLite file (created if missing), or a
+    /// `postgres://` URL.
+    #[arg(long, value_name = "PATH|URL")]
+    pub to: PathBuf,
+    /// Copy only this run, with its child runs (repeatable) [default: every run].
+    #[arg(long = "run", value_name = "ID")]
+    pub runs: Vec<String>,
+    /// Skip runs the destination already holds whole (a copy that stopped
+    /// part-way is completed) instead of failing on them.
+    #[arg(long)]
+    pub skip_existing: bool,
 }
 
 /// `cairn serve`.

@@ -7,6 +7,7 @@
 //! before the store is even opened.
 
 mod cli;
+mod copy;
 mod display;
 mod doctor;
 mod format;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command};
+use cli::{Cli, Command, StoreCommand};
 
 cairn_engine::use_run_allocator!();
 
@@ -129,6 +130,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Graph(a) => inspect::graph(a),
         Command::Export(a) => inspect::export(&g, a),
         Command::Gc(a) => inspect::gc(&g, a),
+        Command::Store(StoreCommand::Copy(a)) => copy::copy(&g, a),
         Command::Serve(a) => inspect::serve(&g, a).await,
         Command::Doctor => Ok(doctor::doctor()),
     }

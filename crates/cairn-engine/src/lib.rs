@@ -445,7 +445,9 @@ impl Engine {
             Ok(l) => Arc::new(l),
             Err(StoreError::Busy { .. }) => {
                 return Err(EngineError::Conflict(format!(
-                    "run `{run_id}` is being driven by another process; cancel it or wait"
+                    "run `{run_id}` is being driven by another process; cancel it or wait \
+                     (on PostgreSQL, a process that was killed keeps its runs until its \
+                     lease expires: --lease-ttl, 5s by default)"
                 )))
             }
             Err(e) => return Err(e.into()),
