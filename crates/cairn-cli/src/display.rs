@@ -261,7 +261,7 @@ impl Progress {
             || before != Some(n.status)
         {
             let key = (n.node_id.clone(), n.iteration);
-            self.changed.insert(key, ev.seq);
+            self.changed.insert(key, ev.seq.get());
         }
         if told && loud_plain {
             let line = self.plain_line(&ev);
@@ -720,7 +720,7 @@ mod tests {
     fn ev(seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
         StoredEvent::from_event(&Event {
             run_id: "r1".into(),
-            seq,
+            seq: cairn_events::Seq(seq),
             timestamp_ms: ts,
             scope,
             kind,

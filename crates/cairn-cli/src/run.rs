@@ -148,7 +148,7 @@ impl Session {
             max_concurrency: d.max_concurrency.map(|n| n as usize),
             exit_on_wait: d.exit_on_wait,
             observer: Some(Arc::new(move |e: &Event| {
-                appended.fetch_max(e.seq, Ordering::SeqCst);
+                appended.fetch_max(e.seq.get(), Ordering::SeqCst);
             })),
         }
     }

@@ -323,7 +323,7 @@ fn crash_until_done(dir: &Path, store: &Store, tag: &str) {
     let evs = events(store, run);
     // seq 1..n without a gap, one RunStarted per session, one end.
     for (i, e) in evs.iter().enumerate() {
-        assert_eq!(e.seq, i as u64 + 1, "seq gap at position {i}");
+        assert_eq!(e.seq, cairn_events::Seq(i as u64 + 1), "seq gap at position {i}");
     }
     let sessions = evs
         .iter()

@@ -222,7 +222,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
             seen, &stored_json,
             "{run}: the watcher's stream is not the stored log, once each"
         );
-        let seqs: Vec<u64> = stored.iter().map(|e| e.seq).collect();
+        let seqs: Vec<u64> = stored.iter().map(|e| e.seq.get()).collect();
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{run}");
         assert!(
             matches!(stored.last().unwrap().kind, EventKind::RunFinished { .. }),

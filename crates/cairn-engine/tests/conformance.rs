@@ -691,7 +691,7 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
             evs.push(ev.clone());
             let n = evs.len() as u64;
             if let EventKind::ApprovalRequested { .. } = ev.kind {
-                let _ = ask_tx.send((ev.scope.node_id.clone().unwrap().to_string(), ev.seq));
+                let _ = ask_tx.send((ev.scope.node_id.clone().unwrap().to_string(), ev.seq.get()));
             }
             if Some(n) == cancel_at
                 || (cancel_at_end && matches!(ev.kind, EventKind::RunSummary { .. }))
@@ -699,7 +699,7 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
                 let _ = cancel_tx.send(());
             }
             if n == sub_at {
-                let _ = sub_tx.send(ev.seq);
+                let _ = sub_tx.send(ev.seq.get());
             }
             if stops.contains(&n) {
                 let _ = stop_tx.send(());
@@ -975,7 +975,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
     let n = evs.len() as u64;
     // Envelope and guarantee 1: seq 1..n, no gap, one order.
     for (i, e) in evs.iter().enumerate() {
-        if e.seq != i as u64 + 1 {
+        if e.seq != cairn_events::Seq(i as u64 + 1) {
             return Err(format!("event #{i} has seq {} (want {})", e.seq, i + 1));
         }
         if e.run_id != ran.run_id {
@@ -988,7 +988,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             return Err(format!("seq {}: stored JSON does not round-trip", e.seq));
         }
         let s = &stored[i];
-        if s.seq != e.seq || s.type_name != e.type_name() || s.node_id != e.scope.node_id {
+        if s.seq != e.seq.get() || s.type_name != e.type_name() || s.node_id != e.scope.node_id {
             return Err(format!(
                 "seq {}: stored columns disagree with the JSON",
                 e.seq
@@ -1632,7 +1632,7 @@ fn check_commands(ran: &Ran, evs: &[Event]) -> Result<(), String> {
             _ => {
                 match InboxReply::parse(e) {
                     Some(r) if r.accepted => {
-                        acceptances.insert(e.seq);
+                        acceptances.insert(e.seq.get());
                     }
                     Some(r) => *refusals.entry(r.message).or_default() += 1,
                     None => {}
@@ -1647,14 +1647,14 @@ fn check_commands(ran: &Ran, evs: &[Event]) -> Result<(), String> {
                 e.type_name()
             ));
         };
-        carried.entry(m).or_default().push(e.seq);
+        carried.entry(m).or_default().push(e.seq.get());
     }
     for s in &ran.sent {
         let at = carried.remove(s.marker.as_str()).unwrap_or_default();
         let what = format!("{} {}", s.command.name(), s.marker);
         match &s.answer {
             Ok(ev) => {
-                let stored = evs.get((ev.seq as usize).wrapping_sub(1));
+                let stored = evs.get((ev.seq.get() as usize).wrapping_sub(1));
                 if stored.map(|e| e.to_json()) != Some(ev.to_json()) {
                     return Err(format!(
                         "{what}: the answer is not the log's event at seq {}",
@@ -1668,13 +1668,13 @@ fn check_commands(ran: &Ran, evs: &[Event]) -> Result<(), String> {
                     ));
                 }
                 if s.command.is_result(ev) {
-                    if at != [ev.seq] {
+                    if at != [ev.seq.get()] {
                         return Err(format!(
                             "{what}: accepted with seq {}, the log has its event at {at:?}",
                             ev.seq
                         ));
                     }
-                } else if !acceptances.remove(&ev.seq) || !at.is_empty() {
+                } else if !acceptances.remove(&ev.seq.get()) || !at.is_empty() {
                     return Err(format!(
                         "{what}: accepted with seq {}, neither its event nor an inbox reply",
                         ev.seq

@@ -85,7 +85,7 @@ nodes:
     }
     assert_eq!(outcome, RunOutcome::Finished(Some(json!(3))));
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.seq, i as u64 + 1);
+        assert_eq!(e.seq, cairn_events::Seq(i as u64 + 1));
     }
     let state = engine.state(&events[0].run_id).unwrap();
     assert_eq!(
@@ -350,7 +350,7 @@ nodes:
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     };
-    while engine.journal().backend().last_seq(&run).unwrap() < started {
+    while engine.journal().backend().last_seq(&run).unwrap() < started.get() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let err = engine

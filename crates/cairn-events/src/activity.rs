@@ -79,8 +79,8 @@ pub struct Activity {
 /// The Activity view of a whole log.
 ///
 /// ```
-/// use cairn_events::{activity, Event, EventKind, Scope};
-/// let ev = |seq, scope, kind| Event { run_id: "r".into(), seq, timestamp_ms: seq as i64, scope, kind };
+/// use cairn_events::{activity, Event, EventKind, Scope, Seq};
+/// let ev = |seq: u64, scope, kind| Event { run_id: "r".into(), seq: Seq(seq), timestamp_ms: seq as i64, scope, kind };
 /// let log = [
 ///     ev(1, Scope::node("build", 0).with_attempt(1), EventKind::NodeStarted {}),
 ///     ev(2, Scope::node("build", 0).with_attempt(1),
@@ -165,7 +165,7 @@ impl ActivityFolder {
         title: String,
         status: &'static str,
     ) -> usize {
-        self.push_at(ev, ev.timestamp_ms, ev.seq, kind, title, status)
+        self.push_at(ev, ev.timestamp_ms, ev.seq.get(), kind, title, status)
     }
 
     fn push_at(
@@ -195,7 +195,7 @@ impl ActivityFolder {
             started_ms,
             ended_ms: None,
             seq,
-            updated_seq: ev.seq,
+            updated_seq: ev.seq.get(),
             error: None,
             child_run_id: None,
         });
@@ -206,7 +206,7 @@ impl ActivityFolder {
         let a = &mut self.entries[idx];
         a.status = status;
         a.ended_ms = Some(ev.timestamp_ms);
-        a.updated_seq = ev.seq;
+        a.updated_seq = ev.seq.get();
         if error.is_some() {
             a.error = error;
         }
@@ -220,7 +220,7 @@ impl ActivityFolder {
             self.attempts
                 .get(key)
                 .copied()
-                .unwrap_or((ev.timestamp_ms, ev.seq, false));
+                .unwrap_or((ev.timestamp_ms, ev.seq.get(), false));
         let title = format!("Ran command `{}`", key.0);
         let idx = self.push_at(ev, ts, seq, "command", title, "running");
         self.commands.insert(key.clone(), idx);
@@ -257,7 +257,7 @@ impl ActivityFolder {
             EventKind::NodeStarted {} => {
                 let Some(key) = akey else { return };
                 self.attempts
-                    .insert(key.clone(), (ev.timestamp_ms, ev.seq, false));
+                    .insert(key.clone(), (ev.timestamp_ms, ev.seq.get(), false));
                 if self.is_command_node(&key.0) {
                     self.open_command(ev, &key);
                 }
@@ -546,7 +546,7 @@ mod tests {
     fn ev(seq: u64, scope: Scope, kind: EventKind) -> Event {
         Event {
             run_id: "r".into(),
-            seq,
+            seq: crate::Seq(seq),
             timestamp_ms: 1000 + seq as i64,
             scope,
             kind,

@@ -178,7 +178,7 @@ mod tests {
         };
         let ev = Event {
             run_id: "r".into(),
-            seq: 9,
+            seq: crate::Seq(9),
             timestamp_ms: 0,
             scope: Scope::run(),
             kind: r.to_event_kind(),
@@ -195,7 +195,7 @@ mod tests {
         };
         let ev = |node: &str, kind| Event {
             run_id: "r".into(),
-            seq: 1,
+            seq: crate::Seq(1),
             timestamp_ms: 0,
             scope: Scope::node(node, 0),
             kind,

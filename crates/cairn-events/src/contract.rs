@@ -54,7 +54,7 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
     let mut ended = false;
     for (i, ev) in events.iter().enumerate() {
         let at = |msg: String| Err(format!("seq {} ({}): {msg}", ev.seq, ev.kind.type_name()));
-        if ev.seq != i as u64 + 1 {
+        if ev.seq != crate::Seq(i as u64 + 1) {
             return at(format!("expected seq {}", i + 1));
         }
         if ev.run_id != run {

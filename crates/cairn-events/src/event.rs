@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use serde_with::skip_serializing_none;
 
-use crate::ids::NodePath;
+use crate::ids::{NodePath, Seq};
 
 /// One entry of a run's log.
 ///
@@ -18,7 +18,7 @@ use crate::ids::NodePath;
 /// use cairn_events::{Event, EventKind, Scope};
 /// let ev = Event {
 ///     run_id: "r1".into(),
-///     seq: 1,
+///     seq: cairn_events::Seq(1),
 ///     timestamp_ms: 0,
 ///     scope: Scope::node("a", 0).with_attempt(1),
 ///     kind: EventKind::NodeStarted {},
@@ -29,10 +29,15 @@ use crate::ids::NodePath;
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
+    /// The run whose log holds it.
     pub run_id: String,
-    pub seq: u64,
+    /// Its place in that log: 1, 2, 3, … with no gaps.
+    pub seq: Seq,
+    /// When it was appended (Unix ms; never earlier than the event before).
     pub timestamp_ms: i64,
+    /// The node, pass and attempt it belongs to (empty for run events).
     pub scope: Scope,
+    /// What happened, with the fields of its type.
     pub kind: EventKind,
 }
 
@@ -887,7 +892,7 @@ impl<'de> Deserialize<'de> for Event {
         }
         let run_id: String = take::<_, D::Error>(&mut map, "runId")?
             .ok_or_else(|| D::Error::missing_field("runId"))?;
-        let seq: u64 =
+        let seq: Seq =
             take::<_, D::Error>(&mut map, "seq")?.ok_or_else(|| D::Error::missing_field("seq"))?;
         let timestamp_ms: i64 = take::<_, D::Error>(&mut map, "timestampMs")?
             .ok_or_else(|| D::Error::missing_field("timestampMs"))?;
@@ -926,7 +931,7 @@ mod tests {
         }
         let ev = Event {
             run_id: "r".into(),
-            seq: 1,
+            seq: crate::Seq(1),
             timestamp_ms: 0,
             scope: Scope::node("g", 0).with_attempt(1),
             kind: EventKind::NodeFinished {
@@ -958,7 +963,7 @@ mod tests {
     fn field_order_follows_the_contract() {
         let ev = Event {
             run_id: "r".into(),
-            seq: 7,
+            seq: crate::Seq(7),
             timestamp_ms: 42,
             scope: Scope::node("build", 2)
                 .with_attempt(1)
@@ -1005,7 +1010,7 @@ mod tests {
         for kind in kinds {
             let ev = Event {
                 run_id: "r".into(),
-                seq: 2,
+                seq: crate::Seq(2),
                 timestamp_ms: 9,
                 scope: Scope::node("n", 0).with_attempt(1),
                 kind,
@@ -1035,7 +1040,7 @@ mod tests {
     fn absent_optionals_are_omitted() {
         let ev = Event {
             run_id: "r".into(),
-            seq: 1,
+            seq: crate::Seq(1),
             timestamp_ms: 1,
             scope: Scope::run(),
             kind: EventKind::RunStarted {
@@ -1068,7 +1073,7 @@ mod tests {
     fn chapter_events_keep_their_own_field() {
         let ev = Event {
             run_id: "r".into(),
-            seq: 3,
+            seq: crate::Seq(3),
             timestamp_ms: 1,
             scope: Scope::run(),
             kind: EventKind::ChapterFinished {

@@ -289,6 +289,19 @@ impl fmt::Display for Seq {
     }
 }
 
+/// A seq compares with a plain number, as the contract writes them.
+impl PartialEq<u64> for Seq {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<Seq> for u64 {
+    fn eq(&self, other: &Seq) -> bool {
+        *self == other.0
+    }
+}
+
 impl From<u64> for Seq {
     fn from(n: u64) -> Self {
         Seq(n)

@@ -62,9 +62,9 @@ impl Histogram {
 /// Counters and histograms folded from events, any number of runs mixed.
 ///
 /// ```
-/// use cairn_events::{Event, EventKind, Metrics, Scope};
+/// use cairn_events::{Event, EventKind, Metrics, Scope, Seq};
 /// let mut m = Metrics::new();
-/// m.apply(&Event { run_id: "r".into(), seq: 1, timestamp_ms: 0,
+/// m.apply(&Event { run_id: "r".into(), seq: Seq(1), timestamp_ms: 0,
 ///     scope: Scope::node("a", 0).with_attempt(1), kind: EventKind::NodeStarted {} });
 /// assert!(m.render_prometheus().contains("cairn_nodes_started_total 1\n"));
 /// ```
@@ -387,7 +387,7 @@ mod tests {
     fn ev(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> Event {
         Event {
             run_id: run.into(),
-            seq,
+            seq: crate::Seq(seq),
             timestamp_ms: ts,
             scope,
             kind,

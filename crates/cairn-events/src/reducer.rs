@@ -221,9 +221,9 @@ impl NodeState {
 /// A run's whole state, folded from its events.
 ///
 /// ```
-/// use cairn_events::{Event, EventKind, RunState, Scope};
+/// use cairn_events::{Event, EventKind, RunState, Scope, Seq};
 /// let mut state = RunState::new("r1");
-/// state.apply(&Event { run_id: "r1".into(), seq: 1, timestamp_ms: 10,
+/// state.apply(&Event { run_id: "r1".into(), seq: Seq(1), timestamp_ms: 10,
 ///     scope: Scope::node("a", 0), kind: EventKind::NodePending { layer_index: Some(0) } });
 /// assert_eq!(state.node("a", 0).unwrap().status.as_str(), "pending");
 /// ```
@@ -468,7 +468,7 @@ impl RunState {
                 // The event's path is shared, not copied: the engine's
                 // plan holds the same text.
                 let path = ev.scope.node_id.clone()?;
-                self.nodes.push(NodeState::new(path.clone(), it, ev.seq));
+                self.nodes.push(NodeState::new(path.clone(), it, ev.seq.get()));
                 self.index.insert((path, it), self.nodes.len() - 1);
                 self.nodes.len() - 1
             }
@@ -482,7 +482,7 @@ impl RunState {
 
     /// Folds one event into the state.
     pub fn apply(&mut self, ev: &Event) {
-        self.last_seq = self.last_seq.max(ev.seq);
+        self.last_seq = self.last_seq.max(ev.seq.get());
         let ts = ev.timestamp_ms;
         match &ev.kind {
             EventKind::RunStarted {
@@ -844,7 +844,7 @@ mod tests {
     fn ev(seq: u64, scope: Scope, kind: EventKind) -> Event {
         Event {
             run_id: "r".into(),
-            seq,
+            seq: crate::Seq(seq),
             timestamp_ms: seq as i64 * 10,
             scope,
             kind,

@@ -43,7 +43,7 @@ fn record(run: &str) -> RunRecord {
 fn output(run: &str, seq: u64) -> StoredEvent {
     StoredEvent::from_event(&Event {
         run_id: run.into(),
-        seq,
+        seq: cairn_events::Seq(seq),
         timestamp_ms: seq as i64,
         scope: Scope::node("a", 0).with_attempt(1),
         kind: EventKind::NodeOutput {
@@ -397,7 +397,7 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
             "the run is leased by the other journal"
         );
         let first = log.append_durable(Scope::run(), started()).await.unwrap();
-        assert_eq!(first.seq, 1);
+        assert_eq!(first.seq, cairn_events::Seq(1));
         for i in 0..3 {
             log.append(
                 Scope::node("a", 0).with_attempt(1),

@@ -71,7 +71,7 @@ mod tests {
     fn ev(seq: u64, text: &str) -> StoredEvent {
         StoredEvent::from_event(&Event {
             run_id: "r".into(),
-            seq,
+            seq: cairn_events::Seq(seq),
             timestamp_ms: 1,
             scope: Scope::node("n", 0).with_attempt(1),
             kind: EventKind::NodeOutput {

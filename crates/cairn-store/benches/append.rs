@@ -69,7 +69,7 @@ fn baseline(db: &Path, schema: Option<&str>) -> f64 {
         .map(|seq| {
             StoredEvent::from_event(&Event {
                 run_id: "bench".into(),
-                seq,
+                seq: cairn_events::Seq(seq),
                 timestamp_ms: 1_700_000_000_000,
                 scope: scope(),
                 kind: kind(seq),

@@ -157,7 +157,7 @@ impl StoredEvent {
     pub fn from_event(e: &Event) -> Self {
         StoredEvent {
             run_id: e.run_id.clone(),
-            seq: e.seq,
+            seq: e.seq.get(),
             type_name: e.type_name().to_string(),
             node_id: e.scope.node_id.clone(),
             timestamp_ms: e.timestamp_ms,

@@ -116,7 +116,7 @@ macro_rules! backend_conformance_tests {
 fn event(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
     StoredEvent::from_event(&Event {
         run_id: run.into(),
-        seq,
+        seq: cairn_events::Seq(seq),
         timestamp_ms: ts,
         scope,
         kind,

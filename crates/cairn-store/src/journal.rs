@@ -694,7 +694,7 @@ impl RunLog {
         s.last_ts = s.last_ts.max(now_ms());
         let ev = Event {
             run_id: self.run_id.clone(),
-            seq: s.last_seq,
+            seq: cairn_events::Seq(s.last_seq),
             timestamp_ms: s.last_ts,
             scope,
             kind,
@@ -716,7 +716,7 @@ impl RunLog {
     /// events before acting on them (guarantee 2).
     pub async fn append_durable(&self, scope: Scope, kind: EventKind) -> Result<Event, StoreError> {
         let ev = self.append(scope, kind);
-        self.wait(ev.seq).await?;
+        self.wait(ev.seq.get()).await?;
         Ok(ev)
     }
 

@@ -63,7 +63,7 @@ fn damaged_store_is_corrupt() {
             .map(|i| {
                 cairn_store::StoredEvent::from_event(&cairn_events::Event {
                     run_id: "r1".into(),
-                    seq: i,
+                    seq: cairn_events::Seq(i),
                     timestamp_ms: 1,
                     scope: node("a"),
                     kind: output(&"x".repeat(200)),

@@ -25,7 +25,7 @@ async fn append_read_and_filter() {
         .unwrap();
     let log = j.run_log("r").unwrap();
     let e1 = log.append_durable(Scope::run(), started()).await.unwrap();
-    assert_eq!((e1.seq, e1.run_id.as_str()), (1, "r"));
+    assert_eq!((e1.seq.get(), e1.run_id.as_str()), (1, "r"));
     log.append(
         Scope::node("a", 0),
         EventKind::NodePending {
@@ -43,7 +43,7 @@ async fn append_read_and_filter() {
     log.append(node("b"), EventKind::NodeStarted {});
     log.append(node("a"), output("two"));
     let last = log.append(Scope::run(), finished());
-    assert_eq!(last.seq, 8);
+    assert_eq!(last.seq, cairn_events::Seq(8));
     log.sync().await.unwrap();
 
     let b = j.backend();
@@ -408,7 +408,7 @@ fn lease_is_held_by_another_process_until_it_dies() {
     child.kill().unwrap(); // SIGKILL: the kernel releases the flock.
     child.wait().unwrap();
     let log = j.run_log("shared").unwrap();
-    assert_eq!(log.append(Scope::run(), started()).seq, 2);
+    assert_eq!(log.append(Scope::run(), started()).seq, cairn_events::Seq(2));
     log.sync_blocking().unwrap();
     j.close();
 }

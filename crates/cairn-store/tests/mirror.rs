@@ -251,7 +251,7 @@ fn a_failing_mirror_never_fails_the_run() {
     let ev = rt
         .block_on(log.append_durable(Scope::run(), EventKind::RunCancelled { reason: None }))
         .unwrap();
-    assert_eq!(ev.seq, 12);
+    assert_eq!(ev.seq, cairn_events::Seq(12));
     assert_eq!(j.backend().last_seq("r").unwrap(), 12);
     drop(log);
     j.close();
