@@ -44,6 +44,18 @@
 //! arenas, glibc's malloc, which SQLite uses, with two; the parse's freed
 //! memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1` leaves
 //! the arenas and the parse's memory alone, to compare.
+//!
+//! `CAIRN_BENCH_STORE=postgres` runs every case and the journal baseline on
+//! PostgreSQL instead (the server `CAIRN_TEST_PG` names, e.g.
+//! `postgres://postgres@127.0.0.1:5432/postgres`): each child process opens a
+//! `PgBackend` on a schema of its own, dropped when the case ends, under the
+//! same journal (NDJSON mirror on), so the table compares the engine with the
+//! journal on the same store. The store's CPU (`log CPU`) then counts the
+//! PostgreSQL client's threads (`cairn-pg`) with the writer's; the server's
+//! own processes are in neither column. Without `CAIRN_TEST_PG` it says so
+//! and measures nothing. E.g. `CAIRN_BENCH_STORE=postgres
+//! CAIRN_BENCH_SIZES=10000 CAIRN_BENCH_CASES=chain,fanout cargo bench -p
+//! cairn-engine --bench engine`.
 
 use std::path::Path;
 use std::process::Command;
@@ -126,7 +138,9 @@ fn thread_cpu_ms() -> (f64, f64) {
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse().ok())
             .unwrap_or(0.0);
-        if comm.starts_with("cairn-store") {
+        // On PostgreSQL the writer waits on the client's runtime, which
+        // does the store's work: both are the store's.
+        if comm.starts_with("cairn-store") || comm.starts_with("cairn-pg") {
             store += ns / 1e6;
         } else {
             other += ns / 1e6;
@@ -229,18 +243,45 @@ fn peak_mb() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-fn journal(dir: &Path) -> Journal {
-    Journal::open_sqlite(
-        &dir.join("cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join("logs")),
-        },
-    )
-    .expect("open the store")
+/// Whether `CAIRN_BENCH_STORE` asks for PostgreSQL (SQLite otherwise).
+fn on_postgres() -> bool {
+    match std::env::var("CAIRN_BENCH_STORE") {
+        Ok(s) if s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql") => true,
+        Ok(s) if s.is_empty() || s.eq_ignore_ascii_case("sqlite") => false,
+        Ok(s) => panic!("CAIRN_BENCH_STORE: `{s}` is neither sqlite nor postgres"),
+        Err(_) => false,
+    }
+}
+
+/// A case's PostgreSQL schema, made for it and dropped (with the scratch)
+/// when the case ends; `None` on SQLite.
+fn pg_store() -> Option<(cairn_postgres::testing::Scratch, String)> {
+    if !on_postgres() {
+        return None;
+    }
+    let scratch = cairn_postgres::testing::Scratch::new()
+        .expect("CAIRN_BENCH_STORE=postgres needs a server at CAIRN_TEST_PG");
+    let schema = scratch.schema();
+    Some((scratch, schema))
+}
+
+fn journal(dir: &Path, pg: Option<&(cairn_postgres::testing::Scratch, String)>) -> Journal {
+    let opts = JournalOptions {
+        log_dir: Some(dir.join("logs")),
+    };
+    match pg {
+        Some((scratch, schema)) => {
+            let backend = scratch.open(schema, cairn_postgres::PgOptions::default());
+            Journal::open(Arc::new(backend), opts).expect("open the store")
+        }
+        None => Journal::open_sqlite(&dir.join("cairn.db"), opts).expect("open the store"),
+    }
 }
 
 fn run_workflow(shape: &str, n: usize) -> Measure {
     let dir = tempfile::tempdir().unwrap();
+    // Dropped last: the schema goes once everything that used it has.
+    let pg = pg_store();
     let path = dir.path().join("wf.yaml");
     let (yaml, instances) = workflow(shape, n);
     std::fs::write(&path, yaml).unwrap();
@@ -249,7 +290,7 @@ fn run_workflow(shape: &str, n: usize) -> Measure {
         .enable_all()
         .build()
         .unwrap();
-    let journal = journal(dir.path());
+    let journal = journal(dir.path(), pg.as_ref());
     let t0 = Instant::now();
     let wf = cairn_workflow::load(&path).expect("load the workflow");
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -311,12 +352,13 @@ fn run_workflow(shape: &str, n: usize) -> Measure {
 /// node writes (pending, started, finished with its output).
 fn run_journal(n: usize, events: u64) -> Measure {
     let dir = tempfile::tempdir().unwrap();
+    let pg = pg_store();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let journal = journal(dir.path());
+    let journal = journal(dir.path(), pg.as_ref());
     let t0 = Instant::now();
     rt.block_on(async {
         let log = journal.run_log("bench-journal").expect("run log");
@@ -477,7 +519,23 @@ fn main() {
     let mut results: Vec<(usize, Measure, Row)> = Vec::new();
 
     println!();
-    println!("engine overhead per node on SQLite (WAL), NDJSON mirror on; value nodes");
+    if on_postgres() {
+        if cairn_postgres::testing::server_or_skip().is_none() {
+            println!(
+                "PostgreSQL skipped: CAIRN_BENCH_STORE=postgres but {} is not set or nothing \
+                 answers there (e.g. {}=postgres://postgres@127.0.0.1:5432/postgres); nothing measured",
+                cairn_postgres::testing::ENV,
+                cairn_postgres::testing::ENV
+            );
+            return;
+        }
+        println!(
+            "engine overhead per node on PostgreSQL (CAIRN_TEST_PG, a schema per case), NDJSON \
+             mirror on; value nodes; log CPU counts the client's threads (cairn-pg) with the writer's"
+        );
+    } else {
+        println!("engine overhead per node on SQLite (WAL), NDJSON mirror on; value nodes");
+    }
     println!(
         "{:<10} {:>7} {:>7} {:>7} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
         "case",
