@@ -23,7 +23,7 @@ use cairn_events::{Event, EventKind, Scope};
 use tokio::sync::{broadcast, watch};
 
 use crate::backend::{
-    validate_run_id, Backend, EventQuery, Listener, RunLease, StoreError, StoredEvent, Topic,
+    validate_run_id, Backend, EventQuery, RunLease, StoreError, StoredEvent, Topic,
 };
 use crate::mirror::{Mirrors, WrapWriter};
 use crate::sqlite::SqliteBackend;
@@ -86,6 +86,10 @@ struct RunShared {
     /// Wakes `sync_blocking` waiters; paired with the watch.
     cv_lock: Mutex<()>,
     cv: Condvar,
+    /// A task of this process reads the run's new events from the store at
+    /// each wake-up and publishes them on `live`, for the subscriptions to
+    /// a run written by another process (see [`remote_reader`]).
+    reader: AtomicBool,
 }
 
 impl RunShared {
@@ -96,6 +100,7 @@ impl RunShared {
             committed: watch::channel(Committed::default()).0,
             cv_lock: Mutex::new(()),
             cv: Condvar::new(),
+            reader: AtomicBool::new(false),
         }
     }
 
@@ -336,7 +341,7 @@ impl Journal {
             caught_up,
             stop_at_terminal: true,
             done: false,
-            remote: None,
+            end_checked: false,
         })
     }
 
@@ -835,9 +840,9 @@ pub struct Subscription {
     caught_up: bool,
     stop_at_terminal: bool,
     done: bool,
-    /// Wake-ups from the processes that write the run, registered the first
-    /// time the subscription waits for a run not written here.
-    remote: Option<Box<dyn Listener>>,
+    /// Whether it was checked, once, that the run did not end before the
+    /// subscription's start (nothing would ever come).
+    end_checked: bool,
 }
 
 enum Live {
@@ -879,20 +884,24 @@ impl Subscription {
                 Live::Lagged => return Some(Err(self.lagged())),
                 Live::Nothing => {}
             }
-            // Nothing buffered or live. Read the store when the replay is not
-            // finished or the run is written by another process.
-            let owned = self
-                .shared
-                .as_ref()
-                .is_some_and(|s| s.owners.load(Ordering::SeqCst) > 0);
-            if !owned || !self.caught_up {
+            // Nothing buffered or live. The live feed carries what is
+            // committed from now on when this process writes the run, or
+            // when its reader of the store runs; otherwise (or while the
+            // replay is not finished) the store is read here.
+            let shared = self.shared.clone().expect("a live subscription keeps its run");
+            let owned = shared.owners.load(Ordering::SeqCst) > 0;
+            let fed = owned || shared.reader.load(Ordering::SeqCst);
+            if !fed || !self.caught_up {
                 if let Err(e) = self.fill().await {
                     return Some(Err(e));
                 }
                 if !self.buffer.is_empty() {
                     continue;
                 }
-                if !owned && self.stop_at_terminal && self.ended_before_start().await {
+            }
+            if !owned && !self.end_checked {
+                self.end_checked = true;
+                if self.stop_at_terminal && self.ended_before_start().await {
                     // Asked for events after the run's end: there will be none.
                     self.done = true;
                     return None;
@@ -902,33 +911,27 @@ impl Subscription {
                 self.done = true;
                 return None;
             }
-            if !owned && self.remote.is_none() {
-                match self.inner.backend.listen(Topic::Events(&self.run_id)) {
-                    // Read the store once more: a commit between the last
-                    // read and the registration woke nobody.
-                    Ok(l) => {
-                        self.remote = Some(l);
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no wake-ups for this subscription; polling");
-                    }
-                }
+            if !fed
+                && shared
+                    .reader
+                    .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                // One reader per run and process, whatever the number of
+                // watchers: a commit elsewhere costs one read here, not one
+                // per subscription. It starts where this subscription is;
+                // one further behind sees a gap and reads the store itself.
+                tokio::spawn(remote_reader(
+                    self.inner.clone(),
+                    self.run_id.clone(),
+                    shared.clone(),
+                    self.last,
+                ));
+                continue;
             }
-            let poll = if owned || self.remote.is_none() {
-                POLL_INTERVAL
-            } else {
-                REMOTE_POLL_INTERVAL
-            };
-            let woken = async {
-                match self.remote.as_mut() {
-                    Some(l) if !owned => l.wait().await,
-                    _ => std::future::pending().await,
-                }
-            };
+            let poll = POLL_INTERVAL;
             let live = tokio::select! {
                 r = self.rx.recv() => Ok(r),
-                _ = woken => Err(()),
                 _ = tokio::time::sleep(poll) => Err(()),
             };
             match live {
@@ -1051,6 +1054,79 @@ impl Subscription {
     /// The last seq delivered so far.
     pub fn last_seq(&self) -> u64 {
         self.last
+    }
+}
+
+/// Feeds a run's live channel from the store while this process has
+/// subscribers to it and does not write it: at each wake-up from the writing
+/// process (or every [`REMOTE_POLL_INTERVAL`] without one) it reads what was
+/// committed after `hwm` and publishes it. Ends once nobody listens.
+async fn remote_reader(inner: Arc<Inner>, run: String, shared: Arc<RunShared>, mut hwm: u64) {
+    let mut listener = match inner.backend.listen(Topic::Events(&run)) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::debug!(error = %e, run, "no wake-ups for this run's watchers; polling");
+            None
+        }
+    };
+    let poll = if listener.is_some() {
+        REMOTE_POLL_INTERVAL
+    } else {
+        POLL_INTERVAL
+    };
+    loop {
+        // While this process writes the run, its writer publishes.
+        if shared.owners.load(Ordering::SeqCst) == 0 {
+            hwm = publish_new(&inner, &run, &shared, hwm).await;
+        }
+        if shared.live.receiver_count() == 0 || inner.closed.load(Ordering::SeqCst) {
+            break;
+        }
+        let woken = async {
+            match listener.as_mut() {
+                Some(l) => l.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = woken => {}
+            _ = tokio::time::sleep(poll) => {}
+        }
+    }
+    shared.reader.store(false, Ordering::SeqCst);
+    drop(shared);
+    inner.maybe_forget(&run);
+}
+
+/// Reads the run's events after `hwm` and publishes them; returns the new
+/// high-water mark. A failed read is tried again at the next wake-up.
+async fn publish_new(inner: &Arc<Inner>, run: &str, shared: &RunShared, mut hwm: u64) -> u64 {
+    loop {
+        let backend = inner.backend.clone();
+        let (r, q) = (
+            run.to_string(),
+            EventQuery {
+                after: hwm,
+                limit: Some(PAGE),
+                ..Default::default()
+            },
+        );
+        let page = match tokio::task::spawn_blocking(move || backend.read_events(&r, &q)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, run, "reading new events for watchers failed; trying again at the next wake-up");
+                return hwm;
+            }
+            Err(_) => return hwm,
+        };
+        let short = page.len() < PAGE;
+        for ev in page {
+            hwm = ev.seq;
+            let _ = shared.live.send(Arc::new(ev));
+        }
+        if short {
+            return hwm;
+        }
     }
 }
 
