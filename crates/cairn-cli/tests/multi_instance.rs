@@ -79,6 +79,19 @@ fn serve(dir: &Path, store: &str, port: u16) -> Child {
         .unwrap()
 }
 
+/// The instances, killed if the test fails half-way, so that none outlives
+/// it.
+struct Instances(Vec<Option<Child>>);
+
+impl Drop for Instances {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// What one watcher saw of one run, reconnecting to the next live instance
 /// when its own dies.
 async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
@@ -126,10 +139,12 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
 
     let ports: Vec<u16> = (0..INSTANCES).map(|_| free_port()).collect();
-    let mut servers: Vec<Option<Child>> = ports
-        .iter()
-        .map(|&p| Some(serve(dir.path(), &store, p)))
-        .collect();
+    let mut servers = Instances(
+        ports
+            .iter()
+            .map(|&p| Some(serve(dir.path(), &store, p)))
+            .collect(),
+    );
     let mut clients = Vec::new();
     for &p in &ports {
         let url = format!("http://127.0.0.1:{p}");
@@ -189,7 +204,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
 
     // Kill instance 0 in the middle of its runs.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let mut dead = servers[0].take().unwrap();
+    let mut dead = servers.0[0].take().unwrap();
     dead.kill().unwrap(); // SIGKILL
     dead.wait().unwrap();
 
@@ -262,12 +277,12 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     );
     eprintln!("{taken_over} run(s) taken over from the killed instance");
 
-    for s in servers.iter_mut().flatten() {
+    for s in servers.0.iter_mut().flatten() {
         unsafe {
             libc::kill(s.id() as i32, libc::SIGTERM);
         }
     }
-    for s in servers.into_iter().flatten() {
+    for s in std::mem::take(&mut servers.0).into_iter().flatten() {
         let mut s = s;
         let status = tokio::task::spawn_blocking(move || s.wait().unwrap())
             .await
