@@ -167,7 +167,7 @@ nodes:
         .collect();
     assert!(usages.iter().all(|u| allowed.contains(u)), "{usages:?}");
     assert!(
-        usages.len() >= EFFECTS + 1 && usages.len() <= starts,
+        usages.len() > EFFECTS && usages.len() <= starts,
         "{usages:?}"
     );
     drop(server);

@@ -24,7 +24,6 @@ const FANOUT: usize = 100;
 /// did not kill the process groups a killed run left behind, these would
 /// still be alive when checked.
 const SLOW: usize = 3;
-/// Upper bound on any wait: a hang fails instead of blocking CI.
 
 /// A small xorshift generator: the test needs varied delays, not crypto.
 struct Rng(u64);
@@ -323,7 +322,11 @@ fn crash_until_done(dir: &Path, store: &Store, tag: &str) {
     let evs = events(store, run);
     // seq 1..n without a gap, one RunStarted per session, one end.
     for (i, e) in evs.iter().enumerate() {
-        assert_eq!(e.seq, cairn_events::Seq(i as u64 + 1), "seq gap at position {i}");
+        assert_eq!(
+            e.seq,
+            cairn_events::Seq(i as u64 + 1),
+            "seq gap at position {i}"
+        );
     }
     let sessions = evs
         .iter()
@@ -482,8 +485,7 @@ fn a_resume_kills_what_bash_calls_left_running() {
             m.iter().any(|&p| {
                 std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
                     c.split(|&b| b == 0)
-                        .filter(|a| !a.is_empty())
-                        .next_back()
+                        .rfind(|a| !a.is_empty())
                         .is_some_and(|last| last == tag.as_bytes())
                 })
             })

@@ -99,7 +99,10 @@ async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
     let mut at = first;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        assert!(Instant::now() < deadline, "watcher of {run} never saw its end");
+        assert!(
+            Instant::now() < deadline,
+            "watcher of {run} never saw its end"
+        );
         let after = seen.last().map_or(0, |v| v["seq"].as_u64().unwrap());
         let mut stream = match clients[at].events(&run, after, false).await {
             Ok(s) => s,
@@ -200,7 +203,10 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
             &json!({"approved": true, "by": "test"}),
         )
         .await;
-    assert!(approved.is_ok(), "approve through another instance: {approved:?}");
+    assert!(
+        approved.is_ok(),
+        "approve through another instance: {approved:?}"
+    );
 
     // Kill instance 0 in the middle of its runs.
     tokio::time::sleep(Duration::from_millis(700)).await;

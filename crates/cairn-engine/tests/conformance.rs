@@ -1811,7 +1811,13 @@ fn one_case(case: &Case, place: &Place) -> Result<(), String> {
             .map(|evs| evs.iter().map(|e| e.json.to_string()).collect())
             .unwrap_or_else(|e| vec![format!("unreadable: {e}")]);
         let sent: Vec<String> = ran.sent.iter().map(|s| format!("{s:?}")).collect();
-        format!("{e}\n--- workflow:\n{}\n--- case: {:?}\n--- commands:\n{}\n--- log:\n{}", yaml(case), case, sent.join("\n"), dump.join("\n"))
+        format!(
+            "{e}\n--- workflow:\n{}\n--- case: {:?}\n--- commands:\n{}\n--- log:\n{}",
+            yaml(case),
+            case,
+            sent.join("\n"),
+            dump.join("\n")
+        )
     });
     journal.close();
     result

@@ -468,7 +468,8 @@ impl RunState {
                 // The event's path is shared, not copied: the engine's
                 // plan holds the same text.
                 let path = ev.scope.node_id.clone()?;
-                self.nodes.push(NodeState::new(path.clone(), it, ev.seq.get()));
+                self.nodes
+                    .push(NodeState::new(path.clone(), it, ev.seq.get()));
                 self.index.insert((path, it), self.nodes.len() - 1);
                 self.nodes.len() - 1
             }

@@ -888,7 +888,10 @@ impl Subscription {
             // committed from now on when this process writes the run, or
             // when its reader of the store runs; otherwise (or while the
             // replay is not finished) the store is read here.
-            let shared = self.shared.clone().expect("a live subscription keeps its run");
+            let shared = self
+                .shared
+                .clone()
+                .expect("a live subscription keeps its run");
             let owned = shared.owners.load(Ordering::SeqCst) > 0;
             let fed = owned || shared.reader.load(Ordering::SeqCst);
             if !fed || !self.caught_up {

@@ -18,8 +18,8 @@ mod sqlite;
 mod wake;
 
 pub use backend::{
-    hex_prefix, validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease,
-    RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+    hex_prefix, validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord,
+    RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
 pub use sqlite::SqliteBackend;

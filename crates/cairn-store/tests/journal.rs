@@ -408,7 +408,10 @@ fn lease_is_held_by_another_process_until_it_dies() {
     child.kill().unwrap(); // SIGKILL: the kernel releases the flock.
     child.wait().unwrap();
     let log = j.run_log("shared").unwrap();
-    assert_eq!(log.append(Scope::run(), started()).seq, cairn_events::Seq(2));
+    assert_eq!(
+        log.append(Scope::run(), started()).seq,
+        cairn_events::Seq(2)
+    );
     log.sync_blocking().unwrap();
     j.close();
 }
