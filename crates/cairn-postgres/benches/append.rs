@@ -41,17 +41,16 @@
 //!   lines take turns by rounds of 50 events, so that a busy spell of the
 //!   machine falls on all of them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+use common::Counting;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use cairn_events::{Event, EventKind, RunCommand, Scope};
+use cairn_events::{Event, EventKind, Scope};
 use cairn_postgres::testing::{self, Scratch};
 use cairn_postgres::PgOptions;
-use cairn_store::{
-    Backend, EventQuery, InboxEntry, Journal, JournalOptions, Listener, ProcessRecord, RunFilter,
-    RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
-};
+use cairn_store::{Backend, Journal, JournalOptions, StoredEvent};
 use serde_json::json;
 
 /// The journal's share of the bare loop's rate it should reach.
@@ -132,109 +131,6 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-/// A pass-through backend that counts the batches the journal's writer
-/// commits, their events, and the time `append` takes; and, if asked, drops
-/// the wake-ups the writer sends after each commit (a NOTIFY on PostgreSQL),
-/// to see what they cost.
-struct Counting {
-    inner: Arc<dyn Backend>,
-    batches: AtomicU64,
-    events: AtomicU64,
-    append_ns: AtomicU64,
-    mute: bool,
-}
-
-impl Counting {
-    fn new(inner: Arc<dyn Backend>) -> Counting {
-        Counting {
-            inner,
-            batches: AtomicU64::new(0),
-            events: AtomicU64::new(0),
-            append_ns: AtomicU64::new(0),
-            mute: false,
-        }
-    }
-}
-
-impl Backend for Counting {
-    fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
-        let t = Instant::now();
-        let r = self.inner.append(batch);
-        self.append_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.events.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        r
-    }
-    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.read_events(run_id, q)
-    }
-    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
-        self.inner.last_seq(run_id)
-    }
-    fn checkpoint(&self) -> Result<(), StoreError> {
-        self.inner.checkpoint()
-    }
-    fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
-        self.inner.create_run(rec)
-    }
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        self.inner.get_run(run_id)
-    }
-    fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(f)
-    }
-    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
-        self.inner.delete_finished_before(cutoff_ms)
-    }
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
-        self.inner.try_lock_run(run_id)
-    }
-    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
-        self.inner.put_tool_call(rec)
-    }
-    fn tool_calls(
-        &self,
-        run_id: &str,
-        node_id: &str,
-        iteration: u32,
-    ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        self.inner.tool_calls(run_id, node_id, iteration)
-    }
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
-        self.inner.put_command(run_id, command)
-    }
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
-        self.inner.pending_commands(run_id)
-    }
-    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
-        self.inner.take_command(id, outcome)
-    }
-    fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
-        self.inner.put_process(rec)
-    }
-    fn remove_process(&self, id: u64) -> Result<(), StoreError> {
-        self.inner.remove_process(id)
-    }
-    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
-        self.inner.processes(run_id)
-    }
-    fn notify(&self, topic: Topic<'_>) {
-        if !self.mute {
-            self.inner.notify(topic)
-        }
-    }
-    fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
-        self.inner.listen(topic)
-    }
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        self.inner.files()
-    }
-    fn store_id(&self) -> String {
-        self.inner.store_id()
-    }
 }
 
 /// What one measurement of the journal saw.

@@ -24,19 +24,18 @@
 //! that every watcher got every event exactly once and in seq order, and
 //! (for the other instance) how many reads the watchers' backend made.
 
+mod common;
+use common::Counting;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_events::{EventKind, OutputStream, RunCommand, Scope};
+use cairn_events::{EventKind, OutputStream, Scope};
 use cairn_postgres::testing::{self, Scratch};
 use cairn_postgres::PgOptions;
-use cairn_store::{
-    Backend, EventQuery, InboxEntry, Journal, JournalOptions, Listener, ProcessRecord, RunFilter,
-    RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
-};
+use cairn_store::{Backend, Journal, JournalOptions};
 
 const INTERVAL: Duration = Duration::from_millis(2);
 /// How long the watchers get, once subscribed, to make their first read and
@@ -57,98 +56,6 @@ fn now_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
-}
-
-/// A pass-through backend that counts the reads subscriptions make and the
-/// time they take (waiting for a pooled connection included).
-struct Counting {
-    inner: Arc<dyn Backend>,
-    reads: AtomicU64,
-    last_seqs: AtomicU64,
-    read_ns: AtomicU64,
-}
-
-impl Counting {
-    fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
-        let t = Instant::now();
-        let out = f();
-        self.read_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        out
-    }
-}
-
-impl Backend for Counting {
-    fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
-        self.inner.append(batch)
-    }
-    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.timed(|| self.inner.read_events(run_id, q))
-    }
-    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
-        self.last_seqs.fetch_add(1, Ordering::Relaxed);
-        self.timed(|| self.inner.last_seq(run_id))
-    }
-    fn checkpoint(&self) -> Result<(), StoreError> {
-        self.inner.checkpoint()
-    }
-    fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
-        self.inner.create_run(rec)
-    }
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        self.inner.get_run(run_id)
-    }
-    fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(f)
-    }
-    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
-        self.inner.delete_finished_before(cutoff_ms)
-    }
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
-        self.inner.try_lock_run(run_id)
-    }
-    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
-        self.inner.put_tool_call(rec)
-    }
-    fn tool_calls(
-        &self,
-        run_id: &str,
-        node_id: &str,
-        iteration: u32,
-    ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        self.inner.tool_calls(run_id, node_id, iteration)
-    }
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
-        self.inner.put_command(run_id, command)
-    }
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
-        self.inner.pending_commands(run_id)
-    }
-    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
-        self.inner.take_command(id, outcome)
-    }
-    fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
-        self.inner.put_process(rec)
-    }
-    fn remove_process(&self, id: u64) -> Result<(), StoreError> {
-        self.inner.remove_process(id)
-    }
-    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
-        self.inner.processes(run_id)
-    }
-    fn notify(&self, topic: Topic<'_>) {
-        self.inner.notify(topic)
-    }
-    fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
-        self.inner.listen(topic)
-    }
-    fn files(&self) -> Vec<std::path::PathBuf> {
-        self.inner.files()
-    }
-    fn store_id(&self) -> String {
-        self.inner.store_id()
-    }
 }
 
 /// What the watchers of one case saw.
@@ -291,12 +198,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// backend. Prints `READY` once they are subscribed, then `SEEN` lines.
 fn watcher_process(url: &str, schema: &str, run: &str, watchers: usize, events: u64) {
     let backend = open_backend(url, schema);
-    let counting = Arc::new(Counting {
-        inner: backend,
-        reads: AtomicU64::new(0),
-        last_seqs: AtomicU64::new(0),
-        read_ns: AtomicU64::new(0),
-    });
+    let counting = Arc::new(Counting::new(backend));
     let journal = Journal::open(counting.clone(), JournalOptions::default()).unwrap();
     let rt = runtime();
     let done = start_watchers(&rt, &journal, run, watchers, events);
