@@ -1,7 +1,8 @@
 //! Three `cairn serve` processes on one PostgreSQL database. Runs are started
 //! round-robin; each is watched over SSE on an instance other than the one
 //! that drives it; a gate is approved through an instance that does not
-//! drive its run; one instance is SIGKILLed in the middle. Every run must
+//! drive its run, and another run cancelled the same way; one instance is
+//! SIGKILLed in the middle. Every run must
 //! finish (the dead instance's runs taken over once their leases expire),
 //! every watcher must see every event exactly once (reconnecting elsewhere
 //! with its last seq when its instance dies), the store must hold the same
@@ -177,8 +178,17 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
         .unwrap()
         .to_string();
 
+    // Another on instance 2, cancelled through instance 1.
+    let cancelled = clients[2]
+        .post_json("/v1/runs", &json!({"workflow": "gated"}))
+        .await
+        .unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
     let mut watchers = Vec::new();
-    for (i, run) in runs.iter().chain(std::iter::once(&gated)).enumerate() {
+    for (i, run) in runs.iter().chain([&gated, &cancelled]).enumerate() {
         let first = (i % INSTANCES + 1) % INSTANCES;
         watchers.push((
             run.clone(),
@@ -206,6 +216,24 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     assert!(
         approved.is_ok(),
         "approve through another instance: {approved:?}"
+    );
+    loop {
+        let state = clients[1].run(&cancelled).await.unwrap();
+        if state["status"] == "waiting-approval" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{state}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancel = clients[1]
+        .post_json(
+            &format!("/v1/runs/{cancelled}/cancel"),
+            &json!({"by": "test"}),
+        )
+        .await;
+    assert!(
+        cancel.is_ok(),
+        "cancel through another instance: {cancel:?}"
     );
 
     // Kill instance 0 in the middle of its runs.
@@ -245,11 +273,20 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
         );
         let seqs: Vec<u64> = stored.iter().map(|e| e.seq.get()).collect();
         assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{run}");
-        assert!(
-            matches!(stored.last().unwrap().kind, EventKind::RunFinished { .. }),
-            "{run} did not finish: {}",
-            stored.last().unwrap().to_json()
-        );
+        let end = &stored.last().unwrap().kind;
+        if *run == cancelled {
+            assert!(
+                matches!(end, EventKind::RunCancelled { .. }),
+                "{run} was not cancelled: {}",
+                stored.last().unwrap().to_json()
+            );
+        } else {
+            assert!(
+                matches!(end, EventKind::RunFinished { .. }),
+                "{run} did not finish: {}",
+                stored.last().unwrap().to_json()
+            );
+        }
         cairn_events::check_log(&stored).unwrap_or_else(|e| panic!("{run}: {e}"));
         // No node starts again once it has finished.
         let mut finished = std::collections::BTreeSet::new();
