@@ -106,7 +106,17 @@ impl WakeDir {
         sock.set_nonblocking(true)
             .map_err(|e| StoreError::io(&dir, e))?;
         let marker = dir.join(&name);
-        std::fs::write(&marker, b"").map_err(|e| StoreError::io(&marker, e))?;
+        // The last listener of a topic removes its folder when it goes; one
+        // doing so between our `create_dir_all` and this write leaves no
+        // folder to write in, so make it again.
+        let mut tries = 0;
+        while let Err(e) = std::fs::write(&marker, b"") {
+            tries += 1;
+            if e.kind() != ErrorKind::NotFound || tries > 3 {
+                return Err(StoreError::io(&marker, e));
+            }
+            std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        }
         Ok(Box::new(SocketListener {
             std: Some(sock),
             tokio: None,
@@ -160,5 +170,11 @@ impl Listener for SocketListener {
 impl Drop for SocketListener {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.marker);
+        // A topic is usually one run's: without this, every run would leave
+        // an empty folder behind for good. Fails, harmlessly, while another
+        // listener's marker is there.
+        if let Some(dir) = self.marker.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }

@@ -121,6 +121,56 @@ async fn wake_ups_cross_handles_of_one_store() {
         .expect("the inbox listener is woken");
 }
 
+/// A topic's wake-up folder goes with its last listener (a run's topics
+/// would otherwise leave a folder each, for good); while another listener
+/// is there it stays, and that listener is still woken.
+#[tokio::test]
+async fn wake_up_folders_go_with_their_last_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    // Topic folders: `wake/<store>/<topic>/`.
+    let wake = dir.path().join("wake");
+    let folders = || -> usize {
+        walk(&wake)
+            .iter()
+            .filter(|p| p.is_dir() && p.parent().and_then(|s| s.parent()) == Some(&*wake))
+            .count()
+    };
+    let before = folders();
+    let first = b.listen(Topic::Inbox("r")).unwrap();
+    let mut second = b.listen(Topic::Inbox("r")).unwrap();
+    assert_eq!(folders(), before + 1);
+    drop(first);
+    assert_eq!(folders(), before + 1, "the other listener's folder went");
+    b.notify(Topic::Inbox("r"));
+    tokio::time::timeout(std::time::Duration::from_secs(10), second.wait())
+        .await
+        .expect("the remaining listener is woken");
+    drop(second);
+    assert_eq!(folders(), before, "the topic's folder stayed");
+    // And a new listener of the topic makes it again.
+    let mut again = b.listen(Topic::Inbox("r")).unwrap();
+    b.notify(Topic::Inbox("r"));
+    tokio::time::timeout(std::time::Duration::from_secs(10), again.wait())
+        .await
+        .expect("a new listener is woken");
+}
+
+/// Every path under `dir`, folders and files.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            out.push(p.clone());
+            if p.is_dir() {
+                out.extend(walk(&p));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn gc_deletes_only_finished_old_runs() {
     let dir = tempfile::tempdir().unwrap();
