@@ -93,6 +93,19 @@ impl Drop for Instances {
     }
 }
 
+/// Waits, asking `client`, until `run` waits for its approval.
+async fn waiting(client: &Client, run: &str) {
+    let t0 = Instant::now();
+    loop {
+        let state = client.run(run).await.unwrap();
+        if state["status"] == "waiting-approval" {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{state}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// What one watcher saw of one run, reconnecting to the next live instance
 /// when its own dies.
 async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
@@ -198,15 +211,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
 
     // Approve once the gate waits, through an instance that does not drive
     // the run: the command goes through the run's inbox.
-    let t0 = Instant::now();
-    loop {
-        let state = clients[2].run(&gated).await.unwrap();
-        if state["status"] == "waiting-approval" {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "{state}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    waiting(&clients[2], &gated).await;
     let approved = clients[2]
         .post_json(
             &format!("/v1/runs/{gated}/approvals/gate"),
@@ -217,14 +222,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
         approved.is_ok(),
         "approve through another instance: {approved:?}"
     );
-    loop {
-        let state = clients[1].run(&cancelled).await.unwrap();
-        if state["status"] == "waiting-approval" {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "{state}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    waiting(&clients[1], &cancelled).await;
     let cancel = clients[1]
         .post_json(
             &format!("/v1/runs/{cancelled}/cancel"),
