@@ -8,9 +8,11 @@
 //! with its last seq when its instance dies), the store must hold the same
 //! log, and no node may start again after its `NodeFinished`.
 
+mod common;
+use common::free_port;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use cairn_events::{Event, EventKind};
@@ -55,29 +57,8 @@ const INSTANCES: usize = 3;
 const RUNS: usize = 6;
 const LEASE_TTL: &str = "1s";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn serve(dir: &Path, store: &str, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["--store", store, "--lease-ttl", LEASE_TTL])
-        .arg("serve")
-        .arg("--addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--workflows")
-        .arg(dir)
-        .env_remove("CAIRN_TOKEN")
-        .env_remove("CAIRN_LOG_DIR")
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    common::serve(dir, &["--store", store, "--lease-ttl", LEASE_TTL], port)
 }
 
 /// The instances, killed if the test fails half-way, so that none outlives

@@ -2,6 +2,8 @@
 //! resumes and completes, and watchers that reconnect see the whole log
 //! once.
 
+mod common;
+use common::free_port;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -24,29 +26,9 @@ nodes:
     value: { done: true }
 "#;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn serve(dir: &Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .arg("--store")
-        .arg(dir.join("cairn.db"))
-        .arg("serve")
-        .arg("--addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--workflows")
-        .arg(dir)
-        .env_remove("CAIRN_TOKEN")
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    let store = dir.join("cairn.db");
+    common::serve(dir, &["--store", store.to_str().unwrap()], port)
 }
 
 async fn whole_log(c: &Client, run: &str) -> Vec<Value> {

@@ -119,3 +119,31 @@ pub fn kill_and_resume(
         explain(status.code())
     );
 }
+
+/// A port free on loopback a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `cairn <store_args> serve` on `port`, starting the workflows of `dir`,
+/// without a token, quiet.
+pub fn serve(dir: &std::path::Path, store_args: &[&str], port: u16) -> Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(store_args)
+        .arg("serve")
+        .arg("--addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--workflows")
+        .arg(dir)
+        .env_remove("CAIRN_TOKEN")
+        .env_remove("CAIRN_LOG_DIR")
+        .current_dir(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
