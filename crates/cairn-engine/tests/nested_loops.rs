@@ -169,3 +169,52 @@ async fn inner_passes_are_distinct_in_every_outer_pass_and_resume() {
     assert!(st.node("review.inner", 0).is_some());
     assert!(st.nodes.iter().all(|n| !n.node_id.starts_with("review@")));
 }
+
+/// A pass reads what the previous pass of a sibling gave (`nodes.check`
+/// is the latest pass), while the driver lets go of the outputs of passes
+/// that later ones replaced: what the run computes, and every pass's output
+/// in the log, are unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_reads_the_previous_pass_and_the_log_keeps_every_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal =
+        Journal::open_sqlite(&dir.path().join("cairn.db"), JournalOptions::default()).unwrap();
+    let path = dir.path().join("wf.yaml");
+    std::fs::write(
+        &path,
+        r#"
+name: carry
+output: "{{ nodes.l.output.check }}"
+nodes:
+  - id: l
+    loop:
+      until: "iteration >= 3"
+      max_iterations: 10
+      nodes:
+        - id: step
+          value: "{{ (nodes.check.output if nodes.check is defined else 0) + 1 }}"
+        - id: check
+          needs: [step]
+          value: "{{ nodes.step.output * 10 }}"
+"#,
+    )
+    .unwrap();
+    let wf = cairn_workflow::load(&path).unwrap();
+    let engine = Engine::new(journal, EngineOptions::default());
+    let h = engine
+        .start(wf, json!({}), StartOptions::default())
+        .await
+        .unwrap();
+    let run_id = h.run_id.clone();
+    assert_eq!(h.wait().await, RunOutcome::Finished(Some(json!(11110))));
+    let st = engine.state(&run_id).unwrap();
+    let mut steps: Vec<(u32, serde_json::Value)> = st
+        .nodes
+        .iter()
+        .filter(|n| n.node_id.as_str() == "l.step")
+        .map(|n| (n.iteration, n.output.as_ref().unwrap().to_value()))
+        .collect();
+    steps.sort_by_key(|(i, _)| *i);
+    let values: Vec<serde_json::Value> = steps.into_iter().map(|(_, v)| v).collect();
+    assert_eq!(values, vec![json!(1), json!(11), json!(111), json!(1111)]);
+}

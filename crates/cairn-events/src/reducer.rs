@@ -406,6 +406,15 @@ impl RunState {
             .map(|&i| &self.nodes[i])
     }
 
+    /// Forgets the output of one node pass, for a holder of a run's live
+    /// state that will not read it again (the log still has it; a fold of
+    /// the log gives it back).
+    pub fn drop_output(&mut self, node_id: &str, iteration: u32) {
+        if let Some(&i) = self.index.get(&(node_id, iteration) as &dyn NodeKey) {
+            self.nodes[i].output = None;
+        }
+    }
+
     /// Makes room for `additional` more node passes at once, so that a
     /// large frame's `NodePending` events do not grow the list by doubling
     /// (the old and new lists are both alive while it grows).

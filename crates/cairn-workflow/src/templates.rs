@@ -79,6 +79,10 @@ pub struct NodeEntry {
     pub status: &'static str,
     /// Its latest attempt.
     pub attempt: u32,
+    /// Which pass of the node this is (templates see the latest). Not
+    /// shown to templates: the engine uses it to let go of the output of
+    /// the pass an entry replaces.
+    pub iteration: u32,
 }
 
 impl NodeEntry {

@@ -304,6 +304,7 @@ fn node_entries_read_as_the_json_map() {
                 output: v["output"].clone().into(),
                 status,
                 attempt: v["attempt"].as_u64().unwrap() as u32,
+                iteration: 0,
             },
         );
     }

@@ -106,8 +106,10 @@ impl Driver {
 pub(super) struct NodesCtx(Arc<NodeEntries>);
 
 impl NodesCtx {
-    pub(super) fn insert(&mut self, path: &NodePath, entry: NodeEntry) {
-        Arc::make_mut(&mut self.0).insert(path.shared_text(), entry);
+    /// Sets the entry of `path`, giving back the one it replaces (an
+    /// earlier pass of the same node, in a loop).
+    pub(super) fn insert(&mut self, path: &NodePath, entry: NodeEntry) -> Option<NodeEntry> {
+        Arc::make_mut(&mut self.0).insert(path.shared_text(), entry)
     }
 
     pub(super) fn shared(&self) -> Arc<NodeEntries> {
@@ -124,6 +126,7 @@ pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
         output: n.output.clone().unwrap_or_else(|| Value::Null.into()),
         status: n.status.as_str(),
         attempt: n.attempt,
+        iteration: n.iteration,
     }
 }
 

@@ -732,7 +732,15 @@ impl Driver {
         };
         let status = self.status_of(key).unwrap_or(NodeStatus::Failed);
         if let Some(n) = self.state.node(&key.0, key.1) {
-            self.nodes_ctx.insert(&key.0, node_ctx_entry(n));
+            let replaced = self.nodes_ctx.insert(&key.0, node_ctx_entry(n));
+            // Templates read a node's latest pass, and a loop's output is
+            // built from its current pass: the output of the pass this one
+            // replaces has no reader left in this process (the log keeps
+            // it). Loops nested in loops would otherwise hold every pass's
+            // outputs, each level's holding the levels below.
+            if let Some(old) = replaced.filter(|old| old.iteration != key.1) {
+                self.state.drop_output(&key.0, old.iteration);
+            }
         }
         self.count_done(&inst, status);
         // An ended node's dependents and a ready node's count are not
