@@ -105,6 +105,9 @@ pub enum Command {
     Graph(FileArgs),
     /// Rewrite a run's NDJSON mirror from the store.
     Export(ExportArgs),
+    /// Send a run's trace (with its child runs') to the OpenTelemetry
+    /// endpoint of OTEL_EXPORTER_OTLP_ENDPOINT, or print it as OTLP JSON.
+    Trace(TraceArgs),
     /// Delete finished, failed and cancelled runs older than a duration, with their logs.
     Gc(GcArgs),
     /// Work on stores as a whole: copy runs between SQLite and PostgreSQL.
@@ -271,6 +274,17 @@ pub struct FileArgs {
 pub struct ExportArgs {
     /// The run's id.
     pub run: String,
+}
+
+/// `cairn trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The run's id.
+    pub run: String,
+    /// Print the spans as OTLP JSON on stdout (one export request per
+    /// line) instead of sending them.
+    #[arg(long)]
+    pub print: bool,
 }
 
 /// `cairn gc`.

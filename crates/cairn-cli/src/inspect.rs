@@ -712,13 +712,22 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
     if let Err(e) = checked.validate() {
         return Err(bad_input(format!("cairn serve: {e}")));
     }
+    let otlp = crate::trace::otlp_client()?;
     let journal = store::open(g, true)?;
+    // Every run the server drives has its trace exported when its driver
+    // stops (docs/otel.md); failures are said as they come.
+    let telemetry = crate::trace::Telemetry::start(
+        otlp,
+        &journal,
+        crate::trace::Report::AsTheyCome("cairn serve"),
+    );
     // A server drives the runs it is sent commands for, so a decision sent
     // to a run that waited while no server ran takes effect.
     let engine = cairn_server::Engine::new(
         journal.clone(),
         cairn_server::EngineOptions {
             adopt_idle_runs: true,
+            on_run_stopped: telemetry.hook(),
             ..Default::default()
         },
     );
@@ -750,6 +759,7 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
     };
     let r = cairn_server::serve(cfg, engine, shutdown).await;
     journal.close();
+    telemetry.finish().await;
     r?;
     Ok(crate::EXIT_OK)
 }

@@ -14,6 +14,7 @@ mod format;
 mod inspect;
 mod run;
 mod store;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -129,6 +130,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Validate(a) => inspect::validate(a),
         Command::Graph(a) => inspect::graph(a),
         Command::Export(a) => inspect::export(&g, a),
+        Command::Trace(a) => trace::trace(&g, a).await,
         Command::Gc(a) => inspect::gc(&g, a),
         Command::Store(StoreCommand::Copy(a)) => copy::copy(&g, a),
         Command::Serve(a) => inspect::serve(&g, a).await,

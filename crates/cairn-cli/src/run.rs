@@ -17,6 +17,7 @@ use crate::bad_input;
 use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, DisplayArgs, Global, ResumeArgs, RunArgs};
 use crate::display::{now_ms, Ask, Mode, Progress};
 use crate::store;
+use crate::trace::Telemetry;
 
 /// How often the terminal table refreshes its elapsed times.
 const REDRAW: Duration = Duration::from_millis(100);
@@ -57,7 +58,7 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     if let Some(id) = &a.run_id {
         check_run_id(id)?;
     }
-    let engine = store::engine(g, true)?;
+    let (engine, telemetry) = store::driving_engine(g, true)?;
     let run_id = a.run_id.clone().unwrap_or_else(cairn_engine::new_run_id);
     if engine.journal().backend().get_run(&run_id)?.is_some() {
         return Err(bad_input(format!(
@@ -68,19 +69,19 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     let handle = engine
         .start(wf, input, session.start_options(&a.display, &run_id))
         .await;
-    session.drive(&engine, handle).await
+    session.drive(&engine, handle, &telemetry).await
 }
 
 /// `cairn resume`.
 pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
-    let engine = store::engine(g, false)?;
+    let (engine, telemetry) = store::driving_engine(g, false)?;
     store::require_run(engine.journal(), &a.run)?;
     let from = engine.journal().backend().last_seq(&a.run)?;
     let session = Session::new(&engine, &a.run, &a.display, from)?;
     let handle = engine
         .resume(&a.run, session.start_options(&a.display, &a.run))
         .await;
-    session.drive(&engine, handle).await
+    session.drive(&engine, handle, &telemetry).await
 }
 
 fn load_workflow(path: &Path) -> anyhow::Result<cairn_workflow::Workflow> {
@@ -157,6 +158,7 @@ impl Session {
         self,
         engine: &Engine,
         handle: Result<RunHandle, cairn_engine::EngineError>,
+        telemetry: &Telemetry,
     ) -> anyhow::Result<u8> {
         let handle = handle?;
         let Session {
@@ -240,6 +242,9 @@ impl Session {
         let outcome = waiter.await.context("the run's task stopped")?;
         engine.journal().close();
         progress.lock().unwrap().finish(&outcome);
+        // Every event is committed: the traces queued as drivers stopped
+        // can be read whole. Bounded by the export timeout.
+        telemetry.finish().await;
         Ok(outcome.exit_code() as u8)
     }
 }
@@ -385,12 +390,15 @@ pub fn parse_answer(text: &str) -> serde_json::Value {
 
 /// `cairn answer`.
 pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
-    let engine = store::engine(g, false)?;
+    // A run no process drives is driven here to apply the command (and
+    // may end): its trace is exported like any run's.
+    let (engine, telemetry) = store::driving_engine(g, false)?;
     store::require_run(engine.journal(), &a.run)?;
     let by = a.by.or_else(|| std::env::var("USER").ok());
     let value = parse_answer(&a.answer);
     let r = engine.answer(&a.run, &a.request_id, value, by).await;
     engine.journal().close();
+    telemetry.finish().await;
     r?;
     println!("answered {} of run {}", a.request_id, a.run);
     Ok(crate::EXIT_OK)
@@ -398,11 +406,14 @@ pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
 
 /// `cairn approve` and `cairn deny`.
 pub async fn decide(g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result<u8> {
-    let engine = store::engine(g, false)?;
+    // A run no process drives is driven here to apply the command (and
+    // may end): its trace is exported like any run's.
+    let (engine, telemetry) = store::driving_engine(g, false)?;
     store::require_run(engine.journal(), &a.run)?;
     let by = a.by.or_else(|| std::env::var("USER").ok());
     let r = engine.decide(&a.run, &a.node, approved, a.note, by).await;
     engine.journal().close();
+    telemetry.finish().await;
     r?;
     println!(
         "{} {} of run {}",
@@ -415,11 +426,14 @@ pub async fn decide(g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result
 
 /// `cairn cancel`.
 pub async fn cancel(g: &Global, a: CancelArgs) -> anyhow::Result<u8> {
-    let engine = store::engine(g, false)?;
+    // A run no process drives is driven here to apply the command (and
+    // may end): its trace is exported like any run's.
+    let (engine, telemetry) = store::driving_engine(g, false)?;
     store::require_run(engine.journal(), &a.run)?;
     let by = std::env::var("USER").ok();
     let r = engine.cancel(&a.run, a.graceful, a.reason, by).await;
     engine.journal().close();
+    telemetry.finish().await;
     r?;
     println!(
         "cancel{} requested for run {}",

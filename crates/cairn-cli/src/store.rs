@@ -9,6 +9,7 @@ use cairn_store::{Journal, JournalOptions};
 
 use crate::bad_input;
 use crate::cli::Global;
+use crate::trace::{Report, Telemetry};
 
 /// Opens the store, creating it when `create` is set; otherwise a missing
 /// store is bad input.
@@ -51,6 +52,22 @@ pub fn lease_ttl(g: &Global) -> anyhow::Result<Duration> {
 /// An engine over the store (see [`open`]).
 pub fn engine(g: &Global, create: bool) -> anyhow::Result<Engine> {
     Ok(Engine::new(open(g, create)?, EngineOptions::default()))
+}
+
+/// An engine for a command that may drive runs, with the exporter of their
+/// traces (docs/otel.md): each run's trace is queued for export when one of
+/// the engine's drivers stops driving it. The `OTEL_*` settings are checked
+/// before the store is opened; call [`Telemetry::finish`] after closing the
+/// journal.
+pub fn driving_engine(g: &Global, create: bool) -> anyhow::Result<(Engine, Telemetry)> {
+    let client = crate::trace::otlp_client()?;
+    let journal = open(g, create)?;
+    let telemetry = Telemetry::start(client, &journal, Report::AtEnd);
+    let opts = EngineOptions {
+        on_run_stopped: telemetry.hook(),
+        ..Default::default()
+    };
+    Ok((Engine::new(journal, opts), telemetry))
 }
 
 /// Fails with bad input unless the store holds this run.

@@ -144,6 +144,10 @@ impl RunOutcome {
 /// An in-process observer of every event of a run, in seq order.
 pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 
+/// Told each time a driver of an engine stops driving a run, with the run's
+/// id and how the session ended (see [`EngineOptions::on_run_stopped`]).
+pub type RunStopped = Arc<dyn Fn(&str, &RunOutcome) + Send + Sync>;
+
 /// Options of one run (or one resume).
 #[derive(Default, Clone)]
 pub struct StartOptions {
@@ -169,6 +173,13 @@ pub struct EngineOptions {
     /// Most parents a child run may have (`workflow` nodes and delegates
     /// inside children); a child deeper than this fails its node.
     pub max_depth: u32,
+    /// Called each time a driver of this engine stops driving a run: the
+    /// run ended, waits for a person, or was interrupted by a shutdown; for
+    /// child runs and for runs driven only to apply a command too. Called
+    /// on the run's task once its events are committed, so it must return
+    /// at once (queue the work elsewhere): the caller of
+    /// [`RunHandle::wait`] waits for it.
+    pub on_run_stopped: Option<RunStopped>,
 }
 
 impl Default for EngineOptions {
@@ -177,6 +188,7 @@ impl Default for EngineOptions {
             tools: ToolRegistry::builtin(),
             adopt_idle_runs: false,
             max_depth: DEFAULT_MAX_DEPTH,
+            on_run_stopped: None,
         }
     }
 }
@@ -207,6 +219,7 @@ struct Inner {
     /// Runs a driver of this engine holds, by id.
     active: Mutex<HashSet<String>>,
     adopt_idle_runs: bool,
+    on_run_stopped: Option<RunStopped>,
     shutdown: Shutdown,
     closing: AtomicBool,
     done_tx: tokio::sync::watch::Sender<usize>,
@@ -232,6 +245,7 @@ impl Engine {
                 templates: Arc::new(Templates::new()),
                 active: Mutex::new(HashSet::new()),
                 adopt_idle_runs: opts.adopt_idle_runs,
+                on_run_stopped: opts.on_run_stopped,
                 shutdown: Shutdown {
                     token: CancellationToken::new(),
                     grace: Arc::new(Mutex::new(Duration::from_secs(10))),
@@ -423,6 +437,9 @@ impl Engine {
             let outcome = driver.run(resumed).await;
             // The driver dropped its log (and with it the run's lease) on return.
             inner.active.lock().unwrap().remove(&id);
+            if let Some(stopped) = &inner.on_run_stopped {
+                stopped(&id, &outcome);
+            }
             inner.done_tx.send_modify(|n| *n += 1);
             // A run that ended while children of it ran (a cancel applied
             // by a driver that runs nothing, a failure) takes them along.

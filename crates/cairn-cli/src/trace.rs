@@ -1,0 +1,161 @@
+//! OpenTelemetry: the exporter that commands driving runs carry (each run's
+//! trace is sent when a driver stops driving it), and `cairn trace`.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use cairn_otel::{OtlpClient, OtlpConfig, TraceExporter};
+use cairn_store::Journal;
+use tokio::sync::mpsc;
+
+use crate::cli::{Global, TraceArgs};
+use crate::{bad_input, store};
+
+/// Failures kept for the end of a command, at most.
+const KEPT_FAILURES: usize = 10;
+
+/// The OTLP client the environment asks for (`OTEL_*`), or `None` when
+/// exporting is off. A setting Cairn cannot use is bad input, reported
+/// before anything runs.
+pub fn otlp_client() -> anyhow::Result<Option<OtlpClient>> {
+    let Some(cfg) = OtlpConfig::from_env().map_err(|e| bad_input(e.to_string()))? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        OtlpClient::new(cfg).map_err(|e| bad_input(e.to_string()))?,
+    ))
+}
+
+/// When a failed export is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// After the command's own output (`run`, `resume`, ...): a warning in
+    /// the middle of the progress display would garble it.
+    AtEnd,
+    /// At once, on stderr, prefixed (`cairn serve`, which runs for days).
+    AsTheyCome(&'static str),
+}
+
+/// A command's exporter of traces, off when the environment sets none.
+pub struct Telemetry {
+    exporter: Option<TraceExporter>,
+    failures: Arc<Mutex<Vec<String>>>,
+}
+
+impl Telemetry {
+    /// Starts exporting through `client`, reading runs from `journal`'s
+    /// store; does nothing without a client.
+    pub fn start(client: Option<OtlpClient>, journal: &Journal, report: Report) -> Telemetry {
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let exporter = client.map(|client| {
+            let kept = failures.clone();
+            let on_error: cairn_otel::ErrorHook = Arc::new(move |run: &str, e| {
+                let line = format!("the trace of run {run} was not exported: {e}");
+                match report {
+                    Report::AsTheyCome(who) => eprintln!("{who}: {line}"),
+                    Report::AtEnd => {
+                        let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+                        if kept.len() < KEPT_FAILURES {
+                            kept.push(line);
+                        }
+                    }
+                }
+            });
+            TraceExporter::start(client, journal.backend().clone(), Some(on_error))
+        });
+        Telemetry { exporter, failures }
+    }
+
+    /// What the engine calls when one of its drivers stops driving a run.
+    pub fn hook(&self) -> Option<cairn_engine::RunStopped> {
+        let exporter = self.exporter.clone()?;
+        Some(Arc::new(move |run: &str, _: &cairn_engine::RunOutcome| {
+            exporter.run_stopped(run)
+        }))
+    }
+
+    /// Waits for the queued exports, at most the export timeout, then says
+    /// on stderr what failed. Never fails the command.
+    pub async fn finish(&self) {
+        let Some(exporter) = &self.exporter else {
+            return;
+        };
+        let limit = exporter.timeout();
+        if !exporter.flush(limit).await {
+            eprintln!(
+                "warning: trace export did not finish within {} ms (OTEL_EXPORTER_OTLP_TIMEOUT); `cairn trace <run>` sends a run's trace again",
+                limit.as_millis()
+            );
+        }
+        let failures =
+            std::mem::take(&mut *self.failures.lock().unwrap_or_else(|p| p.into_inner()));
+        for f in failures {
+            eprintln!("warning: {f}");
+        }
+    }
+}
+
+/// `cairn trace`: one run's trace, with its child runs', sent to the
+/// OTLP endpoint or printed as OTLP JSON.
+pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
+    cairn_store::validate_run_id(&a.run).map_err(|e| bad_input(e.to_string()))?;
+    let client = if a.print {
+        None
+    } else {
+        Some(otlp_client()?.ok_or_else(|| {
+            bad_input(
+                "no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), or print the spans with --print",
+            )
+        })?)
+    };
+    let resource = match &client {
+        Some(c) => c.config().resource.clone(),
+        None => cairn_otel::resource_from_env().map_err(|e| bad_input(e.to_string()))?,
+    };
+    let journal = store::open(g, false)?;
+    store::require_run(&journal, &a.run)?;
+    // The store is read on the blocking pool, one run at a time, while
+    // the run before is sent: a large tree is never held whole.
+    let (tx, mut rx) = mpsc::channel(2);
+    let (backend, run) = (journal.backend().clone(), a.run.clone());
+    let reader = tokio::task::spawn_blocking(move || {
+        cairn_otel::visit_tree(backend.as_ref(), &run, |spans| {
+            tx.blocking_send(spans).is_ok()
+        })
+    });
+    let mut spans_sent = 0usize;
+    let mut failed = None;
+    let mut out = std::io::stdout().lock();
+    while let Some(spans) = rx.recv().await {
+        let n = spans.len();
+        match &client {
+            None => {
+                for request in cairn_otel::requests(&resource, spans) {
+                    writeln!(out, "{}", cairn_otel::to_json(&request)?)?;
+                }
+            }
+            Some(c) => {
+                if let Err(e) = c.export(spans).await {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        spans_sent += n;
+    }
+    out.flush()?;
+    drop(rx);
+    let runs = reader.await??;
+    journal.close();
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    if let Some(c) = &client {
+        eprintln!(
+            "exported {spans_sent} spans of {runs} run{} to {}",
+            if runs == 1 { "" } else { "s" },
+            c.config().endpoint
+        );
+    }
+    Ok(crate::EXIT_OK)
+}
