@@ -312,6 +312,10 @@ pub struct TraceBuilder {
     /// The latest attempt of each (node, pass): where node-scoped events
     /// (approvals, questions) go.
     latest: HashMap<(String, u32), usize>,
+    /// The latest attempt of each node path, whatever its pass: a node
+    /// inside a group hangs from the group's attempt, which runs while the
+    /// node does.
+    by_path: HashMap<String, usize>,
     steps: HashMap<(usize, u32), usize>,
     /// The model call an attempt is in (`AgentStepStarted` without its
     /// `AgentStepFinished` yet): its usage reports belong to it.
@@ -337,6 +341,7 @@ impl TraceBuilder {
             accs: Vec::new(),
             attempts: HashMap::new(),
             latest: HashMap::new(),
+            by_path: HashMap::new(),
             steps: HashMap::new(),
             open_step: HashMap::new(),
             tools: HashMap::new(),
@@ -415,10 +420,13 @@ impl TraceBuilder {
                 attempt,
             },
         );
+        let parent = enclosing_group(node)
+            .and_then(|g| self.by_path.get(g).copied())
+            .unwrap_or(0);
         let mut acc = Acc::new(
             Level::Attempt,
             id,
-            Some(0),
+            Some(parent),
             format!("node {node}"),
             ev.timestamp_ms,
         );
@@ -439,6 +447,7 @@ impl TraceBuilder {
         let i = self.add(acc, starts)?;
         self.attempts.insert(key, i);
         self.latest.insert((node.to_string(), iteration), i);
+        self.by_path.insert(node.to_string(), i);
         Some(i)
     }
 
@@ -1075,6 +1084,19 @@ fn kv_strs(key: &str, values: &[&str]) -> KeyValue {
         })
         .collect();
     kv(key, any_value::Value::ArrayValue(ArrayValue { values }))
+}
+
+/// The path of the group a node path is inside: `review` for `review.fix`,
+/// `per_line` for `per_line[3].show`; `None` at the top.
+fn enclosing_group(path: &str) -> Option<&str> {
+    let (group, _) = path.rsplit_once('.')?;
+    // A for_each element (`per_line[3]`) runs inside the for_each node.
+    Some(
+        match group.strip_suffix(']').and_then(|g| g.rsplit_once('[')) {
+            Some((g, _)) => g,
+            None => group,
+        },
+    )
 }
 
 #[cfg(test)]

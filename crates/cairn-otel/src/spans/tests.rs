@@ -632,3 +632,47 @@ fn strings_are_cut_at_a_character_boundary() {
     assert!(c.ends_with('…'));
     assert_eq!(cap("short"), "short");
 }
+
+#[test]
+fn nodes_inside_groups_hang_from_the_group_attempt() {
+    let mut l = Log::new("r");
+    l.started(1, false);
+    let fin = |d| EventKind::NodeFinished {
+        duration_ms: d,
+        output: None,
+        cached: None,
+    };
+    l.at(2, att("each", 1), EventKind::NodeStarted {});
+    l.at(3, att("each[0].say", 1), EventKind::NodeStarted {});
+    l.at(4, att("each[0].say", 1), fin(1));
+    l.at(5, att("each", 1), fin(3));
+    l.at(6, att("review", 1), EventKind::NodeStarted {});
+    for pass in 0..2 {
+        let s = Scope::node("review.fix", pass).with_attempt(1);
+        l.at(7 + i64::from(pass), s.clone(), EventKind::NodeStarted {});
+        l.at(7 + i64::from(pass), s, fin(0));
+    }
+    l.at(9, att("review", 1), fin(3));
+    l.at(10, att("top", 1), EventKind::NodeStarted {});
+    l.at(11, att("top", 1), fin(1));
+    let spans = build_spans(&l.events, &Lineage::root("r"));
+    let id = |name: &str| named(&spans, name)[0].span_id.clone();
+    let run = id("run wf");
+    assert_eq!(
+        named(&spans, "node each[0].say")[0].parent_span_id,
+        id("node each")
+    );
+    for fix in named(&spans, "node review.fix") {
+        assert_eq!(fix.parent_span_id, id("node review"));
+    }
+    assert_eq!(named(&spans, "node review")[0].parent_span_id, run);
+    assert_eq!(named(&spans, "node top")[0].parent_span_id, run);
+}
+
+#[test]
+fn the_group_of_a_path() {
+    assert_eq!(enclosing_group("top"), None);
+    assert_eq!(enclosing_group("review.fix"), Some("review"));
+    assert_eq!(enclosing_group("per_line[3].show"), Some("per_line"));
+    assert_eq!(enclosing_group("a.b[12].c"), Some("a.b"));
+}
