@@ -37,6 +37,8 @@ struct Inner {
     feeds: Arc<crate::feed::Feeds>,
     /// The names and origins requests must come with.
     guard: crate::guard::Guard,
+    /// Folded run states, brought up to date with only their new events.
+    states: crate::states::StateCache,
 }
 
 impl AppState {
@@ -49,7 +51,21 @@ impl AppState {
             closing: watch::channel(false).0,
             feeds: Arc::default(),
             guard,
+            states: crate::states::StateCache::default(),
         }))
+    }
+
+    /// Calls `f` with the run's current state, folding only the events
+    /// the cache has not seen (see [`crate::states`]). Blocking.
+    pub(crate) fn with_state<T>(
+        &self,
+        rec: &RunRecord,
+        f: impl FnOnce(&RunState) -> T,
+    ) -> Result<T, ApiError> {
+        Ok(self
+            .0
+            .states
+            .with_state(self.journal().backend().as_ref(), rec, f)?)
     }
 
     /// A watcher of the run's events after `after` (see [`crate::feed`]).
@@ -148,9 +164,30 @@ pub(crate) async fn existing_run(state: &AppState, run_id: &str) -> Result<RunRe
 /// checks it against the OpenAPI document both ways.
 pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
     vec![
+        (Method::GET, "/", on(MethodFilter::GET, crate::ui::index)),
+        (
+            Method::GET,
+            "/ui/{file}",
+            on(MethodFilter::GET, crate::ui::asset),
+        ),
         (Method::GET, "/healthz", on(MethodFilter::GET, healthz)),
         (Method::GET, "/metrics", on(MethodFilter::GET, metrics)),
         (Method::GET, "/openapi.json", on(MethodFilter::GET, openapi)),
+        (
+            Method::GET,
+            "/v1/session",
+            on(MethodFilter::GET, crate::auth::session),
+        ),
+        (
+            Method::POST,
+            "/v1/session",
+            on(MethodFilter::POST, crate::auth::login),
+        ),
+        (
+            Method::DELETE,
+            "/v1/session",
+            on(MethodFilter::DELETE, crate::auth::logout),
+        ),
         (Method::GET, "/v1/runs", on(MethodFilter::GET, list_runs)),
         (Method::POST, "/v1/runs", on(MethodFilter::POST, start_run)),
         (Method::GET, "/v1/runs/{id}", on(MethodFilter::GET, get_run)),
@@ -158,6 +195,16 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
             Method::GET,
             "/v1/runs/{id}/activity",
             on(MethodFilter::GET, activity),
+        ),
+        (
+            Method::GET,
+            "/v1/runs/{id}/plan",
+            on(MethodFilter::GET, crate::nodes::plan),
+        ),
+        (
+            Method::GET,
+            "/v1/runs/{id}/nodes/{node}/tool-calls",
+            on(MethodFilter::GET, crate::nodes::tool_calls),
         ),
         (
             Method::GET,
@@ -364,7 +411,11 @@ pub(crate) async fn fold_metrics(state: AppState) {
     }
 }
 
-fn run_json(r: &RunRecord) -> Value {
+/// A run as `GET /v1/runs` lists it: its record, and from its state what
+/// a list shows (when it started and ended, progress, tokens, cost). A run
+/// whose log cannot be read is listed without those: one damaged run must
+/// not hide the others.
+fn run_json(state: &AppState, r: &RunRecord) -> Value {
     let mut v = json!({
         "runId": r.run_id,
         "workflow": r.workflow,
@@ -375,14 +426,32 @@ fn run_json(r: &RunRecord) -> Value {
     if let Some(p) = &r.parent_run_id {
         v["parentRunId"] = json!(p);
     }
+    if let Err(e) = state.with_state(r, |st| with_numbers(&mut v, st)) {
+        tracing::warn!(run = %r.run_id, "listing runs: {}", e.message);
+    }
     v
+}
+
+/// What a run list shows of a run's state.
+fn with_numbers(v: &mut Value, st: &RunState) {
+    v["progress"] = json!(st.progress());
+    v["tokens"] = json!(st.tokens);
+    if let Some(t) = st.started_ms {
+        v["startedMs"] = json!(t);
+    }
+    if let Some(t) = st.ended_ms {
+        v["endedMs"] = json!(t);
+    }
+    if let Some(c) = st.cost_usd {
+        v["costUsd"] = json!(c);
+    }
 }
 
 async fn list_runs(
     State(state): State<AppState>,
     Query(q): Params,
 ) -> Result<Json<Value>, ApiError> {
-    known_params(&q, &["status", "workflow", "limit", "offset"])?;
+    known_params(&q, &["status", "workflow", "parent", "limit", "offset"])?;
     if let Some(s) = q.get("status") {
         if RunStatus::parse(s).is_none() {
             return Err(ApiError::bad_request(format!(
@@ -405,12 +474,17 @@ async fn list_runs(
         offset: Some(offset),
         parent: q.get("parent").cloned(),
     };
-    let journal = state.journal().clone();
-    let mut runs = blocking(move || Ok(journal.backend().list_runs(&filter)?)).await?;
-    let more = runs.len() > limit;
-    runs.truncate(limit);
+    let st = state.clone();
+    let (runs, more) = blocking(move || {
+        let mut runs = st.journal().backend().list_runs(&filter)?;
+        let more = runs.len() > limit;
+        runs.truncate(limit);
+        let runs: Vec<Value> = runs.iter().map(|r| run_json(&st, r)).collect();
+        Ok((runs, more))
+    })
+    .await?;
     let mut body = json!({
-        "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+        "runs": runs,
         "limit": limit,
         "offset": offset,
     });
@@ -488,12 +562,10 @@ async fn get_run(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let rec = existing_run(&state, &id).await?;
-    let engine = state.engine().clone();
-    let run = id.clone();
+    let st = state.clone();
     let v = blocking(move || {
-        let st = engine.state(&run)?;
-        let mut v = run_state_json(&st, &rec);
-        with_child_states(&mut v, engine.journal().backend().as_ref());
+        let mut v = st.with_state(&rec, |s| run_state_json(s, &rec))?;
+        with_child_states(&mut v, st.journal().backend().as_ref());
         Ok(v)
     })
     .await?;

@@ -1,12 +1,60 @@
-//! Bearer-token authentication.
+//! Token authentication: `Authorization: Bearer <token>`, or the session
+//! cookie a browser gets from `POST /v1/session` with the token.
+//!
+//! The cookie is not the token: it is HMAC-SHA256 keyed by the token over a
+//! fixed label. So it tells nothing of the token if it leaks, several
+//! servers sharing a token accept each other's cookies, and changing the
+//! token ends every session. It is `HttpOnly` (no script reads it) and
+//! `SameSite=Strict` (no other site's page sends it); with the `Origin`
+//! check and the JSON-only `POST`s of [`crate::guard`], another site can
+//! neither read through it nor act with it.
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hmac::{Hmac, KeyInit, Mac};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::Sha256;
 
-use crate::api::AppState;
+use crate::api::{AppState, JsonBody};
 use crate::error::ApiError;
+
+/// The name of the session cookie.
+pub(crate) const SESSION_COOKIE: &str = "cairn_session";
+
+/// What the session cookie's HMAC covers. A new label would end every
+/// session of every server, as a new token does.
+const SESSION_LABEL: &[u8] = b"cairn web session v1";
+
+/// The session cookie's value for `token`: lowercase hex of
+/// HMAC-SHA256(key = token, label).
+pub(crate) fn session_value(token: &str) -> String {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(token.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(SESSION_LABEL);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Every value the request's cookies give [`SESSION_COOKIE`] (another
+/// server on the same host name may have set one too).
+fn session_cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name.trim() == SESSION_COOKIE).then(|| value.trim().trim_matches('"'))
+        })
+}
 
 /// Compares in time that depends only on the lengths, so a client cannot
 /// learn the token a byte at a time from response times.
@@ -27,34 +75,48 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// What the `Authorization` header says about a request.
+/// What a request's `Authorization` header or session cookie says.
 pub(crate) enum Check {
-    /// No token configured, or the right one given.
+    /// No token configured, or the right token or session given.
     Allowed,
-    /// No header at all.
+    /// No `Authorization` header, and no session cookie that is current.
+    /// A stale cookie (the token changed) counts as none: its holder only
+    /// has to log in again.
     Missing,
-    /// A header with the wrong token or scheme.
+    /// An `Authorization` header with the wrong token or scheme.
     Wrong,
 }
 
+/// Whether the request may use the API.
 pub(crate) fn check(state: &AppState, headers: &HeaderMap) -> Check {
     let Some(expected) = state.token() else {
         return Check::Allowed;
     };
-    if headers.get(header::AUTHORIZATION).is_none() {
-        return Check::Missing;
+    if headers.get(header::AUTHORIZATION).is_some() {
+        return match bearer(headers) {
+            Some(t) if ct_eq(t.as_bytes(), expected.as_bytes()) => Check::Allowed,
+            _ => Check::Wrong,
+        };
     }
-    match bearer(headers) {
-        Some(t) if ct_eq(t.as_bytes(), expected.as_bytes()) => Check::Allowed,
-        _ => Check::Wrong,
+    let session = session_value(expected);
+    // Every cookie is compared, so the time taken says nothing of which
+    // one came close.
+    let mut ok = false;
+    for c in session_cookies(headers) {
+        ok |= ct_eq(c.as_bytes(), session.as_bytes());
+    }
+    if ok {
+        Check::Allowed
+    } else {
+        Check::Missing
     }
 }
 
 pub(crate) fn unauthorized(missing: bool) -> Response {
     let msg = if missing {
-        "this server requires a token: send `Authorization: Bearer <token>`"
+        "this server requires a token: send `Authorization: Bearer <token>`, or log in on the web page"
     } else {
-        "the bearer token is wrong"
+        "the token is wrong"
     };
     let mut r = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg).into_response();
     r.headers_mut().insert(
@@ -64,15 +126,17 @@ pub(crate) fn unauthorized(missing: bool) -> Response {
     r
 }
 
-/// Every route but `/healthz` needs the token. `/v1/ws` without a header is
-/// let through: a WebSocket client may send the token as its first message.
+/// Every route needs the token but `/healthz`, the web page (which holds no
+/// data, and must load to show its login form) and `/v1/session` (the
+/// login itself). `/v1/ws` without a token is let through: a WebSocket
+/// client may send the token as its first message.
 pub(crate) async fn require_token(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    if path == "/healthz" {
+    if path == "/healthz" || path == "/v1/session" || crate::ui::is_page(path) {
         return next.run(req).await;
     }
     match check(&state, req.headers()) {
@@ -81,6 +145,64 @@ pub(crate) async fn require_token(
         Check::Missing => unauthorized(true),
         Check::Wrong => unauthorized(false),
     }
+}
+
+/// `POST /v1/session`: the body of a login.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LoginBody {
+    token: String,
+}
+
+/// The `Set-Cookie` value of a session (`value` empty and `Max-Age=0` to
+/// end it).
+fn session_cookie(value: &str, end: bool) -> HeaderValue {
+    let max_age = if end { "; Max-Age=0" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{max_age}"
+    ))
+    .expect("hex digits make a header value")
+}
+
+/// `GET /v1/session`: whether the server needs a token and whether this
+/// request carries a valid one (header or cookie). Needs no token itself.
+pub(crate) async fn session(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let authenticated = matches!(check(&state, &headers), Check::Allowed);
+    Json(json!({
+        "tokenRequired": state.token().is_some(),
+        "authenticated": authenticated,
+    }))
+    .into_response()
+}
+
+/// `POST /v1/session {"token"}`: checks the token (in constant time) and
+/// answers with the session cookie. A server without a token needs no
+/// login and sets no cookie.
+pub(crate) async fn login(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<LoginBody>,
+) -> Response {
+    let Some(expected) = state.token() else {
+        return Json(json!({"tokenRequired": false, "authenticated": true})).into_response();
+    };
+    if !ct_eq(body.token.as_bytes(), expected.as_bytes()) {
+        return unauthorized(false);
+    }
+    let mut r = Json(json!({"tokenRequired": true, "authenticated": true})).into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        session_cookie(&session_value(expected), false),
+    );
+    r
+}
+
+/// `DELETE /v1/session`: ends the browser's session (its cookie). Other
+/// browsers' sessions stay; changing the token ends them all.
+pub(crate) async fn logout() -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    r.headers_mut()
+        .insert(header::SET_COOKIE, session_cookie("", true));
+    r
 }
 
 #[cfg(test)]
@@ -96,6 +218,43 @@ mod tests {
         assert!(ct_eq(b"", b""));
         // Lengths that differ by a multiple of 256 must still differ.
         assert!(!ct_eq(&[0u8; 256], b""));
+    }
+
+    /// RFC 4231 test case 2 holds the HMAC to the standard's.
+    #[test]
+    fn hmac_sha256_is_the_standard_one() {
+        let mut mac = Hmac::<Sha256>::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        let hex: String = mac
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn the_session_cookie_is_derived_from_the_token_not_the_token() {
+        let a = session_value("sekret");
+        assert_eq!(a.len(), 64);
+        assert!(!a.contains("sekret"));
+        assert_eq!(a, session_value("sekret"), "servers sharing a token agree");
+        assert_ne!(a, session_value("sekret2"), "a new token ends sessions");
+    }
+
+    #[test]
+    fn session_cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            "a=1; cairn_session=abc ; b=2".parse().unwrap(),
+        );
+        h.append(header::COOKIE, "cairn_session=\"def\"".parse().unwrap());
+        assert_eq!(session_cookies(&h).collect::<Vec<_>>(), ["abc", "def"]);
     }
 
     #[test]

@@ -19,7 +19,10 @@ mod feed;
 mod frames;
 mod guard;
 mod listen;
+mod nodes;
 mod sse;
+mod states;
+mod ui;
 mod workflows;
 mod ws;
 

@@ -276,6 +276,8 @@ enum Request {
         #[serde(default)]
         workflow: Option<String>,
         #[serde(default)]
+        parent: Option<String>,
+        #[serde(default)]
         limit: Option<usize>,
         #[serde(default)]
         offset: Option<usize>,
@@ -634,6 +636,7 @@ impl Session {
             Request::ListRuns {
                 status,
                 workflow,
+                parent,
                 limit,
                 offset,
             } => {
@@ -643,6 +646,9 @@ impl Session {
                 }
                 if let Some(w) = workflow {
                     q.insert("workflow".to_string(), w);
+                }
+                if let Some(p) = parent {
+                    q.insert("parent".to_string(), p);
                 }
                 if let Some(l) = limit {
                     q.insert("limit".to_string(), l.to_string());

@@ -368,7 +368,8 @@ async fn every_documented_route_is_served() {
             let concrete = path
                 .replace("{id}", "r")
                 .replace("{node}", "n")
-                .replace("{requestId}", "q");
+                .replace("{requestId}", "q")
+                .replace("{file}", "main.js");
             let (status, body) = raw(
                 srv.addr,
                 &request(&method.to_uppercase(), &concrete, None, "{}"),
@@ -379,7 +380,7 @@ async fn every_documented_route_is_served() {
             n += 1;
         }
     }
-    assert_eq!(n, 14);
+    assert_eq!(n, 21);
     srv.stop().await;
 }
 

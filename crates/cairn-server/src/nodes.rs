@@ -1,0 +1,210 @@
+//! What the web page draws of a run's nodes: the workflow's plan (the
+//! nodes as written, for the graph) and one node's tool calls (arguments
+//! and results, which the events do not carry).
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use cairn_store::RunRecord;
+use cairn_workflow::{NodeKind, NodeSpec};
+use serde_json::{json, Value};
+
+use crate::api::{blocking, existing_run, known_params, AppState};
+use crate::error::ApiError;
+
+/// The nodes of the workflow a run was started with, as a flat list in file
+/// order (each group followed by its members): each with its path, id,
+/// kind, the paths of the siblings it needs, and for a group its members'
+/// paths. Empty when the run's stored workflow text does not parse (a run
+/// written by hand, say): the page then draws the nodes its state knows.
+///
+/// A path is as events name nodes (`review.fix` inside the loop `review`),
+/// except inside a `for_each`, whose members appear once as a template
+/// (`per_line.show`) while events name each instance (`per_line[3].show`).
+pub(crate) fn plan_of(rec: &RunRecord) -> Vec<Value> {
+    let Ok(wf) = cairn_workflow::parse(
+        &rec.workflow_source,
+        std::path::Path::new(&rec.workflow_path),
+    ) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    // Groups nest at most a couple of hundred deep (the workflow limits),
+    // but an explicit stack costs nothing and cannot overflow.
+    let mut stack: Vec<(&NodeSpec, String, Option<String>, usize)> = wf
+        .nodes
+        .iter()
+        .rev()
+        .map(|n| (n, n.id.clone(), None, 0))
+        .collect();
+    while let Some((n, path, parent, depth)) = stack.pop() {
+        let prefix = parent
+            .as_deref()
+            .map(|p| format!("{p}."))
+            .unwrap_or_default();
+        let mut v = json!({
+            "path": path,
+            "id": n.id,
+            "kind": n.kind.name(),
+            "depth": depth,
+            "needs": n.needs.iter().map(|d| format!("{prefix}{d}")).collect::<Vec<_>>(),
+            "line": n.line,
+        });
+        if let Some(p) = &parent {
+            v["parent"] = json!(p);
+        }
+        if let Some(stage) = &n.stage {
+            v["stage"] = json!(stage);
+        }
+        match &n.kind {
+            NodeKind::Loop { max_iterations, .. } => {
+                v["maxIterations"] = json!(max_iterations);
+            }
+            NodeKind::Tool { tool, .. } => v["tool"] = json!(tool),
+            _ => {}
+        }
+        if let Some(children) = n.kind.children() {
+            v["children"] = json!(children
+                .iter()
+                .map(|c| format!("{path}.{}", c.id))
+                .collect::<Vec<_>>());
+            for c in children.iter().rev() {
+                stack.push((c, format!("{path}.{}", c.id), Some(path.clone()), depth + 1));
+            }
+        }
+        out.push(v);
+    }
+    out
+}
+
+/// `GET /v1/runs/{id}/plan`.
+pub(crate) async fn plan(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rec = existing_run(&state, &id).await?;
+    let workflow = rec.workflow.clone();
+    // Parsing a workflow of 100,000 nodes takes a while: off the async threads.
+    let nodes = blocking(move || Ok(plan_of(&rec))).await?;
+    Ok(Json(
+        json!({"runId": id, "workflow": workflow, "nodes": nodes}),
+    ))
+}
+
+/// `GET /v1/runs/{id}/nodes/{node}/tool-calls?iteration=N`: the tool calls
+/// of one node pass, by attempt then order, with their arguments and, once
+/// they succeeded, their results.
+pub(crate) async fn tool_calls(
+    State(state): State<AppState>,
+    Path((id, node)): Path<(String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    known_params(&q, &["iteration"])?;
+    let iteration: u32 = match q.get("iteration") {
+        None => 0,
+        Some(v) => v.parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "query parameter `iteration`: `{v}` is not a loop pass (0 to {})",
+                u32::MAX
+            ))
+        })?,
+    };
+    existing_run(&state, &id).await?;
+    let journal = state.journal().clone();
+    let (run, path) = (id.clone(), node.clone());
+    let calls = blocking(move || Ok(journal.backend().tool_calls(&run, &path, iteration)?)).await?;
+    let calls: Vec<Value> = calls
+        .into_iter()
+        .map(|c| {
+            let mut v = json!({
+                "attempt": c.attempt,
+                "toolSeq": c.tool_seq,
+                "tool": c.tool,
+                "idempotencyKey": c.idempotency_key,
+                "sideEffect": c.side_effect,
+                "idempotent": c.idempotent,
+                "input": c.input,
+                "status": c.status,
+                "startedMs": c.started_ms,
+            });
+            if let Some(o) = c.output {
+                v["output"] = o;
+            }
+            if let Some(t) = c.finished_ms {
+                v["finishedMs"] = json!(t);
+            }
+            if let Some(e) = c.error {
+                v["error"] = e;
+            }
+            v
+        })
+        .collect();
+    Ok(Json(json!({
+        "runId": id,
+        "nodeId": node,
+        "iteration": iteration,
+        "toolCalls": calls,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_lists_groups_then_their_members_with_needs_as_paths() {
+        let src = r#"
+name: p
+nodes:
+  - id: a
+    value: 1
+  - id: g
+    needs: [a]
+    stage: work
+    loop:
+      until: "true"
+      max_iterations: 3
+      nodes:
+        - id: x
+          value: 1
+        - id: y
+          needs: [x]
+          value: 2
+  - id: each
+    needs: [a]
+    for_each: "[1, 2]"
+    nodes:
+      - id: z
+        value: 3
+"#;
+        let rec = RunRecord {
+            run_id: "r".into(),
+            workflow: "p".into(),
+            workflow_path: "p.yaml".into(),
+            workflow_hash: String::new(),
+            workflow_source: src.into(),
+            input: json!({}),
+            status: "running".into(),
+            created_ms: 0,
+            updated_ms: 0,
+            parent_run_id: None,
+        };
+        let plan = plan_of(&rec);
+        let paths: Vec<&str> = plan.iter().map(|n| n["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["a", "g", "g.x", "g.y", "each", "each.z"]);
+        assert_eq!(plan[1]["needs"], json!(["a"]));
+        assert_eq!(plan[1]["children"], json!(["g.x", "g.y"]));
+        assert_eq!(plan[1]["maxIterations"], 3);
+        assert_eq!(plan[1]["stage"], "work");
+        assert_eq!(plan[3]["needs"], json!(["g.x"]));
+        assert_eq!(plan[3]["parent"], "g");
+        assert_eq!(plan[3]["depth"], 1);
+        assert_eq!(plan[4]["kind"], "for_each");
+        let broken = RunRecord {
+            workflow_source: "nodes: [".into(),
+            ..rec
+        };
+        assert!(plan_of(&broken).is_empty());
+    }
+}
