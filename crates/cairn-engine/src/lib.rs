@@ -333,7 +333,7 @@ impl Engine {
     /// [`Engine::start`], as the child of `parent` when there is one.
     pub(crate) async fn start_as(
         &self,
-        wf: Workflow,
+        mut wf: Workflow,
         input: Value,
         opts: StartOptions,
         parent: Option<child::Lineage>,
@@ -355,7 +355,10 @@ impl Engine {
             workflow: wf.name.clone(),
             workflow_path: wf.path.display().to_string(),
             workflow_hash: wf.hash.clone(),
-            workflow_source: wf.source.clone(),
+            // The text goes to the store and is read from there (a resume,
+            // the API); the driver needs only what was parsed from it, and a
+            // 100,000-node file is megabytes.
+            workflow_source: std::mem::take(&mut wf.source),
             input: input.clone(),
             status: "pending".into(),
             created_ms: now,

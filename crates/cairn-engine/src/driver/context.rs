@@ -112,6 +112,13 @@ impl NodesCtx {
         Arc::make_mut(&mut self.0).insert(path.shared_text(), entry)
     }
 
+    /// Makes room for `additional` more paths at once: the map of a large
+    /// frame would otherwise grow by doubling, the old and new tables both
+    /// alive while it does, and end up to twice as large as needed.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        Arc::make_mut(&mut self.0).reserve_exact(additional);
+    }
+
     pub(super) fn shared(&self) -> Arc<NodeEntries> {
         self.0.clone()
     }

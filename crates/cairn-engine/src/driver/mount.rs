@@ -79,6 +79,7 @@ impl Driver {
             },
         );
         self.state.reserve_nodes(added.len());
+        self.nodes_ctx.reserve(added.len());
         // Counted once every instance is in its layer's total, so that a
         // layer still open from before a resume is not closed half-counted.
         let mut done_already = Vec::new();
