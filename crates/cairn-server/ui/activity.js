@@ -3,7 +3,7 @@
 // from `GET /v1/runs/{id}/activity`, fetched again as the run moves.
 
 import { api, runPath } from './api.js';
-import { h, fmtTime, fmtDuration, statusText, throttle } from './dom.js';
+import { h, fmtTime, fmtDuration, statusText } from './dom.js';
 import { VirtualList } from './vlist.js';
 
 const ROW = 30;
@@ -17,13 +17,21 @@ export class Activity {
     this.note = h('p', { class: 'muted', 'aria-live': 'polite' }, 'Loading…');
     this.list = new VirtualList({ rowHeight: ROW, label: 'Activity', className: 'activity', renderRow: (i) => this.row(i) });
     this.el = h('div', { class: 'activity-box' }, this.note, this.list.el);
-    this.refetch = throttle(() => this.load(), 1500);
+    // Each load folds the whole log on the server: on a big live run the
+    // view is asked again less often, never more than a fifth of the time.
+    this.cost = 0;
+    this.refetch = () => {
+      if (this.timer) return;
+      this.timer = setTimeout(() => { this.timer = null; this.load(); }, Math.max(1500, this.cost * 5));
+    };
     this.load();
   }
 
   async load() {
+    const t0 = performance.now();
     try {
       const r = await api(runPath(this.runId, '/activity'), { signal: this.abort.signal });
+      this.cost = performance.now() - t0;
       this.entries = r.activity;
       for (const e of this.entries) {
         if (!this.depth.has(e.runId) && e.delegatedBy) {
@@ -42,7 +50,8 @@ export class Activity {
 
   /**
    * New events: the view is folded on the server, so it is asked again (at
-   * most every 1.5 s), or once shown again if its tab is hidden.
+   * most every 1.5 s, or five times as long as the last load took), or
+   * once shown again if its tab is hidden.
    */
   apply(events) {
     if (!events.some((e) => e.type !== 'NodeHeartbeat')) return;
@@ -75,6 +84,7 @@ export class Activity {
   }
 
   destroy() {
+    clearTimeout(this.timer);
     this.abort.abort();
     this.list.destroy();
   }
