@@ -39,7 +39,8 @@
 //! size. Every case checks that every node instance finished. Runs shorter
 //! than a second are noisy on a shared machine, so each case (and the
 //! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
-//! change it) and the median run counts; peak memory is the highest seen.
+//! change it) and the median run by wall time counts, with the median of
+//! each CPU time over the runs; peak memory is the highest seen.
 //! Each case sets up the allocators as the CLI does (jemalloc with two
 //! arenas, glibc's malloc, which SQLite uses, with two; the parse's freed
 //! memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1` leaves
@@ -446,14 +447,26 @@ fn repeats(n: usize) -> usize {
 }
 
 /// The median by wall time of `reps` runs of one case (the faster of the
-/// middle two), with the highest peak memory seen. Not the fastest: that
-/// would favour the sizes that repeat most when comparing sizes.
+/// middle two), with the highest peak memory seen and the median of each
+/// CPU time taken on its own (the CPU of the run whose wall time is the
+/// median is one draw of the machine's noise, up to 1.5 times the median
+/// CPU on a shared machine). Not the fastest: that would favour the sizes
+/// that repeat most when comparing sizes.
 fn median_of(reps: usize, args: &[&str]) -> Measure {
     let mut runs: Vec<Measure> = (0..reps.max(1)).map(|_| child(args)).collect();
     let peak = runs.iter().map(|m| m.peak_mb).fold(0.0, f64::max);
+    let median = |f: fn(&Measure) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[(v.len() - 1) / 2]
+    };
+    let engine_cpu_ms = median(|m| m.engine_cpu_ms);
+    let store_cpu_ms = median(|m| m.store_cpu_ms);
     runs.sort_by(|a, b| a.wall_ms.total_cmp(&b.wall_ms));
     let mut m = runs.swap_remove((runs.len() - 1) / 2);
     m.peak_mb = peak;
+    m.engine_cpu_ms = engine_cpu_ms;
+    m.store_cpu_ms = store_cpu_ms;
     m
 }
 
