@@ -228,6 +228,20 @@ mod tests {
                     "{}: the page never touches cookies",
                     a.name
                 );
+                // What a run holds (outputs, tool results, model answers)
+                // is written by whoever controls the run's inputs: it goes
+                // into the page as text nodes, never parsed as HTML or code.
+                for sink in [
+                    "innerHTML",
+                    "outerHTML",
+                    "insertAdjacentHTML",
+                    "document.write",
+                    "eval(",
+                    "new Function",
+                    "createContextualFragment",
+                ] {
+                    assert!(!text.contains(sink), "{}: uses {sink}", a.name);
+                }
             }
         }
     }
