@@ -93,6 +93,9 @@ pub enum Command {
     Cancel(CancelArgs),
     /// List runs, newest first.
     Runs(RunsArgs),
+    /// Show what the nodes' scorers said across runs: per workflow, node and
+    /// scorer, and per generation of the workflow file, newest first.
+    Scores(ScoresArgs),
     /// Show a run's state: nodes, attempts, durations, outputs.
     Status(StatusArgs),
     /// Print a run's events.
@@ -211,6 +214,20 @@ pub struct RunsArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub limit: usize,
     /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `cairn scores`.
+#[derive(Debug, Args)]
+pub struct ScoresArgs {
+    /// Only runs of this workflow (by name).
+    #[arg(long, value_name = "W")]
+    pub workflow: Option<String>,
+    /// Only the scorers of this node (its path).
+    #[arg(long, value_name = "N")]
+    pub node: Option<String>,
+    /// The report as one JSON object.
     #[arg(long)]
     pub json: bool,
 }

@@ -13,6 +13,7 @@ mod doctor;
 mod format;
 mod inspect;
 mod run;
+mod scores;
 mod store;
 mod trace;
 
@@ -124,6 +125,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Deny(a) => run::decide(&g, a, false).await,
         Command::Cancel(a) => run::cancel(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a),
+        Command::Scores(a) => scores::scores(&g, a),
         Command::Status(a) => inspect::status(&g, a).await,
         Command::Logs(a) => inspect::logs(&g, a).await,
         Command::Activity(a) => inspect::activity(&g, a).await,

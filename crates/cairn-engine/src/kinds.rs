@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use cairn_events::{EventKind, NetworkAction, OutputStream};
 use cairn_store::ProcessRecord;
-use cairn_tools::process::{run_process, ProcessError, ProcessObserver, ProcessSpec, Stream};
+use cairn_tools::process::{
+    run_process, run_process_with_input, ProcessError, ProcessObserver, ProcessSpec, Stream,
+};
 use cairn_workflow::{NodeKind, NodeSpec, OutputFormat};
 use serde_json::{json, Value};
 
@@ -20,6 +22,9 @@ use crate::node::{now_ms, NodeCtx, NodeError, NodeRunner};
 pub(crate) struct EventObserver<'a> {
     pub ctx: &'a NodeCtx,
     records: Mutex<Vec<u64>>,
+    /// Whether output becomes `NodeOutput`: not for a scorer, whose
+    /// process runs after the node's attempt ended.
+    streams: bool,
 }
 
 impl<'a> EventObserver<'a> {
@@ -27,6 +32,17 @@ impl<'a> EventObserver<'a> {
         EventObserver {
             ctx,
             records: Mutex::new(Vec::new()),
+            streams: true,
+        }
+    }
+
+    /// An observer that records processes and network verdicts but
+    /// streams no output.
+    pub(crate) fn quiet(ctx: &'a NodeCtx) -> Self {
+        EventObserver {
+            ctx,
+            records: Mutex::new(Vec::new()),
+            streams: false,
         }
     }
 }
@@ -61,6 +77,9 @@ impl ProcessObserver for EventObserver<'_> {
     }
 
     fn output(&self, stream: Stream, text: &str) {
+        if !self.streams {
+            return;
+        }
         let stream = match stream {
             Stream::Stdout => OutputStream::Stdout,
             Stream::Stderr => OutputStream::Stderr,
@@ -108,105 +127,125 @@ impl NodeRunner for CommandNode {
         let NodeKind::Command(argv) = &spec.kind else {
             unreachable!("runner_for maps only command nodes here")
         };
-        let render = |s: &str| -> Result<String, NodeError> {
-            ctx.templates
-                .render_string(s, &ctx.vars)
-                .map_err(|e| NodeError::fatal("template", e.to_string()))
-        };
-        let argv = argv
-            .iter()
-            .map(|a| render(a))
-            .collect::<Result<Vec<_>, _>>()?;
-        let sandbox = ctx
-            .services
-            .sandbox_for(&ctx.workflow, None, None, &spec.sandbox)?;
-        let confine = sandbox.confinement();
-        if confine.is_none() {
-            ctx.unconfined_notice();
-        }
-        let cwd = match &spec.cwd {
-            Some(c) => {
-                let c = PathBuf::from(render(c)?);
-                if c.is_absolute() {
-                    c
-                } else {
-                    ctx.workflow.base_dir.join(c)
-                }
+        let stdout = run_command(spec, argv, ctx, None, EventObserver::new(ctx)).await?;
+        parse_output(&stdout, spec.output)
+    }
+}
+
+/// Runs `argv` (templates, rendered against `ctx`) as node `spec`'s command
+/// runs: its sandbox, working folder, environment and output limit, the
+/// attempt's cancel token; `input` goes to its stdin. Returns its stdout;
+/// a process that did not exit with 0 is an error. Scorers run their
+/// commands through here too, with an observer that streams nothing.
+pub(crate) async fn run_command(
+    spec: &NodeSpec,
+    argv: &[String],
+    ctx: &NodeCtx,
+    input: Option<Vec<u8>>,
+    observer: EventObserver<'_>,
+) -> Result<String, NodeError> {
+    let render = |s: &str| -> Result<String, NodeError> {
+        ctx.templates
+            .render_string(s, &ctx.vars)
+            .map_err(|e| NodeError::fatal("template", e.to_string()))
+    };
+    let argv = argv
+        .iter()
+        .map(|a| render(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sandbox = ctx
+        .services
+        .sandbox_for(&ctx.workflow, None, None, &spec.sandbox)?;
+    let confine = sandbox.confinement();
+    if confine.is_none() {
+        ctx.unconfined_notice();
+    }
+    let cwd = match &spec.cwd {
+        Some(c) => {
+            let c = PathBuf::from(render(c)?);
+            if c.is_absolute() {
+                c
+            } else {
+                ctx.workflow.base_dir.join(c)
             }
-            // The workflow's folder, unless the sandbox root is narrower.
-            None if confine.is_some() && !within(&ctx.workflow.base_dir, sandbox.root()) => {
-                sandbox.root().to_path_buf()
-            }
-            None => ctx.workflow.base_dir.clone(),
-        };
-        let mut env = Vec::with_capacity(spec.env.len());
-        for (k, v) in &spec.env {
-            env.push((k.clone(), render(v)?));
         }
-        // Inherited by every descendant, so a resume can find what a
-        // crashed engine left running even before its group was recorded.
-        env.extend(ctx.services.process_env(&ctx.run_id));
-        let program = argv.first().cloned().unwrap_or_default();
-        let max_output = ctx
-            .workflow
-            .sandbox
-            .max_output_bytes
-            .map(|b| b as usize)
-            .unwrap_or(crate::COMMAND_OUTPUT_LIMIT);
-        let proc_spec = ProcessSpec {
-            argv,
-            cwd,
-            env,
-            // Only what the node declares, never the engine's secrets.
-            clear_env: true,
-            // The node's timeout is enforced by the driver, which cancels us.
-            timeout: None,
-            max_output_bytes: max_output,
-            network: sandbox.network(),
-            confine,
-            proxy: sandbox.network_hosts(),
-        };
-        let observer = EventObserver::new(ctx);
-        let outcome = run_process(proc_spec, &observer, ctx.cancel.clone()).await;
-        drop(observer);
-        let outcome = outcome.map_err(|e| match e {
-            // Retrying cannot make the kernel offer what it lacks.
-            ProcessError::Sandbox { .. } => NodeError::fatal("sandbox", e.to_string()),
-            e => NodeError::new("spawn", e.to_string()),
-        })?;
-        if outcome.cancelled || outcome.timed_out {
-            return Err(NodeError::cancelled(format!("`{program}` was stopped")));
+        // The workflow's folder, unless the sandbox root is narrower.
+        None if confine.is_some() && !within(&ctx.workflow.base_dir, sandbox.root()) => {
+            sandbox.root().to_path_buf()
         }
-        if let Some(limit) = outcome.resource_limit(&sandbox.resources()) {
-            return Err(NodeError::new(
-                "resource_limit",
-                format!("`{program}` was stopped by a resource limit: {limit}"),
-            )
-            .with_details(json!({
+        None => ctx.workflow.base_dir.clone(),
+    };
+    let mut env = Vec::with_capacity(spec.env.len());
+    for (k, v) in &spec.env {
+        env.push((k.clone(), render(v)?));
+    }
+    // Inherited by every descendant, so a resume can find what a
+    // crashed engine left running even before its group was recorded.
+    env.extend(ctx.services.process_env(&ctx.run_id));
+    let program = argv.first().cloned().unwrap_or_default();
+    let max_output = ctx
+        .workflow
+        .sandbox
+        .max_output_bytes
+        .map(|b| b as usize)
+        .unwrap_or(crate::COMMAND_OUTPUT_LIMIT);
+    let proc_spec = ProcessSpec {
+        argv,
+        cwd,
+        env,
+        // Only what the node declares, never the engine's secrets.
+        clear_env: true,
+        // The node's timeout is enforced by the driver, which cancels us.
+        timeout: None,
+        max_output_bytes: max_output,
+        network: sandbox.network(),
+        confine,
+        proxy: sandbox.network_hosts(),
+    };
+    let outcome = match input {
+        Some(input) => {
+            run_process_with_input(proc_spec, input, &observer, ctx.cancel.clone()).await
+        }
+        None => run_process(proc_spec, &observer, ctx.cancel.clone()).await,
+    };
+    drop(observer);
+    let outcome = outcome.map_err(|e| match e {
+        // Retrying cannot make the kernel offer what it lacks.
+        ProcessError::Sandbox { .. } => NodeError::fatal("sandbox", e.to_string()),
+        e => NodeError::new("spawn", e.to_string()),
+    })?;
+    if outcome.cancelled || outcome.timed_out {
+        return Err(NodeError::cancelled(format!("`{program}` was stopped")));
+    }
+    if let Some(limit) = outcome.resource_limit(&sandbox.resources()) {
+        return Err(NodeError::new(
+            "resource_limit",
+            format!("`{program}` was stopped by a resource limit: {limit}"),
+        )
+        .with_details(json!({
+            "exitCode": outcome.exit_code,
+            "signal": outcome.signal,
+            "stderr": tail(&outcome.stderr, 2000),
+            // Named when the tree's control group counted it; null
+            // when inferred from the exit and stderr.
+            "limit": outcome.tree.and_then(|t| t.hit).map(|l| l.as_str()),
+        })));
+    }
+    if outcome.exit_code != Some(0) {
+        let how = match (outcome.exit_code, outcome.signal) {
+            (Some(c), _) => format!("exited with code {c}"),
+            (None, Some(s)) => format!("was killed by signal {s}"),
+            _ => "ended abnormally".to_string(),
+        };
+        return Err(
+            NodeError::new("exit", format!("`{program}` {how}")).with_details(json!({
                 "exitCode": outcome.exit_code,
                 "signal": outcome.signal,
                 "stderr": tail(&outcome.stderr, 2000),
-                // Named when the tree's control group counted it; null
-                // when inferred from the exit and stderr.
-                "limit": outcome.tree.and_then(|t| t.hit).map(|l| l.as_str()),
-            })));
-        }
-        if outcome.exit_code != Some(0) {
-            let how = match (outcome.exit_code, outcome.signal) {
-                (Some(c), _) => format!("exited with code {c}"),
-                (None, Some(s)) => format!("was killed by signal {s}"),
-                _ => "ended abnormally".to_string(),
-            };
-            return Err(
-                NodeError::new("exit", format!("`{program}` {how}")).with_details(json!({
-                    "exitCode": outcome.exit_code,
-                    "signal": outcome.signal,
-                    "stderr": tail(&outcome.stderr, 2000),
-                })),
-            );
-        }
-        parse_output(&outcome.stdout, spec.output)
+            })),
+        );
     }
+    Ok(outcome.stdout)
 }
 
 /// Whether `path` lies inside `root` (compared canonically when it exists).

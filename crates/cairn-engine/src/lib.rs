@@ -32,6 +32,7 @@ mod kinds;
 mod mcp;
 mod node;
 mod plan;
+mod scorer;
 mod services;
 
 use std::collections::HashSet;

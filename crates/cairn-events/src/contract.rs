@@ -6,7 +6,8 @@
 //! before anything of it and closed once, a retry announced between the
 //! failure and the next start, tool calls and agent steps started before
 //! they finish and finished once, questions and gates asked before they
-//! are answered.
+//! are answered, scorers started after the pass's `NodeFinished` and ended
+//! once, and none left open when the run ends.
 //!
 //! Pure, like [`crate::check_tree`]: tests that make logs (crash tests,
 //! children, agents, engines) run every log they make through it.
@@ -35,6 +36,10 @@ struct Pass {
     announced: Option<u32>,
     asked: BTreeSet<String>,
     gate: bool,
+    /// The pass ended with `NodeFinished` (it has an output to score).
+    succeeded: bool,
+    /// Scorers started, by id, with whether they ended.
+    scorers: BTreeMap<String, bool>,
 }
 
 /// Checks `events`, one run's whole log in seq order. Returns the first
@@ -71,6 +76,13 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
             EventKind::RunFinished { .. }
             | EventKind::RunFailed { .. }
             | EventKind::RunCancelled { .. } => {
+                let open = passes.iter().find_map(|((node, _), p)| {
+                    let id = p.scorers.iter().find(|(_, ended)| !**ended)?.0;
+                    Some(format!("scorer `{id}` of node `{node}`"))
+                });
+                if let Some(open) = open {
+                    return at(format!("the run ended with {open} open"));
+                }
                 ended = true;
                 continue;
             }
@@ -155,6 +167,7 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
                     EventKind::NodeFinished { .. } => {
                         t.ended = true;
                         pass.finished = true;
+                        pass.succeeded = true;
                     }
                     EventKind::NodeFailed { will_retry, .. } => {
                         t.ended = true;
@@ -200,6 +213,25 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
             {
                 return at(format!("an answer to `{request_id}`, which was not asked"));
             }
+            (EventKind::ScorerStarted { scorer_id, .. }, None) => {
+                if !pass.succeeded {
+                    return at(format!(
+                        "scorer `{scorer_id}` started before the node's NodeFinished"
+                    ));
+                }
+                if pass.scorers.insert(scorer_id.clone(), false).is_some() {
+                    return at(format!("scorer `{scorer_id}` started twice"));
+                }
+            }
+            (
+                EventKind::ScorerFinished { scorer_id, .. }
+                | EventKind::ScorerFailed { scorer_id, .. },
+                None,
+            ) => match pass.scorers.get_mut(scorer_id) {
+                None => return at(format!("scorer `{scorer_id}` ended before it started")),
+                Some(true) => return at(format!("scorer `{scorer_id}` ended twice")),
+                Some(ended) => *ended = true,
+            },
             (EventKind::ApprovalRequested { .. }, None) => pass.gate = true,
             (EventKind::ApprovalGranted { .. } | EventKind::ApprovalDenied { .. }, None)
                 if !pass.gate =>

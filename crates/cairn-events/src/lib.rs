@@ -30,6 +30,6 @@ pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
 pub use reducer::{
     AgentProgress, AttemptState, ChildRun, Decision, NodeNotes, NodeState, NodeStatus, Question,
-    RunState,
+    RunState, ScoreState,
 };
 pub use tree::check_tree;

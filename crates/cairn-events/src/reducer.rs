@@ -99,6 +99,37 @@ pub struct NodeNotes {
     /// An agent node's progress.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentProgress>,
+    /// Its scorers that started, in the order they started.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<ScoreState>,
+}
+
+/// One scorer of a node pass as the log tells it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScoreState {
+    /// The scorer's id in the workflow file.
+    pub scorer_id: String,
+    /// Its label for people.
+    pub scorer_name: String,
+    /// `running`, `finished` or `failed`.
+    pub status: &'static str,
+    /// The score, from 0 to 1, once it finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    /// Why, when the scorer said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+}
+
+impl ScoreState {
+    /// Whether the scorer ended (finished or failed).
+    pub fn is_done(&self) -> bool {
+        self.status != "running"
+    }
 }
 
 /// What the log tells of an agent node's work so far (every attempt).
@@ -182,6 +213,11 @@ impl NodeState {
     /// An agent node's progress, once it asked its model.
     pub fn agent(&self) -> Option<&AgentProgress> {
         self.notes.as_ref()?.agent.as_ref()
+    }
+
+    /// Its scorers that started (empty when it has none or none started).
+    pub fn scores(&self) -> &[ScoreState] {
+        self.notes.as_ref().map_or(&[], |n| &n.scores)
     }
 
     /// Why it was skipped or cancelled.
@@ -824,8 +860,64 @@ impl RunState {
                     c.status = Some(status.clone());
                 }
             }
+            EventKind::ScorerStarted { .. }
+            | EventKind::ScorerFinished { .. }
+            | EventKind::ScorerFailed { .. } => {
+                if let Some(n) = self.node_mut(ev) {
+                    apply_score(&mut n.notes_mut().scores, &ev.kind);
+                }
+            }
             _ => {}
         }
+    }
+}
+
+/// Folds a `Scorer*` event into a node pass's scores: a start opens the
+/// scorer's entry (again, after a resume ran it once more), an end closes it.
+fn apply_score(scores: &mut Vec<ScoreState>, kind: &EventKind) {
+    let (id, name) = match kind {
+        EventKind::ScorerStarted {
+            scorer_id,
+            scorer_name,
+        }
+        | EventKind::ScorerFinished {
+            scorer_id,
+            scorer_name,
+            ..
+        }
+        | EventKind::ScorerFailed {
+            scorer_id,
+            scorer_name,
+            ..
+        } => (scorer_id, scorer_name),
+        _ => return,
+    };
+    let idx = match scores.iter().position(|s| &s.scorer_id == id) {
+        Some(i) => i,
+        None => {
+            scores.push(ScoreState {
+                scorer_id: id.clone(),
+                scorer_name: name.clone(),
+                status: "running",
+                score: None,
+                reason: None,
+                error: None,
+            });
+            scores.len() - 1
+        }
+    };
+    let s = &mut scores[idx];
+    match kind {
+        EventKind::ScorerFinished { score, reason, .. } => {
+            s.status = "finished";
+            s.score = Some(*score);
+            s.reason = reason.clone();
+        }
+        EventKind::ScorerFailed { error, .. } => {
+            s.status = "failed";
+            s.error = Some(error.clone());
+        }
+        _ => {}
     }
 }
 

@@ -238,6 +238,11 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
         ),
         (
             Method::GET,
+            "/v1/scores",
+            on(MethodFilter::GET, crate::scores::scores),
+        ),
+        (
+            Method::GET,
             "/v1/ws",
             on(MethodFilter::GET, crate::ws::upgrade),
         ),

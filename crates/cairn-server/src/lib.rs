@@ -20,6 +20,7 @@ mod frames;
 mod guard;
 mod listen;
 mod nodes;
+mod scores;
 mod sse;
 mod states;
 mod ui;

@@ -380,7 +380,7 @@ async fn every_documented_route_is_served() {
             n += 1;
         }
     }
-    assert_eq!(n, 21);
+    assert_eq!(n, 22);
     srv.stop().await;
 }
 

@@ -72,6 +72,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "wake_ups_reach_the_listeners_of_their_topic",
         wake_ups_reach_the_listeners_of_their_topic,
     ),
+    (
+        "scores_are_aggregated_per_generation",
+        scores_are_aggregated_per_generation,
+    ),
 ];
 
 /// Runs every check on backends from `fresh`, panicking at the first one that
@@ -100,7 +104,8 @@ macro_rules! backend_conformance_tests {
             checkpoint_keeps_everything,
             inbox_commands_are_kept_in_order_and_taken_once,
             process_records_are_kept_until_removed,
-            wake_ups_reach_the_listeners_of_their_topic
+            wake_ups_reach_the_listeners_of_their_topic,
+            scores_are_aggregated_per_generation
         );
     };
     (@tests $fresh:expr; $($check:ident),*) => {
@@ -1019,4 +1024,89 @@ pub fn wake_ups_reach_the_listeners_of_their_topic(fresh: Factory<'_>) {
         b.notify(Topic::Inbox("r"));
         b.notify(Topic::Inbox("nobody"));
     });
+}
+
+/// `aggregate_scores` reads the scorers' ends of every run: per workflow,
+/// node and scorer, and per generation (workflow hash), newest first, with
+/// failures counted apart and the filters applied.
+pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
+    use crate::{aggregate_scores, ScoreFilter};
+    let b = fresh();
+    let ended = |score: Option<f64>| match score {
+        Some(score) => EventKind::ScorerFinished {
+            scorer_id: "len".into(),
+            scorer_name: "length".into(),
+            score,
+            reason: None,
+        },
+        None => EventKind::ScorerFailed {
+            scorer_id: "len".into(),
+            scorer_name: "length".into(),
+            error: ErrorInfo::new("bad_output", "not a score"),
+        },
+    };
+    // Generation `old` (runs at 1 and 2), then `new` (run at 3); one run of
+    // another workflow, and one without scores.
+    let runs: [(&str, &str, &str, i64, Vec<Option<f64>>); 5] = [
+        ("s1", "wf", "old", 1, vec![Some(0.2), None]),
+        ("s2", "wf", "old", 2, vec![Some(0.4)]),
+        ("s3", "wf", "new", 3, vec![Some(0.9), Some(0.7)]),
+        ("s4", "other", "x", 4, vec![Some(1.0)]),
+        ("s5", "wf", "new", 5, vec![]),
+    ];
+    for (id, wf, hash, created, scores) in &runs {
+        let mut r = record(id, "finished", *created);
+        r.workflow = wf.to_string();
+        r.workflow_hash = hash.to_string();
+        b.create_run(&r).unwrap();
+        let mut evs = vec![event(id, 1, 0, Scope::run(), started())];
+        for (i, sc) in scores.iter().enumerate() {
+            let node = if i == 1 && *id == "s3" { "b" } else { "a" };
+            let seq = evs.len() as u64 + 1;
+            evs.push(event(id, seq, 0, Scope::node(node, 0), ended(*sc)));
+        }
+        b.append(&evs).unwrap();
+    }
+    let all = aggregate_scores(b.as_ref(), &ScoreFilter::default()).unwrap();
+    let names: Vec<&str> = all.workflows.iter().map(|w| w.workflow.as_str()).collect();
+    assert_eq!(names, ["other", "wf"]);
+    let wf = &all.workflows[1];
+    let hashes: Vec<&str> = wf
+        .generations
+        .iter()
+        .map(|g| g.workflow_hash.as_str())
+        .collect();
+    assert_eq!(hashes, ["new", "old"], "newest generation first");
+    let old = &wf.generations[1];
+    assert_eq!(old.runs, 2);
+    assert_eq!((old.first_run_ms, old.last_run_ms), (1, 2));
+    let a = &old.scorers[0];
+    assert_eq!((a.node_id.as_str(), a.scorer_id.as_str()), ("a", "len"));
+    assert_eq!(a.scorer_name, "length");
+    assert_eq!((a.count, a.failed), (2, 1));
+    assert!((a.mean.unwrap() - 0.3).abs() < 1e-9);
+    assert_eq!((a.min, a.max), (Some(0.2), Some(0.4)));
+    assert!((a.stddev.unwrap() - 0.1).abs() < 1e-9);
+    // Over every generation: node `a` scored 0.2, 0.4, 0.9; node `b` 0.7.
+    let overall: Vec<(&str, u64)> = wf
+        .scorers
+        .iter()
+        .map(|s| (s.node_id.as_str(), s.count))
+        .collect();
+    assert_eq!(overall, [("a", 3), ("b", 1)]);
+    let only = aggregate_scores(
+        b.as_ref(),
+        &ScoreFilter {
+            workflow: Some("wf".into()),
+            node: Some("b".into()),
+        },
+    )
+    .unwrap();
+    assert_eq!(only.workflows.len(), 1);
+    assert_eq!(
+        only.workflows[0].generations.len(),
+        1,
+        "only runs with scores of `b`"
+    );
+    assert_eq!(only.workflows[0].scorers[0].mean, Some(0.7));
 }

@@ -14,6 +14,7 @@ mod backend;
 pub mod conformance;
 mod journal;
 mod mirror;
+mod scores;
 mod sqlite;
 mod wake;
 
@@ -22,4 +23,7 @@ pub use backend::{
     RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
+pub use scores::{
+    aggregate_scores, GenerationScores, ScoreFilter, ScoreReport, ScorerStats, WorkflowScores,
+};
 pub use sqlite::SqliteBackend;

@@ -753,19 +753,53 @@ pub async fn run_process(
     observer: &dyn ProcessObserver,
     cancel: CancellationToken,
 ) -> Result<ProcessOutcome, ProcessError> {
+    run_with(spec, None, observer, cancel).await
+}
+
+/// [`run_process`] with `input` written to the process's stdin (then
+/// closed). A process that exits without reading it all is not an error.
+pub async fn run_process_with_input(
+    spec: ProcessSpec,
+    input: Vec<u8>,
+    observer: &dyn ProcessObserver,
+    cancel: CancellationToken,
+) -> Result<ProcessOutcome, ProcessError> {
+    run_with(spec, Some(input), observer, cancel).await
+}
+
+async fn run_with(
+    spec: ProcessSpec,
+    input: Option<Vec<u8>>,
+    observer: &dyn ProcessObserver,
+    cancel: CancellationToken,
+) -> Result<ProcessOutcome, ProcessError> {
+    let stdin = if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
     let Spawning {
         program,
         mut cmd,
         proxied,
         prepared,
         channel,
-    } = spawning(&spec, Stdio::null(), true)?;
+    } = spawning(&spec, stdin, true)?;
 
     let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(source) => return Err(spawn_error(program, prepared.as_ref(), source)),
     };
+    if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
+        // Written beside the reads of stdout and stderr, so that a program
+        // that writes before it reads cannot deadlock on full pipes; the
+        // write ends (broken pipe) when the group dies.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = pipe.write_all(&input).await;
+        });
+    }
     let pid = child.id().unwrap_or(0);
     // The proxy runs until this function returns (dropping the set aborts
     // it); its verdicts come back over `proxy_rx`.

@@ -265,6 +265,45 @@ pub struct NodeSettings {
     pub max_output_bytes: Option<u64>,
     /// The node's own sandbox settings (`command` and `tool` nodes).
     pub sandbox: NodeSandbox,
+    /// What grades the node's output once it finished (`scorers:`).
+    pub scorers: Vec<ScorerSpec>,
+}
+
+/// One scorer of a node (`scorers[i]`): a command or a model that grades
+/// the node's output with a number from 0 to 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScorerSpec {
+    /// Id, unique among the node's scorers (the events' `scorerId`).
+    pub id: String,
+    /// A label for people (the events' `scorerName`); the id when not given.
+    pub name: String,
+    /// What does the grading.
+    pub kind: ScorerKind,
+    /// Whether the node's dependents wait for this scorer's end.
+    pub block: bool,
+    /// 1-based line where the scorer starts in the file.
+    pub line: usize,
+}
+
+/// What grades a node's output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScorerKind {
+    /// An argv (templates) run like a `command` node, the output as JSON on
+    /// its stdin; it prints `{"score", "reason"}` or a bare number.
+    Command(Vec<String>),
+    /// A model asked once; its answer must be `{"score", "reason"}`.
+    Agent(ScorerAgent),
+}
+
+/// An agent scorer's settings (`scorers[i].agent`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScorerAgent {
+    /// The model's name in `models`.
+    pub model: String,
+    /// The system prompt (template).
+    pub system: Option<String>,
+    /// The request (template; `output` is the node's output).
+    pub prompt: String,
 }
 
 /// The kind of a node and its kind-specific settings.

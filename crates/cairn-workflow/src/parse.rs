@@ -13,6 +13,8 @@ use crate::model::*;
 use crate::templates::Templates;
 use crate::yaml::{self, Node, Pos, Streamed, Yaml};
 
+mod scorers;
+
 const TOP_FIELDS: &[&str] = &[
     "name",
     "description",
@@ -70,6 +72,7 @@ const COMMON_NODE_FIELDS: &[&str] = &[
     "retry",
     "on_failure",
     "on_interrupt",
+    "scorers",
 ];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "delay", "max_delay"];
 const DEFAULTS_FIELDS: &[&str] = &["timeout", "retry"];
@@ -918,6 +921,7 @@ impl Cx {
         };
 
         self.agent_models(&nodes, "nodes", &models);
+        self.scorer_models(&nodes, "nodes", &models);
         self.agent_mcp_tools(&nodes, "nodes", &mcp_servers);
 
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -2086,6 +2090,10 @@ impl Cx {
             }
             None => OutputFormat::Text,
         };
+        let scorers = match f.get("scorers") {
+            Some((_, v)) => self.scorers(v, &join(field, "scorers")),
+            None => Vec::new(),
+        };
 
         let kind = kind.and_then(|k| self.kind(k, &f, field));
         if self.problems.len() != before {
@@ -2104,6 +2112,7 @@ impl Cx {
                 output,
                 max_output_bytes,
                 sandbox: node_sandbox,
+                scorers,
             });
             partial.spec = Some(NodeSpec {
                 id,

@@ -20,7 +20,7 @@
 //! knows the engine's side: events, tools, people, budgets.
 
 mod history;
-mod models;
+pub(crate) mod models;
 mod toolbox;
 
 use std::sync::Mutex;
@@ -68,7 +68,7 @@ impl Spend {
     }
 
     /// Counts one model call.
-    fn add(&self, usage: &cairn_agent::Usage, usd: Option<f64>) {
+    pub(crate) fn add(&self, usage: &cairn_agent::Usage, usd: Option<f64>) {
         let mut s = self.lock();
         if let Some(c) = usd {
             s.total_usd += c;
@@ -376,7 +376,7 @@ fn schema_feedback(errors: &[String]) -> String {
 }
 
 /// The JSON inside a Markdown code fence, which models add unasked.
-fn strip_fence(text: &str) -> &str {
+pub(crate) fn strip_fence(text: &str) -> &str {
     let t = text.trim();
     let Some(rest) = t.strip_prefix("```") else {
         return t;

@@ -139,6 +139,7 @@ impl Driver {
                     ),
                 }
             }
+            Msg::ScorerDone(end) => self.scorer_done(*end),
             Msg::RetryDue(key) => {
                 self.retry_pending = self.retry_pending.saturating_sub(1);
                 if self.cancelling.is_none() && self.failing.is_none() {

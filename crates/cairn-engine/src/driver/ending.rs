@@ -6,7 +6,11 @@ use super::*;
 
 impl Driver {
     pub(super) async fn maybe_end(&mut self) -> Option<RunOutcome> {
-        if !self.running.is_empty() || !self.check_queue.is_empty() {
+        if !self.running.is_empty()
+            || !self.check_queue.is_empty()
+            || self.scorers_running > 0
+            || !self.scorer_queue.is_empty()
+        {
             return None;
         }
         if self.shutdown_grace.is_some() {

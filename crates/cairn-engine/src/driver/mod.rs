@@ -45,6 +45,7 @@ mod groups;
 mod inbox;
 mod mount;
 mod recovery;
+mod scoring;
 mod tallies;
 
 use context::{node_ctx_entry, NodesCtx};
@@ -84,6 +85,8 @@ enum Msg {
         duration_ms: u64,
     },
     RetryDue(Key),
+    /// A scorer ended (boxed: its spec and result are large).
+    ScorerDone(Box<scoring::ScorerEnd>),
 }
 
 #[derive(Default)]
@@ -167,6 +170,14 @@ pub(crate) struct Driver {
     store_error: Option<String>,
     /// The log's last seq when the driver last waited for a backlog.
     synced_at: u64,
+    /// Finished nodes whose scorers this driver started (or found ended).
+    scored: KeySet,
+    /// Finished nodes held for blocking scorers, with how many are left.
+    holding: KeyMap<usize>,
+    /// Scorers running now: the run ends only once none is.
+    scorers_running: usize,
+    /// Scorers to spawn once their `ScorerStarted` is durable.
+    scorer_queue: Vec<scoring::ScorerJob>,
 }
 
 pub(crate) struct DriverInit {
@@ -265,6 +276,10 @@ impl Driver {
             chapters: HashMap::new(),
             store_error: None,
             synced_at: 0,
+            scored: Default::default(),
+            holding: Default::default(),
+            scorers_running: 0,
+            scorer_queue: Vec::new(),
             wf: init.wf,
         }
     }
@@ -342,6 +357,7 @@ impl Driver {
             for (key, attempt) in to_spawn.drain(..) {
                 self.spawn_attempt(key, attempt);
             }
+            self.spawn_scorers();
             if let Some(outcome) = self.maybe_end().await {
                 return outcome;
             }
@@ -493,10 +509,16 @@ impl Driver {
     /// run exits to wait) so that nothing holds the run's log, and with it
     /// the run's lease, once the driver returns.
     async fn drain_running(&mut self) {
-        while !self.running.is_empty() {
+        // Scorers queued and not spawned are still open in the log: the
+        // resume runs them.
+        self.scorer_queue.clear();
+        while !self.running.is_empty() || self.scorers_running > 0 {
             match self.msg_rx.recv().await {
                 Some(Msg::Done { key, .. }) => {
                     self.running.remove(&key);
+                }
+                Some(Msg::ScorerDone(_)) => {
+                    self.scorers_running = self.scorers_running.saturating_sub(1);
                 }
                 Some(Msg::RetryDue(_)) => {}
                 None => break,
@@ -527,6 +549,7 @@ impl Driver {
             && self.running.len() == self.waiting_count()
             && self.ready.is_empty()
             && self.retry_pending == 0
+            && self.scorers_running == 0
             && self.cancelling.is_none()
             && self.failing.is_none()
     }
@@ -727,6 +750,10 @@ impl Driver {
 
     /// Bookkeeping once a node instance can no longer change.
     fn node_done(&mut self, key: &Key) {
+        if self.start_scorers(key) {
+            // Held for a blocking scorer: this runs again when it ends.
+            return;
+        }
         let Some(inst) = self.plan.insts.get(key).cloned() else {
             return;
         };

@@ -96,7 +96,9 @@ impl Driver {
                 self.ease_backlog_now();
             }
             let status = self.status_of(key).unwrap_or(NodeStatus::Pending);
-            let done = status.is_done();
+            // A node held for a blocking scorer has not ended for its
+            // dependents and its group: its scorer's end ends it.
+            let done = status.is_done() && !self.held_by_scorers(key);
             self.layers.entry(inst.layer).or_default().total += 1;
             if let Some(stage) = &inst.spec.stage {
                 self.chapters.entry(stage.clone()).or_default().total += 1;
@@ -104,7 +106,7 @@ impl Driver {
             let mut unmet = 0;
             for dep in &inst.needs {
                 // A need that has ended already has nothing left to tell.
-                if self.status_of(dep).is_some_and(|s| s.is_done()) {
+                if self.status_of(dep).is_some_and(|s| s.is_done()) && !self.held_by_scorers(dep) {
                     continue;
                 }
                 unmet += 1;

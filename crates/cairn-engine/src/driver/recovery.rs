@@ -76,6 +76,9 @@ impl Driver {
                 _ => {}
             }
         }
+        if self.mode == Mode::Drive {
+            self.recover_scorers();
+        }
         // A node failed the run, then a stop came before the run's end: the
         // run that goes on is failing.
         for key in self.plan_keys() {

@@ -1,0 +1,245 @@
+//! Scores across runs: what each node's scorers said, per workflow, node
+//! and scorer, in all and per generation of the workflow file (its hash),
+//! so that a person sees whether a change to a prompt helped.
+//!
+//! Computed from the logs on any [`Backend`]: for each run only its
+//! `ScorerFinished` and `ScorerFailed` events are read (the backends filter
+//! by type), and the statistics are running sums, so memory grows with the
+//! number of distinct scorers, not of runs or events.
+
+use std::collections::BTreeMap;
+
+use cairn_events::EventKind;
+use serde::Serialize;
+
+use crate::backend::{Backend, EventQuery, RunFilter, StoreError};
+
+/// Runs read per page of the run list.
+const PAGE: usize = 500;
+
+/// Which scores to aggregate; empty fields mean all.
+#[derive(Debug, Default, Clone)]
+pub struct ScoreFilter {
+    /// Only runs of this workflow (by name).
+    pub workflow: Option<String>,
+    /// Only scores of this node (its path, as events name it).
+    pub node: Option<String>,
+}
+
+/// Scores of every workflow that has any, by workflow name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScoreReport {
+    /// One entry per workflow, by name.
+    pub workflows: Vec<WorkflowScores>,
+}
+
+/// One workflow's scores.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkflowScores {
+    /// The workflow's name.
+    pub workflow: String,
+    /// Each scorer over every generation, by node then scorer.
+    pub scorers: Vec<ScorerStats>,
+    /// The same per generation of the file, newest first.
+    pub generations: Vec<GenerationScores>,
+}
+
+/// One generation of a workflow file: the runs started with one text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GenerationScores {
+    /// SHA-256 hex of the file's text.
+    pub workflow_hash: String,
+    /// Runs of this generation with at least one scorer's end.
+    pub runs: u64,
+    /// When the first of those runs was created (Unix ms).
+    pub first_run_ms: i64,
+    /// When the last of those runs was created (Unix ms).
+    pub last_run_ms: i64,
+    /// Its scorers, by node then scorer.
+    pub scorers: Vec<ScorerStats>,
+}
+
+/// What one scorer of one node said, over some runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScorerStats {
+    /// The node's path.
+    pub node_id: String,
+    /// The scorer's id.
+    pub scorer_id: String,
+    /// Its label for people (the latest seen).
+    pub scorer_name: String,
+    /// Scores given.
+    pub count: u64,
+    /// Times it failed (no score).
+    pub failed: u64,
+    /// Mean of the scores; absent without any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean: Option<f64>,
+    /// Lowest score.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    /// Highest score.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    /// Population standard deviation of the scores.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stddev: Option<f64>,
+}
+
+/// Running statistics of one scorer (Welford's, stable for many scores).
+#[derive(Debug, Clone, Default)]
+struct Acc {
+    name: String,
+    count: u64,
+    failed: u64,
+    mean: f64,
+    m2: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Acc {
+    fn add(&mut self, x: f64) {
+        if self.count == 0 {
+            (self.min, self.max) = (x, x);
+        }
+        self.count += 1;
+        let d = x - self.mean;
+        self.mean += d / self.count as f64;
+        self.m2 += d * (x - self.mean);
+        self.min = self.min.min(x);
+        self.max = self.max.max(x);
+    }
+
+    fn stats(&self, node_id: &str, scorer_id: &str) -> ScorerStats {
+        let some = |v: f64| (self.count > 0).then_some(v);
+        ScorerStats {
+            node_id: node_id.to_string(),
+            scorer_id: scorer_id.to_string(),
+            scorer_name: self.name.clone(),
+            count: self.count,
+            failed: self.failed,
+            mean: some(self.mean),
+            min: some(self.min),
+            max: some(self.max),
+            stddev: some((self.m2 / self.count.max(1) as f64).sqrt()),
+        }
+    }
+}
+
+/// (node, scorer) → statistics.
+type Accs = BTreeMap<(String, String), Acc>;
+
+#[derive(Default)]
+struct Generation {
+    runs: u64,
+    first_ms: i64,
+    last_ms: i64,
+    accs: Accs,
+}
+
+/// Aggregates the scores of the runs in `backend` that `filter` selects.
+pub fn aggregate_scores(
+    backend: &dyn Backend,
+    filter: &ScoreFilter,
+) -> Result<ScoreReport, StoreError> {
+    let query = EventQuery {
+        types: vec!["ScorerFinished".into(), "ScorerFailed".into()],
+        node: filter.node.clone(),
+        ..EventQuery::default()
+    };
+    // workflow → (all generations, hash → generation)
+    let mut by_wf: BTreeMap<String, (Accs, BTreeMap<String, Generation>)> = BTreeMap::new();
+    let mut offset = 0;
+    loop {
+        let runs = backend.list_runs(&RunFilter {
+            workflow: filter.workflow.clone(),
+            limit: Some(PAGE),
+            offset: Some(offset),
+            ..RunFilter::default()
+        })?;
+        offset += runs.len();
+        for run in &runs {
+            let events = backend.read_events(&run.run_id, &query)?;
+            if events.is_empty() {
+                continue;
+            }
+            let (all, gens) = by_wf.entry(run.workflow.clone()).or_default();
+            let g = gens.entry(run.workflow_hash.clone()).or_default();
+            g.first_ms = if g.runs == 0 {
+                run.created_ms
+            } else {
+                g.first_ms.min(run.created_ms)
+            };
+            g.last_ms = g.last_ms.max(run.created_ms);
+            g.runs += 1;
+            for stored in &events {
+                let ev = stored.decode().map_err(|e| StoreError::BadRow {
+                    run: run.run_id.clone(),
+                    detail: e.to_string(),
+                })?;
+                let Some(node) = ev.scope.node_id.as_deref() else {
+                    continue;
+                };
+                let (id, name, score) = match &ev.kind {
+                    EventKind::ScorerFinished {
+                        scorer_id,
+                        scorer_name,
+                        score,
+                        ..
+                    } => (scorer_id, scorer_name, Some(*score)),
+                    EventKind::ScorerFailed {
+                        scorer_id,
+                        scorer_name,
+                        ..
+                    } => (scorer_id, scorer_name, None),
+                    _ => continue,
+                };
+                for accs in [&mut *all, &mut g.accs] {
+                    let acc = accs.entry((node.to_string(), id.clone())).or_default();
+                    acc.name.clone_from(name);
+                    match score {
+                        Some(x) => acc.add(x),
+                        None => acc.failed += 1,
+                    }
+                }
+            }
+        }
+        if runs.len() < PAGE {
+            break;
+        }
+    }
+    let stats = |accs: &Accs| -> Vec<ScorerStats> {
+        accs.iter().map(|((n, s), a)| a.stats(n, s)).collect()
+    };
+    let workflows = by_wf
+        .into_iter()
+        .map(|(workflow, (all, gens))| {
+            let mut generations: Vec<GenerationScores> = gens
+                .into_iter()
+                .map(|(hash, g)| GenerationScores {
+                    workflow_hash: hash,
+                    runs: g.runs,
+                    first_run_ms: g.first_ms,
+                    last_run_ms: g.last_ms,
+                    scorers: stats(&g.accs),
+                })
+                .collect();
+            generations.sort_by(|a, b| {
+                b.last_run_ms
+                    .cmp(&a.last_run_ms)
+                    .then_with(|| a.workflow_hash.cmp(&b.workflow_hash))
+            });
+            WorkflowScores {
+                workflow,
+                scorers: stats(&all),
+                generations,
+            }
+        })
+        .collect();
+    Ok(ScoreReport { workflows })
+}
