@@ -3,8 +3,9 @@
 //! output is not a score, `block: true` holding a dependent until the score
 //! is in while a non-blocking scorer holds nothing, `cairn scores` and
 //! `GET /v1/scores` over runs of two generations of a workflow, parse
-//! errors with their line and field, and a scorer cut short by SIGKILL that
-//! ends exactly once after `cairn resume`.
+//! errors with their line and field, a scorer cut short by SIGKILL that
+//! ends exactly once after `cairn resume`, one past its node's timeout, and
+//! one running when the run is cancelled.
 
 mod common;
 use common::*;
@@ -402,5 +403,95 @@ fn a_scorer_cut_short_by_a_crash_ends_exactly_once_after_resume() {
     assert!(matches!(
         evs.last().unwrap().kind,
         EventKind::RunFinished { .. }
+    ));
+}
+
+/// A scorer that outlives its node's `timeout` fails as `timeout`, and the
+/// run finishes all the same.
+#[test]
+fn a_scorer_past_the_nodes_timeout_fails_and_the_run_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("late.yaml"),
+        r#"
+name: late
+nodes:
+  - id: answer
+    command: ["sh", "-c", "echo hi"]
+    timeout: 500ms
+    scorers:
+      - id: sleepy
+        command: ["sh", "-c", "sleep 30; echo 1"]
+        block: true
+  - id: after
+    needs: [answer]
+    value: done
+"#,
+    )
+    .unwrap();
+    run_ok(d, "late.yaml", "t1", "{}");
+    let evs = events(d, "t1");
+    match scorer_end(&evs, "sleepy") {
+        EventKind::ScorerFailed { error, .. } => assert_eq!(error.kind, "timeout", "{error:?}"),
+        other => panic!("sleepy: {other:?}"),
+    }
+    assert!(matches!(
+        evs.last().unwrap().kind,
+        EventKind::RunFinished { .. }
+    ));
+}
+
+/// A run cancelled while a blocking scorer runs: the scorer ends as
+/// `cancelled`, its dependent never starts, and the log keeps the contract.
+#[test]
+fn a_cancel_during_a_blocking_scorer_ends_it_as_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("held.yaml"),
+        r#"
+name: held
+nodes:
+  - id: answer
+    command: ["sh", "-c", "echo hi"]
+    scorers:
+      - id: stuck
+        command: ["sh", "-c", "touch scoring; sleep 30; echo 1"]
+        block: true
+  - id: after
+    needs: [answer]
+    value: never
+"#,
+    )
+    .unwrap();
+    let mut child = cairn_session(d, &["run", "held.yaml", "--run-id", "c1"]);
+    let t0 = Instant::now();
+    while !d.join("scoring").exists() {
+        assert!(
+            t0.elapsed() < PATIENCE,
+            "the scorer never ran: {}",
+            sessions_err(d)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = cairn(d, &["cancel", "c1"]);
+    assert!(
+        out.status.success(),
+        "cairn cancel: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_exit(&mut child);
+    let evs = events(d, "c1");
+    match scorer_end(&evs, "stuck") {
+        EventKind::ScorerFailed { error, .. } => assert_eq!(error.kind, "cancelled", "{error:?}"),
+        other => panic!("stuck: {other:?}"),
+    }
+    assert!(!evs
+        .iter()
+        .any(|e| is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted {})));
+    assert!(matches!(
+        evs.last().unwrap().kind,
+        EventKind::RunCancelled { .. }
     ));
 }
