@@ -1637,14 +1637,7 @@ impl Cx {
                 NodeKind::Agent(a) => {
                     if let Some(m) = &a.model {
                         if !models.contains_key(m) {
-                            let hint = if models.is_empty() {
-                                "declare it under `models:` at the top level".to_string()
-                            } else {
-                                format!(
-                                    "the workflow's models are: {}",
-                                    models.keys().cloned().collect::<Vec<_>>().join(", ")
-                                )
-                            };
+                            let hint = unknown_model_hint(models);
                             self.at_hint(
                                 Pos {
                                     line: n.line,
@@ -2475,5 +2468,17 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         Some(0) => Err(format!("`{s}` is not a positive size")),
         Some(b) => Ok(b),
         None => Err(format!("`{s}` is too large")),
+    }
+}
+
+/// What to tell of a model name `models` does not declare.
+pub(crate) fn unknown_model_hint(models: &BTreeMap<String, ModelDef>) -> String {
+    if models.is_empty() {
+        "declare it under `models:` at the top level".to_string()
+    } else {
+        format!(
+            "the workflow's models are: {}",
+            models.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
     }
 }

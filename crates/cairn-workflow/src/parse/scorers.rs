@@ -198,14 +198,7 @@ impl Cx {
                 if models.contains_key(&a.model) {
                     continue;
                 }
-                let hint = if models.is_empty() {
-                    "declare it under `models:` at the top level".to_string()
-                } else {
-                    format!(
-                        "the workflow's models are: {}",
-                        models.keys().cloned().collect::<Vec<_>>().join(", ")
-                    )
-                };
+                let hint = super::unknown_model_hint(models);
                 self.at_hint(
                     Pos {
                         line: s.line,
