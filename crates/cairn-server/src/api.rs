@@ -39,6 +39,8 @@ struct Inner {
     guard: crate::guard::Guard,
     /// Folded run states, brought up to date with only their new events.
     states: crate::states::StateCache,
+    /// Failed logins by client address.
+    logins: crate::auth::LoginThrottle,
 }
 
 impl AppState {
@@ -52,7 +54,13 @@ impl AppState {
             feeds: Arc::default(),
             guard,
             states: crate::states::StateCache::default(),
+            logins: crate::auth::LoginThrottle::default(),
         }))
+    }
+
+    /// Failed logins by client address (see [`crate::auth::login`]).
+    pub(crate) fn logins(&self) -> &crate::auth::LoginThrottle {
+        &self.0.logins
     }
 
     /// Calls `f` with the run's current state, folding only the events

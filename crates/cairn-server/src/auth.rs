@@ -9,7 +9,12 @@
 //! check and the JSON-only `POST`s of [`crate::guard`], another site can
 //! neither read through it nor act with it.
 
-use axum::extract::{Request, State};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -175,17 +180,87 @@ pub(crate) async fn session(State(state): State<AppState>, headers: HeaderMap) -
     .into_response()
 }
 
+/// Failed logins an address may make in a [`LOGIN_WINDOW`] before its
+/// logins are refused until the window ends.
+pub(crate) const LOGIN_FAILURES: u32 = 10;
+
+/// The window failed logins are counted in.
+pub(crate) const LOGIN_WINDOW: Duration = Duration::from_secs(60);
+
+/// Addresses the throttle remembers at most; past that the oldest windows
+/// are forgotten, so a flood of addresses cannot grow it.
+const LOGIN_ADDRESSES: usize = 4096;
+
+/// Failed logins by client address: the login form must not be a way to
+/// try tokens as fast as the network allows. Per address, so that someone
+/// guessing does not lock everyone else out; the bearer header was never a
+/// form and is left as it is.
+#[derive(Default)]
+pub(crate) struct LoginThrottle(Mutex<HashMap<IpAddr, (Instant, u32)>>);
+
+impl LoginThrottle {
+    /// How long `ip` must wait before its next login is looked at, if it
+    /// used up its failures.
+    fn wait(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let &(start, failures) = map.get(&ip)?;
+        let end = start + LOGIN_WINDOW;
+        (failures >= LOGIN_FAILURES && now < end).then(|| end - now)
+    }
+
+    fn failed(&self, ip: IpAddr, now: Instant) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= LOGIN_ADDRESSES && !map.contains_key(&ip) {
+            map.retain(|_, (start, _)| now < *start + LOGIN_WINDOW);
+            if map.len() >= LOGIN_ADDRESSES {
+                if let Some(oldest) = map.iter().min_by_key(|(_, (s, _))| *s).map(|(k, _)| *k) {
+                    map.remove(&oldest);
+                }
+            }
+        }
+        let entry = map.entry(ip).or_insert((now, 0));
+        if now >= entry.0 + LOGIN_WINDOW {
+            *entry = (now, 0);
+        }
+        entry.1 += 1;
+    }
+}
+
 /// `POST /v1/session {"token"}`: checks the token (in constant time) and
 /// answers with the session cookie. A server without a token needs no
-/// login and sets no cookie.
+/// login and sets no cookie. An address with [`LOGIN_FAILURES`] failed
+/// logins in a minute is answered 429 until the minute ends, whatever
+/// token it sends.
 pub(crate) async fn login(
     State(state): State<AppState>,
+    // The connection's extensions carry the client's address (see
+    // `listen`); a router served some other way has none and no throttle.
+    ext: axum::http::Extensions,
     JsonBody(body): JsonBody<LoginBody>,
 ) -> Response {
     let Some(expected) = state.token() else {
         return Json(json!({"tokenRequired": false, "authenticated": true})).into_response();
     };
+    let now = Instant::now();
+    let ip = ext
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| a.ip());
+    if let Some(wait) = ip.and_then(|ip| state.logins().wait(ip, now)) {
+        let secs = wait.as_secs().max(1);
+        let mut r = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_logins",
+            format!("too many failed logins from this address: try again in {secs} s"),
+        )
+        .into_response();
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return r;
+    }
     if !ct_eq(body.token.as_bytes(), expected.as_bytes()) {
+        if let Some(ip) = ip {
+            state.logins().failed(ip, now);
+        }
         return unauthorized(false);
     }
     let mut r = Json(json!({"tokenRequired": true, "authenticated": true})).into_response();
@@ -235,6 +310,37 @@ mod tests {
             hex,
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn an_address_is_held_after_its_failed_logins_and_only_it() {
+        let t = LoginThrottle::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let now = Instant::now();
+        for _ in 0..LOGIN_FAILURES - 1 {
+            t.failed(a, now);
+        }
+        assert_eq!(t.wait(a, now), None);
+        t.failed(a, now);
+        assert_eq!(t.wait(a, now), Some(LOGIN_WINDOW));
+        assert_eq!(t.wait(b, now), None, "another address is not held");
+        assert_eq!(t.wait(a, now + LOGIN_WINDOW), None, "the window ends");
+        t.failed(a, now + LOGIN_WINDOW);
+        assert_eq!(
+            t.wait(a, now + LOGIN_WINDOW),
+            None,
+            "a new window counts anew"
+        );
+    }
+
+    #[test]
+    fn the_throttle_forgets_addresses_past_its_bound() {
+        let t = LoginThrottle::default();
+        let now = Instant::now();
+        for i in 0..(LOGIN_ADDRESSES as u32 + 100) {
+            t.failed(IpAddr::from(i.to_be_bytes()), now);
+        }
+        assert!(t.0.lock().unwrap().len() <= LOGIN_ADDRESSES);
     }
 
     #[test]

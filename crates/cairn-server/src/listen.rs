@@ -14,7 +14,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -49,9 +53,9 @@ pub(crate) async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(pair) => pair,
                 Err(e) => {
                     accept_failed(e).await;
                     continue;
@@ -69,7 +73,13 @@ pub(crate) async fn serve(
         // algorithm would hold one back until the previous one was acked.
         let _ = tcp.set_nodelay(true);
         let io = Counted { tcp, _slot: slot };
-        tokio::spawn(connection(io, router.clone(), limits, stop_rx.clone()));
+        tokio::spawn(connection(
+            io,
+            peer,
+            router.clone(),
+            limits,
+            stop_rx.clone(),
+        ));
     }
     drop(listener);
     stop_tx.send_replace(true);
@@ -95,8 +105,20 @@ async fn accept_failed(e: io::Error) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-async fn connection(io: Counted, router: Router, limits: Limits, mut stop: watch::Receiver<bool>) {
-    let service = TowerToHyperService::new(router);
+async fn connection(
+    io: Counted,
+    peer: SocketAddr,
+    router: Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let inner = TowerToHyperService::new(router);
+    // Handlers that need the client's address (the login's throttle) read
+    // it as axum's `ConnectInfo`.
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        hyper::service::Service::call(&inner, req)
+    });
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

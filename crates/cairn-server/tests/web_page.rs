@@ -539,3 +539,47 @@ async fn a_runs_state_is_the_whole_fold_while_it_grows() {
     assert_eq!(served["status"], "finished");
     srv.stop().await;
 }
+
+/// Ten wrong tokens from one address in a minute: its logins are refused
+/// with 429 and `Retry-After` until the minute ends, the right token too,
+/// while the API with the bearer header goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_guessing_tokens_is_held_off() {
+    let srv = TestServer::start(Some(TOKEN)).await;
+    let a = srv.addr;
+    for i in 0..10 {
+        let (s, _, body) = exchange(
+            a,
+            "POST",
+            "/v1/session",
+            &[JSON],
+            &json!({ "token": format!("guess-{i}") }).to_string(),
+        )
+        .await;
+        assert_eq!(
+            (s, code(&body).as_str()),
+            (401, "unauthorized"),
+            "guess {i}"
+        );
+    }
+    let (s, head, body) = exchange(
+        a,
+        "POST",
+        "/v1/session",
+        &[JSON],
+        &json!({ "token": TOKEN }).to_string(),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&body).as_str()),
+        (429, "too_many_logins"),
+        "{body}"
+    );
+    let wait: u64 = header(&head, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert!(header(&head, "set-cookie").is_none());
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let (s, _, body) = exchange(a, "GET", "/v1/runs", &[&bearer], "").await;
+    assert_eq!(s, 200, "{body}");
+    srv.stop().await;
+}
