@@ -91,6 +91,13 @@ pub enum Command {
     Answer(AnswerArgs),
     /// Cancel a run, from any process.
     Cancel(CancelArgs),
+    /// Start a new run from a point of another: its log copied up to there,
+    /// its files put back as they were, then on from there (possibly with
+    /// another workflow file or input).
+    Fork(ForkArgs),
+    /// Put the sandbox root back as it was before an attempt of a node,
+    /// from the snapshot taken then (the run may have ended).
+    Revert(RevertArgs),
     /// List runs, newest first.
     Runs(RunsArgs),
     /// Show what the nodes' scorers said across runs: per workflow, node and
@@ -148,6 +155,10 @@ pub struct RunArgs {
     /// The run's id [default: generated].
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
+    /// Watch the workflow file and the files it refers to, and reload the
+    /// run when they change (docs/reload.md).
+    #[arg(long)]
+    pub watch: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
 }
@@ -157,6 +168,10 @@ pub struct RunArgs {
 pub struct ResumeArgs {
     /// The run's id.
     pub run: String,
+    /// Watch the run's workflow file and the files it refers to, and
+    /// reload the run when they change (docs/reload.md).
+    #[arg(long)]
+    pub watch: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
 }
@@ -201,6 +216,49 @@ pub struct CancelArgs {
     /// Why, kept in the log.
     #[arg(long)]
     pub reason: Option<String>,
+}
+
+/// `cairn fork`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The run to fork.
+    pub run: String,
+    /// Where: a seq of the run's log (the fork keeps events up to it), or a
+    /// node (the fork keeps what came before its first attempt).
+    #[arg(long, value_name = "SEQ|NODE")]
+    pub at: String,
+    /// The fork's input instead of the run's: a JSON text, or @FILE.
+    #[arg(long)]
+    pub input: Option<String>,
+    /// The fork's workflow file instead of the run's (nodes that finished
+    /// before the point stay finished).
+    #[arg(long, value_name = "FILE")]
+    pub workflow: Option<PathBuf>,
+    /// The fork's id [default: generated].
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Watch the fork's workflow files and reload it when they change.
+    #[arg(long)]
+    pub watch: bool,
+    #[command(flatten)]
+    pub display: DisplayArgs,
+}
+
+/// `cairn revert`.
+#[derive(Debug, Args)]
+pub struct RevertArgs {
+    /// The run's id.
+    pub run: String,
+    /// The node whose attempt's snapshot is restored (its path, for a node
+    /// inside a loop or for_each).
+    pub node: String,
+    /// The attempt [default: the first, i.e. the files before the node did
+    /// anything].
+    #[arg(long, value_name = "N")]
+    pub attempt: Option<u32>,
+    /// The pass, for a node in a loop or for_each [default: the latest].
+    #[arg(long, value_name = "N")]
+    pub iteration: Option<u32>,
 }
 
 /// `cairn runs`.
@@ -375,4 +433,8 @@ pub struct ServeArgs {
     /// its next request on an idle connection): 500ms, 10s, 1m.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub header_timeout: String,
+    /// Watch the workflow files of the runs this server drives, and reload
+    /// a run when its files change (docs/reload.md).
+    #[arg(long)]
+    pub watch: bool,
 }

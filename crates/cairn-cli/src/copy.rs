@@ -7,8 +7,9 @@
 //! gets, per run, its row (the very record: created_ms, status, input,
 //! workflow text, parent), then its events appended as the same
 //! [`StoredEvent`]s in pages (each page read back and compared), then the
-//! tool calls of every node pass its events name, then its pending inbox
-//! commands. Process records are not copied: the process groups of another
+//! tool calls of every node pass its events name, then the workflow
+//! generations its reloads adopted, then its pending inbox commands.
+//! Process records are not copied: the process groups of another
 //! machine (or of a process that is gone) mean nothing to the destination.
 //!
 //! Nothing spans the two stores transactionally, so a copy that fails part
@@ -592,6 +593,35 @@ fn copy_run(
                 "the tool calls of `{id}` {node}#{iteration} in the destination differ \
                  from the source's after the copy"
             ));
+        }
+    }
+
+    // The workflow generations the log's reloads name, so that a resume in
+    // the destination runs the run's last definition.
+    let reloads = src.read_events(
+        id,
+        &EventQuery {
+            types: vec!["WorkflowReloaded".to_string()],
+            ..Default::default()
+        },
+    )?;
+    for ev in reloads.iter().filter(|e| e.seq <= src_last) {
+        let Ok(cairn_events::EventKind::WorkflowReloaded { generation, .. }) =
+            ev.decode().map(|e| e.kind)
+        else {
+            continue;
+        };
+        match src.generation(id, generation)? {
+            Some(g) => {
+                if dst.generation(id, generation)?.as_ref() != Some(&g) {
+                    dst.put_generation(&g)
+                        .with_context(|| format!("copying generation {generation}"))?;
+                }
+            }
+            None => eprintln!(
+                "warning: {id}: the source holds no text for generation {generation} of its \
+                 workflow; the run cannot be resumed in either store"
+            ),
         }
     }
 

@@ -238,11 +238,16 @@ impl Progress {
             }
             _ => {}
         }
+        if loud {
+            if let Some(line) = crate::reload::reload_line(&ev.kind) {
+                self.announce(&line);
+            }
+        }
         // Plain mode tells each change a node's own lifecycle event makes;
         // a decision or an answer shows in the next one.
         let told = matches!(
             ev.kind,
-            EventKind::NodeStarted {}
+            EventKind::NodeStarted { snapshot: None }
                 | EventKind::NodeFinished { .. }
                 | EventKind::NodeFailed { .. }
                 | EventKind::NodeSkipped { .. }
@@ -363,6 +368,27 @@ impl Progress {
             }
         }
         line.trim_end().to_string()
+    }
+
+    /// A line that stays, whatever the mode: above the table on a
+    /// terminal (which is drawn again below it), appended in plain mode,
+    /// on stderr beside NDJSON.
+    fn announce(&mut self, line: &str) {
+        match self.mode {
+            Mode::Plain => self.plain(line),
+            Mode::Json => eprintln!("{line}"),
+            Mode::Tty => {
+                let mut out = self.out.lock();
+                if self.drawn > 0 && !self.paused {
+                    let _ = write!(out, "\x1b[{}A\r\x1b[J", self.drawn);
+                }
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+                drop(out);
+                self.drawn = 0;
+                self.dirty = true;
+            }
+        }
     }
 
     fn plain(&mut self, line: &str) {
@@ -740,6 +766,7 @@ mod tests {
                 parent_run_id: None,
                 parent_node_id: None,
                 depth: 0,
+                forked_from: None,
             },
         )
     }
@@ -771,7 +798,7 @@ mod tests {
                 6,
                 2_000,
                 node("a").with_attempt(1),
-                EventKind::NodeStarted {},
+                EventKind::NodeStarted { snapshot: None },
             ),
             ev(
                 7,
@@ -780,6 +807,7 @@ mod tests {
                 EventKind::NodeFailed {
                     error: ErrorInfo::new("exit", "boom"),
                     will_retry: true,
+                    snapshot: None,
                 },
             ),
             ev(
@@ -792,7 +820,7 @@ mod tests {
                 9,
                 2_500,
                 node("a").with_attempt(2),
-                EventKind::NodeStarted {},
+                EventKind::NodeStarted { snapshot: None },
             ),
             ev(
                 10,
@@ -802,6 +830,7 @@ mod tests {
                     duration_ms: 1_500,
                     output: None,
                     cached: None,
+                    snapshot: None,
                 },
             ),
             ev(
@@ -816,7 +845,7 @@ mod tests {
                 12,
                 4_200,
                 node("c").with_attempt(1),
-                EventKind::NodeStarted {},
+                EventKind::NodeStarted { snapshot: None },
             ),
             ev(
                 13,
@@ -836,7 +865,7 @@ mod tests {
                 15,
                 4_400,
                 node("d").with_attempt(1),
-                EventKind::NodeStarted {},
+                EventKind::NodeStarted { snapshot: None },
             ),
             ev(
                 16,
@@ -845,6 +874,7 @@ mod tests {
                 EventKind::NodeFailed {
                     error: ErrorInfo::new("exit", "bad exit"),
                     will_retry: false,
+                    snapshot: None,
                 },
             ),
             ev(
@@ -875,13 +905,14 @@ mod tests {
                     duration_ms: 57_100,
                     output: None,
                     cached: None,
+                    snapshot: None,
                 },
             ),
             ev(
                 21,
                 61_400,
                 Scope::node("e", 1).with_attempt(1),
-                EventKind::NodeStarted {},
+                EventKind::NodeStarted { snapshot: None },
             ),
             ev(
                 22,

@@ -144,7 +144,10 @@ pub fn event_detail(kind: &EventKind) -> String {
             nodes.skipped,
             nodes.cancelled
         ),
-        EventKind::NodeStarted {} => String::new(),
+        EventKind::NodeStarted { snapshot } => snapshot
+            .as_deref()
+            .map(|s| format!("snapshot={s}"))
+            .unwrap_or_default(),
         EventKind::NodeOutput { text, stream } => {
             let stream = serde_json::to_value(stream)
                 .ok()
@@ -164,7 +167,7 @@ pub fn event_detail(kind: &EventKind) -> String {
             ),
             None => format!("in {}", duration_ms(*d)),
         },
-        EventKind::NodeFailed { error, will_retry } => format!(
+        EventKind::NodeFailed { error, will_retry, .. } => format!(
             "{}: {}{}",
             error.kind,
             error.message,
@@ -188,7 +191,7 @@ pub fn event_detail(kind: &EventKind) -> String {
             }
             s
         }
-        other => generic_detail(other),
+        other => crate::reload::reload_detail(other).unwrap_or_else(|| generic_detail(other)),
     }
 }
 

@@ -277,6 +277,10 @@ fn render_status(v: &Value) -> String {
     let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
     out.push_str(&format!("run       {}\n", s("runId")));
     out.push_str(&format!("workflow  {}\n", s("workflow")));
+    if let Some(g) = v["generation"].as_u64().filter(|&g| g > 0) {
+        // Reloaded (`--watch`): which definition the run uses now.
+        out.push_str(&format!("reloaded  generation {g}\n"));
+    }
     out.push_str(&format!("status    {}\n", s("status")));
     if let Some(start) = v["startedMs"].as_i64() {
         out.push_str(&format!("started   {}\n", datetime_ms(start)));
@@ -728,6 +732,8 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         cairn_server::EngineOptions {
             adopt_idle_runs: true,
             on_run_stopped: telemetry.hook(),
+            watch: a.watch,
+            snapshot_dir: store::snapshot_dir(g),
             ..Default::default()
         },
     );

@@ -12,6 +12,8 @@ mod display;
 mod doctor;
 mod format;
 mod inspect;
+mod reload;
+mod revert;
 mod run;
 mod scores;
 mod store;
@@ -124,6 +126,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Answer(a) => run::answer(&g, a).await,
         Command::Deny(a) => run::decide(&g, a, false).await,
         Command::Cancel(a) => run::cancel(&g, a).await,
+        Command::Revert(a) => revert::revert(&g, a).await,
+        Command::Fork(a) => run::fork(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a),
         Command::Scores(a) => scores::scores(&g, a),
         Command::Status(a) => inspect::status(&g, a).await,

@@ -14,7 +14,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::bad_input;
-use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, DisplayArgs, Global, ResumeArgs, RunArgs};
+use crate::cli::{
+    AnswerArgs, CancelArgs, DecideArgs, DisplayArgs, ForkArgs, Global, ResumeArgs, RunArgs,
+};
 use crate::display::{now_ms, Ask, Mode, Progress};
 use crate::store;
 use crate::trace::Telemetry;
@@ -66,9 +68,11 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
         )));
     }
     let session = Session::new(&engine, &run_id, &a.display, 0)?;
-    let handle = engine
-        .start(wf, input, session.start_options(&a.display, &run_id))
-        .await;
+    let opts = StartOptions {
+        watch: a.watch,
+        ..session.start_options(&a.display, &run_id)
+    };
+    let handle = engine.start(wf, input, opts).await;
     session.drive(&engine, handle, &telemetry).await
 }
 
@@ -78,9 +82,55 @@ pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
     store::require_run(engine.journal(), &a.run)?;
     let from = engine.journal().backend().last_seq(&a.run)?;
     let session = Session::new(&engine, &a.run, &a.display, from)?;
-    let handle = engine
-        .resume(&a.run, session.start_options(&a.display, &a.run))
-        .await;
+    let opts = StartOptions {
+        watch: a.watch,
+        ..session.start_options(&a.display, &a.run)
+    };
+    let handle = engine.resume(&a.run, opts).await;
+    session.drive(&engine, handle, &telemetry).await
+}
+
+/// `cairn fork`: a new run from a point of another (docs/fork.md), then
+/// driven and shown as `cairn resume` does.
+pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
+    let wf = a.workflow.as_deref().map(load_workflow).transpose()?;
+    let input = a.input.as_deref().map(|i| parse_input(Some(i))).transpose()?;
+    if let Some(id) = &a.run_id {
+        check_run_id(id)?;
+    }
+    let (engine, telemetry) = store::driving_engine(g, false)?;
+    store::require_run(engine.journal(), &a.run)?;
+    let forked = engine
+        .fork(
+            &a.run,
+            cairn_engine::ForkRequest {
+                at: cairn_engine::ForkPoint::parse(&a.at),
+                input,
+                workflow: wf,
+                run_id: a.run_id.clone(),
+            },
+        )
+        .await?;
+    let files = match &forked.snapshot {
+        Some(s) => format!(
+            "files put back to snapshot {s} ({} written, {} removed)",
+            forked.written, forked.removed
+        ),
+        None => "no snapshot at that point: files left as they are".into(),
+    };
+    if !a.display.json {
+        println!(
+            "forked run {} from {} at seq {}; {files}",
+            forked.run_id, a.run, forked.seq
+        );
+    }
+    let from = engine.journal().backend().last_seq(&forked.run_id)?;
+    let session = Session::new(&engine, &forked.run_id, &a.display, from)?;
+    let opts = StartOptions {
+        watch: a.watch,
+        ..session.start_options(&a.display, &forked.run_id)
+    };
+    let handle = engine.resume(&forked.run_id, opts).await;
     session.drive(&engine, handle, &telemetry).await
 }
 
@@ -151,6 +201,7 @@ impl Session {
             observer: Some(Arc::new(move |e: &Event| {
                 appended.fetch_max(e.seq.get(), Ordering::SeqCst);
             })),
+            watch: false,
         }
     }
 

@@ -51,7 +51,18 @@ pub fn lease_ttl(g: &Global) -> anyhow::Result<Duration> {
 
 /// An engine over the store (see [`open`]).
 pub fn engine(g: &Global, create: bool) -> anyhow::Result<Engine> {
-    Ok(Engine::new(open(g, create)?, EngineOptions::default()))
+    let opts = EngineOptions {
+        snapshot_dir: snapshot_dir(g),
+        ..Default::default()
+    };
+    Ok(Engine::new(open(g, create)?, opts))
+}
+
+/// Where workspace snapshots go: `snapshots` beside a SQLite store (the
+/// engine's default), `.cairn/snapshots` here for a PostgreSQL one.
+pub fn snapshot_dir(g: &Global) -> Option<std::path::PathBuf> {
+    g.postgres_url()
+        .map(|_| std::path::PathBuf::from(".cairn/snapshots"))
 }
 
 /// An engine for a command that may drive runs, with the exporter of their
@@ -65,6 +76,7 @@ pub fn driving_engine(g: &Global, create: bool) -> anyhow::Result<(Engine, Telem
     let telemetry = Telemetry::start(client, &journal, Report::AtEnd);
     let opts = EngineOptions {
         on_run_stopped: telemetry.hook(),
+        snapshot_dir: snapshot_dir(g),
         ..Default::default()
     };
     Ok((Engine::new(journal, opts), telemetry))

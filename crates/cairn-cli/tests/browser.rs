@@ -988,6 +988,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
             parent_run_id: None,
             parent_node_id: None,
             depth: 0,
+            forked_from: None,
         },
     );
     log.append(
@@ -1031,7 +1032,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
             let scope = Scope::node(id.as_str(), 0)
                 .with_attempt(1)
                 .with_chapter(Some(chapter.clone()));
-            log.append(scope.clone(), EventKind::NodeStarted {});
+            log.append(scope.clone(), EventKind::NodeStarted { snapshot: None });
             let left = (layers - l) as u64 * width as u64 - i as u64;
             let mine = outputs / left;
             outputs -= mine;
@@ -1050,6 +1051,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
                     duration_ms: 3,
                     output: Some(cairn_events::Output::new(&std::sync::Arc::new(json!(i)))),
                     cached: None,
+                    snapshot: None,
                 },
             );
         }

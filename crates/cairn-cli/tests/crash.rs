@@ -209,7 +209,7 @@ fn sessions(store: &Store, run: &str) -> (usize, bool) {
     let recovered = evs[last + 1..].iter().any(|e| {
         matches!(
             e.kind,
-            EventKind::NodeStarted {}
+            EventKind::NodeStarted { snapshot: None }
                 | EventKind::NodeFailed { .. }
                 | EventKind::NodeFinished { .. }
         )
@@ -384,7 +384,7 @@ fn crash_until_done(dir: &Path, store: &Store, tag: &str) {
             after_finish.push(format!("seq {} {} of {id}", e.seq, e.type_name()));
         }
         match &e.kind {
-            EventKind::NodeFailed { error, will_retry } => {
+            EventKind::NodeFailed { error, will_retry, .. } => {
                 // The commands never fail: every failure is a kill's, and
                 // a kill is not the node's failure.
                 assert_eq!(error.kind, "interrupted", "seq {}: {}", e.seq, e.to_json());
@@ -394,7 +394,7 @@ fn crash_until_done(dir: &Path, store: &Store, tag: &str) {
                     e.seq
                 );
             }
-            EventKind::NodeStarted {} => *starts.entry(id).or_default() += 1,
+            EventKind::NodeStarted { .. } => *starts.entry(id).or_default() += 1,
             EventKind::NodeFinished { .. } => {
                 *finished.entry(id).or_default() += 1;
                 if e.scope.attempt == Some(1) {
@@ -516,7 +516,7 @@ fn a_resume_kills_what_bash_calls_left_running() {
     let evs = events(&store, "b1");
     assert!(evs.iter().any(|e| matches!(
         &e.kind,
-        EventKind::NodeFailed { error, will_retry: true } if error.kind == "interrupted"
+        EventKind::NodeFailed { error, will_retry: true, .. } if error.kind == "interrupted"
     )));
     assert!(matches!(
         evs.last().unwrap().kind,

@@ -278,7 +278,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
                 EventKind::NodeFinished { .. } => {
                     assert!(finished.insert(key), "{run}: {node} finished twice");
                 }
-                EventKind::NodeStarted {} => {
+                EventKind::NodeStarted { .. } => {
                     assert!(
                         !finished.contains(&key),
                         "{run}: {node} started again after it finished"

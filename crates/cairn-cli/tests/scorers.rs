@@ -171,7 +171,7 @@ fn command_and_agent_scorers_score_and_a_blocking_one_holds_dependents() {
         |e| matches!(&e.kind, EventKind::ScorerFinished { scorer_id, .. } if scorer_id == "judge"),
     );
     let after = seq_of(&evs, "after's start", |e| {
-        is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted {})
+        is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted { .. })
     });
     assert!(
         judged < after,
@@ -184,7 +184,7 @@ fn command_and_agent_scorers_score_and_a_blocking_one_holds_dependents() {
         |e| matches!(&e.kind, EventKind::ScorerFinished { scorer_id, .. } if scorer_id == "slow"),
     );
     let after_free = seq_of(&evs, "after_free's start", |e| {
-        is_node(e, "after_free") && matches!(e.kind, EventKind::NodeStarted {})
+        is_node(e, "after_free") && matches!(e.kind, EventKind::NodeStarted { .. })
     });
     assert!(
         after_free < slow,
@@ -397,7 +397,7 @@ fn a_scorer_cut_short_by_a_crash_ends_exactly_once_after_resume() {
         matches!(e.kind, EventKind::ScorerFinished { .. })
     });
     let after = seq_of(&evs, "after's start", |e| {
-        is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted {})
+        is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted { .. })
     });
     assert!(ended < after);
     assert!(matches!(
@@ -489,7 +489,7 @@ nodes:
     }
     assert!(!evs
         .iter()
-        .any(|e| is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted {})));
+        .any(|e| is_node(e, "after") && matches!(e.kind, EventKind::NodeStarted { .. })));
     assert!(matches!(
         evs.last().unwrap().kind,
         EventKind::RunCancelled { .. }

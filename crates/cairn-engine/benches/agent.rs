@@ -122,6 +122,7 @@ async fn baseline() -> f64 {
             EventKind::AgentStepStarted {
                 step,
                 model: "m".into(),
+                snapshot: None,
             },
             EventKind::AgentStepFinished {
                 step,

@@ -371,7 +371,7 @@ fn run_journal(n: usize, events: u64) -> Measure {
                     layer_index: Some(0),
                 },
                 1 => {
-                    log.append(scope.with_attempt(1), EventKind::NodeStarted {});
+                    log.append(scope.with_attempt(1), EventKind::NodeStarted { snapshot: None });
                     continue;
                 }
                 _ => {
@@ -381,6 +381,7 @@ fn run_journal(n: usize, events: u64) -> Measure {
                             duration_ms: 0,
                             output: Some(json!(i).into()),
                             cached: None,
+                            snapshot: None,
                         },
                     );
                     continue;

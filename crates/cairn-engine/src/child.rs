@@ -367,6 +367,9 @@ impl NodeCtx {
                 max_concurrency: None,
                 exit_on_wait: self.exit_on_wait,
                 observer: Some(observer),
+                // A child runs the file as its parent's node found it; the
+                // parent's watcher watches the child's file.
+                watch: false,
             },
             rx,
         )

@@ -32,6 +32,9 @@ mod kinds;
 mod mcp;
 mod node;
 mod plan;
+mod reload;
+mod fork;
+mod revert;
 mod scorer;
 mod services;
 
@@ -149,6 +152,9 @@ pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 /// id and how the session ended (see [`EngineOptions::on_run_stopped`]).
 pub type RunStopped = Arc<dyn Fn(&str, &RunOutcome) + Send + Sync>;
 
+pub use fork::{ForkPoint, ForkRequest, Forked};
+pub use revert::{RevertRequest, Reverted};
+
 /// Options of one run (or one resume).
 #[derive(Default, Clone)]
 pub struct StartOptions {
@@ -160,6 +166,10 @@ pub struct StartOptions {
     pub exit_on_wait: bool,
     /// Receives every event of the run in seq order, synchronously.
     pub observer: Option<Observer>,
+    /// Watch the workflow's files and reload the run when they change
+    /// (`cairn run --watch`; see docs/reload.md). Runs started by another
+    /// run are never watched: the parent's watcher watches their files.
+    pub watch: bool,
 }
 
 /// Options of an engine.
@@ -181,6 +191,14 @@ pub struct EngineOptions {
     /// at once (queue the work elsewhere): the caller of
     /// [`RunHandle::wait`] waits for it.
     pub on_run_stopped: Option<RunStopped>,
+    /// Watch the workflow files of every run this engine drives, started
+    /// or resumed, as [`StartOptions::watch`] does for one run (`cairn
+    /// serve --watch`).
+    pub watch: bool,
+    /// Cairn's workspace snapshot repository (docs/snapshots.md). `None`:
+    /// `snapshots` beside a store kept in files (SQLite), and no snapshots
+    /// for a store that has none (PostgreSQL; the CLI gives `.cairn/snapshots`).
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -190,6 +208,8 @@ impl Default for EngineOptions {
             adopt_idle_runs: false,
             max_depth: DEFAULT_MAX_DEPTH,
             on_run_stopped: None,
+            watch: false,
+            snapshot_dir: None,
         }
     }
 }
@@ -224,6 +244,10 @@ struct Inner {
     shutdown: Shutdown,
     closing: AtomicBool,
     done_tx: tokio::sync::watch::Sender<usize>,
+    /// [`EngineOptions::watch`].
+    watch_all: bool,
+    /// The file watcher of watched runs, made when the first one starts.
+    watch_hub: std::sync::OnceLock<Result<Arc<reload::hub::Hub>, String>>,
 }
 
 /// Runs workflows on a journal. Cheap to clone.
@@ -242,6 +266,7 @@ impl Engine {
                     opts.tools,
                     me.clone(),
                     opts.max_depth,
+                    opts.snapshot_dir,
                 )),
                 templates: Arc::new(Templates::new()),
                 active: Mutex::new(HashSet::new()),
@@ -253,6 +278,8 @@ impl Engine {
                 },
                 closing: AtomicBool::new(false),
                 done_tx: tokio::sync::watch::channel(0).0,
+                watch_all: opts.watch,
+                watch_hub: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -392,6 +419,7 @@ impl Engine {
                     parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
                     parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
                     depth: parent.as_ref().map_or(0, |p| p.depth),
+                    forked_from: None,
                 },
             )
             .await?;
@@ -422,6 +450,10 @@ impl Engine {
         cancel_requested: Option<String>,
     ) -> RunHandle {
         self.inner.active.lock().unwrap().insert(run_id.clone());
+        let watched = (opts.watch || self.inner.watch_all)
+            && mode == Mode::Drive
+            && state.parent_run_id.is_none();
+        let reloads = watched.then(|| self.watch(wf.clone()));
         let driver = Driver::new(DriverInit {
             run_id: run_id.clone(),
             wf,
@@ -434,6 +466,7 @@ impl Engine {
             max_concurrency: opts.max_concurrency,
             exit_on_wait: opts.exit_on_wait,
             cancel_requested,
+            reloads,
         });
         let inner = self.inner.clone();
         let id = run_id.clone();
@@ -453,6 +486,19 @@ impl Engine {
             outcome
         });
         RunHandle { run_id, join }
+    }
+
+    /// Starts watching the files of a run of `wf`; the receiver is its
+    /// driver's. When nothing can be watched, it carries why, once.
+    fn watch(&self, wf: Arc<Workflow>) -> tokio::sync::mpsc::UnboundedReceiver<reload::Note> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        match self.inner.watch_hub.get_or_init(reload::hub::Hub::new) {
+            Ok(hub) => reload::spawn_watcher(hub.clone(), wf, tx),
+            Err(e) => {
+                let _ = tx.send(reload::Note::Warn(e.clone()));
+            }
+        }
+        rx
     }
 
     /// Resumes a run that a crash, a shutdown or `--exit-on-wait` left
@@ -487,8 +533,16 @@ impl Engine {
         mode: Mode,
     ) -> Result<RunHandle, EngineError> {
         let id = run_id.to_string();
-        let (rec, mut state) = self
-            .blocking(move |e| Ok::<_, EngineError>((e.require_run(&id)?, e.fold(&id)?)))
+        let (rec, mut state, wf) = self
+            .blocking(move |e| {
+                let (rec, state) = (e.require_run(&id)?, e.fold(&id)?);
+                // The run's last generation: what a reload made it, or
+                // what it started with.
+                let wf = (!state.status.is_some_and(|s| s.is_terminal()))
+                    .then(|| reload::definition(e.backend().as_ref(), &rec, &state))
+                    .transpose()?;
+                Ok::<_, EngineError>((rec, state, wf))
+            })
             .await?;
         if let Some(s) = state.status.filter(|s| s.is_terminal()) {
             return Err(EngineError::Conflict(format!(
@@ -500,20 +554,13 @@ impl Engine {
                 }
             )));
         }
-        let path = PathBuf::from(&rec.workflow_path);
-        let wf = cairn_workflow::parse(&rec.workflow_source, &path)?;
-        // The log's `RunStarted` names the workflow the run was started
-        // with; a stored source that hashes otherwise was changed behind
-        // the engine's back (say, `network: false` turned to `true`), and
-        // resuming would run the changed file.
-        if let Some(recorded) = state.workflow_hash.as_deref() {
-            if recorded != wf.hash {
-                return Err(EngineError::Integrity(format!(
-                    "run `{run_id}`: the stored workflow hashes to {} but the run started with {recorded}; the store was changed outside Cairn, so the run is not resumed",
-                    wf.hash
-                )));
-            }
-        }
+        let Some(mut wf) = wf else {
+            return Err(EngineError::Conflict(format!(
+                "run `{run_id}` has already ended; there is nothing to resume"
+            )));
+        };
+        // The driver needs only what was parsed; the text stays in the store.
+        wf.source = String::new();
         if let Some(obs) = opts.observer.clone() {
             log.set_observer(Box::new(move |e| obs(e)));
         }
@@ -536,10 +583,16 @@ impl Engine {
                         parent_run_id: state.parent_run_id.clone(),
                         parent_node_id: state.parent_node_id.clone(),
                         depth: state.depth,
+                        forked_from: None,
                     },
                 )
                 .await?;
             state.apply(&ev);
+            // A revert a killed process left half-way is run to its end
+            // before any node touches the files again.
+            if let Some(open) = state.open_revert.take() {
+                self.finish_revert(&log, &wf, &open).await;
+            }
         }
         Ok(self.spawn_driver(
             run_id.to_string(),

@@ -157,6 +157,13 @@ impl McpPool {
         }
     }
 
+    /// Whether no server was started in this session: the pool can then
+    /// be replaced without stopping anything. A pool busy starting one is
+    /// not idle.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.slots.try_lock().is_ok_and(|s| s.is_empty())
+    }
+
     /// The longest a call to `server`'s tools may take.
     pub(crate) fn timeout(&self, server: &str) -> Duration {
         self.wf

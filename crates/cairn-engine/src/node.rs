@@ -169,6 +169,13 @@ pub struct NodeCtx {
     pub(crate) exit_on_wait: bool,
     /// The run's MCP servers.
     pub(crate) mcp: Option<Arc<crate::mcp::McpPool>>,
+    /// Takes the workspace snapshot before each agent step after the
+    /// first, for a node that can change files.
+    pub(crate) step_snapshots: Option<crate::driver::Snapshotter>,
+    /// Where the run's log was copied from (`cairn fork`): an agent that
+    /// continues a conversation begun before the fork names its calls as
+    /// the run it was begun in did.
+    pub(crate) forked_from: Option<cairn_events::ForkedFrom>,
     tool_seq: AtomicU32,
 }
 
@@ -209,6 +216,8 @@ impl NodeCtx {
             parking: Default::default(),
             exit_on_wait: false,
             mcp: None,
+            step_snapshots: None,
+            forked_from: None,
             tool_seq: AtomicU32::new(0),
         }
     }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use cairn_snapshot::SnapshotStore;
 use cairn_store::Journal;
 use cairn_tools::process::NetworkPolicy;
 use cairn_tools::{Limits, Sandbox, ToolRegistry};
@@ -24,6 +25,10 @@ pub(crate) struct Services {
     /// This store's identity, in every process a run starts
     /// ([`cairn_tools::STORE_ENV`]).
     pub store_tag: String,
+    /// Where workspace snapshots go ([`crate::EngineOptions::snapshot_dir`]).
+    snapshot_dir: Option<PathBuf>,
+    /// The snapshot repository, opened when a node first needs it.
+    snapshots: std::sync::OnceLock<Result<Arc<SnapshotStore>, String>>,
 }
 
 impl Services {
@@ -32,6 +37,7 @@ impl Services {
         tools: ToolRegistry,
         engine: Weak<crate::Inner>,
         max_depth: u32,
+        snapshot_dir: Option<PathBuf>,
     ) -> Self {
         // Decided while the engine's control group holds only the engine:
         // on cgroup v2 the engine may move itself into a leaf so that its
@@ -39,7 +45,13 @@ impl Services {
         // the group would prevent.
         let _ = cairn_tools::cairn_sandbox::cgroup::support();
         let store_tag = journal.backend().store_id();
+        let snapshot_dir = snapshot_dir.or_else(|| {
+            let db = journal.files().into_iter().next()?;
+            Some(db.parent()?.join("snapshots"))
+        });
         Services {
+            snapshot_dir,
+            snapshots: std::sync::OnceLock::new(),
             journal,
             tools,
             sandboxes: Mutex::new(HashMap::new()),
@@ -57,6 +69,30 @@ impl Services {
             (cairn_tools::RUN_ENV.to_string(), run_id.to_string()),
             (cairn_tools::STORE_ENV.to_string(), self.store_tag.clone()),
         ]
+    }
+
+    /// The snapshot repository, unless this engine keeps none; an error
+    /// when it cannot be made (said once per attempt that wanted one).
+    pub fn snapshot_store(&self) -> Option<Result<Arc<SnapshotStore>, String>> {
+        let dir = self.snapshot_dir.as_ref()?;
+        Some(
+            self.snapshots
+                .get_or_init(|| {
+                    SnapshotStore::open(dir, cairn_snapshot::Options::default())
+                        .map(Arc::new)
+                        .map_err(|e| format!("the snapshot repository: {e}"))
+                })
+                .clone(),
+        )
+    }
+
+    /// The workflow's sandbox root and what snapshots of it leave out (the
+    /// store's own files, as the sandbox hides them).
+    pub fn workspace(&self, wf: &Workflow) -> Result<(PathBuf, Vec<PathBuf>), NodeError> {
+        let sandbox = self.workflow_sandbox(wf)?;
+        let root = sandbox.root().to_path_buf();
+        let hidden = hidden_paths(&root, self.journal.files());
+        Ok((root, hidden))
     }
 
     /// The engine, unless it is gone (then nothing may start).

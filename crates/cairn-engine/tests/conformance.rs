@@ -711,6 +711,7 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
         max_concurrency: Some(case.concurrency),
         exit_on_wait: case.exit_on_wait,
         observer: Some(observer),
+        watch: false,
     };
 
     // A subscription that joins before the run exists and follows it live.
@@ -1315,7 +1316,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             (None, _) => err!("first event of a node is not NodePending"),
             (Some(_), EventKind::NodePending { .. }) => err!("NodePending twice"),
             (Some(Phase::Done), _) => err!("event after the node ended"),
-            (Some(Phase::Pending), EventKind::NodeStarted {}) => {
+            (Some(Phase::Pending), EventKind::NodeStarted { .. }) => {
                 if attempt != Some(1) {
                     err!("first attempt is not 1");
                 }
@@ -1346,7 +1347,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
             (Some(Phase::Failing(_)), _) => {
                 err!("NodeFailed(willRetry) not followed by NodeRetrying")
             }
-            (Some(Phase::Retrying(a)), EventKind::NodeStarted {}) => {
+            (Some(Phase::Retrying(a)), EventKind::NodeStarted { .. }) => {
                 if attempt != Some(a) {
                     err!("NodeStarted does not continue the announced attempt");
                 }
@@ -1407,7 +1408,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                         nl.phase = Some(Phase::Done);
                         nl.terminal = Some("cancelled");
                     }
-                    EventKind::NodeStarted {} => err!("NodeStarted inside an attempt"),
+                    EventKind::NodeStarted { .. } => err!("NodeStarted inside an attempt"),
                     EventKind::NodeRetrying { .. } => err!("NodeRetrying inside an attempt"),
                     EventKind::NodeSkipped { .. } => err!("skipped after it started"),
                     EventKind::ToolCallStarted { tool_seq, .. } => {

@@ -113,7 +113,7 @@ async fn interrupt_and_resume(dir: &std::path::Path, yaml: &str) -> (Engine, Str
     until(&mut rx, |e| {
         matches!(
             e.kind,
-            EventKind::NodeOutput { .. } | EventKind::NodeStarted {}
+            EventKind::NodeOutput { .. } | EventKind::NodeStarted { .. }
         ) && e.scope.node_id.as_deref() == Some("slow")
     })
     .await;
@@ -142,7 +142,7 @@ async fn an_interrupted_attempt_runs_again_whatever_its_retry_budget() {
         .filter(|e| matches!(e.kind, EventKind::NodeFailed { .. }))
         .collect();
     assert_eq!(failed.len(), 1, "{failed:?}");
-    let EventKind::NodeFailed { error, will_retry } = &failed[0].kind else {
+    let EventKind::NodeFailed { error, will_retry, snapshot: None } = &failed[0].kind else {
         unreachable!()
     };
     assert_eq!(error.kind, "interrupted");
@@ -176,7 +176,7 @@ async fn on_interrupt_fail_fails_the_node_instead() {
         .unwrap();
     assert!(matches!(
         &failed.kind,
-        EventKind::NodeFailed { error, will_retry: false } if error.kind == "interrupted"
+        EventKind::NodeFailed { error, will_retry: false, .. } if error.kind == "interrupted"
     ));
     assert!(!evs
         .iter()
@@ -184,7 +184,7 @@ async fn on_interrupt_fail_fails_the_node_instead() {
     // The dependent never ran.
     assert!(!evs
         .iter()
-        .any(|e| matches!(e.kind, EventKind::NodeStarted {})
+        .any(|e| matches!(e.kind, EventKind::NodeStarted { .. })
             && e.scope.node_id.as_deref() == Some("after")));
 }
 
@@ -281,7 +281,7 @@ nodes:
     let evs = stored(&engine, &run);
     assert!(!evs
         .iter()
-        .any(|e| matches!(e.kind, EventKind::NodeStarted {})
+        .any(|e| matches!(e.kind, EventKind::NodeStarted { .. })
             && e.scope.node_id.as_deref() == Some("after")));
     // The decision is taken: a second one is refused with the reason.
     let err = engine
@@ -375,7 +375,7 @@ async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
         .unwrap();
     let run = h.run_id.clone();
     until(&mut rx, |e| {
-        matches!(e.kind, EventKind::NodeStarted {}) && e.scope.node_id.as_deref() == Some("slow")
+        matches!(e.kind, EventKind::NodeStarted { .. }) && e.scope.node_id.as_deref() == Some("slow")
     })
     .await;
     while !dir.path().join("ran-once").exists() {
@@ -395,7 +395,7 @@ async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
     assert_eq!(outcome, RunOutcome::Cancelled);
     assert!(!stored(&engine, &run)
         .iter()
-        .any(|e| matches!(e.kind, EventKind::NodeStarted {})
+        .any(|e| matches!(e.kind, EventKind::NodeStarted { .. })
             && e.scope.node_id.as_deref() == Some("after")));
     // The attempt the stop interrupted ends cancelled; it is not run again.
     let st = engine.state(&run).unwrap();
@@ -425,7 +425,7 @@ nodes:
     let h = engine.start(wf, json!({}), opts).await.unwrap();
     let run = h.run_id.clone();
     until(&mut rx, |e| {
-        matches!(e.kind, EventKind::NodeStarted {}) && e.scope.node_id.as_deref() == Some("bad")
+        matches!(e.kind, EventKind::NodeStarted { .. }) && e.scope.node_id.as_deref() == Some("bad")
     })
     .await;
     // `bad` fails within the shutdown's grace: its failure is in the log,

@@ -344,7 +344,7 @@ nodes:
             .lock()
             .unwrap()
             .iter()
-            .find_map(|e| matches!(e.kind, EventKind::NodeStarted {}).then_some(e.seq));
+            .find_map(|e| matches!(e.kind, EventKind::NodeStarted { .. }).then_some(e.seq));
         if let Some(seq) = seen {
             break seq;
         }

@@ -82,9 +82,9 @@ pub struct Activity {
 /// use cairn_events::{activity, Event, EventKind, Scope, Seq};
 /// let ev = |seq: u64, scope, kind| Event { run_id: "r".into(), seq: Seq(seq), timestamp_ms: seq as i64, scope, kind };
 /// let log = [
-///     ev(1, Scope::node("build", 0).with_attempt(1), EventKind::NodeStarted {}),
+///     ev(1, Scope::node("build", 0).with_attempt(1), EventKind::NodeStarted { snapshot: None }),
 ///     ev(2, Scope::node("build", 0).with_attempt(1),
-///        EventKind::NodeFinished { duration_ms: 1, output: None, cached: None }),
+///        EventKind::NodeFinished { duration_ms: 1, output: None, cached: None, snapshot: None }),
 /// ];
 /// let story = activity(&log);
 /// assert_eq!(story.len(), 1);
@@ -254,7 +254,7 @@ impl ActivityFolder {
                 let idx = self.push(ev, "run", title, "success");
                 self.entries[idx].ended_ms = Some(ev.timestamp_ms);
             }
-            EventKind::NodeStarted {} => {
+            EventKind::NodeStarted { .. } => {
                 let Some(key) = akey else { return };
                 self.attempts
                     .insert(key.clone(), (ev.timestamp_ms, ev.seq.get(), false));
@@ -298,7 +298,7 @@ impl ActivityFolder {
                     self.entries[idx].ended_ms = Some(ev.timestamp_ms);
                 }
             }
-            EventKind::NodeFailed { error, will_retry } => {
+            EventKind::NodeFailed { error, will_retry, .. } => {
                 let Some(key) = akey else { return };
                 self.attempts.remove(&key);
                 if let Some(idx) = self.commands.remove(&key) {
@@ -565,6 +565,7 @@ mod tests {
                 parent_run_id: parent.map(|p| p.0.to_string()),
                 parent_node_id: parent.map(|p| p.1.to_string()),
                 depth: parent.map_or(0, |_| 1),
+                forked_from: None,
             },
         )
     }
@@ -584,7 +585,7 @@ mod tests {
                     layer_index: Some(0),
                 },
             ),
-            ev(3, a("build", 1), EventKind::NodeStarted {}),
+            ev(3, a("build", 1), EventKind::NodeStarted { snapshot: None }),
             ev(
                 4,
                 a("build", 1),
@@ -608,9 +609,10 @@ mod tests {
                     duration_ms: 1500,
                     output: None,
                     cached: None,
+                    snapshot: None,
                 },
             ),
-            ev(7, a("fix", 1), EventKind::NodeStarted {}),
+            ev(7, a("fix", 1), EventKind::NodeStarted { snapshot: None }),
             ev(
                 8,
                 a("fix", 1),
@@ -660,6 +662,7 @@ mod tests {
                     duration_ms: 20,
                     output: None,
                     cached: None,
+                    snapshot: None,
                 },
             ),
             ev(
@@ -731,7 +734,7 @@ mod tests {
     fn node_kind_hint_opens_a_silent_command_at_start() {
         let log = vec![
             started(1, None),
-            ev(2, a("per_line[2].show", 1), EventKind::NodeStarted {}),
+            ev(2, a("per_line[2].show", 1), EventKind::NodeStarted { snapshot: None }),
         ];
         let kinds = HashMap::from([("per_line.show".to_string(), "command".to_string())]);
         let mut f = ActivityFolder::new().with_node_kinds(kinds);
@@ -755,12 +758,13 @@ mod tests {
                 EventKind::NodeFailed {
                     error: ErrorInfo::new("exit", "exit code 2"),
                     will_retry: retry,
+                    snapshot: None,
                 },
             )
         };
         let log = vec![
             started(1, None),
-            ev(2, a("t", 1), EventKind::NodeStarted {}),
+            ev(2, a("t", 1), EventKind::NodeStarted { snapshot: None }),
             ev(
                 3,
                 a("t", 1),
@@ -771,7 +775,7 @@ mod tests {
             ),
             fail(4, 1, true),
             ev(5, a("t", 2), EventKind::NodeRetrying { delay_ms: 10 }),
-            ev(6, a("t", 2), EventKind::NodeStarted {}),
+            ev(6, a("t", 2), EventKind::NodeStarted { snapshot: None }),
             fail(7, 2, false),
             ev(
                 8,
@@ -802,7 +806,7 @@ mod tests {
     fn child_runs_carry_their_delegator_and_cancel_closes_open_entries() {
         let log = vec![
             started(1, Some(("parent", "agent"))),
-            ev(2, a("w", 1), EventKind::NodeStarted {}),
+            ev(2, a("w", 1), EventKind::NodeStarted { snapshot: None }),
             ev(
                 3,
                 a("w", 1),

@@ -7,7 +7,9 @@
 //! failure and the next start, tool calls and agent steps started before
 //! they finish and finished once, questions and gates asked before they
 //! are answered, scorers started after the pass's `NodeFinished` and ended
-//! once, and none left open when the run ends.
+//! once, and none left open when the run ends; reverts of attempts that
+//! started, one at a time, finished before the run ends (a revert may come
+//! after the run's end: it changes files, not the run).
 //!
 //! Pure, like [`crate::check_tree`]: tests that make logs (crash tests,
 //! children, agents, engines) run every log they make through it.
@@ -57,6 +59,8 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
     }
     let mut passes: BTreeMap<(String, u32), Pass> = BTreeMap::new();
     let mut ended = false;
+    // (node, pass, attempt, snapshot) of a revert started and not finished.
+    let mut open_revert: Option<(String, u32, u32, String)> = None;
     for (i, ev) in events.iter().enumerate() {
         let at = |msg: String| Err(format!("seq {} ({}): {msg}", ev.seq, ev.kind.type_name()));
         if ev.seq != crate::Seq(i as u64 + 1) {
@@ -64,6 +68,36 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
         }
         if ev.run_id != run {
             return at(format!("run id `{}` in the log of `{run}`", ev.run_id));
+        }
+        // A revert restores files, not the run: `cairn revert` may log one
+        // after the run ended. It names an attempt that started, and one
+        // is open at a time.
+        if let EventKind::RevertStarted { snapshot } | EventKind::RevertFinished { snapshot, .. } =
+            &ev.kind
+        {
+            let (Some(node), Some(it), Some(a)) =
+                (&ev.scope.node_id, ev.scope.iteration, ev.scope.attempt)
+            else {
+                return at("a revert that names no attempt".into());
+            };
+            let this = (node.to_string(), it, a, snapshot.clone());
+            if matches!(ev.kind, EventKind::RevertStarted { .. }) {
+                if open_revert.is_some() {
+                    return at("a revert started while another is open".into());
+                }
+                if !passes
+                    .get(&(node.to_string(), it))
+                    .is_some_and(|p| p.attempts.contains_key(&a))
+                {
+                    return at(format!(
+                        "a revert to attempt {a} of node `{node}`, which never started"
+                    ));
+                }
+                open_revert = Some(this);
+            } else if open_revert.take() != Some(this) {
+                return at("RevertFinished without its RevertStarted".into());
+            }
+            continue;
         }
         if ended && !matches!(ev.kind, EventKind::RunStarted { resumed: true, .. }) {
             return at("an event after the run's terminal event".into());
@@ -82,6 +116,9 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
                 });
                 if let Some(open) = open {
                     return at(format!("the run ended with {open} open"));
+                }
+                if let Some((node, ..)) = &open_revert {
+                    return at(format!("the run ended with a revert of node `{node}` open"));
                 }
                 ended = true;
                 continue;
@@ -105,7 +142,7 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
             ));
         }
         match (&ev.kind, ev.scope.attempt) {
-            (EventKind::NodeStarted {}, Some(a)) => {
+            (EventKind::NodeStarted { .. }, Some(a)) => {
                 if pass.finished {
                     return at("an attempt started after the node finished".into());
                 }
@@ -242,4 +279,117 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ErrorInfo, Scope, Seq};
+
+    fn log(kinds: Vec<(Scope, EventKind)>) -> Vec<Event> {
+        kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, (scope, kind))| Event {
+                run_id: "r".into(),
+                seq: Seq(i as u64 + 1),
+                timestamp_ms: 0,
+                scope,
+                kind,
+            })
+            .collect()
+    }
+
+    fn started() -> EventKind {
+        EventKind::RunStarted {
+            workflow: "w".into(),
+            workflow_hash: "h".into(),
+            input: None,
+            resumed: false,
+            parent_run_id: None,
+            parent_node_id: None,
+            depth: 0,
+            forked_from: None,
+        }
+    }
+
+    fn revert(done: bool) -> EventKind {
+        if done {
+            EventKind::RevertFinished {
+                snapshot: "s".into(),
+                success: true,
+                error: None,
+            }
+        } else {
+            EventKind::RevertStarted {
+                snapshot: "s".into(),
+            }
+        }
+    }
+
+    /// A run whose node `a` ran one attempt, then ended.
+    fn ran() -> Vec<(Scope, EventKind)> {
+        let a = || Scope::node("a", 0);
+        vec![
+            (Scope::run(), started()),
+            (a(), EventKind::NodePending { layer_index: None }),
+            (
+                a().with_attempt(1),
+                EventKind::NodeStarted {
+                    snapshot: Some("s".into()),
+                },
+            ),
+            (
+                a().with_attempt(1),
+                EventKind::NodeFailed {
+                    error: ErrorInfo::new("exit", "1"),
+                    will_retry: false,
+                    snapshot: None,
+                },
+            ),
+            (
+                Scope::run(),
+                EventKind::RunFailed {
+                    error: ErrorInfo::new("node", "a"),
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_revert_may_follow_the_runs_end() {
+        let mut l = ran();
+        l.push((Scope::node("a", 0).with_attempt(1), revert(false)));
+        l.push((Scope::node("a", 0).with_attempt(1), revert(true)));
+        check_log(&log(l)).unwrap();
+    }
+
+    #[test]
+    fn reverts_name_an_attempt_that_started_one_at_a_time() {
+        let mut l = ran();
+        l.push((Scope::node("a", 0).with_attempt(2), revert(false)));
+        assert!(check_log(&log(l)).unwrap_err().contains("never started"));
+
+        let mut l = ran();
+        l.push((Scope::node("a", 0).with_attempt(1), revert(false)));
+        l.push((Scope::node("a", 0).with_attempt(1), revert(false)));
+        assert!(check_log(&log(l)).unwrap_err().contains("another is open"));
+
+        let mut l = ran();
+        l.push((Scope::node("a", 0).with_attempt(1), revert(true)));
+        assert!(check_log(&log(l))
+            .unwrap_err()
+            .contains("without its RevertStarted"));
+    }
+
+    #[test]
+    fn a_run_does_not_end_with_a_revert_open() {
+        let mut l = ran();
+        let end = l.pop().unwrap();
+        l.push((Scope::node("a", 0).with_attempt(1), revert(false)));
+        l.push(end);
+        assert!(check_log(&log(l))
+            .unwrap_err()
+            .contains("revert of node `a` open"));
+    }
 }

@@ -12,6 +12,16 @@ use serde_with::skip_serializing_none;
 
 use crate::ids::{NodePath, Seq};
 
+/// Where a forked run's log was copied from (`RunStarted.forkedFrom`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkedFrom {
+    /// The run forked.
+    pub run_id: String,
+    /// The last of its events the fork's log copies.
+    pub seq: u64,
+}
+
 /// One entry of a run's log.
 ///
 /// ```
@@ -21,7 +31,7 @@ use crate::ids::{NodePath, Seq};
 ///     seq: cairn_events::Seq(1),
 ///     timestamp_ms: 0,
 ///     scope: Scope::node("a", 0).with_attempt(1),
-///     kind: EventKind::NodeStarted {},
+///     kind: EventKind::NodeStarted { snapshot: None },
 /// };
 /// let json = ev.to_json();
 /// assert!(json.starts_with(r#"{"type":"NodeStarted","runId":"r1","seq":1"#));
@@ -247,6 +257,9 @@ pub enum EventKind {
         #[serde(default)]
         parent_node_id: Option<String>,
         depth: u32,
+        /// The run and seq a fork copied its log from (`cairn fork`).
+        #[serde(default)]
+        forked_from: Option<ForkedFrom>,
     },
     RunStatusChanged {
         status: RunStatus,
@@ -323,7 +336,12 @@ pub enum EventKind {
         #[serde(default)]
         layer_index: Option<u32>,
     },
-    NodeStarted {},
+    NodeStarted {
+        /// The workspace snapshot taken just before the attempt, for a
+        /// node that can change files in the sandbox root.
+        #[serde(default)]
+        snapshot: Option<String>,
+    },
     NodeHeartbeat {
         elapsed_ms: u64,
         #[serde(default)]
@@ -344,10 +362,17 @@ pub enum EventKind {
         output: Option<crate::output::Output>,
         #[serde(default)]
         cached: Option<bool>,
+        /// The workspace snapshot taken just after the attempt, for a node
+        /// that can change files (a fork after it starts from these files).
+        #[serde(default)]
+        snapshot: Option<String>,
     },
     NodeFailed {
         error: ErrorInfo,
         will_retry: bool,
+        /// As `NodeFinished`'s: the files the failed attempt left.
+        #[serde(default)]
+        snapshot: Option<String>,
     },
     NodeRetrying {
         delay_ms: u64,
@@ -402,6 +427,12 @@ pub enum EventKind {
         /// The model asked.
         #[serde(default)]
         model: String,
+        /// The workspace snapshot before this step's model call (steps
+        /// after the first, of agents that can change files): the files
+        /// the earlier steps' tool calls left, where a fork in the middle
+        /// of the conversation starts from.
+        #[serde(default)]
+        snapshot: Option<String>,
     },
     AgentStepFinished {
         step: u32,
@@ -938,6 +969,7 @@ mod tests {
                 duration_ms: 0,
                 output: Some(output.into()),
                 cached: None,
+                snapshot: None,
             },
         };
         ev.to_json()
@@ -971,6 +1003,7 @@ mod tests {
             kind: EventKind::NodeFailed {
                 error: ErrorInfo::new("exit", "exit code 3"),
                 will_retry: true,
+                snapshot: None,
             },
         };
         assert_eq!(
@@ -986,7 +1019,7 @@ mod tests {
     #[test]
     fn kind_fields_are_written_as_through_a_json_object() {
         let kinds = vec![
-            EventKind::NodeStarted {},
+            EventKind::NodeStarted { snapshot: None },
             EventKind::RunCancelled { reason: None },
             EventKind::RunCancelled {
                 reason: Some("by \"ops\"".into()),
@@ -995,6 +1028,7 @@ mod tests {
                 duration_ms: 3,
                 output: Some(json!({"z": [1, {"a": null}], "b": "x"}).into()),
                 cached: Some(true),
+                snapshot: None,
             },
             EventKind::NodeHeartbeat {
                 elapsed_ms: 5,
@@ -1051,6 +1085,7 @@ mod tests {
                 parent_run_id: None,
                 parent_node_id: None,
                 depth: 0,
+                forked_from: None,
             },
         };
         let v: Value = serde_json::from_str(&ev.to_json()).unwrap();

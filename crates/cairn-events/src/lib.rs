@@ -19,7 +19,8 @@ pub use activity::{activity, Activity, ActivityFolder, DelegatedBy};
 pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use contract::check_log;
 pub use event::{
-    CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, Level, NetworkAction, NodeCounts,
+    CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, ForkedFrom, Level, NetworkAction,
+    NodeCounts,
     NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
     MAX_EVENT_DEPTH,
 };
@@ -29,7 +30,7 @@ pub use ids::{
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
 pub use reducer::{
-    AgentProgress, AttemptState, ChildRun, Decision, NodeNotes, NodeState, NodeStatus, Question,
-    RunState, ScoreState,
+    AgentProgress, AttemptSnapshot, AttemptState, ChildRun, Decision, NodeNotes, NodeState,
+    NodeStatus, OpenRevert, Question, RunState, ScoreState,
 };
 pub use tree::check_tree;

@@ -65,7 +65,7 @@ impl Histogram {
 /// use cairn_events::{Event, EventKind, Metrics, Scope, Seq};
 /// let mut m = Metrics::new();
 /// m.apply(&Event { run_id: "r".into(), seq: Seq(1), timestamp_ms: 0,
-///     scope: Scope::node("a", 0).with_attempt(1), kind: EventKind::NodeStarted {} });
+///     scope: Scope::node("a", 0).with_attempt(1), kind: EventKind::NodeStarted { snapshot: None } });
 /// assert!(m.render_prometheus().contains("cairn_nodes_started_total 1\n"));
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -134,7 +134,7 @@ impl Metrics {
                 let run = &ev.run_id;
                 self.open_attempts.retain(|k, _| &k.0 != run);
             }
-            EventKind::NodeStarted {} => {
+            EventKind::NodeStarted { .. } => {
                 self.nodes_started += 1;
                 self.open_attempts.insert(attempt_key(), ev.timestamp_ms);
             }
@@ -413,6 +413,7 @@ mod tests {
             parent_run_id: None,
             parent_node_id: None,
             depth: 0,
+            forked_from: None,
         }
     }
 
@@ -422,8 +423,8 @@ mod tests {
         let log = vec![
             ev("r1", 1, 0, Scope::run(), run_started(false)),
             ev("r2", 1, 0, Scope::run(), run_started(false)),
-            ev("r1", 2, 0, a("x", 1), EventKind::NodeStarted {}),
-            ev("r2", 2, 0, a("x", 1), EventKind::NodeStarted {}),
+            ev("r1", 2, 0, a("x", 1), EventKind::NodeStarted { snapshot: None }),
+            ev("r2", 2, 0, a("x", 1), EventKind::NodeStarted { snapshot: None }),
             ev(
                 "r1",
                 3,
@@ -432,9 +433,10 @@ mod tests {
                 EventKind::NodeFailed {
                     error: ErrorInfo::new("e", "m"),
                     will_retry: true,
+                    snapshot: None,
                 },
             ),
-            ev("r1", 4, 3000, a("x", 2), EventKind::NodeStarted {}),
+            ev("r1", 4, 3000, a("x", 2), EventKind::NodeStarted { snapshot: None }),
             ev(
                 "r1",
                 5,
@@ -502,6 +504,7 @@ mod tests {
                     duration_ms: 200,
                     output: None,
                     cached: None,
+                    snapshot: None,
                 },
             ),
             ev(
@@ -631,7 +634,7 @@ mod tests {
             1,
             0,
             Scope::node("a", 0).with_attempt(1),
-            EventKind::NodeStarted {},
+            EventKind::NodeStarted { snapshot: None },
         ));
         let text = m.render_prometheus();
         let mut current: Option<String> = None;

@@ -102,6 +102,35 @@ pub struct NodeNotes {
     /// Its scorers that started, in the order they started.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<ScoreState>,
+    /// The workspace snapshots taken before its attempts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<AttemptSnapshot>,
+}
+
+/// The workspace snapshot taken before one attempt (`NodeStarted.snapshot`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptSnapshot {
+    /// The attempt.
+    pub attempt: u32,
+    /// The snapshot's id (a git tree in Cairn's snapshot repository).
+    pub snapshot: String,
+}
+
+/// A revert the log started and has not ended: a process that stopped
+/// while it restored the files. Whoever takes the run up next finishes it,
+/// so the workspace ends as the snapshot has it, never half-way.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenRevert {
+    /// The node whose attempt's snapshot is being restored.
+    pub node_id: NodePath,
+    /// Its pass.
+    pub iteration: u32,
+    /// The attempt.
+    pub attempt: u32,
+    /// The snapshot.
+    pub snapshot: String,
 }
 
 /// One scorer of a node pass as the log tells it.
@@ -321,11 +350,33 @@ pub struct RunState {
     /// Chapters with `ChapterStarted` and no `ChapterFinished` yet.
     #[serde(skip)]
     pub open_chapters: BTreeSet<String>,
+    /// The generation of the workflow the run uses: 0 as it started, then
+    /// the `generation` of the latest `WorkflowReloaded` (a resume loads
+    /// that generation's stored text).
+    #[serde(skip_serializing_if = "generation_zero")]
+    pub generation: u64,
+    /// The hash of the current generation's text as the log records it:
+    /// the latest `RunStarted`'s `workflowHash`, unless a reload came after
+    /// it (its event does not carry the hash), so that a resume can check
+    /// the stored text against the log whenever the log says.
+    #[serde(skip)]
+    pub generation_hash: Option<String>,
+    /// The run and seq this run's log was copied from (`cairn fork`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::event::ForkedFrom>,
+    /// A revert started and not finished (see [`OpenRevert`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_revert: Option<Box<OpenRevert>>,
     /// aHash, randomly keyed as std's SipHash is, but several times
     /// faster on long keys: paths run to hundreds of bytes inside nested
     /// groups, and the engine looks each node up several times.
     #[serde(skip)]
     index: HashMap<(NodePath, u32), usize, ahash::RandomState>,
+}
+
+/// Serde's test for leaving out the generation of a run never reloaded.
+fn generation_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A child run as its parent's log tells it (`DelegationStarted`, then
@@ -539,7 +590,11 @@ impl RunState {
                 parent_run_id,
                 parent_node_id,
                 depth,
+                forked_from,
             } => {
+                if forked_from.is_some() {
+                    self.forked_from = forked_from.clone();
+                }
                 if parent_run_id.is_some() {
                     self.parent_run_id = parent_run_id.clone();
                     self.parent_node_id = parent_node_id.clone();
@@ -547,6 +602,7 @@ impl RunState {
                 }
                 self.workflow = Some(workflow.clone());
                 self.workflow_hash = Some(workflow_hash.clone());
+                self.generation_hash = Some(workflow_hash.clone());
                 if input.is_some() {
                     self.input = input.clone();
                 }
@@ -567,6 +623,10 @@ impl RunState {
                 }
             }
             EventKind::RunStatusChanged { status } => self.status = Some(*status),
+            EventKind::WorkflowReloaded { generation, .. } => {
+                self.generation = *generation;
+                self.generation_hash = None;
+            }
             EventKind::RunCancelRequested { reason, .. } => {
                 self.cancel_requested = Some(reason.clone().unwrap_or_default());
             }
@@ -630,7 +690,7 @@ impl RunState {
                     }
                 }
             }
-            EventKind::AgentStepStarted { step, model } => {
+            EventKind::AgentStepStarted { step, model, .. } => {
                 if let Some(n) = self.node_mut(ev) {
                     let a = n.notes_mut().agent.get_or_insert_with(Default::default);
                     a.step = *step;
@@ -689,9 +749,15 @@ impl RunState {
                     n.status = NodeStatus::Pending;
                 }
             }
-            EventKind::NodeStarted {} => {
+            EventKind::NodeStarted { snapshot } => {
                 let attempt = ev.scope.attempt.unwrap_or(1);
                 if let Some(n) = self.node_mut(ev) {
+                    if let Some(id) = snapshot {
+                        n.notes_mut().snapshots.push(AttemptSnapshot {
+                            attempt,
+                            snapshot: id.clone(),
+                        });
+                    }
                     n.status = NodeStatus::Running;
                     n.retry_announced = false;
                     n.attempt = attempt;
@@ -722,7 +788,7 @@ impl RunState {
                     close_attempt(n, ts, "finished", None);
                 }
             }
-            EventKind::NodeFailed { error, will_retry } => {
+            EventKind::NodeFailed { error, will_retry, .. } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = if *will_retry {
                         NodeStatus::Retrying
@@ -831,6 +897,17 @@ impl RunState {
                     }
                 }
             }
+            EventKind::RevertStarted { snapshot } => {
+                if let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration) {
+                    self.open_revert = Some(Box::new(OpenRevert {
+                        node_id: node.clone(),
+                        iteration,
+                        attempt: ev.scope.attempt.unwrap_or(1),
+                        snapshot: snapshot.clone(),
+                    }));
+                }
+            }
+            EventKind::RevertFinished { .. } => self.open_revert = None,
             EventKind::DelegationStarted {
                 child_run_id,
                 agent,
@@ -968,7 +1045,7 @@ mod tests {
                 ev(
                     2,
                     Scope::node("a", 0).with_attempt(1),
-                    EventKind::NodeStarted {},
+                    EventKind::NodeStarted { snapshot: None },
                 ),
                 ev(
                     3,
@@ -976,6 +1053,7 @@ mod tests {
                     EventKind::NodeFailed {
                         error: ErrorInfo::new("exit", "1"),
                         will_retry: true,
+                        snapshot: None,
                     },
                 ),
                 ev(
@@ -986,7 +1064,7 @@ mod tests {
                 ev(
                     5,
                     Scope::node("a", 0).with_attempt(2),
-                    EventKind::NodeStarted {},
+                    EventKind::NodeStarted { snapshot: None },
                 ),
                 ev(
                     6,
@@ -995,6 +1073,7 @@ mod tests {
                         duration_ms: 10,
                         output: Some(Value::from(3).into()),
                         cached: None,
+                        snapshot: None,
                     },
                 ),
             ],
@@ -1025,7 +1104,7 @@ mod tests {
                 ev(
                     2,
                     Scope::node("a", 0).with_attempt(1),
-                    EventKind::NodeStarted {},
+                    EventKind::NodeStarted { snapshot: None },
                 ),
             ],
         );
@@ -1046,6 +1125,7 @@ mod tests {
                     parent_run_id: None,
                     parent_node_id: None,
                     depth: 0,
+                    forked_from: None,
                 },
             )
         };

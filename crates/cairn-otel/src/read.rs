@@ -239,11 +239,12 @@ mod tests {
                 parent_run_id: parent.map(|p| p.0.to_string()),
                 parent_node_id: parent.map(|p| p.1.to_string()),
                 depth: 0,
+                forked_from: None,
             },
         )];
         if let Some(c) = child {
             let scope = Scope::node("sub", 0).with_attempt(1);
-            events.push((scope.clone(), EventKind::NodeStarted {}));
+            events.push((scope.clone(), EventKind::NodeStarted { snapshot: None }));
             events.push((
                 scope,
                 EventKind::DelegationStarted {

@@ -102,7 +102,7 @@ pub enum ParentSpan {
 /// let ev = |seq, ts, kind| Event { run_id: "r".into(), seq: Seq(seq), timestamp_ms: ts, scope: Scope::run(), kind };
 /// let log = vec![
 ///     ev(1, 1_000, EventKind::RunStarted { workflow: "w".into(), workflow_hash: "h".into(), input: None,
-///         resumed: false, parent_run_id: None, parent_node_id: None, depth: 0 }),
+///         resumed: false, parent_run_id: None, parent_node_id: None, depth: 0, forked_from: None }),
 ///     ev(2, 1_500, EventKind::RunFinished { output: None, duration_ms: 500 }),
 /// ];
 /// let spans = build_spans(&log, &Lineage::root("r"));
@@ -443,7 +443,7 @@ impl TraceBuilder {
             acc.attrs.push(kv_u64("cairn.node.retry_delay_ms", delay));
         }
         acc.attempt_key = Some(key.clone());
-        let starts = matches!(ev.kind, EventKind::NodeStarted {});
+        let starts = matches!(ev.kind, EventKind::NodeStarted { .. });
         let i = self.add(acc, starts)?;
         self.attempts.insert(key, i);
         self.latest.insert((node.to_string(), iteration), i);
@@ -664,7 +664,7 @@ impl TraceBuilder {
                 }
                 self.run_status = Some("cancelled".into());
             }
-            EventKind::NodeStarted {} => {
+            EventKind::NodeStarted { .. } => {
                 self.attempt_of(ev, true);
             }
             EventKind::NodeFinished {
@@ -683,7 +683,7 @@ impl TraceBuilder {
                     }
                 }
             }
-            EventKind::NodeFailed { error, will_retry } => {
+            EventKind::NodeFailed { error, will_retry, .. } => {
                 if let Some(a) = self.attempt_of(ev, true) {
                     let acc = &mut self.accs[a];
                     // A crash is closed by the resume that found it: the
@@ -768,7 +768,7 @@ impl TraceBuilder {
                 }
                 self.accs[t].event(ts, "input received", attrs);
             }
-            EventKind::AgentStepStarted { step, model } => {
+            EventKind::AgentStepStarted { step, model, .. } => {
                 if let Some(a) = self.attempt_of(ev, true) {
                     if let Some(m) = self.model_call(a, *step, model, ts, true) {
                         self.open_step.insert(a, m);

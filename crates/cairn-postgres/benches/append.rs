@@ -91,13 +91,14 @@ fn event(i: u64, nodes: u64) -> (Scope, EventKind) {
                 layer_index: Some(0),
             },
         ),
-        1 => (scope.with_attempt(1), EventKind::NodeStarted {}),
+        1 => (scope.with_attempt(1), EventKind::NodeStarted { snapshot: None }),
         _ => (
             scope.with_attempt(1),
             EventKind::NodeFinished {
                 duration_ms: 0,
                 output: Some(json!(i).into()),
                 cached: None,
+                snapshot: None,
             },
         ),
     }

@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use cairn_events::RunCommand;
 use cairn_store::{
-    validate_run_id, Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease,
-    RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+    validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, Listener, ProcessRecord,
+    RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -263,6 +263,20 @@ impl Backend for PgBackend {
     fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
         let outcome = outcome.to_string();
         self.run(move |db| async move { records::take_command(&db, id, &outcome).await })
+    }
+
+    fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
+        let rec = rec.clone();
+        self.run(move |db| async move { records::put_generation(&db, &rec).await })
+    }
+
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<GenerationRecord>, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { records::generation(&db, &run, generation).await })
     }
 
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {

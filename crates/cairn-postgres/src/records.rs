@@ -1,11 +1,12 @@
 //! What the engine keeps beside a run's log: tool calls, the inbox of
-//! commands, and the process groups of running attempts.
+//! commands, the process groups of running attempts, and the workflow
+//! generations reloads adopted.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
 use cairn_events::RunCommand;
-use cairn_store::{InboxEntry, ProcessRecord, StoreError, ToolCallRecord};
+use cairn_store::{GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord};
 
 use crate::db::Db;
 
@@ -31,6 +32,12 @@ const TAKE_COMMAND: &str = "UPDATE inbox SET taken_ms = COALESCE(taken_ms, $2), 
      outcome = COALESCE(outcome, $3) WHERE id = $1";
 const PUT_PROCESS: &str = "INSERT INTO processes (run_id, node_id, iteration, attempt, pgid, \
      started_ms) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id";
+const PUT_GENERATION: &str = "INSERT INTO generations (run_id, generation, workflow_hash, \
+     source, created_ms) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (run_id, generation) DO UPDATE SET workflow_hash = EXCLUDED.workflow_hash, \
+     source = EXCLUDED.source, created_ms = EXCLUDED.created_ms";
+const GENERATION: &str = "SELECT run_id, generation, workflow_hash, source, created_ms \
+     FROM generations WHERE run_id = $1 AND generation = $2";
 const PROCESSES: &str = "SELECT id, run_id, node_id, iteration, attempt, pgid, started_ms \
      FROM processes WHERE run_id = $1 ORDER BY id";
 
@@ -195,6 +202,61 @@ pub(crate) async fn processes(db: &Db, run_id: &str) -> Result<Vec<ProcessRecord
         .map_err(|e| db.err(e))?;
     let rows = client.query(&st, &[&run_id]).await.map_err(|e| db.err(e))?;
     rows.iter().map(|r| process_row(db, r)).collect()
+}
+
+/// Inserts or replaces a generation of a run's workflow; `NotFound` when
+/// the run has no row.
+pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<(), StoreError> {
+    let client = db.client().await?;
+    let st = client
+        .prepare_cached(PUT_GENERATION)
+        .await
+        .map_err(|e| db.err(e))?;
+    let generation = rec.generation.min(i64::MAX as u64) as i64;
+    client
+        .execute(
+            &st,
+            &[
+                &rec.run_id,
+                &generation,
+                &rec.workflow_hash,
+                &rec.workflow_source,
+                &rec.created_ms,
+            ],
+        )
+        .await
+        .map_err(|e| no_run(db, e, &rec.run_id))?;
+    Ok(())
+}
+
+/// One generation of a run's workflow, if stored.
+pub(crate) async fn generation(
+    db: &Db,
+    run_id: &str,
+    generation: u64,
+) -> Result<Option<GenerationRecord>, StoreError> {
+    let client = db.client().await?;
+    let st = client
+        .prepare_cached(GENERATION)
+        .await
+        .map_err(|e| db.err(e))?;
+    let generation = generation.min(i64::MAX as u64) as i64;
+    let row = client
+        .query_opt(&st, &[&run_id, &generation])
+        .await
+        .map_err(|e| db.err(e))?;
+    row.map(|r| {
+        let n: i64 = r.try_get(1)?;
+        Ok::<_, tokio_postgres::Error>(GenerationRecord {
+            run_id: r.try_get(0)?,
+            generation: n as u64,
+            workflow_hash: r.try_get(2)?,
+            workflow_source: r.try_get(3)?,
+            created_ms: r.try_get(4)?,
+        })
+    })
+    .transpose()
+    .map_err(|e| db.err(e))
 }
 
 /// A foreign key to `runs` refused the row: the run has none.

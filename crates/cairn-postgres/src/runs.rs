@@ -55,6 +55,7 @@ const GC_DELETES: &[&str] = &[
     "DELETE FROM tool_calls WHERE run_id = ANY($1)",
     "DELETE FROM inbox WHERE run_id = ANY($1)",
     "DELETE FROM processes WHERE run_id = ANY($1)",
+    "DELETE FROM generations WHERE run_id = ANY($1)",
     "DELETE FROM runs WHERE run_id = ANY($1)",
 ];
 

@@ -7,13 +7,13 @@ use crate::db::Db;
 
 /// The schema version this build writes, kept in the `cairn_schema` table.
 /// A database at a newer version is refused ([`StoreError::TooNew`]).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
-/// The tables a store of version 1 has; a schema with one of them but no
-/// version is someone else's.
+/// The tables a store of the current version has; a schema with one of
+/// them but no version is someone else's.
 const TABLES: &[&str] = &[
     "cairn_schema",
     "runs",
@@ -22,6 +22,7 @@ const TABLES: &[&str] = &[
     "inbox",
     "processes",
     "leases",
+    "generations",
 ];
 
 /// Version 1. As on SQLite, with these differences:
@@ -121,6 +122,20 @@ CREATE TABLE leases (
     run_id     TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
     expires_at TIMESTAMPTZ NOT NULL
+);
+"#;
+
+/// Version 2: the workflow texts that reloads of a run adopted
+/// (`cairn run --watch`), one row per generation, so that a resume runs
+/// the run's last definition.
+const V2: &str = r#"
+CREATE TABLE generations (
+    run_id        TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    generation    BIGINT NOT NULL,
+    workflow_hash TEXT NOT NULL,
+    source        TEXT NOT NULL,
+    created_ms    BIGINT NOT NULL,
+    PRIMARY KEY (run_id, generation)
 );
 "#;
 

@@ -478,6 +478,7 @@ async fn server() {
             parent_run_id: None,
             parent_node_id: None,
             depth: 0,
+            forked_from: None,
         },
     )
     .await

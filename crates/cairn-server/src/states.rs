@@ -238,6 +238,7 @@ mod tests {
             parent_run_id: None,
             parent_node_id: None,
             depth: 0,
+            forked_from: None,
         }
     }
 
@@ -265,7 +266,7 @@ mod tests {
         assert_eq!(seq, 2);
         log.append(
             Scope::node("a", 0).with_attempt(1),
-            EventKind::NodeStarted {},
+            EventKind::NodeStarted { snapshot: None },
         );
         log.sync_blocking().unwrap();
         let (seq, status) = cache

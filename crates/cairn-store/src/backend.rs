@@ -218,6 +218,24 @@ pub struct RunRecord {
     pub parent_run_id: Option<String>,
 }
 
+/// One generation of a run's workflow: the text a reload of the run adopted
+/// (the log's `WorkflowReloaded` with the same `generation`), kept so that a
+/// resume runs the definition the run had last. Generation 0, the text the
+/// run started with, is the run's record ([`RunRecord::workflow_source`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRecord {
+    /// The run.
+    pub run_id: String,
+    /// 1 for the first reload, then 2, 3, ...
+    pub generation: u64,
+    /// SHA-256 hex of `workflow_source`.
+    pub workflow_hash: String,
+    /// The workflow file's text of this generation.
+    pub workflow_source: String,
+    /// When it was stored (Unix ms).
+    pub created_ms: i64,
+}
+
 /// Which runs to list; results come newest first.
 #[derive(Debug, Default, Clone)]
 pub struct RunFilter {
@@ -378,8 +396,8 @@ pub trait Backend: Send + Sync + 'static {
     /// `offset` skipped, at most `limit` kept.
     fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
     /// Deletes finished, failed and cancelled runs last updated before
-    /// `cutoff_ms` (their events, tool calls, inbox, process records and
-    /// row) and returns their ids. A run whose lease is held (being resumed)
+    /// `cutoff_ms` (their events, tool calls, inbox, process records,
+    /// workflow generations and row) and returns their ids. A run whose lease is held (being resumed)
     /// is left alone.
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
     /// Takes the run's lease; `None` when another process (or another lease
@@ -405,6 +423,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Marks a command taken, with what became of it (`applied`, or why it
     /// was refused). Taking one twice keeps the first outcome.
     fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError>;
+    /// Stores a generation of a run's workflow, replacing one with the same
+    /// (run, generation): a generation written by a reload that a crash cut
+    /// short before its `WorkflowReloaded` was committed is no generation
+    /// of the run, and the next reload reuses its number. `NotFound` when
+    /// the run has no row. Durable when it returns, since the reload's
+    /// event follows it.
+    fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError>;
+    /// One generation of a run's workflow, if stored.
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<GenerationRecord>, StoreError>;
     /// Records a process group a node attempt started; returns its id.
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError>;
     /// Forgets a process group that ended.

@@ -20,8 +20,8 @@ use cairn_events::{ErrorInfo, Event, EventKind, OutputStream, RunCommand, RunSta
 use serde_json::json;
 
 use crate::backend::{
-    Backend, EventQuery, ProcessRecord, RunFilter, RunRecord, StoreError, StoredEvent,
-    ToolCallRecord, Topic,
+    Backend, EventQuery, GenerationRecord, ProcessRecord, RunFilter, RunRecord, StoreError,
+    StoredEvent, ToolCallRecord, Topic,
 };
 
 /// Makes a fresh, empty backend each call.
@@ -76,6 +76,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "scores_are_aggregated_per_generation",
         scores_are_aggregated_per_generation,
     ),
+    (
+        "workflow_generations_are_kept_per_run",
+        workflow_generations_are_kept_per_run,
+    ),
 ];
 
 /// Runs every check on backends from `fresh`, panicking at the first one that
@@ -105,7 +109,8 @@ macro_rules! backend_conformance_tests {
             inbox_commands_are_kept_in_order_and_taken_once,
             process_records_are_kept_until_removed,
             wake_ups_reach_the_listeners_of_their_topic,
-            scores_are_aggregated_per_generation
+            scores_are_aggregated_per_generation,
+            workflow_generations_are_kept_per_run
         );
     };
     (@tests $fresh:expr; $($check:ident),*) => {
@@ -148,6 +153,7 @@ fn started() -> EventKind {
         parent_run_id: None,
         parent_node_id: None,
         depth: 0,
+        forked_from: None,
     }
 }
 
@@ -230,10 +236,10 @@ pub fn append_and_read(fresh: Factory<'_>) {
                 layer_index: Some(0),
             },
         ),
-        r(4, node("a"), EventKind::NodeStarted {}),
+        r(4, node("a"), EventKind::NodeStarted { snapshot: None }),
         event("other", 2, 6, node("a"), output("elsewhere")),
         r(5, node("a"), output("one \"quoted\" ünïcode\n\ttab")),
-        r(6, node("b"), EventKind::NodeStarted {}),
+        r(6, node("b"), EventKind::NodeStarted { snapshot: None }),
     ];
     b.append(&batch).unwrap();
     let more = vec![
@@ -984,6 +990,64 @@ pub fn process_records_are_kept_until_removed(fresh: Factory<'_>) {
     );
 }
 
+/// Workflow generations: kept per run and generation with every field, a
+/// second write of one replacing it (what a reload that a crash cut short
+/// left behind), refused for an unknown run, and deleted with their run.
+pub fn workflow_generations_are_kept_per_run(fresh: Factory<'_>) {
+    let b = fresh();
+    b.create_run(&record("r", "running", 1)).unwrap();
+    b.create_run(&record("s", "running", 1)).unwrap();
+    let gen = |run: &str, n: u64, text: &str| GenerationRecord {
+        run_id: run.into(),
+        generation: n,
+        workflow_hash: format!("hash of {text}"),
+        workflow_source: text.into(),
+        created_ms: 10 + n as i64,
+    };
+    assert_eq!(b.generation("r", 1).unwrap(), None);
+    b.put_generation(&gen("r", 1, "name: one")).unwrap();
+    b.put_generation(&gen("r", 2, "name: two")).unwrap();
+    b.put_generation(&gen("s", 1, "name: other")).unwrap();
+    assert_eq!(
+        b.generation("r", 1).unwrap(),
+        Some(gen("r", 1, "name: one"))
+    );
+    assert_eq!(
+        b.generation("r", 2).unwrap(),
+        Some(gen("r", 2, "name: two"))
+    );
+    assert_eq!(
+        b.generation("s", 1).unwrap(),
+        Some(gen("s", 1, "name: other"))
+    );
+    assert_eq!(b.generation("r", 3).unwrap(), None);
+    assert_eq!(b.generation("nobody", 1).unwrap(), None);
+    // Megabytes of text and every character come back as written.
+    let long = format!("name: long\n# {}\u{e9}\u{1f600}\n", "x".repeat(1 << 20));
+    b.put_generation(&gen("r", 2, &long)).unwrap();
+    assert_eq!(b.generation("r", 2).unwrap(), Some(gen("r", 2, &long)));
+    let err = b.put_generation(&gen("ghost", 1, "name: x")).unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        "{err:?}"
+    );
+    b.append(&[
+        event("r", 1, 100, Scope::run(), started()),
+        event("r", 2, 100, Scope::run(), finished()),
+    ])
+    .unwrap();
+    assert_eq!(b.delete_finished_before(i64::MAX).unwrap(), ["r"]);
+    assert_eq!(b.generation("r", 1).unwrap(), None);
+    assert_eq!(b.generation("r", 2).unwrap(), None);
+    assert_eq!(
+        b.generation("s", 1).unwrap(),
+        Some(gen("s", 1, "name: other"))
+    );
+    // A run made again with the same id starts without generations.
+    b.create_run(&record("r", "running", 1)).unwrap();
+    assert_eq!(b.generation("r", 1).unwrap(), None);
+}
+
 /// Wake-ups: a listener is woken by a notification of its topic only;
 /// notifications that came before a wait make one wake-up; dropping a
 /// listener unregisters it, and notifying nobody is harmless.
@@ -1046,8 +1110,10 @@ pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
         },
     };
     // Generation `old` (runs at 1 and 2), then `new` (run at 3); one run of
-    // another workflow, and one without scores.
-    let runs: [(&str, &str, &str, i64, Vec<Option<f64>>); 5] = [
+    // another workflow, and one without scores. Each: (run, workflow, its
+    // hash, created, its scorer's ends).
+    type Scored<'a> = (&'a str, &'a str, &'a str, i64, Vec<Option<f64>>);
+    let runs: [Scored; 5] = [
         ("s1", "wf", "old", 1, vec![Some(0.2), None]),
         ("s2", "wf", "old", 2, vec![Some(0.4)]),
         ("s3", "wf", "new", 3, vec![Some(0.9), Some(0.7)]),

@@ -27,8 +27,9 @@ use crate::wake::WakeDir;
 /// requests; version 2 keeps one partial index (see [`EVENTS_BY_TYPE`]), the
 /// run inbox and the process records; version 3 keeps a run's workflow text
 /// in a table of its own (see [`SOURCES`]); version 4 indexes child runs by
-/// their parent (see [`RUNS_BY_PARENT`]).
-const SCHEMA_VERSION: i64 = 4;
+/// their parent (see [`RUNS_BY_PARENT`]); version 5 keeps the workflow
+/// generations that reloads adopt (see [`GENERATIONS`]).
+const SCHEMA_VERSION: i64 = 5;
 
 /// Child runs by parent, for a parent's status and cancel; most runs have
 /// no parent, and the partial index leaves them out.
@@ -154,9 +155,24 @@ CREATE TABLE IF NOT EXISTS workflow_sources (
 );
 "#;
 
+/// The texts that reloads of a run adopted (`cairn run --watch`), one row
+/// per generation, so that a resume runs the run's last definition. Apart
+/// from the run's row for the reason [`SOURCES`] gives.
+const GENERATIONS: &str = r#"
+CREATE TABLE IF NOT EXISTS generations (
+    run_id        TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    generation    INTEGER NOT NULL,
+    workflow_hash TEXT NOT NULL,
+    source        TEXT NOT NULL,
+    created_ms    INTEGER NOT NULL,
+    PRIMARY KEY (run_id, generation)
+);
+"#;
+
 /// The tables a Cairn store has; a file with other tables is someone else's.
 const TABLES: &[&str] = &[
     "events",
+    "generations",
     "inbox",
     "processes",
     "runs",
@@ -230,7 +246,16 @@ impl SqliteBackend {
             let required: &[&str] = match version {
                 1 => &["runs", "events", "controls", "tool_calls"],
                 2 => &["runs", "events", "inbox", "processes", "tool_calls"],
+                3 | 4 => &[
+                    "runs",
+                    "events",
+                    "inbox",
+                    "processes",
+                    "tool_calls",
+                    "workflow_sources",
+                ],
                 _ => &[
+                    "generations",
                     "runs",
                     "events",
                     "inbox",
@@ -380,6 +405,7 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
             conn.execute_batch(INBOX)?;
             conn.execute_batch(SOURCES)?;
             conn.execute_batch(RUNS_BY_PARENT)?;
+            conn.execute_batch(GENERATIONS)?;
         }
         Ok(())
     })
@@ -409,6 +435,9 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         }
         if v < 4 {
             conn.execute_batch(RUNS_BY_PARENT)?;
+        }
+        if v < 5 {
+            conn.execute_batch(GENERATIONS)?;
         }
         Ok(())
     })
@@ -604,6 +633,8 @@ const GC_STILL_DUE: &str = concat!(
     updated_ms!(),
     " < ?2"
 );
+const GET_GENERATION: &str = "SELECT run_id, generation, workflow_hash, source, created_ms \
+                              FROM generations WHERE run_id = ?1 AND generation = ?2";
 const TOOL_CALLS: &str = "SELECT run_id, node_id, iteration, attempt, tool_seq, tool, \
                           idempotency_key, side_effect, idempotent, input, output, started_ms, \
                           finished_ms, status, error FROM tool_calls WHERE run_id = ?1 AND \
@@ -936,6 +967,7 @@ impl Backend for SqliteBackend {
                     "DELETE FROM tool_calls WHERE run_id = ?1",
                     "DELETE FROM inbox WHERE run_id = ?1",
                     "DELETE FROM processes WHERE run_id = ?1",
+                    "DELETE FROM generations WHERE run_id = ?1",
                     "DELETE FROM workflow_sources WHERE run_id = ?1",
                     "DELETE FROM runs WHERE run_id = ?1",
                 ] {
@@ -1077,6 +1109,55 @@ impl Backend for SqliteBackend {
         })
     }
 
+    fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO generations (run_id, generation, workflow_hash, source, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (run_id, generation) DO UPDATE SET \
+                 workflow_hash = excluded.workflow_hash, source = excluded.source, \
+                 created_ms = excluded.created_ms",
+                params![
+                    rec.run_id,
+                    rec.generation.min(i64::MAX as u64) as i64,
+                    rec.workflow_hash,
+                    rec.workflow_source,
+                    rec.created_ms
+                ],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::NotFound(rec.run_id.clone())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(())
+        })
+    }
+
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<GenerationRecord>, StoreError> {
+        self.read(|c| {
+            c.prepare_cached(GET_GENERATION)?
+                .query_row(
+                    params![run_id, generation.min(i64::MAX as u64) as i64],
+                    |r| {
+                        Ok(GenerationRecord {
+                            run_id: r.get(0)?,
+                            generation: r.get::<_, i64>(1)? as u64,
+                            workflow_hash: r.get(2)?,
+                            workflow_source: r.get(3)?,
+                            created_ms: r.get(4)?,
+                        })
+                    },
+                )
+                .optional()
+        })
+    }
+
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
         self.write(|tx| {
             tx.execute(
@@ -1188,12 +1269,14 @@ mod tests {
                 GC_CANDIDATES,
                 GC_STILL_DUE,
                 TOOL_CALLS,
+                GET_GENERATION,
             ]
             .iter()
             .chain(&[
                 // As `delete_finished_before` runs them.
                 "DELETE FROM events WHERE run_id = ?1",
                 "DELETE FROM tool_calls WHERE run_id = ?1",
+                "DELETE FROM generations WHERE run_id = ?1",
                 "DELETE FROM workflow_sources WHERE run_id = ?1",
                 "DELETE FROM runs WHERE run_id = ?1",
             ])
@@ -1298,6 +1381,7 @@ mod tests {
             .unwrap();
         assert!(tables.iter().any(|t| t == "inbox"), "{tables:?}");
         assert!(tables.iter().any(|t| t == "processes"), "{tables:?}");
+        assert!(tables.iter().any(|t| t == "generations"), "{tables:?}");
         assert!(!tables.iter().any(|t| t == "controls"), "{tables:?}");
         let indexes: Vec<String> = c
             .prepare("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' AND sql IS NOT NULL")

@@ -38,9 +38,9 @@ async fn append_read_and_filter() {
             layer_index: Some(0),
         },
     );
-    log.append(node("a"), EventKind::NodeStarted {});
+    log.append(node("a"), EventKind::NodeStarted { snapshot: None });
     log.append(node("a"), output("one"));
-    log.append(node("b"), EventKind::NodeStarted {});
+    log.append(node("b"), EventKind::NodeStarted { snapshot: None });
     log.append(node("a"), output("two"));
     let last = log.append(Scope::run(), finished());
     assert_eq!(last.seq, cairn_events::Seq(8));

@@ -254,6 +254,8 @@ pub struct NodeSettings {
     pub on_failure: OnFailure,
     /// What a resume does with an attempt that a crash interrupted.
     pub on_interrupt: OnInterrupt,
+    /// What happens to the sandbox root before a retry.
+    pub on_retry: OnRetry,
     /// Environment added to a command (templates).
     pub env: BTreeMap<String, String>,
     /// Working directory of a command (template).
@@ -405,6 +407,17 @@ pub enum OnInterrupt {
     Rerun,
     /// The interrupted attempt fails the node (`on_failure` decides what follows).
     Fail,
+}
+
+/// What happens to the sandbox root before a node's retry (`on_retry`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnRetry {
+    /// The retry starts from the files as the failed attempt left them.
+    #[default]
+    Keep,
+    /// The root is restored to the snapshot taken before the failed
+    /// attempt, so the retry starts from the same files it did.
+    Revert,
 }
 
 /// How a command's stdout becomes its output.

@@ -72,8 +72,12 @@ const COMMON_NODE_FIELDS: &[&str] = &[
     "retry",
     "on_failure",
     "on_interrupt",
+    "on_retry",
     "scorers",
 ];
+/// The node kinds whose attempts may change files in the sandbox root:
+/// the ones `on_retry: revert` applies to.
+const CHANGES_FILES: &[&str] = &["agent", "command", "tool"];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "delay", "max_delay"];
 const DEFAULTS_FIELDS: &[&str] = &["timeout", "retry"];
 const SANDBOX_FIELDS: &[&str] = &[
@@ -2035,6 +2039,34 @@ impl Cx {
             }
             None => OnInterrupt::Rerun,
         };
+        let on_retry = match f.get("on_retry") {
+            Some((_, v)) => {
+                let of = join(field, "on_retry");
+                match self.string(v, &of).as_deref() {
+                    Some("keep") | None => OnRetry::Keep,
+                    Some("revert") if !kind.is_some_and(|k| CHANGES_FILES.contains(&k)) => {
+                        self.at(
+                            v.pos,
+                            Some(&of),
+                            "`on_retry: revert` restores the files a node changed; only \
+                             `agent`, `command` and `tool` nodes change files"
+                                .to_string(),
+                        );
+                        OnRetry::Keep
+                    }
+                    Some("revert") => OnRetry::Revert,
+                    Some(other) => {
+                        self.at(
+                            v.pos,
+                            Some(&of),
+                            format!("`{other}` is not an on_retry policy; use `keep` or `revert`"),
+                        );
+                        OnRetry::Keep
+                    }
+                }
+            }
+            None => OnRetry::Keep,
+        };
         let mut env = BTreeMap::new();
         if let Some((_, v)) = f.get("env") {
             let ef = join(field, "env");
@@ -2100,6 +2132,7 @@ impl Cx {
                 retry,
                 on_failure,
                 on_interrupt,
+                on_retry,
                 env,
                 cwd,
                 output,

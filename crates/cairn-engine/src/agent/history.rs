@@ -29,6 +29,10 @@ pub(super) struct History {
     pub calls: HashMap<String, ToolCallRecord>,
     /// What this node has spent on models in every attempt of this pass.
     pub spent_usd: f64,
+    /// The run whose id the conversation's calls are keyed by: this one,
+    /// or for a conversation a fork took up, the run it was begun in (the
+    /// fork's log and rows are copies, keys and all).
+    pub key_run: String,
 }
 
 impl History {
@@ -38,6 +42,7 @@ impl History {
         if ctx.attempt <= 1 {
             return Ok(History {
                 origin: ctx.attempt.max(1),
+                key_run: ctx.run_id.clone(),
                 ..History::default()
             });
         }
@@ -51,6 +56,7 @@ impl History {
                 &EventQuery {
                     node: Some(node.clone()),
                     types: [
+                        "NodeStarted",
                         "NodeFailed",
                         "AgentStepStarted",
                         "AgentStepFinished",
@@ -68,6 +74,7 @@ impl History {
         .map_err(|e| NodeError::new("internal", e.to_string()))??;
 
         let mut failed: HashMap<u32, String> = HashMap::new();
+        let mut started_at: HashMap<u32, u64> = HashMap::new();
         let mut started: Vec<(u32, u32)> = Vec::new();
         let mut finished: Vec<(u32, u32, Value)> = Vec::new();
         let mut spent = 0.0;
@@ -78,6 +85,9 @@ impl History {
             }
             let attempt = ev.scope.attempt.unwrap_or(0);
             match ev.kind {
+                EventKind::NodeStarted { .. } => {
+                    started_at.entry(attempt).or_insert(ev.seq.get());
+                }
                 EventKind::NodeFailed { error, .. } => {
                     failed.insert(attempt, error.kind);
                 }
@@ -96,6 +106,16 @@ impl History {
             origin -= 1;
         }
         let ours = |a: u32| a >= origin && a < ctx.attempt;
+        let key_run = match (&ctx.forked_from, started_at.get(&origin)) {
+            (Some(f), Some(&seq)) if seq <= f.seq => {
+                let backend = ctx.services.journal.backend().clone();
+                let f = f.clone();
+                tokio::task::spawn_blocking(move || key_run_of(backend.as_ref(), f, seq))
+                    .await
+                    .map_err(|e| NodeError::new("internal", e.to_string()))??
+            }
+            _ => ctx.run_id.clone(),
+        };
         let mut steps: Vec<(u32, AssistantMessage)> = Vec::new();
         for (attempt, step, message) in finished {
             if !ours(attempt) || steps.iter().any(|(s, _)| *s == step) {
@@ -133,8 +153,41 @@ impl History {
             unanswered,
             calls,
             spent_usd: spent,
+            key_run,
         })
     }
+}
+
+/// The run a conversation begun at `seq` of a fork of `from` was begun in:
+/// `from`'s run, or further back when that run is a fork too and `seq`
+/// comes before its own copy's end (seqs are the same in a copy).
+fn key_run_of(
+    backend: &dyn cairn_store::Backend,
+    mut from: cairn_events::ForkedFrom,
+    seq: u64,
+) -> Result<String, cairn_store::StoreError> {
+    // Each step goes one fork back; a chain longer than this is a loop.
+    for _ in 0..64 {
+        let first = backend.read_events(
+            &from.run_id,
+            &EventQuery {
+                limit: Some(1),
+                ..EventQuery::default()
+            },
+        )?;
+        let earlier = first
+            .first()
+            .and_then(|e| e.decode().ok())
+            .and_then(|e| match e.kind {
+                EventKind::RunStarted { forked_from, .. } => forked_from,
+                _ => None,
+            });
+        match earlier {
+            Some(f) if seq <= f.seq => from = f,
+            _ => return Ok(from.run_id),
+        }
+    }
+    Ok(from.run_id)
 }
 
 /// How a recorded call ended: `None` when it started and never finished

@@ -255,9 +255,17 @@ impl<'a> Agent<'a> {
         interrupted: bool,
     ) -> Result<(AssistantMessage, f64), NodeError> {
         let ctx = self.ctx;
+        // The files the earlier steps' calls left, where a fork in the
+        // middle of the conversation starts from (the first step's are
+        // the attempt's own snapshot).
+        let snapshot = match (&ctx.step_snapshots, step > 1) {
+            (Some(s), true) => s.take().await,
+            _ => None,
+        };
         ctx.emit_durable(EventKind::AgentStepStarted {
             step,
             model: self.client.model().to_string(),
+            snapshot,
         })
         .await?;
         if interrupted {

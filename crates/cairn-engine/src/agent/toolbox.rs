@@ -158,7 +158,7 @@ impl<'a> Toolbox<'a> {
         let keys: Vec<String> = (0..calls.len())
             .map(|i| {
                 cairn_tools::agent_call_key(
-                    &ctx.run_id,
+                    &history.key_run,
                     ctx.node_id.as_str(),
                     ctx.iteration,
                     history.origin,

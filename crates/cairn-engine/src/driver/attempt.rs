@@ -34,9 +34,12 @@ impl Driver {
         ctx.parking = self.parking.clone();
         ctx.mcp = Some(self.mcp.clone());
         ctx.exit_on_wait = self.exit_on_wait;
+        ctx.forked_from = self.state.forked_from.clone();
         self.running.insert(key.clone(), cancel.clone());
         let tx = self.msg_tx.clone();
         let log = self.log.clone();
+        let after = self.end_snapshot_of(&inst);
+        ctx.step_snapshots = after.clone();
         let spec = inst.spec.clone();
         tokio::spawn(async move {
             let t0 = Instant::now();
@@ -75,11 +78,20 @@ impl Driver {
             } else {
                 result
             };
+            let duration_ms = t0.elapsed().as_millis() as u64;
+            // The files the attempt left, unless a cancel or a stop cut it
+            // short (the next attempt's own snapshot says what they are).
+            let snapshot = match (&after, &result) {
+                (Some(w), Ok(_)) => w.take().await,
+                (Some(w), Err(e)) if !e.cancelled => w.take().await,
+                _ => None,
+            };
             let _ = tx.send(Msg::Done {
                 key,
                 attempt,
                 result,
-                duration_ms: t0.elapsed().as_millis() as u64,
+                duration_ms,
+                snapshot,
             });
         });
     }
@@ -91,6 +103,7 @@ impl Driver {
                 attempt,
                 result,
                 duration_ms,
+                snapshot,
             } => {
                 self.running.remove(&key);
                 self.waiting.remove(&key);
@@ -111,6 +124,7 @@ impl Driver {
                                 duration_ms,
                                 output: Some(output.into()),
                                 cached: None,
+                                snapshot,
                             },
                         );
                         self.node_done(&key);
@@ -130,16 +144,11 @@ impl Driver {
                         );
                         self.node_done(&key);
                     }
-                    Err(e) => self.fail_attempt(
-                        &key,
-                        &inst,
-                        attempt,
-                        e,
-                        Duration::from_millis(duration_ms),
-                    ),
+                    Err(e) => self.fail_attempt_with(&key, &inst, attempt, e, snapshot),
                 }
             }
             Msg::ScorerDone(end) => self.scorer_done(*end),
+            Msg::Snapshotted(s) => self.snapshotted(*s),
             Msg::RetryDue(key) => {
                 self.retry_pending = self.retry_pending.saturating_sub(1);
                 if self.cancelling.is_none() && self.failing.is_none() {
@@ -177,6 +186,7 @@ impl Driver {
             EventKind::NodeFailed {
                 error: err.info,
                 will_retry: true,
+                snapshot: None,
             },
         );
         self.emit(
@@ -205,6 +215,7 @@ impl Driver {
                     "the process driving the run stopped while this attempt was running",
                 ),
                 will_retry: !fails,
+                snapshot: None,
             },
         );
         if !fails {
@@ -232,6 +243,19 @@ impl Driver {
         e: NodeError,
         _d: Duration,
     ) {
+        self.fail_attempt_with(key, inst, attempt, e, None);
+    }
+
+    /// [`Driver::fail_attempt`] with the snapshot of the files the attempt
+    /// left.
+    pub(super) fn fail_attempt_with(
+        &mut self,
+        key: &Key,
+        inst: &Inst,
+        attempt: u32,
+        e: NodeError,
+        snapshot: Option<String>,
+    ) {
         let policy = self.retry_policy(&inst.spec);
         let attempts = policy.as_ref().map_or(1, |p| p.attempts);
         let will_retry = e.retryable
@@ -245,6 +269,7 @@ impl Driver {
             EventKind::NodeFailed {
                 error: e.info.clone(),
                 will_retry,
+                snapshot,
             },
         );
         if will_retry {

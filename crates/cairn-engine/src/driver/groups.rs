@@ -152,6 +152,7 @@ impl Driver {
                 duration_ms,
                 output: Some(output),
                 cached: None,
+                snapshot: None,
             },
         );
         self.node_done(key);

@@ -14,7 +14,7 @@
 //! task and what its result becomes), `groups` (loops and `for_each`),
 //! `tallies` (layers, chapters, the summary), `context` (templates'
 //! context), `inbox` (people and commands), `recovery` (what a resume does
-//! first).
+//! first), `reload` (a watched run taking a new definition).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -45,8 +45,12 @@ mod groups;
 mod inbox;
 mod mount;
 mod recovery;
+mod reload;
 mod scoring;
 mod tallies;
+mod workspace;
+
+pub(crate) use workspace::{restore_snapshot, revert_files, Snapshotter};
 
 use context::{node_ctx_entry, NodesCtx};
 use inbox::wait_for;
@@ -83,10 +87,15 @@ enum Msg {
         attempt: u32,
         result: Result<Value, NodeError>,
         duration_ms: u64,
+        /// The workspace snapshot taken once the attempt ended, for a node
+        /// that can change files.
+        snapshot: Option<String>,
     },
     RetryDue(Key),
     /// A scorer ended (boxed: its spec and result are large).
     ScorerDone(Box<scoring::ScorerEnd>),
+    /// The workspace snapshot before an attempt is taken.
+    Snapshotted(Box<workspace::Snapshotted>),
 }
 
 #[derive(Default)]
@@ -178,6 +187,12 @@ pub(crate) struct Driver {
     scorers_running: usize,
     /// Scorers to spawn once their `ScorerStarted` is durable.
     scorer_queue: Vec<scoring::ScorerJob>,
+    /// Attempts whose snapshot is taken and whose `NodeStarted` is
+    /// appended: spawned once it is durable.
+    snapshot_ready: Vec<(Key, u32)>,
+    /// What the watcher of the run's files says (`--watch`); `None` for a
+    /// run not watched.
+    reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
 }
 
 pub(crate) struct DriverInit {
@@ -194,6 +209,8 @@ pub(crate) struct DriverInit {
     /// The reason of a cancel the log holds with no end after it (empty
     /// when none was given): the driver goes on cancelling the run.
     pub cancel_requested: Option<String>,
+    /// The watcher of the run's files, for a watched run.
+    pub reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
 }
 
 impl Driver {
@@ -280,6 +297,8 @@ impl Driver {
             holding: Default::default(),
             scorers_running: 0,
             scorer_queue: Vec::new(),
+            snapshot_ready: Vec::new(),
+            reloads: init.reloads,
             wf: init.wf,
         }
     }
@@ -410,6 +429,7 @@ impl Driver {
                 Some(a) = self.ask_rx.recv() => self.on_ask(a),
                 _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
                 _ = poll.tick() => { self.drain_inbox().await; }
+                note = reload::next_note(&mut self.reloads) => self.on_note(note).await,
                 _ = self.shutdown.token.cancelled(), if self.shutdown_grace.is_none() => {
                     self.begin_shutdown();
                 }
@@ -427,6 +447,7 @@ impl Driver {
     /// Decides everything that can be decided without waiting, in slices,
     /// looking at the inbox and the shutdown signal between slices.
     async fn settle(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+        to_spawn.append(&mut self.snapshot_ready);
         loop {
             let checked_all = self.process_checks();
             let before = to_spawn.len();
@@ -520,6 +541,10 @@ impl Driver {
                 Some(Msg::ScorerDone(_)) => {
                     self.scorers_running = self.scorers_running.saturating_sub(1);
                 }
+                Some(Msg::Snapshotted(s)) => {
+                    // Not started: the resume starts it.
+                    self.running.remove(s.key());
+                }
                 Some(Msg::RetryDue(_)) => {}
                 None => break,
             }
@@ -607,7 +632,7 @@ impl Driver {
                 }
                 Err(e) => {
                     let scope = self.node_scope(key).with_attempt(1);
-                    self.emit(scope, EventKind::NodeStarted {});
+                    self.emit(scope, EventKind::NodeStarted { snapshot: None });
                     let err = NodeError::fatal("template", format!("if: {e}"));
                     self.fail_attempt(key, &inst, 1, err, Duration::ZERO);
                     return;
@@ -682,22 +707,18 @@ impl Driver {
                 continue;
             }
             let attempt = self.state.node(&key.0, key.1).map_or(0, |n| n.attempt) + 1;
+            let leaf = !is_group && !matches!(inst.spec.kind, NodeKind::Value(_));
+            if leaf && self.changes_files(&inst) {
+                // Starts once the root's snapshot is taken (`snapshotted`).
+                budget -= 1;
+                self.begin_snapshot(key, attempt);
+                continue;
+            }
             let scope = self.node_scope(&key).with_attempt(attempt);
             self.open_tallies(&inst);
-            self.emit(scope, EventKind::NodeStarted {});
+            self.emit(scope, EventKind::NodeStarted { snapshot: None });
             if attempt == 1 {
-                for dep in &inst.needs {
-                    self.emit(
-                        Scope::run(),
-                        EventKind::EdgeTraversed {
-                            from: dep.0.to_string(),
-                            to: key.0.to_string(),
-                            condition: inst.spec.if_.clone(),
-                        },
-                    );
-                    // A join of 100,000 needs appends as many edges at once.
-                    self.ease_backlog_now();
-                }
+                self.traverse_edges(&key, &inst);
             }
             if is_group {
                 match self.enter_group(&key, false) {
@@ -731,6 +752,7 @@ impl Driver {
                                 duration_ms: t0.elapsed().as_millis() as u64,
                                 output: Some(output.into()),
                                 cached: None,
+                                snapshot: None,
                             },
                         );
                         self.node_done(&key);
@@ -746,6 +768,22 @@ impl Driver {
             }
         }
         true
+    }
+
+    /// The edges into a node that starts its first attempt.
+    fn traverse_edges(&mut self, key: &Key, inst: &Inst) {
+        for dep in &inst.needs {
+            self.emit(
+                Scope::run(),
+                EventKind::EdgeTraversed {
+                    from: dep.0.to_string(),
+                    to: key.0.to_string(),
+                    condition: inst.spec.if_.clone(),
+                },
+            );
+            // A join of 100,000 needs appends as many edges at once.
+            self.ease_backlog_now();
+        }
     }
 
     /// Bookkeeping once a node instance can no longer change.

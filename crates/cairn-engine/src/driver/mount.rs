@@ -68,7 +68,7 @@ impl Driver {
     /// Commits the plan in `self.plan` as a frame: the instances that
     /// appeared become pending and join the tallies and the dependency
     /// counts, the pending ones that went are cancelled.
-    fn commit_plan(&mut self, added: Vec<Key>, removed: Vec<Arc<Inst>>) {
+    pub(super) fn commit_plan(&mut self, added: Vec<Key>, removed: Vec<Arc<Inst>>) {
         self.frame_no += 1;
         self.emit(
             Scope::run(),

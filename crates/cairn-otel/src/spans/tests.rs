@@ -39,6 +39,7 @@ impl Log {
                 parent_run_id: None,
                 parent_node_id: None,
                 depth: 0,
+                forked_from: None,
             },
         )
     }
@@ -97,13 +98,14 @@ fn ms(s: &Span) -> (u64, u64) {
 fn agent_run() -> Log {
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("flaky", 1), EventKind::NodeStarted {})
+        .at(1_010, att("flaky", 1), EventKind::NodeStarted { snapshot: None })
         .at(
             1_020,
             att("flaky", 1),
             EventKind::NodeFailed {
                 error: ErrorInfo::new("exit", "exit code 3"),
                 will_retry: true,
+                snapshot: None,
             },
         )
         .at(
@@ -111,7 +113,7 @@ fn agent_run() -> Log {
             Scope::node("flaky", 0).with_attempt(2),
             EventKind::NodeRetrying { delay_ms: 5 },
         )
-        .at(1_030, att("flaky", 2), EventKind::NodeStarted {})
+        .at(1_030, att("flaky", 2), EventKind::NodeStarted { snapshot: None })
         .at(
             1_040,
             att("flaky", 2),
@@ -119,15 +121,17 @@ fn agent_run() -> Log {
                 duration_ms: 10,
                 output: None,
                 cached: None,
+                snapshot: None,
             },
         )
-        .at(1_100, att("fix", 1), EventKind::NodeStarted {})
+        .at(1_100, att("fix", 1), EventKind::NodeStarted { snapshot: None })
         .at(
             1_110,
             att("fix", 1),
             EventKind::AgentStepStarted {
                 step: 1,
                 model: "gpt-4o".into(),
+                snapshot: None,
             },
         )
         .at(
@@ -202,6 +206,7 @@ fn agent_run() -> Log {
             EventKind::AgentStepStarted {
                 step: 2,
                 model: "gpt-4o".into(),
+                snapshot: None,
             },
         )
         .at(
@@ -235,15 +240,17 @@ fn agent_run() -> Log {
                 duration_ms: 140,
                 output: None,
                 cached: None,
+                snapshot: None,
             },
         )
-        .at(1_300, att("bad", 1), EventKind::NodeStarted {})
+        .at(1_300, att("bad", 1), EventKind::NodeStarted { snapshot: None })
         .at(
             1_310,
             att("bad", 1),
             EventKind::NodeFailed {
                 error: ErrorInfo::new("exit", "exit code 1"),
                 will_retry: false,
+                snapshot: None,
             },
         )
         .at(
@@ -362,7 +369,7 @@ fn a_run_gives_run_attempt_model_and_tool_spans_with_their_parents() {
 fn a_resumed_run_is_one_run_span_with_stable_ids() {
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("slow", 1), EventKind::NodeStarted {})
+        .at(1_010, att("slow", 1), EventKind::NodeStarted { snapshot: None })
         .at(
             1_500,
             att("slow", 1),
@@ -388,6 +395,7 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
             EventKind::NodeFailed {
                 error: ErrorInfo::new("interrupted", "the engine stopped"),
                 will_retry: true,
+                snapshot: None,
             },
         )
         .at(
@@ -395,7 +403,7 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
             Scope::node("slow", 0).with_attempt(2),
             EventKind::NodeRetrying { delay_ms: 0 },
         )
-        .at(61_003, att("slow", 2), EventKind::NodeStarted {})
+        .at(61_003, att("slow", 2), EventKind::NodeStarted { snapshot: None })
         .at(
             61_100,
             att("slow", 2),
@@ -403,6 +411,7 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
                 duration_ms: 97,
                 output: None,
                 cached: None,
+                snapshot: None,
             },
         )
         .at(
@@ -441,7 +450,7 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
 fn a_waiting_run_ends_at_its_last_event_with_its_status_unset() {
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("gate", 1), EventKind::NodeStarted {})
+        .at(1_010, att("gate", 1), EventKind::NodeStarted { snapshot: None })
         .at(
             1_011,
             Scope::node("gate", 0),
@@ -480,7 +489,7 @@ fn a_child_run_hangs_from_the_parent_attempt_that_started_it() {
     let mut parent = Log::new("p");
     parent
         .started(1_000, false)
-        .at(1_010, att("sub", 1), EventKind::NodeStarted {})
+        .at(1_010, att("sub", 1), EventKind::NodeStarted { snapshot: None })
         .at(
             1_020,
             att("sub", 1),
@@ -543,7 +552,7 @@ fn hostile_logs_stay_bounded() {
     let huge = "x".repeat(100_000);
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("n", 1), EventKind::NodeStarted {});
+        .at(1_010, att("n", 1), EventKind::NodeStarted { snapshot: None });
     for i in 0..(MAX_EVENTS_PER_SPAN + 10) {
         l.at(
             1_020 + i as i64,
@@ -559,6 +568,7 @@ fn hostile_logs_stay_bounded() {
         EventKind::NodeFailed {
             error: ErrorInfo::new("exit", huge.clone()),
             will_retry: false,
+            snapshot: None,
         },
     );
     // An event of another run is no part of this one.
@@ -592,7 +602,7 @@ fn hostile_logs_stay_bounded() {
     // Past the span cap, spans are counted, not kept.
     let mut many = Log::new("m");
     many.started(1, false)
-        .at(2, att("n", 1), EventKind::NodeStarted {});
+        .at(2, att("n", 1), EventKind::NodeStarted { snapshot: None });
     for seq in 1..=(MAX_SPANS_PER_RUN as u32 + 5) {
         many.at(
             3,
@@ -641,19 +651,20 @@ fn nodes_inside_groups_hang_from_the_group_attempt() {
         duration_ms: d,
         output: None,
         cached: None,
+        snapshot: None,
     };
-    l.at(2, att("each", 1), EventKind::NodeStarted {});
-    l.at(3, att("each[0].say", 1), EventKind::NodeStarted {});
+    l.at(2, att("each", 1), EventKind::NodeStarted { snapshot: None });
+    l.at(3, att("each[0].say", 1), EventKind::NodeStarted { snapshot: None });
     l.at(4, att("each[0].say", 1), fin(1));
     l.at(5, att("each", 1), fin(3));
-    l.at(6, att("review", 1), EventKind::NodeStarted {});
+    l.at(6, att("review", 1), EventKind::NodeStarted { snapshot: None });
     for pass in 0..2 {
         let s = Scope::node("review.fix", pass).with_attempt(1);
-        l.at(7 + i64::from(pass), s.clone(), EventKind::NodeStarted {});
+        l.at(7 + i64::from(pass), s.clone(), EventKind::NodeStarted { snapshot: None });
         l.at(7 + i64::from(pass), s, fin(0));
     }
     l.at(9, att("review", 1), fin(3));
-    l.at(10, att("top", 1), EventKind::NodeStarted {});
+    l.at(10, att("top", 1), EventKind::NodeStarted { snapshot: None });
     l.at(11, att("top", 1), fin(1));
     let spans = build_spans(&l.events, &Lineage::root("r"));
     let id = |name: &str| named(&spans, name)[0].span_id.clone();

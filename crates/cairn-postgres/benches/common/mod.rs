@@ -107,6 +107,16 @@ impl Backend for Counting {
     fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
         self.inner.take_command(id, outcome)
     }
+    fn put_generation(&self, rec: &cairn_store::GenerationRecord) -> Result<(), StoreError> {
+        self.inner.put_generation(rec)
+    }
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<cairn_store::GenerationRecord>, StoreError> {
+        self.inner.generation(run_id, generation)
+    }
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
         self.inner.put_process(rec)
     }

@@ -122,6 +122,7 @@ impl TestServer {
                 parent_run_id: None,
                 parent_node_id: None,
                 depth: 0,
+                forked_from: None,
             },
         );
         log

@@ -40,6 +40,7 @@ pub fn started() -> EventKind {
         parent_run_id: None,
         parent_node_id: None,
         depth: 0,
+        forked_from: None,
     }
 }
 

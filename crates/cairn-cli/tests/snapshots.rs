@@ -1,0 +1,593 @@
+//! Workspace snapshots and revert with the real binary: an agent's edits
+//! (write, edit, bash) undone by `cairn revert` byte for byte with the
+//! user's own git repository untouched, `on_retry: revert` giving each
+//! retry the files the first attempt had, what `cairn revert` refuses, and
+//! a revert killed with SIGKILL half-way that the next `cairn revert`
+//! finishes, leaving the files exactly as the snapshot has them.
+
+mod common;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_events::{check_log, Event, EventKind};
+use cairn_store::{Backend, EventQuery, SqliteBackend};
+
+fn cairn(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .args(args)
+        .args(["--store", ".cairn/cairn.db"])
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cairn")
+}
+
+fn events(dir: &Path, run: &str) -> Vec<Event> {
+    let b = SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
+    let evs: Vec<Event> = b
+        .read_events(run, &EventQuery::default())
+        .unwrap()
+        .iter()
+        .map(|e| e.decode().unwrap())
+        .collect();
+    check_log(&evs).unwrap_or_else(|e| panic!("run {run} breaks the contract: {e}"));
+    evs
+}
+
+/// Every file, link and folder under `root` with what it holds, leaving out
+/// Cairn's store and the tests' own files (and `.git` unless asked).
+fn picture(root: &Path, with_git: bool) -> BTreeMap<String, String> {
+    fn walk(dir: &Path, rel: &str, with_git: bool, out: &mut BTreeMap<String, String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if rel.is_empty() && (name == ".cairn" || name == "sessions.err") {
+                continue;
+            }
+            if name == ".git" && !with_git {
+                continue;
+            }
+            let rel = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_symlink() {
+                out.insert(
+                    rel,
+                    format!("link {:?}", std::fs::read_link(e.path()).unwrap()),
+                );
+            } else if m.is_dir() {
+                out.insert(rel.clone(), "dir".into());
+                walk(&e.path(), &rel, with_git, out);
+            } else {
+                let x = m.permissions().mode() & 0o111 != 0;
+                let bytes = std::fs::read(e.path()).unwrap();
+                out.insert(rel, format!("x={x} {:?}", String::from_utf8_lossy(&bytes)));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, "", with_git, &mut out);
+    out
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+const AGENT: &str = r#"
+name: edits
+models:
+  m: { provider: scripted, script: turns.yaml }
+nodes:
+  - id: fix
+    agent:
+      model: m
+      prompt: Tidy the project.
+      tools: [read, write, edit, bash]
+  - id: after
+    needs: [fix]
+    command: ["sh", "-c", "echo after >> notes.txt"]
+"#;
+
+const TURNS: &str = r#"
+turns:
+  - text: Writing, editing and deleting.
+    tool_calls:
+      - { name: write, args: { path: src/new.rs, content: "fn new() {}\n" } }
+      - name: edit
+        args:
+          path: src/lib.rs
+          patch: |
+            @@ -1,1 +1,1 @@
+            -pub fn old() {}
+            +pub fn renamed() {}
+      - { name: bash, args: { argv: ["sh", "-c", "rm README.md && mkdir -p build/out && echo obj > build/out/a.o && chmod +x run.sh && printf 'more\\n' >> notes.txt"] } }
+  - text: Done.
+"#;
+
+#[test]
+fn revert_undoes_an_agents_edits_and_leaves_the_users_git_alone() {
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("SKIPPED revert_undoes_an_agents_edits: no `git` program on this machine");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(dir.join("src/lib.rs"), "pub fn old() {}\n").unwrap();
+    std::fs::write(dir.join("README.md"), "# project\n").unwrap();
+    std::fs::write(dir.join("run.sh"), "echo run\n").unwrap();
+    std::fs::write(dir.join("notes.txt"), "notes\n").unwrap();
+    std::fs::write(dir.join("edits.yaml"), AGENT).unwrap();
+    std::fs::write(dir.join("turns.yaml"), TURNS).unwrap();
+    std::fs::write(dir.join(".gitignore"), ".cairn/\nsessions.err\n").unwrap();
+    git(dir, &["init", "-q", "-b", "main"]);
+    git(dir, &["add", "src", "README.md", "notes.txt", ".gitignore"]);
+    git(dir, &["commit", "-q", "-m", "start"]);
+    // The user has work of their own staged and not: none of it is Cairn's.
+    std::fs::write(dir.join("notes.txt"), "notes\nunstaged line\n").unwrap();
+    git(dir, &["add", "run.sh"]);
+    let before = picture(dir, false);
+    let git_before = picture(&dir.join(".git"), true);
+    let status_before = git(dir, &["status", "--porcelain"]);
+
+    let out = cairn(dir, &["run", "edits.yaml", "--run-id", "r1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after_run = picture(dir, false);
+    assert!(after_run.contains_key("src/new.rs") && !after_run.contains_key("README.md"));
+    assert_ne!(after_run, before);
+
+    // Both file-changing nodes got a snapshot, in their NodeStarted.
+    let evs = events(dir, "r1");
+    let snaps: Vec<(&str, &str)> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::NodeStarted { snapshot: Some(s) } => {
+                Some((e.scope.node_id.as_deref().unwrap(), s.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(snaps.len(), 2, "{snaps:?}");
+    // The snapshot is a git tree in Cairn's own repository.
+    let listing = git(
+        dir,
+        &[
+            "--git-dir",
+            ".cairn/snapshots",
+            "ls-tree",
+            "-r",
+            "--name-only",
+            snaps[0].1,
+        ],
+    );
+    assert!(listing.lines().any(|l| l == "README.md"), "{listing}");
+    assert!(
+        !listing.contains(".cairn") && !listing.contains(".git/"),
+        "{listing}"
+    );
+
+    let out = cairn(dir, &["revert", "r1", "fix"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(snaps[0].1), "{said}");
+    assert_eq!(
+        picture(dir, false),
+        before,
+        "files byte-identical to before the agent"
+    );
+    assert_eq!(
+        picture(&dir.join(".git"), true),
+        git_before,
+        "the user's .git untouched"
+    );
+    assert_eq!(git(dir, &["status", "--porcelain"]), status_before);
+
+    // The revert is in the log after the run's end, and the log still
+    // keeps the contract.
+    let evs = events(dir, "r1");
+    let n = evs.len();
+    assert!(
+        matches!(&evs[n - 2].kind, EventKind::RevertStarted { snapshot } if snapshot == snaps[0].1)
+    );
+    assert!(matches!(
+        &evs[n - 1].kind,
+        EventKind::RevertFinished { success: true, .. }
+    ));
+    assert_eq!(evs[n - 1].scope.node_id.as_deref(), Some("fix"));
+    assert_eq!(evs[n - 1].scope.attempt, Some(1));
+
+    // The "before" snapshot it printed puts the agent's work back.
+    let before_id = said
+        .lines()
+        .find_map(|l| l.strip_prefix("the files as they were before this revert are snapshot "))
+        .expect("the undo snapshot is said");
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(["--git-dir", ".cairn/snapshots", "cat-file", "-p"])
+        .arg(format!("{before_id}:src/new.rs"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fn new() {}\n");
+}
+
+#[test]
+fn revert_refuses_what_it_cannot_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("w.yaml"),
+        "name: w\nnodes:\n  - id: v\n    value: 1\n  - id: c\n    needs: [v]\n    command: [\"true\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        cairn(dir, &["run", "w.yaml", "--run-id", "r"])
+            .status
+            .code(),
+        Some(0)
+    );
+    for (args, says) in [
+        (&["revert", "nope", "c"][..], "no run `nope`"),
+        (&["revert", "r", "missing"], "no node `missing`"),
+        (&["revert", "r", "v"], "no workspace snapshot"),
+        (
+            &["revert", "r", "c", "--attempt", "2"],
+            "no snapshot before attempt 2",
+        ),
+        (&["revert", "r", "c", "--iteration", "3"], "no pass 3"),
+    ] {
+        let out = cairn(dir, args);
+        assert_eq!(out.status.code(), Some(4), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // Nothing was logged by the refusals.
+    assert!(!events(dir, "r")
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::RevertStarted { .. })));
+}
+
+#[test]
+fn a_run_that_is_being_driven_is_not_reverted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("w.yaml"),
+        "name: w\nnodes:\n  - id: c\n    command: [\"sh\", \"-c\", \"echo x > f; sleep 30\"]\n",
+    )
+    .unwrap();
+    let mut run = cairn_session(dir, &["run", "w.yaml", "--run-id", "busy"]);
+    let t0 = Instant::now();
+    while !dir.join("f").exists() {
+        assert!(t0.elapsed() < PATIENCE, "the node never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = cairn(dir, &["revert", "busy", "c"]);
+    let _ = run.kill();
+    wait_exit(&mut run);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("being driven by another process"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("f").exists(), "nothing was reverted");
+}
+
+/// A node that appends a line and fails until the file has three lines.
+const RETRIED: &str = r#"
+name: retried
+nodes:
+  - id: flaky
+    retry: { attempts: 3, delay: 10ms }
+    on_retry: POLICY
+    command: ["sh", "-c", "echo try >> tries.txt; [ $(wc -l < tries.txt) -ge 3 ]"]
+"#;
+
+#[test]
+fn on_retry_revert_gives_every_retry_the_files_the_first_attempt_had() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Kept: the third attempt sees the lines of the two before it.
+    std::fs::write(dir.join("keep.yaml"), RETRIED.replace("POLICY", "keep")).unwrap();
+    let out = cairn(dir, &["run", "keep.yaml", "--run-id", "keep"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tries.txt")).unwrap(),
+        "try\ntry\ntry\n"
+    );
+    std::fs::remove_file(dir.join("tries.txt")).unwrap();
+
+    // Reverted: every attempt starts with no tries.txt, so none passes.
+    std::fs::write(dir.join("revert.yaml"), RETRIED.replace("POLICY", "revert")).unwrap();
+    let out = cairn(dir, &["run", "revert.yaml", "--run-id", "rev"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tries.txt")).unwrap(),
+        "try\n"
+    );
+    let evs = events(dir, "rev");
+    // Before attempts 2 and 3: the snapshot of the attempt that failed,
+    // restored, then the next attempt starts.
+    let seq: Vec<String> = evs
+        .iter()
+        .filter(|e| e.scope.node_id.as_deref() == Some("flaky"))
+        .filter_map(|e| {
+            let a = e.scope.attempt?;
+            Some(match &e.kind {
+                EventKind::NodeStarted { snapshot } => {
+                    assert!(snapshot.is_some(), "attempt {a} has a snapshot");
+                    format!("start{a}")
+                }
+                EventKind::NodeFailed { .. } => format!("fail{a}"),
+                EventKind::NodeRetrying { .. } => format!("retry{a}"),
+                EventKind::RevertStarted { .. } => format!("revert{a}"),
+                EventKind::RevertFinished { success, .. } => format!("reverted{a}:{success}"),
+                _ => return None,
+            })
+        })
+        .collect();
+    assert_eq!(
+        seq,
+        [
+            "start1",
+            "fail1",
+            "retry2",
+            "revert1",
+            "reverted1:true",
+            "start2",
+            "fail2",
+            "retry3",
+            "revert2",
+            "reverted2:true",
+            "start3",
+            "fail3"
+        ]
+    );
+    // Each attempt started from the same files: one snapshot id for all.
+    let ids: std::collections::BTreeSet<&str> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::NodeStarted { snapshot: Some(s) } => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+}
+
+#[test]
+fn on_retry_revert_is_refused_where_nothing_changes_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("w.yaml"),
+        "name: w\nnodes:\n  - id: gate\n    approval: ok?\n    on_retry: revert\n  - id: c\n    command: [\"true\"]\n    on_retry: sometimes\n",
+    )
+    .unwrap();
+    let out = cairn(dir, &["validate", "w.yaml"]);
+    assert_eq!(out.status.code(), Some(4));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("w.yaml:5") && err.contains("only `agent`, `command` and `tool`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("w.yaml:8") && err.contains("`sometimes` is not an on_retry policy"),
+        "{err}"
+    );
+}
+
+/// How many files the crash test's node rewrites: enough that a restore
+/// takes a while to write back.
+const MANY: usize = 1500;
+
+#[test]
+fn a_revert_killed_half_way_is_finished_by_the_next_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    for i in 0..MANY {
+        std::fs::write(dir.join(format!("data/f{i:05}")), format!("original {i}\n")).unwrap();
+    }
+    let original = picture(&dir.join("data"), false);
+    std::fs::write(
+        dir.join("w.yaml"),
+        "name: w\nnodes:\n  - id: scribble\n    command: [\"sh\", \"-c\", \"for f in data/*; do echo scribbled > $f; done; touch data/extra\"]\n",
+    )
+    .unwrap();
+    let out = cairn(dir, &["run", "w.yaml", "--run-id", "big"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("data/extra").exists());
+
+    let mirror = dir.join(".cairn/logs/big/events.ndjson");
+    let mut cut_open = 0;
+    for round in 0..5u64 {
+        // Scribble again so each round's revert has everything to write.
+        for f in std::fs::read_dir(dir.join("data")).unwrap() {
+            std::fs::write(f.unwrap().path(), "scribbled\n").unwrap();
+        }
+        let starts_before = std::fs::read_to_string(&mirror)
+            .unwrap()
+            .matches("\"RevertStarted\"")
+            .count();
+        let mut child = cairn_session(dir, &["revert", "big", "scribble"]);
+        // Killed at a different moment after its RevertStarted each round.
+        let t0 = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&mirror).unwrap();
+            if text.matches("\"RevertStarted\"").count() > starts_before {
+                break;
+            }
+            assert!(t0.elapsed() < PATIENCE, "the revert never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(round * 8));
+        let _ = child.kill();
+        wait_exit(&mut child);
+        let evs = events(dir, "big");
+        let open = matches!(evs.last().unwrap().kind, EventKind::RevertStarted { .. });
+        cut_open += usize::from(open);
+
+        // The next revert finishes the open one, then does its own.
+        let out = cairn(dir, &["revert", "big", "scribble"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(said.contains("left half-way"), open, "{said}");
+        assert!(
+            picture(&dir.join("data"), false) == original,
+            "round {round}: every file as the snapshot has it"
+        );
+        // Every revert in the log ended, the open one by the next process.
+        let evs = events(dir, "big");
+        let starts = evs
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::RevertStarted { .. }))
+            .count();
+        let ends = evs
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::RevertFinished { .. }))
+            .count();
+        assert_eq!(starts, ends, "round {round}");
+    }
+    eprintln!("{cut_open} of 5 kills landed while the revert was writing");
+    assert!(
+        cut_open > 0,
+        "no kill landed during a revert: {}",
+        sessions_err(dir)
+    );
+}
+
+#[test]
+fn a_resume_finishes_a_retrys_revert_that_a_kill_cut_short() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    // `.git` is left out of snapshots and reverts: the node's own marker
+    // of having scribbled once survives the revert.
+    std::fs::create_dir_all(dir.join(".git")).unwrap();
+    for i in 0..MANY {
+        std::fs::write(dir.join(format!("data/f{i:05}")), format!("original {i}\n")).unwrap();
+    }
+    let original = picture(&dir.join("data"), false);
+    std::fs::write(
+        dir.join("w.yaml"),
+        r#"name: w
+nodes:
+  - id: scribble
+    retry: { attempts: 2, delay: 10ms }
+    on_retry: revert
+    command: ["sh", "-c", "[ -e .git/once ] && exit 1; touch .git/once; for f in data/*; do echo scribbled > $f; done; exit 1"]
+"#,
+    )
+    .unwrap();
+    let mirror = dir.join(".cairn/logs/rr/events.ndjson");
+    let mut run = cairn_session(dir, &["run", "w.yaml", "--run-id", "rr"]);
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&mirror)
+        .unwrap_or_default()
+        .contains("\"RevertStarted\"")
+    {
+        assert!(t0.elapsed() < PATIENCE, "the retry's revert never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = run.kill();
+    wait_exit(&mut run);
+    let evs = events(dir, "rr");
+    let open = matches!(evs.last().unwrap().kind, EventKind::RevertStarted { .. });
+    eprintln!("the kill cut the revert short: {open}");
+
+    let out = cairn(dir, &["resume", "rr"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let evs = events(dir, "rr");
+    let resumed_at = evs
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::RunStarted { resumed: true, .. }))
+        .expect("resumed");
+    if open {
+        // The open revert is finished before anything else of the resume.
+        assert!(
+            matches!(
+                evs[resumed_at + 1].kind,
+                EventKind::RevertFinished { success: true, .. }
+            ),
+            "{:?}",
+            evs[resumed_at + 1].kind
+        );
+    }
+    let starts = evs
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RevertStarted { .. }))
+        .count();
+    let ends = evs
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RevertFinished { .. }))
+        .count();
+    assert_eq!(starts, ends);
+    // Attempt 2 did not scribble: the files are the snapshot's.
+    assert!(
+        picture(&dir.join("data"), false) == original,
+        "the files as before attempt 1"
+    );
+    assert!(evs
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::NodeStarted { .. }) && e.scope.attempt == Some(2)));
+}

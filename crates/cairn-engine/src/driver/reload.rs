@@ -1,0 +1,251 @@
+//! Hot reload, the driver's side: a change to a watched run's files
+//! (`crate::reload`) is logged as `WorkflowReloadDetected`, then as exactly
+//! one of `WorkflowReloaded` (the run takes the new definition as its next
+//! generation), `WorkflowReloadFailed` (it does not validate) or
+//! `WorkflowReloadUnsafe` (it cannot apply to this run); the last two leave
+//! the run on the definition it has. A change that leaves the workflow's
+//! text as the run has it (a referenced file changed, or the file changed
+//! back) is no new generation: a `Diagnostic` says so.
+//!
+//! A new generation's text is stored before its `WorkflowReloaded` is
+//! appended, and the event is durable before anything starts with the new
+//! definition: the event is the commit point, and a crash before it leaves
+//! the run on the previous generation.
+
+use super::*;
+use crate::reload::{safety, Note, Reload};
+use cairn_store::GenerationRecord;
+
+/// Waits for the watcher's next note; never resolves once the watcher is
+/// gone (or for a run not watched).
+pub(super) async fn next_note(notes: &mut Option<mpsc::UnboundedReceiver<Note>>) -> Note {
+    if let Some(rx) = notes {
+        if let Some(n) = rx.recv().await {
+            return n;
+        }
+        *notes = None;
+    }
+    std::future::pending().await
+}
+
+impl Driver {
+    pub(super) async fn on_note(&mut self, note: Note) {
+        match note {
+            Note::Warn(message) => self.warn("reload", message),
+            Note::Reload(r) => self.on_reload(*r).await,
+        }
+    }
+
+    async fn on_reload(&mut self, r: Reload) {
+        let Reload {
+            changed_files,
+            loaded,
+        } = r;
+        self.emit(
+            Scope::run(),
+            EventKind::WorkflowReloadDetected {
+                changed_files: changed_files.clone(),
+            },
+        );
+        let mut wf = match loaded {
+            Ok(wf) => wf,
+            Err(error) => {
+                self.emit(
+                    Scope::run(),
+                    EventKind::WorkflowReloadFailed {
+                        error,
+                        changed_files,
+                    },
+                );
+                return;
+            }
+        };
+        if wf.hash == self.wf.hash {
+            self.emit(
+                Scope::run(),
+                EventKind::Diagnostic {
+                    level: Level::Info,
+                    source: "reload".into(),
+                    message: format!(
+                        "{}: the workflow's text is the one the run has (generation {}); \
+                         nothing to reload (child workflows and scripts are read when a node \
+                         uses them)",
+                        changed_files.join(", "),
+                        self.state.generation
+                    ),
+                },
+            );
+            return;
+        }
+        if let Some(reason) = self.reload_blocker(&wf) {
+            self.emit(
+                Scope::run(),
+                EventKind::WorkflowReloadUnsafe {
+                    reason,
+                    changed_files,
+                },
+            );
+            return;
+        }
+        let generation = self.state.generation + 1;
+        let rec = GenerationRecord {
+            run_id: self.run_id.clone(),
+            generation,
+            workflow_hash: wf.hash.clone(),
+            // The driver needs only what was parsed from it, as at a start.
+            workflow_source: std::mem::take(&mut wf.source),
+            created_ms: crate::node::now_ms(),
+        };
+        let backend = self.services.journal.backend().clone();
+        let stored = tokio::task::spawn_blocking(move || backend.put_generation(&rec)).await;
+        let stored = match stored {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("the store's work stopped: {e}")),
+        };
+        if let Err(e) = stored {
+            self.emit(
+                Scope::run(),
+                EventKind::WorkflowReloadFailed {
+                    error: ErrorInfo::new(
+                        "store",
+                        format!("generation {generation} could not be stored: {e}"),
+                    ),
+                    changed_files,
+                },
+            );
+            return;
+        }
+        self.emit(
+            Scope::run(),
+            EventKind::WorkflowReloaded {
+                generation,
+                changed_files,
+            },
+        );
+        if let Err(e) = self.log.sync().await {
+            // The run fails as on any store error; nothing started with
+            // the new definition.
+            self.store_error = Some(e.to_string());
+            return;
+        }
+        self.adopt(Arc::new(wf));
+    }
+
+    /// Why the run cannot take `new` now, if it cannot.
+    fn reload_blocker(&self, new: &Workflow) -> Option<String> {
+        if let Some((_, reason)) = &self.cancelling {
+            return Some(match reason {
+                Some(r) => format!("the run is being cancelled ({r})"),
+                None => "the run is being cancelled".into(),
+            });
+        }
+        if self.failing.is_some() {
+            return Some("the run is failing: it ends with the definition it failed with".into());
+        }
+        if self.shutdown_grace.is_some() {
+            return Some(
+                "the engine is stopping; the resume runs the definition the run has".into(),
+            );
+        }
+        let mut active = Vec::new();
+        for n in &self.state.nodes {
+            let doing = match n.status {
+                NodeStatus::Running => "is running",
+                NodeStatus::Retrying => "waits to be retried",
+                NodeStatus::WaitingApproval => "is waiting for approval",
+                NodeStatus::WaitingInput => "is waiting for an answer",
+                NodeStatus::Finished
+                    if self.holding.contains_key(&(n.node_id.clone(), n.iteration))
+                        || n.scores().iter().any(|s| s.status == "running") =>
+                {
+                    "has scorers running"
+                }
+                _ => continue,
+            };
+            active.push(safety::Active {
+                path: n.node_id.to_string(),
+                doing,
+            });
+        }
+        let in_use = safety::InUse {
+            mcp_started: !self.mcp.is_idle(),
+        };
+        safety::unsafe_reason(&self.wf, new, &active, in_use)
+    }
+
+    /// Makes `wf` the run's definition and mounts the plan again from it,
+    /// as a resume mounts it: groups in progress keep their pass and list
+    /// (their definitions are unchanged, or the reload was unsafe), groups
+    /// that ended are mounted without their members (a new body must not
+    /// mount under them), nodes that never started take their new
+    /// definition, new ones become pending, and pending ones that went are
+    /// cancelled as `unmounted`. Always a new frame: the plan's definitions
+    /// changed even when its shape did not.
+    fn adopt(&mut self, wf: Arc<Workflow>) {
+        if self.wf.mcp_servers != wf.mcp_servers {
+            // Idle (no server started), or the reload was unsafe.
+            self.mcp = Arc::new(crate::mcp::McpPool::new(
+                wf.clone(),
+                self.services.clone(),
+                self.log.clone(),
+            ));
+        }
+        self.wf = wf;
+        self.tree = SpecTree::new(&self.wf);
+        // Keyed by the address of a spec of the old definition.
+        self.templated.clear();
+        let ended: Vec<Key> = self
+            .shape
+            .started_groups
+            .iter()
+            .filter(|k| self.status_of(k).is_none_or(|s| s.is_done()))
+            .cloned()
+            .collect();
+        for k in &ended {
+            self.shape.started_groups.remove(k);
+            self.shape.loop_pass.remove(k);
+            self.shape.lists.remove(k);
+        }
+        // What was derived from the old plan is derived again from the new
+        // one by its frame: needs, group members, layer and chapter totals,
+        // and which pending nodes to look at.
+        self.dependents.clear();
+        self.unmet.clear();
+        self.group_remaining.clear();
+        self.check_queue.clear();
+        let queued = std::mem::take(&mut self.queued);
+        // Retries due and attempts to continue stay ready.
+        self.ready.retain(|k| !queued.contains(k));
+        for t in self.layers.values_mut().chain(self.chapters.values_mut()) {
+            *t = Tally {
+                open: t.open,
+                started: t.started,
+                ..Tally::default()
+            };
+        }
+        let old = std::mem::take(&mut self.plan);
+        let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
+        let added: Vec<Key> = plan.order.iter().map(|i| i.key.clone()).collect();
+        let removed: Vec<Arc<Inst>> = old
+            .order
+            .iter()
+            .filter(|i| !plan.insts.contains_key(&i.key))
+            .cloned()
+            .collect();
+        drop(old);
+        self.plan = plan;
+        self.commit_plan(added, removed);
+        // A run that waited for a person has work again when the new
+        // definition gave it nodes that can start; it says it waits again
+        // once they ended.
+        if !self.check_queue.is_empty() && self.announced != RunStatus::Running {
+            self.announced = RunStatus::Running;
+            self.emit(
+                Scope::run(),
+                EventKind::RunStatusChanged {
+                    status: RunStatus::Running,
+                },
+            );
+        }
+    }
+}

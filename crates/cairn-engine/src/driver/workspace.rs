@@ -1,0 +1,292 @@
+//! Workspace snapshots around attempts (docs/snapshots.md): before an
+//! attempt of a node that can change files in the sandbox root, a snapshot
+//! of the root, whose id its `NodeStarted` carries; before a retry of a
+//! node with `on_retry: revert`, the root restored to the snapshot of the
+//! attempt that failed (`RevertStarted`, `RevertFinished`).
+//!
+//! Both touch the disk for as long as the root takes to walk, so they run
+//! off the driver's task: the attempt holds its slot meanwhile (it is in
+//! `running`), and its `NodeStarted` is appended when the snapshot is
+//! taken (`Msg::Snapshotted`).
+
+use std::path::{Path, PathBuf};
+
+use cairn_snapshot::{ObjectId, Restored, SnapshotStore};
+use cairn_workflow::OnRetry;
+
+use super::*;
+
+/// A snapshot taken (or not) for an attempt about to start.
+pub(super) struct Snapshotted {
+    key: Key,
+    attempt: u32,
+    snapshot: Option<String>,
+    /// Why there is no snapshot: the attempt starts anyway, with a warning.
+    warning: Option<String>,
+    /// The restore `on_retry: revert` asked for failed: the attempt fails
+    /// rather than start from files nobody asked for.
+    revert_failed: Option<ErrorInfo>,
+}
+
+/// What takes a snapshot of a run's root from an attempt's task: after the
+/// attempt (`NodeFinished.snapshot`), and before each agent step after the
+/// first (`AgentStepStarted.snapshot`).
+#[derive(Clone)]
+pub(crate) struct Snapshotter {
+    store: Arc<SnapshotStore>,
+    root: PathBuf,
+    exclude: Vec<PathBuf>,
+}
+
+impl Snapshotter {
+    /// A snapshot of the root now, or `None` when it cannot be taken (the
+    /// attempt's own `NodeStarted` already told why, when it could not).
+    pub(crate) async fn take(&self) -> Option<String> {
+        take_snapshot(self.store.clone(), self.root.clone(), self.exclude.clone())
+            .await
+            .ok()
+            .map(|id| id.to_string())
+    }
+}
+
+impl Snapshotted {
+    /// The attempt's node instance.
+    pub(super) fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+impl Driver {
+    /// Whether an attempt of `inst` may change files in the sandbox root
+    /// (and so gets a snapshot before it starts).
+    pub(super) fn changes_files(&self, inst: &Inst) -> bool {
+        if self.services.snapshot_store().is_none() {
+            return false;
+        }
+        match &inst.spec.kind {
+            NodeKind::Command(_) => match inst.spec.cwd.as_deref() {
+                // A fixed folder outside the root: nothing of the root's
+                // is where the command works.
+                Some(cwd) if Path::new(cwd).is_absolute() && !cwd.contains("{{") => self
+                    .services
+                    .workspace(&self.wf)
+                    .map(|(root, _)| Path::new(cwd).starts_with(root))
+                    .unwrap_or(true),
+                _ => true,
+            },
+            NodeKind::Tool { tool, .. } => matches!(tool.as_str(), "write" | "edit" | "bash"),
+            // An external CLI works in the root with tools of its own; an
+            // MCP server's tool (`server.tool`) may write there too.
+            NodeKind::Agent(a) => {
+                a.engine.is_some()
+                    || a.tools
+                        .iter()
+                        .any(|t| matches!(t.as_str(), "write" | "edit" | "bash") || t.contains('.'))
+            }
+            _ => false,
+        }
+    }
+
+    /// What takes the snapshots of an attempt of `inst` from its task, for
+    /// a node that can change files.
+    pub(super) fn end_snapshot_of(&self, inst: &Inst) -> Option<Snapshotter> {
+        if !self.changes_files(inst) {
+            return None;
+        }
+        let store = self.services.snapshot_store()?.ok()?;
+        let (root, exclude) = self.services.workspace(&self.wf).ok()?;
+        Some(Snapshotter {
+            store,
+            root,
+            exclude,
+        })
+    }
+
+    /// Takes the snapshot (after the revert a retry asks for) off the
+    /// driver's task; [`Driver::snapshotted`] starts the attempt.
+    pub(super) fn begin_snapshot(&mut self, key: Key, attempt: u32) {
+        let Some(inst) = self.plan.insts.get(&key).cloned() else {
+            return;
+        };
+        let store = match self.services.snapshot_store() {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return self.send_snapshotted(key, attempt, None, Some(e)),
+            None => return self.send_snapshotted(key, attempt, None, None),
+        };
+        let (root, exclude) = match self.services.workspace(&self.wf) {
+            Ok(w) => w,
+            Err(e) => return self.send_snapshotted(key, attempt, None, Some(e.info.message)),
+        };
+        // The snapshot taken before the attempt that failed, from the log.
+        let revert = (attempt > 1 && inst.spec.on_retry == OnRetry::Revert).then(|| {
+            self.state
+                .node(&key.0, key.1)
+                .and_then(|n| n.notes.as_ref())
+                .and_then(|notes| notes.snapshots.iter().rfind(|s| s.attempt < attempt))
+                .map(|s| (s.attempt, s.snapshot.clone()))
+        });
+        self.running.insert(key.clone(), CancellationToken::new());
+        let tx = self.msg_tx.clone();
+        let log = self.log.clone();
+        let scope = self.node_scope(&key);
+        tokio::spawn(async move {
+            let mut revert_failed = None;
+            match revert {
+                Some(Some((prev, snapshot))) => {
+                    let scope = scope.with_attempt(prev);
+                    let r = revert_files(&log, scope, &store, &root, &exclude, &snapshot).await;
+                    revert_failed = r.err();
+                }
+                Some(None) => {
+                    revert_failed = Some(ErrorInfo::new(
+                        "revert",
+                        "on_retry: revert, but the failed attempt has no snapshot to restore",
+                    ));
+                }
+                None => {}
+            }
+            let (snapshot, warning) = match take_snapshot(store, root, exclude).await {
+                Ok(id) => (Some(id.to_string()), None),
+                Err(e) => (None, Some(e)),
+            };
+            let _ = tx.send(Msg::Snapshotted(Box::new(Snapshotted {
+                key,
+                attempt,
+                snapshot,
+                warning,
+                revert_failed,
+            })));
+        });
+    }
+
+    fn send_snapshotted(
+        &mut self,
+        key: Key,
+        attempt: u32,
+        snapshot: Option<String>,
+        warning: Option<String>,
+    ) {
+        self.running.insert(key.clone(), CancellationToken::new());
+        let _ = self.msg_tx.send(Msg::Snapshotted(Box::new(Snapshotted {
+            key,
+            attempt,
+            snapshot,
+            warning,
+            revert_failed: None,
+        })));
+    }
+
+    /// The snapshot is taken: the attempt starts (its `NodeStarted` now,
+    /// its task once that is durable), unless the run stopped meanwhile.
+    pub(super) fn snapshotted(&mut self, s: Snapshotted) {
+        let Snapshotted {
+            key,
+            attempt,
+            snapshot,
+            warning,
+            revert_failed,
+        } = s;
+        self.running.remove(&key);
+        if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
+            // It never started: the run's end (or the resume) deals with it.
+            return;
+        }
+        let Some(inst) = self.plan.insts.get(&key).cloned() else {
+            return;
+        };
+        if let Some(w) = warning {
+            self.warn(
+                "snapshot",
+                format!(
+                    "node `{}` attempt {attempt} starts without a workspace snapshot: {w}",
+                    key.0
+                ),
+            );
+        }
+        self.open_tallies(&inst);
+        let scope = self.node_scope(&key).with_attempt(attempt);
+        self.emit(scope, EventKind::NodeStarted { snapshot });
+        if attempt == 1 {
+            self.traverse_edges(&key, &inst);
+        }
+        match revert_failed {
+            Some(err) => {
+                let err = NodeError {
+                    info: err,
+                    retryable: false,
+                    cancelled: false,
+                };
+                self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+            }
+            None => self.snapshot_ready.push((key, attempt)),
+        }
+    }
+}
+
+async fn take_snapshot(
+    store: Arc<SnapshotStore>,
+    root: PathBuf,
+    exclude: Vec<PathBuf>,
+) -> Result<ObjectId, String> {
+    match tokio::task::spawn_blocking(move || store.snapshot(&root, &exclude)).await {
+        Ok(Ok(s)) => Ok(s.id),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("the snapshot's task died: {e}")),
+    }
+}
+
+/// Restores `root` to `snapshot` as the log says: `RevertStarted` durable
+/// before a file is touched, `RevertFinished` with how it went. A process
+/// killed in between leaves the revert open in the log, and whoever takes
+/// the run up next runs it again to its end ([`crate::Engine::revert`],
+/// a resume), so the files end as the snapshot has them.
+pub(crate) async fn revert_files(
+    log: &RunLog,
+    scope: Scope,
+    store: &Arc<SnapshotStore>,
+    root: &Path,
+    exclude: &[PathBuf],
+    snapshot: &str,
+) -> Result<Restored, ErrorInfo> {
+    let store_err = |e: cairn_store::StoreError| ErrorInfo::new("store", e.to_string());
+    log.append_durable(
+        scope.clone(),
+        EventKind::RevertStarted {
+            snapshot: snapshot.to_string(),
+        },
+    )
+    .await
+    .map_err(store_err)?;
+    let result = restore_snapshot(store, root, exclude, snapshot).await;
+    log.append_durable(
+        scope,
+        EventKind::RevertFinished {
+            snapshot: snapshot.to_string(),
+            success: result.is_ok(),
+            error: result.as_ref().err().cloned(),
+        },
+    )
+    .await
+    .map_err(store_err)?;
+    result
+}
+
+/// Restores `root` to `snapshot` off the async workers.
+pub(crate) async fn restore_snapshot(
+    store: &Arc<SnapshotStore>,
+    root: &Path,
+    exclude: &[PathBuf],
+    snapshot: &str,
+) -> Result<Restored, ErrorInfo> {
+    let id: ObjectId = snapshot
+        .parse()
+        .map_err(|e: cairn_snapshot::SnapshotError| ErrorInfo::new("revert", e.to_string()))?;
+    let (store, root, exclude) = (store.clone(), root.to_path_buf(), exclude.to_vec());
+    match tokio::task::spawn_blocking(move || store.restore(&root, id, &exclude)).await {
+        Ok(r) => r.map_err(|e| ErrorInfo::new("revert", e.to_string())),
+        Err(e) => Err(ErrorInfo::new(
+            "revert",
+            format!("the restore's task died: {e}"),
+        )),
+    }
+}

@@ -1,0 +1,463 @@
+//! `cairn fork`: a new run whose log starts as a copy of another's up to a
+//! point, whose files are put back as they were at that point, and which
+//! goes on from there, possibly with another workflow or input
+//! (docs/fork.md).
+//!
+//! The copy keeps every event's seq, so a copied event is the same event
+//! in both logs: the fork's `RunStarted` (seq 1) names its origin
+//! (`forkedFrom`), and everything after the copy is the fork's own. The
+//! fork is then driven like a resume: finished nodes stay finished, an
+//! attempt that was running at the point is taken up as an interrupted
+//! one (an agent's conversation goes on from its last step, its calls'
+//! rows copied with the log), and nodes that had not started start.
+
+use std::collections::{BTreeSet, HashMap};
+
+use cairn_events::{Event, EventKind, ForkedFrom, RunState, Scope, Seq};
+use cairn_snapshot::ObjectId;
+use cairn_store::{EventQuery, GenerationRecord, RunRecord, StoredEvent, ToolCallRecord};
+use cairn_workflow::Workflow;
+use serde_json::Value;
+
+use crate::{node, reload, Engine, EngineError};
+
+/// Where a fork starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForkPoint {
+    /// After this seq of the run's log.
+    Seq(u64),
+    /// Just before the node's first attempt started (its latest pass, for a
+    /// node in a loop): the node and everything after it run again.
+    Node(String),
+}
+
+impl ForkPoint {
+    /// A seq when `s` is a number, else a node.
+    pub fn parse(s: &str) -> ForkPoint {
+        match s.parse::<u64>() {
+            Ok(n) => ForkPoint::Seq(n),
+            Err(_) => ForkPoint::Node(s.to_string()),
+        }
+    }
+}
+
+/// What to fork.
+#[derive(Debug, Clone)]
+pub struct ForkRequest {
+    /// The point.
+    pub at: ForkPoint,
+    /// The fork's input, instead of the run's.
+    pub input: Option<Value>,
+    /// The fork's workflow, instead of the run's (the fork adopts it as a
+    /// reload at the point: `WorkflowReloaded`).
+    pub workflow: Option<Workflow>,
+    /// The fork's id; generated when absent.
+    pub run_id: Option<String>,
+}
+
+/// A fork made, ready to be driven ([`Engine::resume`]).
+#[derive(Debug, Clone)]
+pub struct Forked {
+    /// The new run.
+    pub run_id: String,
+    /// The last seq of the original its log copies (the point, moved back
+    /// to the last step boundary when it fell among an agent step's calls).
+    pub seq: u64,
+    /// The snapshot the files were put back to, when the log has one at
+    /// or before the point.
+    pub snapshot: Option<String>,
+    /// Files written and removed by that restore.
+    pub written: u64,
+    /// Files removed.
+    pub removed: u64,
+}
+
+fn bad(msg: String) -> EngineError {
+    EngineError::BadRequest(msg)
+}
+
+impl Engine {
+    /// Makes a fork of `from` (see the module's documentation): restores
+    /// the files, then writes the fork's record, its copied log and calls.
+    /// The fork is not driven: [`Engine::resume`] it.
+    pub async fn fork(&self, from: &str, req: ForkRequest) -> Result<Forked, EngineError> {
+        let run_id = match &req.run_id {
+            Some(id) => {
+                cairn_store::validate_run_id(id)?;
+                id.clone()
+            }
+            None => crate::new_run_id(),
+        };
+        let id = from.to_string();
+        let (rec, events) = self
+            .blocking(move |e| {
+                let rec = e.require_run(&id)?;
+                let events = read_all(e, &id)?;
+                Ok::<_, EngineError>((rec, events))
+            })
+            .await?;
+        let seq = cut(&events, &req.at)?;
+        let prefix = &events[..seq as usize];
+        let state = RunState::from_events(from, prefix);
+        // The definition in force at the point, and what the fork runs.
+        let rec_c = rec.clone();
+        let state_c = state.clone();
+        let (at_point, generations) = self
+            .blocking(move |e| {
+                let wf = reload::definition(e.backend().as_ref(), &rec_c, &state_c)?;
+                let mut gens = Vec::new();
+                for g in 1..=state_c.generation {
+                    if let Some(r) = e.backend().generation(&rec_c.run_id, g)? {
+                        gens.push(r);
+                    }
+                }
+                Ok::<_, EngineError>((wf, gens))
+            })
+            .await?;
+        let runs = req.workflow.as_ref().unwrap_or(&at_point);
+        let input = match &req.input {
+            Some(i) => i.clone(),
+            None => state.input.clone().unwrap_or(rec.input.clone()),
+        };
+        runs.validate_input(&input)?;
+
+        // The files first: a fork cut short here leaves no run behind, and
+        // is made again the same way.
+        let snapshot = files_at(prefix, events.get(seq as usize));
+        let (mut written, mut removed) = (0, 0);
+        if let Some(snap) = &snapshot {
+            let store =
+                match self.inner.services.snapshot_store() {
+                    Some(Ok(s)) => s,
+                    Some(Err(e)) => return Err(EngineError::Conflict(e)),
+                    None => return Err(EngineError::Conflict(
+                        "this store keeps no workspace snapshots, so the files cannot be put back"
+                            .into(),
+                    )),
+                };
+            let (root, exclude) = self
+                .inner
+                .services
+                .workspace(runs)
+                .map_err(|e| EngineError::Conflict(e.info.message))?;
+            let id: ObjectId = snap
+                .parse()
+                .map_err(|e| EngineError::Conflict(format!("{e}")))?;
+            let done = tokio::task::spawn_blocking(move || store.restore(&root, id, &exclude))
+                .await
+                .map_err(|e| EngineError::Conflict(e.to_string()))?
+                .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
+            written = done.written;
+            removed = done.removed;
+        }
+
+        let now = node::now_ms();
+        let first_hash = match &events[0].kind {
+            EventKind::RunStarted { workflow_hash, .. } => workflow_hash.clone(),
+            _ => rec.workflow_hash.clone(),
+        };
+        let fork_rec = RunRecord {
+            run_id: run_id.clone(),
+            parent_run_id: None,
+            input: input.clone(),
+            status: "pending".into(),
+            created_ms: now,
+            updated_ms: now,
+            ..rec.clone()
+        };
+        let mut copy: Vec<Event> = Vec::with_capacity(prefix.len() + 2);
+        copy.push(Event {
+            run_id: run_id.clone(),
+            seq: Seq(1),
+            // The copied events keep their times: the log's times stay in
+            // order from its first event.
+            timestamp_ms: events[0].timestamp_ms,
+            scope: Scope::run(),
+            kind: EventKind::RunStarted {
+                workflow: rec.workflow.clone(),
+                workflow_hash: first_hash,
+                input: Some(input),
+                resumed: false,
+                parent_run_id: None,
+                parent_node_id: None,
+                depth: 0,
+                forked_from: Some(ForkedFrom {
+                    run_id: from.to_string(),
+                    seq,
+                }),
+            },
+        });
+        for ev in &prefix[1..] {
+            copy.push(Event {
+                run_id: run_id.clone(),
+                ..ev.clone()
+            });
+        }
+        let mut gens: Vec<GenerationRecord> = generations
+            .into_iter()
+            .map(|g| GenerationRecord {
+                run_id: run_id.clone(),
+                ..g
+            })
+            .collect();
+        if let Some(wf) = &req.workflow {
+            // The new definition, adopted at the point as a reload is.
+            let generation = state.generation + 1;
+            gens.push(GenerationRecord {
+                run_id: run_id.clone(),
+                generation,
+                workflow_hash: wf.hash.clone(),
+                workflow_source: wf.source.clone(),
+                created_ms: now,
+            });
+            let file = wf.path.display().to_string();
+            for kind in [
+                EventKind::WorkflowReloadDetected {
+                    changed_files: vec![file.clone()],
+                },
+                EventKind::WorkflowReloaded {
+                    generation,
+                    changed_files: vec![file.clone()],
+                },
+            ] {
+                copy.push(Event {
+                    run_id: run_id.clone(),
+                    seq: Seq(copy.len() as u64 + 1),
+                    timestamp_ms: now,
+                    scope: Scope::run(),
+                    kind,
+                });
+            }
+        }
+        let calls = calls_in(prefix);
+        let from_id = from.to_string();
+        let fork_id = run_id.clone();
+        self.blocking(move |e| {
+            let b = e.backend();
+            if b.get_run(&fork_id)?.is_some() {
+                return Err(bad(format!(
+                    "a run `{fork_id}` already exists in this store; pick another --run-id"
+                )));
+            }
+            let rows = copied_calls(b.as_ref(), &from_id, &fork_id, &calls)?;
+            b.create_run(&fork_rec)?;
+            for g in &gens {
+                b.put_generation(g)?;
+            }
+            for r in &rows {
+                b.put_tool_call(r)?;
+            }
+            let stored: Vec<StoredEvent> = copy.iter().map(StoredEvent::from_event).collect();
+            // The NDJSON mirror catches up from the store on the fork's
+            // first write (as after any gap).
+            b.append(&stored)?;
+            Ok::<_, EngineError>(())
+        })
+        .await?;
+        Ok(Forked {
+            run_id,
+            seq,
+            snapshot,
+            written,
+            removed,
+        })
+    }
+}
+
+fn read_all(e: &Engine, run_id: &str) -> Result<Vec<Event>, EngineError> {
+    let stored = e.backend().read_events(run_id, &EventQuery::default())?;
+    stored
+        .iter()
+        .map(|s| {
+            s.decode().map_err(|err| {
+                EngineError::Store(cairn_store::StoreError::BadRow {
+                    run: run_id.to_string(),
+                    detail: format!("event {}: {err}", s.seq),
+                })
+            })
+        })
+        .collect()
+}
+
+/// The last seq the fork copies.
+fn cut(events: &[Event], at: &ForkPoint) -> Result<u64, EngineError> {
+    let last = events.len() as u64;
+    let mut seq = match at {
+        ForkPoint::Seq(0) => return Err(bad("--at: seqs start at 1".into())),
+        ForkPoint::Seq(n) if *n > last => {
+            return Err(bad(format!("--at {n}: the run's log ends at seq {last}")))
+        }
+        ForkPoint::Seq(n) => *n,
+        ForkPoint::Node(node) => {
+            let mut passes = events.iter().filter(|e| {
+                e.scope.node_id.as_deref() == Some(node.as_str())
+                    && matches!(e.kind, EventKind::NodeStarted { .. })
+            });
+            let first = passes
+                .next()
+                .ok_or_else(|| bad(format!("--at {node}: no node `{node}` started in this run")))?;
+            // The latest pass's first attempt, for a node in a loop.
+            let latest = passes
+                .rfind(|e| e.scope.attempt == Some(1))
+                .unwrap_or(first);
+            latest.seq.get() - 1
+        }
+    };
+    // What the copy must not hold: the run's end, a cancel, a revert under way.
+    for ev in &events[..seq as usize] {
+        let at = ev.seq.get();
+        match &ev.kind {
+            EventKind::RunFinished { .. }
+            | EventKind::RunFailed { .. }
+            | EventKind::RunCancelled { .. } => {
+                return Err(bad(format!(
+                    "--at {seq}: the run ended at seq {at}; fork at an earlier point"
+                )))
+            }
+            EventKind::RunCancelRequested { .. } => {
+                return Err(bad(format!(
+                    "--at {seq}: the run was asked to cancel at seq {at}; fork at an earlier point"
+                )))
+            }
+            _ => {}
+        }
+    }
+    let state = RunState::from_events(&events[0].run_id, &events[..seq as usize]);
+    if state.open_revert.is_some() {
+        return Err(bad(format!(
+            "--at {seq}: a revert of the files was under way there; fork at another point"
+        )));
+    }
+    // A point among the calls of an agent's step moves back to the step's
+    // end: the files are known there (the step's snapshot), and the fork
+    // makes the step's calls again.
+    seq = step_boundary(&events[..seq as usize]).unwrap_or(seq);
+    Ok(seq)
+}
+
+/// The end of the step whose calls a prefix stops among, for each agent
+/// attempt open at its end: the earliest such.
+fn step_boundary(prefix: &[Event]) -> Option<u64> {
+    // (node, pass, attempt) → seq of its latest AgentStepFinished, and
+    // whether a call started after it.
+    let mut open: HashMap<(String, u32, u32), (Option<u64>, bool)> = HashMap::new();
+    for ev in prefix {
+        let (Some(node), Some(it), Some(a)) =
+            (&ev.scope.node_id, ev.scope.iteration, ev.scope.attempt)
+        else {
+            continue;
+        };
+        let key = (node.to_string(), it, a);
+        match &ev.kind {
+            EventKind::NodeStarted { .. } => {
+                open.insert(key, (None, false));
+            }
+            EventKind::NodeFinished { .. }
+            | EventKind::NodeFailed { .. }
+            | EventKind::NodeCancelled { .. } => {
+                open.remove(&key);
+            }
+            EventKind::AgentStepFinished { .. } => {
+                if let Some(o) = open.get_mut(&key) {
+                    *o = (Some(ev.seq.get()), false);
+                }
+            }
+            EventKind::ToolCallStarted { .. } => {
+                if let Some(o) = open.get_mut(&key) {
+                    o.1 = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    open.values()
+        .filter(|(_, called)| *called)
+        .filter_map(|(end, _)| *end)
+        .min()
+}
+
+/// The snapshot of the files at the end of `prefix`: the one taken just
+/// before the event after it (a start, a step), else the latest in it.
+fn files_at(prefix: &[Event], next: Option<&Event>) -> Option<String> {
+    let before = |e: &Event| match &e.kind {
+        EventKind::NodeStarted { snapshot } | EventKind::AgentStepStarted { snapshot, .. } => {
+            snapshot.clone()
+        }
+        _ => None,
+    };
+    if let Some(s) = next.and_then(before) {
+        return Some(s);
+    }
+    prefix.iter().rev().find_map(|e| match &e.kind {
+        EventKind::NodeStarted { snapshot }
+        | EventKind::AgentStepStarted { snapshot, .. }
+        | EventKind::NodeFinished { snapshot, .. }
+        | EventKind::NodeFailed { snapshot, .. } => snapshot.clone(),
+        _ => None,
+    })
+}
+
+/// The tool calls a prefix started, by (node, pass), with the calls it saw
+/// finish.
+struct Calls {
+    started: BTreeSet<(String, u32, u32, u32)>,
+    finished: BTreeSet<(String, u32, u32, u32)>,
+}
+
+fn calls_in(prefix: &[Event]) -> Calls {
+    let mut calls = Calls {
+        started: BTreeSet::new(),
+        finished: BTreeSet::new(),
+    };
+    for ev in prefix {
+        let (Some(node), Some(it), Some(a)) =
+            (&ev.scope.node_id, ev.scope.iteration, ev.scope.attempt)
+        else {
+            continue;
+        };
+        match &ev.kind {
+            EventKind::ToolCallStarted { tool_seq, .. } => {
+                calls.started.insert((node.to_string(), it, a, *tool_seq));
+            }
+            EventKind::ToolCallFinished { tool_seq, .. } => {
+                calls.finished.insert((node.to_string(), it, a, *tool_seq));
+            }
+            _ => {}
+        }
+    }
+    calls
+}
+
+/// The original's rows of the calls the copy holds, as the fork's: a call
+/// whose end comes after the point is copied as never finished, so the
+/// fork makes it again.
+fn copied_calls(
+    b: &dyn cairn_store::Backend,
+    from: &str,
+    fork: &str,
+    calls: &Calls,
+) -> Result<Vec<ToolCallRecord>, EngineError> {
+    let passes: BTreeSet<(String, u32)> = calls
+        .started
+        .iter()
+        .map(|(n, i, _, _)| (n.clone(), *i))
+        .collect();
+    let mut out = Vec::new();
+    for (node, it) in passes {
+        for mut r in b.tool_calls(from, &node, it)? {
+            let k = (r.node_id.clone(), r.iteration, r.attempt, r.tool_seq);
+            if !calls.started.contains(&k) {
+                continue;
+            }
+            if !calls.finished.contains(&k) {
+                r.status = "running".into();
+                r.output = None;
+                r.error = None;
+                r.finished_ms = None;
+            }
+            r.run_id = fork.to_string();
+            out.push(r);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,406 @@
+//! Workspace snapshots: a sandbox root kept as git tree objects in a
+//! repository of Cairn's own, so that what an agent did to the files can be
+//! undone, and a forked run can start from the files as they were.
+//!
+//! The repository is a bare git repository beside Cairn's store (its
+//! `objects`, `HEAD` and `config`); the user's own repository, its index
+//! and its `.git` folder are never read or written. A snapshot is the id of
+//! a tree: `git --git-dir <dir> ls-tree -r <id>` lists it.
+//!
+//! - **Incremental.** Objects are named by their bytes, so a file that did
+//!   not change is never stored twice; a stat cache per root (see `cache`)
+//!   means an unchanged file is not even read again. Taking a snapshot of
+//!   an unchanged root costs one walk of its folders.
+//! - **What is in it.** Every file, executable bit and symbolic link under
+//!   the root, tracked by git or not, ignored or not, except `.git` folders,
+//!   the paths the caller excludes (the store itself), files larger than
+//!   [`Options::max_file_bytes`], and what is not a file, a folder or a link
+//!   (sockets, FIFOs, devices). Empty folders are not kept (git has no
+//!   empty trees). Permissions other than the execute bit, owners and
+//!   times are not kept.
+//! - **Restore** writes back what differs and deletes what the snapshot
+//!   does not have, leaving alone what snapshots leave out (see `restore`).
+//!   A restore cut short is finished by running it again.
+//!
+//! Snapshots and restores of one root are serialized, across processes
+//! too, by a lock file in the repository.
+
+mod cache;
+mod object;
+mod restore;
+mod walk;
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use sha1::{Digest, Sha1};
+
+pub use object::{Mode, ObjectId};
+
+use cache::StatCache;
+use object::Objects;
+
+/// Files left by a restore or an object write that was cut short start
+/// with this; a walk deletes them rather than keeping them.
+pub const TEMP_PREFIX: &str = ".cairn-tmp-";
+
+/// How close to a walk a file's times may be for the stat cache to trust
+/// them; see the `cache` module.
+const RACY: Duration = Duration::from_secs(2);
+
+/// What went wrong with a snapshot or a restore.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The repository has no object of that id (a snapshot taken with
+    /// another store, or one deleted).
+    #[error("snapshot object {0} is not in Cairn's snapshot repository")]
+    Missing(String),
+    /// An object does not read back as what its name says.
+    #[error("snapshot object {id} is damaged: {why}")]
+    Corrupt {
+        /// The object.
+        id: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Not a snapshot id.
+    #[error("`{0}` is not a snapshot id (40 lowercase hex digits)")]
+    BadId(String),
+    /// The root cannot be made to hold the snapshot.
+    #[error("{0}")]
+    Conflict(String),
+    /// The root is larger than a snapshot may be ([`Options`]).
+    #[error("the sandbox root is too large to snapshot: {0}")]
+    TooLarge(String),
+}
+
+impl SnapshotError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        SnapshotError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// A snapshot repository's settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Files larger than this are left out of snapshots (and left alone by
+    /// restores). 32 MiB by default.
+    pub max_file_bytes: u64,
+    /// A root with more files than this is not snapshotted at all (100,000
+    /// by default): a root that holds a build folder or a home directory
+    /// would cost minutes and gigabytes per attempt.
+    pub max_files: u64,
+    /// Nor is a root whose files (those not left out) hold more bytes than
+    /// this, 2 GiB by default.
+    pub max_total_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_file_bytes: 32 << 20,
+            max_files: 100_000,
+            max_total_bytes: 2 << 30,
+        }
+    }
+}
+
+/// Why a path is not in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Larger than [`Options::max_file_bytes`].
+    TooLarge {
+        /// Its size.
+        bytes: u64,
+    },
+    /// A socket, a FIFO or a device.
+    NotAFile,
+}
+
+/// A path a snapshot left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// Relative to the root.
+    pub path: String,
+    /// Why.
+    pub why: SkipReason,
+}
+
+/// A snapshot taken.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The tree's id.
+    pub id: ObjectId,
+    /// Files and links in it.
+    pub files: u64,
+    /// New objects this snapshot stored (0 for an unchanged root).
+    pub objects_added: u64,
+    /// Bytes those objects take in the repository.
+    pub bytes_added: u64,
+    /// What it left out.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A restore done.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    /// A snapshot of the root as it was before the restore (restoring it
+    /// undoes the restore).
+    pub before: ObjectId,
+    /// Files and links written back.
+    pub written: u64,
+    /// Files, links and folders deleted.
+    pub removed: u64,
+}
+
+/// Cairn's snapshot repository.
+pub struct SnapshotStore {
+    dir: PathBuf,
+    objects: Objects,
+    opts: Options,
+    /// Each root's stat cache, loaded once per process.
+    caches: Mutex<HashMap<PathBuf, Arc<Mutex<StatCache>>>>,
+}
+
+impl std::fmt::Debug for SnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotStore")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl SnapshotStore {
+    /// Opens the repository at `dir`, making it (a bare git repository)
+    /// when it is not there.
+    pub fn open(dir: impl Into<PathBuf>, opts: Options) -> Result<SnapshotStore, SnapshotError> {
+        let dir = dir.into();
+        for sub in ["objects", "refs/heads", "refs/tags", "cairn"] {
+            let p = dir.join(sub);
+            fs::create_dir_all(&p).map_err(|e| SnapshotError::io(&p, e))?;
+        }
+        for (name, text) in [
+            ("HEAD", "ref: refs/heads/main\n"),
+            (
+                "config",
+                "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n",
+            ),
+            (
+                "description",
+                "Cairn's workspace snapshots: tree objects only, no commits.\n",
+            ),
+        ] {
+            let p = dir.join(name);
+            if !p.exists() {
+                fs::write(&p, text).map_err(|e| SnapshotError::io(&p, e))?;
+            }
+        }
+        Ok(SnapshotStore {
+            objects: Objects::new(dir.join("objects")),
+            dir,
+            opts,
+            caches: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The repository's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the repository holds the snapshot `id`.
+    pub fn contains(&self, id: ObjectId) -> bool {
+        id == ObjectId::EMPTY_TREE || self.objects.contains(id)
+    }
+
+    /// Takes a snapshot of `root`, leaving out the paths in `exclude` (and
+    /// what is under them).
+    pub fn snapshot(&self, root: &Path, exclude: &[PathBuf]) -> Result<Snapshot, SnapshotError> {
+        let root = canonical(root)?;
+        let exclude = self.excluding(exclude);
+        let _lock = self.lock(&root)?;
+        let cache = self.cache_of(&root);
+        let mut cache = cache.lock().unwrap();
+        if cache.is_empty() {
+            // Nothing known of this root yet: its size is measured with
+            // `lstat` alone before a byte of it is read or stored.
+            walk::survey(&root, &exclude, &self.opts)?;
+        }
+        let (snap, _) = self.walk(&root, &exclude, &mut cache, false)?;
+        cache.save(&self.cache_path(&root))?;
+        Ok(snap)
+    }
+
+    /// Makes `root` hold the snapshot `id`: see the crate's documentation.
+    pub fn restore(
+        &self,
+        root: &Path,
+        id: ObjectId,
+        exclude: &[PathBuf],
+    ) -> Result<Restored, SnapshotError> {
+        let root = canonical(root)?;
+        let exclude = self.excluding(exclude);
+        let target = restore::flatten(&self.objects, id)?;
+        let _lock = self.lock(&root)?;
+        let cache = self.cache_of(&root);
+        let mut cache = cache.lock().unwrap();
+        let (before, current) = self.walk(&root, &exclude, &mut cache, true)?;
+        let current = current.expect("asked for the flat list");
+        let applied = restore::apply(
+            &self.objects,
+            &root,
+            &current,
+            &target,
+            self.opts.max_file_bytes,
+        )?;
+        // What was written is checked, not assumed: a walk of the root now
+        // must give the snapshot's own id.
+        let (after, _) = self.walk(&root, &exclude, &mut cache, false)?;
+        cache.save(&self.cache_path(&root))?;
+        if after.id != id {
+            return Err(SnapshotError::Conflict(format!(
+                "the root does not match snapshot {id} after the restore (it is {}): something changed it while it was restored",
+                after.id
+            )));
+        }
+        Ok(Restored {
+            before: before.id,
+            written: applied.written,
+            removed: applied.removed,
+        })
+    }
+
+    /// The paths of a snapshot's files and links, sorted, with their modes.
+    pub fn list(&self, id: ObjectId) -> Result<Vec<(String, Mode)>, SnapshotError> {
+        Ok(restore::flatten(&self.objects, id)?
+            .leaves
+            .into_iter()
+            .map(|(p, (m, _))| (String::from_utf8_lossy(&p).into_owned(), m))
+            .collect())
+    }
+
+    fn walk(
+        &self,
+        root: &Path,
+        exclude: &[PathBuf],
+        cache: &mut StatCache,
+        flat: bool,
+    ) -> Result<(Snapshot, Option<walk::Flat>), SnapshotError> {
+        let now_ns = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as i64;
+        let mut w = walk::Walk {
+            objects: &self.objects,
+            cache,
+            opts: &self.opts,
+            exclude,
+            total_bytes: 0,
+            trust_before_ns: now_ns - RACY.as_nanos() as i64,
+            seen: HashSet::new(),
+            files: 0,
+            bytes_added: 0,
+            objects_added: 0,
+            skipped: Vec::new(),
+            flat: flat.then(walk::Flat::default),
+        };
+        let id = w.dir(root, b"")?.unwrap_or(ObjectId::EMPTY_TREE);
+        if id == ObjectId::EMPTY_TREE {
+            self.objects.write(object::Kind::Tree, b"")?;
+        }
+        let seen = std::mem::take(&mut w.seen);
+        let snap = Snapshot {
+            id,
+            files: w.files,
+            objects_added: w.objects_added,
+            bytes_added: w.bytes_added,
+            skipped: std::mem::take(&mut w.skipped),
+        };
+        let flat = w.flat.take();
+        cache.retain_seen(&seen);
+        Ok((snap, flat))
+    }
+
+    /// The caller's exclusions and the repository itself (a repository
+    /// inside the root would otherwise snapshot itself).
+    fn excluding(&self, exclude: &[PathBuf]) -> Vec<PathBuf> {
+        let mut all = canonical_all(exclude);
+        all.extend(canonical_all(std::slice::from_ref(&self.dir)));
+        all
+    }
+
+    fn cache_of(&self, root: &Path) -> Arc<Mutex<StatCache>> {
+        let mut caches = self.caches.lock().unwrap();
+        caches
+            .entry(root.to_path_buf())
+            .or_insert_with(|| Arc::new(Mutex::new(StatCache::load(&self.cache_path(root)))))
+            .clone()
+    }
+
+    fn root_key(root: &Path) -> String {
+        use std::os::unix::ffi::OsStrExt;
+        let digest = Sha1::digest(root.as_os_str().as_bytes());
+        hex::encode(&digest[..10])
+    }
+
+    fn cache_path(&self, root: &Path) -> PathBuf {
+        self.dir
+            .join("cairn")
+            .join(format!("{}.stat", Self::root_key(root)))
+    }
+
+    /// Holds the root's lock file until dropped (`flock`: released by the
+    /// kernel when a process dies, so a kill never leaves it taken).
+    fn lock(&self, root: &Path) -> Result<fs::File, SnapshotError> {
+        let p = self
+            .dir
+            .join("cairn")
+            .join(format!("{}.lock", Self::root_key(root)));
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(|e| SnapshotError::io(&p, e))?;
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(SnapshotError::io(&p, std::io::Error::last_os_error()));
+        }
+        Ok(f)
+    }
+}
+
+fn canonical(root: &Path) -> Result<PathBuf, SnapshotError> {
+    let p = root
+        .canonicalize()
+        .map_err(|e| SnapshotError::io(root, e))?;
+    if !p.is_dir() {
+        return Err(SnapshotError::io(
+            &p,
+            std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a folder"),
+        ));
+    }
+    Ok(p)
+}
+
+fn canonical_all(paths: &[PathBuf]) -> Vec<PathBuf> {
+    paths
+        .iter()
+        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
+        .collect()
+}
