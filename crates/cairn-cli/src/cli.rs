@@ -95,6 +95,10 @@ pub enum Command {
     /// its files put back as they were, then on from there (possibly with
     /// another workflow file or input).
     Fork(ForkArgs),
+    /// Take a running agent's conversation in this terminal: it stops at
+    /// its next step boundary, your lines are its user turns, /back hands
+    /// it back.
+    Hijack(HijackArgs),
     /// Put the sandbox root back as it was before an attempt of a node,
     /// from the snapshot taken then (the run may have ended).
     Revert(RevertArgs),
@@ -242,6 +246,15 @@ pub struct ForkArgs {
     pub watch: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
+}
+
+/// `cairn hijack`.
+#[derive(Debug, Args)]
+pub struct HijackArgs {
+    /// The run's id.
+    pub run: String,
+    /// The agent node (its path, for a node inside a group).
+    pub node: String,
 }
 
 /// `cairn revert`.

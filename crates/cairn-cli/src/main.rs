@@ -11,6 +11,7 @@ mod copy;
 mod display;
 mod doctor;
 mod format;
+mod hijack;
 mod inspect;
 mod reload;
 mod revert;
@@ -128,6 +129,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Cancel(a) => run::cancel(&g, a).await,
         Command::Revert(a) => revert::revert(&g, a).await,
         Command::Fork(a) => run::fork(&g, a).await,
+        Command::Hijack(a) => hijack::hijack(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a),
         Command::Scores(a) => scores::scores(&g, a),
         Command::Status(a) => inspect::status(&g, a).await,

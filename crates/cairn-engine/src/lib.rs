@@ -891,6 +891,24 @@ impl Engine {
                 };
             }
             RunCommand::Cancel { .. } => return Ok(()),
+            RunCommand::Hijack { node_id, .. } => {
+                // Whether it is a running agent is the driver's to say.
+                let seen = self.backend().read_events(
+                    run_id,
+                    &EventQuery {
+                        node: Some(node_id.clone()),
+                        limit: Some(1),
+                        ..Default::default()
+                    },
+                )?;
+                return if seen.is_empty() {
+                    Err(EngineError::NotFound(format!(
+                        "run `{run_id}` has no node `{node_id}`"
+                    )))
+                } else {
+                    Ok(())
+                };
+            }
         };
         // A node's NodePending is committed before it can ever ask.
         let seen = |types: Vec<String>| {

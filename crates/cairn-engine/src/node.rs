@@ -136,6 +136,21 @@ pub(crate) fn request_id(node: &str, iteration: u32, call: Option<&str>) -> Stri
     format!("q-{}", &hex::encode(h.finalize())[..16])
 }
 
+/// The request id of a hijacked agent's `n`th question to the person at
+/// the boundary after step `step` of the conversation begun by attempt
+/// `origin`: the same when a resume replays the conversation, so the
+/// recorded answer comes back; `h-` tells people's turns from questions.
+pub(crate) fn hijack_request_id(
+    node: &str,
+    iteration: u32,
+    origin: u32,
+    step: u32,
+    n: u32,
+) -> String {
+    let q = request_id(node, iteration, Some(&format!("hijack:{origin}:{step}:{n}")));
+    format!("h-{}", &q[2..])
+}
+
 /// Everything a node attempt can see and do.
 pub struct NodeCtx {
     pub run_id: String,
@@ -176,6 +191,9 @@ pub struct NodeCtx {
     /// continues a conversation begun before the fork names its calls as
     /// the run it was begun in did.
     pub(crate) forked_from: Option<cairn_events::ForkedFrom>,
+    /// Raised when a person asks to take the conversation (`cairn
+    /// hijack`); an agent looks at it at each step boundary.
+    pub(crate) hijack: Option<Arc<std::sync::atomic::AtomicBool>>,
     tool_seq: AtomicU32,
 }
 
@@ -218,6 +236,7 @@ impl NodeCtx {
             mcp: None,
             step_snapshots: None,
             forked_from: None,
+            hijack: None,
             tool_seq: AtomicU32::new(0),
         }
     }
@@ -314,11 +333,22 @@ impl NodeCtx {
         schema: Option<Value>,
         call: Option<String>,
     ) -> Result<Value, NodeError> {
+        let id = request_id(self.node_id.as_str(), self.iteration, call.as_deref());
+        self.ask_person_as(id, prompt, schema).await
+    }
+
+    /// [`NodeCtx::ask_person`] with the request id given.
+    pub(crate) async fn ask_person_as(
+        &self,
+        request_id: String,
+        prompt: String,
+        schema: Option<Value>,
+    ) -> Result<Value, NodeError> {
         let (tx, rx) = oneshot::channel();
         self.asks
             .send(Ask::Input {
                 key: (self.node_id.clone(), self.iteration),
-                request_id: request_id(self.node_id.as_str(), self.iteration, call.as_deref()),
+                request_id,
                 prompt,
                 schema,
                 reply: tx,

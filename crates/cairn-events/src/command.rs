@@ -52,6 +52,15 @@ pub enum RunCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<String>,
     },
+    /// Take a running agent's conversation: it stops at its next step
+    /// boundary and asks a person for each turn until handed back.
+    Hijack {
+        /// The agent node's id (its latest running pass).
+        node_id: String,
+        /// Who asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+    },
     /// Cancel the run.
     Cancel {
         /// Let running nodes finish instead of killing them.
@@ -67,13 +76,15 @@ pub enum RunCommand {
 }
 
 impl RunCommand {
-    /// The command's name as people type it: approve, deny, answer, cancel.
+    /// The command's name as people type it: approve, deny, answer,
+    /// cancel, hijack.
     pub fn name(&self) -> &'static str {
         match self {
             RunCommand::Approve { .. } => "approve",
             RunCommand::Deny { .. } => "deny",
             RunCommand::Answer { .. } => "answer",
             RunCommand::Cancel { .. } => "cancel",
+            RunCommand::Hijack { .. } => "hijack",
         }
     }
 
@@ -91,6 +102,10 @@ impl RunCommand {
                 EventKind::InputReceived { request_id: r, .. },
             ) => r == request_id,
             (RunCommand::Cancel { .. }, EventKind::RunCancelRequested { .. }) => true,
+            (
+                RunCommand::Hijack { node_id, .. },
+                EventKind::RunHijackRequested { node_id: n, .. },
+            ) => n == node_id,
             _ => false,
         }
     }

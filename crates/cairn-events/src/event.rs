@@ -563,6 +563,18 @@ pub enum EventKind {
         scorer_name: String,
         error: ErrorInfo,
     },
+    RunHijackRequested {
+        node_id: String,
+        #[serde(default)]
+        requested_by: Option<String>,
+    },
+    RunHijacked {
+        engine: String,
+        /// `interactive`: the person took the conversation in a terminal.
+        mode: String,
+        /// Handed back to the agent (true), or ended by the person.
+        resumed: bool,
+    },
 }
 
 macro_rules! type_names {
@@ -634,6 +646,8 @@ type_names!(
     ScorerStarted,
     ScorerFinished,
     ScorerFailed,
+    RunHijackRequested,
+    RunHijacked,
 );
 
 impl EventKind {
@@ -928,7 +942,12 @@ impl<'de> Deserialize<'de> for Event {
         let timestamp_ms: i64 = take::<_, D::Error>(&mut map, "timestampMs")?
             .ok_or_else(|| D::Error::missing_field("timestampMs"))?;
         let scope = Scope {
-            node_id: take::<_, D::Error>(&mut map, "nodeId")?,
+            // `RunHijackRequested` is a run's event that names a node in its
+            // own `nodeId` field.
+            node_id: match map.get("type").and_then(Value::as_str) {
+                Some("RunHijackRequested") => None,
+                _ => take::<_, D::Error>(&mut map, "nodeId")?,
+            },
             iteration: take::<_, D::Error>(&mut map, "iteration")?,
             attempt: take::<_, D::Error>(&mut map, "attempt")?,
             // `ChapterStarted`/`ChapterFinished` carry `chapter` as their own
@@ -1123,5 +1142,30 @@ mod tests {
     fn unknown_type_is_an_error() {
         let err = Event::from_json(r#"{"type":"Nope","runId":"r","seq":1,"timestampMs":1}"#);
         assert!(err.is_err());
+    }
+}
+
+#[cfg(test)]
+mod hijack_tests {
+    use super::*;
+
+    #[test]
+    fn a_hijack_request_names_its_node_in_its_own_field() {
+        let ev = Event {
+            run_id: "r".into(),
+            seq: Seq(3),
+            timestamp_ms: 1,
+            scope: Scope::run(),
+            kind: EventKind::RunHijackRequested {
+                node_id: "author".into(),
+                requested_by: Some("ann".into()),
+            },
+        };
+        let json = ev.to_json();
+        assert_eq!(
+            json,
+            r#"{"type":"RunHijackRequested","runId":"r","seq":3,"timestampMs":1,"nodeId":"author","requestedBy":"ann"}"#
+        );
+        assert_eq!(Event::from_json(&json).unwrap(), ev);
     }
 }

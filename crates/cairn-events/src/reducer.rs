@@ -364,6 +364,10 @@ pub struct RunState {
     /// The run and seq this run's log was copied from (`cairn fork`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<crate::event::ForkedFrom>,
+    /// Agent nodes a person asked to take over (`RunHijackRequested`) whose
+    /// conversation has not been handed back or ended (`RunHijacked`).
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub hijack_requested: BTreeSet<String>,
     /// A revert started and not finished (see [`OpenRevert`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub open_revert: Option<Box<OpenRevert>>,
@@ -908,6 +912,14 @@ impl RunState {
                 }
             }
             EventKind::RevertFinished { .. } => self.open_revert = None,
+            EventKind::RunHijackRequested { node_id, .. } => {
+                self.hijack_requested.insert(node_id.clone());
+            }
+            EventKind::RunHijacked { .. } => {
+                if let Some(node) = &ev.scope.node_id {
+                    self.hijack_requested.remove(node.as_str());
+                }
+            }
             EventKind::DelegationStarted {
                 child_run_id,
                 agent,

@@ -302,6 +302,13 @@ async fn pages_of_other_sites_cannot_act_with_the_session_cookie() {
         .as_str()
         .unwrap()
         .to_string();
+    // The gate is waiting before anyone tries to act on it, so that the
+    // end of the test tells an untouched run from one still starting.
+    let t0 = std::time::Instant::now();
+    while c.run(&run).await.unwrap()["status"] != "waiting-approval" {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "the gate never waited");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let cookie = login(a, TOKEN).await;
     let evil = "Origin: http://evil.example";
     let form = "Content-Type: application/x-www-form-urlencoded";

@@ -77,48 +77,58 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
         })?),
         None => None,
     };
-    let session = earlier_session(ctx, kind).await?;
-
-    let mut argv: Vec<String> = spec.engine_command.clone().unwrap_or_else(|| {
-        vec![match kind {
-            Kind::Claude => "claude".into(),
-            Kind::Codex => "codex".into(),
-        }]
-    });
-    let mut env: Vec<(String, String)> = ctx.services.process_env(&ctx.run_id).to_vec();
-    match kind {
-        Kind::Claude => {
-            argv.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));
-            if let Some(m) = model_def {
-                argv.extend(["--model".into(), m.model.clone()]);
+    let mut session = earlier_session(ctx, kind).await?;
+    // After a person handed a hijacked session back, the CLI goes on in it.
+    let mut handed_back = false;
+    let mut handoffs = 0u32;
+    loop {
+        let prompt = if handed_back {
+            CONTINUE_PROMPT.to_string()
+        } else {
+            prompt.clone()
+        };
+        let mut argv: Vec<String> = spec.engine_command.clone().unwrap_or_else(|| {
+            vec![match kind {
+                Kind::Claude => "claude".into(),
+                Kind::Codex => "codex".into(),
+            }]
+        });
+        let mut env: Vec<(String, String)> = ctx.services.process_env(&ctx.run_id).to_vec();
+        match kind {
+            Kind::Claude => {
+                argv.extend(
+                    ["-p", "--output-format", "stream-json", "--verbose"].map(String::from),
+                );
+                if let Some(m) = model_def {
+                    argv.extend(["--model".into(), m.model.clone()]);
+                }
+                if let Some(s) = &system {
+                    argv.extend(["--append-system-prompt".into(), s.clone()]);
+                }
+                if let Some(s) = &session {
+                    argv.extend(["--resume".into(), s.clone()]);
+                }
+                argv.push(prompt.clone());
             }
-            if let Some(s) = &system {
-                argv.extend(["--append-system-prompt".into(), s.clone()]);
-            }
-            if let Some(s) = &session {
-                argv.extend(["--resume".into(), s.clone()]);
-            }
-            argv.push(prompt.clone());
-        }
-        Kind::Codex => {
-            argv.push("exec".into());
-            if let Some(s) = &session {
-                argv.extend(["resume".into(), s.clone()]);
-            }
-            // The sandbox root need not be a git repository.
-            argv.extend(["--json".into(), "--skip-git-repo-check".into()]);
-            if let Some(m) = model_def {
-                argv.extend(["-m".into(), m.model.clone()]);
-                // Codex reads its provider's address from its config, not
-                // from the environment: a provider of Cairn's, given inline.
-                if let Some(url) = &m.base_url {
-                    if url.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
-                        return Err(NodeError::fatal(
+            Kind::Codex => {
+                argv.push("exec".into());
+                if let Some(s) = &session {
+                    argv.extend(["resume".into(), s.clone()]);
+                }
+                // The sandbox root need not be a git repository.
+                argv.extend(["--json".into(), "--skip-git-repo-check".into()]);
+                if let Some(m) = model_def {
+                    argv.extend(["-m".into(), m.model.clone()]);
+                    // Codex reads its provider's address from its config, not
+                    // from the environment: a provider of Cairn's, given inline.
+                    if let Some(url) = &m.base_url {
+                        if url.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+                            return Err(NodeError::fatal(
                             "config",
                             format!("model `{}`: base_url holds a quote, a backslash or a control character", m.model),
                         ));
-                    }
-                    argv.extend([
+                        }
+                        argv.extend([
                         "-c".into(),
                         format!(
                             "model_providers.cairn={{name=\"cairn\",base_url=\"{url}\",env_key=\"OPENAI_API_KEY\",wire_api=\"responses\"}}"
@@ -126,145 +136,244 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
                         "-c".into(),
                         "model_provider=cairn".into(),
                     ]);
+                    }
                 }
+                argv.push(match &system {
+                    Some(s) => format!("{s}\n\n{prompt}"),
+                    None => prompt.clone(),
+                });
             }
-            argv.push(match &system {
-                Some(s) => format!("{s}\n\n{prompt}"),
-                None => prompt.clone(),
-            });
         }
-    }
-    // The provider's key and address, from the model the node names (or
-    // the CLI's usual variable): only these reach the CLI of the engine's
-    // environment.
-    let (key_var, url_var) = match kind {
-        Kind::Claude => ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
-        Kind::Codex => ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
-    };
-    let from = model_def
-        .and_then(|m| m.api_key_env.clone())
-        .unwrap_or_else(|| key_var.to_string());
-    if let Ok(v) = std::env::var(&from) {
-        env.push((key_var.into(), v));
-    }
-    if let Some(url) = model_def.and_then(|m| m.base_url.clone()) {
-        env.push((url_var.into(), url));
-    }
-    // A CLI in a workflow reports to nobody but its provider: no telemetry,
-    // error reports or update checks from inside the sandbox.
-    if kind == Kind::Claude {
-        env.push((
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
-            "1".into(),
-        ));
-        env.push(("DISABLE_TELEMETRY".into(), "1".into()));
-    }
-    let idle = model_def
-        .and_then(|m| m.idle_timeout)
-        .unwrap_or(DEFAULT_IDLE);
+        // The provider's key and address, from the model the node names (or
+        // the CLI's usual variable): only these reach the CLI of the engine's
+        // environment.
+        let (key_var, url_var) = match kind {
+            Kind::Claude => ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+            Kind::Codex => ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+        };
+        let from = model_def
+            .and_then(|m| m.api_key_env.clone())
+            .unwrap_or_else(|| key_var.to_string());
+        if let Ok(v) = std::env::var(&from) {
+            env.push((key_var.into(), v));
+        }
+        if let Some(url) = model_def.and_then(|m| m.base_url.clone()) {
+            env.push((url_var.into(), url));
+        }
+        // A CLI in a workflow reports to nobody but its provider: no telemetry,
+        // error reports or update checks from inside the sandbox.
+        if kind == Kind::Claude {
+            env.push((
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+                "1".into(),
+            ));
+            env.push(("DISABLE_TELEMETRY".into(), "1".into()));
+        }
+        let idle = model_def
+            .and_then(|m| m.idle_timeout)
+            .unwrap_or(DEFAULT_IDLE);
 
-    let sandbox = ctx
-        .services
-        .sandbox_for(&ctx.workflow, None, None, &Default::default())?;
-    let confine = sandbox.confinement();
-    if confine.is_none() {
-        ctx.unconfined_notice();
-    }
-    let program = argv[0].clone();
-    let proc_spec = ProcessSpec {
-        argv,
-        cwd: sandbox.root().to_path_buf(),
-        env,
-        clear_env: true,
-        timeout: None,
-        max_output_bytes: MAX_STDOUT,
-        network: sandbox.network(),
-        confine,
-        proxy: sandbox.network_hosts(),
-    };
-    let observer = Lines::new(ctx, kind, spec.model.clone());
-    let stop = ctx.cancel.child_token();
-    let idle_hit = AtomicBool::new(false);
-    let outcome = {
-        let watchdog = async {
+        let sandbox = ctx
+            .services
+            .sandbox_for(&ctx.workflow, None, None, &Default::default())?;
+        let confine = sandbox.confinement();
+        if confine.is_none() {
+            ctx.unconfined_notice();
+        }
+        let program = argv[0].clone();
+        let proc_spec = ProcessSpec {
+            argv,
+            cwd: sandbox.root().to_path_buf(),
+            env,
+            clear_env: true,
+            timeout: None,
+            max_output_bytes: MAX_STDOUT,
+            network: sandbox.network(),
+            confine,
+            proxy: sandbox.network_hosts(),
+        };
+        let observer = Lines::new(ctx, kind, spec.model.clone());
+        let stop = ctx.cancel.child_token();
+        let idle_hit = AtomicBool::new(false);
+        let hijack_hit = AtomicBool::new(false);
+        let outcome = {
+            let watchdog = async {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(250).min(idle)).await;
+                    let quiet =
+                        now_ms().saturating_sub(observer.last_line.load(Ordering::Relaxed) as i64);
+                    if quiet >= idle.as_millis() as i64 {
+                        idle_hit.store(true, Ordering::SeqCst);
+                        stop.cancel();
+                        return;
+                    }
+                }
+            };
+            tokio::pin!(watchdog);
+            // A hijack stops the CLI at the first boundary (a whole message,
+            // or the tools' results) after it was asked.
+            let hijack = async {
+                let Some(flag) = &ctx.hijack else {
+                    return std::future::pending::<()>().await;
+                };
+                let mut asked_at: Option<u64> = None;
+                loop {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if !flag.load(Ordering::SeqCst) {
+                        asked_at = None;
+                        continue;
+                    }
+                    let now = observer.boundaries.load(Ordering::SeqCst);
+                    match asked_at {
+                        None => asked_at = Some(now),
+                        Some(at) if now > at => {
+                            hijack_hit.store(true, Ordering::SeqCst);
+                            stop.cancel();
+                            return;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            };
+            tokio::pin!(hijack);
+            let proc = run_process(proc_spec, &observer, stop.clone());
+            tokio::pin!(proc);
             loop {
-                tokio::time::sleep(Duration::from_millis(250).min(idle)).await;
-                let quiet =
-                    now_ms().saturating_sub(observer.last_line.load(Ordering::Relaxed) as i64);
-                if quiet >= idle.as_millis() as i64 {
-                    idle_hit.store(true, Ordering::SeqCst);
-                    stop.cancel();
-                    return;
+                tokio::select! {
+                    r = &mut proc => break r,
+                    _ = &mut watchdog, if !idle_hit.load(Ordering::SeqCst) => {}
+                    _ = &mut hijack, if !hijack_hit.load(Ordering::SeqCst) => {}
                 }
             }
         };
-        tokio::pin!(watchdog);
-        let proc = run_process(proc_spec, &observer, stop.clone());
-        tokio::pin!(proc);
-        loop {
-            tokio::select! {
-                r = &mut proc => break r,
-                _ = &mut watchdog, if !idle_hit.load(Ordering::SeqCst) => {}
+        observer.flush();
+        let outcome = outcome.map_err(|e| match e {
+            cairn_tools::process::ProcessError::Sandbox { .. } => {
+                NodeError::fatal("sandbox", e.to_string())
             }
-        }
-    };
-    observer.flush();
-    let outcome = outcome.map_err(|e| match e {
-        cairn_tools::process::ProcessError::Sandbox { .. } => {
-            NodeError::fatal("sandbox", e.to_string())
-        }
-        e => NodeError::new("spawn", format!("{} CLI: {e}", kind.name())),
-    })?;
-    if idle_hit.load(Ordering::SeqCst) && !ctx.cancel.is_cancelled() {
-        return Err(NodeError::new(
-            "idle_timeout",
-            format!(
+            e => NodeError::new("spawn", format!("{} CLI: {e}", kind.name())),
+        })?;
+        if idle_hit.load(Ordering::SeqCst) && !ctx.cancel.is_cancelled() {
+            return Err(NodeError::new(
+                "idle_timeout",
+                format!(
                 "`{program}` printed nothing for {}s; it was stopped with everything it started",
                 idle.as_secs()
             ),
-        ));
-    }
-    if outcome.cancelled || outcome.timed_out {
-        return Err(NodeError::cancelled(format!("`{program}` was stopped")));
-    }
-    let state = observer.take();
-    if let Some(err) = state.error {
-        return Err(NodeError::new("engine", format!("{}: {err}", kind.name())));
-    }
-    if outcome.exit_code != Some(0) {
-        let how = match (outcome.exit_code, outcome.signal) {
-            (Some(c), _) => format!("exited with code {c}"),
-            (None, Some(s)) => format!("was killed by signal {s}"),
-            _ => "ended abnormally".to_string(),
-        };
-        return Err(NodeError::new("engine", format!("`{program}` {how}"))
-            .with_details(json!({"stderr": cut(&outcome.stderr, 2000)})));
-    }
-    let Some(text) = state.final_text else {
-        let why = state
-            .last_error
-            .map(|e| format!(" (its last error: {e})"))
-            .unwrap_or_default();
-        return Err(NodeError::new(
-            "engine",
-            format!("`{program}` ended without a final message{why}"),
-        ));
-    };
-    match &spec.output_schema {
-        None => Ok(Value::String(text)),
-        Some(schema) => {
-            let v: Value = serde_json::from_str(text.trim()).map_err(|e| {
-                NodeError::new("schema", format!("the final message is not JSON: {e}"))
-            })?;
-            if let Some(problem) = crate::schema_problem(schema, &v) {
-                return Err(NodeError::new(
-                    "schema",
-                    format!("the final message breaks output_schema: {problem}"),
-                ));
-            }
-            Ok(v)
+            ));
         }
+        if hijack_hit.load(Ordering::SeqCst) && !ctx.cancel.is_cancelled() {
+            let said = observer.take();
+            session = said.session.or(session);
+            let Some(sess) = session.clone() else {
+                return Err(NodeError::fatal(
+                    "hijack",
+                    format!("`{program}` named no session to hand over"),
+                ));
+            };
+            let resumed = hand_over(ctx, kind, &program, &sess, sandbox.root(), handoffs).await?;
+            handoffs += 1;
+            if !resumed {
+                return Ok(Value::String(said.last_text.unwrap_or_default()));
+            }
+            handed_back = true;
+            continue;
+        }
+        if outcome.cancelled || outcome.timed_out {
+            return Err(NodeError::cancelled(format!("`{program}` was stopped")));
+        }
+        let state = observer.take();
+        if let Some(err) = state.error {
+            return Err(NodeError::new("engine", format!("{}: {err}", kind.name())));
+        }
+        if outcome.exit_code != Some(0) {
+            let how = match (outcome.exit_code, outcome.signal) {
+                (Some(c), _) => format!("exited with code {c}"),
+                (None, Some(s)) => format!("was killed by signal {s}"),
+                _ => "ended abnormally".to_string(),
+            };
+            return Err(NodeError::new("engine", format!("`{program}` {how}"))
+                .with_details(json!({"stderr": cut(&outcome.stderr, 2000)})));
+        }
+        let Some(text) = state.final_text else {
+            let why = state
+                .last_error
+                .map(|e| format!(" (its last error: {e})"))
+                .unwrap_or_default();
+            return Err(NodeError::new(
+                "engine",
+                format!("`{program}` ended without a final message{why}"),
+            ));
+        };
+        return match &spec.output_schema {
+            None => Ok(Value::String(text)),
+            Some(schema) => {
+                let v: Value = serde_json::from_str(text.trim()).map_err(|e| {
+                    NodeError::new("schema", format!("the final message is not JSON: {e}"))
+                })?;
+                if let Some(problem) = crate::schema_problem(schema, &v) {
+                    return Err(NodeError::new(
+                        "schema",
+                        format!("the final message breaks output_schema: {problem}"),
+                    ));
+                }
+                Ok(v)
+            }
+        };
     }
+}
+
+/// What the CLI is told when a person hands its session back.
+const CONTINUE_PROMPT: &str =
+    "A person worked in this session meanwhile. Go on with the task from where the conversation stands, and finish it.";
+
+/// A hijacked CLI stopped: its session is the person's (`cairn hijack`
+/// runs `<cli> --resume <session>` in the root for them, from the
+/// question's `x-cairn-handoff`), until they answer `/back` (true) or
+/// `/done` (false). `RunHijacked` says which.
+async fn hand_over(
+    ctx: &NodeCtx,
+    kind: Kind,
+    program: &str,
+    session: &str,
+    root: &std::path::Path,
+    n: u32,
+) -> Result<bool, NodeError> {
+    if kind != Kind::Claude {
+        return Err(NodeError::fatal(
+            "hijack",
+            format!("{} sessions cannot be handed to a person", kind.name()),
+        ));
+    }
+    let id = crate::node::hijack_request_id(ctx.node_id.as_str(), ctx.iteration, ctx.attempt, n, 0);
+    let prompt = format!(
+        "Agent `{}` ({}) stopped, and its session is yours: run `{program} --resume {session}` \
+         in the sandbox root (cairn hijack does), then answer /back to hand it back, or /done \
+         to end the node with the agent's last answer.",
+        ctx.node_id,
+        kind.name()
+    );
+    // Only what names the session: keys stay in the person's environment.
+    let schema = json!({
+        "type": "string",
+        "enum": ["/back", "/done"],
+        "x-cairn-handoff": {
+            "argv": [program, "--resume", session],
+            "cwd": root.display().to_string(),
+        }
+    });
+    let answer = ctx.ask_person_as(id, prompt, Some(schema)).await?;
+    let resumed = answer.as_str() != Some("/done");
+    ctx.emit_durable(EventKind::RunHijacked {
+        engine: kind.name().into(),
+        mode: "interactive".into(),
+        resumed,
+    })
+    .await?;
+    if let Some(f) = &ctx.hijack {
+        f.store(false, Ordering::SeqCst);
+    }
+    Ok(resumed)
 }
 
 /// The session an interrupted attempt of this conversation left, from its
@@ -339,6 +448,10 @@ struct Said {
     /// The last error the CLI reported on the way (it may have recovered).
     last_error: Option<String>,
     model: Option<String>,
+    /// The CLI's session (claude's `system` line).
+    session: Option<String>,
+    /// The text of its latest message.
+    last_text: Option<String>,
 }
 
 /// Turns the CLI's stdout into events, a line at a time.
@@ -348,6 +461,9 @@ struct Lines<'a> {
     model: Option<String>,
     said: Mutex<Said>,
     last_line: AtomicU64,
+    /// Whole messages and tool results seen: the boundaries where a hijack
+    /// may stop the CLI.
+    boundaries: AtomicU64,
 }
 
 impl<'a> Lines<'a> {
@@ -358,6 +474,7 @@ impl<'a> Lines<'a> {
             model,
             said: Mutex::new(Said::default()),
             last_line: AtomicU64::new(now_ms() as u64),
+            boundaries: AtomicU64::new(0),
         }
     }
 
@@ -404,9 +521,15 @@ impl<'a> Lines<'a> {
             engine: self.kind.name().into(),
             event: logged,
         });
+        if let Some(s) = session_of(self.kind, &event) {
+            self.lock().session = Some(s);
+        }
         match self.kind {
             Kind::Claude => self.claude(&event),
             Kind::Codex => self.codex(&event),
+        }
+        if matches!(event["type"].as_str(), Some("assistant" | "user")) {
+            self.boundaries.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -424,6 +547,7 @@ impl<'a> Lines<'a> {
                         Some("text") => {
                             if let Some(t) = block["text"].as_str() {
                                 ctx.output(OutputStream::Text, t);
+                                self.lock().last_text = Some(t.to_string());
                             }
                         }
                         Some("thinking") => {

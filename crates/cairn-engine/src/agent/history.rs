@@ -3,7 +3,7 @@
 //! model's messages from `AgentStepFinished`, the tools' results from the
 //! calls' rows.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cairn_agent::AssistantMessage;
 use cairn_events::{ErrorInfo, EventKind};
@@ -33,6 +33,13 @@ pub(super) struct History {
     /// or for a conversation a fork took up, the run it was begun in (the
     /// fork's log and rows are copies, keys and all).
     pub key_run: String,
+    /// The request ids of the questions a hijack of this node asked the
+    /// person (`h-…`): where a replay of the conversation finds that a
+    /// person took it, and at which step.
+    pub hijack_asked: HashSet<String>,
+    /// How many hijacks of this conversation ended (`RunHijacked`): a
+    /// replay does not log them again.
+    pub hijacks_ended: u32,
 }
 
 impl History {
@@ -61,6 +68,8 @@ impl History {
                         "AgentStepStarted",
                         "AgentStepFinished",
                         "TokenUsageReported",
+                        "InputRequested",
+                        "RunHijacked",
                     ]
                     .map(String::from)
                     .to_vec(),
@@ -75,6 +84,8 @@ impl History {
 
         let mut failed: HashMap<u32, String> = HashMap::new();
         let mut started_at: HashMap<u32, u64> = HashMap::new();
+        let mut hijack_asked: HashSet<String> = HashSet::new();
+        let mut hijacked: Vec<u32> = Vec::new();
         let mut started: Vec<(u32, u32)> = Vec::new();
         let mut finished: Vec<(u32, u32, Value)> = Vec::new();
         let mut spent = 0.0;
@@ -96,6 +107,12 @@ impl History {
                     finished.push((attempt, step, message))
                 }
                 EventKind::TokenUsageReported { cost_usd, .. } => spent += cost_usd.unwrap_or(0.0),
+                // The id names the conversation and the step: no attempt
+                // to check (a question is the node's, not an attempt's).
+                EventKind::InputRequested { request_id, .. } if request_id.starts_with("h-") => {
+                    hijack_asked.insert(request_id);
+                }
+                EventKind::RunHijacked { .. } => hijacked.push(attempt),
                 _ => {}
             }
         }
@@ -154,6 +171,8 @@ impl History {
             calls,
             spent_usd: spent,
             key_run,
+            hijacks_ended: hijacked.iter().filter(|a| ours(**a)).count() as u32,
+            hijack_asked,
         })
     }
 }

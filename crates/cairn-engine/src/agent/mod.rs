@@ -109,6 +109,23 @@ impl NodeRunner for AgentNode {
     }
 }
 
+/// Most bytes of one turn a person writes to a hijacked agent.
+const HIJACK_TURN_MAX: usize = 64 * 1024;
+
+/// The conversation as an attempt goes through it.
+struct Talk<'h> {
+    history: &'h History,
+    convo: Conversation,
+    /// The steps the log holds, replayed before the model is asked.
+    replay: std::iter::Peekable<std::slice::Iter<'h, (u32, AssistantMessage)>>,
+    /// The latest step taken.
+    step: u32,
+    /// What this node spent on models.
+    spent: f64,
+    /// Hijack sessions this attempt went through (replayed ones too).
+    sessions: u32,
+}
+
 /// One attempt of an agent node.
 struct Agent<'a> {
     spec: &'a AgentSpec,
@@ -143,8 +160,7 @@ impl<'a> Agent<'a> {
     async fn run(&self) -> Result<Value, NodeError> {
         let ctx = self.ctx;
         let history = History::load(ctx).await?;
-        let mut spent = history.spent_usd;
-        let mut convo = Conversation {
+        let convo = Conversation {
             system: match &self.spec.system {
                 Some(t) => Some(render_text(ctx, t)?),
                 None => None,
@@ -153,38 +169,44 @@ impl<'a> Agent<'a> {
                 text: self.prompt(&history).await?,
             }],
         };
-        let mut replay = history.steps.iter().peekable();
+        let mut t = Talk {
+            history: &history,
+            convo,
+            replay: history.steps.iter().peekable(),
+            step: 0,
+            spent: history.spent_usd,
+            sessions: 0,
+        };
         let mut schema_failures = 0u32;
-        let mut step = 0u32;
         loop {
-            step += 1;
-            let message = match replay.next_if(|(s, _)| *s == step) {
-                Some((_, m)) => m.clone(),
-                None => {
-                    if step > self.spec.max_steps {
-                        return Err(NodeError::fatal(
-                            "max_steps",
+            if t.step > 0 && self.hijack_due(&t) {
+                if let Some(text) = self.hijack_session(&mut t).await? {
+                    return self.answer(&text).map_err(|errors| {
+                        NodeError::fatal(
+                            "schema",
                             format!(
-                                "the agent did not answer within max_steps ({})",
-                                self.spec.max_steps
+                                "the answer the hijack ended with does not match output_schema: {}",
+                                errors.join("; ")
                             ),
-                        ));
-                    }
-                    let interrupted = history.unanswered == Some(step);
-                    let (message, cost) = self.ask_model(&convo, step, interrupted).await?;
-                    spent += cost;
-                    self.check_budget(spent)?;
-                    message
+                        )
+                    });
                 }
-            };
+            }
+            let message = self.next_message(&mut t).await?;
             if message.tool_calls.is_empty() {
+                if self.hijack_due(&t) {
+                    // A person takes the conversation before its answer is
+                    // taken as the node's.
+                    t.convo.messages.push(Message::Assistant(message));
+                    continue;
+                }
                 let text = message.text.clone().unwrap_or_default();
                 match self.answer(&text) {
                     Ok(v) => return Ok(v),
                     Err(errors) if schema_failures < self.spec.schema_retries => {
                         schema_failures += 1;
-                        convo.messages.push(Message::Assistant(message));
-                        convo.messages.push(Message::User {
+                        t.convo.messages.push(Message::Assistant(message));
+                        t.convo.messages.push(Message::User {
                             text: schema_feedback(&errors),
                         });
                         continue;
@@ -202,12 +224,134 @@ impl<'a> Agent<'a> {
                     }
                 }
             }
-            let results = self
-                .tools
-                .run_calls(&history, step, &message.tool_calls)
-                .await?;
-            convo.messages.push(Message::Assistant(message));
-            convo.messages.push(Message::ToolResults(results));
+            self.take_calls(&mut t, message).await?;
+        }
+    }
+
+    /// The next step's message: the log's, for a step an earlier attempt
+    /// of the conversation finished, else the model's.
+    async fn next_message(&self, t: &mut Talk<'_>) -> Result<AssistantMessage, NodeError> {
+        t.step += 1;
+        let step = t.step;
+        if let Some((_, m)) = t.replay.next_if(|(s, _)| *s == step) {
+            return Ok(m.clone());
+        }
+        if step > self.spec.max_steps {
+            return Err(NodeError::fatal(
+                "max_steps",
+                format!(
+                    "the agent did not answer within max_steps ({})",
+                    self.spec.max_steps
+                ),
+            ));
+        }
+        let interrupted = t.history.unanswered == Some(step);
+        let (message, cost) = self.ask_model(&t.convo, step, interrupted).await?;
+        t.spent += cost;
+        self.check_budget(t.spent)?;
+        Ok(message)
+    }
+
+    /// Runs a message's tool calls and adds both to the conversation.
+    async fn take_calls(
+        &self,
+        t: &mut Talk<'_>,
+        message: AssistantMessage,
+    ) -> Result<(), NodeError> {
+        let results = self
+            .tools
+            .run_calls(t.history, t.step, &message.tool_calls)
+            .await?;
+        t.convo.messages.push(Message::Assistant(message));
+        t.convo.messages.push(Message::ToolResults(results));
+        Ok(())
+    }
+
+    /// Whether a person takes the conversation at this step boundary: the
+    /// log says one did (a replay), or, past what the log holds, one asked.
+    fn hijack_due(&self, t: &Talk<'_>) -> bool {
+        let Some(flag) = &self.ctx.hijack else {
+            return false;
+        };
+        let ctx = self.ctx;
+        let first = crate::node::hijack_request_id(
+            ctx.node_id.as_str(),
+            ctx.iteration,
+            t.history.origin,
+            t.step,
+            0,
+        );
+        if t.history.hijack_asked.contains(&first) {
+            return true;
+        }
+        t.replay.len() == 0 && flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A person has the conversation: each of their turns is a question
+    /// answered (in the log, so a replay gets it back), then the model's
+    /// steps until it answers without tools. Returns `None` when handed
+    /// back (`/back`), the last answer when the person ends it (`/done`).
+    async fn hijack_session(&self, t: &mut Talk<'_>) -> Result<Option<String>, NodeError> {
+        let ctx = self.ctx;
+        let boundary = t.step;
+        let mut n = 0u32;
+        loop {
+            let id = crate::node::hijack_request_id(
+                ctx.node_id.as_str(),
+                ctx.iteration,
+                t.history.origin,
+                boundary,
+                n,
+            );
+            let prompt = if n == 0 {
+                format!(
+                    "You have the conversation of agent `{}` (paused after step {boundary}): \
+                     write to it; /back hands it back, /done ends the node with its last answer.",
+                    ctx.node_id
+                )
+            } else {
+                "Your turn: /back hands the conversation back, /done ends the node.".to_string()
+            };
+            n += 1;
+            let schema = json!({"type": "string", "minLength": 1, "maxLength": HIJACK_TURN_MAX});
+            let answer = ctx.ask_person_as(id, prompt, Some(schema)).await?;
+            let text = match answer {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            let command = text.trim();
+            if command == "/back" || command == "/done" {
+                let resumed = command == "/back";
+                if t.sessions >= t.history.hijacks_ended {
+                    ctx.emit_durable(EventKind::RunHijacked {
+                        engine: "cairn".into(),
+                        mode: "interactive".into(),
+                        resumed,
+                    })
+                    .await?;
+                }
+                t.sessions += 1;
+                if let Some(f) = &ctx.hijack {
+                    f.store(false, std::sync::atomic::Ordering::SeqCst);
+                }
+                if resumed {
+                    return Ok(None);
+                }
+                let last = t.convo.messages.iter().rev().find_map(|m| match m {
+                    Message::Assistant(a) => a.text.clone(),
+                    _ => None,
+                });
+                return Ok(Some(last.unwrap_or_default()));
+            }
+            t.convo.messages.push(Message::User { text });
+            loop {
+                let message = self.next_message(t).await?;
+                if message.tool_calls.is_empty() {
+                    t.convo.messages.push(Message::Assistant(message));
+                    break;
+                }
+                self.take_calls(t, message).await?;
+            }
         }
     }
 

@@ -35,6 +35,7 @@ impl Driver {
         ctx.mcp = Some(self.mcp.clone());
         ctx.exit_on_wait = self.exit_on_wait;
         ctx.forked_from = self.state.forked_from.clone();
+        ctx.hijack = self.hijack_flag(&key, &inst);
         self.running.insert(key.clone(), cancel.clone());
         let tx = self.msg_tx.clone();
         let log = self.log.clone();
@@ -108,6 +109,7 @@ impl Driver {
                 self.running.remove(&key);
                 self.waiting.remove(&key);
                 self.child_waits.remove(&key);
+                self.hijack_done(&key);
                 let Some(inst) = self.plan.insts.get(&key).cloned() else {
                     return;
                 };

@@ -262,6 +262,7 @@ impl Driver {
                 answer,
                 by,
             } => self.answer(&request_id, answer, by).await.map(|_| None),
+            RunCommand::Hijack { node_id, by } => self.hijack(&node_id, by),
         }
     }
 

@@ -42,6 +42,7 @@ mod attempt;
 mod context;
 mod ending;
 mod groups;
+mod hijack;
 mod inbox;
 mod mount;
 mod recovery;
@@ -190,6 +191,8 @@ pub(crate) struct Driver {
     /// Attempts whose snapshot is taken and whose `NodeStarted` is
     /// appended: spawned once it is durable.
     snapshot_ready: Vec<(Key, u32)>,
+    /// The hijack flags of the agent attempts running now.
+    hijack_flags: KeyMap<Arc<std::sync::atomic::AtomicBool>>,
     /// What the watcher of the run's files says (`--watch`); `None` for a
     /// run not watched.
     reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
@@ -298,6 +301,7 @@ impl Driver {
             scorers_running: 0,
             scorer_queue: Vec::new(),
             snapshot_ready: Vec::new(),
+            hijack_flags: Default::default(),
             reloads: init.reloads,
             wf: init.wf,
         }
