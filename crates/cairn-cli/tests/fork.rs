@@ -6,48 +6,18 @@
 //! points it refuses.
 
 mod common;
+use common::*;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use cairn_events::{check_log, Event, EventKind, ForkedFrom};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_events::{Event, EventKind, ForkedFrom};
 use serde_json::Value;
 
-fn cairn(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .current_dir(dir)
-        .args(args)
-        .args(["--store", ".cairn/cairn.db"])
-        .env_remove("CAIRN_STORE")
-        .env_remove("CAIRN_LOG_DIR")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cairn")
-}
-
 fn ok(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(out, 0);
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn events(dir: &Path, run: &str) -> Vec<Event> {
-    let b = SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
-    let evs: Vec<Event> = b
-        .read_events(run, &EventQuery::default())
-        .unwrap()
-        .iter()
-        .map(|e| e.decode().unwrap())
-        .collect();
-    check_log(&evs).unwrap_or_else(|e| panic!("run {run} breaks the contract: {e}"));
-    evs
 }
 
 fn output(dir: &Path, run: &str) -> Value {

@@ -16,8 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_events::{check_log, Event, EventKind};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_events::EventKind;
 
 const WORKFLOW: &str = r#"
 name: hj
@@ -49,23 +48,6 @@ turns:
 fn setup(dir: &Path) {
     std::fs::write(dir.join("hj.yaml"), WORKFLOW).unwrap();
     std::fs::write(dir.join("turns.yaml"), TURNS).unwrap();
-}
-
-fn events(dir: &Path, run: &str) -> Vec<Event> {
-    let b = SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
-    let evs: Vec<Event> = b
-        .read_events(run, &EventQuery::default())
-        .unwrap()
-        .iter()
-        .map(|e| e.decode().unwrap())
-        .collect();
-    check_log(&evs).unwrap_or_else(|e| panic!("run {run} breaks the contract: {e}"));
-    evs
-}
-
-fn mirror(dir: &Path, run: &str) -> String {
-    std::fs::read_to_string(dir.join(format!(".cairn/logs/{run}/events.ndjson")))
-        .unwrap_or_default()
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -280,12 +262,7 @@ fn a_kill_in_the_middle_of_a_hijack_is_replayed_by_resume() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 0);
     assert_eq!(
         wait_exit(&mut resumed).code(),
         Some(0),

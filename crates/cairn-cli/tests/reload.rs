@@ -156,6 +156,15 @@ fn start_waiting(dir: &Path, file: &str, run: &str) -> Child {
     child
 }
 
+/// `flow.yaml` started as `run`, reloaded to [`NEW`], then SIGKILL.
+fn reload_then_kill(d: &Path, run: &str) {
+    let mut child = start_waiting(d, "flow.yaml", run);
+    save(d, "flow.yaml", NEW);
+    wait_for(d, run, "WorkflowReloaded", is_reloaded);
+    child.kill().unwrap(); // SIGKILL
+    wait_exit(&mut child);
+}
+
 fn finish(dir: &Path, run: &str, mut child: Child) {
     go(dir, run);
     let status = wait_exit(&mut child);
@@ -462,11 +471,7 @@ fn a_generation_stored_without_its_event_is_no_generation() {
 fn a_stored_generation_changed_outside_cairn_is_not_resumed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut child = start_waiting(d, "flow.yaml", "r7");
-    save(d, "flow.yaml", NEW);
-    wait_for(d, "r7", "WorkflowReloaded", is_reloaded);
-    child.kill().unwrap(); // SIGKILL
-    wait_exit(&mut child);
+    reload_then_kill(d, "r7");
     let db = rusqlite::Connection::open(store(d)).unwrap();
     let changed = db
         .execute(
@@ -537,11 +542,7 @@ async fn a_watching_server_reloads_the_runs_it_drives() {
 fn a_copied_run_resumes_on_its_last_generation() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut child = start_waiting(d, "flow.yaml", "r8");
-    save(d, "flow.yaml", NEW);
-    wait_for(d, "r8", "WorkflowReloaded", is_reloaded);
-    child.kill().unwrap(); // SIGKILL
-    wait_exit(&mut child);
+    reload_then_kill(d, "r8");
     let copy = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .current_dir(d)
         .args([

@@ -10,25 +10,10 @@
 mod common;
 use common::*;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn_events::{check_log, Event, EventKind};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_events::{Event, EventKind};
 use serde_json::Value;
-
-/// `cairn <args>` in `dir` with the store `dir/.cairn/cairn.db`.
-fn cairn(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .current_dir(dir)
-        .args(args)
-        .args(["--store", ".cairn/cairn.db"])
-        .env_remove("CAIRN_STORE")
-        .env_remove("CAIRN_LOG_DIR")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cairn")
-}
 
 /// `cairn run FILE --run-id RUN`, which must finish.
 fn run_ok(dir: &Path, file: &str, run: &str, input: &str) {
@@ -42,19 +27,6 @@ fn run_ok(dir: &Path, file: &str, run: &str, input: &str) {
         "cairn run {file}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Run `run`'s whole log, checked against the event contract.
-fn events(dir: &Path, run: &str) -> Vec<Event> {
-    let b = SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
-    let evs: Vec<Event> = b
-        .read_events(run, &EventQuery::default())
-        .unwrap()
-        .iter()
-        .map(|e| e.decode().unwrap())
-        .collect();
-    check_log(&evs).unwrap_or_else(|e| panic!("run {run} breaks the contract: {e}"));
-    evs
 }
 
 /// The seq of the first event `pred` picks.

@@ -11,35 +11,10 @@ use common::*;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cairn_events::{check_log, Event, EventKind};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
-
-fn cairn(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .current_dir(dir)
-        .args(args)
-        .args(["--store", ".cairn/cairn.db"])
-        .env_remove("CAIRN_STORE")
-        .env_remove("CAIRN_LOG_DIR")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cairn")
-}
-
-fn events(dir: &Path, run: &str) -> Vec<Event> {
-    let b = SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
-    let evs: Vec<Event> = b
-        .read_events(run, &EventQuery::default())
-        .unwrap()
-        .iter()
-        .map(|e| e.decode().unwrap())
-        .collect();
-    check_log(&evs).unwrap_or_else(|e| panic!("run {run} breaks the contract: {e}"));
-    evs
-}
+use cairn_events::EventKind;
 
 /// Every file, link and folder under `root` with what it holds, leaving out
 /// Cairn's store and the tests' own files (and `.git` unless asked).
@@ -156,12 +131,7 @@ fn revert_undoes_an_agents_edits_and_leaves_the_users_git_alone() {
     let status_before = git(dir, &["status", "--porcelain"]);
 
     let out = cairn(dir, &["run", "edits.yaml", "--run-id", "r1"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 0);
     let after_run = picture(dir, false);
     assert!(after_run.contains_key("src/new.rs") && !after_run.contains_key("README.md"));
     assert_ne!(after_run, before);
@@ -197,12 +167,7 @@ fn revert_undoes_an_agents_edits_and_leaves_the_users_git_alone() {
     );
 
     let out = cairn(dir, &["revert", "r1", "fix"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 0);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains(snaps[0].1), "{said}");
     assert_eq!(
@@ -325,12 +290,7 @@ fn on_retry_revert_gives_every_retry_the_files_the_first_attempt_had() {
     // Kept: the third attempt sees the lines of the two before it.
     std::fs::write(dir.join("keep.yaml"), RETRIED.replace("POLICY", "keep")).unwrap();
     let out = cairn(dir, &["run", "keep.yaml", "--run-id", "keep"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 0);
     assert_eq!(
         std::fs::read_to_string(dir.join("tries.txt")).unwrap(),
         "try\ntry\ntry\n"
@@ -340,12 +300,7 @@ fn on_retry_revert_gives_every_retry_the_files_the_first_attempt_had() {
     // Reverted: every attempt starts with no tries.txt, so none passes.
     std::fs::write(dir.join("revert.yaml"), RETRIED.replace("POLICY", "revert")).unwrap();
     let out = cairn(dir, &["run", "revert.yaml", "--run-id", "rev"]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 1);
     assert_eq!(
         std::fs::read_to_string(dir.join("tries.txt")).unwrap(),
         "try\n"
@@ -425,31 +380,32 @@ fn on_retry_revert_is_refused_where_nothing_changes_files() {
 /// takes a while to write back.
 const MANY: usize = 1500;
 
-#[test]
-fn a_revert_killed_half_way_is_finished_by_the_next_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+/// `data/` with [`MANY`] files, and its picture.
+fn many_files(dir: &Path) -> BTreeMap<String, String> {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     for i in 0..MANY {
         std::fs::write(dir.join(format!("data/f{i:05}")), format!("original {i}\n")).unwrap();
     }
-    let original = picture(&dir.join("data"), false);
+    picture(&dir.join("data"), false)
+}
+
+#[test]
+fn a_revert_killed_half_way_is_finished_by_the_next_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let original = many_files(dir);
     std::fs::write(
         dir.join("w.yaml"),
         "name: w\nnodes:\n  - id: scribble\n    command: [\"sh\", \"-c\", \"for f in data/*; do echo scribbled > $f; done; touch data/extra\"]\n",
     )
     .unwrap();
     let out = cairn(dir, &["run", "w.yaml", "--run-id", "big"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 0);
     assert!(dir.join("data/extra").exists());
 
     let mirror = dir.join(".cairn/logs/big/events.ndjson");
     let mut cut_open = 0;
+    let mut whole_at_kill = 0;
     for round in 0..5u64 {
         // Scribble again so each round's revert has everything to write.
         for f in std::fs::read_dir(dir.join("data")).unwrap() {
@@ -476,15 +432,24 @@ fn a_revert_killed_half_way_is_finished_by_the_next_one() {
         let evs = events(dir, "big");
         let open = matches!(evs.last().unwrap().kind, EventKind::RevertStarted { .. });
         cut_open += usize::from(open);
+        // Whatever the moment, no file is torn: each is as it was or as
+        // the snapshot has it (renames, never writes in place); and the
+        // root is whole (all one or all the other) unless the kill fell
+        // in the short window of the renames.
+        let now = picture(&dir.join("data"), false);
+        let scribbled = format!("x=false {:?}", "scribbled\n");
+        for (path, v) in &now {
+            assert!(
+                *v == scribbled || original.get(path) == Some(v),
+                "round {round}: {path} is torn: {v}"
+            );
+        }
+        let whole = now == original || now.values().all(|v| *v == scribbled);
+        whole_at_kill += usize::from(whole);
 
         // The next revert finishes the open one, then does its own.
         let out = cairn(dir, &["revert", "big", "scribble"]);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        expect_code(&out, 0);
         let said = String::from_utf8_lossy(&out.stdout);
         assert_eq!(said.contains("left half-way"), open, "{said}");
         assert!(
@@ -503,7 +468,9 @@ fn a_revert_killed_half_way_is_finished_by_the_next_one() {
             .count();
         assert_eq!(starts, ends, "round {round}");
     }
-    eprintln!("{cut_open} of 5 kills landed while the revert was writing");
+    eprintln!(
+        "{cut_open} of 5 kills landed while the revert was under way; the root was whole at {whole_at_kill}"
+    );
     assert!(
         cut_open > 0,
         "no kill landed during a revert: {}",
@@ -515,14 +482,10 @@ fn a_revert_killed_half_way_is_finished_by_the_next_one() {
 fn a_resume_finishes_a_retrys_revert_that_a_kill_cut_short() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::create_dir_all(dir.join("data")).unwrap();
     // `.git` is left out of snapshots and reverts: the node's own marker
     // of having scribbled once survives the revert.
     std::fs::create_dir_all(dir.join(".git")).unwrap();
-    for i in 0..MANY {
-        std::fs::write(dir.join(format!("data/f{i:05}")), format!("original {i}\n")).unwrap();
-    }
-    let original = picture(&dir.join("data"), false);
+    let original = many_files(dir);
     std::fs::write(
         dir.join("w.yaml"),
         r#"name: w
@@ -551,12 +514,7 @@ nodes:
     eprintln!("the kill cut the revert short: {open}");
 
     let out = cairn(dir, &["resume", "rr"]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_code(&out, 1);
     let evs = events(dir, "rr");
     let resumed_at = evs
         .iter()

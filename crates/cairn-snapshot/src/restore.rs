@@ -1,9 +1,12 @@
 //! Putting a root back as a snapshot has it: files written, changed or
 //! deleted since are written back, files that were not there are deleted.
 //!
-//! Every file is written aside and renamed over its name, so no file is
-//! ever half-written; a restore cut short is finished by running it again
-//! (it compares before it writes). Nothing is written through a symbolic
+//! Every file to write back is first staged in a folder of its own in the
+//! root; only then is the root changed, by deletions and renames alone, so
+//! no file is ever half-written, a kill while staging leaves the root as it
+//! was, and the part of a restore that can be cut half-way is as short as
+//! it can be. A restore cut short is finished by running it again (it
+//! compares before it writes). Nothing is written through a symbolic
 //! link: a folder on the way that has become a link (or a file) is
 //! replaced by a real folder first, so a link planted in the root cannot
 //! make a restore write outside it.
@@ -65,7 +68,11 @@ pub struct Applied {
     pub removed: u64,
 }
 
-/// Makes `root` (whose walk is `current`) hold `target`.
+/// Makes `root` (whose walk is `current`) hold `target`, in two phases so
+/// that a kill leaves the root changed for as short a time as it can:
+/// first every file to write back is staged in a folder of its own in the
+/// root (a kill here leaves the root as it was, and the next walk deletes
+/// the stage), then the root is changed with deletions and renames alone.
 pub fn apply(
     objects: &Objects,
     root: &Path,
@@ -74,7 +81,26 @@ pub fn apply(
     max_file_bytes: u64,
 ) -> Result<Applied, SnapshotError> {
     let mut done = Applied::default();
-    // Files and links that the snapshot does not have at that path.
+    let mut wanted: Vec<(&Vec<u8>, Mode, ObjectId)> = Vec::new();
+    for (p, &(mode, id)) in &target.leaves {
+        if current.leaves.get(p) == Some(&(mode, id)) {
+            continue;
+        }
+        if current.kept.contains(p) {
+            return Err(SnapshotError::Conflict(format!(
+                "`{}` is in the snapshot, but now it is something snapshots leave out",
+                String::from_utf8_lossy(p)
+            )));
+        }
+        wanted.push((p, mode, id));
+    }
+    let stage = Stage::new(root)?;
+    let mut staged = Vec::with_capacity(wanted.len());
+    for (i, (p, mode, id)) in wanted.iter().enumerate() {
+        staged.push((*p, stage.put(objects, i, *mode, *id, max_file_bytes)?));
+    }
+
+    // From here on, the root changes.
     for p in current.leaves.keys() {
         if !target.leaves.contains_key(p) {
             let abs = abs_of(root, p);
@@ -104,23 +130,92 @@ pub fn apply(
             Err(_) => {}
         }
     }
-    for (p, &(mode, id)) in &target.leaves {
-        if current.leaves.get(p) == Some(&(mode, id)) {
-            continue;
-        }
-        if current.kept.contains(p) {
-            return Err(SnapshotError::Conflict(format!(
-                "`{}` is in the snapshot, but now it is something snapshots leave out",
-                String::from_utf8_lossy(p)
-            )));
-        }
-        write_leaf(objects, root, p, mode, id, max_file_bytes)?;
+    for (p, from) in staged {
+        place(root, p, &from)?;
         done.written += 1;
     }
     for p in &target.dirs {
         ensure_dir(root, p)?;
     }
+    stage.remove();
     Ok(done)
+}
+
+/// The folder a restore stages its files in, in the root (so that moving
+/// them into place is a rename on the same file system).
+struct Stage {
+    dir: PathBuf,
+}
+
+impl Stage {
+    fn new(root: &Path) -> Result<Stage, SnapshotError> {
+        let dir = temp_name(root);
+        fs::create_dir(&dir).map_err(|e| SnapshotError::io(&dir, e))?;
+        Ok(Stage { dir })
+    }
+
+    /// Writes blob `id` as staged file `i`, with its mode.
+    fn put(
+        &self,
+        objects: &Objects,
+        i: usize,
+        mode: Mode,
+        id: ObjectId,
+        max_file_bytes: u64,
+    ) -> Result<PathBuf, SnapshotError> {
+        let bytes = objects.read(id, Kind::Blob, max_file_bytes.max(1 << 20))?;
+        let path = self.dir.join(i.to_string());
+        if mode == Mode::Symlink {
+            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &path)
+                .map_err(|e| SnapshotError::io(&path, e))?;
+        } else {
+            let perms = if mode == Mode::Executable { 0o755 } else { 0o644 };
+            let mut f = fs::File::create(&path).map_err(|e| SnapshotError::io(&path, e))?;
+            f.write_all(&bytes)
+                .and_then(|_| f.set_permissions(fs::Permissions::from_mode(perms)))
+                .map_err(|e| SnapshotError::io(&path, e))?;
+        }
+        Ok(path)
+    }
+
+    fn remove(self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Moves a staged file to its place, making the folders on its way (and
+/// taking away a folder where the file goes).
+fn place(root: &Path, rel: &[u8], from: &Path) -> Result<(), SnapshotError> {
+    if let Some(i) = rel.iter().rposition(|&b| b == b'/') {
+        ensure_dir(root, &rel[..i])?;
+    }
+    let dest = abs_of(root, rel);
+    if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
+        fs::remove_dir_all(&dest).map_err(|e| SnapshotError::io(&dest, e))?;
+    }
+    match fs::rename(from, &dest) {
+        Ok(()) => Ok(()),
+        // A mount inside the root: the file is copied across instead.
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let dir = dest.parent().unwrap_or(root);
+            let tmp = temp_name(dir);
+            copy_leaf(from, &tmp).map_err(|e| SnapshotError::io(&tmp, e))?;
+            fs::rename(&tmp, &dest).map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                SnapshotError::io(&dest, e)
+            })
+        }
+        Err(e) => Err(SnapshotError::io(&dest, e)),
+    }
+}
+
+fn copy_leaf(from: &Path, to: &Path) -> std::io::Result<()> {
+    let m = fs::symlink_metadata(from)?;
+    if m.is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(from)?, to)
+    } else {
+        fs::copy(from, to).map(|_| ())
+    }
 }
 
 fn abs_of(root: &Path, rel: &[u8]) -> PathBuf {
@@ -146,55 +241,6 @@ fn ensure_dir(root: &Path, rel: &[u8]) -> Result<(), SnapshotError> {
         }
     }
     Ok(())
-}
-
-fn write_leaf(
-    objects: &Objects,
-    root: &Path,
-    rel: &[u8],
-    mode: Mode,
-    id: ObjectId,
-    max_file_bytes: u64,
-) -> Result<(), SnapshotError> {
-    let (parent, _) = match rel.iter().rposition(|&b| b == b'/') {
-        Some(i) => (&rel[..i], &rel[i + 1..]),
-        None => (&b""[..], rel),
-    };
-    if !parent.is_empty() {
-        ensure_dir(root, parent)?;
-    }
-    let dest = abs_of(root, rel);
-    // A folder where the file goes (one the removals could not take away
-    // is a conflict, found above).
-    if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
-        fs::remove_dir_all(&dest).map_err(|e| SnapshotError::io(&dest, e))?;
-    }
-    let dir = dest.parent().unwrap_or(root);
-    let bytes = objects.read(id, Kind::Blob, max_file_bytes.max(1 << 20))?;
-    let tmp = if mode == Mode::Symlink {
-        let tmp = temp_name(dir);
-        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &tmp)
-            .map_err(|e| SnapshotError::io(&tmp, e))?;
-        tmp
-    } else {
-        let (tmp, mut f) = crate::object::tempfile_in(dir)?;
-        let perms = if mode == Mode::Executable {
-            0o755
-        } else {
-            0o644
-        };
-        f.write_all(&bytes)
-            .and_then(|_| f.set_permissions(fs::Permissions::from_mode(perms)))
-            .map_err(|e| {
-                let _ = fs::remove_file(&tmp);
-                SnapshotError::io(&tmp, e)
-            })?;
-        tmp
-    };
-    fs::rename(&tmp, &dest).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        SnapshotError::io(&dest, e)
-    })
 }
 
 fn temp_name(dir: &Path) -> PathBuf {

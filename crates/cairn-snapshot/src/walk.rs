@@ -73,8 +73,11 @@ impl Walk<'_> {
                 continue;
             }
             if name.starts_with(TEMP_PREFIX.as_bytes()) {
-                // A restore's file that a kill left behind: not the user's.
-                let _ = fs::remove_file(&path);
+                // A restore's file or stage that a kill left behind: not
+                // the user's.
+                if fs::remove_file(&path).is_err() {
+                    let _ = fs::remove_dir_all(&path);
+                }
                 continue;
             }
             let meta = match fs::symlink_metadata(&path) {

@@ -147,3 +147,48 @@ pub fn serve(dir: &std::path::Path, store_args: &[&str], port: u16) -> Child {
         .spawn()
         .unwrap()
 }
+
+/// `cairn <args>` in `dir` with the store `dir/.cairn/cairn.db`, no store
+/// from the environment and nothing on its standard input; waits for it.
+pub fn cairn(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .args(args)
+        .args(["--store", ".cairn/cairn.db"])
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run cairn")
+}
+
+/// Run `run`'s whole log from `dir/.cairn/cairn.db`, checked against the
+/// event contract.
+pub fn events(dir: &std::path::Path, run: &str) -> Vec<cairn_events::Event> {
+    use cairn_store::Backend;
+    let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
+    let evs: Vec<cairn_events::Event> = b
+        .read_events(run, &cairn_store::EventQuery::default())
+        .unwrap()
+        .iter()
+        .map(|e| e.decode().unwrap())
+        .collect();
+    cairn_events::check_log(&evs).unwrap_or_else(|e| panic!("run {run} breaks the contract: {e}"));
+    evs
+}
+
+/// Run `run`'s NDJSON mirror as it is now (empty before its first event).
+pub fn mirror(dir: &std::path::Path, run: &str) -> String {
+    std::fs::read_to_string(dir.join(format!(".cairn/logs/{run}/events.ndjson"))).unwrap_or_default()
+}
+
+/// Fails unless `out` exited with `code`, showing what it said on stderr.
+pub fn expect_code(out: &std::process::Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
