@@ -381,6 +381,11 @@ pub struct GcArgs {
     /// Age of the runs to delete: 30m, 12h, 7d, 2w (last change before now minus this).
     #[arg(long, value_name = "DURATION")]
     pub older_than: String,
+    /// Workspace snapshot objects that no remaining run names are deleted
+    /// too, unless written or used within this: 30m, 1h, 0s (a snapshot
+    /// another process is taking is named by its run only once taken).
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    pub snapshot_grace: String,
 }
 
 /// `cairn store ...`.

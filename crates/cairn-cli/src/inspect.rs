@@ -298,6 +298,20 @@ fn render_status(v: &Value) -> String {
     if let Some(r) = v["resumes"].as_u64().filter(|&r| r > 0) {
         out.push_str(&format!("resumes   {r}\n"));
     }
+    if let Some(f) = v.get("forkedFrom") {
+        out.push_str(&format!(
+            "forked    from {} at seq {}\n",
+            f["runId"].as_str().unwrap_or("?"),
+            f["seq"]
+        ));
+    }
+    if let Some(r) = v.get("openRevert") {
+        out.push_str(&format!(
+            "revert    of node {} to snapshot {} is half-way: `cairn revert` finishes it\n",
+            r["nodeId"].as_str().unwrap_or("?"),
+            r["snapshot"].as_str().unwrap_or("?")
+        ));
+    }
     if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
         out.push_str(&format!(
             "error     {}: {}\n",
@@ -653,8 +667,14 @@ pub fn parse_age(s: &str) -> anyhow::Result<Duration> {
 }
 
 /// `cairn gc`.
-pub fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
+pub async fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
     let age = parse_age(&a.older_than)?;
+    let grace = parse_age(&a.snapshot_grace).map_err(|_| {
+        bad_input(format!(
+            "--snapshot-grace `{}`: write an integer and a unit: 0s, 30m, 1h",
+            a.snapshot_grace
+        ))
+    })?;
     if !g.store_exists() {
         println!("deleted 0 runs");
         return Ok(crate::EXIT_OK);
@@ -662,6 +682,17 @@ pub fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
     let j = store::open(g, false)?;
     let cutoff = crate::display::now_ms().saturating_sub(age.as_millis() as i64);
     let deleted = j.backend().delete_finished_before(cutoff)?;
+    // The workspace snapshots no run names any more go with them (what
+    // was used in the last hour stays: a snapshot under way in another
+    // process is named only once it is taken).
+    let engine = cairn_engine::Engine::new(
+        j.clone(),
+        cairn_engine::EngineOptions {
+            snapshot_dir: store::snapshot_dir(g),
+            ..Default::default()
+        },
+    );
+    let pruned = engine.prune_snapshots(grace).await?;
     j.close();
     let log_dir = g.log_dir();
     for id in &deleted {
@@ -679,6 +710,14 @@ pub fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
         deleted.len(),
         if deleted.len() == 1 { "" } else { "s" }
     );
+    if let Some(p) = pruned.filter(|p| p.objects > 0) {
+        println!(
+            "deleted {} workspace snapshot object{} ({:.1} MiB) no run names",
+            p.objects,
+            if p.objects == 1 { "" } else { "s" },
+            p.bytes as f64 / (1024.0 * 1024.0)
+        );
+    }
     Ok(crate::EXIT_OK)
 }
 

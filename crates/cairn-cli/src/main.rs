@@ -139,7 +139,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Graph(a) => inspect::graph(a),
         Command::Export(a) => inspect::export(&g, a),
         Command::Trace(a) => trace::trace(&g, a).await,
-        Command::Gc(a) => inspect::gc(&g, a),
+        Command::Gc(a) => inspect::gc(&g, a).await,
         Command::Store(StoreCommand::Copy(a)) => copy::copy(&g, a),
         Command::Serve(a) => inspect::serve(&g, a).await,
         Command::Doctor => Ok(doctor::doctor()),

@@ -351,3 +351,72 @@ fn a_fork_in_the_middle_of_a_conversation_goes_on_from_that_step() {
         "one\n"
     );
 }
+
+#[test]
+fn a_run_that_is_being_driven_is_not_forked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("slow.yaml"),
+        "name: slow\nnodes:\n  - id: a\n    command: [\"sh\", \"-c\", \"echo x > a.txt\"]\n  - id: b\n    needs: [a]\n    command: [\"sleep\", \"30\"]\n",
+    )
+    .unwrap();
+    let mut run = cairn_session(dir, &["run", "slow.yaml", "--run-id", "busy"]);
+    let t0 = std::time::Instant::now();
+    while !mirror(dir, "busy").contains("\"nodeId\":\"b\",\"iteration\":0,\"attempt\":1") {
+        assert!(t0.elapsed() < PATIENCE, "b never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = cairn(dir, &["fork", "busy", "--at", "b", "--run-id", "nope"]);
+    let _ = run.kill();
+    wait_exit(&mut run);
+    expect_code(&out, 4);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("being driven by another process"), "{err}");
+    // Nothing was made.
+    assert!(!mirror(dir, "nope").contains("RunStarted"));
+}
+
+/// A gate, then a node whose command a reload changes while the gate waits.
+const GATED: &str = r#"name: gated
+nodes:
+  - id: gate
+    approval: go on?
+  - id: after
+    needs: [gate]
+    command: ["echo", "OLD"]
+output: "{{ nodes.after.output }}"
+"#;
+
+#[test]
+fn a_fork_after_a_reload_runs_the_generation_of_its_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("gated.yaml"), GATED).unwrap();
+    let mut run = cairn_session(dir, &["run", "gated.yaml", "--run-id", "g", "--watch"]);
+    let t0 = std::time::Instant::now();
+    let wait = |what: &str, t0: &std::time::Instant| {
+        while !mirror(dir, "g").contains(what) {
+            assert!(t0.elapsed() < PATIENCE, "no {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    wait("\"NodeWaitingApproval\"", &t0);
+    std::fs::write(dir.join("gated.yaml"), GATED.replace("OLD", "NEW")).unwrap();
+    wait("\"WorkflowReloaded\"", &t0);
+    expect_code(&cairn(dir, &["approve", "g", "gate"]), 0);
+    assert_eq!(wait_exit(&mut run).code(), Some(0), "{}", sessions_err(dir));
+    assert_eq!(output(dir, "g"), "NEW");
+    // The file goes back to OLD: the fork runs what the run had at the
+    // point (generation 1), not the file.
+    std::fs::write(dir.join("gated.yaml"), GATED).unwrap();
+    ok(&cairn(
+        dir,
+        &["fork", "g", "--at", "after", "--run-id", "g2"],
+    ));
+    assert_eq!(output(dir, "g2"), "NEW");
+    let evs = events(dir, "g2");
+    assert!(evs
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::WorkflowReloaded { generation: 1, .. })));
+}

@@ -549,3 +549,54 @@ nodes:
         .iter()
         .any(|e| matches!(e.kind, EventKind::NodeStarted { .. }) && e.scope.attempt == Some(2)));
 }
+
+#[test]
+fn gc_deletes_the_snapshots_no_run_names_any_more() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let wf = |text: &str| {
+        format!("name: w\nnodes:\n  - id: c\n    command: [\"sh\", \"-c\", \"echo {text} > out.txt\"]\n")
+    };
+    std::fs::write(dir.join("a.yaml"), wf("first")).unwrap();
+    expect_code(&cairn(dir, &["run", "a.yaml", "--run-id", "old"]), 0);
+    let objects = || walk_count(&dir.join(".cairn/snapshots/objects"));
+    let after_old = objects();
+    // A gc that keeps every run keeps every object its logs name.
+    let out = cairn(dir, &["gc", "--older-than", "7d", "--snapshot-grace", "0s"]);
+    expect_code(&out, 0);
+    assert_eq!(objects(), after_old);
+    // The run goes; then its snapshots (the root's current files stay,
+    // as its stat cache names them).
+    std::fs::write(dir.join("out.txt"), "edited since\n").unwrap();
+    std::fs::write(dir.join("b.yaml"), wf("second")).unwrap();
+    expect_code(&cairn(dir, &["run", "b.yaml", "--run-id", "new"]), 0);
+    let out = cairn(dir, &["gc", "--older-than", "0s", "--snapshot-grace", "0s"]);
+    expect_code(&out, 0);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("deleted 2 runs"), "{said}");
+    assert!(said.contains("workspace snapshot object"), "{said}");
+    assert!(objects() < after_old, "{said}");
+    // Within the grace period, nothing is pruned.
+    expect_code(&cairn(dir, &["run", "a.yaml", "--run-id", "again"]), 0);
+    let before = objects();
+    std::fs::remove_dir_all(dir.join(".cairn/logs")).unwrap();
+    let out = cairn(dir, &["gc", "--older-than", "0s"]);
+    expect_code(&out, 0);
+    assert_eq!(objects(), before);
+}
+
+fn walk_count(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|r| {
+            r.flatten()
+                .map(|e| {
+                    if e.path().is_dir() {
+                        walk_count(&e.path())
+                    } else {
+                        1
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}

@@ -121,6 +121,18 @@ impl Engine {
         };
         runs.validate_input(&input)?;
 
+        // The original's lease while the files are put back: a process
+        // driving it has nodes using those files.
+        let _original = match self.take_log(from).await {
+            Ok(log) => log,
+            Err(cairn_store::StoreError::Busy { .. }) => {
+                return Err(EngineError::Conflict(format!(
+                    "run `{from}` is being driven by another process, whose nodes use the files \
+                     the fork would put back; wait for it to stop or cancel it, then fork"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
         // The files first: a fork cut short here leaves no run behind, and
         // is made again the same way.
         let snapshot = files_at(prefix, events.get(seq as usize));

@@ -158,6 +158,79 @@ impl Engine {
             .await;
     }
 
+    /// Deletes the workspace snapshot objects no run of the store names
+    /// (`NodeStarted`, `AgentStepStarted`, `NodeFinished`, `NodeFailed`,
+    /// `RevertStarted`) and no root's stat cache needs, sparing what was
+    /// written or used within `grace` (`cairn gc`). `None` when this engine
+    /// keeps no snapshots.
+    pub async fn prune_snapshots(
+        &self,
+        grace: std::time::Duration,
+    ) -> Result<Option<cairn_snapshot::Pruned>, EngineError> {
+        let Some(store) = self.inner.services.snapshot_store() else {
+            return Ok(None);
+        };
+        let store = store.map_err(EngineError::Conflict)?;
+        self.blocking(move |e| {
+            let keep = e.named_snapshots()?;
+            store
+                .prune(&keep, grace)
+                .map(Some)
+                .map_err(|err| EngineError::Conflict(err.to_string()))
+        })
+        .await
+    }
+
+    /// Every snapshot id the store's runs name.
+    fn named_snapshots(&self) -> Result<Vec<cairn_snapshot::ObjectId>, EngineError> {
+        const PAGE: usize = 500;
+        let types: Vec<String> = [
+            "NodeStarted",
+            "AgentStepStarted",
+            "NodeFinished",
+            "NodeFailed",
+            "RevertStarted",
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut keep = std::collections::HashSet::new();
+        let mut offset = 0;
+        loop {
+            let runs = self.backend().list_runs(&cairn_store::RunFilter {
+                limit: Some(PAGE),
+                offset: Some(offset),
+                ..Default::default()
+            })?;
+            for r in &runs {
+                let events = self.backend().read_events(
+                    &r.run_id,
+                    &cairn_store::EventQuery {
+                        types: types.clone(),
+                        ..Default::default()
+                    },
+                )?;
+                for ev in events.iter().filter_map(|s| s.decode().ok()) {
+                    let id = match ev.kind {
+                        cairn_events::EventKind::NodeStarted { snapshot }
+                        | cairn_events::EventKind::AgentStepStarted { snapshot, .. }
+                        | cairn_events::EventKind::NodeFinished { snapshot, .. }
+                        | cairn_events::EventKind::NodeFailed { snapshot, .. } => snapshot,
+                        cairn_events::EventKind::RevertStarted { snapshot } => Some(snapshot),
+                        _ => None,
+                    };
+                    if let Some(id) = id.and_then(|s| s.parse().ok()) {
+                        keep.insert(id);
+                    }
+                }
+            }
+            if runs.len() < PAGE {
+                break;
+            }
+            offset += PAGE;
+        }
+        Ok(keep.into_iter().collect())
+    }
+
     fn snapshot_store(&self) -> Result<Arc<SnapshotStore>, EngineError> {
         match self.inner.services.snapshot_store() {
             Some(Ok(s)) => Ok(s),

@@ -9,7 +9,8 @@
 //! are answered, scorers started after the pass's `NodeFinished` and ended
 //! once, and none left open when the run ends; reverts of attempts that
 //! started, one at a time, finished before the run ends (a revert may come
-//! after the run's end: it changes files, not the run).
+//! after the run's end: it changes files, not the run), and a hijack's end
+//! after its request.
 //!
 //! Pure, like [`crate::check_tree`]: tests that make logs (crash tests,
 //! children, agents, engines) run every log they make through it.
@@ -61,6 +62,8 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
     let mut ended = false;
     // (node, pass, attempt, snapshot) of a revert started and not finished.
     let mut open_revert: Option<(String, u32, u32, String)> = None;
+    // Nodes a person asked to take over, whose hijack has not ended.
+    let mut hijacks: BTreeSet<String> = BTreeSet::new();
     for (i, ev) in events.iter().enumerate() {
         let at = |msg: String| Err(format!("seq {} ({}): {msg}", ev.seq, ev.kind.type_name()));
         if ev.seq != crate::Seq(i as u64 + 1) {
@@ -106,6 +109,18 @@ pub fn check_log(events: &[Event]) -> Result<(), String> {
             EventKind::RunStarted { .. } => {
                 ended = false;
                 continue;
+            }
+            EventKind::RunHijackRequested { node_id, .. } => {
+                hijacks.insert(node_id.clone());
+                continue;
+            }
+            EventKind::RunHijacked { .. } => {
+                let node = ev.scope.node_id.as_deref().unwrap_or_default();
+                if !hijacks.remove(node) {
+                    return at(format!(
+                        "node `{node}` hijacked without a RunHijackRequested"
+                    ));
+                }
             }
             EventKind::RunFinished { .. }
             | EventKind::RunFailed { .. }
@@ -380,6 +395,42 @@ mod tests {
         assert!(check_log(&log(l))
             .unwrap_err()
             .contains("without its RevertStarted"));
+    }
+
+    #[test]
+    fn a_hijack_ends_after_its_request() {
+        let a = || Scope::node("a", 0);
+        let hijacked = || EventKind::RunHijacked {
+            engine: "cairn".into(),
+            mode: "interactive".into(),
+            resumed: true,
+        };
+        let start = vec![
+            (Scope::run(), started()),
+            (a(), EventKind::NodePending { layer_index: None }),
+            (
+                a().with_attempt(1),
+                EventKind::NodeStarted { snapshot: None },
+            ),
+        ];
+        let mut l = start.clone();
+        l.push((a().with_attempt(1), hijacked()));
+        assert!(check_log(&log(l))
+            .unwrap_err()
+            .contains("without a RunHijackRequested"));
+        let mut l = start;
+        l.push((
+            Scope::run(),
+            EventKind::RunHijackRequested {
+                node_id: "a".into(),
+                requested_by: None,
+            },
+        ));
+        l.push((a().with_attempt(1), hijacked()));
+        check_log(&log(l.clone())).unwrap();
+        // A second end needs a second request.
+        l.push((a().with_attempt(1), hijacked()));
+        assert!(check_log(&log(l)).is_err());
     }
 
     #[test]

@@ -65,6 +65,11 @@ impl StatCache {
             .map(|(_, id)| *id)
     }
 
+    /// The blobs it names.
+    pub fn blobs(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        self.entries.values().map(|(_, id)| *id)
+    }
+
     /// Whether it knows no file (a root not seen before).
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

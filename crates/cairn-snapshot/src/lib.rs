@@ -168,6 +168,17 @@ pub struct Restored {
     pub removed: u64,
 }
 
+/// What a prune deleted.
+#[derive(Debug, Clone, Default)]
+pub struct Pruned {
+    /// Objects deleted.
+    pub objects: u64,
+    /// The bytes they took.
+    pub bytes: u64,
+    /// Objects kept.
+    pub kept: u64,
+}
+
 /// Cairn's snapshot repository.
 pub struct SnapshotStore {
     dir: PathBuf,
@@ -283,6 +294,65 @@ impl SnapshotStore {
             written: applied.written,
             removed: applied.removed,
         })
+    }
+
+    /// Deletes the objects that neither a snapshot in `keep` nor a root's
+    /// stat cache needs, unless written or used within `grace` (a snapshot
+    /// another process is taking now uses objects before its id is in any
+    /// log; every object it uses is freshened). A snapshot in `keep` whose
+    /// objects are missing keeps what is left of it.
+    pub fn prune(&self, keep: &[ObjectId], grace: Duration) -> Result<Pruned, SnapshotError> {
+        let mut live: HashSet<ObjectId> = HashSet::new();
+        live.insert(ObjectId::EMPTY_TREE);
+        for id in keep {
+            self.mark(*id, 0, &mut live);
+        }
+        // What the roots' caches name is in use: the next snapshot of a
+        // root takes an unchanged file's blob from its cache.
+        if let Ok(files) = fs::read_dir(self.dir.join("cairn")) {
+            for f in files.flatten() {
+                if f.path().extension().is_some_and(|e| e == "stat") {
+                    live.extend(StatCache::load(&f.path()).blobs());
+                }
+            }
+        }
+        for cache in self.caches.lock().unwrap().values() {
+            live.extend(cache.lock().unwrap().blobs());
+        }
+        let cutoff = SystemTime::now()
+            .checked_sub(grace)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut pruned = Pruned::default();
+        for (id, path, len, when) in self.objects.all() {
+            if live.contains(&id) || when > cutoff {
+                pruned.kept += 1;
+                continue;
+            }
+            if fs::remove_file(&path).is_ok() {
+                pruned.objects += 1;
+                pruned.bytes += len;
+            }
+        }
+        Ok(pruned)
+    }
+
+    fn mark(&self, id: ObjectId, depth: usize, live: &mut HashSet<ObjectId>) {
+        if depth > 512 || !live.insert(id) {
+            return;
+        }
+        let Ok(bytes) = self.objects.read(id, object::Kind::Tree, 64 << 20) else {
+            return;
+        };
+        let Ok(entries) = object::decode_tree(id, &bytes) else {
+            return;
+        };
+        for e in entries {
+            if e.mode == Mode::Tree {
+                self.mark(e.id, depth + 1, live);
+            } else {
+                live.insert(e.id);
+            }
+        }
     }
 
     /// The paths of a snapshot's files and links, sorted, with their modes.

@@ -221,6 +221,13 @@ impl Objects {
         let id = ObjectId::of(kind, bytes);
         let path = self.path_of(id);
         if path.is_file() {
+            // Freshened, as git does: a prune spares what was used lately,
+            // so an old object a snapshot under way reuses is not deleted
+            // before the snapshot's id is in a log.
+            let _ = fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
             return Ok((id, 0));
         }
         let parent = path.parent().expect("an object path has a folder");
@@ -242,6 +249,35 @@ impl Objects {
             SnapshotError::io(&path, e)
         })?;
         Ok((id, added))
+    }
+
+    /// Every stored object's id, path and size and when it was last
+    /// written or used.
+    pub fn all(&self) -> Vec<(ObjectId, PathBuf, u64, std::time::SystemTime)> {
+        let mut out = Vec::new();
+        let Ok(dirs) = fs::read_dir(&self.dir) else {
+            return out;
+        };
+        for d in dirs.flatten() {
+            let prefix = d.file_name().to_string_lossy().into_owned();
+            if prefix.len() != 2 {
+                continue;
+            }
+            let Ok(files) = fs::read_dir(d.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name().to_string_lossy().into_owned();
+                let Ok(id) = format!("{prefix}{name}").parse::<ObjectId>() else {
+                    continue;
+                };
+                if let Ok(m) = f.metadata() {
+                    let when = m.modified().unwrap_or(std::time::UNIX_EPOCH);
+                    out.push((id, f.path(), m.len(), when));
+                }
+            }
+        }
+        out
     }
 
     /// Reads an object of `kind`, at most `max` bytes of it, and checks that

@@ -169,7 +169,11 @@ impl Stage {
             std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &path)
                 .map_err(|e| SnapshotError::io(&path, e))?;
         } else {
-            let perms = if mode == Mode::Executable { 0o755 } else { 0o644 };
+            let perms = if mode == Mode::Executable {
+                0o755
+            } else {
+                0o644
+            };
             let mut f = fs::File::create(&path).map_err(|e| SnapshotError::io(&path, e))?;
             f.write_all(&bytes)
                 .and_then(|_| f.set_permissions(fs::Permissions::from_mode(perms)))

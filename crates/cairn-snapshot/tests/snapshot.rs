@@ -409,3 +409,39 @@ proptest! {
         prop_assert_eq!(kept(picture(&root)), before);
     }
 }
+
+#[test]
+fn a_prune_keeps_what_is_named_or_cached_and_deletes_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("d")).unwrap();
+    fs::write(root.join("d/kept"), "in both").unwrap();
+    fs::write(root.join("gone"), "only in the first").unwrap();
+    let s = store(tmp.path());
+    let first = s.snapshot(&root, &[]).unwrap();
+    fs::remove_file(root.join("gone")).unwrap();
+    fs::write(root.join("d/new"), "only in the second").unwrap();
+    let second = s.snapshot(&root, &[]).unwrap();
+    // Within the grace period nothing goes, named or not.
+    let none = s.prune(&[], std::time::Duration::from_secs(3600)).unwrap();
+    assert_eq!(none.objects, 0);
+    // Past it: the first snapshot's own objects go (its trees and the blob
+    // only it had); the second's, and what the root's cache names, stay.
+    let pruned = s.prune(&[second.id], std::time::Duration::ZERO).unwrap();
+    assert!(pruned.objects >= 3, "{pruned:?}");
+    assert!(matches!(
+        s.restore(&root, first.id, &[]),
+        Err(SnapshotError::Missing(_))
+    ));
+    fs::write(root.join("d/kept"), "changed").unwrap();
+    s.restore(&root, second.id, &[]).unwrap();
+    assert_eq!(fs::read_to_string(root.join("d/kept")).unwrap(), "in both");
+    assert_eq!(
+        fs::read_to_string(root.join("d/new")).unwrap(),
+        "only in the second"
+    );
+    // A new snapshot of the unchanged root still reads back whole.
+    let third = s.snapshot(&root, &[]).unwrap();
+    assert_eq!(third.id, second.id);
+    assert_eq!(s.list(third.id).unwrap().len(), 2);
+}

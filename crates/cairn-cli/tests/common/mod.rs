@@ -179,7 +179,8 @@ pub fn events(dir: &std::path::Path, run: &str) -> Vec<cairn_events::Event> {
 
 /// Run `run`'s NDJSON mirror as it is now (empty before its first event).
 pub fn mirror(dir: &std::path::Path, run: &str) -> String {
-    std::fs::read_to_string(dir.join(format!(".cairn/logs/{run}/events.ndjson"))).unwrap_or_default()
+    std::fs::read_to_string(dir.join(format!(".cairn/logs/{run}/events.ndjson")))
+        .unwrap_or_default()
 }
 
 /// Fails unless `out` exited with `code`, showing what it said on stderr.
