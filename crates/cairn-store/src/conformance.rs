@@ -1133,6 +1133,42 @@ pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
         }
         b.append(&evs).unwrap();
     }
+    // A run of `old` reloaded to `new` mid-run (at time 7): node `c`'s score
+    // before the reload is `old`'s, the one after it `new`'s.
+    let mut r = record("s6", "finished", 6);
+    r.workflow = "wf".into();
+    r.workflow_hash = "old".into();
+    b.create_run(&r).unwrap();
+    b.put_generation(&GenerationRecord {
+        run_id: "s6".into(),
+        generation: 1,
+        workflow_hash: "new".into(),
+        workflow_source: "name: wf".into(),
+        created_ms: 7,
+    })
+    .unwrap();
+    let scored = |x| EventKind::ScorerFinished {
+        scorer_id: "len".into(),
+        scorer_name: "length".into(),
+        score: x,
+        reason: None,
+    };
+    b.append(&[
+        event("s6", 1, 6, Scope::run(), started()),
+        event("s6", 2, 6, Scope::node("c", 0), scored(0.5)),
+        event(
+            "s6",
+            3,
+            7,
+            Scope::run(),
+            EventKind::WorkflowReloaded {
+                generation: 1,
+                changed_files: vec!["wf.yaml".into()],
+            },
+        ),
+        event("s6", 4, 7, Scope::node("c", 0), scored(0.1)),
+    ])
+    .unwrap();
     let all = aggregate_scores(b.as_ref(), &ScoreFilter::default()).unwrap();
     let names: Vec<&str> = all.workflows.iter().map(|w| w.workflow.as_str()).collect();
     assert_eq!(names, ["other", "wf"]);
@@ -1144,8 +1180,18 @@ pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
         .collect();
     assert_eq!(hashes, ["new", "old"], "newest generation first");
     let old = &wf.generations[1];
-    assert_eq!(old.runs, 2);
-    assert_eq!((old.first_run_ms, old.last_run_ms), (1, 2));
+    assert_eq!(old.runs, 3);
+    assert_eq!((old.first_run_ms, old.last_run_ms), (1, 6));
+    let new = &wf.generations[0];
+    assert_eq!((new.runs, new.first_run_ms, new.last_run_ms), (2, 3, 7));
+    let c_of = |g: &crate::GenerationScores| {
+        g.scorers
+            .iter()
+            .find(|s| s.node_id == "c")
+            .map(|s| (s.count, s.mean))
+    };
+    assert_eq!(c_of(old), Some((1, Some(0.5))));
+    assert_eq!(c_of(new), Some((1, Some(0.1))));
     let a = &old.scorers[0];
     assert_eq!((a.node_id.as_str(), a.scorer_id.as_str()), ("a", "len"));
     assert_eq!(a.scorer_name, "length");
@@ -1159,7 +1205,7 @@ pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
         .iter()
         .map(|s| (s.node_id.as_str(), s.count))
         .collect();
-    assert_eq!(overall, [("a", 3), ("b", 1)]);
+    assert_eq!(overall, [("a", 3), ("b", 1), ("c", 2)]);
     let only = aggregate_scores(
         b.as_ref(),
         &ScoreFilter {

@@ -147,9 +147,14 @@ pub fn aggregate_scores(
     backend: &dyn Backend,
     filter: &ScoreFilter,
 ) -> Result<ScoreReport, StoreError> {
+    // A reload mid-run starts a generation of its own: the scores after it
+    // are the new text's (its hash is stored with the generation).
     let query = EventQuery {
-        types: vec!["ScorerFinished".into(), "ScorerFailed".into()],
-        node: filter.node.clone(),
+        types: vec![
+            "ScorerFinished".into(),
+            "ScorerFailed".into(),
+            "WorkflowReloaded".into(),
+        ],
         ..EventQuery::default()
     };
     // workflow → (all generations, hash → generation)
@@ -165,26 +170,26 @@ pub fn aggregate_scores(
         offset += runs.len();
         for run in &runs {
             let events = backend.read_events(&run.run_id, &query)?;
-            if events.is_empty() {
-                continue;
-            }
-            let (all, gens) = by_wf.entry(run.workflow.clone()).or_default();
-            let g = gens.entry(run.workflow_hash.clone()).or_default();
-            g.first_ms = if g.runs == 0 {
-                run.created_ms
-            } else {
-                g.first_ms.min(run.created_ms)
-            };
-            g.last_ms = g.last_ms.max(run.created_ms);
-            g.runs += 1;
+            // (hash, when it began) of the generation in force.
+            let mut current = (run.workflow_hash.clone(), run.created_ms);
+            let mut counted: Vec<String> = Vec::new();
             for stored in &events {
                 let ev = stored.decode().map_err(|e| StoreError::BadRow {
                     run: run.run_id.clone(),
                     detail: e.to_string(),
                 })?;
+                if let EventKind::WorkflowReloaded { generation, .. } = &ev.kind {
+                    if let Some(g) = backend.generation(&run.run_id, *generation)? {
+                        current = (g.workflow_hash, ev.timestamp_ms);
+                    }
+                    continue;
+                }
                 let Some(node) = ev.scope.node_id.as_deref() else {
                     continue;
                 };
+                if filter.node.as_deref().is_some_and(|n| n != node) {
+                    continue;
+                }
                 let (id, name, score) = match &ev.kind {
                     EventKind::ScorerFinished {
                         scorer_id,
@@ -199,6 +204,18 @@ pub fn aggregate_scores(
                     } => (scorer_id, scorer_name, None),
                     _ => continue,
                 };
+                let (all, gens) = by_wf.entry(run.workflow.clone()).or_default();
+                let g = gens.entry(current.0.clone()).or_default();
+                if !counted.contains(&current.0) {
+                    counted.push(current.0.clone());
+                    g.first_ms = if g.runs == 0 {
+                        current.1
+                    } else {
+                        g.first_ms.min(current.1)
+                    };
+                    g.last_ms = g.last_ms.max(current.1);
+                    g.runs += 1;
+                }
                 for accs in [&mut *all, &mut g.accs] {
                     let acc = accs.entry((node.to_string(), id.clone())).or_default();
                     acc.name.clone_from(name);
