@@ -420,3 +420,33 @@ fn a_fork_after_a_reload_runs_the_generation_of_its_point() {
         .iter()
         .any(|e| matches!(e.kind, EventKind::WorkflowReloaded { generation: 1, .. })));
 }
+
+#[test]
+fn a_fork_cut_short_before_its_log_is_made_again_not_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("pipe.yaml"), PIPE).unwrap();
+    ok(&cairn(
+        dir,
+        &["run", "pipe.yaml", "--run-id", "o", "--input", r#"{"x":1}"#],
+    ));
+    // What a kill between the fork's record and its log leaves: the record
+    // of a fork being made, and no event.
+    {
+        use cairn_store::Backend;
+        let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).unwrap();
+        let mut rec = b.get_run("o").unwrap().unwrap();
+        rec.run_id = "cut".into();
+        rec.status = cairn_engine::FORKING.into();
+        b.create_run(&rec).unwrap();
+    }
+    let out = cairn(dir, &["resume", "cut"]);
+    expect_code(&out, 4);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fork that was cut short"));
+    assert!(events(dir, "cut").is_empty(), "nothing ran");
+    ok(&cairn(
+        dir,
+        &["fork", "o", "--at", "build", "--run-id", "cut"],
+    ));
+    assert_eq!(output(dir, "cut"), "FB1");
+}

@@ -21,6 +21,11 @@ use serde_json::Value;
 
 use crate::{node, reload, Engine, EngineError};
 
+/// The status of a fork's record until its copied log is written: a run
+/// in this state with no events was cut short while being made, and is not
+/// started as a run of its own (`Engine::resume` refuses it).
+pub const FORKING: &str = "forking";
+
 /// Where a fork starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForkPoint {
@@ -172,7 +177,7 @@ impl Engine {
             run_id: run_id.clone(),
             parent_run_id: None,
             input: input.clone(),
-            status: "pending".into(),
+            status: FORKING.into(),
             created_ms: now,
             updated_ms: now,
             ..rec.clone()
@@ -246,13 +251,19 @@ impl Engine {
         let fork_id = run_id.clone();
         self.blocking(move |e| {
             let b = e.backend();
-            if b.get_run(&fork_id)?.is_some() {
-                return Err(bad(format!(
-                    "a run `{fork_id}` already exists in this store; pick another --run-id"
-                )));
-            }
             let rows = copied_calls(b.as_ref(), &from_id, &fork_id, &calls)?;
-            b.create_run(&fork_rec)?;
+            // The record is written first, marked as a fork being made; its
+            // log's first append (one batch) makes it a run. A fork cut
+            // short in between is made again by the same command.
+            match b.get_run(&fork_id)? {
+                Some(r) if r.status == FORKING && b.last_seq(&fork_id)? == 0 => {}
+                Some(_) => {
+                    return Err(bad(format!(
+                        "a run `{fork_id}` already exists in this store; pick another --run-id"
+                    )))
+                }
+                None => b.create_run(&fork_rec)?,
+            }
             for g in &gens {
                 b.put_generation(g)?;
             }

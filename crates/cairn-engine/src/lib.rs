@@ -152,7 +152,7 @@ pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 /// id and how the session ended (see [`EngineOptions::on_run_stopped`]).
 pub type RunStopped = Arc<dyn Fn(&str, &RunOutcome) + Send + Sync>;
 
-pub use fork::{ForkPoint, ForkRequest, Forked};
+pub use fork::{ForkPoint, ForkRequest, Forked, FORKING};
 pub use revert::{RevertRequest, Reverted};
 
 /// Options of one run (or one resume).
@@ -552,6 +552,12 @@ impl Engine {
                     RunStatus::Failed => "failed",
                     _ => "been cancelled",
                 }
+            )));
+        }
+        if state.last_seq == 0 && rec.status == fork::FORKING {
+            return Err(EngineError::Conflict(format!(
+                "run `{run_id}` is a fork that was cut short before its log was written; \
+                 make it again with `cairn fork ... --run-id {run_id}`"
             )));
         }
         let Some(mut wf) = wf else {
