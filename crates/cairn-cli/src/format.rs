@@ -167,7 +167,9 @@ pub fn event_detail(kind: &EventKind) -> String {
             ),
             None => format!("in {}", duration_ms(*d)),
         },
-        EventKind::NodeFailed { error, will_retry, .. } => format!(
+        EventKind::NodeFailed {
+            error, will_retry, ..
+        } => format!(
             "{}: {}{}",
             error.kind,
             error.message,

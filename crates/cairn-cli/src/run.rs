@@ -94,7 +94,11 @@ pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
 /// driven and shown as `cairn resume` does.
 pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
     let wf = a.workflow.as_deref().map(load_workflow).transpose()?;
-    let input = a.input.as_deref().map(|i| parse_input(Some(i))).transpose()?;
+    let input = a
+        .input
+        .as_deref()
+        .map(|i| parse_input(Some(i)))
+        .transpose()?;
     if let Some(id) = &a.run_id {
         check_run_id(id)?;
     }

@@ -384,7 +384,9 @@ fn crash_until_done(dir: &Path, store: &Store, tag: &str) {
             after_finish.push(format!("seq {} {} of {id}", e.seq, e.type_name()));
         }
         match &e.kind {
-            EventKind::NodeFailed { error, will_retry, .. } => {
+            EventKind::NodeFailed {
+                error, will_retry, ..
+            } => {
                 // The commands never fail: every failure is a kill's, and
                 // a kill is not the node's failure.
                 assert_eq!(error.kind, "interrupted", "seq {}: {}", e.seq, e.to_json());

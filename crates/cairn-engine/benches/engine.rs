@@ -371,7 +371,10 @@ fn run_journal(n: usize, events: u64) -> Measure {
                     layer_index: Some(0),
                 },
                 1 => {
-                    log.append(scope.with_attempt(1), EventKind::NodeStarted { snapshot: None });
+                    log.append(
+                        scope.with_attempt(1),
+                        EventKind::NodeStarted { snapshot: None },
+                    );
                     continue;
                 }
                 _ => {

@@ -147,7 +147,11 @@ pub(crate) fn hijack_request_id(
     step: u32,
     n: u32,
 ) -> String {
-    let q = request_id(node, iteration, Some(&format!("hijack:{origin}:{step}:{n}")));
+    let q = request_id(
+        node,
+        iteration,
+        Some(&format!("hijack:{origin}:{step}:{n}")),
+    );
     format!("h-{}", &q[2..])
 }
 

@@ -608,7 +608,9 @@ async fn a_retry_after_a_failure_starts_over_and_is_told_the_earlier_side_effect
     assert_eq!(side, "once\n");
     let evs = stored(&engine, "rt");
     let failed = evs.iter().find_map(|e| match &e.kind {
-        EventKind::NodeFailed { error, will_retry, .. } => Some((error.kind.clone(), *will_retry)),
+        EventKind::NodeFailed {
+            error, will_retry, ..
+        } => Some((error.kind.clone(), *will_retry)),
         _ => None,
     });
     assert_eq!(failed, Some(("server".into(), true)));

@@ -142,7 +142,12 @@ async fn an_interrupted_attempt_runs_again_whatever_its_retry_budget() {
         .filter(|e| matches!(e.kind, EventKind::NodeFailed { .. }))
         .collect();
     assert_eq!(failed.len(), 1, "{failed:?}");
-    let EventKind::NodeFailed { error, will_retry, snapshot: None } = &failed[0].kind else {
+    let EventKind::NodeFailed {
+        error,
+        will_retry,
+        snapshot: None,
+    } = &failed[0].kind
+    else {
         unreachable!()
     };
     assert_eq!(error.kind, "interrupted");
@@ -375,7 +380,8 @@ async fn a_cancel_accepted_before_a_stop_is_carried_out_by_the_resume() {
         .unwrap();
     let run = h.run_id.clone();
     until(&mut rx, |e| {
-        matches!(e.kind, EventKind::NodeStarted { .. }) && e.scope.node_id.as_deref() == Some("slow")
+        matches!(e.kind, EventKind::NodeStarted { .. })
+            && e.scope.node_id.as_deref() == Some("slow")
     })
     .await;
     while !dir.path().join("ran-once").exists() {

@@ -298,7 +298,9 @@ impl ActivityFolder {
                     self.entries[idx].ended_ms = Some(ev.timestamp_ms);
                 }
             }
-            EventKind::NodeFailed { error, will_retry, .. } => {
+            EventKind::NodeFailed {
+                error, will_retry, ..
+            } => {
                 let Some(key) = akey else { return };
                 self.attempts.remove(&key);
                 if let Some(idx) = self.commands.remove(&key) {
@@ -734,7 +736,11 @@ mod tests {
     fn node_kind_hint_opens_a_silent_command_at_start() {
         let log = vec![
             started(1, None),
-            ev(2, a("per_line[2].show", 1), EventKind::NodeStarted { snapshot: None }),
+            ev(
+                2,
+                a("per_line[2].show", 1),
+                EventKind::NodeStarted { snapshot: None },
+            ),
         ];
         let kinds = HashMap::from([("per_line.show".to_string(), "command".to_string())]);
         let mut f = ActivityFolder::new().with_node_kinds(kinds);

@@ -20,8 +20,7 @@ pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use contract::check_log;
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, ForkedFrom, Level, NetworkAction,
-    NodeCounts,
-    NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
+    NodeCounts, NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus, EVENT_TYPES,
     MAX_EVENT_DEPTH,
 };
 pub use ids::{

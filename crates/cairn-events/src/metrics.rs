@@ -423,8 +423,20 @@ mod tests {
         let log = vec![
             ev("r1", 1, 0, Scope::run(), run_started(false)),
             ev("r2", 1, 0, Scope::run(), run_started(false)),
-            ev("r1", 2, 0, a("x", 1), EventKind::NodeStarted { snapshot: None }),
-            ev("r2", 2, 0, a("x", 1), EventKind::NodeStarted { snapshot: None }),
+            ev(
+                "r1",
+                2,
+                0,
+                a("x", 1),
+                EventKind::NodeStarted { snapshot: None },
+            ),
+            ev(
+                "r2",
+                2,
+                0,
+                a("x", 1),
+                EventKind::NodeStarted { snapshot: None },
+            ),
             ev(
                 "r1",
                 3,
@@ -436,7 +448,13 @@ mod tests {
                     snapshot: None,
                 },
             ),
-            ev("r1", 4, 3000, a("x", 2), EventKind::NodeStarted { snapshot: None }),
+            ev(
+                "r1",
+                4,
+                3000,
+                a("x", 2),
+                EventKind::NodeStarted { snapshot: None },
+            ),
             ev(
                 "r1",
                 5,

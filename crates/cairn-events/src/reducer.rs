@@ -792,7 +792,9 @@ impl RunState {
                     close_attempt(n, ts, "finished", None);
                 }
             }
-            EventKind::NodeFailed { error, will_retry, .. } => {
+            EventKind::NodeFailed {
+                error, will_retry, ..
+            } => {
                 if let Some(n) = self.node_mut(ev) {
                     n.status = if *will_retry {
                         NodeStatus::Retrying

@@ -683,7 +683,9 @@ impl TraceBuilder {
                     }
                 }
             }
-            EventKind::NodeFailed { error, will_retry, .. } => {
+            EventKind::NodeFailed {
+                error, will_retry, ..
+            } => {
                 if let Some(a) = self.attempt_of(ev, true) {
                     let acc = &mut self.accs[a];
                     // A crash is closed by the resume that found it: the

@@ -91,7 +91,10 @@ fn event(i: u64, nodes: u64) -> (Scope, EventKind) {
                 layer_index: Some(0),
             },
         ),
-        1 => (scope.with_attempt(1), EventKind::NodeStarted { snapshot: None }),
+        1 => (
+            scope.with_attempt(1),
+            EventKind::NodeStarted { snapshot: None },
+        ),
         _ => (
             scope.with_attempt(1),
             EventKind::NodeFinished {

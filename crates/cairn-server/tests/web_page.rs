@@ -306,7 +306,10 @@ async fn pages_of_other_sites_cannot_act_with_the_session_cookie() {
     // end of the test tells an untouched run from one still starting.
     let t0 = std::time::Instant::now();
     while c.run(&run).await.unwrap()["status"] != "waiting-approval" {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "the gate never waited");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the gate never waited"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let cookie = login(a, TOKEN).await;

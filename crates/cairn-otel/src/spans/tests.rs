@@ -98,7 +98,11 @@ fn ms(s: &Span) -> (u64, u64) {
 fn agent_run() -> Log {
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("flaky", 1), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_010,
+            att("flaky", 1),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_020,
             att("flaky", 1),
@@ -113,7 +117,11 @@ fn agent_run() -> Log {
             Scope::node("flaky", 0).with_attempt(2),
             EventKind::NodeRetrying { delay_ms: 5 },
         )
-        .at(1_030, att("flaky", 2), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_030,
+            att("flaky", 2),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_040,
             att("flaky", 2),
@@ -124,7 +132,11 @@ fn agent_run() -> Log {
                 snapshot: None,
             },
         )
-        .at(1_100, att("fix", 1), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_100,
+            att("fix", 1),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_110,
             att("fix", 1),
@@ -243,7 +255,11 @@ fn agent_run() -> Log {
                 snapshot: None,
             },
         )
-        .at(1_300, att("bad", 1), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_300,
+            att("bad", 1),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_310,
             att("bad", 1),
@@ -369,7 +385,11 @@ fn a_run_gives_run_attempt_model_and_tool_spans_with_their_parents() {
 fn a_resumed_run_is_one_run_span_with_stable_ids() {
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("slow", 1), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_010,
+            att("slow", 1),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_500,
             att("slow", 1),
@@ -403,7 +423,11 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
             Scope::node("slow", 0).with_attempt(2),
             EventKind::NodeRetrying { delay_ms: 0 },
         )
-        .at(61_003, att("slow", 2), EventKind::NodeStarted { snapshot: None })
+        .at(
+            61_003,
+            att("slow", 2),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             61_100,
             att("slow", 2),
@@ -450,7 +474,11 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
 fn a_waiting_run_ends_at_its_last_event_with_its_status_unset() {
     let mut l = Log::new("r");
     l.started(1_000, false)
-        .at(1_010, att("gate", 1), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_010,
+            att("gate", 1),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_011,
             Scope::node("gate", 0),
@@ -489,7 +517,11 @@ fn a_child_run_hangs_from_the_parent_attempt_that_started_it() {
     let mut parent = Log::new("p");
     parent
         .started(1_000, false)
-        .at(1_010, att("sub", 1), EventKind::NodeStarted { snapshot: None })
+        .at(
+            1_010,
+            att("sub", 1),
+            EventKind::NodeStarted { snapshot: None },
+        )
         .at(
             1_020,
             att("sub", 1),
@@ -551,8 +583,11 @@ fn b_lineage_without_delegation() -> Lineage {
 fn hostile_logs_stay_bounded() {
     let huge = "x".repeat(100_000);
     let mut l = Log::new("r");
-    l.started(1_000, false)
-        .at(1_010, att("n", 1), EventKind::NodeStarted { snapshot: None });
+    l.started(1_000, false).at(
+        1_010,
+        att("n", 1),
+        EventKind::NodeStarted { snapshot: None },
+    );
     for i in 0..(MAX_EVENTS_PER_SPAN + 10) {
         l.at(
             1_020 + i as i64,
@@ -654,13 +689,25 @@ fn nodes_inside_groups_hang_from_the_group_attempt() {
         snapshot: None,
     };
     l.at(2, att("each", 1), EventKind::NodeStarted { snapshot: None });
-    l.at(3, att("each[0].say", 1), EventKind::NodeStarted { snapshot: None });
+    l.at(
+        3,
+        att("each[0].say", 1),
+        EventKind::NodeStarted { snapshot: None },
+    );
     l.at(4, att("each[0].say", 1), fin(1));
     l.at(5, att("each", 1), fin(3));
-    l.at(6, att("review", 1), EventKind::NodeStarted { snapshot: None });
+    l.at(
+        6,
+        att("review", 1),
+        EventKind::NodeStarted { snapshot: None },
+    );
     for pass in 0..2 {
         let s = Scope::node("review.fix", pass).with_attempt(1);
-        l.at(7 + i64::from(pass), s.clone(), EventKind::NodeStarted { snapshot: None });
+        l.at(
+            7 + i64::from(pass),
+            s.clone(),
+            EventKind::NodeStarted { snapshot: None },
+        );
         l.at(7 + i64::from(pass), s, fin(0));
     }
     l.at(9, att("review", 1), fin(3));
