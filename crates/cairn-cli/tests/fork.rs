@@ -362,11 +362,9 @@ fn a_run_that_is_being_driven_is_not_forked() {
     )
     .unwrap();
     let mut run = cairn_session(dir, &["run", "slow.yaml", "--run-id", "busy"]);
-    let t0 = std::time::Instant::now();
-    while !mirror(dir, "busy").contains("\"nodeId\":\"b\",\"iteration\":0,\"attempt\":1") {
-        assert!(t0.elapsed() < PATIENCE, "b never started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until("b to start", || {
+        mirror(dir, "busy").contains("\"nodeId\":\"b\",\"iteration\":0,\"attempt\":1")
+    });
     let out = cairn(dir, &["fork", "busy", "--at", "b", "--run-id", "nope"]);
     let _ = run.kill();
     wait_exit(&mut run);
@@ -394,16 +392,10 @@ fn a_fork_after_a_reload_runs_the_generation_of_its_point() {
     let dir = tmp.path();
     std::fs::write(dir.join("gated.yaml"), GATED).unwrap();
     let mut run = cairn_session(dir, &["run", "gated.yaml", "--run-id", "g", "--watch"]);
-    let t0 = std::time::Instant::now();
-    let wait = |what: &str, t0: &std::time::Instant| {
-        while !mirror(dir, "g").contains(what) {
-            assert!(t0.elapsed() < PATIENCE, "no {what}");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    };
-    wait("\"NodeWaitingApproval\"", &t0);
+    let wait = |what: &str| wait_until(what, || mirror(dir, "g").contains(what));
+    wait("\"NodeWaitingApproval\"");
     std::fs::write(dir.join("gated.yaml"), GATED.replace("OLD", "NEW")).unwrap();
-    wait("\"WorkflowReloaded\"", &t0);
+    wait("\"WorkflowReloaded\"");
     expect_code(&cairn(dir, &["approve", "g", "gate"]), 0);
     assert_eq!(wait_exit(&mut run).code(), Some(0), "{}", sessions_err(dir));
     assert_eq!(output(dir, "g"), "NEW");

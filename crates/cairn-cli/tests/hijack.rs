@@ -14,7 +14,6 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use cairn_events::EventKind;
 
@@ -48,14 +47,6 @@ turns:
 fn setup(dir: &Path) {
     std::fs::write(dir.join("hj.yaml"), WORKFLOW).unwrap();
     std::fs::write(dir.join("turns.yaml"), TURNS).unwrap();
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < PATIENCE, "waited too long for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// `cairn <args>` on a new pseudo-terminal: what it prints, and the
@@ -122,7 +113,7 @@ impl Tty {
 
     /// Waits until the terminal has shown `n` times `what`.
     fn wait_shown(&self, what: &str, n: usize) {
-        wait_for(&format!("`{what}` shown {n} times"), || {
+        wait_until(&format!("`{what}` shown {n} times"), || {
             self.text().matches(what).count() >= n
         });
     }
@@ -140,7 +131,7 @@ fn a_person_takes_the_conversation_on_a_terminal_and_hands_it_back() {
     let dir = tmp.path();
     setup(dir);
     let mut run = cairn_session(dir, &["run", "hj.yaml", "--run-id", "h1"]);
-    wait_for("the first step's call", || {
+    wait_until("the first step's call", || {
         mirror(dir, "h1").contains("\"ToolCallStarted\"")
     });
 
@@ -218,7 +209,7 @@ fn a_kill_in_the_middle_of_a_hijack_is_replayed_by_resume() {
     let dir = tmp.path();
     setup(dir);
     let mut run = cairn_session(dir, &["run", "hj.yaml", "--run-id", "h2"]);
-    wait_for("the first step's call", || {
+    wait_until("the first step's call", || {
         mirror(dir, "h2").contains("\"ToolCallStarted\"")
     });
     let mut hijack = Command::new(env!("CARGO_BIN_EXE_cairn"))
@@ -236,7 +227,7 @@ fn a_kill_in_the_middle_of_a_hijack_is_replayed_by_resume() {
         .write_all(b"please write hello.txt\n")
         .unwrap();
     // The person's first turn is answered; the agent asks for the next.
-    wait_for("the second question", || {
+    wait_until("the second question", || {
         mirror(dir, "h2").matches("\"InputRequested\"").count() >= 2
     });
     let _ = run.kill();
@@ -312,7 +303,7 @@ fn what_cannot_be_hijacked_is_refused() {
     )
     .unwrap();
     let mut run = cairn_session(dir, &["run", "cmd.yaml", "--run-id", "c1"]);
-    wait_for("the command to start", || {
+    wait_until("the command to start", || {
         mirror(dir, "c1").contains("\"NodeStarted\"")
     });
     for (args, says) in [
@@ -388,7 +379,7 @@ output: "{{{{ nodes.coder.output }}}}"
     )
     .unwrap();
     let mut run = cairn_session(dir, &["run", "cc.yaml", "--run-id", "c1"]);
-    wait_for("the CLI's first message", || {
+    wait_until("the CLI's first message", || {
         mirror(dir, "c1").contains("working 1")
     });
     let mut tty = Tty::spawn(dir, &["hijack", "c1", "coder"]);

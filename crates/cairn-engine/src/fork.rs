@@ -291,14 +291,7 @@ fn read_all(e: &Engine, run_id: &str) -> Result<Vec<Event>, EngineError> {
     let stored = e.backend().read_events(run_id, &EventQuery::default())?;
     stored
         .iter()
-        .map(|s| {
-            s.decode().map_err(|err| {
-                EngineError::Store(cairn_store::StoreError::BadRow {
-                    run: run_id.to_string(),
-                    detail: format!("event {}: {err}", s.seq),
-                })
-            })
-        })
+        .map(|s| crate::decode_row(run_id, s))
         .collect()
 }
 

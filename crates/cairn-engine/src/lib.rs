@@ -666,16 +666,10 @@ impl Engine {
     fn fold(&self, run_id: &str) -> Result<RunState, EngineError> {
         let events = self.backend().read_events(run_id, &EventQuery::default())?;
         let mut state = RunState::new(run_id);
+        // One event decoded at a time: a large run's log is never held
+        // decoded whole.
         for stored in &events {
-            // A row that does not decode is the run's damage, not the
-            // database file's: `BadRow` names the run.
-            let ev = stored.decode().map_err(|e| {
-                EngineError::Store(StoreError::BadRow {
-                    run: run_id.to_string(),
-                    detail: format!("event {}: {e}", stored.seq),
-                })
-            })?;
-            state.apply(&ev);
+            state.apply(&decode_row(run_id, stored)?);
         }
         Ok(state)
     }
@@ -1021,6 +1015,20 @@ impl Engine {
             }
         }
     }
+}
+
+/// A stored event of `run_id`, decoded. A row that does not decode is the
+/// run's damage, not the database file's: `BadRow` names the run.
+pub(crate) fn decode_row(
+    run_id: &str,
+    stored: &cairn_store::StoredEvent,
+) -> Result<Event, EngineError> {
+    stored.decode().map_err(|e| {
+        EngineError::Store(StoreError::BadRow {
+            run: run_id.to_string(),
+            detail: format!("event {}: {e}", stored.seq),
+        })
+    })
 }
 
 /// Kills every process whose environment says it belongs to `run_id` of

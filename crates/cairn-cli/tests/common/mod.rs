@@ -193,3 +193,12 @@ pub fn expect_code(out: &std::process::Output, code: i32) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Waits until `f` holds; fails the test past [`PATIENCE`], naming `what`.
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < PATIENCE, "waited too long for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
