@@ -81,6 +81,10 @@ pub enum SnapshotError {
     /// The root cannot be made to hold the snapshot.
     #[error("{0}")]
     Conflict(String),
+    /// A path given to a selective restore is not a plain path under the
+    /// root (empty, absolute, or with an empty, `.` or `..` part).
+    #[error("`{0}` is not a path under the root")]
+    BadPath(String),
     /// The root is larger than a snapshot may be ([`Options`]).
     #[error("the sandbox root is too large to snapshot: {0}")]
     TooLarge(String),
@@ -264,6 +268,50 @@ impl SnapshotStore {
         id: ObjectId,
         exclude: &[PathBuf],
     ) -> Result<Restored, SnapshotError> {
+        self.restore_with(root, id, exclude, None)
+    }
+
+    /// Makes each path in `paths` (root-relative, '/'-separated bytes) what
+    /// snapshot `id` has: written when the snapshot has it, removed when it
+    /// does not; every other path is left alone. A folder is removed only
+    /// when one of `paths` was in it and it is empty afterwards (and the
+    /// snapshot has no folder there). A path that snapshots leave out
+    /// (excluded, `.git`, too large) is left alone when the snapshot does
+    /// not have it, and a conflict when it does; so is a file or link that
+    /// stands where a folder on the way of one of `paths` should be, unless
+    /// it is itself one of `paths` to remove.
+    pub fn restore_paths(
+        &self,
+        root: &Path,
+        id: ObjectId,
+        paths: &[Vec<u8>],
+        exclude: &[PathBuf],
+    ) -> Result<Restored, SnapshotError> {
+        let mut set = std::collections::BTreeSet::new();
+        for p in paths {
+            check_rel(p)?;
+            set.insert(p.clone());
+        }
+        self.restore_with(root, id, exclude, Some(&set))
+    }
+
+    /// Snapshot `id` as a flat list: each file's and link's path (relative
+    /// to the root, '/'-separated bytes) with its mode and blob, so that two
+    /// snapshots can be compared path by path.
+    pub fn flat(
+        &self,
+        id: ObjectId,
+    ) -> Result<std::collections::BTreeMap<Vec<u8>, (Mode, ObjectId)>, SnapshotError> {
+        Ok(restore::flatten(&self.objects, id)?.leaves)
+    }
+
+    fn restore_with(
+        &self,
+        root: &Path,
+        id: ObjectId,
+        exclude: &[PathBuf],
+        only: Option<&std::collections::BTreeSet<Vec<u8>>>,
+    ) -> Result<Restored, SnapshotError> {
         let root = canonical(root)?;
         let exclude = self.excluding(exclude);
         let target = restore::flatten(&self.objects, id)?;
@@ -272,18 +320,30 @@ impl SnapshotStore {
         let mut cache = cache.lock().unwrap();
         let (before, current) = self.walk(&root, &exclude, &mut cache, true)?;
         let current = current.expect("asked for the flat list");
-        let applied = restore::apply(
-            &self.objects,
-            &root,
-            &current,
-            &target,
-            self.opts.max_file_bytes,
-        )?;
+        let plan = match only {
+            None => restore::Plan::whole(&current, &target)?,
+            Some(paths) => restore::Plan::selective(&current, &target, paths)?,
+        };
+        let applied = restore::apply(&self.objects, &root, &plan, self.opts.max_file_bytes)?;
         // What was written is checked, not assumed: a walk of the root now
-        // must give the snapshot's own id.
-        let (after, _) = self.walk(&root, &exclude, &mut cache, false)?;
+        // must give the snapshot's own id (or, for some paths, what the
+        // snapshot has at each of them).
+        let (after, after_flat) = self.walk(&root, &exclude, &mut cache, only.is_some())?;
         cache.save(&self.cache_path(&root))?;
-        if after.id != id {
+        let differs = match (only, after_flat) {
+            (Some(paths), Some(now)) => paths.iter().find(|p| {
+                now.leaves.get(*p) != target.leaves.get(*p)
+                    && !(now.kept.contains(*p) && !target.leaves.contains_key(*p))
+            }),
+            _ => None,
+        };
+        if let Some(p) = differs {
+            return Err(SnapshotError::Conflict(format!(
+                "`{}` does not match snapshot {id} after the restore: something changed it while it was restored",
+                String::from_utf8_lossy(p)
+            )));
+        }
+        if only.is_none() && after.id != id {
             return Err(SnapshotError::Conflict(format!(
                 "the root does not match snapshot {id} after the restore (it is {}): something changed it while it was restored",
                 after.id
@@ -466,6 +526,20 @@ fn canonical(root: &Path) -> Result<PathBuf, SnapshotError> {
         ));
     }
     Ok(p)
+}
+
+/// Refuses a path that could name anything but a file under the root.
+fn check_rel(p: &[u8]) -> Result<(), SnapshotError> {
+    let bad = p.is_empty()
+        || p.contains(&0)
+        || p.split(|&b| b == b'/')
+            .any(|part| part.is_empty() || part == b"." || part == b"..");
+    if bad {
+        return Err(SnapshotError::BadPath(
+            String::from_utf8_lossy(p).chars().take(200).collect(),
+        ));
+    }
+    Ok(())
 }
 
 fn canonical_all(paths: &[PathBuf]) -> Vec<PathBuf> {

@@ -11,6 +11,7 @@
 //! replaced by a real folder first, so a link planted in the root cannot
 //! make a restore write outside it.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -68,62 +69,175 @@ pub struct Applied {
     pub removed: u64,
 }
 
-/// Makes `root` (whose walk is `current`) hold `target`, in two phases so
-/// that a kill leaves the root changed for as short a time as it can:
-/// first every file to write back is staged in a folder of its own in the
-/// root (a kill here leaves the root as it was, and the next walk deletes
-/// the stage), then the root is changed with deletions and renames alone.
+/// What a restore changes in a root, worked out before anything is touched.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Files and links to delete.
+    pub remove: Vec<Vec<u8>>,
+    /// Folders to delete when empty, deepest first; `true` when a folder
+    /// that stays is a conflict (the snapshot has a file there).
+    pub rmdirs: Vec<(Vec<u8>, bool)>,
+    /// Files and links to write back.
+    pub write: Vec<(Vec<u8>, Mode, ObjectId)>,
+    /// Folders that must exist afterwards.
+    pub dirs: Vec<Vec<u8>>,
+}
+
+impl Plan {
+    /// Everything that differs between `current` (a walk of the root) and
+    /// `target` (a snapshot).
+    pub fn whole(current: &Flat, target: &Flat) -> Result<Plan, SnapshotError> {
+        let mut plan = Plan::default();
+        for (p, &(mode, id)) in &target.leaves {
+            if current.leaves.get(p) == Some(&(mode, id)) {
+                continue;
+            }
+            if current.kept.contains(p) {
+                return Err(kept_conflict(p));
+            }
+            plan.write.push((p.clone(), mode, id));
+        }
+        plan.remove = current
+            .leaves
+            .keys()
+            .filter(|p| !target.leaves.contains_key(*p))
+            .cloned()
+            .collect();
+        plan.rmdirs = current
+            .dirs
+            .iter()
+            .rev()
+            .filter(|p| !target.dirs.contains(*p))
+            .map(|p| (p.clone(), target.leaves.contains_key(p)))
+            .collect();
+        plan.dirs = target.dirs.iter().cloned().collect();
+        Ok(plan)
+    }
+
+    /// Only `paths`: each becomes what `target` has there (written, or
+    /// removed when `target` has nothing there); every other path is left
+    /// alone. A folder is removed only when it is on the way of one of
+    /// `paths` and empty once they are dealt with.
+    pub fn selective(
+        current: &Flat,
+        target: &Flat,
+        paths: &BTreeSet<Vec<u8>>,
+    ) -> Result<Plan, SnapshotError> {
+        let mut plan = Plan::default();
+        let mut rmdirs: BTreeSet<Vec<u8>> = BTreeSet::new();
+        for p in paths {
+            let want = target.leaves.get(p);
+            let have = current.leaves.get(p);
+            if want.is_some() && want == have {
+                continue;
+            }
+            if current.kept.contains(p) {
+                if want.is_some() {
+                    return Err(kept_conflict(p));
+                }
+                continue;
+            }
+            match want {
+                Some(&(mode, id)) => {
+                    for a in ancestors(p) {
+                        let goes = paths.contains(a) && !target.leaves.contains_key(a);
+                        if (current.leaves.contains_key(a) && !goes) || current.kept.contains(a) {
+                            return Err(SnapshotError::Conflict(format!(
+                                "`{}` is in the way of `{}`, and it is not a path to restore",
+                                String::from_utf8_lossy(a),
+                                String::from_utf8_lossy(p)
+                            )));
+                        }
+                    }
+                    if current.dirs.contains(p) {
+                        rmdirs.insert(p.clone());
+                        let mut under = p.clone();
+                        under.push(b'/');
+                        rmdirs.extend(
+                            current
+                                .dirs
+                                .range(under.clone()..)
+                                .take_while(|d| d.starts_with(&under))
+                                .cloned(),
+                        );
+                    }
+                    plan.write.push((p.clone(), mode, id));
+                }
+                None if have.is_some() => {
+                    plan.remove.push(p.clone());
+                    rmdirs.extend(
+                        ancestors(p)
+                            .filter(|a| current.dirs.contains(*a) && !target.dirs.contains(*a))
+                            .map(<[u8]>::to_vec),
+                    );
+                }
+                None => {}
+            }
+        }
+        plan.rmdirs = rmdirs
+            .into_iter()
+            .rev()
+            .map(|d| {
+                let conflict = target.leaves.contains_key(&d);
+                (d, conflict)
+            })
+            .collect();
+        Ok(plan)
+    }
+}
+
+/// The folders that hold `p`, outermost first (`a`, `a/b` for `a/b/c`).
+fn ancestors(p: &[u8]) -> impl Iterator<Item = &[u8]> {
+    p.iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'/')
+        .map(move |(i, _)| &p[..i])
+}
+
+fn kept_conflict(p: &[u8]) -> SnapshotError {
+    SnapshotError::Conflict(format!(
+        "`{}` is in the snapshot, but now it is something snapshots leave out",
+        String::from_utf8_lossy(p)
+    ))
+}
+
+/// Carries out `plan` in `root`, in two phases so that a kill leaves the
+/// root changed for as short a time as it can: first every file to write
+/// back is staged in a folder of its own in the root (a kill here leaves
+/// the root as it was), then the root is changed with deletions and
+/// renames alone.
 pub fn apply(
     objects: &Objects,
     root: &Path,
-    current: &Flat,
-    target: &Flat,
+    plan: &Plan,
     max_file_bytes: u64,
 ) -> Result<Applied, SnapshotError> {
     let mut done = Applied::default();
-    let mut wanted: Vec<(&Vec<u8>, Mode, ObjectId)> = Vec::new();
-    for (p, &(mode, id)) in &target.leaves {
-        if current.leaves.get(p) == Some(&(mode, id)) {
-            continue;
-        }
-        if current.kept.contains(p) {
-            return Err(SnapshotError::Conflict(format!(
-                "`{}` is in the snapshot, but now it is something snapshots leave out",
-                String::from_utf8_lossy(p)
-            )));
-        }
-        wanted.push((p, mode, id));
-    }
     let stage = Stage::new(root)?;
-    let mut staged = Vec::with_capacity(wanted.len());
-    for (i, (p, mode, id)) in wanted.iter().enumerate() {
-        staged.push((*p, stage.put(objects, i, *mode, *id, max_file_bytes)?));
+    let mut staged = Vec::with_capacity(plan.write.len());
+    for (i, (p, mode, id)) in plan.write.iter().enumerate() {
+        staged.push((p, stage.put(objects, i, *mode, *id, max_file_bytes)?));
     }
 
     // From here on, the root changes.
-    for p in current.leaves.keys() {
-        if !target.leaves.contains_key(p) {
-            let abs = abs_of(root, p);
-            match fs::remove_file(&abs) {
-                Ok(()) => done.removed += 1,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(SnapshotError::io(&abs, e)),
-            }
+    for p in &plan.remove {
+        let abs = abs_of(root, p);
+        match fs::remove_file(&abs) {
+            Ok(()) => done.removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(SnapshotError::io(&abs, e)),
         }
     }
-    // Folders the snapshot does not have, deepest first; one that holds
-    // what snapshots leave out stays.
-    for p in current.dirs.iter().rev() {
-        if target.dirs.contains(p) {
-            continue;
-        }
+    // A folder that holds what snapshots leave out (or, for a selective
+    // restore, files it leaves alone) stays.
+    for (p, conflict) in &plan.rmdirs {
         let abs = abs_of(root, p);
         match fs::remove_dir(&abs) {
             Ok(()) => done.removed += 1,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) if target.leaves.contains_key(p) => {
+            Err(_) if *conflict => {
                 return Err(SnapshotError::Conflict(format!(
-                    "`{}` is a folder with files that snapshots leave out (.git, files over the size limit), where the snapshot has a file",
+                    "`{}` is a folder with files a restore leaves alone (.git, files over the size limit, files it was not asked to restore), where the snapshot has a file",
                     String::from_utf8_lossy(p)
                 )));
             }
@@ -134,7 +248,7 @@ pub fn apply(
         place(root, p, &from)?;
         done.written += 1;
     }
-    for p in &target.dirs {
+    for p in &plan.dirs {
         ensure_dir(root, p)?;
     }
     stage.remove();

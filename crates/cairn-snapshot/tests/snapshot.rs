@@ -445,3 +445,75 @@ fn a_prune_keeps_what_is_named_or_cached_and_deletes_the_rest() {
     assert_eq!(third.id, second.id);
     assert_eq!(s.list(third.id).unwrap().len(), 2);
 }
+
+#[test]
+fn a_selective_restore_touches_only_the_paths_it_is_given() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("src")).unwrap();
+    fs::write(root.join("src/a.rs"), "a1").unwrap();
+    fs::write(root.join("gone"), "was here").unwrap();
+    fs::write(root.join("x"), "a file").unwrap();
+    fs::write(root.join("theirs"), "t1").unwrap();
+    let store = store(tmp.path());
+    let snap = store.snapshot(&root, &[]).unwrap();
+    let flat = store.flat(snap.id).unwrap();
+    assert_eq!(
+        flat.keys().cloned().collect::<Vec<_>>(),
+        [&b"gone"[..], b"src/a.rs", b"theirs", b"x"]
+    );
+    assert_eq!(flat[&b"x"[..]].0, cairn_snapshot::Mode::File);
+
+    // The run's changes...
+    fs::write(root.join("src/a.rs"), "a2").unwrap();
+    fs::create_dir_all(root.join("new/deep")).unwrap();
+    fs::write(root.join("new/deep/b"), "b").unwrap();
+    fs::remove_file(root.join("gone")).unwrap();
+    fs::remove_file(root.join("x")).unwrap();
+    fs::create_dir(root.join("x")).unwrap();
+    fs::write(root.join("x/inside"), "i").unwrap();
+    // ... and someone else's.
+    fs::write(root.join("theirs"), "t2").unwrap();
+    fs::write(root.join("other"), "o").unwrap();
+
+    let paths: Vec<Vec<u8>> = ["src/a.rs", "new/deep/b", "gone", "x", "x/inside"]
+        .iter()
+        .map(|p| p.as_bytes().to_vec())
+        .collect();
+    let r = store.restore_paths(&root, snap.id, &paths, &[]).unwrap();
+    assert_eq!(r.written, 3);
+    let now = picture(&root);
+    assert_eq!(now["src/a.rs"], "file x=false a1");
+    assert_eq!(now["gone"], "file x=false was here");
+    assert_eq!(now["x"], "file x=false a file");
+    assert!(!now.contains_key("new"), "{now:?}");
+    assert_eq!(now["theirs"], "file x=false t2");
+    assert_eq!(now["other"], "file x=false o");
+    // Restoring what it was before the restore undoes it, for these paths.
+    store.restore_paths(&root, r.before, &paths, &[]).unwrap();
+    assert_eq!(picture(&root)["src/a.rs"], "file x=false a2");
+    assert_eq!(picture(&root)["x/inside"], "file x=false i");
+}
+
+#[test]
+fn a_selective_restore_refuses_what_is_in_the_way_and_odd_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("d")).unwrap();
+    fs::write(root.join("d/f"), "f").unwrap();
+    let store = store(tmp.path());
+    let snap = store.snapshot(&root, &[]).unwrap();
+    fs::remove_dir_all(root.join("d")).unwrap();
+    fs::write(root.join("d"), "someone's file").unwrap();
+    let e = store
+        .restore_paths(&root, snap.id, &[b"d/f".to_vec()], &[])
+        .unwrap_err();
+    assert!(matches!(e, SnapshotError::Conflict(_)), "{e}");
+    assert_eq!(fs::read(root.join("d")).unwrap(), b"someone's file");
+    for bad in [&b""[..], b"/etc/passwd", b"a/../b", b"a//b", b"./a", b"a/"] {
+        let e = store
+            .restore_paths(&root, snap.id, &[bad.to_vec()], &[])
+            .unwrap_err();
+        assert!(matches!(e, SnapshotError::BadPath(_)), "{e}");
+    }
+}
