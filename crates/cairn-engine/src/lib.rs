@@ -37,6 +37,7 @@ mod reload;
 mod revert;
 mod scorer;
 mod services;
+mod touched;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -154,6 +155,7 @@ pub type RunStopped = Arc<dyn Fn(&str, &RunOutcome) + Send + Sync>;
 
 pub use fork::{ForkPoint, ForkRequest, Forked, FORKING};
 pub use revert::{RevertRequest, Reverted};
+pub use touched::{Conflict, FilesPlan};
 
 /// Options of one run (or one resume).
 #[derive(Default, Clone)]
