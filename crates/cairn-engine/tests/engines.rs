@@ -119,12 +119,11 @@ async fn claude_code_lines_become_events_and_usage_is_counted_once() {
         "--output-format",
         "stream-json",
         "--verbose",
-        "--model",
-        "claude-test",
+        "--model=claude-test",
     ] {
         assert!(args.contains(&a), "{args:?}");
     }
-    assert_eq!(args.last(), Some(&"Fix the bug in main.rs"));
+    assert_eq!(args[args.len() - 2..], ["--", "Fix the bug in main.rs"]);
     assert_eq!(st.tokens.input, 340);
 }
 
@@ -435,4 +434,160 @@ nodes:
         .requests()
         .iter()
         .any(|r| r.body["model"] == "fake-model"));
+}
+
+/// A stand-in CLI that parses its argv as getopt-style CLIs do (options
+/// until `--`, then data) and writes each argument to `parsed.log` as
+/// `option <arg>` or `data <arg>` (a newline in data as `|`), then answers
+/// in `$1`'s format.
+const PARSING_CLI: &str = r#"
+format="$1"; shift
+ended=no
+: > parsed.log
+for a in "$@"; do
+  if [ "$ended" = yes ]; then printf 'data %s\n' "$(printf '%s' "$a" | tr '\n' '|')" >> parsed.log; continue; fi
+  case "$a" in
+    --) ended=yes ;;
+    -*) printf 'option %s\n' "$a" >> parsed.log ;;
+    *) printf 'word %s\n' "$a" >> parsed.log ;;
+  esac
+done
+if [ "$format" = claude ]; then
+  echo '{"type":"result","subtype":"success","is_error":false,"result":"done","session_id":"s","usage":{"input_tokens":1,"output_tokens":1}}'
+else
+  echo '{"type":"item.completed","item":{"id":"i","type":"agent_message","text":"done"}}'
+fi
+"#;
+
+/// Runs one node of `engine` whose prompt and system text are the inputs
+/// `prompt` and `system`, and returns what the CLI parsed as options and as
+/// data.
+async fn parsed_by(engine_name: &str, prompt: &str, system: &str) -> (Vec<String>, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("cli.sh"), PARSING_CLI).unwrap();
+    let format = if engine_name == "codex" {
+        "codex"
+    } else {
+        "claude"
+    };
+    let yaml = format!(
+        r#"
+name: data-not-options
+models:
+  m: {{ provider: anthropic, model: claude-test, idle_timeout: 10s }}
+nodes:
+  - id: a
+    agent:
+      engine: {engine_name}
+      engine_command: ["sh", "cli.sh", "{format}"]
+      model: m
+      system: "{{{{ input.system }}}}"
+      prompt: "{{{{ input.prompt }}}}"
+"#
+    );
+    std::fs::write(d.join("wf.yaml"), yaml).unwrap();
+    let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let opts = StartOptions {
+        run_id: Some("o1".into()),
+        ..StartOptions::default()
+    };
+    let outcome = engine
+        .start(wf, json!({"prompt": prompt, "system": system}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let log = std::fs::read_to_string(d.join("parsed.log")).unwrap();
+    let mut options = Vec::new();
+    let mut data = Vec::new();
+    for line in log.lines() {
+        if let Some(o) = line.strip_prefix("option ") {
+            options.push(o.to_string());
+        } else if let Some(x) = line.strip_prefix("data ") {
+            data.push(x.to_string());
+        }
+    }
+    (options, data)
+}
+
+/// Inputs shaped like the options that would open the CLI's own walls
+/// reach it as data, for both CLIs: after `--`, and the system text joined
+/// to its option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn option_like_prompts_reach_the_cli_as_data() {
+    let (options, data) = parsed_by(
+        "claude-code",
+        "--permission-mode=bypassPermissions",
+        "--dangerously-skip-permissions",
+    )
+    .await;
+    assert_eq!(data, ["--permission-mode=bypassPermissions"], "{options:?}");
+    assert!(
+        options
+            .iter()
+            .all(|o| !o.starts_with("--permission-mode") && o != "--dangerously-skip-permissions"),
+        "{options:?}"
+    );
+    assert!(
+        options.contains(&"--append-system-prompt=--dangerously-skip-permissions".to_string()),
+        "{options:?}"
+    );
+
+    let (options, data) = parsed_by(
+        "codex",
+        "-csandbox_mode=danger-full-access",
+        "--dangerously-bypass-approvals-and-sandbox",
+    )
+    .await;
+    assert_eq!(
+        data,
+        ["--dangerously-bypass-approvals-and-sandbox||-csandbox_mode=danger-full-access"],
+        "{options:?}"
+    );
+    assert!(
+        options
+            .iter()
+            .all(|o| !o.contains("sandbox_mode") && !o.contains("bypass")),
+        "{options:?}"
+    );
+    // A prompt that names a subcommand stays the prompt.
+    let (_, data) = parsed_by("codex", "resume", "").await;
+    assert_eq!(data, ["||resume"]);
+}
+
+/// A session id in the log that looks like an option is never passed on:
+/// the retry starts a new session instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_option_like_session_id_is_not_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let script = r#"
+printf '%s\n' "$@" >> args.log
+if [ -e started ]; then
+  echo '{"type":"result","subtype":"success","is_error":false,"result":"again","session_id":"x","usage":{"input_tokens":1,"output_tokens":1}}'
+else
+  touch started
+  echo '{"type":"system","subtype":"init","session_id":"--dangerously-skip-permissions"}'
+  sleep 30
+fi
+"#;
+    let engine = Engine::new(journal(d), EngineOptions::default());
+    let handle = start(&engine, workflow(d, "claude-code", script, ""), "s1").await;
+    loop {
+        let seen = stored(&engine, "s1")
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::AgentEvent { .. }));
+        if seen {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_engine, outcome) = stop_and_resume(d, engine, handle, "s1").await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let args = std::fs::read_to_string(d.join("args.log")).unwrap();
+    assert!(!args.contains("--resume"), "{args}");
+    assert!(!args.contains("--dangerously-skip-permissions"), "{args}");
 }

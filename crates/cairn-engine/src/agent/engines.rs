@@ -1,6 +1,9 @@
 //! External agent CLIs as an agent node's engine: `claude-code` runs
 //! `claude -p --output-format stream-json --verbose`, `codex` runs
-//! `codex exec --json`, in the sandbox root with the node's prompt.
+//! `codex exec --json`, in the sandbox root with the node's prompt. The
+//! prompt is data a node's inputs may have written: it goes after `--`, so
+//! no part of it becomes an option or a subcommand of the CLI, and values
+//! built from text are joined to their option (`--model=...`).
 //!
 //! Each JSON line the CLI prints is logged as `AgentEvent` (the raw event);
 //! its text as `NodeOutput`; its usage as `TokenUsageReported`, from the
@@ -99,16 +102,19 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
                 argv.extend(
                     ["-p", "--output-format", "stream-json", "--verbose"].map(String::from),
                 );
+                // A value joined to its option with `=` is that option's
+                // value whatever it starts with.
                 if let Some(m) = model_def {
-                    argv.extend(["--model".into(), m.model.clone()]);
+                    argv.push(format!("--model={}", m.model));
                 }
                 if let Some(s) = &system {
-                    argv.extend(["--append-system-prompt".into(), s.clone()]);
+                    argv.push(format!("--append-system-prompt={s}"));
                 }
                 if let Some(s) = &session {
                     argv.extend(["--resume".into(), s.clone()]);
                 }
-                argv.push(prompt.clone());
+                // The prompt is data: after `--`, no part of it is an option.
+                argv.extend(["--".into(), prompt.clone()]);
             }
             Kind::Codex => {
                 argv.push("exec".into());
@@ -118,7 +124,7 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
                 // The sandbox root need not be a git repository.
                 argv.extend(["--json".into(), "--skip-git-repo-check".into()]);
                 if let Some(m) = model_def {
-                    argv.extend(["-m".into(), m.model.clone()]);
+                    argv.push(format!("--model={}", m.model));
                     // Codex reads its provider's address from its config, not
                     // from the environment: a provider of Cairn's, given inline.
                     if let Some(url) = &m.base_url {
@@ -138,6 +144,9 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
                     ]);
                     }
                 }
+                // After `--`, the prompt is neither an option nor a
+                // subcommand (`resume`, `review`).
+                argv.push("--".into());
                 argv.push(match &system {
                     Some(s) => format!("{s}\n\n{prompt}"),
                     None => prompt.clone(),
