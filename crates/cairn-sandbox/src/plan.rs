@@ -170,14 +170,74 @@ impl Plan {
     }
 }
 
-/// Builds the ops while tracking which folders exist in the new root.
+/// Where a step stands among steps on the same path: a fresh file system
+/// first, then what is bound onto it, then what covers a bound path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Rank {
+    Fresh,
+    Bind,
+    Cover,
+}
+
+/// One step of the view, wanted at a path, before the steps are ordered.
+#[derive(Debug)]
+enum Want {
+    /// The host's path bound at its own path. A `requested` read-only path
+    /// already shown read-only by a bind above it is not bound again.
+    Bind { read_only: bool, requested: bool },
+    /// A fresh tmpfs.
+    Tmpfs {
+        flags: libc::c_ulong,
+        data: &'static str,
+    },
+    /// The fresh `/proc`.
+    Proc,
+    /// The private `/dev/pts`.
+    Devpts,
+    /// A part of the fresh `/proc` made read-only.
+    ProcReadOnly,
+    /// A file of the fresh `/proc` covered.
+    ProcMask,
+    /// A symbolic link to `target`.
+    Symlink { target: PathBuf },
+    /// A host path covered with an empty read-only mount (Cairn's own
+    /// files, `/etc`'s secrets), when a bind shows it.
+    Cover,
+}
+
+impl Want {
+    fn rank(&self) -> Rank {
+        match self {
+            Want::Tmpfs { .. } | Want::Proc | Want::Devpts | Want::Symlink { .. } => Rank::Fresh,
+            Want::Bind { .. } | Want::ProcReadOnly => Rank::Bind,
+            Want::Cover | Want::ProcMask => Rank::Cover,
+        }
+    }
+}
+
+/// What lies at and beneath a mount point of the new root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layer {
+    /// The host's own tree at the same path.
+    Host { read_only: bool },
+    /// A file system of the sandbox's own: only what the plan creates.
+    Fresh,
+}
+
+/// Builds the ops. Steps are wanted in any order and carried out sorted by
+/// their path, parents first (`Path`'s order is component-wise), so that
+/// every mount is made on top of the mounts above it and no later mount
+/// covers an earlier one: a folder under `/tmp` is bound onto the private
+/// `/tmp`, not beneath it, and a cover comes after the bind it covers.
 struct Builder {
+    wants: Vec<(PathBuf, Want)>,
     ops: Vec<Op>,
     labels: Vec<String>,
-    /// Folders created in the skeleton (host paths).
+    /// Folders, files and links created on fresh layers (host paths).
     made: BTreeSet<PathBuf>,
-    /// Host folders bound into the new root: what lies beneath them exists.
-    bound: Vec<PathBuf>,
+    /// The mounts made so far, in order: the last one at or above a path
+    /// is what shows there.
+    layers: Vec<(PathBuf, Layer)>,
 }
 
 fn new_path(p: &Path) -> Result<CString, SandboxError> {
@@ -193,16 +253,56 @@ fn old_path(p: &Path) -> Result<CString, SandboxError> {
 }
 
 impl Builder {
+    fn new() -> Builder {
+        Builder {
+            wants: Vec::new(),
+            ops: Vec::new(),
+            labels: Vec::new(),
+            made: BTreeSet::new(),
+            layers: vec![(PathBuf::from("/"), Layer::Fresh)],
+        }
+    }
+
+    fn want(&mut self, dst: impl Into<PathBuf>, want: Want) {
+        self.wants.push((dst.into(), want));
+    }
+
     fn push(&mut self, op: Op, label: String) {
         self.ops.push(op);
         self.labels.push(label);
     }
 
-    fn exists_in_new_root(&self, p: &Path) -> bool {
-        p == Path::new("/") || self.made.contains(p) || self.bound.iter().any(|b| p.starts_with(b))
+    /// Carries out the wanted steps in mount order.
+    fn finish(mut self) -> Result<(Vec<Op>, Vec<String>), SandboxError> {
+        let mut wants = std::mem::take(&mut self.wants);
+        // Stable: steps on one path keep the order they were wanted in.
+        wants.sort_by(|(a, x), (b, y)| a.cmp(b).then(x.rank().cmp(&y.rank())));
+        for (dst, want) in wants {
+            self.carry_out(&dst, want)?;
+        }
+        Ok((self.ops, self.labels))
     }
 
-    /// Creates `p` and its missing ancestors in the skeleton.
+    /// The mount that shows at `p` now, and where it is mounted.
+    fn layer_at(&self, p: &Path) -> (&Path, Layer) {
+        self.layers
+            .iter()
+            .rev()
+            .find(|(at, _)| p.starts_with(at))
+            .map(|(at, l)| (at.as_path(), *l))
+            .unwrap_or((Path::new("/"), Layer::Fresh))
+    }
+
+    fn exists_in_new_root(&self, p: &Path) -> bool {
+        match self.layer_at(p) {
+            (at, Layer::Fresh) => at == p || self.made.contains(p),
+            (_, Layer::Host { .. }) => std::fs::symlink_metadata(p).is_ok(),
+        }
+    }
+
+    /// Creates `p` and its missing ancestors on the fresh layer they lie
+    /// in. A folder missing beneath a host bind is not made (that would
+    /// write to the host, or fail on a read-only bind): the view is refused.
     fn dir(&mut self, p: &Path) -> Result<(), SandboxError> {
         let mut chain: Vec<&Path> = p.ancestors().collect();
         chain.reverse();
@@ -210,79 +310,129 @@ impl Builder {
             if self.exists_in_new_root(a) {
                 continue;
             }
+            if let (at, Layer::Host { .. }) = self.layer_at(a) {
+                return Err(SandboxError::Invalid(format!(
+                    "cannot show `{}`: the folder `{}` is missing in the host folder `{}` shown there",
+                    p.display(),
+                    a.display(),
+                    at.display()
+                )));
+            }
             self.push(Op::Dir(new_path(a)?), format!("creating {}", a.display()));
             self.made.insert(a.to_path_buf());
         }
         Ok(())
     }
 
-    fn bind(&mut self, src: &Path, dst: &Path, read_only: bool) -> Result<(), SandboxError> {
-        let is_dir = std::fs::metadata(src).map(|m| m.is_dir()).unwrap_or(false);
+    fn carry_out(&mut self, dst: &Path, want: Want) -> Result<(), SandboxError> {
+        match want {
+            Want::Bind {
+                read_only,
+                requested,
+            } => self.bind(dst, read_only, requested),
+            Want::Tmpfs { flags, data } => {
+                self.dir(dst)?;
+                self.push(
+                    Op::Tmpfs {
+                        dst: new_path(dst)?,
+                        flags,
+                        data: cstr(data)?,
+                    },
+                    format!("mounting a tmpfs on {}", dst.display()),
+                );
+                self.layers.push((dst.to_path_buf(), Layer::Fresh));
+                Ok(())
+            }
+            Want::Proc => {
+                self.dir(dst)?;
+                self.push(Op::Proc(new_path(dst)?), "mounting a fresh /proc".into());
+                self.layers.push((dst.to_path_buf(), Layer::Fresh));
+                Ok(())
+            }
+            Want::Devpts => {
+                self.dir(dst)?;
+                self.push(
+                    Op::Devpts(new_path(dst)?),
+                    format!("mounting {}", dst.display()),
+                );
+                self.layers.push((dst.to_path_buf(), Layer::Fresh));
+                Ok(())
+            }
+            Want::ProcReadOnly => {
+                self.push(
+                    Op::ProcReadOnly(new_path(dst)?),
+                    format!("making {} read-only", dst.display()),
+                );
+                Ok(())
+            }
+            Want::ProcMask => {
+                self.push(
+                    Op::ProcMask(new_path(dst)?),
+                    format!("hiding {}", dst.display()),
+                );
+                Ok(())
+            }
+            Want::Symlink { target } => {
+                if let Some(parent) = dst.parent() {
+                    self.dir(parent)?;
+                }
+                self.push(
+                    Op::Symlink {
+                        target: cstr(target.as_os_str().as_bytes())?,
+                        link: new_path(dst)?,
+                    },
+                    format!("linking {} to {}", dst.display(), target.display()),
+                );
+                self.made.insert(dst.to_path_buf());
+                Ok(())
+            }
+            Want::Cover => self.cover(dst),
+        }
+    }
+
+    fn bind(&mut self, p: &Path, read_only: bool, requested: bool) -> Result<(), SandboxError> {
+        if requested && read_only {
+            if let (_, Layer::Host { read_only: true }) = self.layer_at(p) {
+                // Already shown, read-only, by a bind above it.
+                return Ok(());
+            }
+        }
+        let is_dir = std::fs::metadata(p).map(|m| m.is_dir()).unwrap_or(false);
         if is_dir {
-            self.dir(dst)?;
+            self.dir(p)?;
         } else {
-            if let Some(parent) = dst.parent() {
+            if let Some(parent) = p.parent() {
                 self.dir(parent)?;
             }
-            if !self.exists_in_new_root(dst) {
-                self.push(
-                    Op::File(new_path(dst)?),
-                    format!("creating {}", dst.display()),
-                );
+            if !self.exists_in_new_root(p) {
+                self.push(Op::File(new_path(p)?), format!("creating {}", p.display()));
+                self.made.insert(p.to_path_buf());
             }
         }
         self.push(
             Op::Bind {
-                src: old_path(src)?,
-                dst: new_path(dst)?,
+                src: old_path(p)?,
+                dst: new_path(p)?,
                 read_only,
             },
             format!(
                 "bind-mounting {} {}",
-                src.display(),
+                p.display(),
                 if read_only { "read-only" } else { "read-write" }
             ),
         );
-        if is_dir {
-            self.bound.push(dst.to_path_buf());
-        }
+        self.layers
+            .push((p.to_path_buf(), Layer::Host { read_only }));
         Ok(())
     }
 
-    fn tmpfs(&mut self, dst: &Path, flags: libc::c_ulong, data: &str) -> Result<(), SandboxError> {
-        self.dir(dst)?;
-        self.push(
-            Op::Tmpfs {
-                dst: new_path(dst)?,
-                flags,
-                data: cstr(data)?,
-            },
-            format!("mounting a tmpfs on {}", dst.display()),
-        );
-        Ok(())
-    }
-
-    fn symlink(&mut self, target: &Path, link: &Path) -> Result<(), SandboxError> {
-        if let Some(parent) = link.parent() {
-            self.dir(parent)?;
-        }
-        self.push(
-            Op::Symlink {
-                target: cstr(target.as_os_str().as_bytes())?,
-                link: new_path(link)?,
-            },
-            format!("linking {} to {}", link.display(), target.display()),
-        );
-        Ok(())
-    }
-
-    fn mask(&mut self, p: &Path) -> Result<(), SandboxError> {
+    fn cover(&mut self, p: &Path) -> Result<(), SandboxError> {
         let Ok(meta) = std::fs::symlink_metadata(p) else {
             return Ok(());
         };
-        if !self.bound.iter().any(|b| p.starts_with(b) && p != b) {
-            // Not beneath anything bound from the host: not visible in the
-            // new root anyway (a skeleton folder is empty).
+        if let (_, Layer::Fresh) = self.layer_at(p) {
+            // Nothing of the host shows there (a fresh folder is empty):
+            // absent from the view already.
             return Ok(());
         }
         let op = if meta.is_dir() {
@@ -291,8 +441,28 @@ impl Builder {
             Op::MaskFile(new_path(p)?)
         };
         self.push(op, format!("hiding {}", p.display()));
+        self.layers.push((p.to_path_buf(), Layer::Fresh));
         Ok(())
     }
+}
+
+/// Why a path asked to be shown cannot be: it lies in the sandbox's own
+/// `/proc`, or inside (or at) a path that stays covered.
+fn refuse_shown(what: &str, p: &Path, covers: &[PathBuf]) -> Result<(), SandboxError> {
+    if p.starts_with("/proc") {
+        return Err(SandboxError::Invalid(format!(
+            "{what} `{}` lies in /proc, which the sandbox replaces with its own",
+            p.display()
+        )));
+    }
+    if let Some(c) = covers.iter().find(|c| p.starts_with(c)) {
+        return Err(SandboxError::Invalid(format!(
+            "{what} `{}` lies inside `{}`, which stays hidden from the sandbox (Cairn's own files or a secret of the host)",
+            p.display(),
+            c.display()
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, SandboxError> {
@@ -320,37 +490,11 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         )));
     }
 
-    let mut b = Builder {
-        ops: Vec::new(),
-        labels: Vec::new(),
-        made: BTreeSet::new(),
-        bound: Vec::new(),
-    };
+    let mut b = Builder::new();
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
 
-    for name in SYSTEM {
-        let p = Path::new("/").join(name);
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.file_type().is_symlink() {
-            let target = std::fs::read_link(&p)?;
-            b.symlink(&target, &p)?;
-        } else if meta.is_dir() {
-            b.bind(&p, &p, true)?;
-        }
-    }
-    for extra in &conf.read_only {
-        let p = std::fs::canonicalize(extra).map_err(|e| {
-            SandboxError::Invalid(format!("read-only path `{}`: {e}", extra.display()))
-        })?;
-        if !b.exists_in_new_root(&p) || !p.is_dir() {
-            b.bind(&p, &p, true)?;
-        }
-    }
-    for secret in ETC_SECRETS {
-        b.mask(Path::new(secret))?;
-    }
+    // What stays covered, whatever is shown above it.
+    let mut covers: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     if let Ok(entries) = std::fs::read_dir("/etc/ssh") {
         let mut keys: Vec<PathBuf> = entries
             .flatten()
@@ -362,74 +506,8 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             })
             .collect();
         keys.sort();
-        for k in keys {
-            b.mask(&k)?;
-        }
+        covers.extend(keys);
     }
-    if conf.network == Network::Host {
-        // A resolv.conf that points into /run (systemd-resolved) needs its
-        // folder, or name resolution fails with the network open.
-        if let Ok(target) = std::fs::read_link("/etc/resolv.conf") {
-            let target = Path::new("/etc").join(target);
-            if let Some(dir) = target.parent().and_then(|d| std::fs::canonicalize(d).ok()) {
-                if !b.exists_in_new_root(&dir) && dir.is_dir() {
-                    b.bind(&dir, &dir, true)?;
-                }
-            }
-        }
-    }
-
-    // /dev: a tmpfs with the harmless devices bound from the host.
-    b.tmpfs(
-        Path::new("/dev"),
-        libc::MS_NOSUID | libc::MS_NOEXEC,
-        "mode=0755,size=64k",
-    )?;
-    for d in DEVICES {
-        let p = Path::new("/dev").join(d);
-        if p.exists() {
-            b.bind(&p, &p, false)?;
-        }
-    }
-    b.dir(Path::new("/dev/pts"))?;
-    b.push(
-        Op::Devpts(new_path(Path::new("/dev/pts"))?),
-        "mounting /dev/pts".into(),
-    );
-    b.symlink(Path::new("pts/ptmx"), Path::new("/dev/ptmx"))?;
-    b.tmpfs(Path::new("/dev/shm"), nosuid_nodev, "mode=1777")?;
-    for (link, target) in [
-        ("/dev/fd", "/proc/self/fd"),
-        ("/dev/stdin", "/proc/self/fd/0"),
-        ("/dev/stdout", "/proc/self/fd/1"),
-        ("/dev/stderr", "/proc/self/fd/2"),
-    ] {
-        b.symlink(Path::new(target), Path::new(link))?;
-    }
-
-    b.dir(Path::new("/proc"))?;
-    b.push(
-        Op::Proc(new_path(Path::new("/proc"))?),
-        "mounting a fresh /proc".into(),
-    );
-    for p in PROC_READ_ONLY {
-        let p = Path::new("/proc").join(p);
-        b.push(
-            Op::ProcReadOnly(new_path(&p)?),
-            format!("making {} read-only", p.display()),
-        );
-    }
-    for p in PROC_MASKED {
-        let p = Path::new("/proc").join(p);
-        b.push(
-            Op::ProcMask(new_path(&p)?),
-            format!("hiding {}", p.display()),
-        );
-    }
-    b.tmpfs(Path::new("/tmp"), nosuid_nodev, "mode=1777")?;
-    b.tmpfs(Path::new("/var/tmp"), nosuid_nodev, "mode=1777")?;
-
-    b.bind(&root, &root, false)?;
     for h in &conf.hidden {
         // A path that does not exist yet cannot be covered; the store
         // creates its files before any node runs.
@@ -443,12 +521,142 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
                 h.display()
             )));
         }
-        b.mask(&h)?;
+        covers.push(h);
     }
-    b.push(
-        Op::SealRoot(cstr(NEW_ROOT)?),
-        "making the new root read-only".into(),
+    refuse_shown("the sandbox root", &root, &covers)?;
+
+    for name in SYSTEM {
+        let p = Path::new("/").join(name);
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&p)?;
+            b.want(p, Want::Symlink { target });
+        } else if meta.is_dir() {
+            b.want(
+                p,
+                Want::Bind {
+                    read_only: true,
+                    requested: false,
+                },
+            );
+        }
+    }
+    for extra in &conf.read_only {
+        let p = std::fs::canonicalize(extra).map_err(|e| {
+            SandboxError::Invalid(format!("read-only path `{}`: {e}", extra.display()))
+        })?;
+        refuse_shown("the read-only path", &p, &covers)?;
+        if p == root {
+            // The root is shown read-write; it is what the program works in.
+            continue;
+        }
+        b.want(
+            p,
+            Want::Bind {
+                read_only: true,
+                requested: true,
+            },
+        );
+    }
+    if conf.network == Network::Host {
+        // A resolv.conf that points into /run (systemd-resolved) needs its
+        // folder, or name resolution fails with the network open.
+        if let Ok(target) = std::fs::read_link("/etc/resolv.conf") {
+            let target = Path::new("/etc").join(target);
+            if let Some(dir) = target.parent().and_then(|d| std::fs::canonicalize(d).ok()) {
+                if dir.is_dir() && refuse_shown("", &dir, &covers).is_ok() {
+                    b.want(
+                        dir,
+                        Want::Bind {
+                            read_only: true,
+                            requested: true,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    // /dev: a tmpfs with the harmless devices bound from the host.
+    b.want(
+        "/dev",
+        Want::Tmpfs {
+            flags: libc::MS_NOSUID | libc::MS_NOEXEC,
+            data: "mode=0755,size=64k",
+        },
     );
+    for d in DEVICES {
+        let p = Path::new("/dev").join(d);
+        if p.exists() {
+            b.want(
+                p,
+                Want::Bind {
+                    read_only: false,
+                    requested: false,
+                },
+            );
+        }
+    }
+    b.want("/dev/pts", Want::Devpts);
+    b.want(
+        "/dev/ptmx",
+        Want::Symlink {
+            target: "pts/ptmx".into(),
+        },
+    );
+    b.want(
+        "/dev/shm",
+        Want::Tmpfs {
+            flags: nosuid_nodev,
+            data: "mode=1777",
+        },
+    );
+    for (link, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+    ] {
+        b.want(
+            link,
+            Want::Symlink {
+                target: target.into(),
+            },
+        );
+    }
+
+    b.want("/proc", Want::Proc);
+    for p in PROC_READ_ONLY {
+        b.want(Path::new("/proc").join(p), Want::ProcReadOnly);
+    }
+    for p in PROC_MASKED {
+        b.want(Path::new("/proc").join(p), Want::ProcMask);
+    }
+    for tmp in ["/tmp", "/var/tmp"] {
+        b.want(
+            tmp,
+            Want::Tmpfs {
+                flags: nosuid_nodev,
+                data: "mode=1777",
+            },
+        );
+    }
+
+    b.want(
+        root.clone(),
+        Want::Bind {
+            read_only: false,
+            requested: false,
+        },
+    );
+    for c in covers {
+        b.want(c, Want::Cover);
+    }
+    let (mut ops, mut labels) = b.finish()?;
+    ops.push(Op::SealRoot(cstr(NEW_ROOT)?));
+    labels.push("making the new root read-only".into());
 
     let writable: Vec<&Path> = vec![
         Path::new("/tmp"),
@@ -512,8 +720,8 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         unshare_flags: flags,
         uid_map: cstr(format!("{uid} {uid} 1\n"))?,
         gid_map: cstr(format!("{gid} {gid} 1\n"))?,
-        ops: b.ops,
-        labels: b.labels,
+        ops,
+        labels,
         cwd: cstr(cwd.as_os_str().as_bytes())?,
         landlock,
         rlimits,
@@ -585,6 +793,196 @@ mod limits_note_tests {
                 assert!(n.contains("not enforced"), "{n}");
             }
             None => assert!(!root),
+        }
+    }
+}
+
+#[cfg(test)]
+mod order_tests {
+    use std::path::{Path, PathBuf};
+
+    use super::{Op, Plan, NEW_ROOT};
+    use crate::{Confinement, SandboxError};
+
+    /// What a mount op puts at its path, as the tests compare it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Shown {
+        Host { read_only: bool },
+        Fresh,
+        Cover,
+    }
+
+    /// The mounts of a plan in order, at their host paths.
+    fn mounts(plan: &Plan) -> Vec<(PathBuf, Shown)> {
+        let at = |c: &std::ffi::CString| {
+            let s = c.to_str().unwrap();
+            PathBuf::from(s.strip_prefix(NEW_ROOT).unwrap())
+        };
+        plan.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Bind { dst, read_only, .. } => Some((
+                    at(dst),
+                    Shown::Host {
+                        read_only: *read_only,
+                    },
+                )),
+                Op::Tmpfs { dst, .. } | Op::Proc(dst) | Op::Devpts(dst) => {
+                    Some((at(dst), Shown::Fresh))
+                }
+                Op::MaskFile(dst) | Op::MaskDir(dst) => Some((at(dst), Shown::Cover)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// What shows at `p` once every mount is made: the last mount at it or
+    /// above it (a later mount above covers an earlier one beneath).
+    fn top(plan: &Plan, p: &Path) -> Option<(PathBuf, Shown)> {
+        mounts(plan)
+            .into_iter()
+            .rev()
+            .find(|(at, _)| p.starts_with(at))
+    }
+
+    fn prepare(conf: &Confinement) -> Result<Plan, SandboxError> {
+        conf.prepare(&conf.root).map(|p| p.plan)
+    }
+
+    fn dir_in(parent: &str) -> Option<tempfile::TempDir> {
+        Path::new(parent)
+            .is_dir()
+            .then(|| tempfile::tempdir_in(parent).unwrap())
+    }
+
+    #[test]
+    fn folders_under_the_private_tmp_folders_are_bound_on_top_of_them() {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path().canonicalize().unwrap();
+        let ro_tmp = tempfile::tempdir().unwrap();
+        let file_tmp = tempfile::NamedTempFile::new().unwrap();
+        let extra: Vec<tempfile::TempDir> = ["/var/tmp", "/dev/shm"]
+            .iter()
+            .filter_map(|d| dir_in(d))
+            .collect();
+        let mut conf = Confinement::new(&root);
+        conf.read_only.push(ro_tmp.path().into());
+        conf.read_only.push(file_tmp.path().into());
+        conf.read_only
+            .extend(extra.iter().map(|d| d.path().to_path_buf()));
+        let plan = prepare(&conf).unwrap();
+
+        assert_eq!(
+            top(&plan, &root),
+            Some((root.clone(), Shown::Host { read_only: false }))
+        );
+        for p in conf.read_only.iter().map(|p| p.canonicalize().unwrap()) {
+            assert_eq!(
+                top(&plan, &p),
+                Some((p.clone(), Shown::Host { read_only: true })),
+                "{} is covered: {:?}",
+                p.display(),
+                mounts(&plan)
+            );
+        }
+        // The private folders are still private where nothing was asked.
+        for p in ["/tmp/elsewhere", "/var/tmp/elsewhere", "/dev/shm/elsewhere"] {
+            assert_eq!(top(&plan, Path::new(p)).unwrap().1, Shown::Fresh, "{p}");
+        }
+    }
+
+    #[test]
+    fn no_later_mount_covers_an_earlier_one() {
+        let root = tempfile::tempdir().unwrap();
+        let ro = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("pinned")).unwrap();
+        let mut conf = Confinement::new(root.path());
+        conf.read_only.push(ro.path().into());
+        conf.read_only.push(root.path().join("pinned"));
+        conf.read_only.push("/usr/share".into());
+        let plan = prepare(&conf).unwrap();
+        let m = mounts(&plan);
+        for (i, (p, _)) in m.iter().enumerate() {
+            if let Some((q, _)) = m[i + 1..].iter().find(|(q, _)| p.starts_with(q) && p != q) {
+                panic!(
+                    "{} is mounted after {} beneath it: {m:?}",
+                    q.display(),
+                    p.display()
+                );
+            }
+        }
+        // A read-only path inside the root is read-only there.
+        let pinned = root.path().canonicalize().unwrap().join("pinned");
+        assert_eq!(
+            top(&plan, &pinned).unwrap(),
+            (pinned, Shown::Host { read_only: true })
+        );
+        // One already shown read-only by a system folder is not bound again.
+        assert!(!m.iter().any(|(p, _)| p == Path::new("/usr/share")));
+    }
+
+    #[test]
+    fn covers_come_after_the_binds_they_cover() {
+        // The store in the root, and one beside it in a folder shown
+        // read-only: both under /tmp.
+        let root = tempfile::tempdir().unwrap();
+        let beside = tempfile::tempdir().unwrap();
+        let root_p = root.path().canonicalize().unwrap();
+        let beside_p = beside.path().canonicalize().unwrap();
+        std::fs::create_dir(root_p.join(".cairn")).unwrap();
+        std::fs::write(root_p.join("cairn.db"), "").unwrap();
+        std::fs::write(beside_p.join("other.db"), "").unwrap();
+        let mut conf = Confinement::new(&root_p);
+        conf.read_only.push(beside_p.clone());
+        conf.hidden = vec![
+            root_p.join(".cairn"),
+            root_p.join("cairn.db"),
+            beside_p.join("other.db"),
+        ];
+        let plan = prepare(&conf).unwrap();
+        for h in &conf.hidden {
+            assert_eq!(
+                top(&plan, h),
+                Some((h.clone(), Shown::Cover)),
+                "{} shows: {:?}",
+                h.display(),
+                mounts(&plan)
+            );
+        }
+        // A hidden path that no bind shows needs no cover.
+        let unseen = tempfile::tempdir().unwrap();
+        std::fs::write(unseen.path().join("x.db"), "").unwrap();
+        conf.hidden.push(unseen.path().join("x.db"));
+        let plan = prepare(&conf).unwrap();
+        assert_eq!(
+            top(&plan, &unseen.path().canonicalize().unwrap().join("x.db"))
+                .unwrap()
+                .1,
+            Shown::Fresh
+        );
+    }
+
+    #[test]
+    fn a_path_that_cannot_be_shown_is_refused_with_the_reason() {
+        let root = tempfile::tempdir().unwrap();
+        let root_p = root.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root_p.join(".cairn/objects")).unwrap();
+        let mut conf = Confinement::new(&root_p);
+        conf.hidden.push(root_p.join(".cairn"));
+        conf.read_only.push(root_p.join(".cairn/objects"));
+        let e = prepare(&conf).unwrap_err().to_string();
+        assert!(e.contains("stays hidden"), "{e}");
+
+        let mut conf = Confinement::new(&root_p);
+        conf.read_only.push("/proc/self".into());
+        let e = prepare(&conf).unwrap_err().to_string();
+        assert!(e.contains("/proc"), "{e}");
+
+        if Path::new("/etc/ssl/private").exists() {
+            let mut conf = Confinement::new(&root_p);
+            conf.read_only.push("/etc/ssl/private".into());
+            let e = prepare(&conf).unwrap_err().to_string();
+            assert!(e.contains("stays hidden"), "{e}");
         }
     }
 }

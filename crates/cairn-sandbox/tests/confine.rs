@@ -139,3 +139,69 @@ fn only_the_standard_streams_are_inherited() {
     unsafe { libc::close(77) };
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
 }
+
+#[test]
+fn read_only_folders_under_tmp_are_shown_read_only() {
+    if !available() {
+        return;
+    }
+    // Both the root and the folders shown read-only live where the sandbox
+    // mounts its private /tmp and /var/tmp (tempfile's default is /tmp).
+    let root = tempfile::tempdir().unwrap();
+    let tools = tempfile::tempdir().unwrap();
+    std::fs::write(tools.path().join("data"), "shown\n").unwrap();
+    let prog = tools.path().join("prog");
+    std::fs::write(&prog, "#!/bin/sh\necho ran\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let var = Path::new("/var/tmp")
+        .is_dir()
+        .then(|| tempfile::tempdir_in("/var/tmp").unwrap());
+    if let Some(v) = &var {
+        std::fs::write(v.path().join("data"), "var\n").unwrap();
+    }
+    let mut conf = Confinement::new(root.path());
+    conf.read_only.push(tools.path().into());
+    conf.read_only
+        .extend(var.iter().map(|v| v.path().to_path_buf()));
+    let t = tools.path().display();
+    let v = var
+        .as_ref()
+        .map_or("/nonexistent".into(), |v| v.path().display().to_string());
+    let out = run(
+        &conf,
+        root.path(),
+        &format!(
+            r#"cat {t}/data
+{t}/prog
+echo x > {t}/new 2>/dev/null && echo tools-writable
+echo x >> {t}/data 2>/dev/null && echo data-writable
+test -d {v} && cat {v}/data
+echo x > {v}/new 2>/dev/null && echo var-writable
+echo private > /tmp/p && cat /tmp/p
+echo hi > here && echo root=ok"#
+        ),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("shown\n"),
+        "the folder under /tmp is missing"
+    );
+    assert!(stdout.contains("ran\n"), "its program did not run");
+    assert!(stdout.contains("private\n") && stdout.contains("root=ok"));
+    if var.is_some() {
+        assert!(
+            stdout.contains("var\n"),
+            "the folder under /var/tmp is missing"
+        );
+    }
+    for bad in ["tools-writable", "data-writable", "var-writable"] {
+        assert!(!stdout.contains(bad), "{bad}");
+    }
+    assert!(!tools.path().join("new").exists());
+    assert_eq!(
+        std::fs::read_to_string(tools.path().join("data")).unwrap(),
+        "shown\n"
+    );
+}
