@@ -29,6 +29,8 @@ pub(crate) struct Services {
     snapshot_dir: Option<PathBuf>,
     /// The snapshot repository, opened when a node first needs it.
     snapshots: std::sync::OnceLock<Result<Arc<SnapshotStore>, String>>,
+    /// Whether the folders of [`Services::kept_paths`] were made.
+    kept_made: std::sync::Once,
 }
 
 impl Services {
@@ -45,13 +47,16 @@ impl Services {
         // the group would prevent.
         let _ = cairn_tools::cairn_sandbox::cgroup::support();
         let store_tag = journal.backend().store_id();
-        let snapshot_dir = snapshot_dir.or_else(|| {
-            let db = journal.files().into_iter().next()?;
-            Some(db.parent()?.join("snapshots"))
-        });
+        let snapshot_dir = snapshot_dir
+            .or_else(|| {
+                let db = journal.files().into_iter().next()?;
+                Some(db.parent()?.join("snapshots"))
+            })
+            .map(|d| absolute(&d));
         Services {
             snapshot_dir,
             snapshots: std::sync::OnceLock::new(),
+            kept_made: std::sync::Once::new(),
             journal,
             tools,
             sandboxes: Mutex::new(HashMap::new()),
@@ -86,13 +91,54 @@ impl Services {
         )
     }
 
-    /// The workflow's sandbox root and what snapshots of it leave out (the
-    /// store's own files, as the sandbox hides them).
+    /// The workflow's sandbox root and what snapshots of it leave out:
+    /// what the sandbox hides ([`Services::kept_paths`]).
     pub fn workspace(&self, wf: &Workflow) -> Result<(PathBuf, Vec<PathBuf>), NodeError> {
         let sandbox = self.workflow_sandbox(wf)?;
         let root = sandbox.root().to_path_buf();
-        let hidden = hidden_paths(&root, self.journal.files());
+        let hidden = hidden_paths(&root, self.kept_paths());
         Ok((root, hidden))
+    }
+
+    /// Every path Cairn keeps for this engine, absolute: the store's files
+    /// (database, WAL, shared memory, rollback journal, run locks, wake-up
+    /// markers), the NDJSON mirrors' folder, and the workspace snapshot
+    /// repository. No process a node starts may see any of them, wherever
+    /// they lie (in its root, beside it, elsewhere), and no snapshot may
+    /// hold them: the sandbox's hidden list and the snapshot walk's
+    /// exclusions are both made from this list and nothing else
+    /// ([`Services::workspace`], `workflow_sandbox`).
+    ///
+    /// A feature that keeps files of its own adds their paths here (and
+    /// makes them before any node runs, as [`Services::make_kept`] does, so
+    /// that no node can plant them first); nowhere else.
+    pub fn kept_paths(&self) -> Vec<PathBuf> {
+        let mut kept = self.journal.files();
+        kept.extend(self.snapshot_dir.iter().cloned());
+        let mut out: Vec<PathBuf> = Vec::with_capacity(kept.len());
+        for p in kept.iter().map(|p| absolute(p)) {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// Makes the folders of [`Services::kept_paths`] that Cairn would only
+    /// make later (the snapshot repository's, the mirrors'), once per
+    /// engine and before any sandbox exists: a path that does not exist
+    /// cannot be covered in a sandbox, and one in a node's root could be
+    /// planted by the node (a folder of its own, a link elsewhere) for the
+    /// engine to use. The store makes its own ([`cairn_store::Backend::files`]).
+    fn make_kept(&self) {
+        self.kept_made.call_once(|| {
+            let log_dir = self.journal.log_dir().map(absolute);
+            for dir in self.snapshot_dir.iter().chain(log_dir.iter()) {
+                if let Err(e) = std::fs::create_dir_all(dir) {
+                    tracing::warn!(folder = %dir.display(), error = %e, "cannot make a folder Cairn keeps");
+                }
+            }
+        });
     }
 
     /// The engine, unless it is gone (then nothing may start).
@@ -176,7 +222,8 @@ impl Services {
                 .map_err(|e| NodeError::fatal("sandbox", format!("sandbox.network: {e}")))?;
             sandbox = sandbox.with_network_hosts(hosts);
         }
-        let hidden = hidden_paths(sandbox.root(), self.journal.files());
+        self.make_kept();
+        let hidden = hidden_paths(sandbox.root(), self.kept_paths());
         let sandbox = sandbox
             .with_env(vec![(
                 cairn_tools::STORE_ENV.to_string(),
@@ -211,10 +258,28 @@ fn resources_of(l: ResourceLimits) -> cairn_tools::cairn_sandbox::ResourceLimits
     }
 }
 
-/// What processes must not see of the store: a store folder inside the
-/// sandbox root (`.cairn`) is hidden whole, so nothing can be created in it
-/// either; a store whose files lie directly in the root (or elsewhere) has
-/// its files hidden one by one.
+/// `p` made absolute without following its last component: canonical
+/// where it exists, else its canonical folder and its name, else joined to
+/// the working directory.
+fn absolute(p: &Path) -> PathBuf {
+    if let Ok(c) = p.canonicalize() {
+        return c;
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (parent.canonicalize(), p.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()),
+    }
+}
+
+/// What processes must not see of what Cairn keeps ([`Services::kept_paths`]):
+/// a folder of it inside the sandbox root (`.cairn`) is hidden whole, so
+/// nothing can be created in it either; paths directly in the root (a
+/// store given as `--store cairn.db`), or outside it, are hidden one by
+/// one.
 fn hidden_paths(root: &Path, files: Vec<PathBuf>) -> Vec<PathBuf> {
     let mut hidden: Vec<PathBuf> = Vec::new();
     for f in files {

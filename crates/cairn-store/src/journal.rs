@@ -252,6 +252,11 @@ impl Journal {
         files
     }
 
+    /// Where the NDJSON mirrors go, if anywhere.
+    pub fn log_dir(&self) -> Option<&Path> {
+        self.inner.log_dir.as_deref()
+    }
+
     /// Takes the run's lease ([`StoreError::Busy`] if another process or
     /// another `RunLog` here holds it) and returns its sequencer, continuing
     /// from the store's last seq. The lease is released when the `RunLog` is

@@ -302,6 +302,7 @@ impl SqliteBackend {
             migrate(&conn).map_err(|e| map_err(&path, e))?;
         }
         let wake = WakeDir::new(&path, dir.join("wake"));
+        make_kept(&path, &dir);
 
         Ok(SqliteBackend {
             wake,
@@ -755,6 +756,27 @@ fn events_query(run_id: &str, q: &EventQuery) -> (String, Vec<rusqlite::types::V
         sql.push_str(&format!(" LIMIT ?{}", args.len()));
     }
     (sql, args)
+}
+
+/// Makes the files and folders of [`Backend::files`] that SQLite or this
+/// backend would only make later, so that a sandbox can cover every one of
+/// them: a path that does not exist cannot be covered, and in a store kept
+/// in a sandbox's root a node could create it first. The rollback journal
+/// matters most: in WAL mode SQLite never writes one, but a connection
+/// opening the database plays back a "hot" `-journal` it finds into the
+/// database file, so a node that could plant one could rewrite the store.
+/// An empty journal is never hot. Best effort: a folder this process cannot
+/// write is one no node of it can write either.
+fn make_kept(db: &Path, dir: &Path) {
+    let mut journal = db.as_os_str().to_owned();
+    journal.push("-journal");
+    let _ = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(PathBuf::from(journal));
+    for sub in ["locks", "wake"] {
+        let _ = std::fs::create_dir_all(dir.join(sub));
+    }
 }
 
 /// Holds `flock(LOCK_EX)` on the run's lock file while alive.

@@ -7,6 +7,7 @@
 
 mod common;
 use common::*;
+mod kept_files;
 use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;
