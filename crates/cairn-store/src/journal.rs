@@ -30,8 +30,13 @@ use crate::sqlite::SqliteBackend;
 
 /// Most events one transaction commits; more wait for the next one.
 const MAX_BATCH: usize = 4096;
-/// Live events a subscriber may fall behind before it is cut off.
-const LIVE_CAPACITY: usize = 16 * 1024;
+/// Live events a run's channel keeps for subscribers that are behind. A
+/// subscriber further behind reads the store from its last seq instead (the
+/// writer publishes only what is committed), so this bounds memory, not
+/// what a subscriber sees. Every run written or watched in this process has
+/// one, allocated whole: at 16,384 slots a run's channel took 650 KB, and a
+/// server with a thousand runs under way held 650 MB in them.
+const LIVE_CAPACITY: usize = 256;
 /// Capacity of the all-runs feed for dashboards.
 const ALL_CAPACITY: usize = 16 * 1024;
 /// How often a subscription looks at the store for runs written in this
@@ -130,11 +135,49 @@ enum Msg {
     Stop,
 }
 
+/// The runs this process writes or watches, by id: shared by the journal
+/// and its writer thread, which each forget a run when they let go of it
+/// last.
+#[derive(Default)]
+struct Runs(Mutex<HashMap<String, Arc<RunShared>>>);
+
+impl Runs {
+    fn shared(&self, run_id: &str) -> Arc<RunShared> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(run_id.to_string())
+            .or_insert_with(|| Arc::new(RunShared::new()))
+            .clone()
+    }
+
+    /// Forgets a run nobody in this process writes or watches any more.
+    /// Whoever lets go of a run's state calls this after dropping its own
+    /// reference, so the last one to let go finds only the registry's.
+    fn maybe_forget(&self, run_id: &str) {
+        let mut runs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = runs.get(run_id) {
+            // The registry holds one reference; anything else is a RunLog,
+            // a subscription or a queued message.
+            if Arc::strong_count(s) == 1
+                && s.owners.load(Ordering::SeqCst) == 0
+                && s.live.receiver_count() == 0
+            {
+                runs.remove(run_id);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
 struct Inner {
     backend: Arc<dyn Backend>,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    runs: Mutex<HashMap<String, Arc<RunShared>>>,
+    runs: Arc<Runs>,
     all: broadcast::Sender<Arc<StoredEvent>>,
     /// Set by the writer when it stops committing.
     closed: Arc<AtomicBool>,
@@ -147,27 +190,11 @@ struct Inner {
 
 impl Inner {
     fn shared(&self, run_id: &str) -> Arc<RunShared> {
-        self.runs
-            .lock()
-            .unwrap()
-            .entry(run_id.to_string())
-            .or_insert_with(|| Arc::new(RunShared::new()))
-            .clone()
+        self.runs.shared(run_id)
     }
 
-    /// Forgets a run nobody in this process writes or watches any more.
     fn maybe_forget(&self, run_id: &str) {
-        let mut runs = self.runs.lock().unwrap();
-        if let Some(s) = runs.get(run_id) {
-            // The registry holds one reference; anything else is a RunLog,
-            // a subscription or a queued message.
-            if Arc::strong_count(s) == 1
-                && s.owners.load(Ordering::SeqCst) == 0
-                && s.live.receiver_count() == 0
-            {
-                runs.remove(run_id);
-            }
-        }
+        self.runs.maybe_forget(run_id)
     }
 }
 
@@ -208,18 +235,20 @@ impl Journal {
         let (all, _) = broadcast::channel(ALL_CAPACITY);
         let closed = Arc::new(AtomicBool::new(false));
         let logs = Arc::new(AtomicUsize::new(0));
+        let runs = Arc::new(Runs::default());
         let inner = Arc::new(Inner {
             logs: logs.clone(),
             backend: backend.clone(),
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(None),
-            runs: Mutex::new(HashMap::new()),
+            runs: runs.clone(),
             all: all.clone(),
             closed: closed.clone(),
             log_dir: opts.log_dir.clone(),
         });
         let writer = Writer {
             backend,
+            runs,
             all,
             closed,
             logs,
@@ -290,7 +319,7 @@ impl Journal {
         Ok(RunLog {
             run_id: run_id.to_string(),
             inner: self.inner.clone(),
-            shared,
+            shared: Some(shared),
             tx,
             lease: Mutex::new(Some(lease)),
             seq: Mutex::new(Sequencer {
@@ -348,6 +377,15 @@ impl Journal {
             done: false,
             end_checked: false,
         })
+    }
+
+    /// How many runs this process keeps state for (a live channel, the
+    /// committed seq): those with a `RunLog` or a subscription here, or
+    /// whose release the writer has not reached yet. For tests that check
+    /// a long-lived process forgets finished runs.
+    #[doc(hidden)]
+    pub fn runs_in_memory(&self) -> usize {
+        self.inner.runs.len()
     }
 
     /// Every event committed by this process from now on, of every run, for
@@ -423,6 +461,8 @@ impl Journal {
 /// The writer thread's state.
 struct Writer {
     backend: Arc<dyn Backend>,
+    /// The journal's registry of runs: a released run is forgotten here.
+    runs: Arc<Runs>,
     all: broadcast::Sender<Arc<StoredEvent>>,
     closed: Arc<AtomicBool>,
     logs: Arc<AtomicUsize>,
@@ -487,10 +527,12 @@ impl Writer {
                 Msg::Event(_, s) => s.update(|c| {
                     c.failure.get_or_insert(Failure::Closed);
                 }),
-                Msg::Release(l, s, _) => {
+                Msg::Release(l, s, run_id) => {
                     drop(l);
                     s.owners.fetch_sub(1, Ordering::SeqCst);
                     self.logs.fetch_sub(1, Ordering::SeqCst);
+                    drop(s);
+                    self.runs.maybe_forget(&run_id);
                 }
                 Msg::Stop => {}
             }
@@ -514,6 +556,10 @@ impl Writer {
             }
             drop(lease);
             shared.owners.fetch_sub(1, Ordering::SeqCst);
+            // The run's `RunLog` is gone; unless a subscription still
+            // watches it, so is everything this process kept about it.
+            drop(shared);
+            self.runs.maybe_forget(&run_id);
         }
         if self.logs.fetch_sub(count, Ordering::SeqCst) == count {
             self.checkpoint();
@@ -671,7 +717,9 @@ struct Sequencer {
 pub struct RunLog {
     run_id: String,
     inner: Arc<Inner>,
-    shared: Arc<RunShared>,
+    /// Taken only when the log is dropped, so that the registry can forget
+    /// the run once the writer has released it too.
+    shared: Option<Arc<RunShared>>,
     tx: mpsc::Sender<Msg>,
     lease: Mutex<Option<Box<dyn RunLease>>>,
     seq: Mutex<Sequencer>,
@@ -686,6 +734,10 @@ impl RunLog {
     /// The seq of the latest appended event (committed or not).
     pub fn last_seq(&self) -> u64 {
         self.lock().last_seq
+    }
+
+    fn shared(&self) -> &Arc<RunShared> {
+        self.shared.as_ref().expect("a live RunLog keeps its run")
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Sequencer> {
@@ -710,9 +762,9 @@ impl RunLog {
             kind,
         };
         let stored = StoredEvent::from_event(&ev);
-        let sent = self.tx.send(Msg::Event(stored, self.shared.clone()));
+        let sent = self.tx.send(Msg::Event(stored, self.shared().clone()));
         if sent.is_err() || self.inner.closed.load(Ordering::SeqCst) {
-            self.shared.update(|c| {
+            self.shared().update(|c| {
                 c.failure.get_or_insert(Failure::Closed);
             });
         }
@@ -737,7 +789,7 @@ impl RunLog {
     }
 
     async fn wait(&self, seq: u64) -> Result<(), StoreError> {
-        let mut rx = self.shared.committed.subscribe();
+        let mut rx = self.shared().committed.subscribe();
         let r = rx
             .wait_for(|c| c.seq >= seq || c.failure.is_some())
             .await
@@ -755,17 +807,13 @@ impl RunLog {
     /// Blocking form of [`RunLog::sync`], for code outside an async runtime.
     pub fn sync_blocking(&self) -> Result<(), StoreError> {
         let target = self.last_seq();
-        let mut g = self
-            .shared
-            .cv_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let shared = self.shared();
+        let mut g = shared.cv_lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(r) = self.shared.check(target) {
+            if let Some(r) = shared.check(target) {
                 return r;
             }
-            g = self
-                .shared
+            g = shared
                 .cv
                 .wait_timeout(g, Duration::from_millis(100))
                 .unwrap_or_else(|p| p.into_inner())
@@ -783,15 +831,21 @@ impl RunLog {
 impl Drop for RunLog {
     fn drop(&mut self) {
         let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
         if let Some(lease) = lease {
-            let msg = Msg::Release(lease, self.shared.clone(), self.run_id.clone());
+            let msg = Msg::Release(lease, shared.clone(), self.run_id.clone());
             if let Err(mpsc::SendError(msg)) = self.tx.send(msg) {
                 // The writer is gone, so nothing of ours is queued: release now.
                 drop(msg);
-                self.shared.owners.fetch_sub(1, Ordering::SeqCst);
+                shared.owners.fetch_sub(1, Ordering::SeqCst);
                 self.inner.logs.fetch_sub(1, Ordering::SeqCst);
             }
         }
+        // Whichever of this and the writer's release lets go last forgets
+        // the run (see `Runs::maybe_forget`).
+        drop(shared);
         self.inner.maybe_forget(&self.run_id);
     }
 }
@@ -817,6 +871,9 @@ fn now_ms() -> i64 {
 pub enum SubscribeError {
     /// The subscriber fell too far behind the live stream; it has seen
     /// everything up to `last_seq` and may subscribe again from there.
+    /// The journal's own subscriptions no longer end this way: one that
+    /// falls behind its run's live channel reads the store from its last
+    /// seq and goes on.
     #[error(
         "subscriber lagged behind the live stream after seq {last_seq}; resubscribe from there"
     )]
@@ -886,7 +943,14 @@ impl Subscription {
                     }
                     continue;
                 }
-                Live::Lagged => return Some(Err(self.lagged())),
+                Live::Lagged => {
+                    // Further behind than the live channel keeps: what it
+                    // dropped is committed, so it is read from the store.
+                    if let Err(e) = self.fill().await {
+                        return Some(Err(e));
+                    }
+                    continue;
+                }
                 Live::Nothing => {}
             }
             // Nothing buffered or live. The live feed carries what is
@@ -953,7 +1017,11 @@ impl Subscription {
                         }
                     }
                 }
-                Ok(Err(broadcast::error::RecvError::Lagged(_))) => return Some(Err(self.lagged())),
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    if let Err(e) = self.fill().await {
+                        return Some(Err(e));
+                    }
+                }
                 Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {}
             }
         }
@@ -988,13 +1056,6 @@ impl Subscription {
             self.done = true;
         }
         ev
-    }
-
-    fn lagged(&mut self) -> SubscribeError {
-        self.done = true;
-        SubscribeError::Lagged {
-            last_seq: self.last,
-        }
     }
 
     /// Reads the next page after the last delivered seq from the store,

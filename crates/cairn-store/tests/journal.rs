@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_events::{Event, EventKind, Scope};
-use cairn_store::{EventQuery, StoreError, SubscribeError};
+use cairn_store::{EventQuery, StoreError};
 use common::*;
 
 fn seqs(evs: &[cairn_store::StoredEvent]) -> Vec<u64> {
@@ -299,7 +299,7 @@ async fn subscription_continues_across_resume_when_asked() {
 }
 
 #[tokio::test]
-async fn lagging_subscriber_is_cut_off() {
+async fn lagging_subscriber_catches_up_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let j = open(&dir.path().join("s.db"), None);
     let log = j.run_log("r").unwrap();
@@ -307,23 +307,106 @@ async fn lagging_subscriber_is_cut_off() {
     let mut sub = j.subscribe("r", 0).unwrap();
     let mut all = j.subscribe_all();
     assert_eq!(sub.next().await.unwrap().unwrap().seq, 1);
-    // Far more than the live buffer holds, while the subscriber reads nothing.
+    // Far more than the live channels keep, while the subscriber reads
+    // nothing.
     for i in 0..20_000 {
         log.append(node("a"), output(&i.to_string()));
     }
+    log.append(Scope::run(), finished());
     log.sync().await.unwrap();
-    match sub.next().await {
-        Some(Err(SubscribeError::Lagged { last_seq })) => assert_eq!(last_seq, 1),
-        other => panic!("expected Lagged, got {other:?}"),
-    }
-    assert!(sub.next().await.is_none());
     assert!(matches!(
         all.try_recv(),
         Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_))
     ));
-    // Resubscribing from where it stopped works and starts from the store.
-    let mut sub = j.subscribe("r", 1).unwrap();
-    assert_eq!(sub.next().await.unwrap().unwrap().seq, 2);
+    // What the live channel dropped comes from the store: every event
+    // once, in order, to the run's end.
+    let mut expect = 2;
+    while let Some(ev) = sub.next().await {
+        assert_eq!(ev.unwrap().seq, expect);
+        expect += 1;
+    }
+    assert_eq!(expect, 20_003);
+    j.close();
+}
+
+/// A subscriber that falls behind while the run goes on, over and over:
+/// it reads between live events and the store with no gap and no
+/// duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_falling_behind_again_and_again_sees_every_event_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let log = Arc::new(j.run_log("r").unwrap());
+    log.append_durable(Scope::run(), started()).await.unwrap();
+    let mut sub = j.subscribe("r", 0).unwrap();
+    let writer = {
+        let log = log.clone();
+        tokio::spawn(async move {
+            for burst in 0..50 {
+                for i in 0..(burst * 37 % 900 + 1) {
+                    log.append(node("a"), output(&format!("{burst}.{i}")));
+                }
+                log.sync().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            log.append_durable(Scope::run(), finished()).await.unwrap();
+        })
+    };
+    let mut expect = 1;
+    let mut n = 0u64;
+    while let Some(ev) = sub.next().await {
+        assert_eq!(ev.unwrap().seq, expect);
+        expect += 1;
+        n += 1;
+        // Slow now and then, so that the channel overflows.
+        if n % 500 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    writer.await.unwrap();
+    assert_eq!(expect, log.last_seq() + 1);
+    drop(log);
+    j.close();
+}
+
+/// A long-lived process keeps nothing of a run once no `RunLog` or
+/// subscription of it is left here, whichever goes last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_runs_are_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    for i in 0..60 {
+        let run = format!("r{i}");
+        let log = j.run_log(&run).unwrap();
+        let sub = (i % 3 != 0).then(|| j.subscribe(&run, 0).unwrap());
+        log.append(Scope::run(), started());
+        log.append_durable(Scope::run(), finished()).await.unwrap();
+        if let Some(mut sub) = sub {
+            if i % 3 == 1 {
+                // The subscription outlives the log.
+                drop(log);
+                while sub.next().await.is_some() {}
+                drop(sub);
+            } else {
+                while sub.next().await.is_some() {}
+                drop(sub);
+                drop(log);
+            }
+        } else {
+            drop(log);
+        }
+        // A watcher of a finished run, from the store alone.
+        let mut late = j.subscribe(&run, 1).unwrap();
+        assert_eq!(late.next().await.unwrap().unwrap().seq, 2);
+        assert!(late.next().await.is_none());
+    }
+    // The writer releases each run's lease after committing what it
+    // queued; the run is forgotten then.
+    let t0 = std::time::Instant::now();
+    while j.runs_in_memory() > 0 && t0.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(j.runs_in_memory(), 0, "runs kept after their end");
     j.close();
 }
 
