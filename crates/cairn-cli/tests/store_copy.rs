@@ -8,7 +8,7 @@
 //! The PostgreSQL test needs a server: `CAIRN_TEST_PG`, e.g.
 //! `postgres://postgres@127.0.0.1:5432/postgres`; it makes a database of
 //! its own there and drops it at the end. Without the variable it says so
-//! and passes.
+//! and passes; with it set and nothing answering, it fails.
 
 mod common;
 

@@ -539,8 +539,7 @@ fn main() {
     if on_postgres() {
         if cairn_postgres::testing::server_or_skip().is_none() {
             println!(
-                "PostgreSQL skipped: CAIRN_BENCH_STORE=postgres but {} is not set or nothing \
-                 answers there (e.g. {}=postgres://postgres@127.0.0.1:5432/postgres); nothing measured",
+                "PostgreSQL skipped: CAIRN_BENCH_STORE=postgres but {} is not set (e.g. {}=postgres://postgres@127.0.0.1:5432/postgres); nothing measured",
                 cairn_postgres::testing::ENV,
                 cairn_postgres::testing::ENV
             );

@@ -29,7 +29,8 @@
 //! counter also counts the attempt a stop cut off).
 //!
 //! The same cases run on PostgreSQL too (a schema of their own per case,
-//! on the server `CAIRN_TEST_PG` names; skipped, saying so, without one).
+//! on the server `CAIRN_TEST_PG` names; skipped, saying so, when it is not
+//! set, failed when it is set and nothing answers).
 //!
 //! `CAIRN_CONFORMANCE_CASES=N` runs more cases than the default 64 (and a
 //! third as many on PostgreSQL).

@@ -642,7 +642,7 @@ fn main() {
     let scratch = Scratch::new();
     if scratch.is_none() {
         println!(
-            "PostgreSQL skipped: {} is not set or nothing answers there (e.g. \
+            "PostgreSQL skipped: {} is not set (e.g. \
              {}=postgres://postgres@127.0.0.1:5432/postgres); only SQLite's commit latency follows",
             testing::ENV,
             testing::ENV

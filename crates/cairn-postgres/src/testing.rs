@@ -1,5 +1,6 @@
 //! For tests that need a PostgreSQL server (this crate's and others'):
-//! finding it from `CAIRN_TEST_PG` or saying clearly that they skip, fresh
+//! finding it from `CAIRN_TEST_PG` (or saying clearly that they skip when it
+//! is not set, and failing when it is set but nothing answers), fresh
 //! schemas dropped afterwards, and plain SQL beside the backend. Behind the
 //! `testing` feature; not part of Cairn's API.
 
@@ -14,29 +15,47 @@ use cairn_store::Backend;
 /// `postgres://postgres@127.0.0.1:5432/postgres`.
 pub const ENV: &str = "CAIRN_TEST_PG";
 
-/// The server's URL, or why the tests skip; looked at once per test binary.
-fn server() -> Result<&'static str, &'static str> {
-    static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
-    SERVER
-        .get_or_init(|| {
-            let url = std::env::var(ENV).map_err(|_| format!("{ENV} is not set"))?;
-            // The URL may hold a password: the reason does not repeat it.
-            sql_with_timeout(&url, "SELECT 1", Duration::from_secs(3))
-                .map_err(|e| format!("nothing answers at {ENV} ({e})"))?;
-            Ok(url)
-        })
-        .as_deref()
-        .map_err(String::as_str)
+/// Why there is no server to test against.
+#[derive(Debug, Clone)]
+enum NoServer {
+    /// The variable is not set (or empty): the tests skip.
+    Unset,
+    /// The variable names a server that does not answer: the tests fail,
+    /// or CI would be green with PostgreSQL never tested.
+    Unreachable(String),
 }
 
-/// The server's URL; `None`, after saying so on stderr, when there is none.
+/// The server's URL, or why there is none; looked at once per test binary.
+fn server() -> Result<&'static str, &'static NoServer> {
+    static SERVER: OnceLock<Result<String, NoServer>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            let url = std::env::var(ENV)
+                .ok()
+                .filter(|u| !u.trim().is_empty())
+                .ok_or(NoServer::Unset)?;
+            // The URL may hold a password: the reason does not repeat it.
+            sql_with_timeout(&url, "SELECT 1", Duration::from_secs(3))
+                .map_err(NoServer::Unreachable)?;
+            Ok(url)
+        })
+        .as_ref()
+        .map(String::as_str)
+}
+
+/// The server's URL; `None`, after saying so on stderr, when [`ENV`] is not
+/// set. Panics (failing the test) when it is set but nothing answers there.
 pub fn server_or_skip() -> Option<&'static str> {
     match server() {
         Ok(url) => Some(url),
-        Err(why) => {
-            eprintln!("skipped: {why} (PostgreSQL tests need a server)");
+        Err(NoServer::Unset) => {
+            eprintln!("skipped: {ENV} is not set (PostgreSQL tests need a server)");
             None
         }
+        Err(NoServer::Unreachable(e)) => panic!(
+            "{ENV} is set but no PostgreSQL server answers there ({e}); \
+             start the server, or unset {ENV} to skip the PostgreSQL tests"
+        ),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The backend conformance suite on PostgreSQL: each check on backends in
-//! fresh schemas of the server named by `CAIRN_TEST_PG`, skipped (with a
-//! line on stderr) when there is none.
+//! fresh schemas of the server named by `CAIRN_TEST_PG`: skipped (with a
+//! line on stderr) when it is not set, failed when nothing answers there.
 
 use cairn_postgres::testing as common;
 
