@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::object::ObjectId;
@@ -32,14 +31,14 @@ pub struct Stat {
 }
 
 impl Stat {
-    /// The stat of `m`.
-    pub fn of(m: &fs::Metadata) -> Stat {
+    /// What the cache keeps of `st`.
+    pub fn of(st: &cairn_rootfs::Stat) -> Stat {
         Stat {
-            size: m.size(),
-            ino: m.ino(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-            mode: m.mode(),
+            size: st.size,
+            ino: st.ino,
+            mtime_ns: st.mtime_ns,
+            ctime_ns: st.ctime_ns,
+            mode: st.mode,
         }
     }
 

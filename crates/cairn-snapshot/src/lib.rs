@@ -44,8 +44,9 @@ pub use object::{Mode, ObjectId};
 use cache::StatCache;
 use object::Objects;
 
-/// Files left by a restore or an object write that was cut short start
-/// with this; a walk deletes them rather than keeping them.
+/// Temporary files in the repository (an object or a cache being written)
+/// start with this. Never a rule in a root: a walk deletes nothing, and a
+/// restore's leftovers are found from its record.
 pub const TEMP_PREFIX: &str = ".cairn-tmp-";
 
 /// How close to a walk a file's times may be for the stat cache to trust
@@ -247,16 +248,22 @@ impl SnapshotStore {
     /// what is under them).
     pub fn snapshot(&self, root: &Path, exclude: &[PathBuf]) -> Result<Snapshot, SnapshotError> {
         let root = canonical(root)?;
-        let exclude = self.excluding(exclude);
         let _lock = self.lock(&root)?;
+        let dir = open_root(&root)?;
+        let exclude = self.excluding(&root, exclude);
+        let stage = restore::recorded_stage(&self.record_path(&root));
+        let skip = walk::Skip {
+            exclude: &exclude,
+            stage: stage.as_deref(),
+        };
         let cache = self.cache_of(&root);
         let mut cache = cache.lock().unwrap();
         if cache.is_empty() {
             // Nothing known of this root yet: its size is measured with
             // `lstat` alone before a byte of it is read or stored.
-            walk::survey(&root, &exclude, &self.opts)?;
+            walk::survey(&dir, &skip, &self.opts)?;
         }
-        let (snap, _) = self.walk(&root, &exclude, &mut cache, false)?;
+        let (snap, _) = self.walk(&dir, &skip, &mut cache, false)?;
         cache.save(&self.cache_path(&root))?;
         Ok(snap)
     }
@@ -313,22 +320,43 @@ impl SnapshotStore {
         only: Option<&std::collections::BTreeSet<Vec<u8>>>,
     ) -> Result<Restored, SnapshotError> {
         let root = canonical(root)?;
-        let exclude = self.excluding(exclude);
         let target = restore::flatten(&self.objects, id)?;
         let _lock = self.lock(&root)?;
+        let dir = open_root(&root)?;
+        let exclude = self.excluding(&root, exclude);
+        let record = self.record_path(&root);
+        // A restore a kill cut short left its stage: exactly the folder
+        // its record names goes, before anything else.
+        restore::clear_leftover(&dir, &record)?;
+        let skip = walk::Skip {
+            exclude: &exclude,
+            stage: None,
+        };
         let cache = self.cache_of(&root);
         let mut cache = cache.lock().unwrap();
-        let (before, current) = self.walk(&root, &exclude, &mut cache, true)?;
+        let (before, current) = self.walk(&dir, &skip, &mut cache, true)?;
         let current = current.expect("asked for the flat list");
         let plan = match only {
             None => restore::Plan::whole(&current, &target)?,
             Some(paths) => restore::Plan::selective(&current, &target, paths)?,
         };
-        let applied = restore::apply(&self.objects, &root, &plan, self.opts.max_file_bytes)?;
+        let applied = restore::apply(
+            &self.objects,
+            &dir,
+            &plan,
+            self.opts.max_file_bytes,
+            &record,
+        )?;
+        // A stage that could not be removed is still recorded: skipped.
+        let stage = restore::recorded_stage(&record);
+        let skip = walk::Skip {
+            exclude: &exclude,
+            stage: stage.as_deref(),
+        };
         // What was written is checked, not assumed: a walk of the root now
         // must give the snapshot's own id (or, for some paths, what the
         // snapshot has at each of them).
-        let (after, after_flat) = self.walk(&root, &exclude, &mut cache, only.is_some())?;
+        let (after, after_flat) = self.walk(&dir, &skip, &mut cache, only.is_some())?;
         cache.save(&self.cache_path(&root))?;
         let differs = match (only, after_flat) {
             (Some(paths), Some(now)) => paths.iter().find(|p| {
@@ -426,8 +454,8 @@ impl SnapshotStore {
 
     fn walk(
         &self,
-        root: &Path,
-        exclude: &[PathBuf],
+        root: &cairn_rootfs::Dir,
+        skip: &walk::Skip<'_>,
         cache: &mut StatCache,
         flat: bool,
     ) -> Result<(Snapshot, Option<walk::Flat>), SnapshotError> {
@@ -439,7 +467,10 @@ impl SnapshotStore {
             objects: &self.objects,
             cache,
             opts: &self.opts,
-            exclude,
+            skip: walk::Skip {
+                exclude: skip.exclude,
+                stage: skip.stage,
+            },
             total_bytes: 0,
             trust_before_ns: now_ns - RACY.as_nanos() as i64,
             seen: HashSet::new(),
@@ -449,7 +480,7 @@ impl SnapshotStore {
             skipped: Vec::new(),
             flat: flat.then(walk::Flat::default),
         };
-        let id = w.dir(root, b"")?.unwrap_or(ObjectId::EMPTY_TREE);
+        let id = w.dir(root, b"", 0)?.unwrap_or(ObjectId::EMPTY_TREE);
         if id == ObjectId::EMPTY_TREE {
             self.objects.write(object::Kind::Tree, b"")?;
         }
@@ -467,11 +498,24 @@ impl SnapshotStore {
     }
 
     /// The caller's exclusions and the repository itself (a repository
-    /// inside the root would otherwise snapshot itself).
-    fn excluding(&self, exclude: &[PathBuf]) -> Vec<PathBuf> {
+    /// inside the root would otherwise snapshot itself), as paths relative
+    /// to `root`; those outside it do not matter to a walk.
+    fn excluding(&self, root: &Path, exclude: &[PathBuf]) -> HashSet<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
         let mut all = canonical_all(exclude);
         all.extend(canonical_all(std::slice::from_ref(&self.dir)));
-        all
+        all.iter()
+            .filter_map(|p| p.strip_prefix(root).ok())
+            .filter(|rel| !rel.as_os_str().is_empty())
+            .map(|rel| rel.as_os_str().as_bytes().to_vec())
+            .collect()
+    }
+
+    /// Where a restore of `root` records its stage folder.
+    fn record_path(&self, root: &Path) -> PathBuf {
+        self.dir
+            .join("cairn")
+            .join(format!("{}.stage", Self::root_key(root)))
     }
 
     fn cache_of(&self, root: &Path) -> Arc<Mutex<StatCache>> {
@@ -540,6 +584,22 @@ fn check_rel(p: &[u8]) -> Result<(), SnapshotError> {
         ));
     }
     Ok(())
+}
+
+/// Opens the root's folder, and checks that the folder opened is the one
+/// `root` named (a root inside another node's root could be swapped for a
+/// link between the two steps).
+fn open_root(root: &Path) -> Result<cairn_rootfs::Dir, SnapshotError> {
+    use std::os::fd::AsFd;
+    let dir = cairn_rootfs::Dir::open(root).map_err(|e| SnapshotError::io(root, e))?;
+    let real = fs::read_link(format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd()));
+    if real.is_ok_and(|r| r != root) {
+        return Err(SnapshotError::io(
+            root,
+            cairn_rootfs::changed("the root's folder was replaced"),
+        ));
+    }
+    Ok(dir)
 }
 
 fn canonical_all(paths: &[PathBuf]) -> Vec<PathBuf> {

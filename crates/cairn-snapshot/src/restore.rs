@@ -14,9 +14,9 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use cairn_rootfs::{Dir, Stat};
 
 use crate::object::{decode_tree, Kind, Mode, ObjectId, Objects};
 use crate::walk::{join, Flat};
@@ -204,37 +204,55 @@ fn kept_conflict(p: &[u8]) -> SnapshotError {
 /// Carries out `plan` in `root`, in two phases so that a kill leaves the
 /// root changed for as short a time as it can: first every file to write
 /// back is staged in a folder of its own in the root (a kill here leaves
-/// the root as it was), then the root is changed with deletions and
-/// renames alone.
+/// the root as it was; the folder's name is in `record` before it is
+/// made, and the next restore removes it), then the root is changed with
+/// deletions and renames alone, each in a folder opened beneath the root
+/// with no link on the way.
 pub fn apply(
     objects: &Objects,
-    root: &Path,
+    root: &Dir,
     plan: &Plan,
     max_file_bytes: u64,
+    record: &Path,
 ) -> Result<Applied, SnapshotError> {
     let mut done = Applied::default();
-    let stage = Stage::new(root)?;
+    let stage = Stage::new(root, record)?;
     let mut staged = Vec::with_capacity(plan.write.len());
     for (i, (p, mode, id)) in plan.write.iter().enumerate() {
-        staged.push((p, stage.put(objects, i, *mode, *id, max_file_bytes)?));
+        staged.push((p, *mode, stage.put(objects, i, *mode, *id, max_file_bytes)?));
     }
 
     // From here on, the root changes.
+    let mut parents = Parents::new(root);
     for p in &plan.remove {
-        let abs = abs_of(root, p);
-        match fs::remove_file(&abs) {
+        let (parent, name) = split(p);
+        let dir = match parents.open(parent, false) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(root_err(p, e)),
+        };
+        match dir.unlink(name) {
             Ok(()) => done.removed += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SnapshotError::io(&abs, e)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EISDIR) => {
+                return Err(root_err(
+                    p,
+                    cairn_rootfs::changed("a folder now stands there"),
+                ))
+            }
+            Err(e) => return Err(root_err(p, e)),
         }
     }
     // A folder that holds what snapshots leave out (or, for a selective
     // restore, files it leaves alone) stays.
     for (p, conflict) in &plan.rmdirs {
-        let abs = abs_of(root, p);
-        match fs::remove_dir(&abs) {
+        let (parent, name) = split(p);
+        let Ok(dir) = parents.open(parent, false) else {
+            continue;
+        };
+        match dir.rmdir(name) {
             Ok(()) => done.removed += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             Err(_) if *conflict => {
                 return Err(SnapshotError::Conflict(format!(
                     "`{}` is a folder with files a restore leaves alone (.git, files over the size limit, files it was not asked to restore), where the snapshot has a file",
@@ -244,31 +262,168 @@ pub fn apply(
             Err(_) => {}
         }
     }
-    for (p, from) in staged {
-        place(root, p, &from)?;
+    for (p, mode, i) in staged {
+        let (parent, name) = split(p);
+        let dir = parents.open(parent, true).map_err(|e| root_err(p, e))?;
+        stage.place(&i, mode, dir, name).map_err(|e| match e.raw_os_error() {
+            Some(libc::EISDIR) | Some(libc::ENOTEMPTY) | Some(libc::EEXIST) => {
+                SnapshotError::Conflict(format!(
+                    "`{}` is a folder now, where the snapshot has a file: something changed the root while it was restored",
+                    String::from_utf8_lossy(p)
+                ))
+            }
+            _ => root_err(p, e),
+        })?;
         done.written += 1;
     }
     for p in &plan.dirs {
-        ensure_dir(root, p)?;
+        root.create_dir_path(p).map_err(|e| root_err(p, e))?;
     }
-    stage.remove();
+    stage.finish(root, record);
     Ok(done)
+}
+
+/// An error on `rel` in the root, in words: a link or a file where a
+/// folder was is a root changed under the restore, which stops rather
+/// than follow it.
+fn root_err(rel: &[u8], e: std::io::Error) -> SnapshotError {
+    if cairn_rootfs::is_changed(&e) {
+        return SnapshotError::Conflict(format!(
+            "`{}` changed while it was restored (a link or a file now stands where a folder was, or the reverse): the restore stopped there and touched nothing through it",
+            String::from_utf8_lossy(rel)
+        ));
+    }
+    SnapshotError::io(Path::new(&*String::from_utf8_lossy(rel)), e)
+}
+
+/// `(folder, name)` of a root-relative path (`b""` for the root itself).
+fn split(p: &[u8]) -> (&[u8], &[u8]) {
+    match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&p[..i], &p[i + 1..]),
+        None => (b"", p),
+    }
+}
+
+/// The folder opened last, kept for the next path in it (paths come
+/// sorted, so most paths share the previous one's folder).
+struct Parents<'a> {
+    root: &'a Dir,
+    last: Option<(Vec<u8>, Dir)>,
+}
+
+impl<'a> Parents<'a> {
+    fn new(root: &'a Dir) -> Self {
+        Parents { root, last: None }
+    }
+
+    /// The folder `rel`, opened beneath the root with no link on the way,
+    /// made (with the folders it needs) when `create` is set.
+    fn open(&mut self, rel: &[u8], create: bool) -> std::io::Result<&Dir> {
+        if rel.is_empty() {
+            return Ok(self.root);
+        }
+        let fresh = match &self.last {
+            // A folder kept from before may have been made since (by the
+            // restore); one to create is always opened again.
+            Some((r, _)) if r == rel && !create => false,
+            _ => true,
+        };
+        if fresh {
+            let d = if create {
+                self.root.create_dir_path(rel)?
+            } else {
+                self.root.open_dir_path(rel)?
+            };
+            self.last = Some((rel.to_vec(), d));
+        }
+        Ok(&self.last.as_ref().expect("just set").1)
+    }
+}
+
+/// The record of a restore's stage folder, in the repository (outside the
+/// root): written and synced before the folder is made, so that a kill at
+/// any moment leaves the folder's exact name behind.
+const RECORD_MAGIC: &str = "cairn-stage 1\n";
+
+/// The stage folder's name a record names, when there is a valid record.
+pub fn recorded_stage(record: &Path) -> Option<Vec<u8>> {
+    let text = fs::read(record).ok()?;
+    let name = text
+        .strip_prefix(RECORD_MAGIC.as_bytes())?
+        .strip_suffix(b"\n")?;
+    let ok = name.starts_with(b".cairn-stage-") && !name.contains(&b'/') && !name.contains(&0);
+    ok.then(|| name.to_vec())
+}
+
+fn write_record(record: &Path, name: &[u8]) -> Result<(), SnapshotError> {
+    let dir = record.parent().unwrap_or(Path::new("."));
+    let (tmp, mut f) = crate::object::tempfile_in(dir)?;
+    let mut text = RECORD_MAGIC.as_bytes().to_vec();
+    text.extend_from_slice(name);
+    text.push(b'\n');
+    f.write_all(&text)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| SnapshotError::io(&tmp, e))?;
+    drop(f);
+    fs::rename(&tmp, record).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        SnapshotError::io(record, e)
+    })?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| SnapshotError::io(dir, e))
+}
+
+/// Removes what a restore cut short left: exactly the stage folder its
+/// record names (at the root, not followed if a link stands there now),
+/// then the record. Something other than a folder under that name is not
+/// the stage, and is left alone.
+pub fn clear_leftover(root: &Dir, record: &Path) -> Result<(), SnapshotError> {
+    let Some(name) = recorded_stage(record) else {
+        return match fs::remove_file(record) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(SnapshotError::io(record, e)),
+            _ => Ok(()),
+        };
+    };
+    match root.lstat(&name) {
+        Ok(st) if st.kind() == cairn_rootfs::Kind::Dir => root
+            .remove_tree(&name, Some(&st))
+            .map_err(|e| root_err(&name, e))?,
+        _ => {}
+    }
+    fs::remove_file(record).map_err(|e| SnapshotError::io(record, e))
 }
 
 /// The folder a restore stages its files in, in the root (so that moving
 /// them into place is a rename on the same file system).
 struct Stage {
-    dir: PathBuf,
+    name: Vec<u8>,
+    dir: Dir,
+    seen: Stat,
 }
 
 impl Stage {
-    fn new(root: &Path) -> Result<Stage, SnapshotError> {
-        let dir = temp_name(root);
-        fs::create_dir(&dir).map_err(|e| SnapshotError::io(&dir, e))?;
-        Ok(Stage { dir })
+    fn new(root: &Dir, record: &Path) -> Result<Stage, SnapshotError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            ".cairn-stage-{}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )
+        .into_bytes();
+        write_record(record, &name)?;
+        root.mkdir(&name, 0o700).map_err(|e| root_err(&name, e))?;
+        let dir = root.open_dir(&name).map_err(|e| root_err(&name, e))?;
+        let seen = dir.stat().map_err(|e| root_err(&name, e))?;
+        Ok(Stage { name, dir, seen })
     }
 
-    /// Writes blob `id` as staged file `i`, with its mode.
+    /// Writes blob `id` as staged file `i`, with its mode; returns its name.
     fn put(
         &self,
         objects: &Objects,
@@ -276,98 +431,55 @@ impl Stage {
         mode: Mode,
         id: ObjectId,
         max_file_bytes: u64,
-    ) -> Result<PathBuf, SnapshotError> {
+    ) -> Result<Vec<u8>, SnapshotError> {
         let bytes = objects.read(id, Kind::Blob, max_file_bytes.max(1 << 20))?;
-        let path = self.dir.join(i.to_string());
+        let name = i.to_string().into_bytes();
+        let err = |e| root_err(&join(&self.name, &name), e);
         if mode == Mode::Symlink {
-            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &path)
-                .map_err(|e| SnapshotError::io(&path, e))?;
+            self.dir.symlink(&bytes, &name).map_err(err)?;
         } else {
-            let perms = if mode == Mode::Executable {
-                0o755
-            } else {
-                0o644
-            };
-            let mut f = fs::File::create(&path).map_err(|e| SnapshotError::io(&path, e))?;
-            f.write_all(&bytes)
-                .and_then(|_| f.set_permissions(fs::Permissions::from_mode(perms)))
-                .map_err(|e| SnapshotError::io(&path, e))?;
+            let mut f = self.dir.create(&name, perms(mode)).map_err(err)?;
+            f.write_all(&bytes).map_err(err)?;
         }
-        Ok(path)
+        Ok(name)
     }
 
-    fn remove(self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Moves a staged file to its place, making the folders on its way (and
-/// taking away a folder where the file goes).
-fn place(root: &Path, rel: &[u8], from: &Path) -> Result<(), SnapshotError> {
-    if let Some(i) = rel.iter().rposition(|&b| b == b'/') {
-        ensure_dir(root, &rel[..i])?;
-    }
-    let dest = abs_of(root, rel);
-    if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir()) {
-        fs::remove_dir_all(&dest).map_err(|e| SnapshotError::io(&dest, e))?;
-    }
-    match fs::rename(from, &dest) {
-        Ok(()) => Ok(()),
-        // A mount inside the root: the file is copied across instead.
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            let dir = dest.parent().unwrap_or(root);
-            let tmp = temp_name(dir);
-            copy_leaf(from, &tmp).map_err(|e| SnapshotError::io(&tmp, e))?;
-            fs::rename(&tmp, &dest).map_err(|e| {
-                let _ = fs::remove_file(&tmp);
-                SnapshotError::io(&dest, e)
+    /// Moves staged file `i` to `name` in `dir`; across a mount inside the
+    /// root (`EXDEV`) it is copied there beside its name, then renamed.
+    fn place(&self, i: &[u8], mode: Mode, dir: &Dir, name: &[u8]) -> std::io::Result<()> {
+        match self.dir.rename(i, dir, name) {
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
+            other => return other,
+        }
+        if mode == Mode::Symlink {
+            let target = self.dir.read_link(i)?;
+            let mut tmp = self.name.clone();
+            tmp.extend_from_slice(b"-link");
+            dir.symlink(&target, &tmp)?;
+            dir.rename(&tmp, dir, name).inspect_err(|_| {
+                let _ = dir.unlink(&tmp);
             })
+        } else {
+            let (mut f, _) = self.dir.open_file(i)?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut bytes)?;
+            dir.write_replace(name, &bytes, perms(mode), false)
         }
-        Err(e) => Err(SnapshotError::io(&dest, e)),
+    }
+
+    /// Removes the stage (what is left of it) and then its record; a stage
+    /// that cannot be removed keeps its record for the next restore.
+    fn finish(self, root: &Dir, record: &Path) {
+        if root.remove_tree(&self.name, Some(&self.seen)).is_ok() {
+            let _ = fs::remove_file(record);
+        }
     }
 }
 
-fn copy_leaf(from: &Path, to: &Path) -> std::io::Result<()> {
-    let m = fs::symlink_metadata(from)?;
-    if m.is_symlink() {
-        std::os::unix::fs::symlink(fs::read_link(from)?, to)
+fn perms(mode: Mode) -> u32 {
+    if mode == Mode::Executable {
+        0o755
     } else {
-        fs::copy(from, to).map(|_| ())
+        0o644
     }
-}
-
-fn abs_of(root: &Path, rel: &[u8]) -> PathBuf {
-    root.join(std::ffi::OsStr::from_bytes(rel))
-}
-
-/// Makes every folder on `rel` a real folder, replacing a link or a file
-/// that stands where one should be.
-fn ensure_dir(root: &Path, rel: &[u8]) -> Result<(), SnapshotError> {
-    let mut abs = root.to_path_buf();
-    for part in rel.split(|&b| b == b'/') {
-        abs.push(std::ffi::OsStr::from_bytes(part));
-        match fs::symlink_metadata(&abs) {
-            Ok(m) if m.is_dir() => continue,
-            Ok(_) => fs::remove_file(&abs).map_err(|e| SnapshotError::io(&abs, e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SnapshotError::io(&abs, e)),
-        }
-        match fs::create_dir(&abs) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(SnapshotError::io(&abs, e)),
-        }
-    }
-    Ok(())
-}
-
-fn temp_name(dir: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    dir.join(format!(
-        "{}{}-l{}",
-        crate::TEMP_PREFIX,
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
 }

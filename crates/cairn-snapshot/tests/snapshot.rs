@@ -517,3 +517,161 @@ fn a_selective_restore_refuses_what_is_in_the_way_and_odd_paths() {
         assert!(matches!(e, SnapshotError::BadPath(_)), "{e}");
     }
 }
+
+/// Every entry under `root` with its bytes (files), target (links) or
+/// nothing (folders and the rest): what "nothing changed" compares.
+fn exact(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    fn walk(dir: &Path, rel: &str, out: &mut BTreeMap<String, Vec<u8>>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let rel = format!("{rel}/{}", e.file_name().to_string_lossy());
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            if m.is_symlink() {
+                let t = fs::read_link(e.path()).unwrap();
+                out.insert(rel, t.as_os_str().as_encoded_bytes().to_vec());
+            } else if m.is_dir() {
+                out.insert(rel.clone(), b"dir".to_vec());
+                walk(&e.path(), &rel, out);
+            } else if m.is_file() {
+                out.insert(rel, fs::read(e.path()).unwrap());
+            } else {
+                out.insert(rel, b"other".to_vec());
+            }
+        }
+    }
+    walk(root, "", &mut out);
+    out
+}
+
+#[test]
+fn a_walk_changes_nothing_in_the_root_and_leaves_out_nested_stores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("sub/.cairn/snapshots")).unwrap();
+    fs::create_dir_all(root.join(".cairn")).unwrap();
+    fs::write(root.join(".cairn/cairn.db"), "store").unwrap();
+    fs::write(root.join("sub/.cairn/snapshots/x"), "nested store").unwrap();
+    // A write tool's temporary file in another node, and a user's file
+    // that looks like a restore's stage: both are someone's, both stay.
+    fs::write(root.join(".cairn-tmp-123-4-5"), "half of a tool's write").unwrap();
+    fs::create_dir(root.join(".cairn-stage-1-2-3")).unwrap();
+    fs::write(root.join(".cairn-stage-1-2-3/f"), "mine").unwrap();
+    fs::write(root.join("sub/.cairn-file"), "a file named like it").unwrap();
+    let before = exact(&root);
+    let store = store(tmp.path());
+    let s = store.snapshot(&root, &[]).unwrap();
+    assert_eq!(exact(&root), before, "a walk changed the root");
+    let names: Vec<String> = store
+        .list(s.id)
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ".cairn-stage-1-2-3/f",
+            ".cairn-tmp-123-4-5",
+            "sub/.cairn-file"
+        ]
+    );
+    // A restore leaves the nested stores alone too.
+    fs::write(root.join("new"), "n").unwrap();
+    store.restore(&root, s.id, &[]).unwrap();
+    let mut after = exact(&root);
+    assert!(
+        after.remove("/new").is_none(),
+        "the restore kept a new file"
+    );
+    assert_eq!(after, before);
+}
+
+#[test]
+fn an_interrupted_restores_stage_is_found_by_its_record_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("a"), "a").unwrap();
+    let store = store(tmp.path());
+    let s = store.snapshot(&root, &[]).unwrap();
+    // What a kill while staging leaves: the record, then the folder.
+    let stage = ".cairn-stage-999-0-1";
+    let records: Vec<_> = fs::read_dir(store.dir().join("cairn"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "lock"))
+        .collect();
+    assert_eq!(records.len(), 1);
+    let record = records[0].with_extension("stage");
+    fs::write(&record, format!("cairn-stage 1\n{stage}\n")).unwrap();
+    fs::create_dir_all(root.join(stage).join("sub")).unwrap();
+    fs::write(root.join(stage).join("0"), "staged").unwrap();
+    // The stage holds a link to outside: removed, not followed.
+    let outside = tmp.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("keep"), "keep").unwrap();
+    symlink(&outside, root.join(stage).join("sub/out")).unwrap();
+    // A look-alike that is no record's: the user's.
+    fs::create_dir(root.join(".cairn-stage-1-1-1")).unwrap();
+    fs::write(root.join(".cairn-stage-1-1-1/f"), "mine").unwrap();
+
+    let snap = store.snapshot(&root, &[]).unwrap();
+    let names: Vec<String> = store
+        .list(snap.id)
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(names, [".cairn-stage-1-1-1/f", "a"], "the stage is skipped");
+    assert!(root.join(stage).exists(), "a walk removes nothing");
+
+    fs::write(root.join("a"), "changed").unwrap();
+    store.restore(&root, s.id, &[]).unwrap();
+    assert!(!root.join(stage).exists(), "the recorded stage is removed");
+    assert!(!record.exists(), "and its record");
+    assert_eq!(fs::read(outside.join("keep")).unwrap(), b"keep");
+    assert_eq!(fs::read(root.join("a")).unwrap(), b"a");
+    // The look-alike was not in snapshot `s`: the restore removes it as
+    // any other file the snapshot does not have, by its walk, not its name.
+    assert!(!root.join(".cairn-stage-1-1-1").exists());
+}
+
+#[test]
+fn fifos_sockets_and_devices_in_the_root_do_not_block_a_walk() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("f"), "f").unwrap();
+    let c = |name: &str| std::ffi::CString::new(root.join(name).as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::mkfifo(c("fifo").as_ptr(), 0o644) }, 0);
+    let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+    // A character device like /dev/zero, where the kernel lets us make
+    // one (root in a container usually may; elsewhere a FIFO must do).
+    // SAFETY: valid C string.
+    let dev = unsafe {
+        libc::mknod(
+            c("zero").as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(1, 5),
+        )
+    } == 0;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let walk_root = root.clone();
+    let repo = tmp.path().to_path_buf();
+    std::thread::spawn(move || {
+        let store = store(&repo);
+        let s = store
+            .snapshot(&walk_root, &[])
+            .map(|s| (s.files, s.skipped.len()));
+        let _ = tx.send(s.map_err(|e| e.to_string()));
+    });
+    let (files, skipped) = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the walk did not finish: it blocked on a FIFO or a device")
+        .unwrap();
+    assert_eq!(files, 1);
+    assert_eq!(skipped, if dev { 3 } else { 2 });
+}
