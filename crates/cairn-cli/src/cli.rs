@@ -244,6 +244,14 @@ pub struct ForkArgs {
     /// Watch the fork's workflow files and reload it when they change.
     #[arg(long)]
     pub watch: bool,
+    /// Put back also the paths that something else changed since the run
+    /// did (otherwise a conflict: exit 5, nothing done).
+    #[arg(long)]
+    pub force: bool,
+    /// Print the files the fork would write and remove, and the
+    /// conflicts; touch nothing and make no run (`--json`: one object).
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
 }
@@ -272,6 +280,17 @@ pub struct RevertArgs {
     /// The pass, for a node in a loop or for_each [default: the latest].
     #[arg(long, value_name = "N")]
     pub iteration: Option<u32>,
+    /// Put back also the paths that something else changed since the run
+    /// did (otherwise a conflict: exit 5, nothing done).
+    #[arg(long)]
+    pub force: bool,
+    /// Print the files the revert would write and remove, and the
+    /// conflicts; touch nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print what was done (or planned) as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `cairn runs`.
@@ -447,10 +466,20 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// Connections one client address (an IPv6 /64) may hold at once; one
+    /// more is answered 429 and closed [default: an eighth of
+    /// --max-connections, at least 16]. Behind a reverse proxy, where every
+    /// client has the proxy's address, set it to --max-connections.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_client: Option<u32>,
     /// Longest a client may take to send a request's headers (and to start
     /// its next request on an idle connection): 500ms, 10s, 1m.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub header_timeout: String,
+    /// Longest a request's body may take to arrive after its headers; then
+    /// the request is answered 408 and the connection closed.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub body_timeout: String,
     /// Watch the workflow files of the runs this server drives, and reload
     /// a run when its files change (docs/reload.md).
     #[arg(long)]

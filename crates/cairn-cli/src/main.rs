@@ -37,7 +37,9 @@ Exit codes:
   2  the run was cancelled
   3  the run is waiting for a person (approve or deny, then `cairn resume`)
   4  bad input: invalid workflow or input, unknown run or node, a store that
-     is corrupt, locked, read-only or from a newer Cairn, bad flags";
+     is corrupt, locked, read-only or from a newer Cairn, bad flags
+  5  revert or fork refused: files the run changed were changed since by
+     something else (listed; --force overwrites them)";
 
 /// Exit code: the run finished, or the command did what it was asked.
 pub const EXIT_OK: u8 = 0;
@@ -45,6 +47,9 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
 /// Exit code: bad input of any kind.
 pub const EXIT_BAD_INPUT: u8 = 4;
+/// Exit code: a revert or fork refused because something else changed
+/// files the run changed (`--force` overwrites them).
+pub const EXIT_CONFLICT: u8 = 5;
 
 /// An error the user caused (bad flag value, unknown run...): exit code 4.
 #[derive(Debug)]

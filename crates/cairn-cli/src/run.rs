@@ -52,6 +52,7 @@ fn check_run_id(id: &str) -> anyhow::Result<()> {
 
 /// `cairn run`.
 pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
+    raise_descriptor_limit();
     // Everything the user gave is checked before the store is opened, so a
     // mistake leaves nothing behind.
     let wf = load_workflow(&a.file)?;
@@ -76,8 +77,18 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     session.drive(&engine, handle, &telemetry).await
 }
 
+/// Raises the soft file descriptor limit to the hard one, as `cairn serve`
+/// does: a run with many parallel nodes and agents holds many. Said only
+/// when it cannot be done.
+fn raise_descriptor_limit() {
+    if let Err(e) = cairn_server::descriptors::raise_limit() {
+        eprintln!("warning: file descriptors: the limit cannot be raised: {e}");
+    }
+}
+
 /// `cairn resume`.
 pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
+    raise_descriptor_limit();
     let (engine, telemetry) = store::driving_engine(g, false)?;
     store::require_run(engine.journal(), &a.run)?;
     let from = engine.journal().backend().last_seq(&a.run)?;
@@ -112,9 +123,21 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
                 input,
                 workflow: wf,
                 run_id: a.run_id.clone(),
+                force: a.force,
+                dry_run: a.dry_run,
             },
         )
         .await?;
+    if !forked.made {
+        return Ok(fork_not_made(&a, &forked));
+    }
+    for c in &forked.plan.conflicts {
+        println!(
+            "overwrote (--force) {}: {}",
+            String::from_utf8_lossy(&c.path),
+            c.why
+        );
+    }
     let files = match &forked.snapshot {
         Some(s) => format!(
             "files put back to snapshot {s} ({} written, {} removed)",
@@ -136,6 +159,41 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
     };
     let handle = engine.resume(&forked.run_id, opts).await;
     session.drive(&engine, handle, &telemetry).await
+}
+
+/// A dry run, or a fork refused for conflicts: its plan, and the exit code.
+fn fork_not_made(a: &ForkArgs, forked: &cairn_engine::Forked) -> u8 {
+    if a.display.json {
+        let mut v = forked.plan.to_json();
+        let o = v.as_object_mut().expect("a plan is an object");
+        o.insert("from".into(), a.run.clone().into());
+        o.insert("seq".into(), forked.seq.into());
+        o.insert("snapshot".into(), forked.snapshot.clone().into());
+        o.insert("dryRun".into(), a.dry_run.into());
+        println!("{v}");
+    } else {
+        match &forked.snapshot {
+            Some(s) => {
+                println!(
+                    "{} of run {} at seq {}: files put back to snapshot {s}:",
+                    if a.dry_run { "the plan of a fork" } else { "refused: a fork" },
+                    a.run,
+                    forked.seq
+                );
+                crate::revert::print_plan(&forked.plan);
+            }
+            None => println!(
+                "the plan of a fork of run {} at seq {}: no snapshot at that point, files left \
+                 as they are",
+                a.run, forked.seq
+            ),
+        }
+    }
+    if forked.plan.refused() {
+        eprintln!("{}", crate::revert::refusal(&forked.plan, "fork"));
+        return crate::EXIT_CONFLICT;
+    }
+    crate::EXIT_OK
 }
 
 fn load_workflow(path: &Path) -> anyhow::Result<cairn_workflow::Workflow> {

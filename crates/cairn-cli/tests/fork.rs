@@ -3,7 +3,10 @@
 //! back as they were at the point); in the middle of an agent's
 //! conversation against the scripted model (the fork goes on from that
 //! step, the step's calls made again on the files as they were); and the
-//! points it refuses.
+//! points it refuses. Only the files the run changed after the point are
+//! put back: another process's files survive a fork, a file both changed
+//! is a conflict (exit 5, `--force` overwrites), and `--dry-run` prints
+//! the plan and changes nothing.
 
 mod common;
 use common::*;
@@ -72,6 +75,7 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     std::fs::write(dir.join("pipe.yaml"), PIPE).unwrap();
+    std::fs::write(dir.join("theirs.txt"), "before the run\n").unwrap();
     ok(&cairn(
         dir,
         &[
@@ -85,14 +89,14 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
     ));
     assert_eq!(output(dir, "orig"), "FB1");
     let orig = events(dir, "orig");
-    // Something outside Cairn changes the files after the run.
+    // Something outside Cairn changes the files after the run: a file of
+    // its own made, one of its own changed, and one the run wrote.
     std::fs::write(dir.join("build.txt"), "edited by hand\n").unwrap();
     std::fs::write(dir.join("stray.txt"), "made later\n").unwrap();
-
-    // Another input, from `build` on.
-    let said = ok(&cairn(
-        dir,
-        &[
+    std::fs::write(dir.join("theirs.txt"), "changed later\n").unwrap();
+    let before_fork = files(dir);
+    let fork_f1 = |extra: &[&str]| {
+        let mut args = vec![
             "fork",
             "orig",
             "--at",
@@ -101,8 +105,48 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
             r#"{"x":2}"#,
             "--run-id",
             "f1",
-        ],
-    ));
+        ];
+        args.extend_from_slice(extra);
+        cairn(dir, &args)
+    };
+
+    // build.txt was written by the run after the point and by hand since:
+    // a conflict, refused with exit 5, nothing touched, no run made.
+    let out = fork_f1(&[]);
+    expect_code(&out, 5);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("conflict build.txt: the run left a file, and something else changed it"),
+        "{said}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(files(dir), before_fork);
+    assert!(
+        !cairn(dir, &["status", "f1"]).status.success(),
+        "no fork made"
+    );
+
+    // The dry run says the same, as text and as JSON, and changes nothing.
+    let out = fork_f1(&["--dry-run"]);
+    expect_code(&out, 5);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("conflict build.txt"));
+    let out = fork_f1(&["--dry-run", "--force", "--json"]);
+    expect_code(&out, 0);
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(plan["write"], serde_json::json!(["build.txt"]), "{plan}");
+    assert_eq!(plan["remove"], serde_json::json!([]), "{plan}");
+    assert_eq!(plan["conflicts"][0]["path"], "build.txt", "{plan}");
+    assert_eq!(plan["dryRun"], true);
+    assert_eq!(files(dir), before_fork);
+    assert!(
+        !cairn(dir, &["status", "f1"]).status.success(),
+        "no fork made"
+    );
+
+    // Forced: build.txt is put back (and rewritten by the fork's build);
+    // the other process's files are left as it left them.
+    let said = ok(&fork_f1(&["--force"]));
+    assert!(said.contains("overwrote (--force) build.txt"), "{said}");
     assert!(said.contains("forked run f1 from orig at seq"), "{said}");
     assert_eq!(output(dir, "f1"), "FB2");
     let evs = events(dir, "f1");
@@ -123,13 +167,16 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
     }
     // `fetch` finished before the point and is not run again.
     assert_eq!(started_after(&evs, *seq), ["build", "join"]);
-    // The files as they were when `build` first started: fetch.txt from the
-    // one run of `fetch`, then the fork's build; the stray file is gone.
+    // The files the run changed as they were when `build` first started:
+    // fetch.txt from the one run of `fetch`, then the fork's build; the
+    // other process's files as it left them.
     assert_eq!(
         files(dir),
         BTreeMap::from([
             ("fetch.txt".to_string(), "fetched\n".to_string()),
             ("build.txt".to_string(), "built-2\n".to_string()),
+            ("stray.txt".to_string(), "made later\n".to_string()),
+            ("theirs.txt".to_string(), "changed later\n".to_string()),
         ])
     );
 
@@ -139,6 +186,8 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
         PIPE.replace("echo B{{ input.x }}", "echo V2-{{ input.x }}"),
     )
     .unwrap();
+    // The fork f1 wrote build.txt since the original did: another run's
+    // change, so a conflict for a fork of the original; forced.
     ok(&cairn(
         dir,
         &[
@@ -150,6 +199,7 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
             "pipe2.yaml",
             "--run-id",
             "f2",
+            "--force",
         ],
     ));
     assert_eq!(output(dir, "f2"), "FV2-1");

@@ -3,7 +3,12 @@
 //! user's own git repository untouched, `on_retry: revert` giving each
 //! retry the files the first attempt had, what `cairn revert` refuses, and
 //! a revert killed with SIGKILL half-way that the next `cairn revert`
-//! finishes, leaving the files exactly as the snapshot has them.
+//! finishes, leaving the files exactly as the snapshot has them; and that
+//! a revert touches only what the run changed: another process's files
+//! survive it, a file both changed is a conflict (exit 5, `--force`
+//! overwrites), `--dry-run` prints the plan and changes nothing, and an
+//! `on_retry: revert` leaves another process's file alone (and fails the
+//! retry rather than overwrite one the attempt changed too).
 
 mod common;
 use common::*;
@@ -415,7 +420,9 @@ fn a_revert_killed_half_way_is_finished_by_the_next_one() {
             .unwrap()
             .matches("\"RevertStarted\"")
             .count();
-        let mut child = cairn_session(dir, &["revert", "big", "scribble"]);
+        // The test's own scribbling is another process's change to files
+        // the run changed (and a revert since put back): forced.
+        let mut child = cairn_session(dir, &["revert", "big", "scribble", "--force"]);
         // Killed at a different moment after its RevertStarted each round.
         let t0 = Instant::now();
         loop {
@@ -448,7 +455,7 @@ fn a_revert_killed_half_way_is_finished_by_the_next_one() {
         whole_at_kill += usize::from(whole);
 
         // The next revert finishes the open one, then does its own.
-        let out = cairn(dir, &["revert", "big", "scribble"]);
+        let out = cairn(dir, &["revert", "big", "scribble", "--force"]);
         expect_code(&out, 0);
         let said = String::from_utf8_lossy(&out.stdout);
         assert_eq!(said.contains("left half-way"), open, "{said}");
@@ -599,4 +606,195 @@ fn walk_count(dir: &Path) -> usize {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// A node that appends to the file the project has and makes one.
+const EDITS: &str = r#"
+name: edits
+nodes:
+  - id: edit
+    command: ["sh", "-c", "echo run >> a.txt; echo new > made.txt; mkdir -p out/deep && echo o > out/deep/o.txt"]
+"#;
+
+#[test]
+fn a_revert_touches_only_what_the_run_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("w.yaml"), EDITS).unwrap();
+    std::fs::write(dir.join("a.txt"), "mine\n").unwrap();
+    std::fs::write(dir.join("keep.txt"), "kept\n").unwrap();
+    let before = picture(dir, false);
+    expect_code(&cairn(dir, &["run", "w.yaml", "--run-id", "r"]), 0);
+    // Another process, after the run: a file of its own made, a file the
+    // run never touched changed, a folder of its own beside the run's.
+    std::fs::write(dir.join("other.txt"), "another process\n").unwrap();
+    std::fs::write(dir.join("keep.txt"), "changed by another\n").unwrap();
+    std::fs::create_dir_all(dir.join("out/theirs")).unwrap();
+    std::fs::write(dir.join("out/theirs/t.txt"), "theirs\n").unwrap();
+    let after = picture(dir, false);
+
+    // The dry run prints the plan and changes nothing.
+    let out = cairn(dir, &["revert", "r", "edit", "--dry-run"]);
+    expect_code(&out, 0);
+    let said = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "write   a.txt",
+        "remove  made.txt",
+        "remove  out/deep/o.txt",
+    ] {
+        assert!(said.contains(line), "{line}: {said}");
+    }
+    assert!(
+        !said.contains("other.txt") && !said.contains("keep.txt"),
+        "{said}"
+    );
+    let out = cairn(dir, &["revert", "r", "edit", "--dry-run", "--json"]);
+    expect_code(&out, 0);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["write"], serde_json::json!(["a.txt"]), "{plan}");
+    assert_eq!(
+        plan["remove"],
+        serde_json::json!(["made.txt", "out/deep/o.txt"]),
+        "{plan}"
+    );
+    assert_eq!(plan["applied"], false);
+    assert_eq!(picture(dir, false), after, "a dry run changes nothing");
+    assert!(!events(dir, "r")
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::RevertStarted { .. })));
+
+    // The revert: the run's changes undone, the other process's kept.
+    let out = cairn(dir, &["revert", "r", "edit"]);
+    expect_code(&out, 0);
+    let now = picture(dir, false);
+    let mut want = before.clone();
+    want.insert("other.txt".into(), after["other.txt"].clone());
+    want.insert("keep.txt".into(), after["keep.txt"].clone());
+    for p in ["out", "out/theirs", "out/theirs/t.txt"] {
+        want.insert(p.into(), after[p].clone());
+    }
+    assert_eq!(now, want, "only the run's changes undone");
+}
+
+#[test]
+fn a_path_both_changed_is_a_conflict_that_force_overwrites() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("w.yaml"), EDITS).unwrap();
+    std::fs::write(dir.join("a.txt"), "mine\n").unwrap();
+    expect_code(&cairn(dir, &["run", "w.yaml", "--run-id", "r"]), 0);
+    // Another process edits the file the run appended to, and deletes the
+    // one the run made.
+    std::fs::write(dir.join("a.txt"), "mine\nrun\ntheirs\n").unwrap();
+    std::fs::remove_file(dir.join("made.txt")).unwrap();
+    let after = picture(dir, false);
+
+    for args in [
+        &["revert", "r", "edit"][..],
+        &["revert", "r", "edit", "--dry-run"],
+    ] {
+        let out = cairn(dir, args);
+        expect_code(&out, 5);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains(
+                "conflict a.txt: the run left a file, and something else changed it since"
+            ),
+            "{args:?}: {said}"
+        );
+        // made.txt is gone already, as the point has it: no conflict.
+        assert!(!said.contains("made.txt"), "{said}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("1 path(s)") && err.contains("--force"),
+            "{err}"
+        );
+        assert_eq!(picture(dir, false), after, "{args:?}: nothing touched");
+    }
+    assert!(!events(dir, "r")
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::RevertStarted { .. })));
+
+    let out = cairn(dir, &["revert", "r", "edit", "--force"]);
+    expect_code(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("overwrote (--force) a.txt"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "mine\n"
+    );
+    assert!(!dir.join("out").exists());
+}
+
+/// Fails its first attempt after writing; the retry waits long enough for
+/// another process to write in between.
+const RETRY_WAITS: &str = r#"
+name: w
+nodes:
+  - id: flaky
+    retry: { attempts: 2, delay: 2s }
+    on_retry: revert
+    command: ["sh", "-c", "if [ -e tried.txt ]; then cat tried.txt; exit 0; fi; echo first > tried.txt; exit 1"]
+"#;
+
+/// Runs RETRY_WAITS, calling `meanwhile` once the first attempt failed.
+fn run_retrying(dir: &Path, run: &str, meanwhile: impl FnOnce()) -> std::process::Output {
+    std::fs::write(dir.join("w.yaml"), RETRY_WAITS).unwrap();
+    let mirror = dir.join(format!(".cairn/logs/{run}/events.ndjson"));
+    let child = cairn_session(dir, &["run", "w.yaml", "--run-id", run]);
+    wait_until("the first attempt failed", || {
+        std::fs::read_to_string(&mirror)
+            .unwrap_or_default()
+            .contains("\"NodeRetrying\"")
+    });
+    meanwhile();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn on_retry_revert_leaves_another_processs_file_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = run_retrying(dir, "r", || {
+        std::fs::write(dir.join("other.txt"), "another process\n").unwrap();
+    });
+    // The retry started without tried.txt (reverted) and failed again
+    // the same way; the other process's file is as it wrote it.
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("other.txt")).unwrap(),
+        "another process\n"
+    );
+    let evs = events(dir, "r");
+    assert!(evs
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::RevertFinished { success: true, .. })));
+    assert!(evs
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::NodeStarted { .. }) && e.scope.attempt == Some(2)));
+
+    // Another process changes the very file the attempt wrote: the retry
+    // does not overwrite it; it fails (kind `revert`) and says why.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = run_retrying(dir, "c", || {
+        std::fs::write(dir.join("tried.txt"), "theirs\n").unwrap();
+    });
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tried.txt")).unwrap(),
+        "theirs\n"
+    );
+    let evs = events(dir, "c");
+    assert!(!evs
+        .iter()
+        .any(|e| matches!(e.kind, EventKind::RevertStarted { .. })));
+    assert!(
+        evs.iter().any(|e| matches!(&e.kind,
+            EventKind::Diagnostic { source, message, .. }
+                if source == "revert" && message.contains("tried.txt"))),
+        "a diagnostic names the path"
+    );
+    assert!(evs.iter().any(|e| matches!(&e.kind,
+        EventKind::NodeFailed { error, will_retry: false, .. }
+            if error.kind == "revert" && error.message.contains("tried.txt"))));
 }

@@ -10,6 +10,11 @@
 //! attempt that was running at the point is taken up as an interrupted
 //! one (an agent's conversation goes on from its last step, its calls'
 //! rows copied with the log), and nodes that had not started start.
+//!
+//! Only the paths the original run changed after the point are put back
+//! ([`crate::touched`]): what other processes made or changed in the root
+//! is left alone, and a path both changed is a conflict that refuses the
+//! fork unless forced.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -19,6 +24,7 @@ use cairn_store::{EventQuery, GenerationRecord, RunRecord, StoredEvent, ToolCall
 use cairn_workflow::Workflow;
 use serde_json::Value;
 
+use crate::touched::{shell, FilesPlan, History, Point};
 use crate::{node, reload, Engine, EngineError};
 
 /// The status of a fork's record until its copied log is written: a run
@@ -58,6 +64,10 @@ pub struct ForkRequest {
     pub workflow: Option<Workflow>,
     /// The fork's id; generated when absent.
     pub run_id: Option<String>,
+    /// Overwrite paths that something else changed since the run did.
+    pub force: bool,
+    /// Plan only: no files touched, no run made.
+    pub dry_run: bool,
 }
 
 /// A fork made, ready to be driven ([`Engine::resume`]).
@@ -75,6 +85,12 @@ pub struct Forked {
     pub written: u64,
     /// Files removed.
     pub removed: u64,
+    /// What putting the files back writes, removes and conflicts with
+    /// (empty when the point has no snapshot).
+    pub plan: FilesPlan,
+    /// Whether the fork was made: false for a dry run, and for a plan with
+    /// conflicts and no `force` (nothing was touched then).
+    pub made: bool,
 }
 
 fn bad(msg: String) -> EngineError {
@@ -140,9 +156,11 @@ impl Engine {
         };
         // The files first: a fork cut short here leaves no run behind, and
         // is made again the same way.
-        let snapshot = files_at(prefix, events.get(seq as usize));
+        let at = files_at(prefix, events.get(seq as usize));
+        let snapshot = at.as_ref().map(|(_, s)| s.clone());
         let (mut written, mut removed) = (0, 0);
-        if let Some(snap) = &snapshot {
+        let mut plan = FilesPlan::default();
+        if let Some((point_seq, snap)) = at {
             let store =
                 match self.inner.services.snapshot_store() {
                     Some(Ok(s)) => s,
@@ -157,15 +175,55 @@ impl Engine {
                 .services
                 .workspace(runs)
                 .map_err(|e| EngineError::Conflict(e.info.message))?;
-            let id: ObjectId = snap
+            let _: ObjectId = snap
                 .parse()
                 .map_err(|e| EngineError::Conflict(format!("{e}")))?;
-            let done = tokio::task::spawn_blocking(move || store.restore(&root, id, &exclude))
-                .await
-                .map_err(|e| EngineError::Conflict(e.to_string()))?
-                .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
-            written = done.written;
-            removed = done.removed;
+            // The original's whole log: its changes after the point, up to
+            // now, are what is put back.
+            let (force, dry_run) = (req.force, req.dry_run);
+            let history = History::of(&events, false);
+            let done = tokio::task::spawn_blocking(move || {
+                let point = Point::After(point_seq);
+                let planned =
+                    shell::plan_files(&store, &root, &exclude, &history, &point, &snap, force)?;
+                if dry_run || planned.plan.refused() {
+                    return Ok((planned.plan, None));
+                }
+                let paths = planned.plan.paths();
+                let done = shell::restore(&store, &root, &exclude, &snap, &paths)?;
+                Ok::<_, cairn_snapshot::SnapshotError>((planned.plan, Some(done)))
+            })
+            .await
+            .map_err(|e| EngineError::Conflict(e.to_string()))?
+            .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
+            plan = done.0;
+            match done.1 {
+                Some(d) => {
+                    written = d.written;
+                    removed = d.removed;
+                }
+                None => {
+                    return Ok(Forked {
+                        run_id,
+                        seq,
+                        snapshot,
+                        written,
+                        removed,
+                        plan,
+                        made: false,
+                    })
+                }
+            }
+        } else if req.dry_run {
+            return Ok(Forked {
+                run_id,
+                seq,
+                snapshot,
+                written,
+                removed,
+                plan,
+                made: false,
+            });
         }
 
         let now = node::now_ms();
@@ -225,6 +283,10 @@ impl Engine {
                 generation,
                 workflow_hash: wf.hash.clone(),
                 workflow_source: wf.source.clone(),
+                files: match wf.pinned {
+                    Some(_) => crate::reload::pin::pinned_files(wf),
+                    None => crate::reload::pin::pin(wf)?,
+                },
                 created_ms: now,
             });
             let file = wf.path.display().to_string();
@@ -283,6 +345,8 @@ impl Engine {
             snapshot,
             written,
             removed,
+            plan,
+            made: true,
         })
     }
 }
@@ -392,12 +456,13 @@ fn step_boundary(prefix: &[Event]) -> Option<u64> {
         .min()
 }
 
-/// The snapshot of the files at the end of `prefix`: the one taken just
-/// before the event after it (a start, a step), else the latest in it.
-fn files_at(prefix: &[Event], next: Option<&Event>) -> Option<String> {
+/// The snapshot of the files at the end of `prefix`, with the seq of the
+/// event that names it: the one taken just before the event after it (a
+/// start, a step), else the latest in it.
+fn files_at(prefix: &[Event], next: Option<&Event>) -> Option<(u64, String)> {
     let before = |e: &Event| match &e.kind {
         EventKind::NodeStarted { snapshot } | EventKind::AgentStepStarted { snapshot, .. } => {
-            snapshot.clone()
+            snapshot.clone().map(|s| (e.seq.get(), s))
         }
         _ => None,
     };
@@ -408,7 +473,7 @@ fn files_at(prefix: &[Event], next: Option<&Event>) -> Option<String> {
         EventKind::NodeStarted { snapshot }
         | EventKind::AgentStepStarted { snapshot, .. }
         | EventKind::NodeFinished { snapshot, .. }
-        | EventKind::NodeFailed { snapshot, .. } => snapshot.clone(),
+        | EventKind::NodeFailed { snapshot, .. } => snapshot.clone().map(|s| (e.seq.get(), s)),
         _ => None,
     })
 }

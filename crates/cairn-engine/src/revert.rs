@@ -1,5 +1,7 @@
-//! `cairn revert`: the sandbox root put back as it was before one attempt
-//! of a node, from the snapshot its `NodeStarted` names (docs/snapshots.md).
+//! `cairn revert`: the paths the run changed since one attempt of a node
+//! started put back as they were then, from the snapshot its `NodeStarted`
+//! names (docs/snapshots.md); every other path is left alone, and a path
+//! that something else changed since is a conflict ([`crate::touched`]).
 //!
 //! A revert writes to the run's log (`RevertStarted`, `RevertFinished`),
 //! so it holds the run's lease like a driver: a run that a process drives
@@ -14,6 +16,7 @@ use cairn_store::{RunLog, StoreError};
 use cairn_workflow::Workflow;
 
 use crate::driver::revert_files;
+use crate::touched::{shell, AttemptKey, FilesPlan, History, Point};
 use crate::{reload, Engine, EngineError};
 
 /// Which attempt's snapshot to restore.
@@ -27,6 +30,10 @@ pub struct RevertRequest {
     /// The attempt; the first one with a snapshot (the files before the
     /// node did anything) when absent.
     pub attempt: Option<u32>,
+    /// Overwrite paths that something else changed since the run did.
+    pub force: bool,
+    /// Plan only: nothing is written, to the files or the log.
+    pub dry_run: bool,
 }
 
 /// What a revert did.
@@ -53,6 +60,11 @@ pub struct Reverted {
     /// files are as far as the restore got, and running it again finishes
     /// it.
     pub error: Option<cairn_events::ErrorInfo>,
+    /// What the revert writes and removes, and its conflicts.
+    pub plan: FilesPlan,
+    /// Whether the files were touched: false for a dry run and for a plan
+    /// with conflicts and no `force`.
+    pub applied: bool,
 }
 
 /// Why a revert could not be done, beside the engine's own errors.
@@ -90,6 +102,13 @@ impl Engine {
             .await?;
         let store = self.snapshot_store()?;
         let finished_open = match &state.open_revert {
+            Some(open) if req.dry_run => {
+                return Err(EngineError::Conflict(format!(
+                    "a revert of node `{}` that a stopped process left half-way would be \
+                     finished first; revert without --dry-run to finish it",
+                    open.node_id
+                )))
+            }
             Some(open) => {
                 self.finish_revert(&log, &wf, open).await;
                 Some(open.node_id.to_string())
@@ -102,24 +121,58 @@ impl Engine {
             .services
             .workspace(&wf)
             .map_err(|e| EngineError::Conflict(e.info.message))?;
-        let scope = Scope::node(req.node.clone(), iteration).with_attempt(attempt);
-        let done = revert_files(&log, scope, &store, &root, &exclude, &snapshot).await;
-        let (before, written, removed, error) = match done {
-            Ok(d) => (d.before.to_string(), d.written, d.removed, None),
-            Err(e) if e.kind == "store" => return Err(EngineError::Conflict(e.message)),
-            Err(e) => (String::new(), 0, 0, Some(e)),
-        };
-        Ok(Reverted {
-            node: req.node,
+        // What the run changed since the attempt started, read after the
+        // open revert (if any) was finished: it is part of the history.
+        let id = run_id.to_string();
+        let events = self
+            .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
+            .await?;
+        let key = AttemptKey {
+            node: req.node.clone(),
             iteration,
             attempt,
-            snapshot,
-            before,
-            written,
-            removed,
-            finished_open,
-            error,
+        };
+        let (target, force) = (snapshot.clone(), req.force);
+        let (store_c, root_c, exclude_c) = (store.clone(), root.clone(), exclude.clone());
+        let planned = tokio::task::spawn_blocking(move || {
+            let history = History::of(&events, false);
+            let point = Point::After(history.starts.get(&key).copied().unwrap_or(0));
+            shell::plan_files(
+                &store_c, &root_c, &exclude_c, &history, &point, &target, force,
+            )
         })
+        .await
+        .map_err(|e| EngineError::Conflict(format!("the revert's plan: {e}")))?
+        .map_err(|e| EngineError::Conflict(format!("the revert's plan: {e}")))?;
+        let mut out = Reverted {
+            node: req.node.clone(),
+            iteration,
+            attempt,
+            snapshot: snapshot.clone(),
+            before: planned.before.to_string(),
+            written: 0,
+            removed: 0,
+            finished_open,
+            error: None,
+            plan: planned.plan,
+            applied: false,
+        };
+        if req.dry_run || out.plan.refused() {
+            return Ok(out);
+        }
+        let scope = Scope::node(req.node, iteration).with_attempt(attempt);
+        let paths = out.plan.paths();
+        match revert_files(&log, scope, &store, &root, &exclude, &snapshot, paths).await {
+            Ok(d) => {
+                out.before = d.before.to_string();
+                out.written = d.written;
+                out.removed = d.removed;
+            }
+            Err(e) if e.kind == "store" => return Err(EngineError::Conflict(e.message)),
+            Err(e) => out.error = Some(e),
+        }
+        out.applied = true;
+        Ok(out)
     }
 
     /// Runs a revert that a killed process left open to its end, so the
@@ -142,7 +195,7 @@ impl Engine {
             }
         };
         // The restore's outcome is in the log either way.
-        let _ = revert_files_again(log, scope, &store, &workspace, open).await;
+        let _ = revert_files_again(self, log, scope, &store, &workspace, open).await;
     }
 
     async fn close_open_revert(&self, log: &RunLog, scope: Scope, open: &OpenRevert, why: String) {
@@ -244,16 +297,24 @@ impl Engine {
 }
 
 /// Finishing an open revert: the restore and its `RevertFinished`, without
-/// a second `RevertStarted` (the open one stands for it).
+/// a second `RevertStarted` (the open one stands for it). Its paths are
+/// those it covered when it started, computed again from the log before
+/// it; what was decided then (conflicts forced, or none) stands.
 async fn revert_files_again(
+    engine: &Engine,
     log: &RunLog,
     scope: Scope,
     store: &Arc<SnapshotStore>,
     workspace: &(std::path::PathBuf, Vec<std::path::PathBuf>),
     open: &OpenRevert,
 ) -> Result<(), ()> {
-    let result =
-        crate::driver::restore_snapshot(store, &workspace.0, &workspace.1, &open.snapshot).await;
+    let result = match open_revert_paths(engine, log.run_id(), store, workspace).await {
+        Ok(paths) => {
+            crate::driver::restore_paths(store, &workspace.0, &workspace.1, &open.snapshot, paths)
+                .await
+        }
+        Err(e) => Err(cairn_events::ErrorInfo::new("revert", e.to_string())),
+    };
     log.append_durable(
         scope,
         cairn_events::EventKind::RevertFinished {
@@ -265,6 +326,49 @@ async fn revert_files_again(
     .await
     .map(|_| ())
     .map_err(|_| ())
+}
+
+/// The paths the log's open revert covers, as when it started: a
+/// `cairn revert`'s, the run's changes after its attempt started; an
+/// `on_retry: revert`'s, the failed attempt's (closed by the root as it is
+/// now when that attempt left no snapshot).
+async fn open_revert_paths(
+    engine: &Engine,
+    run_id: &str,
+    store: &Arc<SnapshotStore>,
+    workspace: &(std::path::PathBuf, Vec<std::path::PathBuf>),
+) -> Result<Vec<crate::touched::RelPath>, EngineError> {
+    let id = run_id.to_string();
+    let events = engine
+        .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
+        .await?;
+    let (store, root, exclude) = (store.clone(), workspace.0.clone(), workspace.1.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut history = History::of(&events, false);
+        let open = history
+            .reverts
+            .iter()
+            .rfind(|r| r.finished.is_none())
+            .cloned()
+            .ok_or_else(|| EngineError::Conflict("the log has no open revert".into()))?;
+        if open.on_retry {
+            history = History::of(&events, true);
+        }
+        let point = history.point_of(&open);
+        shell::plan_files(
+            &store,
+            &root,
+            &exclude,
+            &history,
+            &point,
+            &open.target,
+            true,
+        )
+        .map(|p| p.plan.paths())
+        .map_err(|e| EngineError::Conflict(e.to_string()))
+    })
+    .await
+    .map_err(|e| EngineError::Conflict(e.to_string()))?
 }
 
 /// The pass, attempt and snapshot a request names.

@@ -51,7 +51,7 @@ mod scoring;
 mod tallies;
 mod workspace;
 
-pub(crate) use workspace::{restore_snapshot, revert_files, Snapshotter};
+pub(crate) use workspace::{restore_paths, revert_files, Snapshotter};
 
 use context::{node_ctx_entry, NodesCtx};
 use inbox::wait_for;

@@ -1,8 +1,10 @@
 //! Workspace snapshots around attempts (docs/snapshots.md): before an
 //! attempt of a node that can change files in the sandbox root, a snapshot
 //! of the root, whose id its `NodeStarted` carries; before a retry of a
-//! node with `on_retry: revert`, the root restored to the snapshot of the
-//! attempt that failed (`RevertStarted`, `RevertFinished`).
+//! node with `on_retry: revert`, the paths the attempt that failed changed
+//! restored as its snapshot has them (`RevertStarted`, `RevertFinished`),
+//! or, when something else changed one of them since, nothing restored and
+//! the retry failed (docs/snapshots.md).
 //!
 //! Both touch the disk for as long as the root takes to walk, so they run
 //! off the driver's task: the attempt holds its slot meanwhile (it is in
@@ -12,6 +14,8 @@
 use std::path::{Path, PathBuf};
 
 use cairn_snapshot::{ObjectId, Restored, SnapshotStore};
+
+use crate::touched::{shell, AttemptKey, History, Point, RelPath};
 use cairn_workflow::OnRetry;
 
 use super::*;
@@ -129,12 +133,19 @@ impl Driver {
         let tx = self.msg_tx.clone();
         let log = self.log.clone();
         let scope = self.node_scope(&key);
+        let backend = self.services.journal.backend().clone();
         tokio::spawn(async move {
             let mut revert_failed = None;
             match revert {
                 Some(Some((prev, snapshot))) => {
+                    let failed = AttemptKey {
+                        node: key.0.to_string(),
+                        iteration: key.1,
+                        attempt: prev,
+                    };
+                    let ws = (store.clone(), root.clone(), exclude.clone());
                     let scope = scope.with_attempt(prev);
-                    let r = revert_files(&log, scope, &store, &root, &exclude, &snapshot).await;
+                    let r = retry_revert(&log, backend, scope, failed, &ws, &snapshot).await;
                     revert_failed = r.err();
                 }
                 Some(None) => {
@@ -235,11 +246,84 @@ async fn take_snapshot(
     }
 }
 
-/// Restores `root` to `snapshot` as the log says: `RevertStarted` durable
-/// before a file is touched, `RevertFinished` with how it went. A process
-/// killed in between leaves the revert open in the log, and whoever takes
-/// the run up next runs it again to its end ([`crate::Engine::revert`],
-/// a resume), so the files end as the snapshot has them.
+/// Most conflicting paths a retry's error and diagnostic name one by one.
+const CONFLICTS_NAMED: usize = 20;
+
+/// `on_retry: revert`: the paths the failed attempt changed put back as
+/// its snapshot has them. When something else changed one of them since,
+/// nothing is restored and the retry fails (error kind `revert`), with a
+/// `Diagnostic` naming each path: overwriting would destroy work that is
+/// not the run's, and starting the retry on files half put back is what
+/// the node asked not to do; a person decides (`cairn revert --force`).
+async fn retry_revert(
+    log: &RunLog,
+    backend: Arc<dyn cairn_store::Backend>,
+    scope: Scope,
+    failed: AttemptKey,
+    ws: &(Arc<SnapshotStore>, PathBuf, Vec<PathBuf>),
+    snapshot: &str,
+) -> Result<Restored, ErrorInfo> {
+    let revert_err = |m: String| ErrorInfo::new("revert", m);
+    // The failed attempt's end is in the log before its history is read.
+    log.sync()
+        .await
+        .map_err(|e| ErrorInfo::new("store", e.to_string()))?;
+    let (store, root, exclude) = ws.clone();
+    let (run, target) = (log.run_id().to_string(), snapshot.to_string());
+    let planned = tokio::task::spawn_blocking(move || {
+        let events = shell::history_events(backend.as_ref(), &run, Some(&failed.node))
+            .map_err(|e| e.to_string())?;
+        let history = History::of(&events, true);
+        let point = Point::Attempt(failed);
+        shell::plan_files(&store, &root, &exclude, &history, &point, &target, false)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| revert_err(format!("the revert's task died: {e}")))?
+    .map_err(|e| revert_err(format!("on_retry: revert cannot tell what to restore: {e}")))?;
+    let plan = planned.plan;
+    if plan.refused() {
+        let named: Vec<String> = plan
+            .conflicts
+            .iter()
+            .take(CONFLICTS_NAMED)
+            .map(|c| format!("{} ({})", String::from_utf8_lossy(&c.path), c.why))
+            .collect();
+        let more = plan.conflicts.len().saturating_sub(CONFLICTS_NAMED);
+        let message = format!(
+            "on_retry: revert restored nothing: {} path(s) the failed attempt changed were \
+             changed since by something else: {}{}; the retry does not start on files half \
+             put back (`cairn revert --force` overwrites them)",
+            plan.conflicts.len(),
+            named.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
+        );
+        let _ = log
+            .append_durable(
+                scope.clone(),
+                EventKind::Diagnostic {
+                    level: cairn_events::Level::Warn,
+                    source: "revert".into(),
+                    message: message.clone(),
+                },
+            )
+            .await;
+        return Err(revert_err(message));
+    }
+    let (store, root, exclude) = ws;
+    revert_files(log, scope, store, root, exclude, snapshot, plan.paths()).await
+}
+
+/// Restores `paths` of `root` as `snapshot` has them, as the log says:
+/// `RevertStarted` durable before a file is touched, `RevertFinished` with
+/// how it went. A process killed in between leaves the revert open in the
+/// log, and whoever takes the run up next runs it again to its end
+/// ([`crate::Engine::revert`], a resume), its paths computed again from the
+/// log, so the files end as the snapshot has them.
 pub(crate) async fn revert_files(
     log: &RunLog,
     scope: Scope,
@@ -247,6 +331,7 @@ pub(crate) async fn revert_files(
     root: &Path,
     exclude: &[PathBuf],
     snapshot: &str,
+    paths: Vec<RelPath>,
 ) -> Result<Restored, ErrorInfo> {
     let store_err = |e: cairn_store::StoreError| ErrorInfo::new("store", e.to_string());
     log.append_durable(
@@ -257,7 +342,7 @@ pub(crate) async fn revert_files(
     )
     .await
     .map_err(store_err)?;
-    let result = restore_snapshot(store, root, exclude, snapshot).await;
+    let result = restore_paths(store, root, exclude, snapshot, paths).await;
     log.append_durable(
         scope,
         EventKind::RevertFinished {
@@ -271,18 +356,23 @@ pub(crate) async fn revert_files(
     result
 }
 
-/// Restores `root` to `snapshot` off the async workers.
-pub(crate) async fn restore_snapshot(
+/// Restores `paths` of `root` as `snapshot` has them (every other path
+/// left alone), off the async workers.
+pub(crate) async fn restore_paths(
     store: &Arc<SnapshotStore>,
     root: &Path,
     exclude: &[PathBuf],
     snapshot: &str,
+    paths: Vec<RelPath>,
 ) -> Result<Restored, ErrorInfo> {
-    let id: ObjectId = snapshot
-        .parse()
-        .map_err(|e: cairn_snapshot::SnapshotError| ErrorInfo::new("revert", e.to_string()))?;
-    let (store, root, exclude) = (store.clone(), root.to_path_buf(), exclude.to_vec());
-    match tokio::task::spawn_blocking(move || store.restore(&root, id, &exclude)).await {
+    let (store, root, exclude, snapshot) = (
+        store.clone(),
+        root.to_path_buf(),
+        exclude.to_vec(),
+        snapshot.to_string(),
+    );
+    let restore = move || shell::restore(&store, &root, &exclude, &snapshot, &paths);
+    match tokio::task::spawn_blocking(restore).await {
         Ok(r) => r.map_err(|e| ErrorInfo::new("revert", e.to_string())),
         Err(e) => Err(ErrorInfo::new(
             "revert",

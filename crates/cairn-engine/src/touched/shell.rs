@@ -185,32 +185,32 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Until `cairn-snapshot` has its path-wise restore: refuses, never
-/// falling back to a restore of the whole root.
-trait PathWise {
-    fn flat(&self, id: ObjectId) -> Result<Flat, SnapshotError>;
-    fn restore_paths(
-        &self,
-        root: &Path,
-        id: ObjectId,
-        paths: &[RelPath],
-        exclude: &[PathBuf],
-    ) -> Result<Restored, SnapshotError>;
-}
+/// The event types a [`History`] reads.
+const HISTORY_TYPES: [&str; 8] = [
+    "NodeStarted",
+    "AgentStepStarted",
+    "NodeFinished",
+    "NodeFailed",
+    "NodeCancelled",
+    "NodeRetrying",
+    "RevertStarted",
+    "RevertFinished",
+];
 
-impl PathWise for SnapshotStore {
-    fn flat(&self, _id: ObjectId) -> Result<Flat, SnapshotError> {
-        Err(SnapshotError::Conflict(
-            "no path-wise snapshot reading yet".into(),
-        ))
-    }
-    fn restore_paths(
-        &self,
-        _root: &Path,
-        _id: ObjectId,
-        _paths: &[RelPath],
-        _exclude: &[PathBuf],
-    ) -> Result<Restored, SnapshotError> {
-        Err(SnapshotError::Conflict("no path-wise restore yet".into()))
-    }
+/// The events of a run's log a [`History`] reads (of one node, when
+/// `node` is given), in seq order.
+pub(crate) fn history_events(
+    backend: &dyn cairn_store::Backend,
+    run_id: &str,
+    node: Option<&str>,
+) -> Result<Vec<cairn_events::Event>, crate::EngineError> {
+    let rows = backend.read_events(
+        run_id,
+        &cairn_store::EventQuery {
+            types: HISTORY_TYPES.map(String::from).to_vec(),
+            node: node.map(String::from),
+            ..Default::default()
+        },
+    )?;
+    rows.iter().map(|s| crate::decode_row(run_id, s)).collect()
 }
