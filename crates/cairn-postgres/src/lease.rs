@@ -8,6 +8,13 @@
 //! only stalls may find, when it wakes, that another took its run over; the
 //! fence in `append` (see [`fenced_run`]) then refuses its writes, so two
 //! processes never interleave events of one run.
+//!
+//! A lease whose holder is seen dead need not wait for its expiry: the
+//! owner id names the holder's machine boot, PID namespace, pid and process
+//! start time (see `holder.rs`), and a process on the same machine that
+//! finds that process gone takes the lease over at once, by an update
+//! conditional on that exact owner id (so of two such processes one wins),
+//! and the fence refuses the dead holder's writes as after an expiry.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +24,7 @@ use std::time::Duration;
 use cairn_store::{validate_run_id, RunLease, StoreError};
 
 use crate::db::Db;
+use crate::holder::{Holder, Liveness};
 use crate::Shared;
 
 /// The shortest renewal period, whatever the ttl.
@@ -29,6 +37,22 @@ const ACQUIRE: &str = "INSERT INTO leases (run_id, owner, expires_at) \
      ON CONFLICT (run_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at \
      WHERE leases.expires_at < clock_timestamp() OR leases.owner = EXCLUDED.owner \
      RETURNING run_id";
+
+/// The run's lease while it is live: its owner and how many seconds it has
+/// left, on the database's clock.
+const HOLDER: &str = "SELECT owner, \
+     extract(epoch FROM expires_at - clock_timestamp())::float8 \
+     FROM leases WHERE run_id = $1 AND expires_at >= clock_timestamp()";
+
+/// Takes over a lease from the exact owner `$4` that was seen dead: a
+/// concurrent taker (or a renewal, were it alive) changes the row, and then
+/// this updates nothing.
+const TAKE_OVER: &str =
+    "UPDATE leases SET owner = $2, expires_at = clock_timestamp() + $3::float8 * interval '1 second' \
+     WHERE run_id = $1 AND owner = $4 RETURNING run_id";
+
+/// How many times a take is tried when the row changes under it.
+const TAKE_TRIES: usize = 3;
 
 const RELEASE: &str = "DELETE FROM leases WHERE run_id = $1 AND owner = $2";
 
@@ -52,8 +76,11 @@ const FENCE: &str = "SELECT run_id, owner <> $2 AND expires_at > clock_timestamp
 /// leases of one owner apart: a second `try_lock_run` of a run held in this
 /// process must fail without asking the database.
 pub(crate) struct Leases {
-    /// This backend's id in the `owner` column, random per backend.
+    /// This backend's id in the `owner` column: random per backend, naming
+    /// this process (see [`owner_id`]).
     owner: String,
+    /// This process, to judge other owners by.
+    me: Holder,
     ttl: Duration,
     held: Mutex<HashMap<String, Claim>>,
     /// Tells apart successive leases of one run, so that a late heartbeat
@@ -72,8 +99,10 @@ struct Claim {
 impl Leases {
     /// An empty set for a new owner.
     pub(crate) fn new(ttl: Duration) -> Leases {
+        let me = Holder::this_process();
         Leases {
-            owner: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
+            owner: owner_id(rand::random::<u64>(), &me),
+            me,
             ttl,
             held: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
@@ -138,6 +167,46 @@ impl Leases {
     }
 }
 
+/// An owner id: `<random> pid=<pid> start=<ticks> host=<boot>/<pid ns>
+/// name=<hostname>`, readable in `psql` and by [`parse_owner`]. The random
+/// part alone tells backends apart; the rest says who holds the lease.
+pub(crate) fn owner_id(random: u64, me: &Holder) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    format!(
+        "{random:016x} pid={} start={} host={} name={}",
+        me.pid,
+        opt(me.start.map(|s| s.to_string())),
+        opt(me.host.clone()),
+        me.hostname
+    )
+}
+
+/// Who an owner id names; fields it lacks (an id of an older Cairn, or an
+/// unexpected one) stay unknown, and such a holder is never judged dead.
+fn parse_owner(owner: &str) -> Holder {
+    let mut holder = Holder {
+        host: None,
+        hostname: String::new(),
+        pid: 0,
+        start: None,
+    };
+    // The name comes last and may hold anything: it is the rest.
+    let (fields, name) = match owner.split_once(" name=") {
+        Some((f, n)) => (f, n),
+        None => (owner, ""),
+    };
+    holder.hostname = name.to_string();
+    for field in fields.split(' ').skip(1) {
+        match field.split_once('=') {
+            Some(("pid", v)) => holder.pid = v.parse().unwrap_or(0),
+            Some(("start", v)) => holder.start = v.parse().ok(),
+            Some(("host", v)) if v != "-" => holder.host = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    holder
+}
+
 /// A run's lease; dropping it deletes its row.
 struct PgLease {
     run_id: String,
@@ -168,13 +237,11 @@ impl Shared {
         let Some(token) = self.leases.reserve(run_id) else {
             return Ok(None);
         };
-        let db = self.db.clone();
+        let (db, leases) = (self.db.clone(), self.leases.clone());
         let run = run_id.to_string();
-        let owner = self.leases.owner().to_string();
-        let ttl = self.leases.ttl_secs();
         let got = self
             .bridge
-            .run(async move { acquire(&db, &run, &owner, ttl).await });
+            .run(async move { take(&db, &leases, &run).await });
         match got {
             Ok(true) => {
                 self.leases.set_live(run_id, token, true);
@@ -216,6 +283,97 @@ impl Shared {
         }
         self.leases.forget(run_id, token);
     }
+
+    /// `Backend::lease_holder`: the run's live lease, unless this process
+    /// holds it or its holder is seen dead (a `try_lock_run` takes it then).
+    pub(crate) fn lease_holder(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<cairn_store::LeaseHolder>, StoreError> {
+        let (db, run) = (self.db.clone(), run_id.to_string());
+        let Some((owner, left)) = self
+            .bridge
+            .run(async move { holder_row(&db, &run).await })?
+        else {
+            return Ok(None);
+        };
+        if owner == self.leases.owner() {
+            return Ok(None);
+        }
+        let holder = parse_owner(&owner);
+        let alive_here = match self.leases.me.judge(&holder) {
+            Liveness::Dead => return Ok(None),
+            Liveness::Alive => true,
+            Liveness::Unknown => false,
+        };
+        Ok(Some(cairn_store::LeaseHolder {
+            holder: holder.describe(),
+            expires_in: Some(Duration::from_secs_f64(left.max(0.0))),
+            alive_here,
+        }))
+    }
+}
+
+/// Takes the run's lease in the database: free, expired or ours, or held by
+/// a process this one sees dead (on this machine). Whoever holds it live,
+/// or might, keeps it.
+async fn take(db: &Db, leases: &Leases, run: &str) -> Result<bool, StoreError> {
+    let (owner, ttl) = (leases.owner(), leases.ttl_secs());
+    for _ in 0..TAKE_TRIES {
+        if acquire(db, run, owner, ttl).await? {
+            return Ok(true);
+        }
+        // Released or expired since: try again.
+        let Some((held_by, _)) = holder_row(db, run).await? else {
+            continue;
+        };
+        let holder = parse_owner(&held_by);
+        if held_by == owner || leases.me.judge(&holder) != Liveness::Dead {
+            return Ok(false);
+        }
+        if take_over(db, run, owner, ttl, &held_by).await? {
+            tracing::info!(
+                run,
+                holder = %holder.describe(),
+                "took over the run's lease from a process that is no longer running"
+            );
+            return Ok(true);
+        }
+        // Another process took it over (or it was released) meanwhile.
+    }
+    Ok(false)
+}
+
+/// The run's live lease: its owner id and the seconds it has left.
+async fn holder_row(db: &Db, run: &str) -> Result<Option<(String, f64)>, StoreError> {
+    let client = db.client().await?;
+    let st = client.prepare_cached(HOLDER).await.map_err(|e| db.err(e))?;
+    let row = client
+        .query_opt(&st, &[&run])
+        .await
+        .map_err(|e| db.err(e))?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .transpose()
+        .map_err(|e| db.err(e))
+}
+
+async fn take_over(
+    db: &Db,
+    run: &str,
+    owner: &str,
+    ttl_secs: f64,
+    dead: &str,
+) -> Result<bool, StoreError> {
+    let client = db.client().await?;
+    let st = client
+        .prepare_cached(TAKE_OVER)
+        .await
+        .map_err(|e| db.err(e))?;
+    let row = client
+        .query_opt(&st, &[&run, &owner, &ttl_secs, &dead])
+        .await
+        .map_err(|e| db.err(e))?;
+    Ok(row.is_some())
 }
 
 async fn acquire(db: &Db, run: &str, owner: &str, ttl_secs: f64) -> Result<bool, StoreError> {
@@ -298,4 +456,30 @@ async fn renew(db: &Db, leases: &Leases, runs: &[&str]) -> Result<Vec<String>, S
         .map(|r| r.try_get(0))
         .collect::<Result<_, _>>()
         .map_err(|e| db.err(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_ids_name_their_holder_and_odd_ones_name_nobody() {
+        let me = Holder::this_process();
+        let id = owner_id(0xabc, &me);
+        assert!(id.starts_with("0000000000000abc pid="), "{id}");
+        assert_eq!(parse_owner(&id), me);
+        let odd = Holder {
+            host: Some("b/pid:[4]".into()),
+            hostname: "a name= with spaces".into(),
+            pid: 7,
+            start: None,
+        };
+        assert_eq!(parse_owner(&owner_id(1, &odd)), odd);
+        // An older Cairn's id, or garbage: nobody, so never judged dead.
+        for other in ["4242-00000000deadbeef", "", "x pid=abc host=-", "x name="] {
+            let h = parse_owner(other);
+            assert_eq!((h.pid, h.host.as_deref()), (0, None), "{other}");
+            assert_eq!(me.judge(&h), Liveness::Unknown, "{other}");
+        }
+    }
 }

@@ -20,6 +20,7 @@
 mod config;
 mod db;
 mod events;
+mod holder;
 mod lease;
 mod records;
 mod rt;
@@ -35,8 +36,8 @@ use std::time::Duration;
 
 use cairn_events::RunCommand;
 use cairn_store::{
-    validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, Listener, ProcessRecord,
-    RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+    validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, Listener,
+    ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -233,6 +234,10 @@ impl Backend for PgBackend {
 
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         self.shared.try_lock_run(run_id)
+    }
+
+    fn lease_holder(&self, run_id: &str) -> Result<Option<LeaseHolder>, StoreError> {
+        self.shared.lease_holder(run_id)
     }
 
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {

@@ -244,6 +244,151 @@ fn a_crashed_holders_lease_expires_and_another_process_takes_it() {
     assert!(b.try_lock_run("r").unwrap().is_some());
 }
 
+/// Plants a lease of run `run` held for an hour by `owner`, as a process
+/// that crashed would leave it.
+fn plant_lease(s: &Scratch, schema: &str, run: &str, owner: &str) {
+    s.sql_in(
+        schema,
+        &format!(
+            "INSERT INTO leases (run_id, owner, expires_at) \
+             VALUES ('{run}', '{}', clock_timestamp() + interval '1 hour')",
+            owner.replace('\'', "''")
+        ),
+    );
+}
+
+/// A process of this machine, started to hold a lease and killed.
+fn doomed_process() -> std::process::Child {
+    std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("spawn sleep")
+}
+
+#[test]
+fn a_lease_of_a_process_that_died_on_this_machine_is_taken_at_once() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let b = s.open(&schema, PgOptions::default());
+    let mut holder = doomed_process();
+    let pid = holder.id();
+    plant_lease(&s, &schema, "r", &common::lease_owner_of(pid));
+
+    // Alive: refused, and said to be driven here.
+    assert!(b.try_lock_run("r").unwrap().is_none(), "its holder lives");
+    let seen = b.lease_holder("r").unwrap().expect("a live holder");
+    assert!(seen.alive_here, "{seen:?}");
+    assert!(seen.holder.starts_with(&format!("pid {pid}")), "{seen:?}");
+    assert!(
+        seen.expires_in.unwrap() > Duration::from_secs(60),
+        "{seen:?}"
+    );
+
+    // Killed: taken at once, an hour before the lease would expire.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(
+        b.lease_holder("r").unwrap(),
+        None,
+        "a dead holder is nobody"
+    );
+    let lease = b.try_lock_run("r").unwrap().expect("taken over at once");
+    // Now B's: renewed as its own, and refused to others while B lives.
+    let c = s.open(&schema, PgOptions::default());
+    assert!(c.try_lock_run("r").unwrap().is_none());
+    assert!(c.lease_holder("r").unwrap().is_some_and(|h| h.alive_here));
+    drop(lease);
+    assert!(c.try_lock_run("r").unwrap().is_some(), "released by B");
+}
+
+#[test]
+fn a_reused_pid_is_not_taken_for_the_lease_holder() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let b = s.open(&schema, PgOptions::default());
+    // The owner names this very process's pid but another start time: the
+    // holder was an earlier process under the same pid.
+    let me = common::lease_owner_of(std::process::id());
+    let (head, tail) = me.split_once(" start=").unwrap();
+    let (start, rest) = tail.split_once(' ').unwrap();
+    let earlier: u64 = start.parse::<u64>().unwrap().saturating_sub(1);
+    plant_lease(&s, &schema, "r", &format!("{head} start={earlier} {rest}"));
+    assert!(
+        b.try_lock_run("r").unwrap().is_some(),
+        "the pid's holder is gone"
+    );
+}
+
+#[test]
+fn a_lease_of_another_machine_or_an_unknown_holder_waits_for_its_expiry() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let b = s.open(&schema, PgOptions::default());
+    // Another boot: its pid means nothing here, even one that is not running.
+    plant_lease(
+        &s,
+        &schema,
+        "elsewhere",
+        "00000000000000aa pid=999999 start=1 host=another-boot/pid:[1] name=build-3",
+    );
+    // An owner id that names nobody (an older Cairn's, say).
+    plant_lease(&s, &schema, "unknown", "1234-00000000000000bb");
+    for run in ["elsewhere", "unknown"] {
+        assert!(b.try_lock_run(run).unwrap().is_none(), "{run}");
+        let seen = b.lease_holder(run).unwrap().expect("held");
+        assert!(!seen.alive_here, "{run}: {seen:?}");
+        let left = seen.expires_in.expect("an expiry");
+        assert!(
+            left > Duration::from_secs(3000) && left <= Duration::from_secs(3600),
+            "{left:?}"
+        );
+    }
+    assert_eq!(
+        b.lease_holder("elsewhere").unwrap().unwrap().holder,
+        "pid 999999 on build-3"
+    );
+    // Expired: taken, as ever.
+    s.sql_in(
+        &schema,
+        "UPDATE leases SET expires_at = clock_timestamp() - interval '1 second'",
+    );
+    assert_eq!(b.lease_holder("elsewhere").unwrap(), None);
+    assert!(b.try_lock_run("elsewhere").unwrap().is_some());
+    assert!(b.try_lock_run("unknown").unwrap().is_some());
+}
+
+#[test]
+fn of_processes_racing_for_a_dead_holders_lease_exactly_one_wins() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let racers: Vec<PgBackend> = (0..6)
+        .map(|_| s.open(&schema, PgOptions::default()))
+        .collect();
+    for round in 0..10 {
+        let run = format!("r{round}");
+        let mut holder = doomed_process();
+        plant_lease(&s, &schema, &run, &common::lease_owner_of(holder.id()));
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        let barrier = std::sync::Barrier::new(racers.len());
+        let won: Vec<_> = std::thread::scope(|scope| {
+            let tries: Vec<_> = racers
+                .iter()
+                .map(|b| {
+                    let (barrier, run) = (&barrier, &run);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        b.try_lock_run(run).unwrap()
+                    })
+                })
+                .collect();
+            tries.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let winners = won.iter().filter(|l| l.is_some()).count();
+        assert_eq!(winners, 1, "round {round}: {winners} took the lease");
+    }
+}
+
 #[test]
 fn the_fence_refuses_writes_to_a_run_leased_by_another_process() {
     let Some(s) = Scratch::new() else { return };

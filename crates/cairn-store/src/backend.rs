@@ -352,6 +352,20 @@ pub struct ToolCallRecord {
 /// by the operating system when the owning process dies.
 pub trait RunLease: Send + Sync {}
 
+/// Who holds a run's lease, as far as the store can tell
+/// ([`Backend::lease_holder`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// Who, for people: e.g. `pid 4242 on build-3`.
+    pub holder: String,
+    /// How long the lease lasts unless its holder renews it first; `None`
+    /// for a lease that lasts exactly as long as its holder.
+    pub expires_in: Option<std::time::Duration>,
+    /// The holder is a process seen running on this machine: the run is
+    /// being driven, and waiting for the lease to expire is pointless.
+    pub alive_here: bool,
+}
+
 /// A database that keeps Cairn's runs. Every method is synchronous and may
 /// block on I/O; the journal calls them from its writer thread or from
 /// blocking contexts, several threads at a time.
@@ -405,6 +419,17 @@ pub trait Backend: Send + Sync + 'static {
     /// [`validate_run_id`] refuses. Dropping the lease, on any thread,
     /// releases it.
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
+    /// Who holds the run's lease now, when the backend can tell: `None`
+    /// when the lease is free, held by this backend, or would be taken at
+    /// once by [`Backend::try_lock_run`] (its holder is known to be dead).
+    /// For people deciding whether to wait; [`Backend::try_lock_run`] alone
+    /// decides. The default tells nothing, which suits a lease the operating
+    /// system drops when its holder dies (SQLite's lock): a held one
+    /// belongs to a live process.
+    fn lease_holder(&self, run_id: &str) -> Result<Option<LeaseHolder>, StoreError> {
+        let _ = run_id;
+        Ok(None)
+    }
     /// Inserts or replaces a tool call, keyed by (run, node, iteration,
     /// attempt, tool_seq); `NotFound` when the run has no row.
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError>;

@@ -19,8 +19,9 @@ mod sqlite;
 mod wake;
 
 pub use backend::{
-    hex_prefix, validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, Listener,
-    ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+    hex_prefix, validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, LeaseHolder,
+    Listener, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent,
+    ToolCallRecord, Topic,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
 pub use scores::{
