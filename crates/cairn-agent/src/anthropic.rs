@@ -30,7 +30,7 @@ pub struct Anthropic {
     config: ModelConfig,
     key: String,
     url: String,
-    http: reqwest::Client,
+    http: http::HttpClient,
 }
 
 impl Anthropic {
@@ -45,7 +45,7 @@ impl Anthropic {
             config: config.clone(),
             key,
             url: format!("{base}/v1/messages"),
-            http: http::client()?,
+            http: http::HttpClient::new()?,
         })
     }
 

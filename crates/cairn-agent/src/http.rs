@@ -61,7 +61,7 @@ impl Body {
 /// Sends `body` to `url` with `headers`, retrying as the model's policy
 /// says until an answer's body begins.
 pub(crate) async fn post_streamed(
-    http: &reqwest::Client,
+    http: &HttpClient,
     config: &ModelConfig,
     url: &str,
     headers: HeaderMap,
@@ -73,92 +73,107 @@ pub(crate) async fn post_streamed(
     let idle = config.idle_timeout;
     let mut n = 1;
     loop {
-        let sent = http
-            .post(url)
-            .headers(headers.clone())
-            .body(body.clone())
-            .send();
+        // A client that could not be built for want of descriptors is a
+        // failed try, like a connection that could not be made.
+        let client = match http.get() {
+            Ok(c) => Ok(c),
+            Err(e) if e.kind == ModelErrorKind::Network => Err(e),
+            Err(e) => return Err(e),
+        };
         // Why this try failed in a way a retry may mend, and the wait the
         // server asked for.
-        let (reason, asked, failure) = match tokio::time::timeout(idle, sent).await {
-            Err(_) => (
-                "no answer in time".to_string(),
-                None,
-                ModelError::new(
-                    ModelErrorKind::IdleTimeout,
-                    format!("the server did not answer within {idle:?}"),
-                ),
-            ),
-            Ok(Err(e)) => {
-                let msg = scrub(&e.to_string(), key);
-                (
-                    format!("connection: {}", cut(&msg, 200)),
-                    None,
-                    ModelError::new(
-                        ModelErrorKind::Network,
-                        format!("cannot reach {url}: {msg}"),
-                    ),
-                )
-            }
-            Ok(Ok(resp)) if resp.status().is_success() => {
-                let mut rest = resp.bytes_stream().boxed();
-                // The body's first bytes: until they arrive, a drop or a
-                // silence is still a failed try, not a broken answer.
-                match tokio::time::timeout(idle, rest.next()).await {
-                    Ok(Some(Ok(first))) => {
-                        return Ok(Body {
-                            first: Some(first),
-                            rest,
-                            idle,
-                            key: key.to_string(),
-                        })
-                    }
+        let (reason, asked, failure) = match client {
+            Err(e) => (cut(&e.message, 200), None, e),
+            Ok(client) => {
+                let sent = client
+                    .post(url)
+                    .headers(headers.clone())
+                    .body(body.clone())
+                    .send();
+                match tokio::time::timeout(idle, sent).await {
                     Err(_) => (
-                        "no byte of the answer in time".to_string(),
+                        "no answer in time".to_string(),
                         None,
                         ModelError::new(
                             ModelErrorKind::IdleTimeout,
-                            format!("no byte of the answer for {idle:?}"),
+                            format!("the server did not answer within {idle:?}"),
                         ),
                     ),
-                    Ok(None) => (
-                        "empty answer".to_string(),
-                        None,
-                        ModelError::new(ModelErrorKind::Protocol, "the answer's body was empty"),
-                    ),
-                    Ok(Some(Err(e))) => {
+                    Ok(Err(e)) => {
                         let msg = scrub(&e.to_string(), key);
                         (
-                            format!("connection dropped: {}", cut(&msg, 200)),
+                            format!("connection: {}", cut(&msg, 200)),
                             None,
                             ModelError::new(
                                 ModelErrorKind::Network,
-                                format!("the connection dropped before the answer: {msg}"),
+                                format!("cannot reach {url}: {msg}"),
                             ),
                         )
                     }
+                    Ok(Ok(resp)) if resp.status().is_success() => {
+                        let mut rest = resp.bytes_stream().boxed();
+                        // The body's first bytes: until they arrive, a drop or a
+                        // silence is still a failed try, not a broken answer.
+                        match tokio::time::timeout(idle, rest.next()).await {
+                            Ok(Some(Ok(first))) => {
+                                return Ok(Body {
+                                    first: Some(first),
+                                    rest,
+                                    idle,
+                                    key: key.to_string(),
+                                })
+                            }
+                            Err(_) => (
+                                "no byte of the answer in time".to_string(),
+                                None,
+                                ModelError::new(
+                                    ModelErrorKind::IdleTimeout,
+                                    format!("no byte of the answer for {idle:?}"),
+                                ),
+                            ),
+                            Ok(None) => (
+                                "empty answer".to_string(),
+                                None,
+                                ModelError::new(
+                                    ModelErrorKind::Protocol,
+                                    "the answer's body was empty",
+                                ),
+                            ),
+                            Ok(Some(Err(e))) => {
+                                let msg = scrub(&e.to_string(), key);
+                                (
+                                    format!("connection dropped: {}", cut(&msg, 200)),
+                                    None,
+                                    ModelError::new(
+                                        ModelErrorKind::Network,
+                                        format!("the connection dropped before the answer: {msg}"),
+                                    ),
+                                )
+                            }
+                        }
+                    }
+                    Ok(Ok(resp)) => {
+                        let status = resp.status();
+                        let asked = retry_after(resp.headers(), SystemTime::now());
+                        let text = error_body(resp, key).await;
+                        let kind = match status.as_u16() {
+                            401 | 403 => ModelErrorKind::Auth,
+                            429 => ModelErrorKind::RateLimited,
+                            408 | 409 => ModelErrorKind::Network,
+                            s if s >= 500 => ModelErrorKind::Server,
+                            _ => ModelErrorKind::BadRequest,
+                        };
+                        let mut err = ModelError::new(
+                            kind,
+                            format!("{url} answered {status}: {}", cut(&text, 500)),
+                        );
+                        err.status = Some(status.as_u16());
+                        if !retried_status(status) {
+                            return Err(err);
+                        }
+                        (format!("http {}", status.as_u16()), asked, err)
+                    }
                 }
-            }
-            Ok(Ok(resp)) => {
-                let status = resp.status();
-                let asked = retry_after(resp.headers(), SystemTime::now());
-                let text = error_body(resp, key).await;
-                let kind = match status.as_u16() {
-                    401 | 403 => ModelErrorKind::Auth,
-                    429 => ModelErrorKind::RateLimited,
-                    408 | 409 => ModelErrorKind::Network,
-                    s if s >= 500 => ModelErrorKind::Server,
-                    _ => ModelErrorKind::BadRequest,
-                };
-                let mut err = ModelError::new(
-                    kind,
-                    format!("{url} answered {status}: {}", cut(&text, 500)),
-                );
-                err.status = Some(status.as_u16());
-                if !retried_status(status) {
-                    return Err(err);
-                }
-                (format!("http {}", status.as_u16()), asked, err)
             }
         };
         if n >= attempts {
@@ -198,7 +213,7 @@ pub(crate) trait Decoder: Default {
 /// One streamed model call: the POST with its retries, the stream read
 /// into `D`'s answer, all within the model's whole-call timeout.
 pub(crate) async fn call_sse<D: Decoder>(
-    http: &reqwest::Client,
+    http: &HttpClient,
     config: &ModelConfig,
     url: &str,
     headers: HeaderMap,
@@ -327,20 +342,117 @@ pub fn install_tls_provider() {
     });
 }
 
-/// The shared HTTP client of a provider: no overall timeout (answers
-/// stream for minutes; idle timeouts guard them instead).
-pub(crate) fn client() -> Result<reqwest::Client, ModelError> {
+/// The HTTP client of a provider, built when first needed and then kept.
+/// Building one opens files (root certificates, the resolver's
+/// configuration), so it can fail for want of file descriptors, which
+/// passes: such a failure is a `Network` error, retried like a connection
+/// that could not be made, and the next try builds again. Any other
+/// failure is the configuration's (`Config`).
+pub(crate) struct HttpClient(std::sync::OnceLock<reqwest::Client>);
+
+impl HttpClient {
+    /// Builds the client now when it can; one that failed for want of
+    /// descriptors is built again at the first call.
+    pub(crate) fn new() -> Result<HttpClient, ModelError> {
+        let c = HttpClient(std::sync::OnceLock::new());
+        match c.get() {
+            Err(e) if e.kind != ModelErrorKind::Network => Err(e),
+            _ => Ok(c),
+        }
+    }
+
+    /// The client (a handle to the shared one).
+    pub(crate) fn get(&self) -> Result<reqwest::Client, ModelError> {
+        if let Some(c) = self.0.get() {
+            return Ok(c.clone());
+        }
+        let built = build_client()?;
+        Ok(self.0.get_or_init(|| built).clone())
+    }
+}
+
+/// No overall timeout (answers stream for minutes; idle timeouts guard
+/// them instead).
+fn build_client() -> Result<reqwest::Client, ModelError> {
     install_tls_provider();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(30))
         .build()
-        .map_err(|e| ModelError::new(ModelErrorKind::Config, format!("HTTP client: {e}")))
+        .map_err(|e| {
+            let why = causes(&e);
+            if out_of_descriptors(&e) {
+                ModelError::new(
+                    ModelErrorKind::Network,
+                    format!("HTTP client: out of file descriptors: {why}"),
+                )
+            } else {
+                ModelError::new(ModelErrorKind::Config, format!("HTTP client: {why}"))
+            }
+        })
+}
+
+/// An error with its causes, `a: b: c` ("builder error" alone says nothing).
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        next = c.source();
+    }
+    out
+}
+
+/// Whether `EMFILE` or `ENFILE` is among an error's causes (as an I/O error
+/// or, from libraries that keep only the text, as its message).
+fn out_of_descriptors(e: &(dyn std::error::Error + 'static)) -> bool {
+    // Linux's `ENFILE` and `EMFILE`.
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    let mut next = Some(e);
+    while let Some(c) = next {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(EMFILE | ENFILE)) {
+                return true;
+            }
+        }
+        let text = c.to_string();
+        if text.contains("Too many open files") || text.contains("os error 24)") {
+            return true;
+        }
+        next = c.source();
+    }
+    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("builder error")
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn running_out_of_descriptors_is_told_from_other_causes() {
+        let emfile = Wrapped(std::io::Error::from_raw_os_error(24));
+        assert!(out_of_descriptors(&emfile));
+        assert!(causes(&emfile).starts_with("builder error: "));
+        let enfile = std::io::Error::from_raw_os_error(23);
+        assert!(out_of_descriptors(&enfile));
+        let other = Wrapped(std::io::Error::from_raw_os_error(2));
+        assert!(!out_of_descriptors(&other));
+    }
 
     #[test]
     fn retry_after_reads_milliseconds_seconds_and_dates() {

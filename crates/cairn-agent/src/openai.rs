@@ -26,7 +26,7 @@ pub struct OpenAi {
     config: ModelConfig,
     key: String,
     url: String,
-    http: reqwest::Client,
+    http: http::HttpClient,
 }
 
 impl OpenAi {
@@ -41,7 +41,7 @@ impl OpenAi {
             config: config.clone(),
             key,
             url: format!("{base}/chat/completions"),
-            http: http::client()?,
+            http: http::HttpClient::new()?,
         })
     }
 

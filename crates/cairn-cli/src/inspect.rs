@@ -723,6 +723,12 @@ pub async fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
 
 /// `cairn serve`.
 pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
+    // Each run holds a few descriptors: the default soft limit (often
+    // 1,024) would stop a busy server long before the machine's does.
+    match cairn_server::descriptors::raise_limit() {
+        Ok(l) => eprintln!("cairn serve: {l}"),
+        Err(e) => eprintln!("cairn serve: file descriptors: the limit cannot be raised: {e}"),
+    }
     let addr = a.addr.parse().map_err(|e| {
         bad_input(format!(
             "--addr `{}`: {e} (write HOST:PORT, e.g. 127.0.0.1:7700)",

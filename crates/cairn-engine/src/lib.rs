@@ -398,19 +398,26 @@ impl Engine {
         // A child whose record a crash left without its `RunStarted` is
         // started in that record.
         let exists = parent.as_ref().is_some_and(|p| p.record_exists);
+        // A start cut short (out of descriptors for the run's lock, the
+        // store refusing the first event) takes its new row back with it:
+        // no run stays `pending` with an empty log.
         let log = self
             .blocking(move |e| {
                 if !exists {
                     e.backend().create_run(&rec)?;
                 }
-                e.journal().run_log(&rec.run_id)
+                e.journal().run_log(&rec.run_id).inspect_err(|_| {
+                    if !exists {
+                        let _ = e.backend().discard_unstarted_run(&rec.run_id);
+                    }
+                })
             })
             .await?;
         let log = Arc::new(log);
         if let Some(obs) = opts.observer.clone() {
             log.set_observer(Box::new(move |e| obs(e)));
         }
-        let ev = log
+        let started = log
             .append_durable(
                 Scope::run(),
                 EventKind::RunStarted {
@@ -424,7 +431,20 @@ impl Engine {
                     forked_from: None,
                 },
             )
-            .await?;
+            .await;
+        let ev = match started {
+            Ok(ev) => ev,
+            Err(err) => {
+                drop(log);
+                if !exists {
+                    let run = run_id.clone();
+                    let _ = self
+                        .blocking(move |e| e.backend().discard_unstarted_run(&run))
+                        .await;
+                }
+                return Err(err.into());
+            }
+        };
         let mut state = RunState::new(&run_id);
         state.apply(&ev);
         Ok(self.spawn_driver(

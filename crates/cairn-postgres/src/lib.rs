@@ -203,6 +203,11 @@ impl Backend for PgBackend {
         self.run(move |db| async move { runs::create(&db, &rec).await })
     }
 
+    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { runs::discard_unstarted(&db, &run).await })
+    }
+
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         let run = run_id.to_string();
         self.run(move |db| async move { runs::get(&db, &run).await })

@@ -91,6 +91,21 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Removes a run's row when no event of it exists (its start was cut
+/// short); true when removed.
+pub(crate) async fn discard_unstarted(db: &Db, run_id: &str) -> Result<bool, StoreError> {
+    let client = db.client().await?;
+    let n = client
+        .execute(
+            "DELETE FROM runs WHERE run_id = $1 \
+             AND NOT EXISTS (SELECT 1 FROM events WHERE run_id = $1)",
+            &[&run_id],
+        )
+        .await
+        .map_err(|e| db.err(e))?;
+    Ok(n > 0)
+}
+
 /// A run's row, if it exists.
 pub(crate) async fn get(db: &Db, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
     let client = db.client().await?;

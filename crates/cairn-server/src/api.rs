@@ -556,7 +556,13 @@ async fn start_run(
     let dir = state.cfg().workflows_dir.clone();
     let max = state.cfg().max_workflow_bytes;
     let name = body.workflow.clone();
-    let wf = blocking(move || crate::workflows::load(dir.as_deref(), &name, max)).await?;
+    let wf = blocking(move || {
+        // Refused before anything is opened for it: a start that would take
+        // the descriptors the runs going need.
+        crate::descriptors::check_reserve()?;
+        crate::workflows::load(dir.as_deref(), &name, max)
+    })
+    .await?;
     let opts = StartOptions {
         run_id: body.run_id,
         max_concurrency: body.max_concurrency,

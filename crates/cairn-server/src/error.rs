@@ -15,6 +15,8 @@ pub(crate) struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub details: Option<Value>,
+    /// Seconds for a `Retry-After` header: the failure passes by itself.
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -24,6 +26,23 @@ impl ApiError {
             code,
             message: message.into(),
             details: None,
+            retry_after: None,
+        }
+    }
+
+    /// The process is out of file descriptors (or near enough that a new
+    /// run would run out): a 503 the client retries, never a cause of its
+    /// own request.
+    pub fn out_of_descriptors(detail: impl std::fmt::Display) -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "out_of_descriptors",
+                format!(
+                    "the server is out of file descriptors for new runs ({detail}); try again shortly"
+                ),
+            )
         }
     }
 
@@ -58,12 +77,24 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": self.body()});
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        resp
     }
 }
 
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
+        if let EngineError::Store(s) = &e {
+            if out_of_descriptors(s) {
+                return ApiError::out_of_descriptors(s);
+            }
+        }
         let (status, code) = match &e {
             EngineError::Workflow(_) => (StatusCode::BAD_REQUEST, "invalid_workflow"),
             EngineError::Input(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
@@ -109,15 +140,48 @@ impl From<EngineError> for ApiError {
             code,
             message,
             details,
+            retry_after: None,
         }
     }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if out_of_descriptors(&e) {
+            return ApiError::out_of_descriptors(&e);
+        }
         let (status, code) = store_status(&e);
         ApiError::new(status, code, e.to_string())
     }
+}
+
+/// Whether an error is the process (or the system) running out of file
+/// descriptors, `EMFILE` or `ENFILE`, anywhere in its chain of causes or,
+/// for errors that carry a cause only as text (a database driver's), in
+/// its message.
+pub(crate) fn out_of_descriptors(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if io_out_of_descriptors(io) {
+                return true;
+            }
+        }
+        let text = c.to_string();
+        if text.contains("Too many open files")
+            || text.contains("os error 24)")
+            || text.contains("os error 23)")
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// `EMFILE` or `ENFILE`.
+pub(crate) fn io_out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// The status and code of a store failure, whether the store reported it

@@ -14,6 +14,7 @@
 mod api;
 mod auth;
 pub mod client;
+pub mod descriptors;
 mod error;
 mod feed;
 mod frames;

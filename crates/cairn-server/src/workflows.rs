@@ -112,10 +112,10 @@ fn open_beneath(dir: &Path, name: &str) -> Result<(PathBuf, File), ApiError> {
             Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 continue
             }
-            Err(e) => return Err(unreadable(rel, e.kind())),
+            Err(e) => return Err(unreadable(rel, &e)),
         };
-        let meta = file.metadata().map_err(|e| unreadable(rel, e.kind()))?;
-        let real = path.canonicalize().map_err(|e| unreadable(rel, e.kind()))?;
+        let meta = file.metadata().map_err(|e| unreadable(rel, &e))?;
+        let real = path.canonicalize().map_err(|e| unreadable(rel, &e))?;
         let same =
             std::fs::metadata(&real).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
         if !real.starts_with(&root) || !same {
@@ -147,11 +147,20 @@ fn open_beneath(dir: &Path, name: &str) -> Result<(PathBuf, File), ApiError> {
     ))
 }
 
-fn unreadable(rel: &str, kind: ErrorKind) -> ApiError {
+/// A workflow file the server cannot read: refused (403), unless the
+/// server itself is out of file descriptors, which is not the file's fault
+/// and passes (503, retried).
+fn unreadable(rel: &str, e: &std::io::Error) -> ApiError {
+    if crate::error::io_out_of_descriptors(e) {
+        return ApiError::out_of_descriptors(e);
+    }
     ApiError::new(
         StatusCode::FORBIDDEN,
         "workflow_unreadable",
-        format!("request body: `workflow`: `{rel}` cannot be read by the server ({kind})"),
+        format!(
+            "request body: `workflow`: `{rel}` cannot be read by the server ({})",
+            e.kind()
+        ),
     )
 }
 
@@ -176,7 +185,7 @@ fn read_bounded(file: File, name: &str, max_bytes: u64) -> Result<String, ApiErr
     let mut bytes = Vec::with_capacity(size as usize);
     file.take(max_bytes.saturating_add(1))
         .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(name, e.kind()))?;
+        .map_err(|e| unreadable(name, &e))?;
     if bytes.len() as u64 > max_bytes {
         return Err(too_large(None));
     }

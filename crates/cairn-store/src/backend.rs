@@ -403,6 +403,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Inserts a run row; `RunExists` if the id is taken, `InvalidRunId` if
     /// [`validate_run_id`] refuses it.
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
+    /// Removes the row of a run whose start was cut short before its first
+    /// event was written (a `create_run` followed by a failure), so no run
+    /// stays `pending` with an empty log. A run with events is left alone.
+    /// True when a row was removed.
+    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError>;
     /// A run's row, if it exists.
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
     /// Runs matching the filter, newest first (by `created_ms`; of runs

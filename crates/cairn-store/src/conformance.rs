@@ -50,6 +50,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         finished_runs_are_deleted_before_a_cutoff,
     ),
     (
+        "unstarted_runs_are_discarded_and_started_ones_kept",
+        unstarted_runs_are_discarded_and_started_ones_kept,
+    ),
+    (
         "leases_are_exclusive_until_dropped",
         leases_are_exclusive_until_dropped,
     ),
@@ -101,6 +105,7 @@ macro_rules! backend_conformance_tests {
             run_status_follows_lifecycle_events,
             runs_are_created_got_and_listed,
             finished_runs_are_deleted_before_a_cutoff,
+            unstarted_runs_are_discarded_and_started_ones_kept,
             leases_are_exclusive_until_dropped,
             tool_calls_are_kept_by_key,
             bad_rows_are_refused,
@@ -644,6 +649,24 @@ pub fn finished_runs_are_deleted_before_a_cutoff(fresh: Factory<'_>) {
         ["old-cancelled-leased"]
     );
     assert_eq!(b.delete_finished_before(10_000).unwrap(), ["new-finished"]);
+}
+
+/// `discard_unstarted_run` removes a row without events (a start cut
+/// short) and leaves a run with events, and unknown ids, alone.
+pub fn unstarted_runs_are_discarded_and_started_ones_kept(fresh: Factory<'_>) {
+    let b = fresh();
+    b.create_run(&record("cut-short", "pending", 1)).unwrap();
+    b.create_run(&record("started", "pending", 1)).unwrap();
+    b.append(&[event("started", 1, 1, Scope::run(), started())])
+        .unwrap();
+    assert!(b.discard_unstarted_run("cut-short").unwrap());
+    assert!(b.get_run("cut-short").unwrap().is_none());
+    assert!(!b.discard_unstarted_run("started").unwrap());
+    assert!(b.get_run("started").unwrap().is_some());
+    assert_eq!(b.last_seq("started").unwrap(), 1);
+    assert!(!b.discard_unstarted_run("never-made").unwrap());
+    // The id is free again: a new start with it is not refused.
+    b.create_run(&record("cut-short", "pending", 2)).unwrap();
 }
 
 /// A run's lease is exclusive, per run, and released when dropped, on any

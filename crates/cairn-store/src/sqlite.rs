@@ -933,6 +933,32 @@ impl Backend for SqliteBackend {
         })
     }
 
+    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            let events: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM events WHERE run_id = ?1",
+                    [run_id],
+                    |r| r.get(0),
+                )
+                .map_err(|e| self.err(e))?;
+            if events > 0 {
+                return Ok(false);
+            }
+            // What a start may have written before its first event.
+            for sql in [
+                "DELETE FROM generations WHERE run_id = ?1",
+                "DELETE FROM workflow_sources WHERE run_id = ?1",
+            ] {
+                tx.execute(sql, [run_id]).map_err(|e| self.err(e))?;
+            }
+            let n = tx
+                .execute("DELETE FROM runs WHERE run_id = ?1", [run_id])
+                .map_err(|e| self.err(e))?;
+            Ok(n > 0)
+        })
+    }
+
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.read(|c| {
             c.prepare_cached(GET_RUN)?

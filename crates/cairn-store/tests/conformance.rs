@@ -28,6 +28,6 @@ cairn_store::backend_conformance_tests!(fresh);
 
 #[test]
 fn run_all_runs_every_check() {
-    assert_eq!(cairn_store::conformance::CHECKS.len(), 15);
+    assert_eq!(cairn_store::conformance::CHECKS.len(), 16);
     cairn_store::conformance::run_all(&fresh);
 }

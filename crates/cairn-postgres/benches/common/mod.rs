@@ -75,6 +75,9 @@ impl Backend for Counting {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.inner.create_run(rec)
     }
+    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        self.inner.discard_unstarted_run(run_id)
+    }
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.inner.get_run(run_id)
     }
