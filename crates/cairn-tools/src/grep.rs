@@ -7,7 +7,7 @@
 //! make a listing fail, never make a file outside the root readable.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ToolError;
-use crate::sandbox::{openat2_beneath, Open};
+use crate::sandbox::{open_beneath, Open};
 use crate::tool::{Args, Tool, ToolContext, ToolSpec};
 
 /// `grep {pattern, path?, glob?, ignore_case?}`. Returns
@@ -139,7 +139,7 @@ fn search(
     let found: Mutex<Vec<(String, u64, String)>> = Mutex::new(Vec::new());
     let kept = AtomicUsize::new(0);
     let overflow = AtomicBool::new(false);
-    let root_raw = root_fd.as_raw_fd();
+    let root_dir = root_fd.as_fd();
 
     walker.build_parallel().run(|| {
         let mut searcher = SearcherBuilder::new()
@@ -162,7 +162,7 @@ fn search(
                 return WalkState::Continue;
             };
             let file_rel: PathBuf = file_rel.to_path_buf();
-            let Ok(fd) = openat2_beneath(root_raw, &file_rel, Open::ReadFile) else {
+            let Ok(fd) = open_beneath(root_dir, &file_rel, Open::ReadFile) else {
                 return WalkState::Continue;
             };
             let file = File::from(fd);

@@ -1,7 +1,9 @@
 //! The sandbox root and path resolution beneath it.
 //!
 //! Every path a tool receives is resolved and opened in one step with
-//! `openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: the
+//! `openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
+//! (`cairn_rootfs::open_beneath`, which owns every file operation in a
+//! root): the
 //! kernel walks the path from the root's directory descriptor and refuses any
 //! step (`..`, an absolute symlink, a relative symlink climbing out, a
 //! `/proc/.../fd` magic link) that would leave the root. Because the check and
@@ -14,8 +16,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -111,15 +112,18 @@ pub enum Isolation {
     None,
 }
 
-/// What a resolved path is opened for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Open {
-    /// Reading its content (refuses directories, FIFOs, devices).
-    ReadFile,
-    /// A directory descriptor usable with `*at` calls.
-    Dir,
-    /// Anything, as an `O_PATH` descriptor (existence and containment only).
-    Any,
+/// What a resolved path is opened for (`cairn-rootfs` owns resolution).
+pub(crate) use cairn_rootfs::Open;
+
+/// Opens `rel` beneath `dir` as the tools resolve paths: links are followed
+/// while they stay beneath the root (a link inside the root is the user's
+/// to make), `..` above it, absolute links and magic links are refused.
+pub(crate) fn open_beneath(
+    dir: BorrowedFd<'_>,
+    rel: &Path,
+    mode: Open,
+) -> std::io::Result<OwnedFd> {
+    cairn_rootfs::open_beneath(dir, rel, mode, cairn_rootfs::Follow::Beneath)
 }
 
 impl Sandbox {
@@ -356,8 +360,8 @@ impl Sandbox {
         mode: Open,
         shown: &str,
     ) -> Result<OwnedFd, ToolError> {
-        let fd = openat2_beneath(self.root_fd.as_raw_fd(), rel, mode)
-            .map_err(|e| io_path_err(shown, e))?;
+        let fd =
+            open_beneath(self.root_fd.as_fd(), rel, mode).map_err(|e| io_path_err(shown, e))?;
         self.refuse_hidden(&fd, None, shown)?;
         Ok(fd)
     }
@@ -424,7 +428,7 @@ impl Sandbox {
         path: &str,
         rel: &Path,
         create: bool,
-    ) -> Result<(OwnedFd, CString), ToolError> {
+    ) -> Result<(cairn_rootfs::Dir, CString), ToolError> {
         let name = match rel.components().next_back() {
             Some(Component::Normal(n)) => n,
             _ => return Err(path_err(path, "does not name a file")),
@@ -436,10 +440,10 @@ impl Sandbox {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         let entry = std::ffi::OsStr::from_bytes(name.as_bytes());
-        match openat2_beneath(self.root_fd.as_raw_fd(), parent, Open::Dir) {
+        match open_beneath(self.root_fd.as_fd(), parent, Open::Dir) {
             Ok(fd) => {
                 self.refuse_hidden(&fd, Some(entry), path)?;
-                return Ok((fd, name));
+                return Ok((cairn_rootfs::Dir::from_fd(fd), name));
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {}
             Err(e) => return Err(io_path_err(path, e)),
@@ -451,30 +455,27 @@ impl Sandbox {
         let mut dir = self.open_rel(Path::new("."), Open::Dir, path)?;
         for comp in parent.components() {
             prefix.push(comp);
-            match openat2_beneath(self.root_fd.as_raw_fd(), &prefix, Open::Dir) {
+            match open_beneath(self.root_fd.as_fd(), &prefix, Open::Dir) {
                 Ok(fd) => dir = fd,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     let Component::Normal(n) = comp else {
                         return Err(io_path_err(path, e));
                     };
-                    let c = CString::new(n.as_bytes())
-                        .map_err(|_| path_err(path, "contains a NUL byte"))?;
-                    // SAFETY: valid dirfd and C string.
-                    let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o777) };
-                    if rc != 0 {
-                        let e = std::io::Error::last_os_error();
-                        if e.raw_os_error() != Some(libc::EEXIST) {
-                            return Err(io_path_err(path, e));
+                    let made = cairn_rootfs::Dir::from_fd(dir).mkdir(n.as_bytes(), 0o777);
+                    match made {
+                        Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
+                            return Err(io_path_err(path, e))
                         }
+                        _ => {}
                     }
-                    dir = openat2_beneath(self.root_fd.as_raw_fd(), &prefix, Open::Dir)
+                    dir = open_beneath(self.root_fd.as_fd(), &prefix, Open::Dir)
                         .map_err(|e| io_path_err(path, e))?;
                 }
                 Err(e) => return Err(io_path_err(path, e)),
             }
         }
         self.refuse_hidden(&dir, Some(entry), path)?;
-        Ok((dir, name))
+        Ok((cairn_rootfs::Dir::from_fd(dir), name))
     }
 
     /// Replaces (or creates) `name` in `dir` with `content`: a temporary file
@@ -483,150 +484,23 @@ impl Sandbox {
     pub(crate) fn replace_file(
         &self,
         path: &str,
-        dir: &OwnedFd,
+        dir: &cairn_rootfs::Dir,
         name: &CString,
         content: &[u8],
     ) -> Result<(), ToolError> {
-        let dfd = dir.as_raw_fd();
         // Keep the mode of the file being replaced (a script stays executable).
-        let mode = {
-            // SAFETY: zeroed stat is a valid out-parameter.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: valid dirfd, C string and out pointer.
-            let rc =
-                unsafe { libc::fstatat(dfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-            if rc == 0 {
-                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    return Err(path_err(path, "is a directory"));
-                }
-                st.st_mode & 0o7777
-            } else {
-                0o666
+        let mode = match dir.lstat(name.as_bytes()) {
+            Ok(st) if st.kind() == cairn_rootfs::Kind::Dir => {
+                return Err(path_err(path, "is a directory"))
             }
+            Ok(st) => st.mode & 0o7777,
+            Err(_) => 0o666,
         };
-        let mut tmp_name = None;
-        let mut file = None;
-        for i in 0..100u32 {
-            let candidate = CString::new(format!(
-                ".cairn-tmp-{}-{}-{}",
-                std::process::id(),
-                nanos(),
-                i
-            ))
-            .expect("no NUL in a generated name");
-            // SAFETY: valid dirfd and C string; O_EXCL never follows a symlink.
-            let fd = unsafe {
-                libc::openat(
-                    dfd,
-                    candidate.as_ptr(),
-                    libc::O_WRONLY
-                        | libc::O_CREAT
-                        | libc::O_EXCL
-                        | libc::O_CLOEXEC
-                        | libc::O_NOFOLLOW,
-                    mode as libc::c_uint,
-                )
-            };
-            if fd >= 0 {
-                // SAFETY: fresh fd owned by nobody else.
-                file = Some(unsafe { File::from_raw_fd(fd) });
-                tmp_name = Some(candidate);
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EEXIST) {
-                return Err(io_path_err(path, e));
-            }
-        }
-        let (Some(mut file), Some(tmp_name)) = (file, tmp_name) else {
-            return Err(path_err(path, "cannot create a temporary file next to it"));
-        };
-        let unlink_tmp = || {
-            // SAFETY: valid dirfd and C string.
-            unsafe { libc::unlinkat(dfd, tmp_name.as_ptr(), 0) };
-        };
-        let written = file
-            .write_all(content)
-            .and_then(|_| file.sync_all())
-            // An explicit fchmod: the create mode was reduced by the umask.
-            .and_then(|_| {
-                // SAFETY: valid fd.
-                if unsafe { libc::fchmod(file.as_raw_fd(), mode) } == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        if let Err(e) = written {
-            unlink_tmp();
-            return Err(io_path_err(path, e));
-        }
-        drop(file);
-        // SAFETY: valid dirfds and C strings. rename replaces a symlink at
-        // `name` instead of following it, so it cannot write elsewhere.
-        let rc = unsafe { libc::renameat(dfd, tmp_name.as_ptr(), dfd, name.as_ptr()) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            unlink_tmp();
-            return Err(io_path_err(path, e));
-        }
-        Ok(())
+        // A temporary file beside it, synced, renamed over it: rename
+        // replaces a symlink at `name` instead of following it.
+        dir.write_replace(name.as_bytes(), content, mode, true)
+            .map_err(|e| io_path_err(path, e))
     }
-}
-
-fn nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-/// `openat2(dirfd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, retried on
-/// `EAGAIN` (the kernel's answer when a concurrent rename could have let a
-/// `..` step escape).
-pub(crate) fn openat2_beneath(dirfd: RawFd, rel: &Path, mode: Open) -> std::io::Result<OwnedFd> {
-    let c = CString::new(rel.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL byte in path"))?;
-    // SAFETY: open_how is plain data; zero is a valid starting value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = match mode {
-        // O_NONBLOCK: opening a FIFO must not hang the call; it is refused
-        // right after by the regular-file check.
-        Open::ReadFile => libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        Open::Dir => libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        Open::Any => libc::O_PATH | libc::O_CLOEXEC,
-    } as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    for _ in 0..64 {
-        // SAFETY: valid dirfd, C string and open_how of the right size.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dirfd,
-                c.as_ptr(),
-                &how as *const libc::open_how,
-                std::mem::size_of::<libc::open_how>(),
-            )
-        };
-        if fd >= 0 {
-            let fd = fd as RawFd;
-            if mode == Open::ReadFile {
-                // Reads should block normally from here on.
-                // SAFETY: valid fd.
-                unsafe {
-                    let fl = libc::fcntl(fd, libc::F_GETFL);
-                    libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
-                }
-            }
-            // SAFETY: fresh fd owned by nobody else.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EAGAIN) && e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
-        }
-    }
-    Err(std::io::Error::from_raw_os_error(libc::EAGAIN))
 }
 
 pub(crate) fn path_err(path: &str, reason: &str) -> ToolError {
