@@ -176,6 +176,11 @@ pub struct ResumeArgs {
     /// reload the run when they change (docs/reload.md).
     #[arg(long)]
     pub watch: bool,
+    /// On PostgreSQL, fail at once (exit 4) when the run's lease is held by
+    /// a process on another machine, instead of waiting, once, for the
+    /// lease to expire (it does unless that process is alive and renews it).
+    #[arg(long)]
+    pub no_wait: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
 }

@@ -91,6 +91,9 @@ pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
     raise_descriptor_limit();
     let (engine, telemetry) = store::driving_engine(g, false)?;
     store::require_run(engine.journal(), &a.run)?;
+    if !a.no_wait {
+        wait_for_lease(&engine, &a.run).await?;
+    }
     let from = engine.journal().backend().last_seq(&a.run)?;
     let session = Session::new(&engine, &a.run, &a.display, from)?;
     let opts = StartOptions {
@@ -99,6 +102,34 @@ pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
     };
     let handle = engine.resume(&a.run, opts).await;
     session.drive(&engine, handle, &telemetry).await
+}
+
+/// The margin past a lease's expiry before the resume tries to take it:
+/// the expiry is on the database's clock, the sleep on this machine's.
+const LEASE_GRACE: Duration = Duration::from_millis(200);
+
+/// Waits, once, for the run's lease to expire when its holder may have died
+/// where this process cannot look (another machine), saying so on stderr.
+/// A holder that lives renews its lease meanwhile, and the resume that
+/// follows is refused (exit 4) as it would have been without the wait; so
+/// is a resume of a run whose holder runs on this machine, at once. A lease
+/// of a holder that died on this machine is no reason to wait: the resume
+/// takes it over at once.
+async fn wait_for_lease(engine: &Engine, run: &str) -> anyhow::Result<()> {
+    let Some(held) = engine.journal().backend().lease_holder(run)? else {
+        return Ok(());
+    };
+    let Some(left) = held.expires_in.filter(|_| !held.alive_here) else {
+        return Ok(());
+    };
+    let until = now_ms().saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX));
+    eprintln!(
+        "run {run} is held by {} until {}; waiting… (--no-wait fails at once)",
+        held.holder,
+        crate::format::datetime_ms(until)
+    );
+    tokio::time::sleep(left + LEASE_GRACE).await;
+    Ok(())
 }
 
 /// `cairn fork`: a new run from a point of another (docs/fork.md), then

@@ -533,11 +533,18 @@ impl Engine {
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::Busy { .. }) => {
+                let id = run_id.to_string();
+                let holder = self
+                    .blocking(move |e| e.backend().lease_holder(&id).ok().flatten())
+                    .await;
+                let who = holder
+                    .map(|h| format!(" ({})", h.holder))
+                    .unwrap_or_default();
                 return Err(EngineError::Conflict(format!(
-                    "run `{run_id}` is being driven by another process; cancel it or wait \
-                     (on PostgreSQL, a process that was killed keeps its runs until its \
-                     lease expires: --lease-ttl, 5s by default)"
-                )))
+                    "run `{run_id}` is being driven by another process{who}; cancel it or wait \
+                     for it to stop (on PostgreSQL, the lease of a process that died on \
+                     another machine lasts until it expires: --lease-ttl, 5s by default)"
+                )));
             }
             Err(e) => return Err(e.into()),
         };
