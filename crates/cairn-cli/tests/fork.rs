@@ -133,8 +133,9 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
     let out = fork_f1(&["--dry-run", "--force", "--json"]);
     expect_code(&out, 0);
     let plan: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    assert_eq!(plan["write"], serde_json::json!(["build.txt"]), "{plan}");
-    assert_eq!(plan["remove"], serde_json::json!([]), "{plan}");
+    // build.txt was not there when `build` first started.
+    assert_eq!(plan["write"], serde_json::json!([]), "{plan}");
+    assert_eq!(plan["remove"], serde_json::json!(["build.txt"]), "{plan}");
     assert_eq!(plan["conflicts"][0]["path"], "build.txt", "{plan}");
     assert_eq!(plan["dryRun"], true);
     assert_eq!(files(dir), before_fork);
@@ -335,10 +336,17 @@ fn a_fork_in_the_middle_of_a_conversation_goes_on_from_that_step() {
     // calls again, on the files as they were before them.
     let in_calls = seq_of(&|k| matches!(k, EventKind::ToolCallStarted { tool_seq: 2, .. }));
     assert!(in_calls > step2_end);
+    // two.txt, which the run wrote after the point, scribbled on by hand:
+    // a conflict, overwritten with --force.
     std::fs::write(dir.join("two.txt"), "scribbled\n").unwrap();
+    let at = in_calls.to_string();
+    expect_code(
+        &cairn(dir, &["fork", "w", "--at", &at, "--run-id", "wf"]),
+        5,
+    );
     let said = ok(&cairn(
         dir,
-        &["fork", "w", "--at", &in_calls.to_string(), "--run-id", "wf"],
+        &["fork", "w", "--at", &at, "--run-id", "wf", "--force"],
     ));
     assert!(said.contains(&format!("at seq {step2_end}")), "{said}");
     let evs = events(dir, "wf");
@@ -373,8 +381,8 @@ fn a_fork_in_the_middle_of_a_conversation_goes_on_from_that_step() {
     );
 
     // Just before step 2's model call: the files after step 1's call, and
-    // the fork asks step 2 itself.
-    std::fs::remove_file(dir.join("one.txt")).unwrap();
+    // the fork asks step 2 itself. A file made by hand meanwhile is left.
+    std::fs::write(dir.join("mine.txt"), "by hand\n").unwrap();
     ok(&cairn(
         dir,
         &[
@@ -399,6 +407,10 @@ fn a_fork_in_the_middle_of_a_conversation_goes_on_from_that_step() {
     assert_eq!(
         std::fs::read_to_string(dir.join("one.txt")).unwrap(),
         "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("mine.txt")).unwrap(),
+        "by hand\n"
     );
 }
 

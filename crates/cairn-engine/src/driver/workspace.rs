@@ -302,9 +302,15 @@ async fn retry_revert(
                 String::new()
             }
         );
+        // The node pass's scope: the failed attempt has ended, the next
+        // one has not started.
+        let pass = Scope {
+            attempt: None,
+            ..scope.clone()
+        };
         let _ = log
             .append_durable(
-                scope.clone(),
+                pass,
                 EventKind::Diagnostic {
                     level: cairn_events::Level::Warn,
                     source: "revert".into(),
