@@ -360,8 +360,10 @@ impl SnapshotStore {
         cache.save(&self.cache_path(&root))?;
         let differs = match (only, after_flat) {
             (Some(paths), Some(now)) => paths.iter().find(|p| {
-                now.leaves.get(*p) != target.leaves.get(*p)
-                    && !(now.kept.contains(*p) && !target.leaves.contains_key(*p))
+                // A path left out that the snapshot does not have either
+                // was left alone on purpose.
+                let left_alone = now.kept.contains(*p) && !target.leaves.contains_key(*p);
+                now.leaves.get(*p) != target.leaves.get(*p) && !left_alone
             }),
             _ => None,
         };
