@@ -596,6 +596,14 @@ fn copy_run(
         }
     }
 
+    // The files the run pinned when it started (generation 0's row), so
+    // that the destination's resume uses them rather than the disk.
+    if let Some(g) = src.generation(id, 0)? {
+        if dst.generation(id, 0)?.as_ref() != Some(&g) {
+            dst.put_generation(&g)
+                .context("copying the files the run pinned when it started")?;
+        }
+    }
     // The workflow generations the log's reloads name, so that a resume in
     // the destination runs the run's last definition.
     let reloads = src.read_events(

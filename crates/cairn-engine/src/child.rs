@@ -303,7 +303,9 @@ impl NodeCtx {
             ));
         }
         let path: PathBuf = self.workflow.resolve(&spec.path);
-        let wf = cairn_workflow::load(&path).map_err(|e| {
+        // The text pinned when this run began, not the file as it reads
+        // now: a node may have rewritten it (docs/reload.md#pinned-files).
+        let wf = self.workflow.child(&path).map_err(|e| {
             NodeError::fatal("workflow", format!("child workflow `{}`: {e}", spec.path))
         })?;
         wf.validate_input(&spec.input).map_err(|e| {

@@ -379,7 +379,22 @@ impl Engine {
             }
             None => new_run_id(),
         };
+        // The files the workflow refers to, read now and kept with the
+        // run: what it will use, whatever a node writes to them later
+        // (`reload::pin`). A child takes them from its parent's.
+        // Read in place: a workflow that refers to no file reads nothing,
+        // and one that does reads a few small files.
+        let files = reload::pin::pin(&wf)?;
+        reload::pin::attach(&mut wf, &files);
         let now = node::now_ms();
+        let pinned = (!files.is_empty()).then(|| cairn_store::GenerationRecord {
+            run_id: run_id.clone(),
+            generation: 0,
+            workflow_hash: wf.hash.clone(),
+            workflow_source: wf.source.clone(),
+            files,
+            created_ms: now,
+        });
         let rec = RunRecord {
             run_id: run_id.clone(),
             workflow: wf.name.clone(),
@@ -406,7 +421,13 @@ impl Engine {
                 if !exists {
                     e.backend().create_run(&rec)?;
                 }
-                e.journal().run_log(&rec.run_id).inspect_err(|_| {
+                let opened = (|| {
+                    if let Some(g) = &pinned {
+                        e.backend().put_generation(g)?;
+                    }
+                    e.journal().run_log(&rec.run_id)
+                })();
+                opened.inspect_err(|_| {
                     if !exists {
                         let _ = e.backend().discard_unstarted_run(&rec.run_id);
                     }

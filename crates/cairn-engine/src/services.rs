@@ -232,7 +232,7 @@ impl Services {
             .with_hidden(hidden)
             .with_isolation(isolation_of(wf.sandbox.isolation))
             .with_resources(resources_of(wf.sandbox.limits))
-            .with_read_only(wf.sandbox.read_only.iter().map(PathBuf::from).collect());
+            .with_read_only(read_only_of(wf, &root));
         let sandbox = Arc::new(sandbox);
         self.sandboxes
             .lock()
@@ -240,6 +240,40 @@ impl Services {
             .insert(wf.hash.clone(), sandbox.clone());
         Ok(sandbox)
     }
+}
+
+/// What the sandbox shows read-only: the workflow's `read_only` folders,
+/// and the files that define what the run does (the workflow, its child
+/// workflows, its models' scripts) where they lie in the root, so that no
+/// node rewrites the definition of its own walls or of a later node's
+/// (docs/reload.md#pinned-files). Their texts are pinned anyway; this
+/// keeps a person's file as the person left it.
+fn read_only_of(wf: &Workflow, root: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = wf.sandbox.read_only.iter().map(PathBuf::from).collect();
+    let mut files = vec![wf.path.clone()];
+    match &wf.pinned {
+        Some(pinned) => files.extend(pinned.keys().cloned()),
+        None => {
+            files.extend(wf.child_paths().iter().map(|(p, _)| wf.resolve(p)));
+            files.extend(
+                wf.models
+                    .values()
+                    .filter_map(|m| m.script.as_ref())
+                    .map(|s| wf.base_dir.join(s)),
+            );
+        }
+    }
+    let Ok(root) = root.canonicalize() else {
+        return paths;
+    };
+    for f in files {
+        if let Ok(real) = f.canonicalize() {
+            if real.starts_with(&root) && real != root && !paths.contains(&real) {
+                paths.push(real);
+            }
+        }
+    }
+    paths
 }
 
 fn isolation_of(i: Isolation) -> cairn_tools::Isolation {

@@ -33,10 +33,10 @@ const TAKE_COMMAND: &str = "UPDATE inbox SET taken_ms = COALESCE(taken_ms, $2), 
 const PUT_PROCESS: &str = "INSERT INTO processes (run_id, node_id, iteration, attempt, pgid, \
      started_ms) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id";
 const PUT_GENERATION: &str = "INSERT INTO generations (run_id, generation, workflow_hash, \
-     source, created_ms) VALUES ($1, $2, $3, $4, $5) \
+     source, created_ms, files) VALUES ($1, $2, $3, $4, $5, $6) \
      ON CONFLICT (run_id, generation) DO UPDATE SET workflow_hash = EXCLUDED.workflow_hash, \
-     source = EXCLUDED.source, created_ms = EXCLUDED.created_ms";
-const GENERATION: &str = "SELECT run_id, generation, workflow_hash, source, created_ms \
+     source = EXCLUDED.source, created_ms = EXCLUDED.created_ms, files = EXCLUDED.files";
+const GENERATION: &str = "SELECT run_id, generation, workflow_hash, source, created_ms, files \
      FROM generations WHERE run_id = $1 AND generation = $2";
 const PROCESSES: &str = "SELECT id, run_id, node_id, iteration, attempt, pgid, started_ms \
      FROM processes WHERE run_id = $1 ORDER BY id";
@@ -213,6 +213,7 @@ pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<()
         .await
         .map_err(|e| db.err(e))?;
     let generation = rec.generation.min(i64::MAX as u64) as i64;
+    let files = cairn_store::PinnedFile::encode_all(&rec.files);
     client
         .execute(
             &st,
@@ -222,6 +223,7 @@ pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<()
                 &rec.workflow_hash,
                 &rec.workflow_source,
                 &rec.created_ms,
+                &files,
             ],
         )
         .await
@@ -245,18 +247,30 @@ pub(crate) async fn generation(
         .query_opt(&st, &[&run_id, &generation])
         .await
         .map_err(|e| db.err(e))?;
-    row.map(|r| {
+    let Some(r) = row else {
+        return Ok(None);
+    };
+    let got = (|| {
         let n: i64 = r.try_get(1)?;
-        Ok::<_, tokio_postgres::Error>(GenerationRecord {
-            run_id: r.try_get(0)?,
-            generation: n as u64,
-            workflow_hash: r.try_get(2)?,
-            workflow_source: r.try_get(3)?,
-            created_ms: r.try_get(4)?,
-        })
-    })
-    .transpose()
-    .map_err(|e| db.err(e))
+        let files: String = r.try_get(5)?;
+        Ok::<_, tokio_postgres::Error>((
+            GenerationRecord {
+                run_id: r.try_get(0)?,
+                generation: n as u64,
+                workflow_hash: r.try_get(2)?,
+                workflow_source: r.try_get(3)?,
+                created_ms: r.try_get(4)?,
+                files: Vec::new(),
+            },
+            files,
+        ))
+    })();
+    let (mut rec, files) = got.map_err(|e| db.err(e))?;
+    rec.files = cairn_store::PinnedFile::decode_all(&files).map_err(|e| StoreError::Corrupt {
+        path: format!("generation {generation} of run {run_id}").into(),
+        detail: format!("its pinned files are not readable: {e}"),
+    })?;
+    Ok(Some(rec))
 }
 
 /// A foreign key to `runs` refused the row: the run has none.

@@ -7,10 +7,10 @@ use crate::db::Db;
 
 /// The schema version this build writes, kept in the `cairn_schema` table.
 /// A database at a newer version is refused ([`StoreError::TooNew`]).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The tables a store of the current version has; a schema with one of
 /// them but no version is someone else's.
@@ -138,6 +138,11 @@ CREATE TABLE generations (
     PRIMARY KEY (run_id, generation)
 );
 "#;
+
+/// Version 3: each generation keeps the texts of the files its workflow
+/// refers to (child workflows, model scripts), pinned when it began, as a
+/// JSON array.
+const V3: &str = "ALTER TABLE generations ADD COLUMN files TEXT NOT NULL DEFAULT '[]';";
 
 /// Brings `schema` (created if missing) to [`SCHEMA_VERSION`] in one
 /// transaction: a store is migrated whole or not at all. An advisory lock

@@ -220,8 +220,10 @@ pub struct RunRecord {
 
 /// One generation of a run's workflow: the text a reload of the run adopted
 /// (the log's `WorkflowReloaded` with the same `generation`), kept so that a
-/// resume runs the definition the run had last. Generation 0, the text the
-/// run started with, is the run's record ([`RunRecord::workflow_source`]).
+/// resume runs the definition the run had last, with the texts of the files
+/// it refers to as they were pinned. Generation 0, the text the run started
+/// with, is the run's record ([`RunRecord::workflow_source`]); a row for
+/// generation 0 holds the same text and the files pinned at the run's start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationRecord {
     /// The run.
@@ -232,8 +234,36 @@ pub struct GenerationRecord {
     pub workflow_hash: String,
     /// The workflow file's text of this generation.
     pub workflow_source: String,
+    /// The files the workflow refers to (child workflows, model scripts),
+    /// as read once when the generation began: what the run uses instead
+    /// of the disk, which a node may have changed since.
+    pub files: Vec<PinnedFile>,
     /// When it was stored (Unix ms).
     pub created_ms: i64,
+}
+
+/// A file a run's workflow refers to, read once and kept with the
+/// generation that uses it ([`GenerationRecord::files`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PinnedFile {
+    /// The absolute path the workflow's reference resolves to.
+    pub path: String,
+    /// SHA-256 hex of `text`.
+    pub hash: String,
+    /// The file's text.
+    pub text: String,
+}
+
+impl PinnedFile {
+    /// The files as stored: a JSON array.
+    pub fn encode_all(files: &[PinnedFile]) -> String {
+        serde_json::to_string(files).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// The files of [`PinnedFile::encode_all`]'s text.
+    pub fn decode_all(text: &str) -> Result<Vec<PinnedFile>, serde_json::Error> {
+        serde_json::from_str(text)
+    }
 }
 
 /// Which runs to list; results come newest first.

@@ -1025,6 +1025,11 @@ pub fn workflow_generations_are_kept_per_run(fresh: Factory<'_>) {
         generation: n,
         workflow_hash: format!("hash of {text}"),
         workflow_source: text.into(),
+        files: vec![crate::PinnedFile {
+            path: format!("/w/child-{n}.yaml"),
+            hash: format!("hash of child {n}"),
+            text: format!("name: child-{n} # {text}"),
+        }],
         created_ms: 10 + n as i64,
     };
     assert_eq!(b.generation("r", 1).unwrap(), None);
@@ -1167,6 +1172,7 @@ pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
         generation: 1,
         workflow_hash: "new".into(),
         workflow_source: "name: wf".into(),
+        files: Vec::new(),
         created_ms: 7,
     })
     .unwrap();

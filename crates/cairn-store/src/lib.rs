@@ -20,7 +20,7 @@ mod wake;
 
 pub use backend::{
     hex_prefix, validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, LeaseHolder,
-    Listener, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent,
+    Listener, PinnedFile, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent,
     ToolCallRecord, Topic,
 };
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};

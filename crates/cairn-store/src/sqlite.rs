@@ -29,7 +29,7 @@ use crate::wake::WakeDir;
 /// in a table of its own (see [`SOURCES`]); version 4 indexes child runs by
 /// their parent (see [`RUNS_BY_PARENT`]); version 5 keeps the workflow
 /// generations that reloads adopt (see [`GENERATIONS`]).
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 /// Child runs by parent, for a parent's status and cancel; most runs have
 /// no parent, and the partial index leaves them out.
@@ -168,6 +168,10 @@ CREATE TABLE IF NOT EXISTS generations (
     PRIMARY KEY (run_id, generation)
 );
 "#;
+
+/// Version 6: each generation keeps the texts of the files its workflow
+/// refers to (child workflows, model scripts), pinned when it began.
+const PINNED_FILES: &str = "ALTER TABLE generations ADD COLUMN files TEXT NOT NULL DEFAULT '[]';";
 
 /// The tables a Cairn store has; a file with other tables is someone else's.
 const TABLES: &[&str] = &[
@@ -407,6 +411,7 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
             conn.execute_batch(SOURCES)?;
             conn.execute_batch(RUNS_BY_PARENT)?;
             conn.execute_batch(GENERATIONS)?;
+            conn.execute_batch(PINNED_FILES)?;
         }
         Ok(())
     })
@@ -439,6 +444,9 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         }
         if v < 5 {
             conn.execute_batch(GENERATIONS)?;
+        }
+        if v < 6 {
+            conn.execute_batch(PINNED_FILES)?;
         }
         Ok(())
     })
@@ -634,7 +642,7 @@ const GC_STILL_DUE: &str = concat!(
     updated_ms!(),
     " < ?2"
 );
-const GET_GENERATION: &str = "SELECT run_id, generation, workflow_hash, source, created_ms \
+const GET_GENERATION: &str = "SELECT run_id, generation, workflow_hash, source, created_ms, files \
                               FROM generations WHERE run_id = ?1 AND generation = ?2";
 const TOOL_CALLS: &str = "SELECT run_id, node_id, iteration, attempt, tool_seq, tool, \
                           idempotency_key, side_effect, idempotent, input, output, started_ms, \
@@ -1160,16 +1168,17 @@ impl Backend for SqliteBackend {
     fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
         self.write(|tx| {
             tx.execute(
-                "INSERT INTO generations (run_id, generation, workflow_hash, source, created_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (run_id, generation) DO UPDATE SET \
-                 workflow_hash = excluded.workflow_hash, source = excluded.source, \
-                 created_ms = excluded.created_ms",
+                "INSERT INTO generations (run_id, generation, workflow_hash, source, created_ms, \
+                 files) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id, generation) DO \
+                 UPDATE SET workflow_hash = excluded.workflow_hash, source = excluded.source, \
+                 created_ms = excluded.created_ms, files = excluded.files",
                 params![
                     rec.run_id,
                     rec.generation.min(i64::MAX as u64) as i64,
                     rec.workflow_hash,
                     rec.workflow_source,
-                    rec.created_ms
+                    rec.created_ms,
+                    crate::PinnedFile::encode_all(&rec.files)
                 ],
             )
             .map_err(|e| {
@@ -1199,6 +1208,15 @@ impl Backend for SqliteBackend {
                             workflow_hash: r.get(2)?,
                             workflow_source: r.get(3)?,
                             created_ms: r.get(4)?,
+                            files: crate::PinnedFile::decode_all(&r.get::<_, String>(5)?).map_err(
+                                |e| {
+                                    rusqlite::Error::FromSqlConversionFailure(
+                                        5,
+                                        rusqlite::types::Type::Text,
+                                        Box::new(e),
+                                    )
+                                },
+                            )?,
                         })
                     },
                 )

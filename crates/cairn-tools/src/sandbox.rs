@@ -443,6 +443,7 @@ impl Sandbox {
         match open_beneath(self.root_fd.as_fd(), parent, Open::Dir) {
             Ok(fd) => {
                 self.refuse_hidden(&fd, Some(entry), path)?;
+                self.refuse_read_only(&fd, entry, path)?;
                 return Ok((cairn_rootfs::Dir::from_fd(fd), name));
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && create => {}
@@ -475,7 +476,41 @@ impl Sandbox {
             }
         }
         self.refuse_hidden(&dir, Some(entry), path)?;
+        self.refuse_read_only(&dir, entry, path)?;
         Ok((cairn_rootfs::Dir::from_fd(dir), name))
+    }
+
+    /// Refuses to write the entry `name` of an opened folder when it is,
+    /// or lies inside, a read-only path: confined processes see those
+    /// read-only (the workflow files in the root among them, so that no
+    /// node changes what will run), and the tools, which write from the
+    /// engine, must not do for a node what its processes cannot.
+    fn refuse_read_only(
+        &self,
+        dir: &OwnedFd,
+        name: &std::ffi::OsStr,
+        shown: &str,
+    ) -> Result<(), ToolError> {
+        if self.read_only.is_empty() {
+            return Ok(());
+        }
+        let Ok(mut real) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        else {
+            return Err(path_err(shown, "cannot be checked against the read-only paths"));
+        };
+        real.push(name);
+        let read_only = self
+            .read_only
+            .iter()
+            .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+            .any(|p| real.starts_with(p));
+        if read_only {
+            return Err(path_err(
+                shown,
+                "is read-only in this sandbox (a workflow file of the run, or a `read_only` path)",
+            ));
+        }
+        Ok(())
     }
 
     /// Replaces (or creates) `name` in `dir` with `content`: a temporary file

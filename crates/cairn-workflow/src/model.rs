@@ -37,6 +37,14 @@ pub struct Workflow {
     pub source: String,
     /// SHA-256 hex of the text.
     pub hash: String,
+    /// The texts of the files the workflow refers to in its whole tree
+    /// (child workflows, scripted models' scripts), by the path its
+    /// references resolve to ([`Workflow::resolve`], `base_dir` joined with
+    /// a script), as a run pinned them when it began: a run reads these,
+    /// never the disk, which a node may have changed since. `None` until a
+    /// run pins them (and for runs started before files were pinned, which
+    /// read the disk).
+    pub pinned: Option<std::sync::Arc<BTreeMap<PathBuf, String>>>,
 }
 
 /// An MCP server agents may use (`mcp_servers.<name>`).
@@ -499,6 +507,40 @@ impl RetryPolicy {
 }
 
 impl Workflow {
+    /// The text of a file the workflow refers to: the pinned one when the
+    /// run pinned its files (an error when this one was not among them),
+    /// else the file as it reads now.
+    pub fn referenced_text(&self, path: &std::path::Path) -> Result<String, crate::WorkflowError> {
+        match &self.pinned {
+            Some(files) => files
+                .get(path)
+                .cloned()
+                .ok_or_else(|| crate::WorkflowError {
+                    problems: vec![crate::Problem {
+                        file: path.to_path_buf(),
+                        line: None,
+                        column: None,
+                        field: None,
+                        message: "this file was not read when the run started, so the run does \
+                              not use it (a run uses the files as they were when it began)"
+                            .into(),
+                        hint: None,
+                    }],
+                }),
+            None => crate::parse::read_file(path),
+        }
+    }
+
+    /// The child workflow at `path` (resolved, [`Workflow::resolve`]) as
+    /// this run uses it ([`Workflow::referenced_text`]), sharing the run's
+    /// pinned files.
+    pub fn child(&self, path: &std::path::Path) -> Result<Workflow, crate::WorkflowError> {
+        let text = self.referenced_text(path)?;
+        let mut wf = crate::parse(&text, path)?;
+        wf.pinned = self.pinned.clone();
+        Ok(wf)
+    }
+
     /// Where a child workflow's path (`workflow:`, `delegates`) points: an
     /// absolute path as it is, a relative one from this file's folder.
     pub fn resolve(&self, path: &str) -> PathBuf {

@@ -159,6 +159,25 @@ fn check_children(wf: &Workflow, seen: &mut HashSet<PathBuf>, problems: &mut Vec
 /// or JSON, bounded as a workflow file is, as JSON. Syntax errors name the
 /// file, line and column.
 pub fn load_data(path: &Path) -> Result<serde_json::Value, WorkflowError> {
+    parse_data(&read_file(path)?, path)
+}
+
+/// A file's text, bounded as a workflow file is; problems name the file.
+pub fn read_file(path: &Path) -> Result<String, WorkflowError> {
+    read_limited(path, MAX_FILE_BYTES).map_err(|message| WorkflowError {
+        problems: vec![Problem {
+            file: path.to_path_buf(),
+            line: None,
+            column: None,
+            field: None,
+            message,
+            hint: None,
+        }],
+    })
+}
+
+/// [`load_data`] of a text already read; `path` names the file in problems.
+pub fn parse_data(source: &str, path: &Path) -> Result<serde_json::Value, WorkflowError> {
     let problem = |line: Option<usize>, column: Option<usize>, message: String| WorkflowError {
         problems: vec![Problem {
             file: path.to_path_buf(),
@@ -169,8 +188,13 @@ pub fn load_data(path: &Path) -> Result<serde_json::Value, WorkflowError> {
             hint: None,
         }],
     };
-    let source =
-        read_limited(path, MAX_FILE_BYTES).map_err(|message| problem(None, None, message))?;
+    if source.len() as u64 > MAX_FILE_BYTES {
+        return Err(problem(
+            None,
+            None,
+            format!("the file is too large: more than the {MAX_FILE_BYTES} bytes allowed"),
+        ));
+    }
     /// Data files have no workflow node lists.
     struct NoLists;
     impl yaml::Lists for NoLists {
@@ -181,7 +205,7 @@ pub fn load_data(path: &Path) -> Result<serde_json::Value, WorkflowError> {
             Streamed::default()
         }
     }
-    let root = yaml::load(&source, &mut NoLists).map_err(|e| {
+    let root = yaml::load(source, &mut NoLists).map_err(|e| {
         let message = if e.limit {
             e.message
         } else {
@@ -949,6 +973,7 @@ impl Cx {
             base_dir,
             source: String::new(),
             hash: hex::encode(Sha256::digest(source.as_bytes())),
+            pinned: None,
         })
     }
 

@@ -8,6 +8,7 @@
 mod common;
 use common::*;
 mod kept_files;
+mod pinning;
 mod revert_race;
 use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};

@@ -59,7 +59,10 @@ pub(crate) fn config(wf: &Workflow, name: &str, def: &ModelDef) -> Result<ModelC
     });
     if let Some(file) = &def.script {
         let path = wf.base_dir.join(file);
-        let data = cairn_workflow::load_data(&path)
+        // The script as pinned when the run began, not as a node left it.
+        let data = wf
+            .referenced_text(&path)
+            .and_then(|text| cairn_workflow::parse_data(&text, &path))
             .map_err(|e| NodeError::fatal("config", format!("model `{name}`: {e}")))?;
         let script = Script::from_value(data).map_err(|e| {
             NodeError::fatal("config", format!("model `{name}`: {}: {e}", path.display()))

@@ -504,7 +504,9 @@ async fn add_mcp_tools(
 /// How a delegate is shown to the model: its workflow's description and
 /// input schema (an object schema, as providers require of tools).
 fn delegate_def(ctx: &NodeCtx, name: &str, path: &str) -> Result<ToolDef, NodeError> {
-    let wf = cairn_workflow::load(&ctx.workflow.resolve(path))
+    let wf = ctx
+        .workflow
+        .child(&ctx.workflow.resolve(path))
         .map_err(|e| NodeError::fatal("workflow", format!("delegate `{name}`: {e}")))?;
     let parameters = match &wf.input_schema {
         Some(s) if s.get("type").and_then(Value::as_str) == Some("object") => s.clone(),

@@ -60,7 +60,7 @@ impl Driver {
                 return;
             }
         };
-        if wf.hash == self.wf.hash {
+        if wf.hash == self.wf.hash && wf.pinned == self.wf.pinned {
             self.emit(
                 Scope::run(),
                 EventKind::Diagnostic {
@@ -68,8 +68,7 @@ impl Driver {
                     source: "reload".into(),
                     message: format!(
                         "{}: the workflow's text is the one the run has (generation {}); \
-                         nothing to reload (child workflows and scripts are read when a node \
-                         uses them)",
+                         nothing to reload",
                         changed_files.join(", "),
                         self.state.generation
                     ),
@@ -94,6 +93,7 @@ impl Driver {
             workflow_hash: wf.hash.clone(),
             // The driver needs only what was parsed from it, as at a start.
             workflow_source: std::mem::take(&mut wf.source),
+            files: crate::reload::pin::pinned_files(&wf),
             created_ms: crate::node::now_ms(),
         };
         let backend = self.services.journal.backend().clone();

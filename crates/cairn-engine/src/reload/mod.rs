@@ -12,6 +12,7 @@
 //! and the watch's start is not missed.
 
 pub(crate) mod hub;
+pub(crate) mod pin;
 pub(crate) mod safety;
 
 use std::collections::{HashMap, HashSet};
@@ -85,11 +86,14 @@ pub(crate) fn load(main: &Path, base: &Path) -> Result<Workflow, ErrorInfo> {
             }
         }
     });
-    if problems.is_empty() {
-        Ok(wf)
-    } else {
-        Err(workflow_error(&WorkflowError { problems }, base))
+    if !problems.is_empty() {
+        return Err(workflow_error(&WorkflowError { problems }, base));
     }
+    // The files of the new generation, read once as its start reads them.
+    let mut wf = wf;
+    let files = pin::pin(&wf).map_err(|e| workflow_error(&e, base))?;
+    pin::attach(&mut wf, &files);
+    Ok(wf)
 }
 
 /// Calls `f` with `root` and every child workflow under it that reads, each
@@ -339,8 +343,43 @@ fn warn_refused(notes: &mpsc::UnboundedSender<Note>, refused: Vec<(PathBuf, Stri
 /// run's record for generation 0, else the generation's stored text. What
 /// the store holds must hash to what was recorded: the log's hash where it
 /// has one (the latest `RunStarted`, unless a reload came after it), and
-/// the hash stored with the generation.
+/// the hash stored with the generation. The files the generation pinned
+/// come with it ([`pin`]), each checked against its hash.
 pub(crate) fn definition(
+    backend: &dyn Backend,
+    rec: &RunRecord,
+    state: &RunState,
+) -> Result<Workflow, EngineError> {
+    let mut wf = text_of_generation(backend, rec, state)?;
+    let run_id = &rec.run_id;
+    let n = state.generation;
+    let Some(row) = backend
+        .generation(run_id, n)?
+        .filter(|row| !row.files.is_empty())
+    else {
+        // Nothing pinned: the workflow refers to no file, or the run began
+        // before files were pinned and reads them from the disk, as it did.
+        return Ok(wf);
+    };
+    if row.workflow_hash != wf.hash {
+        return Err(EngineError::Integrity(format!(
+            "run `{run_id}`: the files pinned for generation {n} belong to a workflow that hashes to {}, not {}; the store was changed outside Cairn, so the run is not resumed",
+            row.workflow_hash, wf.hash
+        )));
+    }
+    if let Some(f) = pin::tampered(&row.files) {
+        return Err(EngineError::Integrity(format!(
+            "run `{run_id}`: the pinned text of {} does not hash to what was recorded; the store was changed outside Cairn, so the run is not resumed",
+            f.path
+        )));
+    }
+    pin::attach(&mut wf, &row.files);
+    Ok(wf)
+}
+
+/// The workflow text of the run's current generation, checked, without
+/// its pinned files.
+fn text_of_generation(
     backend: &dyn Backend,
     rec: &RunRecord,
     state: &RunState,

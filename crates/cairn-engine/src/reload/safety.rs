@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use cairn_workflow::{NodeKind, NodeSpec, ScorerKind, Workflow};
+use cairn_workflow::{Isolation, NodeKind, NodeSpec, ResourceLimits, ScorerKind, Workflow};
 
 /// Most node reasons an unsafe reload names before it counts the rest.
 const MAX_REASONS: usize = 3;
@@ -51,6 +51,9 @@ pub(crate) fn unsafe_reason(
              it cannot be asked again"
                 .into(),
         );
+    }
+    if let Some(why) = loosened_tree(old, new) {
+        return Some(why);
     }
     if in_use.mcp_started && old.mcp_servers != new.mcp_servers {
         return Some(
@@ -108,6 +111,159 @@ pub(crate) fn unsafe_reason(
         reason.push_str(&format!("; and {more} more"));
     }
     Some(reason)
+}
+
+/// Why `new`'s walls are looser than `old`'s, if they are: a reload may
+/// come from a node that rewrote the workflow (a file in its root, or one
+/// it reached some other way), so it may never open the sandbox wider. A
+/// person restarts the run to change the walls; tightening them is taken.
+/// Compared: isolation (the workflow's and every node's own), the network
+/// (shut < listed hosts < open; a list may only lose hosts), the read-only
+/// folders shown (none may be added), the root (it may not move), and the
+/// resource limits (the workflow's and every node's own: none may be
+/// raised or lifted). A node new in `new` is held to `old`'s workflow-wide
+/// walls.
+pub(crate) fn loosened_walls(old: &Workflow, new: &Workflow) -> Option<String> {
+    let (o, n) = (&old.sandbox, &new.sandbox);
+    if o.isolation == Isolation::Namespaces && n.isolation == Isolation::None {
+        return Some("it turns the sandbox off (`isolation: none`)".into());
+    }
+    let level = |network: bool, hosts: &[String]| match (network, hosts.is_empty()) {
+        (true, _) => 2,
+        (false, false) => 1,
+        (false, true) => 0,
+    };
+    let (lo, ln) = (
+        level(o.network, &o.network_hosts),
+        level(n.network, &n.network_hosts),
+    );
+    if ln > lo {
+        return Some("it opens the network wider".into());
+    }
+    if ln == 1 && lo == 1 {
+        if let Some(h) = n
+            .network_hosts
+            .iter()
+            .find(|h| !o.network_hosts.contains(h))
+        {
+            return Some(format!(
+                "it adds `{h}` to the hosts the network lets through"
+            ));
+        }
+    }
+    if o.root != n.root {
+        return Some("it moves the sandbox root".into());
+    }
+    if let Some(p) = n.read_only.iter().find(|p| !o.read_only.contains(p)) {
+        return Some(format!("it shows `{p}` read-only to the sandbox"));
+    }
+    if let Some(what) = raised(o.limits, n.limits) {
+        return Some(format!("it raises the sandbox's {what} limit"));
+    }
+    node_walls(old, new, &new.nodes, &mut Vec::new())
+}
+
+/// [`loosened_walls`] over the whole tree: the run's workflow, then every
+/// child workflow `new` refers to, from the texts pinned with it, against
+/// the same child as `old` pinned it (a child new to the tree against
+/// `old` itself: a reload may not bring in a looser sandbox).
+fn loosened_tree(old: &Workflow, new: &Workflow) -> Option<String> {
+    if let Some(why) = loosened_walls(old, new) {
+        return Some(why);
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = Vec::new();
+    if let Some(why) = children_walls(old, new, &mut seen, &mut stack) {
+        return Some(why);
+    }
+    while let Some(w) = stack.pop() {
+        if let Some(why) = children_walls(old, &w, &mut seen, &mut stack) {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// [`loosened_walls`] of `w`'s children not seen yet, which are queued on
+/// `stack` for their own children.
+fn children_walls(
+    old: &Workflow,
+    w: &Workflow,
+    seen: &mut std::collections::HashSet<std::path::PathBuf>,
+    stack: &mut Vec<Workflow>,
+) -> Option<String> {
+    // Without pinned texts a child would be read from the disk.
+    w.pinned.as_ref()?;
+    for (p, _) in w.child_paths() {
+        let path = w.resolve(&p);
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        let Ok(after) = w.child(&path) else { continue };
+        let before = old.pinned.as_ref().and_then(|_| old.child(&path).ok());
+        if let Some(why) = loosened_walls(before.as_ref().unwrap_or(old), &after) {
+            return Some(format!("child workflow `{p}`: {why}"));
+        }
+        stack.push(after);
+    }
+    None
+}
+
+/// The first node of `nodes` (and their bodies) whose own walls are
+/// looser in the new definition than the same node's in `old`.
+fn node_walls<'a>(
+    old: &Workflow,
+    new: &Workflow,
+    nodes: &'a [NodeSpec],
+    path: &mut Vec<&'a str>,
+) -> Option<String> {
+    for n in nodes {
+        path.push(&n.id);
+        let before = find(&old.nodes, path);
+        let iso = |wf: &Workflow, spec: Option<&NodeSpec>| {
+            spec.and_then(|s| s.sandbox.isolation)
+                .unwrap_or(wf.sandbox.isolation)
+        };
+        let limits = |wf: &Workflow, spec: Option<&NodeSpec>| {
+            wf.sandbox
+                .limits
+                .overridden_by(spec.map(|s| s.sandbox.limits).unwrap_or_default())
+        };
+        let shown = path.join(".");
+        if n.sandbox.isolation == Some(Isolation::None) && iso(old, before) == Isolation::Namespaces
+        {
+            return Some(format!("it turns the sandbox off for node `{shown}`"));
+        }
+        let new_limits = new.sandbox.limits.overridden_by(n.sandbox.limits);
+        if let Some(what) = raised(limits(old, before), new_limits) {
+            return Some(format!("it raises the {what} limit of node `{shown}`"));
+        }
+        if let Some(children) = n.kind.children() {
+            if let Some(why) = node_walls(old, new, children, path) {
+                return Some(why);
+            }
+        }
+        path.pop();
+    }
+    None
+}
+
+/// Which of `old`'s limits `new` raises or lifts, if one.
+fn raised(old: ResourceLimits, new: ResourceLimits) -> Option<&'static str> {
+    let up = |o: Option<u64>, n: Option<u64>| o.is_some_and(|o| n.is_none_or(|n| n > o));
+    if up(old.memory_bytes, new.memory_bytes) {
+        return Some("memory");
+    }
+    if up(old.processes, new.processes) {
+        return Some("processes");
+    }
+    if up(
+        old.cpu.map(|d| d.as_millis() as u64),
+        new.cpu.map(|d| d.as_millis() as u64),
+    ) {
+        return Some("cpu");
+    }
+    None
 }
 
 /// What differs between a node's definition in `old` and in `new` that
@@ -359,11 +515,72 @@ nodes:
             unsafe_reason(&old, &new, &[running("wait")], InUse::default()),
             None
         );
-        // The sandbox running commands were started in.
-        let new = wf(&format!("{BASE}sandbox:\n  network: true\n"));
-        let why = unsafe_reason(&old, &new, &[running("wait")], InUse::default()).unwrap();
+        // The sandbox running commands were started in (tightened here:
+        // loosening is refused whatever runs).
+        let open = wf(&format!("{BASE}sandbox:\n  network: true\n"));
+        let why = unsafe_reason(&open, &old, &[running("wait")], InUse::default()).unwrap();
         assert!(why.starts_with("the sandbox changed"), "{why}");
-        assert_eq!(unsafe_reason(&old, &new, &[], InUse::default()), None);
+        assert_eq!(unsafe_reason(&open, &old, &[], InUse::default()), None);
+    }
+
+    #[test]
+    fn loosening_a_wall_is_refused_and_tightening_is_taken() {
+        let with = |sandbox: &str| wf(&format!("{BASE}sandbox:\n{sandbox}"));
+        let base = with(
+            "  network: [\"a.example\"]\n  read_only: [/opt/t]\n  \
+             limits: { memory: 1GiB, processes: 10, cpu: 10s }\n",
+        );
+        let loosen = |sandbox: &str, says: &str| {
+            let why = unsafe_reason(&base, &with(sandbox), &[], InUse::default())
+                .unwrap_or_else(|| panic!("taken: {sandbox}"));
+            assert!(why.contains(says), "{sandbox}: {why}");
+        };
+        let keep = "  read_only: [/opt/t]\n  limits: { memory: 1GiB, processes: 10, cpu: 10s }\n";
+        let hosts = "  network: [\"a.example\"]\n";
+        loosen(
+            &format!("  isolation: none\n{hosts}{keep}"),
+            "isolation: none",
+        );
+        loosen(&format!("  network: true\n{keep}"), "network");
+        loosen(
+            &format!("  network: [\"a.example\", \"b.example\"]\n{keep}"),
+            "b.example",
+        );
+        loosen(&format!("  root: ..\n{hosts}{keep}"), "root");
+        loosen(
+            &format!("{hosts}  read_only: [/opt/t, /home]\n  limits: {{ memory: 1GiB, processes: 10, cpu: 10s }}\n"),
+            "/home",
+        );
+        loosen(
+            &format!("{hosts}  read_only: [/opt/t]\n  limits: {{ memory: 2GiB, processes: 10, cpu: 10s }}\n"),
+            "memory",
+        );
+        loosen(
+            &format!("{hosts}  read_only: [/opt/t]\n  limits: {{ memory: 1GiB, cpu: 10s }}\n"),
+            "processes",
+        );
+        // A node of its own out of the sandbox, or with a higher limit.
+        let node_out = wf(&format!(
+            "{BASE}  - id: out\n    command: [\"true\"]\n    sandbox: {{ isolation: none }}\nsandbox:\n{hosts}{keep}"
+        ));
+        let why = unsafe_reason(&base, &node_out, &[], InUse::default()).unwrap();
+        assert!(why.contains("node `out`"), "{why}");
+        let node_up = wf(&format!(
+            "{BASE}  - id: up\n    command: [\"true\"]\n    sandbox: {{ limits: {{ cpu: 60s }} }}\nsandbox:\n{hosts}{keep}"
+        ));
+        let why = unsafe_reason(&base, &node_up, &[], InUse::default()).unwrap();
+        assert!(why.contains("cpu limit of node `up`"), "{why}");
+        // Tighter walls are taken.
+        for tighter in [
+            format!("  network: false\n{keep}"),
+            format!("{hosts}  limits: {{ memory: 512MiB, processes: 5, cpu: 5s }}\n"),
+        ] {
+            assert_eq!(
+                unsafe_reason(&base, &with(&tighter), &[], InUse::default()),
+                None,
+                "{tighter}"
+            );
+        }
     }
 
     #[test]
