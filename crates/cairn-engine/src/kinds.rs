@@ -210,8 +210,11 @@ pub(crate) async fn run_command(
     };
     drop(observer);
     let outcome = outcome.map_err(|e| match e {
-        // Retrying cannot make the kernel offer what it lacks.
-        ProcessError::Sandbox { .. } => NodeError::fatal("sandbox", e.to_string()),
+        // Retrying cannot make the kernel offer what it lacks; descriptors
+        // that ran out come free again.
+        ProcessError::Sandbox { .. } if !e.out_of_descriptors() => {
+            NodeError::fatal("sandbox", e.to_string())
+        }
         e => NodeError::new("spawn", e.to_string()),
     })?;
     if outcome.cancelled || outcome.timed_out {

@@ -556,13 +556,10 @@ async fn start_run(
     let dir = state.cfg().workflows_dir.clone();
     let max = state.cfg().max_workflow_bytes;
     let name = body.workflow.clone();
-    let wf = blocking(move || {
-        // Refused before anything is opened for it: a start that would take
-        // the descriptors the runs going need.
-        crate::descriptors::check_reserve()?;
-        crate::workflows::load(dir.as_deref(), &name, max)
-    })
-    .await?;
+    // Refused before anything is opened for it: a start that would take
+    // the descriptors the runs going need. Counted until it has started.
+    let admitted = blocking(crate::descriptors::admit).await?;
+    let wf = blocking(move || crate::workflows::load(dir.as_deref(), &name, max)).await?;
     let opts = StartOptions {
         run_id: body.run_id,
         max_concurrency: body.max_concurrency,
@@ -570,6 +567,7 @@ async fn start_run(
     };
     let input = body.input.unwrap_or_else(|| json!({}));
     let handle = state.engine().start(wf, input, opts).await?;
+    drop(admitted);
     let run_id = handle.run_id.clone();
     // The run goes on in the engine; nobody here waits for its end.
     drop(handle);

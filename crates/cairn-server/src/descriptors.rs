@@ -9,6 +9,7 @@
 //! descriptors is a `503` with `Retry-After`, never a failure of its own.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::ApiError;
 
@@ -95,11 +96,38 @@ fn open_count() -> io::Result<u64> {
     Ok(n.saturating_sub(1))
 }
 
-/// Refuses a new run (`503 out_of_descriptors`, `Retry-After`) when fewer
-/// than [`reserve`] descriptors are free. Where `/proc` cannot tell, the run
-/// is let through (its own errors still say what ran out); when counting
-/// itself fails for want of a descriptor, that is the answer.
-pub(crate) fn check_reserve() -> Result<(), ApiError> {
+/// Descriptors a start is counted for until it has opened its own (its
+/// lock, its log, its wake-up socket, the workflow file, a spare), so that
+/// many starts at once do not all pass the check before any of them shows
+/// in `/proc`.
+const PER_START: u64 = 6;
+
+/// Starts admitted that have not yet opened their descriptors.
+static STARTING: AtomicU64 = AtomicU64::new(0);
+
+/// A start admitted by [`admit`]: counted as [`PER_START`] descriptors
+/// until dropped (once the run has started, or failed to).
+pub(crate) struct Admitted(());
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        STARTING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Admits a new run, or refuses it (`503 out_of_descriptors`,
+/// `Retry-After`) when fewer than [`reserve`] descriptors would stay free
+/// with it and the other starts under way. Where `/proc` cannot tell, the
+/// run is let through (its own errors still say what ran out); when
+/// counting itself fails for want of a descriptor, that is the answer.
+pub(crate) fn admit() -> Result<Admitted, ApiError> {
+    let starting = STARTING.fetch_add(1, Ordering::SeqCst) + 1;
+    let admitted = Admitted(());
+    check_reserve(starting * PER_START)?;
+    Ok(admitted)
+}
+
+fn check_reserve(pending: u64) -> Result<(), ApiError> {
     let Ok(lim) = get() else {
         return Ok(());
     };
@@ -113,11 +141,11 @@ pub(crate) fn check_reserve() -> Result<(), ApiError> {
         }
         Err(_) => return Ok(()),
     };
-    let free = lim.rlim_cur.saturating_sub(open);
+    let free = lim.rlim_cur.saturating_sub(open).saturating_sub(pending);
     let keep = reserve(lim.rlim_cur);
     if free < keep {
         return Err(ApiError::out_of_descriptors(format_args!(
-            "{open} of {} open, {keep} kept free for the runs going",
+            "{open} of {} open, {pending} more for starts under way, {keep} kept free for the runs going",
             lim.rlim_cur
         )));
     }

@@ -247,6 +247,33 @@ mod tests {
     }
 
     #[test]
+    fn running_out_of_descriptors_is_a_503_with_retry_after_whatever_the_path() {
+        let emfile = || StoreError::Io {
+            path: PathBuf::from("locks/r.lock"),
+            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+        };
+        for e in [
+            ApiError::from(emfile()),
+            ApiError::from(EngineError::Store(emfile())),
+        ] {
+            assert_eq!((e.status.as_u16(), e.code), (503, "out_of_descriptors"));
+            let resp = e.into_response();
+            assert_eq!(resp.headers()["retry-after"], "1");
+        }
+        // A driver that keeps only the text.
+        let pg = ApiError::from(StoreError::Database(
+            "error connecting: Too many open files (os error 24)".into(),
+        ));
+        assert_eq!(pg.code, "out_of_descriptors");
+        // Another I/O error keeps its own cause.
+        let other = ApiError::from(StoreError::Io {
+            path: PathBuf::from("locks/r.lock"),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        });
+        assert_eq!((other.status.as_u16(), other.code), (500, "store"));
+    }
+
+    #[test]
     fn store_errors_map_the_same_directly_and_through_the_engine() {
         // Each case makes its error afresh: StoreError is not Clone.
         type Case = (fn() -> StoreError, u16, &'static str);

@@ -332,6 +332,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_server_out_of_descriptors_does_not_blame_the_file() {
+        let e = unreadable("w.yaml", &std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!((e.status.as_u16(), e.code), (503, "out_of_descriptors"));
+        let e = unreadable("w.yaml", &std::io::Error::from_raw_os_error(libc::EACCES));
+        assert_eq!((e.status.as_u16(), e.code), (403, "workflow_unreadable"));
+    }
+
+    #[test]
     fn names_are_relative_and_plain() {
         for ok in ["review", "review.yaml", "team/review", "a_b-c.v2", "x.json"] {
             assert!(check_name(ok).is_ok(), "{ok}");

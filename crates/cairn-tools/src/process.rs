@@ -312,6 +312,18 @@ impl ProcessOutcome {
     }
 }
 
+/// The waits between tries of a spawn that failed for want of file
+/// descriptors (about 6 s in all).
+const SPAWN_WAITS: &[Duration] = &[
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+    Duration::from_millis(3000),
+];
+
 /// Why a process could not be run at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
@@ -365,6 +377,30 @@ pub enum ProcessError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl ProcessError {
+    /// Whether the process could not be started because this process (or
+    /// the system) ran out of file descriptors, `EMFILE` or `ENFILE`: a
+    /// condition that passes, unlike a missing program or a sandbox the
+    /// kernel refuses. The sandbox's child reports its errors as text.
+    pub fn out_of_descriptors(&self) -> bool {
+        let io = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        match self {
+            ProcessError::Spawn { source, .. } => io(source),
+            ProcessError::Sandbox { source, .. } => match source {
+                cairn_sandbox::SandboxError::Io(e) => io(e),
+                other => {
+                    let text = other.to_string();
+                    text.contains("(os error 24)") || text.contains("(os error 23)")
+                }
+            },
+            ProcessError::NetworkFilter { reason, .. } => {
+                reason.contains("(os error 24)") || reason.contains("(os error 23)")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Sends SIGKILL to a whole process group. Used to clean up a group left behind
@@ -773,24 +809,45 @@ async fn run_with(
     observer: &dyn ProcessObserver,
     cancel: CancellationToken,
 ) -> Result<ProcessOutcome, ProcessError> {
-    let stdin = if input.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
+    // A spawn that fails for want of file descriptors (the pipes, the
+    // sandbox's report pipe, a descriptor in the child) is tried again a
+    // few times, as a model call is after a failed connection: the
+    // descriptors other work holds come free.
+    let mut waits = SPAWN_WAITS.iter();
+    let (program, mut child, proxied, prepared, channel) = loop {
+        let stdin = if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
+        let tried = spawning(&spec, stdin, true).and_then(|s| {
+            let Spawning {
+                program,
+                mut cmd,
+                proxied,
+                prepared,
+                channel,
+            } = s;
+            match cmd.spawn() {
+                Ok(c) => Ok((program, c, proxied, prepared, channel)),
+                Err(source) => Err(spawn_error(program, prepared.as_ref(), source)),
+            }
+        });
+        match tried {
+            Ok(spawned) => break spawned,
+            Err(e) if e.out_of_descriptors() => {
+                let Some(wait) = waits.next() else {
+                    return Err(e);
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(*wait) => {}
+                    _ = cancel.cancelled() => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     };
-    let Spawning {
-        program,
-        mut cmd,
-        proxied,
-        prepared,
-        channel,
-    } = spawning(&spec, stdin, true)?;
-
     let started = Instant::now();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(source) => return Err(spawn_error(program, prepared.as_ref(), source)),
-    };
     if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
         // Written beside the reads of stdout and stderr, so that a program
         // that writes before it reads cannot deadlock on full pipes; the

@@ -257,7 +257,7 @@ pub(super) async fn run(spec: &AgentSpec, ctx: &NodeCtx, engine: &str) -> Result
         };
         observer.flush();
         let outcome = outcome.map_err(|e| match e {
-            cairn_tools::process::ProcessError::Sandbox { .. } => {
+            cairn_tools::process::ProcessError::Sandbox { .. } if !e.out_of_descriptors() => {
                 NodeError::fatal("sandbox", e.to_string())
             }
             e => NodeError::new("spawn", format!("{} CLI: {e}", kind.name())),
