@@ -4,12 +4,13 @@
 //! random moments over and over, and is resumed until the run is done.
 //! No step is asked again once its `AgentStepFinished` is in the store, no
 //! side effect happens twice, and every `TokenUsageReported` is one call's
-//! own usage.
+//! own usage. On PostgreSQL too (when `CAIRN_TEST_PG` is set), resuming
+//! right after each kill: the dead process's lease is taken over at once.
 
 mod common;
 use common::*;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_agent::testing::{FakeProvider, Recorded, Reply};
@@ -57,12 +58,39 @@ fn script(r: &Recorded) -> Reply {
     Reply::sse(events).every(Duration::from_millis(25))
 }
 
-fn events(store: &Path, run: &str) -> Vec<Event> {
-    if !store.exists() {
-        return Vec::new();
+/// The store the test's `cairn` processes share: a SQLite file, or a
+/// PostgreSQL database of the test's own (with leases far longer than the
+/// test waits: only their takeover lets a resume in).
+enum Store {
+    Sqlite(PathBuf),
+    Pg(String),
+}
+
+impl Store {
+    fn args(&self) -> Vec<String> {
+        match self {
+            Store::Sqlite(p) => vec!["--store".into(), p.display().to_string()],
+            Store::Pg(url) => vec![
+                "--store".into(),
+                url.clone(),
+                "--lease-ttl".into(),
+                "60s".into(),
+            ],
+        }
     }
-    let Ok(backend) = SqliteBackend::open(store) else {
-        return Vec::new();
+}
+
+fn events(store: &Store, run: &str) -> Vec<Event> {
+    let backend: Box<dyn Backend> = match store {
+        Store::Sqlite(p) if !p.exists() => return Vec::new(),
+        Store::Sqlite(p) => match SqliteBackend::open(p) {
+            Ok(b) => Box::new(b),
+            Err(_) => return Vec::new(),
+        },
+        Store::Pg(url) => match cairn_postgres::PgBackend::open(url) {
+            Ok(b) => Box::new(b),
+            Err(_) => return Vec::new(),
+        },
     };
     backend
         .read_events(run, &EventQuery::default())
@@ -74,11 +102,28 @@ fn events(store: &Path, run: &str) -> Vec<Event> {
 
 #[test]
 fn an_agent_killed_at_random_moments_repeats_no_finished_step_or_side_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Sqlite(dir.path().join(".cairn/cairn.db"));
+    agent_crash(dir.path(), &store);
+}
+
+/// The same on PostgreSQL, in a database of the test's own.
+#[test]
+fn an_agent_killed_at_random_moments_repeats_no_finished_step_or_side_effect_on_postgres() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let name = format!("cairn_agent_crash_{}", std::process::id());
+    let url = cairn_postgres::testing::create_database(server, &name);
+    let dir = tempfile::tempdir().unwrap();
+    agent_crash(dir.path(), &Store::Pg(url));
+    cairn_postgres::testing::drop_database(server, &name);
+}
+
+fn agent_crash(dir: &Path, store: &Store) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let server = rt.block_on(FakeProvider::start());
     server.respond_with(script);
-    let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
     let yaml = format!(
         r#"
 name: agent-crash
@@ -94,18 +139,20 @@ nodes:
         server.url()
     );
     std::fs::write(dir.join("agent.yaml"), yaml).unwrap();
-    let store = dir.join(".cairn/cairn.db");
     let run = "agent-crash";
     let ended = || {
-        let evs = events(&store, run);
+        let evs = events(store, run);
         let end = matches!(
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
         );
         (!evs.is_empty(), end)
     };
-    kill_and_resume(
+    let store_args = store.args();
+    let store_args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+    kill_and_resume_on(
         dir,
+        &store_args,
         &["run", "agent.yaml", "--run-id", run],
         run,
         KILLS,
@@ -114,7 +161,7 @@ nodes:
         |_| sessions_err(dir),
     );
 
-    let evs = events(&store, run);
+    let evs = events(store, run);
     assert!(matches!(
         evs.last().unwrap().kind,
         EventKind::RunFinished { .. }

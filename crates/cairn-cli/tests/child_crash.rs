@@ -3,23 +3,53 @@
 //! side, then a `workflow` node; the process is SIGKILLed at random moments
 //! while children run, and resumed until the run is done. Every child runs
 //! to its end once, no call starts a second child, and the tree of logs
-//! keeps the contract's parent and child rules.
+//! keeps the contract's parent and child rules. On PostgreSQL too (when
+//! `CAIRN_TEST_PG` is set), resuming right after each kill: the parent's
+//! lease and each running child's are taken over at once.
 
 mod common;
 use common::*;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cairn_events::{check_tree, Event, EventKind};
 use cairn_store::{Backend, EventQuery, RunFilter, SqliteBackend};
 
 const KILLS: usize = 12;
 
-fn open(store: &Path) -> Option<SqliteBackend> {
-    store.exists().then(|| SqliteBackend::open(store).ok())?
+/// The store the test's `cairn` processes share.
+enum Store {
+    /// A SQLite file in the test's folder.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database of the test's own, with leases far longer than
+    /// the test waits: only their takeover lets a resume in.
+    Pg(String),
 }
 
-fn events(b: &SqliteBackend, run: &str) -> Vec<Event> {
+impl Store {
+    fn args(&self) -> Vec<String> {
+        match self {
+            Store::Sqlite(p) => vec!["--store".into(), p.display().to_string()],
+            Store::Pg(url) => vec![
+                "--store".into(),
+                url.clone(),
+                "--lease-ttl".into(),
+                "60s".into(),
+            ],
+        }
+    }
+
+    /// The store, as another process opens it; `None` before it exists.
+    fn open(&self) -> Option<Box<dyn Backend>> {
+        match self {
+            Store::Sqlite(p) if !p.exists() => None,
+            Store::Sqlite(p) => Some(Box::new(SqliteBackend::open(p).ok()?)),
+            Store::Pg(url) => Some(Box::new(cairn_postgres::PgBackend::open(url).ok()?)),
+        }
+    }
+}
+
+fn events(b: &dyn Backend, run: &str) -> Vec<Event> {
     b.read_events(run, &EventQuery::default())
         .unwrap_or_default()
         .iter()
@@ -27,7 +57,7 @@ fn events(b: &SqliteBackend, run: &str) -> Vec<Event> {
         .collect()
 }
 
-fn children(b: &SqliteBackend, run: &str) -> Vec<String> {
+fn children(b: &dyn Backend, run: &str) -> Vec<String> {
     b.list_runs(&RunFilter {
         parent: Some(run.into()),
         ..RunFilter::default()
@@ -88,14 +118,30 @@ output: "{{ nodes.last.output }}"
 #[test]
 fn a_parent_killed_while_children_run_starts_each_child_once() {
     let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
+    let store = Store::Sqlite(dir.path().join(".cairn/cairn.db"));
+    lead_crash(dir.path(), &store);
+}
+
+/// The same on PostgreSQL, in a database of the test's own.
+#[test]
+fn a_parent_killed_while_children_run_starts_each_child_once_on_postgres() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let name = format!("cairn_child_crash_{}", std::process::id());
+    let url = cairn_postgres::testing::create_database(server, &name);
+    let dir = tempfile::tempdir().unwrap();
+    lead_crash(dir.path(), &Store::Pg(url));
+    cairn_postgres::testing::drop_database(server, &name);
+}
+
+fn lead_crash(dir: &Path, store: &Store) {
     std::fs::write(dir.join("task.yaml"), TASK).unwrap();
     std::fs::write(dir.join("turns.yaml"), TURNS).unwrap();
     std::fs::write(dir.join("lead.yaml"), LEAD).unwrap();
-    let store = dir.join(".cairn/cairn.db");
     let run = "lead-crash";
     let ended = || {
-        let evs = open(&store).map(|b| events(&b, run)).unwrap_or_default();
+        let evs = store.open().map(|b| events(&*b, run)).unwrap_or_default();
         let end = matches!(
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
@@ -104,13 +150,13 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
     };
     // Why a session failed: its words, and the tree's logs.
     let explain = |code: Option<i32>| {
-        let Some(b) = open(&store) else {
+        let Some(b) = store.open() else {
             return sessions_err(dir);
         };
         let logs: Vec<String> = std::iter::once(run.to_string())
-            .chain(children(&b, run))
+            .chain(children(&*b, run))
             .map(|k| {
-                let evs: Vec<String> = events(&b, &k)
+                let evs: Vec<String> = events(&*b, &k)
                     .iter()
                     .filter(|e| !matches!(e.kind, EventKind::NodeOutput { .. }))
                     .map(|e| format!("{} {:?} {:?}", e.seq, e.scope.node_id, e.kind))
@@ -120,8 +166,11 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
             .collect();
         format!("exit {code:?}: {}\n{}", sessions_err(dir), logs.join("\n"))
     };
-    kill_and_resume(
+    let store_args = store.args();
+    let store_args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+    kill_and_resume_on(
         dir,
+        &store_args,
         &["run", "lead.yaml", "--run-id", run],
         run,
         KILLS,
@@ -130,8 +179,8 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
         explain,
     );
 
-    let b = open(&store).unwrap();
-    let evs = events(&b, run);
+    let b = store.open().unwrap();
+    let evs = events(&*b, run);
     let Some(EventKind::RunFinished { output, .. }) = evs.last().map(|e| &e.kind) else {
         panic!("the run did not finish: {:?}", evs.last());
     };
@@ -142,10 +191,10 @@ fn a_parent_killed_while_children_run_starts_each_child_once() {
         .count();
     eprintln!("{sessions} sessions");
     // One child per call: three delegations and the workflow node.
-    let kids = children(&b, run);
+    let kids = children(&*b, run);
     assert_eq!(kids.len(), 4, "{kids:?}");
     let logs: BTreeMap<String, Vec<Event>> =
-        kids.iter().map(|k| (k.clone(), events(&b, k))).collect();
+        kids.iter().map(|k| (k.clone(), events(&*b, k))).collect();
     for (k, log) in &logs {
         assert!(
             matches!(

@@ -43,6 +43,12 @@ pub fn stderr_of(child: &mut Child) -> String {
 /// to `dir/sessions.err` (every session of a crash test, for its failure
 /// message).
 pub fn cairn_session(dir: &std::path::Path, args: &[&str]) -> Child {
+    cairn_session_on(dir, &["--store", ".cairn/cairn.db"], args)
+}
+
+/// [`cairn_session`] on the store `store_args` name (e.g. `--store
+/// postgres://...`).
+pub fn cairn_session_on(dir: &std::path::Path, store_args: &[&str], args: &[&str]) -> Child {
     let err = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -51,7 +57,7 @@ pub fn cairn_session(dir: &std::path::Path, args: &[&str]) -> Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
         .current_dir(dir)
         .args(args)
-        .args(["--store", ".cairn/cairn.db"])
+        .args(store_args)
         .env_remove("CAIRN_STORE")
         .env_remove("CAIRN_LOG_DIR")
         .env_remove("OPENAI_API_KEY")
@@ -83,6 +89,32 @@ pub fn kill_and_resume(
     state: impl Fn() -> (bool, bool),
     explain: impl Fn(Option<i32>) -> String,
 ) {
+    kill_and_resume_on(
+        dir,
+        &["--store", ".cairn/cairn.db"],
+        first,
+        run,
+        kills,
+        pause,
+        state,
+        explain,
+    )
+}
+
+/// [`kill_and_resume`] on the store `store_args` name. Every resume comes
+/// right after the kill, with `--no-wait`: a killed process's leases must be
+/// free at once (on PostgreSQL, taken over on the machine where it died).
+#[allow(clippy::too_many_arguments)]
+pub fn kill_and_resume_on(
+    dir: &std::path::Path,
+    store_args: &[&str],
+    first: &[&str],
+    run: &str,
+    kills: usize,
+    pause: (u64, u64),
+    state: impl Fn() -> (bool, bool),
+    explain: impl Fn(Option<i32>) -> String,
+) {
     let mut seed = std::process::id() as u64 * 2654435761 % 1_000_003 + 1;
     let mut next = || {
         seed ^= seed << 13;
@@ -93,9 +125,9 @@ pub fn kill_and_resume(
     let mut started = false;
     for _ in 0..kills {
         let mut child = if started {
-            cairn_session(dir, &["resume", run])
+            cairn_session_on(dir, store_args, &["resume", run, "--no-wait"])
         } else {
-            cairn_session(dir, first)
+            cairn_session_on(dir, store_args, first)
         };
         std::thread::sleep(Duration::from_millis(pause.0 + next() % pause.1));
         if let Some(status) = child.try_wait().unwrap() {
@@ -110,7 +142,7 @@ pub fn kill_and_resume(
             return;
         }
     }
-    let mut child = cairn_session(dir, &["resume", run]);
+    let mut child = cairn_session_on(dir, store_args, &["resume", run, "--no-wait"]);
     let status = wait_exit(&mut child);
     assert_eq!(
         status.code(),
