@@ -215,8 +215,22 @@ pub fn apply(
     max_file_bytes: u64,
     record: &Path,
 ) -> Result<Applied, SnapshotError> {
-    let mut done = Applied::default();
     let stage = Stage::new(root, record)?;
+    // The stage goes whether the restore went through or stopped; one that
+    // cannot be removed stays recorded for the next restore.
+    let result = apply_staged(objects, root, plan, max_file_bytes, &stage);
+    stage.finish(root, record);
+    result
+}
+
+fn apply_staged(
+    objects: &Objects,
+    root: &Dir,
+    plan: &Plan,
+    max_file_bytes: u64,
+    stage: &Stage,
+) -> Result<Applied, SnapshotError> {
+    let mut done = Applied::default();
     let mut staged = Vec::with_capacity(plan.write.len());
     for (i, (p, mode, id)) in plan.write.iter().enumerate() {
         staged.push((p, *mode, stage.put(objects, i, *mode, *id, max_file_bytes)?));
@@ -279,7 +293,6 @@ pub fn apply(
     for p in &plan.dirs {
         root.create_dir_path(p).map_err(|e| root_err(p, e))?;
     }
-    stage.finish(root, record);
     Ok(done)
 }
 

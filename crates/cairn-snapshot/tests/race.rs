@@ -258,6 +258,13 @@ fn a_node_swapping_folders_for_links_never_sends_a_walk_or_a_restore_outside() {
             "a stored object holds an outside file"
         );
     }
+    // Restores that stopped took their stage with them.
+    let left: Vec<_> = fs::read_dir(&g.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.as_bytes().starts_with(b".cairn-stage-"))
+        .collect();
+    assert!(left.is_empty(), "stages left in the root: {left:?}");
     let swaps = swaps.load(Ordering::Relaxed);
     assert!(swaps > 100, "the node hardly raced: {swaps} swaps");
     assert!(
