@@ -752,6 +752,15 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
                 a.header_timeout
             ))
         })?;
+    let body_read_timeout = cairn_workflow::parse_duration(&a.body_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            bad_input(format!(
+                "--body-timeout `{}`: write a duration above zero, e.g. 5s, 30s, 2m",
+                a.body_timeout
+            ))
+        })?;
     let checked = cairn_server::ServeConfig {
         addr,
         allowed_hosts: a.allow_hosts.clone(),
@@ -790,7 +799,9 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         allowed_hosts: a.allow_hosts,
         allowed_origins: a.allow_origins,
         max_connections: a.max_connections as usize,
+        max_connections_per_client: a.max_connections_per_client.map(|n| n as usize),
         header_read_timeout,
+        body_read_timeout,
         // Servers that share a PostgreSQL store take over each other's runs
         // once a dead one's leases expire; a few looks per lease.
         takeover: g

@@ -438,6 +438,8 @@ async fn server() {
         allowed_hosts: vec!["localhost".into()],
         // Every watcher, and room for the bench's own requests.
         max_connections: n_sse + n_ws + 64,
+        // Every watcher comes from this one address.
+        max_connections_per_client: Some(n_sse + n_ws + 64),
         ..ServeConfig::default()
     };
     let server = Server::bind(cfg, engine).await.unwrap();

@@ -322,7 +322,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             let status = r.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
+            if crate::listen::is_body_timeout(&r) {
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", r.body_text())
+            } else if status == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
                     status,
                     "payload_too_large",

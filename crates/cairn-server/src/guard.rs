@@ -36,8 +36,9 @@ pub(crate) struct Guard {
 /// Why the server's admission settings were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum GuardConfigError {
-    /// A connection cap of 0 would refuse every client.
-    #[error("the connection cap must be at least 1")]
+    /// A connection cap (of all clients, or of one) of 0 would refuse
+    /// every client.
+    #[error("the connection caps must be at least 1")]
     NoConnections,
     /// Not a host name or `host:port`.
     #[error("allowed host `{0}`: write a host name or address, optionally with `:PORT` (e.g. cairn.example.com or 10.0.0.5:7700)")]

@@ -73,9 +73,19 @@ pub struct ServeConfig {
     /// Connections open at once, WebSockets and event streams included;
     /// one more is answered 503 and closed.
     pub max_connections: usize,
+    /// Connections one client (an IPv4 address, an IPv6 /64) may hold at
+    /// once; one more is answered 429 and closed. `None`: an eighth of
+    /// `max_connections`, at least 16 (or `max_connections` when smaller).
+    /// Behind a reverse proxy every client has the proxy's address: raise
+    /// it to `max_connections` there.
+    pub max_connections_per_client: Option<usize>,
     /// Longest a client may take to send a request's headers, and to start
     /// its next request on a kept-alive connection; then it is closed.
     pub header_read_timeout: Duration,
+    /// Longest a request's body may take to arrive, counted from the end of
+    /// its headers; then the request fails (408) and the connection is
+    /// closed.
+    pub body_read_timeout: Duration,
     /// How long running nodes get to reach a safe point when the server
     /// stops, before they are cancelled.
     pub grace: Duration,
@@ -109,7 +119,9 @@ impl Default for ServeConfig {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             max_connections: 1024,
+            max_connections_per_client: None,
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: DEFAULT_BODY_TIMEOUT,
             grace: Duration::from_secs(10),
             heartbeat: Duration::from_secs(15),
             body_limit: 1024 * 1024,
@@ -120,15 +132,28 @@ impl Default for ServeConfig {
     }
 }
 
+/// How long a request's body may take to arrive by default: a full body
+/// of the default 1 MiB limit at about 35 KB/s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl ServeConfig {
     /// Checks what can be checked before binding: the allowed hosts and
-    /// origins are well formed and the connection cap is at least 1.
+    /// origins are well formed and the connection caps are at least 1.
     pub fn validate(&self) -> Result<(), ServerError> {
-        if self.max_connections == 0 {
+        if self.max_connections == 0 || self.max_connections_per_client == Some(0) {
             return Err(GuardConfigError::NoConnections.into());
         }
         guard::Guard::new(self.addr, &self.allowed_hosts, &self.allowed_origins)?;
         Ok(())
+    }
+
+    /// The connections one client may hold: the configured cap, or an
+    /// eighth of `max_connections`, at least 16 (never more than
+    /// `max_connections`).
+    pub fn per_client_cap(&self) -> usize {
+        self.max_connections_per_client
+            .unwrap_or_else(|| (self.max_connections / 8).max(16))
+            .min(self.max_connections)
     }
 }
 
@@ -227,7 +252,9 @@ impl Server {
         };
         let limits = listen::Limits {
             max_connections: state.cfg().max_connections,
+            max_connections_per_client: state.cfg().per_client_cap(),
             header_read_timeout: state.cfg().header_read_timeout,
+            body_read_timeout: state.cfg().body_read_timeout,
         };
         let result = listen::serve(self.listener, router, limits, graceful).await;
         metrics_task.abort();

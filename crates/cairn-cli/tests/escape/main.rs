@@ -5,9 +5,13 @@
 //! works. Every attack runs twice: from a `command` node and from a `bash`
 //! tool call.
 
+#[path = "../common/mod.rs"]
 mod common;
 use common::*;
+mod cli_args;
 mod kept_files;
+mod proxy;
+mod serve;
 mod pinning;
 mod revert_race;
 use std::io::{Read, Write};
