@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// Waves after the first: enough that a leak of a few KB per run shows.
 const WAVES: usize = 4;
-const RUNS: usize = 50;
+const RUNS: usize = 100;
 /// Slack beyond 10%, for the allocator's and the kernel's noise.
 const SLACK_KB: u64 = 8 * 1024;
 
@@ -41,6 +41,7 @@ async fn serve_gives_back_memory_after_each_wave_of_runs() {
     })
     .await
     .expect("the waves ended within 10 minutes");
+    eprintln!("serve's RSS after each wave, KiB: {rss:?}");
     let first = rss[0];
     let bound = first + first / 10 + SLACK_KB;
     for (i, &r) in rss.iter().enumerate().skip(1) {
