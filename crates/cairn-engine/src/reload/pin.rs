@@ -38,6 +38,12 @@ pub(crate) fn pin(wf: &Workflow) -> Result<Vec<PinnedFile>, WorkflowError> {
         }
         for (p, _) in w.child_paths() {
             let path = w.resolve(&p);
+            if path == wf.path {
+                // The tree names its own top (a workflow that starts
+                // itself): its text is the one being pinned from.
+                files.entry(path).or_insert_with(|| wf.source.clone());
+                continue;
+            }
             if seen.insert(path.clone()) {
                 let child = w.child(&path)?;
                 files.insert(path, child.source.clone());
