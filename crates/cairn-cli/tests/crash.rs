@@ -522,3 +522,77 @@ fn a_resume_kills_what_bash_calls_left_running() {
         EventKind::RunFinished { .. }
     ));
 }
+
+/// On PostgreSQL, a resume of a run whose lease a live process of this
+/// machine holds is refused at once (exit 4, naming it); one held by a
+/// process of another machine, which this one cannot look at, waits for
+/// the lease to expire, saying so, unless `--no-wait` (exit 4).
+#[test]
+fn a_resume_on_postgres_refuses_a_live_holder_and_waits_for_another_machines() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let name = format!("cairn_crash_wait_{}", std::process::id());
+    let url = cairn_postgres::testing::create_database(server, &name);
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    // The first attempt hangs; the one a resume runs ends at once.
+    let script = "if [ -f again ]; then exit 0; fi; touch again; sleep 300";
+    std::fs::write(
+        dir.join("w.yaml"),
+        format!(
+            "name: held\nnodes:\n  - id: work\n    command: [\"sh\", \"-c\", {}]\n",
+            serde_json::to_string(script).unwrap()
+        ),
+    )
+    .unwrap();
+    let store = Store::Pg(url.clone());
+    let mut first = cairn(dir, &store, &["run", "w.yaml", "--run-id", "h"]);
+    let t0 = Instant::now();
+    while !dir.join("again").exists() {
+        assert!(t0.elapsed() < PATIENCE, "the node never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // Alive on this machine: refused at once, whatever the lease's ttl.
+    let mut second = cairn(dir, &store, &["resume", "h"]);
+    let status = wait_exit(&mut second);
+    let err = stderr_of(&mut second);
+    assert_eq!(status.code(), Some(4), "{err}");
+    assert!(
+        err.contains(&format!(
+            "being driven by another process (pid {}",
+            first.id()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("waiting"), "{err}");
+
+    // Killed, and its lease made another machine's, for two seconds more.
+    first.kill().unwrap();
+    wait_exit(&mut first);
+    cairn_postgres::testing::sql(
+        &url,
+        "UPDATE leases SET owner = '00000000000000aa pid=77 start=1 host=another-boot/pid:[1] \
+         name=elsewhere', expires_at = clock_timestamp() + interval '2 seconds'",
+    );
+    let mut refused = cairn(dir, &store, &["resume", "h", "--no-wait"]);
+    let status = wait_exit(&mut refused);
+    let err = stderr_of(&mut refused);
+    assert_eq!(status.code(), Some(4), "{err}");
+    assert!(err.contains("(pid 77 on elsewhere)"), "{err}");
+
+    let mut waits = cairn(dir, &store, &["resume", "h"]);
+    let status = wait_exit(&mut waits);
+    let err = stderr_of(&mut waits);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("run h is held by pid 77 on elsewhere until ") && err.contains("waiting"),
+        "{err}"
+    );
+    assert!(matches!(
+        events(&store, "h").last().unwrap().kind,
+        EventKind::RunFinished { .. }
+    ));
+    cairn_postgres::testing::drop_database(server, &name);
+}
