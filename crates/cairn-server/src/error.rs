@@ -16,7 +16,7 @@ pub(crate) struct ApiError {
     pub message: String,
     pub details: Option<Value>,
     /// Seconds for a `Retry-After` header: the failure passes by itself.
-    pub retry_after: Option<u32>,
+    pub retry_after: Option<u16>,
 }
 
 impl ApiError {
