@@ -93,10 +93,11 @@ async fn bench() {
     let last = served.rss_kb();
     let base = first.unwrap_or(last);
     println!(
-        "serve_memory: growth after wave 1: {:.1} MB over {} more waves ({:.1} KB per run)",
+        "serve_memory: growth after wave 1: {:.1} MB over {} more waves ({:.1} KB per run); peak RSS (VmHWM) {:.1} MB",
         (mb(last) - mb(base)),
         n_waves - 1,
         (last as f64 - base as f64) / ((n_waves - 1).max(1) * runs) as f64,
+        mb(served.status("VmHWM")),
     );
 }
 
