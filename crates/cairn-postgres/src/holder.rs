@@ -119,13 +119,34 @@ fn stat(pid: u32) -> Result<Option<Stat>, ()> {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(line) => parse_stat(&line).map(Some).ok_or(()),
         // ESRCH: the process went away while being read.
-        Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(ESRCH) => Ok(None),
+        Err(e) if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
+            if exists(pid) {
+                // Hidden, not gone: a `/proc` mounted with `hidepid` does not
+                // show other users' processes.
+                Err(())
+            } else {
+                Ok(None)
+            }
+        }
         Err(_) => Err(()),
     }
 }
 
-/// Linux's ESRCH (the crate does not link libc for one constant).
-const ESRCH: i32 = 3;
+/// Whether a process `pid` exists, by `kill(pid, 0)`: no signal is sent, and
+/// only a pid that names no process fails with ESRCH (one of another user
+/// fails with EPERM, and exists).
+fn exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    if pid <= 0 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be
+    // signalled; nothing is delivered.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
 
 /// Reads `pid (comm) state ... starttime ...`: the command name may hold
 /// spaces and parentheses, so the fields are counted after its last `)`.
@@ -195,6 +216,19 @@ mod tests {
             ..me.clone()
         };
         assert_eq!(me.judge(&unnamed), Liveness::Unknown);
+    }
+
+    #[test]
+    fn a_pid_exists_until_its_process_is_reaped_whoever_owns_it() {
+        assert!(exists(std::process::id()));
+        // PID 1 exists, whether or not this process may signal it.
+        assert!(exists(1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!exists(pid));
+        // Out of range: never taken for gone (and never a process group).
+        assert!(exists(u32::MAX));
     }
 
     #[test]
