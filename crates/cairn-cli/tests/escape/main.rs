@@ -4,16 +4,20 @@
 //! blocked `NetworkAccess` events) while a harmless control next to it
 //! works. Every attack runs twice: from a `command` node and from a `bash`
 //! tool call.
+//!
+//! The attacks of each wall live in a module of this folder; this file
+//! holds the shared fixtures and the first walls (processes, network,
+//! limits).
 
 #[path = "../common/mod.rs"]
 mod common;
 use common::*;
 mod cli_args;
 mod kept_files;
-mod proxy;
-mod serve;
 mod pinning;
+mod proxy;
 mod revert_race;
+mod serve;
 use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;
