@@ -1,12 +1,14 @@
-//! A node races the engine's revert: while `on_retry: revert` puts the
-//! files of a failing node back before each retry, another node of the
-//! run swaps a folder of the root with a link to a folder outside it
-//! (`renameat2(RENAME_EXCHANGE)` in a tight loop). The engine runs
-//! unsandboxed, so a revert that resolved `work/a.txt` by name would write
-//! (or delete, or read into a snapshot) the outside file of that name. It
-//! walks and restores through descriptors with no link followed, so the
-//! outside folder is byte for byte what it was, nothing was created in it,
-//! and no snapshot object holds its canary.
+//! A node races the engine's revert: while `cairn revert --force` puts
+//! back the files a finished run changed, a node of another run in the
+//! same root swaps a folder of the root with a link to a folder outside it
+//! (`renameat2(RENAME_EXCHANGE)` in a tight loop, inside its sandbox). The
+//! engine runs unsandboxed, so a revert that resolved `work/a.txt` by name
+//! would write (or delete, or read into a snapshot) the outside file of
+//! that name. It walks and restores through descriptors with no link
+//! followed, so the outside folder is byte for byte what it was, nothing
+//! was created in it, and no snapshot object holds its canary. `--force`
+//! keeps the conflict check (which refuses a revert over paths something
+//! else changed, as the swap does) from stopping the race before it starts.
 
 use super::common::wait_exit;
 use super::{python, sandbox_available};
@@ -17,29 +19,31 @@ use std::process::{Command, Stdio};
 
 const CANARY: &str = "CANARY-revert-race-7d2e";
 
-/// The node: swaps `work` and `link` for six seconds.
+/// The attacking node: swaps `work` and `link` until the test is done.
 const SWAPPER: &str = r#"
 import ctypes, os, platform, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 nr = 316 if platform.machine() == "x86_64" else 276
-end = time.time() + 6
-while time.time() < end:
+end = time.time() + 60
+while time.time() < end and not os.path.exists("stop"):
+    libc.syscall(nr, -100, b"work", -100, b"link", 2)
+# Leave the root as it was found: `work` a folder, `link` the link.
+if os.path.islink("work"):
     libc.syscall(nr, -100, b"work", -100, b"link", 2)
 "#;
 
-fn workflow() -> String {
-    format!(
-        r#"name: revert-race
+/// The run whose changes are reverted: one node that changes `work`.
+const WRITER: &str = r#"name: revert-race-writer
 nodes:
-  - id: swapper
-    command: ["python3", "-c", {swapper}]
-  - id: flaky
-    retry: {{ attempts: 12, delay: 10ms }}
-    on_retry: revert
-    command: ["sh", "-c", "for f in a.txt b.txt in/c.txt new.txt; do echo changed > work/$f; done 2>/dev/null; sleep 0.2; exit 1"]
-"#,
-        swapper = serde_json::to_string(SWAPPER).unwrap()
+  - id: writer
+    command: ["sh", "-c", "for f in a.txt b.txt in/c.txt new.txt; do echo changed > work/$f; done"]
+"#;
+
+fn swapper_workflow() -> String {
+    format!(
+        "name: revert-race-swapper\nnodes:\n  - id: swapper\n    command: [\"python3\", \"-c\", {}]\n",
+        serde_json::to_string(SWAPPER).unwrap()
     )
 }
 
@@ -105,67 +109,63 @@ fn a_node_swapping_a_folder_for_a_link_cannot_send_a_revert_outside() {
         std::fs::write(outside.join(f), format!("{CANARY} {f}\n")).unwrap();
     }
     std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-    std::fs::write(root.join("w.yaml"), workflow()).unwrap();
+    std::fs::write(root.join("writer.yaml"), WRITER).unwrap();
+    std::fs::write(root.join("swapper.yaml"), swapper_workflow()).unwrap();
     let before = exact(&outside);
 
-    // Several runs: a revert that meets a swapped folder stops (the node
-    // fails, not retried), and one that finds the attempt's files changed
-    // by something else (the swap) is refused before it starts, so a run
-    // races one revert at most; runs go on until three have.
-    let mut reverts = 0;
-    for n in 0..20 {
-        if reverts >= 3 {
-            break;
-        }
-        let run = format!("race{n}");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .current_dir(&root)
-            .args([
-                "run",
-                "w.yaml",
-                "--run-id",
-                &run,
-                "--store",
-                ".cairn/cairn.db",
-            ])
+    let cairn = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        c.current_dir(&root)
+            .args(args)
+            .args(["--store", ".cairn/cairn.db"])
             .env_remove("CAIRN_STORE")
             .env_remove("CAIRN_LOG_DIR")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    let status = wait_exit(
+        &mut cairn(&["run", "writer.yaml", "--run-id", "w"])
             .spawn()
-            .expect("spawn cairn");
-        let status = wait_exit(&mut child);
-        // The run fails (flaky never passes); what matters is where the
-        // reverts went.
-        assert_eq!(status.code(), Some(1), "run {run} did not end as a failure");
-        let backend = SqliteBackend::open(&root.join(".cairn/cairn.db")).expect("open the store");
-        let log: Vec<String> = backend
-            .read_events(&run, &EventQuery::default())
-            .expect("read events")
-            .into_iter()
-            .map(|e| e.json.to_string())
-            .collect();
-        let started = log
-            .iter()
-            .filter(|e| e.contains("\"RevertStarted\""))
-            .count();
+            .unwrap(),
+    );
+    assert_eq!(status.code(), Some(0), "the writer run failed");
+
+    // The attacker: a node of another run, swapping while the reverts run.
+    let mut swapper = cairn(&["run", "swapper.yaml", "--run-id", "s"])
+        .spawn()
+        .expect("spawn cairn");
+    let t0 = std::time::Instant::now();
+    while !root.join(".cairn/cairn.db").exists() || started_of(&root, "s", "\"NodeStarted\"") == 0 {
         assert!(
-            started > 0,
-            "no revert ran, the race proves nothing:\n{log:#?}"
+            t0.elapsed() < super::common::PATIENCE,
+            "the swapper never started"
         );
-        reverts += started;
-        assert_eq!(
-            exact(&outside),
-            before,
-            "run {run}: a revert wrote, deleted or created something outside the root"
-        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Reverts of the writer's node, one after the other, while it swaps.
+    // Each either restores or stops at a swapped folder (a root that
+    // changes under it is an error); none may go outside.
+    let mut codes = Vec::new();
+    for _ in 0..30 {
+        let s = wait_exit(
+            &mut cairn(&["revert", "w", "writer", "--force"])
+                .spawn()
+                .unwrap(),
+        );
+        codes.push(s.code());
+    }
+    std::fs::write(root.join("stop"), "").unwrap();
+    let status = wait_exit(&mut swapper);
+    assert_eq!(status.code(), Some(0), "the swapper run failed");
+    let reverts = started_of(&root, "w", "\"RevertStarted\"");
+    eprintln!("{reverts} reverts raced the swapper; exit codes {codes:?}");
     assert!(
         reverts > 0,
-        "no revert ran in 20 runs: the race proves nothing"
+        "no revert started: the race proves nothing ({codes:?})"
     );
-    eprintln!("{reverts} reverts raced the swapper");
 
     assert_eq!(
         exact(&outside),
@@ -177,4 +177,19 @@ fn a_node_swapping_a_folder_for_a_link_cannot_send_a_revert_outside() {
         0,
         "a snapshot read a file outside the root"
     );
+}
+
+/// How many events of `run` contain `needle`.
+fn started_of(root: &Path, run: &str, needle: &str) -> usize {
+    let Ok(backend) = SqliteBackend::open(&root.join(".cairn/cairn.db")) else {
+        return 0;
+    };
+    backend
+        .read_events(run, &EventQuery::default())
+        .map(|evs| {
+            evs.into_iter()
+                .filter(|e| e.json.to_string().contains(needle))
+                .count()
+        })
+        .unwrap_or(0)
 }
