@@ -787,6 +787,8 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
             adopt_idle_runs: true,
             on_run_stopped: telemetry.hook(),
             watch: a.watch,
+            // Load comes in waves; what a wave freed goes back between them.
+            release_memory_when_idle: true,
             snapshot_dir: store::snapshot_dir(g),
             ..Default::default()
         },

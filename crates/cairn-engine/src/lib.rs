@@ -197,6 +197,14 @@ pub struct EngineOptions {
     /// or resumed, as [`StartOptions::watch`] does for one run (`cairn
     /// serve --watch`).
     pub watch: bool,
+    /// Give the memory freed by finished runs back to the system once no
+    /// run has been driven for a moment ([`IDLE_RELEASE_AFTER`]): for a
+    /// long-lived process whose load comes in waves (`cairn serve`).
+    /// Without it, a server idle after a busy wave keeps the pages its
+    /// allocators freed (they give them back only as they are used
+    /// again), and what the blocking pool's threads cached until they
+    /// exited.
+    pub release_memory_when_idle: bool,
     /// Cairn's workspace snapshot repository (docs/snapshots.md). `None`:
     /// `snapshots` beside a store kept in files (SQLite), and no snapshots
     /// for a store that has none (PostgreSQL; the CLI gives `.cairn/snapshots`).
@@ -211,10 +219,18 @@ impl Default for EngineOptions {
             max_depth: DEFAULT_MAX_DEPTH,
             on_run_stopped: None,
             watch: false,
+            release_memory_when_idle: false,
             snapshot_dir: None,
         }
     }
 }
+
+/// How long after its last run ended an engine with
+/// [`EngineOptions::release_memory_when_idle`] gives freed memory back,
+/// if no run was driven meanwhile: soon, for what the runs left freed, and
+/// again once tokio's idle blocking threads (kept 10 s) have exited and
+/// returned what they cached.
+pub const IDLE_RELEASE_AFTER: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(12)];
 
 /// The default of [`EngineOptions::max_depth`].
 pub const DEFAULT_MAX_DEPTH: u32 = 8;
@@ -250,6 +266,37 @@ struct Inner {
     watch_all: bool,
     /// The file watcher of watched runs, made when the first one starts.
     watch_hub: std::sync::OnceLock<Result<Arc<reload::hub::Hub>, String>>,
+    /// [`EngineOptions::release_memory_when_idle`].
+    release_when_idle: bool,
+    /// Counts the times the engine went idle (its last run ended), so that
+    /// a release planned for one idle spell is skipped once runs came and
+    /// went since.
+    idle_spells: std::sync::atomic::AtomicU64,
+}
+
+/// The engine just went idle: after each of [`IDLE_RELEASE_AFTER`], if no
+/// run was driven meanwhile, gives freed memory back to the system
+/// ([`release_free_memory`]). Holds the engine only weakly, so that a
+/// waiting release keeps nothing alive.
+fn release_when_still_idle(inner: &Arc<Inner>) {
+    let spell = inner.idle_spells.fetch_add(1, Ordering::SeqCst) + 1;
+    let engine = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        let mut waited = Duration::ZERO;
+        for after in IDLE_RELEASE_AFTER {
+            tokio::time::sleep(after.saturating_sub(waited)).await;
+            waited = after;
+            let still_idle = engine.upgrade().is_some_and(|inner| {
+                inner.idle_spells.load(Ordering::SeqCst) == spell
+                    && inner.active.lock().unwrap().is_empty()
+            });
+            if !still_idle {
+                return;
+            }
+            // It walks the allocators' free lists: not on a runtime worker.
+            let _ = tokio::task::spawn_blocking(release_free_memory).await;
+        }
+    });
 }
 
 /// Runs workflows on a journal. Cheap to clone.
@@ -282,6 +329,8 @@ impl Engine {
                 done_tx: tokio::sync::watch::channel(0).0,
                 watch_all: opts.watch,
                 watch_hub: std::sync::OnceLock::new(),
+                release_when_idle: opts.release_memory_when_idle,
+                idle_spells: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -516,7 +565,14 @@ impl Engine {
         let join = tokio::spawn(async move {
             let outcome = driver.run(resumed).await;
             // The driver dropped its log (and with it the run's lease) on return.
-            inner.active.lock().unwrap().remove(&id);
+            let idle = {
+                let mut active = inner.active.lock().unwrap();
+                active.remove(&id);
+                active.is_empty()
+            };
+            if idle && inner.release_when_idle {
+                release_when_still_idle(&inner);
+            }
             if let Some(stopped) = &inner.on_run_stopped {
                 stopped(&id, &outcome);
             }

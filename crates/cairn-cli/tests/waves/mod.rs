@@ -206,7 +206,8 @@ pub async fn wave(url: &str, runs: usize, starts: usize) -> Wave {
 }
 
 /// Reads a run's stream to its end: the run, the events seen, and the
-/// type of the last one (or what went wrong).
+/// type of the last one (or what went wrong: an error, or an event out of
+/// order, missing or seen twice).
 async fn follow(client: &Client, run: String) -> (String, usize, String) {
     let mut stream = match client.events(&run, 0, false).await {
         Ok(s) => s,
@@ -219,6 +220,10 @@ async fn follow(client: &Client, run: String) -> (String, usize, String) {
             Ok(l) => {
                 n += 1;
                 let v: Value = serde_json::from_str(&l).unwrap_or(Value::Null);
+                if v["seq"].as_u64() != Some(n as u64) {
+                    last = format!("event {n} has seq {}: a gap or a duplicate", v["seq"]);
+                    break;
+                }
                 last = v["type"].as_str().unwrap_or("?").to_string();
                 // The first error says why a run failed.
                 if let (None, Some(m)) = (&error, v["error"]["message"].as_str()) {
