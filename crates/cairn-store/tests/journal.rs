@@ -359,7 +359,7 @@ async fn a_subscriber_falling_behind_again_and_again_sees_every_event_once() {
         expect += 1;
         n += 1;
         // Slow now and then, so that the channel overflows.
-        if n % 500 == 0 {
+        if n.is_multiple_of(500) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
