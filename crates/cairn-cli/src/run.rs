@@ -207,7 +207,11 @@ fn fork_not_made(a: &ForkArgs, forked: &cairn_engine::Forked) -> u8 {
             Some(s) => {
                 println!(
                     "{} of run {} at seq {}: files put back to snapshot {s}:",
-                    if a.dry_run { "the plan of a fork" } else { "refused: a fork" },
+                    if a.dry_run {
+                        "the plan of a fork"
+                    } else {
+                        "refused: a fork"
+                    },
                     a.run,
                     forked.seq
                 );

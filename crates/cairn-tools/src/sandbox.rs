@@ -494,9 +494,11 @@ impl Sandbox {
         if self.read_only.is_empty() {
             return Ok(());
         }
-        let Ok(mut real) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-        else {
-            return Err(path_err(shown, "cannot be checked against the read-only paths"));
+        let Ok(mut real) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+            return Err(path_err(
+                shown,
+                "cannot be checked against the read-only paths",
+            ));
         };
         real.push(name);
         let read_only = self
