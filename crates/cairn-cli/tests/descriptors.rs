@@ -63,14 +63,11 @@ fn serve_limited(dir: &Path, port: u16) -> Child {
     cmd.spawn().unwrap()
 }
 
-/// One HTTP/1.1 exchange on a fresh connection: status, headers
-/// (lower-cased names), body.
-fn exchange(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (u16, Vec<(String, String)>, String) {
+/// An HTTP answer: status, headers (lower-cased names), body.
+type Answer = (u16, Vec<(String, String)>, String);
+
+/// One HTTP/1.1 exchange on a fresh connection.
+fn exchange(port: u16, method: &str, path: &str, body: &str) -> Answer {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(common::PATIENCE)).unwrap();
     write!(
@@ -126,7 +123,7 @@ fn out_of_descriptors_starts_are_refused_with_retry_after_and_accepted_runs_fini
     let mut server = serve_limited(dir.path(), port);
     healthy(port, Duration::from_secs(30));
 
-    let answers: Vec<(u16, Vec<(String, String)>, String)> = std::thread::scope(|s| {
+    let answers: Vec<Answer> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..STARTS)
             .map(|_| s.spawn(|| exchange(port, "POST", "/v1/runs", r#"{"workflow":"hold"}"#)))
             .collect();

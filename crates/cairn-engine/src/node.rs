@@ -24,7 +24,9 @@ use crate::services::Services;
 /// Why a node attempt did not produce an output.
 #[derive(Debug, Clone)]
 pub struct NodeError {
-    pub info: ErrorInfo,
+    /// Boxed: an error travels in every `Result` of a node's code, and
+    /// the info is large next to the value it stands beside.
+    pub info: Box<ErrorInfo>,
     /// False for failures a retry cannot mend (a denied approval, a bad template).
     pub retryable: bool,
     /// The attempt was stopped by a cancel, not by its own failure.
@@ -35,7 +37,7 @@ impl NodeError {
     /// A failure that a retry may mend.
     pub fn new(kind: &str, message: impl Into<String>) -> Self {
         NodeError {
-            info: ErrorInfo::new(kind, message),
+            info: Box::new(ErrorInfo::new(kind, message)),
             retryable: true,
             cancelled: false,
         }
@@ -52,7 +54,7 @@ impl NodeError {
     /// The attempt was cancelled.
     pub fn cancelled(reason: impl Into<String>) -> Self {
         NodeError {
-            info: ErrorInfo::new("cancelled", reason),
+            info: Box::new(ErrorInfo::new("cancelled", reason)),
             retryable: false,
             cancelled: true,
         }
@@ -395,7 +397,7 @@ impl NodeCtx {
                 // A sandbox the kernel cannot build stays unbuildable.
                 let retryable = info.kind != "sandbox";
                 Err(NodeError {
-                    info,
+                    info: Box::new(info),
                     retryable,
                     cancelled: false,
                 })

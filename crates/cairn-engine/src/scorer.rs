@@ -47,7 +47,7 @@ impl ScoreError {
         match self {
             ScoreError::BadOutput(_) => ErrorInfo::new("bad_output", self.to_string()),
             ScoreError::OutOfRange(_) => ErrorInfo::new("out_of_range", self.to_string()),
-            ScoreError::Run(e) => e.info,
+            ScoreError::Run(e) => *e.info,
         }
     }
 

@@ -1235,24 +1235,22 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                 }
                 frame = *frame_no;
             }
-            EventKind::LayerStarted { layer_index, .. } => {
-                if layers.insert(*layer_index, true) == Some(true) {
-                    return Err(format!("seq {at}: layer {layer_index} started twice"));
-                }
+            EventKind::LayerStarted { layer_index, .. }
+                if layers.insert(*layer_index, true) == Some(true) =>
+            {
+                return Err(format!("seq {at}: layer {layer_index} started twice"));
             }
-            EventKind::LayerFinished { layer_index, .. } => {
-                if layers.insert(*layer_index, false) != Some(true) {
-                    return Err(format!(
-                        "seq {at}: layer {layer_index} finished but not started"
-                    ));
-                }
+            EventKind::LayerFinished { layer_index, .. }
+                if layers.insert(*layer_index, false) != Some(true) =>
+            {
+                return Err(format!(
+                    "seq {at}: layer {layer_index} finished but not started"
+                ));
             }
-            EventKind::EdgeTraversed { from, to, .. } => {
-                if !finished_ids.contains(from) {
-                    return Err(format!(
-                        "seq {at}: edge {from} -> {to} before {from} finished"
-                    ));
-                }
+            EventKind::EdgeTraversed { from, to, .. } if !finished_ids.contains(from) => {
+                return Err(format!(
+                    "seq {at}: edge {from} -> {to} before {from} finished"
+                ));
             }
             EventKind::RunFinished { .. }
             | EventKind::RunFailed { .. }
@@ -1419,10 +1417,8 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
                         nl.last_tool = *tool_seq;
                         nl.tools.insert(*tool_seq);
                     }
-                    EventKind::ToolCallFinished { tool_seq, .. } => {
-                        if !nl.tools.remove(tool_seq) {
-                            err!("ToolCallFinished without its ToolCallStarted");
-                        }
+                    EventKind::ToolCallFinished { tool_seq, .. } if !nl.tools.remove(tool_seq) => {
+                        err!("ToolCallFinished without its ToolCallStarted");
                     }
                     EventKind::NodeWaitingApproval {} => {
                         if nl.gate != 0 {

@@ -60,7 +60,7 @@ async fn only_names_inside_the_workflows_folder_start_runs() {
     }
 
     let absolute = secret.display().to_string();
-    let escaping = format!("../outside/shadow");
+    let escaping = "../outside/shadow".to_string();
     for name in [
         absolute.as_str(),
         escaping.as_str(),

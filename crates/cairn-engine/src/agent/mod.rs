@@ -442,7 +442,10 @@ impl<'a> Agent<'a> {
             let kind = e.kind.as_str();
             let retryable = !matches!(kind, "config" | "auth" | "bad_request");
             NodeError {
-                info: ErrorInfo::new(kind, format!("model `{}`: {e}", self.client.model())),
+                info: Box::new(ErrorInfo::new(
+                    kind,
+                    format!("model `{}`: {e}", self.client.model()),
+                )),
                 retryable,
                 cancelled: false,
             }

@@ -19,7 +19,10 @@ pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Arc<dyn ModelCli
     })?;
     let config = config(&ctx.workflow, name, def)?;
     cairn_agent::client_for(&config).map_err(|e| NodeError {
-        info: ErrorInfo::new(e.kind.as_str(), format!("model `{name}`: {e}")),
+        info: Box::new(ErrorInfo::new(
+            e.kind.as_str(),
+            format!("model `{name}`: {e}"),
+        )),
         retryable: e.kind.retryable(),
         cancelled: false,
     })

@@ -281,7 +281,7 @@ impl<'a> Toolbox<'a> {
                     }
                     ctx.ask_person(question, schema, Some(key))
                         .await
-                        .map_err(|e| e.info)
+                        .map_err(|e| *e.info)
                 })
                 .await;
         }
@@ -351,7 +351,7 @@ impl<'a> Toolbox<'a> {
                     input: args,
                 })
                 .await
-                .map_err(|e| e.info)
+                .map_err(|e| *e.info)
             })
             .await?;
         let limit = ctx.services.sandbox_limit(&ctx.workflow);

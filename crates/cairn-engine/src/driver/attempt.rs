@@ -186,7 +186,7 @@ impl Driver {
         self.emit(
             scope.clone(),
             EventKind::NodeFailed {
-                error: err.info,
+                error: *err.info,
                 will_retry: true,
                 snapshot: None,
             },
@@ -269,7 +269,7 @@ impl Driver {
         self.emit(
             scope.clone(),
             EventKind::NodeFailed {
-                error: e.info.clone(),
+                error: (*e.info).clone(),
                 will_retry,
                 snapshot,
             },
@@ -294,7 +294,7 @@ impl Driver {
             return;
         }
         if inst.spec.on_failure == OnFailure::Fail {
-            self.fail_run(key, e.info);
+            self.fail_run(key, *e.info);
         }
         self.node_done(key);
     }

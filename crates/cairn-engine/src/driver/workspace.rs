@@ -223,7 +223,7 @@ impl Driver {
         match revert_failed {
             Some(err) => {
                 let err = NodeError {
-                    info: err,
+                    info: Box::new(err),
                     retryable: false,
                     cancelled: false,
                 };
