@@ -8,14 +8,15 @@
 //! right after each kill: the dead process's lease is taken over at once.
 
 mod common;
+use common::store::Store;
 use common::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use cairn_agent::testing::{FakeProvider, Recorded, Reply};
 use cairn_events::{Event, EventKind};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_store::EventQuery;
 use serde_json::json;
 
 const KILLS: usize = 10;
@@ -58,39 +59,9 @@ fn script(r: &Recorded) -> Reply {
     Reply::sse(events).every(Duration::from_millis(25))
 }
 
-/// The store the test's `cairn` processes share: a SQLite file, or a
-/// PostgreSQL database of the test's own (with leases far longer than the
-/// test waits: only their takeover lets a resume in).
-enum Store {
-    Sqlite(PathBuf),
-    Pg(String),
-}
-
-impl Store {
-    fn args(&self) -> Vec<String> {
-        match self {
-            Store::Sqlite(p) => vec!["--store".into(), p.display().to_string()],
-            Store::Pg(url) => vec![
-                "--store".into(),
-                url.clone(),
-                "--lease-ttl".into(),
-                "60s".into(),
-            ],
-        }
-    }
-}
-
 fn events(store: &Store, run: &str) -> Vec<Event> {
-    let backend: Box<dyn Backend> = match store {
-        Store::Sqlite(p) if !p.exists() => return Vec::new(),
-        Store::Sqlite(p) => match SqliteBackend::open(p) {
-            Ok(b) => Box::new(b),
-            Err(_) => return Vec::new(),
-        },
-        Store::Pg(url) => match cairn_postgres::PgBackend::open(url) {
-            Ok(b) => Box::new(b),
-            Err(_) => return Vec::new(),
-        },
+    let Some(backend) = store.try_open() else {
+        return Vec::new();
     };
     backend
         .read_events(run, &EventQuery::default())

@@ -8,46 +8,15 @@
 //! lease and each running child's are taken over at once.
 
 mod common;
+use common::store::Store;
 use common::*;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cairn_events::{check_tree, Event, EventKind};
-use cairn_store::{Backend, EventQuery, RunFilter, SqliteBackend};
+use cairn_store::{Backend, EventQuery, RunFilter};
 
 const KILLS: usize = 12;
-
-/// The store the test's `cairn` processes share.
-enum Store {
-    /// A SQLite file in the test's folder.
-    Sqlite(PathBuf),
-    /// A PostgreSQL database of the test's own, with leases far longer than
-    /// the test waits: only their takeover lets a resume in.
-    Pg(String),
-}
-
-impl Store {
-    fn args(&self) -> Vec<String> {
-        match self {
-            Store::Sqlite(p) => vec!["--store".into(), p.display().to_string()],
-            Store::Pg(url) => vec![
-                "--store".into(),
-                url.clone(),
-                "--lease-ttl".into(),
-                "60s".into(),
-            ],
-        }
-    }
-
-    /// The store, as another process opens it; `None` before it exists.
-    fn open(&self) -> Option<Box<dyn Backend>> {
-        match self {
-            Store::Sqlite(p) if !p.exists() => None,
-            Store::Sqlite(p) => Some(Box::new(SqliteBackend::open(p).ok()?)),
-            Store::Pg(url) => Some(Box::new(cairn_postgres::PgBackend::open(url).ok()?)),
-        }
-    }
-}
 
 fn events(b: &dyn Backend, run: &str) -> Vec<Event> {
     b.read_events(run, &EventQuery::default())
@@ -141,7 +110,10 @@ fn lead_crash(dir: &Path, store: &Store) {
     std::fs::write(dir.join("lead.yaml"), LEAD).unwrap();
     let run = "lead-crash";
     let ended = || {
-        let evs = store.open().map(|b| events(&*b, run)).unwrap_or_default();
+        let evs = store
+            .try_open()
+            .map(|b| events(&*b, run))
+            .unwrap_or_default();
         let end = matches!(
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
@@ -150,7 +122,7 @@ fn lead_crash(dir: &Path, store: &Store) {
     };
     // Why a session failed: its words, and the tree's logs.
     let explain = |code: Option<i32>| {
-        let Some(b) = store.open() else {
+        let Some(b) = store.try_open() else {
             return sessions_err(dir);
         };
         let logs: Vec<String> = std::iter::once(run.to_string())
@@ -179,7 +151,7 @@ fn lead_crash(dir: &Path, store: &Store) {
         explain,
     );
 
-    let b = store.open().unwrap();
+    let b = store.try_open().unwrap();
     let evs = events(&*b, run);
     let Some(EventKind::RunFinished { output, .. }) = evs.last().map(|e| &e.kind) else {
         panic!("the run did not finish: {:?}", evs.last());

@@ -9,14 +9,15 @@
 //! machine, and a resume that had to wait fails the test (`--no-wait`).
 
 mod common;
+use common::store::Store;
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn_events::{Event, EventKind};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_store::EventQuery;
 
 /// Kills of `cairn run`/`cairn resume` before the final resume.
 const KILLS: usize = 15;
@@ -101,43 +102,6 @@ fn workflow(marker: &str) -> (String, Vec<String>) {
     }
     node(&mut y, "join", &tails, "");
     (y, ids)
-}
-
-/// The store the test's `cairn` processes share.
-enum Store {
-    /// A SQLite file in the test's folder.
-    Sqlite(PathBuf),
-    /// A PostgreSQL database of the test's own.
-    Pg(String),
-}
-
-/// Leases on PostgreSQL: far longer than the test waits between a kill and
-/// the resume that follows, so that only a takeover lets the resume in.
-const PG_LEASE_TTL: &str = "60s";
-
-impl Store {
-    fn args(&self) -> Vec<String> {
-        match self {
-            Store::Sqlite(p) => vec!["--store".into(), p.display().to_string()],
-            Store::Pg(url) => vec![
-                "--store".into(),
-                url.clone(),
-                "--lease-ttl".into(),
-                PG_LEASE_TTL.into(),
-            ],
-        }
-    }
-
-    /// The store, as another process opens it; `None` before it exists.
-    fn open(&self) -> Option<Box<dyn Backend>> {
-        match self {
-            Store::Sqlite(p) if !p.exists() => None,
-            Store::Sqlite(p) => Some(Box::new(SqliteBackend::open(p).expect("open the store"))),
-            Store::Pg(url) => Some(Box::new(
-                cairn_postgres::PgBackend::open(url).expect("open the store"),
-            )),
-        }
-    }
 }
 
 fn cairn(dir: &Path, store: &Store, args: &[&str]) -> Child {

@@ -4,6 +4,8 @@
 // Each test binary uses its own subset.
 #![allow(dead_code)]
 
+pub mod store;
+
 use std::io::Read;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
