@@ -160,6 +160,7 @@ impl Engine {
         let snapshot = at.as_ref().map(|(_, s)| s.clone());
         let (mut written, mut removed) = (0, 0);
         let mut plan = FilesPlan::default();
+        let mut planned_only = false;
         if let Some((point_seq, snap)) = at {
             let store =
                 match self.inner.services.snapshot_store() {
@@ -197,24 +198,16 @@ impl Engine {
             .map_err(|e| EngineError::Conflict(e.to_string()))?
             .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
             plan = done.0;
-            match done.1 {
-                Some(d) => {
-                    written = d.written;
-                    removed = d.removed;
-                }
-                None => {
-                    return Ok(Forked {
-                        run_id,
-                        seq,
-                        snapshot,
-                        written,
-                        removed,
-                        plan,
-                        made: false,
-                    })
-                }
+            if let Some(d) = done.1 {
+                (written, removed) = (d.written, d.removed);
+            } else {
+                planned_only = true;
             }
         } else if req.dry_run {
+            planned_only = true;
+        }
+        // A dry run, or a plan refused for its conflicts: nothing is made.
+        if planned_only {
             return Ok(Forked {
                 run_id,
                 seq,
