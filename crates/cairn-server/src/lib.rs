@@ -40,7 +40,7 @@ pub use cairn_engine::{Engine, EngineError, EngineOptions};
 pub use guard::GuardConfigError;
 
 /// The OpenAPI 3.1 document of the HTTP API, as served at `/openapi.json`.
-pub const OPENAPI: &str = include_str!("openapi.json");
+pub const OPENAPI: &str = cairn_api::OPENAPI;
 
 /// The address `cairn serve` listens on by default.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7700";
