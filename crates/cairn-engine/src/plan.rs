@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::ptr::NonNull;
 
 use cairn_events::NodePath;
-use cairn_workflow::{NodeKind, NodeSpec, Workflow};
+use cairn_workflow::{Group, NodeSpec, Workflow};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -81,9 +81,9 @@ impl Inst {
     /// from 0 again on every outer pass, so the iteration alone would give
     /// the children of different outer passes the same (path, iteration).
     pub fn child_prefix(&self) -> String {
-        match self.spec.kind {
-            NodeKind::Loop { .. } if self.in_loop => format!("{}@{}.", self.key.0, self.key.1),
-            _ => format!("{}.", self.key.0),
+        match self.spec.kind.group() {
+            Some(Group::Loop { .. }) if self.in_loop => format!("{}@{}.", self.key.0, self.key.1),
+            Some(Group::Loop { .. } | Group::ForEach { .. }) | None => format!("{}.", self.key.0),
         }
     }
 }
@@ -466,8 +466,8 @@ impl Mount<'_> {
         vars: &Arc<GroupVars>,
     ) {
         let iteration = key.1;
-        match &spec.kind {
-            NodeKind::Loop { .. } => {
+        match spec.kind.group() {
+            Some(Group::Loop { .. }) => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
                 let v = GroupVars::pass(vars, pass);
                 let child_prefix: Arc<str> = if in_loop {
@@ -486,10 +486,10 @@ impl Mount<'_> {
                     Arc::new(v),
                 );
             }
-            NodeKind::ForEach { as_name, .. } => {
+            Some(Group::ForEach { as_name, .. }) => {
                 if let Some(list) = self.shape.lists.get(key).cloned() {
                     let kids = self.tree.children(spec);
-                    let as_name: Option<Arc<str>> = as_name.as_deref().map(Arc::from);
+                    let as_name: Option<Arc<str>> = as_name.map(Arc::from);
                     for i in 0..list.len() {
                         let v = GroupVars::element(vars, list.clone(), i, as_name.clone());
                         self.group(
@@ -504,7 +504,7 @@ impl Mount<'_> {
                     }
                 }
             }
-            _ => {}
+            None => {}
         }
     }
 }
@@ -765,18 +765,20 @@ nodes:
                 let inst = plan.insts[&g].clone();
                 if !shape.started_groups.contains(&g) {
                     shape.started_groups.insert(g.clone());
-                    match &inst.spec.kind {
-                        NodeKind::Loop { .. } => {
+                    match inst.spec.kind.group() {
+                        Some(Group::Loop { .. }) => {
                             shape.loop_pass.insert(g.clone(), 0);
                         }
-                        _ => {
+                        Some(Group::ForEach { .. }) | None => {
                             shape.lists.insert(
                                 g.clone(),
                                 Arc::new((0..elements).map(Value::from).collect()),
                             );
                         }
                     }
-                } else if matches!(inst.spec.kind, NodeKind::Loop { .. }) && round % 2 == 1 {
+                } else if matches!(inst.spec.kind.group(), Some(Group::Loop { .. }))
+                    && round % 2 == 1
+                {
                     *shape.loop_pass.get_mut(&g).unwrap() += 1;
                 } else {
                     continue;

@@ -387,9 +387,133 @@ impl NodeKind {
 
     /// The body of a group node (`loop`, `for_each`); `None` for leaves.
     pub fn children(&self) -> Option<&[NodeSpec]> {
+        self.group().map(|g| g.nodes())
+    }
+
+    /// The node as a group (`loop`, `for_each`), for code that handles
+    /// groups only; `None` for a leaf.
+    pub fn group(&self) -> Option<Group<'_>> {
         match self {
-            NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } => Some(nodes),
-            _ => None,
+            NodeKind::Loop {
+                until,
+                max_iterations,
+                nodes,
+            } => Some(Group::Loop {
+                until,
+                max_iterations: *max_iterations,
+                nodes,
+            }),
+            NodeKind::ForEach {
+                list,
+                as_name,
+                nodes,
+            } => Some(Group::ForEach {
+                list,
+                as_name: as_name.as_deref(),
+                nodes,
+            }),
+            NodeKind::Command(_)
+            | NodeKind::Value(_)
+            | NodeKind::Approval(_)
+            | NodeKind::Tool { .. }
+            | NodeKind::Ask { .. }
+            | NodeKind::Agent(_)
+            | NodeKind::Workflow { .. } => None,
+        }
+    }
+
+    /// Whether an attempt of this node may change files in the sandbox
+    /// root (and so gets a snapshot before it starts). A `command` with a
+    /// fixed `cwd` outside the root does not; only the engine knows the
+    /// root, so it checks that itself.
+    pub fn may_change_files(&self) -> bool {
+        match self {
+            NodeKind::Command(_) => true,
+            NodeKind::Tool { tool, .. } => WRITING_TOOLS.contains(&tool.as_str()),
+            // An external CLI works in the root with tools of its own; an
+            // MCP server's tool (`server.tool`) may write there too.
+            NodeKind::Agent(a) => {
+                a.engine.is_some()
+                    || a.tools
+                        .iter()
+                        .any(|t| WRITING_TOOLS.contains(&t.as_str()) || t.contains('.'))
+            }
+            NodeKind::Value(_)
+            | NodeKind::Approval(_)
+            | NodeKind::Ask { .. }
+            | NodeKind::Workflow { .. }
+            | NodeKind::Loop { .. }
+            | NodeKind::ForEach { .. } => false,
+        }
+    }
+
+    /// Whether the kind's own settings are rendered with the template
+    /// context: a template with markup, an expression (a group's), or a
+    /// prompt (an agent renders its prompts in its attempt, with `nodes`).
+    pub fn uses_templates(&self) -> bool {
+        match self {
+            NodeKind::Command(argv) => argv.iter().any(|a| has_markup(a)),
+            NodeKind::Value(v) => value_has_markup(v),
+            NodeKind::Approval(m) => has_markup(m),
+            NodeKind::Tool { args, .. } => value_has_markup(args),
+            NodeKind::Ask { prompt, .. } => has_markup(prompt),
+            NodeKind::Agent(_) => true,
+            NodeKind::Workflow { input, .. } => input.as_ref().is_some_and(value_has_markup),
+            NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
+        }
+    }
+}
+
+/// The built-in tools that write in the sandbox root.
+pub const WRITING_TOOLS: &[&str] = &["write", "edit", "bash"];
+
+/// Whether a string holds template markup (`{{`, `{%`, `{#`).
+pub fn has_markup(s: &str) -> bool {
+    s.contains("{{") || s.contains("{%") || s.contains("{#")
+}
+
+/// Whether any string inside a JSON value holds template markup.
+fn value_has_markup(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => has_markup(s),
+        serde_json::Value::Array(a) => a.iter().any(value_has_markup),
+        serde_json::Value::Object(o) => o.values().any(value_has_markup),
+        serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => {
+            false
+        }
+    }
+}
+
+/// A group node's settings, borrowed ([`NodeKind::group`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Group<'a> {
+    /// `loop`: repeats `nodes` until `until` holds, at most
+    /// `max_iterations` passes.
+    Loop {
+        /// Expression checked after each pass.
+        until: &'a str,
+        /// Upper bound on passes.
+        max_iterations: u32,
+        /// The body.
+        nodes: &'a [NodeSpec],
+    },
+    /// `for_each`: mounts `nodes` once per element of the list `list`
+    /// yields.
+    ForEach {
+        /// Expression yielding the list.
+        list: &'a str,
+        /// Name the element is bound to besides `item`.
+        as_name: Option<&'a str>,
+        /// The body.
+        nodes: &'a [NodeSpec],
+    },
+}
+
+impl<'a> Group<'a> {
+    /// The group's body.
+    pub fn nodes(&self) -> &'a [NodeSpec] {
+        match self {
+            Group::Loop { nodes, .. } | Group::ForEach { nodes, .. } => nodes,
         }
     }
 }

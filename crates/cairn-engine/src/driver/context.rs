@@ -141,26 +141,8 @@ pub(super) fn uses_templates(spec: &NodeSpec) -> bool {
     fn has(s: &str) -> bool {
         s.contains("{{") || s.contains("{%") || s.contains("{#")
     }
-    fn value_has(v: &Value) -> bool {
-        match v {
-            Value::String(s) => has(s),
-            Value::Array(a) => a.iter().any(value_has),
-            Value::Object(o) => o.values().any(value_has),
-            _ => false,
-        }
-    }
     spec.if_.is_some()
         || spec.env.values().any(|v| has(v))
         || spec.cwd.as_deref().is_some_and(has)
-        || match &spec.kind {
-            NodeKind::Command(argv) => argv.iter().any(|a| has(a)),
-            NodeKind::Value(v) => value_has(v),
-            NodeKind::Approval(m) => has(m),
-            NodeKind::Tool { args, .. } => value_has(args),
-            NodeKind::Ask { prompt, .. } => has(prompt),
-            // An agent renders its prompts in its attempt, with `nodes`.
-            NodeKind::Agent(_) => true,
-            NodeKind::Workflow { input, .. } => input.as_ref().is_some_and(value_has),
-            NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
-        }
+        || spec.kind.uses_templates()
 }

@@ -3,13 +3,14 @@
 
 use super::*;
 use cairn_events::Output;
+use cairn_workflow::Group;
 
 impl Driver {
     /// Marks a group instance started and computes its shape (pass, list).
     pub(super) fn enter_group(&mut self, key: &Key, resuming: bool) -> Result<(), NodeError> {
         let inst = self.plan.insts[key].clone();
-        match &inst.spec.kind {
-            NodeKind::Loop { .. } => {
+        match inst.spec.kind.group() {
+            Some(Group::Loop { .. }) => {
                 let pass = if resuming {
                     let prefix = inst.child_prefix();
                     self.state
@@ -28,7 +29,7 @@ impl Driver {
                 };
                 self.shape.loop_pass.insert(key.clone(), pass);
             }
-            NodeKind::ForEach { list, .. } => {
+            Some(Group::ForEach { list, .. }) => {
                 let ctx = self.context_for(&inst, inst.key.1);
                 let value = self
                     .templates
@@ -49,7 +50,7 @@ impl Driver {
                 };
                 self.shape.lists.insert(key.clone(), Arc::new(items));
             }
-            _ => return Err(NodeError::fatal("internal", "not a group")),
+            None => return Err(NodeError::fatal("internal", "not a group")),
         }
         self.shape.started_groups.insert(key.clone());
         Ok(())
@@ -58,12 +59,12 @@ impl Driver {
     pub(super) fn finish_group_pass(&mut self, key: &Key) {
         let inst = self.plan.insts[key].clone();
         let children = self.tree.children(&inst.spec);
-        match &inst.spec.kind {
-            NodeKind::Loop {
+        match inst.spec.kind.group() {
+            Some(Group::Loop {
                 until,
                 max_iterations,
                 ..
-            } => {
+            }) => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
                 let prefix = inst.child_prefix();
                 let members: Vec<(&str, Option<Output>)> = children
@@ -80,7 +81,7 @@ impl Driver {
                     self.templates.eval_bool_in(until, &ctx)
                 };
                 match holds {
-                    Ok(done) if done || pass + 1 >= *max_iterations => {
+                    Ok(done) if done || pass + 1 >= max_iterations => {
                         if !done {
                             self.emit(
                                 Scope::run(),
@@ -110,7 +111,7 @@ impl Driver {
                     }
                 }
             }
-            NodeKind::ForEach { .. } => {
+            Some(Group::ForEach { .. }) => {
                 // Put together as text from the members' texts, as a loop's
                 // output is: a list of 100,000 small objects is about 1 MB
                 // of text and 18 MB as a tree, which is made only if
@@ -134,7 +135,7 @@ impl Driver {
                 let out = Output::from_json_text(text).unwrap_or_else(|| Value::Null.into());
                 self.finish_group(key, out);
             }
-            _ => {}
+            None => {}
         }
     }
 

@@ -64,30 +64,18 @@ impl Driver {
     /// Whether an attempt of `inst` may change files in the sandbox root
     /// (and so gets a snapshot before it starts).
     pub(super) fn changes_files(&self, inst: &Inst) -> bool {
-        if self.services.snapshot_store().is_none() {
+        if self.services.snapshot_store().is_none() || !inst.spec.kind.may_change_files() {
             return false;
         }
-        match &inst.spec.kind {
-            NodeKind::Command(_) => match inst.spec.cwd.as_deref() {
-                // A fixed folder outside the root: nothing of the root's
-                // is where the command works.
-                Some(cwd) if Path::new(cwd).is_absolute() && !cwd.contains("{{") => self
-                    .services
-                    .workspace(&self.wf)
-                    .map(|(root, _)| Path::new(cwd).starts_with(root))
-                    .unwrap_or(true),
-                _ => true,
-            },
-            NodeKind::Tool { tool, .. } => matches!(tool.as_str(), "write" | "edit" | "bash"),
-            // An external CLI works in the root with tools of its own; an
-            // MCP server's tool (`server.tool`) may write there too.
-            NodeKind::Agent(a) => {
-                a.engine.is_some()
-                    || a.tools
-                        .iter()
-                        .any(|t| matches!(t.as_str(), "write" | "edit" | "bash") || t.contains('.'))
-            }
-            _ => false,
+        match inst.spec.cwd.as_deref() {
+            // A fixed folder outside the root: nothing of the root's is
+            // where the command works.
+            Some(cwd) if Path::new(cwd).is_absolute() && !cwd.contains("{{") => self
+                .services
+                .workspace(&self.wf)
+                .map(|(root, _)| Path::new(cwd).starts_with(root))
+                .unwrap_or(true),
+            _ => true,
         }
     }
 

@@ -81,11 +81,7 @@ pub(crate) fn unsafe_reason(
         if !group {
             leaf_running.get_or_insert(a.path.as_str());
         }
-        let what = match &before.kind {
-            NodeKind::Loop { .. } => "loop",
-            NodeKind::ForEach { .. } => "for_each",
-            _ => "node",
-        };
+        let what = if group { before.kind.name() } else { "node" };
         let doing = if group { "is in progress" } else { a.doing };
         let why = match find(&new.nodes, &segs) {
             None => Some("the change removes it".to_string()),
