@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::event::{Event, EventKind, OutputStream, ToolStatus};
+use crate::event::{ErrorInfo, Event, EventKind, OutputStream, ToolStatus};
 use crate::ids::NodePath;
 
 /// The parent run and node of a child run, so a child's activity can be shown
@@ -227,13 +227,13 @@ impl ActivityFolder {
     }
 
     /// Folds one event.
+    ///
+    /// Every event type has its arm: a new type does not compile until it
+    /// says whether it tells people something.
     pub fn apply(&mut self, ev: &Event) {
-        let node = ev.scope.node_id.clone();
-        let iteration = ev.scope.iteration.unwrap_or(0);
-        let attempt = ev.scope.attempt.unwrap_or(0);
-        let akey = node.clone().map(|n| (n, iteration, attempt));
+        use EventKind as K;
         match &ev.kind {
-            EventKind::RunStarted {
+            K::RunStarted {
                 workflow,
                 resumed,
                 parent_run_id,
@@ -246,230 +246,328 @@ impl ActivityFolder {
                         node_id: n.clone(),
                     });
                 }
-                let title = if *resumed {
-                    format!("Resumed run of {workflow}")
-                } else {
-                    format!("Started run of {workflow}")
-                };
-                let idx = self.push(ev, "run", title, "success");
-                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                let verb = if *resumed { "Resumed" } else { "Started" };
+                self.instant(ev, "run", format!("{verb} run of {workflow}"), "success");
             }
-            EventKind::NodeStarted { .. } => {
-                let Some(key) = akey else { return };
-                self.attempts
-                    .insert(key.clone(), (ev.timestamp_ms, ev.seq.get(), false));
-                if self.is_command_node(&key.0) {
-                    self.open_command(ev, &key);
-                }
-            }
-            EventKind::NodeOutput { stream, .. } => {
-                let Some(key) = akey else { return };
-                // Output from a node that calls tools is the tools' output
-                // (a bash call), already told by the tool entry.
-                if matches!(stream, OutputStream::Stdout | OutputStream::Stderr)
-                    && self.attempts.get(&key).is_some_and(|a| !a.2)
-                {
-                    self.open_command(ev, &key);
-                }
-            }
-            EventKind::NodeFinished {
+            K::NodeStarted { .. } => self.attempt_started(ev),
+            K::NodeOutput { stream, .. } => self.output(ev, *stream),
+            K::NodeFinished {
                 duration_ms,
                 cached,
                 ..
-            } => {
-                let Some(key) = akey else { return };
-                let started = self.attempts.remove(&key);
-                if let Some(idx) = self.commands.remove(&key) {
-                    self.close(idx, ev, "success", None);
-                } else {
-                    let cached = if cached == &Some(true) {
-                        " (cached)"
-                    } else {
-                        ""
-                    };
-                    let title =
-                        format!("{} completed in {}{cached}", key.0, human_ms(*duration_ms));
-                    // A completion is told when it happens, so it is named
-                    // after the finishing event, but spans the whole attempt.
-                    let idx = self.push(ev, "completion", title, "success");
-                    if let Some((ts, _, _)) = started {
-                        self.entries[idx].started_ms = ts;
-                    }
-                    self.entries[idx].ended_ms = Some(ev.timestamp_ms);
-                }
-            }
-            EventKind::NodeFailed {
+            } => self.node_finished(ev, *duration_ms, *cached == Some(true)),
+            K::NodeFailed {
                 error, will_retry, ..
-            } => {
-                let Some(key) = akey else { return };
-                self.attempts.remove(&key);
-                if let Some(idx) = self.commands.remove(&key) {
-                    self.close(idx, ev, "error", Some(error.message.clone()));
-                }
-                self.close_tools_of(&key, ev, "error");
-                let retry = if *will_retry { " (will retry)" } else { "" };
-                let title = format!("{} failed: {}{retry}", key.0, error.message);
-                let idx = self.push(ev, "error", title, "error");
-                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
-                self.entries[idx].error = Some(error.message.clone());
-            }
-            EventKind::NodeCancelled { .. } => {
-                let Some(node) = node else { return };
-                let keys: Vec<AttemptKey> = self
-                    .attempts
-                    .keys()
-                    .filter(|k| k.0 == node && k.1 == iteration)
-                    .cloned()
-                    .collect();
-                for key in keys {
-                    self.attempts.remove(&key);
-                    if let Some(idx) = self.commands.remove(&key) {
-                        self.close(idx, ev, "cancelled", None);
-                    }
-                    self.close_tools_of(&key, ev, "cancelled");
-                }
-                if let Some(idx) = self.waits.remove(&(node, iteration)) {
-                    self.close(idx, ev, "cancelled", None);
-                }
-            }
-            EventKind::ToolCallStarted {
+            } => self.node_failed(ev, &error.message, *will_retry),
+            K::NodeCancelled { .. } => self.node_cancelled(ev),
+            K::ToolCallStarted {
                 tool_name,
                 tool_seq,
                 ..
-            } => {
-                let Some(node) = node else { return };
-                if let Some(a) = akey.as_ref().and_then(|k| self.attempts.get_mut(k)) {
-                    a.2 = true;
-                }
-                let (kind, title) = tool_story(tool_name, &node);
-                let idx = self.push(ev, kind, title, "running");
-                self.tools
-                    .insert((node, iteration, attempt, *tool_seq), idx);
-            }
-            EventKind::ToolCallFinished {
+            } => self.tool_started(ev, tool_name, *tool_seq),
+            K::ToolCallFinished {
                 tool_seq,
                 status,
                 error,
                 ..
-            } => {
-                let Some(node) = node else { return };
-                if let Some(idx) = self.tools.remove(&(node, iteration, attempt, *tool_seq)) {
-                    let st = match status {
-                        ToolStatus::Success => "success",
-                        ToolStatus::Error => "error",
-                    };
-                    self.close(idx, ev, st, error.as_ref().map(|e| e.message.clone()));
-                }
-            }
-            EventKind::ApprovalRequested { message } => {
-                let Some(node) = node else { return };
-                let title = match message {
-                    Some(m) => format!("Asked for approval: {m}"),
-                    None => format!("Asked for approval of {node}"),
-                };
-                let idx = self.push(ev, "approval", title, "waiting");
-                self.waits.insert((node, iteration), idx);
-            }
-            EventKind::ApprovalGranted { decided_by, note }
-            | EventKind::ApprovalDenied { decided_by, note } => {
-                let Some(node) = node else { return };
-                let granted = matches!(ev.kind, EventKind::ApprovalGranted { .. });
-                let idx = match self.waits.remove(&(node.clone(), iteration)) {
-                    Some(i) => i,
-                    None => self.push(ev, "approval", format!("Approval of {node}"), "waiting"),
-                };
-                let verb = if granted { "Approved" } else { "Denied" };
-                let mut title = format!("{verb} {node}");
-                if let Some(by) = decided_by {
-                    title.push_str(&format!(" by {by}"));
-                }
-                if let Some(n) = note {
-                    title.push_str(&format!(": {n}"));
-                }
-                self.entries[idx].title = title;
-                self.close(idx, ev, if granted { "approved" } else { "denied" }, None);
-            }
-            EventKind::InputRequested {
+            } => self.tool_finished(ev, *tool_seq, *status, error.as_ref()),
+            K::ApprovalRequested { message } => self.approval_requested(ev, message.as_deref()),
+            K::ApprovalGranted { decided_by, note } => self.decided(ev, true, decided_by, note),
+            K::ApprovalDenied { decided_by, note } => self.decided(ev, false, decided_by, note),
+            K::InputRequested {
                 prompt, request_id, ..
-            } => {
-                if node.is_none() {
-                    return;
-                }
-                // A question asked again by the attempt after a crash is
-                // the same question, still open.
-                if self.questions.contains_key(request_id) {
-                    return;
-                }
-                let idx = self.push(ev, "input", format!("Asked for input: {prompt}"), "waiting");
-                self.questions.insert(request_id.clone(), idx);
-            }
-            EventKind::InputReceived {
+            } => self.input_requested(ev, prompt, request_id),
+            K::InputReceived {
                 answered_by,
                 request_id,
                 ..
-            } => {
-                if let Some(idx) = self.questions.remove(request_id) {
-                    if let Some(by) = answered_by {
-                        let t = format!("{} (answered by {by})", self.entries[idx].title);
-                        self.entries[idx].title = t;
-                    }
-                    self.close(idx, ev, "answered", None);
-                }
-            }
-            EventKind::DelegationStarted {
+            } => self.input_received(ev, request_id, answered_by.as_deref()),
+            K::DelegationStarted {
                 child_run_id,
                 agent,
                 workflow,
-            } => {
-                // Taken up again after a crash: the same entry goes on.
-                if self.delegations.contains_key(child_run_id) {
-                    return;
-                }
-                let title = format!("Delegated to {agent} ({workflow}, run {child_run_id})");
-                let idx = self.push(ev, "delegation", title, "running");
-                self.entries[idx].child_run_id = Some(child_run_id.clone());
-                self.delegations.insert(child_run_id.clone(), idx);
-            }
-            EventKind::DelegationFinished {
+            } => self.delegation_started(ev, child_run_id, agent, workflow),
+            K::DelegationFinished {
                 child_run_id,
                 status,
-            } => {
-                if let Some(idx) = self.delegations.remove(child_run_id) {
-                    let st = match status.as_str() {
-                        "finished" | "success" => "success",
-                        "cancelled" => "cancelled",
-                        _ => "error",
-                    };
-                    self.close(idx, ev, st, None);
-                }
-            }
-            EventKind::RunFinished { duration_ms, .. } => {
+            } => self.delegation_finished(ev, child_run_id, status),
+            K::RunFinished { duration_ms, .. } => {
                 self.close_all(ev);
                 let title = format!("Run finished in {}", human_ms(*duration_ms));
-                let idx = self.push(ev, "completion", title, "success");
-                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                self.instant(ev, "completion", title, "success");
             }
-            EventKind::RunFailed { error } => {
+            K::RunFailed { error } => {
                 self.close_all(ev);
-                let idx = self.push(
-                    ev,
-                    "error",
-                    format!("Run failed: {}", error.message),
-                    "error",
-                );
-                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                let title = format!("Run failed: {}", error.message);
+                let idx = self.instant(ev, "error", title, "error");
                 self.entries[idx].error = Some(error.message.clone());
             }
-            EventKind::RunCancelled { reason } => {
+            K::RunCancelled { reason } => {
                 self.close_all(ev);
                 let title = match reason {
                     Some(r) => format!("Run cancelled: {r}"),
                     None => "Run cancelled".to_string(),
                 };
-                let idx = self.push(ev, "completion", title, "cancelled");
-                self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+                self.instant(ev, "completion", title, "cancelled");
             }
-            _ => {}
+            // Machine grain: nothing a person follows a run by.
+            K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::AgentStepStarted { .. }
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::TokenUsageReported { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {}
+        }
+    }
+
+    /// An entry that begins and ends with `ev`.
+    fn instant(
+        &mut self,
+        ev: &Event,
+        kind: &'static str,
+        title: String,
+        status: &'static str,
+    ) -> usize {
+        let idx = self.push(ev, kind, title, status);
+        self.entries[idx].ended_ms = Some(ev.timestamp_ms);
+        idx
+    }
+
+    /// The attempt an attempt's event is of.
+    fn attempt_key(ev: &Event) -> Option<AttemptKey> {
+        let node = ev.scope.node_id.clone()?;
+        Some((
+            node,
+            ev.scope.iteration.unwrap_or(0),
+            ev.scope.attempt.unwrap_or(0),
+        ))
+    }
+
+    fn attempt_started(&mut self, ev: &Event) {
+        let Some(key) = Self::attempt_key(ev) else {
+            return;
+        };
+        self.attempts
+            .insert(key.clone(), (ev.timestamp_ms, ev.seq.get(), false));
+        if self.is_command_node(&key.0) {
+            self.open_command(ev, &key);
+        }
+    }
+
+    fn output(&mut self, ev: &Event, stream: OutputStream) {
+        let Some(key) = Self::attempt_key(ev) else {
+            return;
+        };
+        // Output from a node that calls tools is the tools' output
+        // (a bash call), already told by the tool entry.
+        if matches!(stream, OutputStream::Stdout | OutputStream::Stderr)
+            && self.attempts.get(&key).is_some_and(|a| !a.2)
+        {
+            self.open_command(ev, &key);
+        }
+    }
+
+    fn node_finished(&mut self, ev: &Event, duration_ms: u64, cached: bool) {
+        let Some(key) = Self::attempt_key(ev) else {
+            return;
+        };
+        let started = self.attempts.remove(&key);
+        if let Some(idx) = self.commands.remove(&key) {
+            self.close(idx, ev, "success", None);
+            return;
+        }
+        let cached = if cached { " (cached)" } else { "" };
+        let title = format!("{} completed in {}{cached}", key.0, human_ms(duration_ms));
+        // A completion is told when it happens, so it is named
+        // after the finishing event, but spans the whole attempt.
+        let idx = self.instant(ev, "completion", title, "success");
+        if let Some((ts, _, _)) = started {
+            self.entries[idx].started_ms = ts;
+        }
+    }
+
+    fn node_failed(&mut self, ev: &Event, message: &str, will_retry: bool) {
+        let Some(key) = Self::attempt_key(ev) else {
+            return;
+        };
+        self.attempts.remove(&key);
+        if let Some(idx) = self.commands.remove(&key) {
+            self.close(idx, ev, "error", Some(message.to_string()));
+        }
+        self.close_tools_of(&key, ev, "error");
+        let retry = if will_retry { " (will retry)" } else { "" };
+        let title = format!("{} failed: {message}{retry}", key.0);
+        let idx = self.instant(ev, "error", title, "error");
+        self.entries[idx].error = Some(message.to_string());
+    }
+
+    fn node_cancelled(&mut self, ev: &Event) {
+        let Some(node) = ev.scope.node_id.clone() else {
+            return;
+        };
+        let iteration = ev.scope.iteration.unwrap_or(0);
+        let keys: Vec<AttemptKey> = self
+            .attempts
+            .keys()
+            .filter(|k| k.0 == node && k.1 == iteration)
+            .cloned()
+            .collect();
+        for key in keys {
+            self.attempts.remove(&key);
+            if let Some(idx) = self.commands.remove(&key) {
+                self.close(idx, ev, "cancelled", None);
+            }
+            self.close_tools_of(&key, ev, "cancelled");
+        }
+        if let Some(idx) = self.waits.remove(&(node, iteration)) {
+            self.close(idx, ev, "cancelled", None);
+        }
+    }
+
+    fn tool_started(&mut self, ev: &Event, tool_name: &str, tool_seq: u32) {
+        let Some(key) = Self::attempt_key(ev) else {
+            return;
+        };
+        if let Some(a) = self.attempts.get_mut(&key) {
+            a.2 = true;
+        }
+        let (kind, title) = tool_story(tool_name, &key.0);
+        let idx = self.push(ev, kind, title, "running");
+        let (node, iteration, attempt) = key;
+        self.tools.insert((node, iteration, attempt, tool_seq), idx);
+    }
+
+    fn tool_finished(
+        &mut self,
+        ev: &Event,
+        tool_seq: u32,
+        status: ToolStatus,
+        error: Option<&ErrorInfo>,
+    ) {
+        let Some((node, iteration, attempt)) = Self::attempt_key(ev) else {
+            return;
+        };
+        if let Some(idx) = self.tools.remove(&(node, iteration, attempt, tool_seq)) {
+            let st = match status {
+                ToolStatus::Success => "success",
+                ToolStatus::Error => "error",
+            };
+            self.close(idx, ev, st, error.map(|e| e.message.clone()));
+        }
+    }
+
+    fn approval_requested(&mut self, ev: &Event, message: Option<&str>) {
+        let Some(node) = ev.scope.node_id.clone() else {
+            return;
+        };
+        let title = match message {
+            Some(m) => format!("Asked for approval: {m}"),
+            None => format!("Asked for approval of {node}"),
+        };
+        let idx = self.push(ev, "approval", title, "waiting");
+        self.waits
+            .insert((node, ev.scope.iteration.unwrap_or(0)), idx);
+    }
+
+    /// `ApprovalGranted` (`granted`) or `ApprovalDenied`.
+    fn decided(
+        &mut self,
+        ev: &Event,
+        granted: bool,
+        decided_by: &Option<String>,
+        note: &Option<String>,
+    ) {
+        let Some(node) = ev.scope.node_id.clone() else {
+            return;
+        };
+        let iteration = ev.scope.iteration.unwrap_or(0);
+        let idx = match self.waits.remove(&(node.clone(), iteration)) {
+            Some(i) => i,
+            None => self.push(ev, "approval", format!("Approval of {node}"), "waiting"),
+        };
+        let verb = if granted { "Approved" } else { "Denied" };
+        let mut title = format!("{verb} {node}");
+        if let Some(by) = decided_by {
+            title.push_str(&format!(" by {by}"));
+        }
+        if let Some(n) = note {
+            title.push_str(&format!(": {n}"));
+        }
+        self.entries[idx].title = title;
+        self.close(idx, ev, if granted { "approved" } else { "denied" }, None);
+    }
+
+    fn input_requested(&mut self, ev: &Event, prompt: &str, request_id: &str) {
+        // A question asked again by the attempt after a crash is the
+        // same question, still open.
+        if ev.scope.node_id.is_none() || self.questions.contains_key(request_id) {
+            return;
+        }
+        let idx = self.push(ev, "input", format!("Asked for input: {prompt}"), "waiting");
+        self.questions.insert(request_id.to_string(), idx);
+    }
+
+    fn input_received(&mut self, ev: &Event, request_id: &str, answered_by: Option<&str>) {
+        if let Some(idx) = self.questions.remove(request_id) {
+            if let Some(by) = answered_by {
+                let t = format!("{} (answered by {by})", self.entries[idx].title);
+                self.entries[idx].title = t;
+            }
+            self.close(idx, ev, "answered", None);
+        }
+    }
+
+    fn delegation_started(&mut self, ev: &Event, child_run_id: &str, agent: &str, workflow: &str) {
+        // Taken up again after a crash: the same entry goes on.
+        if self.delegations.contains_key(child_run_id) {
+            return;
+        }
+        let title = format!("Delegated to {agent} ({workflow}, run {child_run_id})");
+        let idx = self.push(ev, "delegation", title, "running");
+        self.entries[idx].child_run_id = Some(child_run_id.to_string());
+        self.delegations.insert(child_run_id.to_string(), idx);
+    }
+
+    fn delegation_finished(&mut self, ev: &Event, child_run_id: &str, status: &str) {
+        if let Some(idx) = self.delegations.remove(child_run_id) {
+            let st = match status {
+                "finished" | "success" => "success",
+                "cancelled" => "cancelled",
+                _ => "error",
+            };
+            self.close(idx, ev, st, None);
         }
     }
 

@@ -237,10 +237,84 @@ pub enum Level {
     Error,
 }
 
+/// Defines [`EventKind`] and, from the same list of variants, [`EventType`]
+/// and the mapping between them: the catalog is written once, so the two
+/// cannot drift apart.
+macro_rules! event_catalog {
+    (
+        $(#[$kind_meta:meta])*
+        pub enum EventKind {
+            $(
+                $(#[$variant_meta:meta])*
+                $variant:ident { $($fields:tt)* }
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$kind_meta])*
+        pub enum EventKind {
+            $(
+                $(#[$variant_meta])*
+                $variant { $($fields)* }
+            ),*
+        }
+
+        /// The type of an event without its fields: the JSON `type` string,
+        /// as a value that can be copied, compared, hashed and matched.
+        ///
+        /// Generated with [`EventKind`] from one list, in catalog order.
+        ///
+        /// ```
+        /// use cairn_events::{EventKind, EventType};
+        /// let kind = EventKind::RunCancelled { reason: None };
+        /// assert_eq!(kind.event_type(), EventType::RunCancelled);
+        /// assert_eq!(EventType::RunCancelled.to_string(), "RunCancelled");
+        /// assert_eq!("RunCancelled".parse::<EventType>().unwrap(), EventType::RunCancelled);
+        /// assert!("Nope".parse::<EventType>().is_err());
+        /// ```
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+        )]
+        pub enum EventType {
+            $(
+                #[doc = concat!("`", stringify!($variant), "`.")]
+                $variant
+            ),*
+        }
+
+        impl EventType {
+            /// Every event type of the catalog, in catalog order.
+            pub const ALL: &'static [EventType] = &[$(EventType::$variant),*];
+
+            /// The type as written in JSON (`"RunStarted"`, ...).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(EventType::$variant => stringify!($variant)),*
+                }
+            }
+        }
+
+        impl EventKind {
+            /// The event's type without its fields.
+            pub const fn event_type(&self) -> EventType {
+                match self {
+                    $(EventKind::$variant { .. } => EventType::$variant),*
+                }
+            }
+        }
+
+        /// Every event type name of the catalog, in catalog order: the text
+        /// form of [`EventType::ALL`], for edges that list names.
+        pub const EVENT_TYPES: &[&str] = &[$(stringify!($variant)),*];
+    };
+}
+
+event_catalog! {
 /// Every event type of the contract, with its own fields.
 ///
-/// Adding an event type means adding a variant here (and its name in
-/// [`EventKind::type_name`]); the reducer decides what it does to state.
+/// Adding an event type means adding a variant here: [`EventType`] gets it
+/// too, and every fold of events (the reducer, the activity view, the
+/// metrics, the contract checkers, the OTLP spans, the agent's history)
+/// stops compiling until it says what the new event does there.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all_fields = "camelCase")]
@@ -576,79 +650,37 @@ pub enum EventKind {
         resumed: bool,
     },
 }
-
-macro_rules! type_names {
-    ($($v:ident),* $(,)?) => {
-        impl EventKind {
-            /// The event's `type` as written in JSON.
-            pub fn type_name(&self) -> &'static str {
-                match self { $(EventKind::$v { .. } => stringify!($v),)* }
-            }
-        }
-
-        /// Every event type name of the catalog, in catalog order.
-        pub const EVENT_TYPES: &[&str] = &[$(stringify!($v)),*];
-    };
 }
 
-type_names!(
-    RunStarted,
-    RunStatusChanged,
-    RunCancelRequested,
-    RunSummary,
-    RunFinished,
-    RunFailed,
-    RunCancelled,
-    FrameCommitted,
-    LayerStarted,
-    LayerFinished,
-    EdgeTraversed,
-    BranchResolved,
-    ChapterStarted,
-    ChapterFinished,
-    NodePending,
-    NodeStarted,
-    NodeHeartbeat,
-    NodeOutput,
-    NodeFinished,
-    NodeFailed,
-    NodeRetrying,
-    NodeSkipped,
-    NodeCancelled,
-    NodeWaitingApproval,
-    NodeWaitingInput,
-    ApprovalRequested,
-    ApprovalGranted,
-    ApprovalDenied,
-    InputRequested,
-    InputReceived,
-    AgentStepStarted,
-    AgentStepFinished,
-    AgentGenerationRetried,
-    AgentEvent,
-    TokenUsageReported,
-    ToolCallStarted,
-    ToolCallFinished,
-    DelegationStarted,
-    DelegationFinished,
-    McpServerStarting,
-    McpServerConnected,
-    McpServerStderr,
-    McpServerDisconnected,
-    NetworkAccess,
-    Diagnostic,
-    RevertStarted,
-    RevertFinished,
-    WorkflowReloadDetected,
-    WorkflowReloaded,
-    WorkflowReloadFailed,
-    WorkflowReloadUnsafe,
-    ScorerStarted,
-    ScorerFinished,
-    ScorerFailed,
-    RunHijackRequested,
-    RunHijacked,
-);
+impl EventKind {
+    /// The event's `type` as written in JSON.
+    pub fn type_name(&self) -> &'static str {
+        self.event_type().as_str()
+    }
+}
+
+impl std::fmt::Display for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not an event type of the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an event type of the contract")]
+pub struct UnknownEventType(pub String);
+
+impl std::str::FromStr for EventType {
+    type Err = UnknownEventType;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| UnknownEventType(s.to_string()))
+    }
+}
 
 impl EventKind {
     /// Lifecycle events must be durable before the engine acts on them;
@@ -666,12 +698,18 @@ impl EventKind {
 
     /// `RunFinished`, `RunFailed` and `RunCancelled` end a run.
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            EventKind::RunFinished { .. }
-                | EventKind::RunFailed { .. }
-                | EventKind::RunCancelled { .. }
-        )
+        self.ended_as().is_some()
+    }
+
+    /// The status a terminal event ends its run with; `None` for every
+    /// other event.
+    pub fn ended_as(&self) -> Option<RunStatus> {
+        match self {
+            EventKind::RunFinished { .. } => Some(RunStatus::Finished),
+            EventKind::RunFailed { .. } => Some(RunStatus::Failed),
+            EventKind::RunCancelled { .. } => Some(RunStatus::Cancelled),
+            _ => None,
+        }
     }
 }
 
@@ -758,9 +796,14 @@ impl Event {
         ))
     }
 
-    /// The event's `type`.
+    /// The event's `type`, as text.
     pub fn type_name(&self) -> &'static str {
         self.kind.type_name()
+    }
+
+    /// The event's type.
+    pub fn event_type(&self) -> EventType {
+        self.kind.event_type()
     }
 }
 
@@ -941,19 +984,23 @@ impl<'de> Deserialize<'de> for Event {
             take::<_, D::Error>(&mut map, "seq")?.ok_or_else(|| D::Error::missing_field("seq"))?;
         let timestamp_ms: i64 = take::<_, D::Error>(&mut map, "timestampMs")?
             .ok_or_else(|| D::Error::missing_field("timestampMs"))?;
+        let ty = map
+            .get("type")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<EventType>().ok());
         let scope = Scope {
             // `RunHijackRequested` is a run's event that names a node in its
             // own `nodeId` field.
-            node_id: match map.get("type").and_then(Value::as_str) {
-                Some("RunHijackRequested") => None,
+            node_id: match ty {
+                Some(EventType::RunHijackRequested) => None,
                 _ => take::<_, D::Error>(&mut map, "nodeId")?,
             },
             iteration: take::<_, D::Error>(&mut map, "iteration")?,
             attempt: take::<_, D::Error>(&mut map, "attempt")?,
             // `ChapterStarted`/`ChapterFinished` carry `chapter` as their own
             // field; everywhere else it is the scope's stage name.
-            chapter: match map.get("type").and_then(Value::as_str) {
-                Some("ChapterStarted" | "ChapterFinished") => None,
+            chapter: match ty {
+                Some(EventType::ChapterStarted | EventType::ChapterFinished) => None,
                 _ => take::<_, D::Error>(&mut map, "chapter")?,
             },
         };
@@ -1121,6 +1168,44 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), EVENT_TYPES.len());
+    }
+
+    /// The type enum and the names agree, in catalog order, and read back.
+    #[test]
+    fn event_types_are_the_names_in_catalog_order() {
+        let names: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+        assert_eq!(names, EVENT_TYPES);
+        assert!(EventType::ALL.windows(2).all(|w| w[0] < w[1]));
+        for &t in EventType::ALL {
+            assert_eq!(t.to_string().parse::<EventType>(), Ok(t));
+            assert_eq!(
+                serde_json::to_value(t).unwrap(),
+                Value::String(t.as_str().into())
+            );
+            let back: EventType = serde_json::from_value(json!(t.as_str())).unwrap();
+            assert_eq!(back, t);
+        }
+        let e = "runStarted".parse::<EventType>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`runStarted` is not an event type of the contract"
+        );
+        assert!(serde_json::from_value::<EventType>(json!("Nope")).is_err());
+    }
+
+    /// An event's type is the one its JSON says.
+    #[test]
+    fn an_events_type_is_its_json_type() {
+        let ev = Event {
+            run_id: "r".into(),
+            seq: crate::Seq(1),
+            timestamp_ms: 0,
+            scope: Scope::run(),
+            kind: EventKind::RunCancelled { reason: None },
+        };
+        let v: Value = serde_json::from_str(&ev.to_json()).unwrap();
+        assert_eq!(v["type"], json!(ev.kind.event_type()));
+        assert_eq!(ev.kind.event_type(), EventType::RunCancelled);
     }
 
     #[test]

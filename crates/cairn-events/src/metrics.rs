@@ -107,78 +107,43 @@ impl Metrics {
 
     /// Folds one event.
     pub fn apply(&mut self, ev: &Event) {
-        let attempt_key = || {
-            (
-                ev.run_id.clone(),
-                ev.scope.node_id.as_deref().unwrap_or_default().to_string(),
-                ev.scope.iteration.unwrap_or(0),
-                ev.scope.attempt.unwrap_or(0),
-            )
-        };
+        use EventKind as K;
         match &ev.kind {
-            EventKind::RunStarted { resumed, .. } => {
-                if *resumed {
-                    self.runs_resumed += 1;
-                } else {
-                    self.runs += 1;
-                }
-            }
-            EventKind::RunFinished { .. } => {
-                *self.runs_ended.entry("finished".into()).or_default() += 1
-            }
-            EventKind::RunFailed { .. } => {
-                *self.runs_ended.entry("failed".into()).or_default() += 1
-            }
-            EventKind::RunCancelled { .. } => {
-                *self.runs_ended.entry("cancelled".into()).or_default() += 1;
+            K::RunStarted { resumed: true, .. } => self.runs_resumed += 1,
+            K::RunStarted { resumed: false, .. } => self.runs += 1,
+            K::RunFinished { .. } => self.run_ended("finished"),
+            K::RunFailed { .. } => self.run_ended("failed"),
+            K::RunCancelled { .. } => {
+                self.run_ended("cancelled");
                 let run = &ev.run_id;
                 self.open_attempts.retain(|k, _| &k.0 != run);
             }
-            EventKind::NodeStarted { .. } => {
+            K::NodeStarted { .. } => {
                 self.nodes_started += 1;
-                self.open_attempts.insert(attempt_key(), ev.timestamp_ms);
+                self.open_attempts.insert(attempt_key(ev), ev.timestamp_ms);
             }
-            EventKind::NodeFinished { duration_ms, .. } => {
+            K::NodeFinished { duration_ms, .. } => {
                 self.nodes_finished += 1;
-                self.open_attempts.remove(&attempt_key());
+                self.open_attempts.remove(&attempt_key(ev));
                 self.node_duration.observe(*duration_ms as f64 / 1000.0);
             }
-            EventKind::NodeFailed { .. } => {
+            K::NodeFailed { .. } => {
                 self.nodes_failed += 1;
-                if let Some(start) = self.open_attempts.remove(&attempt_key()) {
+                if let Some(start) = self.open_attempts.remove(&attempt_key(ev)) {
                     let ms = (ev.timestamp_ms - start).max(0);
                     self.node_duration.observe(ms as f64 / 1000.0);
                 }
             }
-            EventKind::NodeCancelled { .. } => {
-                self.open_attempts.remove(&attempt_key());
-            }
-            EventKind::ApprovalGranted { .. } => {
-                *self.approvals.entry("granted".into()).or_default() += 1
-            }
-            EventKind::ApprovalDenied { .. } => {
-                *self.approvals.entry("denied".into()).or_default() += 1
-            }
-            EventKind::ToolCallFinished {
+            K::NodeCancelled { .. } => _ = self.open_attempts.remove(&attempt_key(ev)),
+            K::ApprovalGranted { .. } => *self.approvals.entry("granted".into()).or_default() += 1,
+            K::ApprovalDenied { .. } => *self.approvals.entry("denied".into()).or_default() += 1,
+            K::ToolCallFinished {
                 tool_name,
                 status,
                 duration_ms,
                 ..
-            } => {
-                let st = match status {
-                    ToolStatus::Success => "success",
-                    ToolStatus::Error => "error",
-                };
-                *self
-                    .tool_calls
-                    .entry((tool_name.clone(), st.to_string()))
-                    .or_default() += 1;
-                self.tool_duration
-                    .entry(tool_name.clone())
-                    .or_default()
-                    .observe(*duration_ms as f64 / 1000.0);
-            }
-            EventKind::TokenUsageReported {
+            } => self.tool_call(tool_name, *status, *duration_ms),
+            K::TokenUsageReported {
                 model,
                 input_tokens,
                 output_tokens,
@@ -194,30 +159,106 @@ impl Metrics {
                     ("cache_write", *cache_write_tokens),
                     ("reasoning", *reasoning_tokens),
                 ];
-                for (kind, n) in kinds {
-                    if let Some(n) = n {
-                        *self
-                            .tokens
-                            .entry((kind.to_string(), model.clone()))
-                            .or_default() += n;
-                    }
-                }
+                self.tokens_used(model, kinds);
             }
-            _ => {}
+            // Nothing counted of these.
+            K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::ApprovalRequested { .. }
+            | K::InputRequested { .. }
+            | K::InputReceived { .. }
+            | K::AgentStepStarted { .. }
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::ToolCallStarted { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {}
+        }
+    }
+
+    fn run_ended(&mut self, status: &str) {
+        *self.runs_ended.entry(status.into()).or_default() += 1;
+    }
+
+    fn tool_call(&mut self, tool_name: &str, status: ToolStatus, duration_ms: u64) {
+        let st = match status {
+            ToolStatus::Success => "success",
+            ToolStatus::Error => "error",
+        };
+        *self
+            .tool_calls
+            .entry((tool_name.to_string(), st.to_string()))
+            .or_default() += 1;
+        self.tool_duration
+            .entry(tool_name.to_string())
+            .or_default()
+            .observe(duration_ms as f64 / 1000.0);
+    }
+
+    /// Adds one model call's tokens, by kind, to its model's.
+    fn tokens_used(&mut self, model: &str, kinds: [(&str, Option<u64>); 5]) {
+        for (kind, n) in kinds {
+            if let Some(n) = n {
+                *self
+                    .tokens
+                    .entry((kind.to_string(), model.to_string()))
+                    .or_default() += n;
+            }
         }
     }
 
     /// The metrics in the Prometheus text exposition format, version 0.0.4.
     pub fn render_prometheus(&self) -> String {
         let mut out = String::new();
+        self.render_runs_and_nodes(&mut out);
+        self.render_calls(&mut out);
+        self.render_durations(&mut out);
+        out
+    }
+
+    /// The counters of runs and node attempts.
+    fn render_runs_and_nodes(&self, out: &mut String) {
         counter(
-            &mut out,
+            out,
             "cairn_runs_total",
             "Runs started (resumes not counted).",
             &[(vec![], self.runs)],
         );
         counter(
-            &mut out,
+            out,
             "cairn_runs_resumed_total",
             "Runs resumed.",
             &[(vec![], self.runs_resumed)],
@@ -228,36 +269,40 @@ impl Metrics {
             .map(|(s, n)| (vec![("status", s.as_str())], *n))
             .collect();
         counter(
-            &mut out,
+            out,
             "cairn_runs_ended_total",
             "Runs that ended, by final status.",
             &ended,
         );
         counter(
-            &mut out,
+            out,
             "cairn_nodes_started_total",
             "Node attempts started.",
             &[(vec![], self.nodes_started)],
         );
         counter(
-            &mut out,
+            out,
             "cairn_nodes_finished_total",
             "Node attempts finished.",
             &[(vec![], self.nodes_finished)],
         );
         counter(
-            &mut out,
+            out,
             "cairn_nodes_failed_total",
             "Node attempts failed, retried attempts included.",
             &[(vec![], self.nodes_failed)],
         );
+    }
+
+    /// The counters of approvals, tool calls and tokens.
+    fn render_calls(&self, out: &mut String) {
         let approvals: Vec<_> = self
             .approvals
             .iter()
             .map(|(d, n)| (vec![("decision", d.as_str())], *n))
             .collect();
         counter(
-            &mut out,
+            out,
             "cairn_approvals_total",
             "Approval decisions.",
             &approvals,
@@ -268,7 +313,7 @@ impl Metrics {
             .map(|((t, s), n)| (vec![("tool", t.as_str()), ("status", s.as_str())], *n))
             .collect();
         counter(
-            &mut out,
+            out,
             "cairn_tool_calls_total",
             "Tool calls that ended, by tool and status.",
             &tools,
@@ -279,40 +324,42 @@ impl Metrics {
             .map(|((k, m), n)| (vec![("kind", k.as_str()), ("model", m.as_str())], *n))
             .collect();
         counter(
-            &mut out,
+            out,
             "cairn_tokens_total",
             "Model tokens, by kind and model.",
             &tokens,
         );
+    }
 
+    /// The histograms of durations.
+    fn render_durations(&self, out: &mut String) {
         header(
-            &mut out,
+            out,
             "cairn_node_duration_seconds",
             "Duration of node attempts.",
             "histogram",
         );
-        histogram(
-            &mut out,
-            "cairn_node_duration_seconds",
-            &[],
-            &self.node_duration,
-        );
+        histogram(out, "cairn_node_duration_seconds", &[], &self.node_duration);
         header(
-            &mut out,
+            out,
             "cairn_tool_duration_seconds",
             "Duration of tool calls, by tool.",
             "histogram",
         );
         for (tool, h) in &self.tool_duration {
-            histogram(
-                &mut out,
-                "cairn_tool_duration_seconds",
-                &[("tool", tool)],
-                h,
-            );
+            histogram(out, "cairn_tool_duration_seconds", &[("tool", tool)], h);
         }
-        out
     }
+}
+
+/// The (run, node, pass, attempt) an attempt's event is of.
+fn attempt_key(ev: &Event) -> (String, String, u32, u32) {
+    (
+        ev.run_id.clone(),
+        ev.scope.node_id.as_deref().unwrap_or_default().to_string(),
+        ev.scope.iteration.unwrap_or(0),
+        ev.scope.attempt.unwrap_or(0),
+    )
 }
 
 fn header(out: &mut String, name: &str, help: &str, ty: &str) {

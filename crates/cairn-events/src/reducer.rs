@@ -582,11 +582,16 @@ impl RunState {
     }
 
     /// Folds one event into the state.
+    ///
+    /// Every event type has its arm, those that change nothing included:
+    /// a new type does not compile until it says what it does to state.
     pub fn apply(&mut self, ev: &Event) {
+        use EventKind as K;
         self.last_seq = self.last_seq.max(ev.seq.get());
         let ts = ev.timestamp_ms;
         match &ev.kind {
-            EventKind::RunStarted {
+            // The run.
+            K::RunStarted {
                 workflow,
                 workflow_hash,
                 input,
@@ -596,77 +601,77 @@ impl RunState {
                 depth,
                 forked_from,
             } => {
-                if forked_from.is_some() {
-                    self.forked_from = forked_from.clone();
-                }
-                if parent_run_id.is_some() {
-                    self.parent_run_id = parent_run_id.clone();
-                    self.parent_node_id = parent_node_id.clone();
-                    self.depth = *depth;
-                }
-                self.workflow = Some(workflow.clone());
-                self.workflow_hash = Some(workflow_hash.clone());
-                self.generation_hash = Some(workflow_hash.clone());
-                if input.is_some() {
-                    self.input = input.clone();
-                }
-                if *resumed {
-                    self.resumes += 1;
-                    self.resumed_ms = Some(ts);
-                } else {
-                    self.started_ms = Some(ts);
-                }
-                self.started_ms.get_or_insert(ts);
-                self.status = Some(RunStatus::Running);
-                self.ended_ms = None;
-                self.error = None;
-                // A cancel requested before a crash still stands after the
-                // resume: only a new run starts without one.
-                if !*resumed {
-                    self.cancel_requested = None;
-                }
+                self.lineage(parent_run_id, parent_node_id, *depth, forked_from);
+                self.run_started(ts, workflow, workflow_hash, input, *resumed);
             }
-            EventKind::RunStatusChanged { status } => self.status = Some(*status),
-            EventKind::WorkflowReloaded { generation, .. } => {
+            K::RunStatusChanged { status } => self.status = Some(*status),
+            K::RunCancelRequested { reason, .. } => {
+                self.cancel_requested = Some(reason.clone().unwrap_or_default());
+            }
+            K::RunFinished { output, .. } => {
+                self.output = output.clone();
+                self.run_ended(ts, RunStatus::Finished);
+            }
+            K::RunFailed { error } => {
+                self.error = Some(error.clone());
+                self.run_ended(ts, RunStatus::Failed);
+            }
+            K::RunCancelled { .. } => self.run_ended(ts, RunStatus::Cancelled),
+            K::WorkflowReloaded { generation, .. } => {
                 self.generation = *generation;
                 self.generation_hash = None;
             }
-            EventKind::RunCancelRequested { reason, .. } => {
-                self.cancel_requested = Some(reason.clone().unwrap_or_default());
+            K::RunHijackRequested { node_id, .. } => {
+                self.hijack_requested.insert(node_id.clone());
             }
-            EventKind::RunFinished { output, .. } => {
-                self.status = Some(RunStatus::Finished);
-                self.output = output.clone();
-                self.ended_ms = Some(ts);
+            K::RunHijacked { .. } => {
+                if let Some(node) = &ev.scope.node_id {
+                    self.hijack_requested.remove(node.as_str());
+                }
             }
-            EventKind::RunFailed { error } => {
-                self.status = Some(RunStatus::Failed);
-                self.error = Some(error.clone());
-                self.ended_ms = Some(ts);
-            }
-            EventKind::RunCancelled { .. } => {
-                self.status = Some(RunStatus::Cancelled);
-                self.ended_ms = Some(ts);
-            }
-            EventKind::LayerStarted { layer_index, .. } => {
-                self.open_layers.insert(*layer_index, ts);
-            }
-            EventKind::LayerFinished { layer_index, .. } => {
-                self.open_layers.remove(layer_index);
-            }
-            EventKind::ChapterStarted { chapter } => {
-                self.open_chapters.insert(chapter.clone());
-            }
-            EventKind::ChapterFinished { chapter, .. } => {
-                self.open_chapters.remove(chapter);
-            }
-            EventKind::FrameCommitted {
+            // The plan.
+            K::FrameCommitted {
                 frame_no, mounted, ..
+            } => (self.frame_no, self.mounted) = (*frame_no, *mounted),
+            K::LayerStarted { layer_index, .. } => _ = self.open_layers.insert(*layer_index, ts),
+            K::LayerFinished { layer_index, .. } => _ = self.open_layers.remove(layer_index),
+            K::ChapterStarted { chapter } => _ = self.open_chapters.insert(chapter.clone()),
+            K::ChapterFinished { chapter, .. } => _ = self.open_chapters.remove(chapter),
+            // A node's passes and attempts.
+            K::NodePending { layer_index } => self.node_pending(ev, *layer_index),
+            K::NodeStarted { snapshot } => self.node_started(ev, snapshot),
+            K::NodeFinished {
+                duration_ms,
+                output,
+                ..
+            } => self.node_finished(ev, *duration_ms, output),
+            K::NodeFailed {
+                error, will_retry, ..
+            } => self.node_failed(ev, error, *will_retry),
+            K::NodeRetrying { .. } => self.node_retrying(ev),
+            K::NodeSkipped { reason } => self.node_skipped(ev, reason),
+            K::NodeCancelled { reason } => self.node_cancelled(ev, reason),
+            // People in the loop.
+            K::NodeWaitingApproval {} => self.waiting_approval(ev),
+            K::ApprovalRequested { message } => self.approval_requested(ev, message),
+            K::ApprovalGranted { decided_by, note } => self.decided(ev, true, decided_by, note),
+            K::ApprovalDenied { decided_by, note } => self.decided(ev, false, decided_by, note),
+            K::InputRequested {
+                request_id,
+                prompt,
+                schema,
             } => {
-                self.frame_no = *frame_no;
-                self.mounted = *mounted;
+                self.asked(ev, request_id, prompt, schema);
+                self.waiting_input(ev, request_id);
             }
-            EventKind::TokenUsageReported {
+            K::NodeWaitingInput { request_id } => self.waiting_input(ev, request_id),
+            K::InputReceived {
+                request_id,
+                answer,
+                answered_by,
+            } => self.answered(ev, request_id, answer, answered_by),
+            // Agents, tools and children.
+            K::TokenUsageReported {
                 input_tokens,
                 output_tokens,
                 cache_read_tokens,
@@ -675,275 +680,27 @@ impl RunState {
                 cost_usd,
                 ..
             } => {
-                self.tokens.input += input_tokens;
-                self.tokens.output += output_tokens;
-                self.tokens.cache_read += cache_read_tokens.unwrap_or(0);
-                self.tokens.cache_write += cache_write_tokens.unwrap_or(0);
-                self.tokens.reasoning += reasoning_tokens.unwrap_or(0);
-                if let Some(c) = cost_usd {
-                    *self.cost_usd.get_or_insert(0.0) += c;
-                }
-                if let Some(a) = self
-                    .node_mut(ev)
-                    .and_then(|n| n.notes.as_mut()?.agent.as_mut())
-                {
-                    a.input_tokens += input_tokens;
-                    a.output_tokens += output_tokens;
-                    if let Some(c) = cost_usd {
-                        *a.cost_usd.get_or_insert(0.0) += c;
-                    }
-                }
+                let used = TokenTotals {
+                    input: *input_tokens,
+                    output: *output_tokens,
+                    cache_read: cache_read_tokens.unwrap_or(0),
+                    cache_write: cache_write_tokens.unwrap_or(0),
+                    reasoning: reasoning_tokens.unwrap_or(0),
+                };
+                self.token_usage(ev, &used, *cost_usd);
             }
-            EventKind::AgentStepStarted { step, model, .. } => {
-                if let Some(n) = self.node_mut(ev) {
-                    let a = n.notes_mut().agent.get_or_insert_with(Default::default);
-                    a.step = *step;
-                    // A new step says new things.
-                    a.last_line.clear();
-                    if a.model != *model {
-                        a.model = model.clone();
-                    }
-                }
-            }
-            EventKind::NodeOutput {
+            K::AgentStepStarted { step, model, .. } => self.agent_step(ev, *step, model),
+            K::NodeOutput {
                 text,
                 stream: OutputStream::Text,
-            } => {
-                // Only agents keep a last line: a command's output is not
-                // copied into the state.
-                if let Some(a) = self
-                    .node_mut(ev)
-                    .and_then(|n| n.notes.as_mut()?.agent.as_mut())
-                {
-                    let line = text.trim_end().rsplit('\n').next().unwrap_or("");
-                    if text.contains('\n') || a.last_line.len() >= LAST_LINE_MAX {
-                        a.last_line.clear();
-                    }
-                    let room = LAST_LINE_MAX.saturating_sub(a.last_line.len());
-                    let mut end = line.len().min(room);
-                    while !line.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    a.last_line.push_str(&line[..end]);
-                }
-            }
-            EventKind::ToolCallStarted { .. } => {
-                self.tool_calls += 1;
-                let attempt = ev.scope.attempt;
-                if let Some(a) = self
-                    .node_mut(ev)
-                    .and_then(|n| n.notes.as_mut()?.agent.as_mut())
-                {
-                    a.tool_calls += 1;
-                }
-                if let Some(n) = self.node_mut(ev) {
-                    if let Some(a) = n
-                        .attempts
-                        .iter_mut()
-                        .rev()
-                        .find(|a| Some(a.attempt) == attempt)
-                    {
-                        a.tool_calls += 1;
-                    }
-                }
-            }
-            EventKind::NodePending { layer_index } => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.layer_index = *layer_index;
-                    n.status = NodeStatus::Pending;
-                }
-            }
-            EventKind::NodeStarted { snapshot } => {
-                let attempt = ev.scope.attempt.unwrap_or(1);
-                if let Some(n) = self.node_mut(ev) {
-                    if let Some(id) = snapshot {
-                        n.notes_mut().snapshots.push(AttemptSnapshot {
-                            attempt,
-                            snapshot: id.clone(),
-                        });
-                    }
-                    n.status = NodeStatus::Running;
-                    n.retry_announced = false;
-                    n.attempt = attempt;
-                    if let Some(notes) = n.notes.as_mut() {
-                        notes.error = None;
-                    }
-                    // Most nodes have one attempt: no room for four.
-                    n.attempts.reserve_exact(1);
-                    n.attempts.push(AttemptState {
-                        attempt,
-                        started_ms: ts,
-                        ended_ms: None,
-                        status: "running",
-                        error: None,
-                        tool_calls: 0,
-                    });
-                }
-            }
-            EventKind::NodeFinished {
-                duration_ms,
-                output,
-                ..
-            } => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = NodeStatus::Finished;
-                    n.output = output.clone();
-                    n.duration_ms = Some(*duration_ms);
-                    close_attempt(n, ts, "finished", None);
-                }
-            }
-            EventKind::NodeFailed {
-                error, will_retry, ..
-            } => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = if *will_retry {
-                        NodeStatus::Retrying
-                    } else {
-                        NodeStatus::Failed
-                    };
-                    n.notes_mut().error = Some(error.clone());
-                    close_attempt(n, ts, "failed", Some(Box::new(error.clone())));
-                    if !*will_retry {
-                        n.duration_ms = Some(total_duration(n));
-                    }
-                }
-            }
-            EventKind::NodeRetrying { .. } => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = NodeStatus::Retrying;
-                    n.retry_announced = true;
-                }
-            }
-            EventKind::NodeSkipped { reason } => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = NodeStatus::Skipped;
-                    n.notes_mut().reason = Some(reason.clone());
-                }
-            }
-            EventKind::NodeCancelled { reason } => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = NodeStatus::Cancelled;
-                    if reason.is_some() || n.notes.is_some() {
-                        n.notes_mut().reason = reason.clone();
-                    }
-                    close_attempt(n, ts, "cancelled", None);
-                }
-            }
-            EventKind::NodeWaitingApproval {} => {
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = NodeStatus::WaitingApproval;
-                }
-            }
-            EventKind::ApprovalRequested { message } => {
-                if let Some(n) = self.node_mut(ev) {
-                    if message.is_some() || n.notes.is_some() {
-                        n.notes_mut().approval_message = message.clone();
-                    }
-                }
-            }
-            EventKind::ApprovalGranted { decided_by, note }
-            | EventKind::ApprovalDenied { decided_by, note } => {
-                let approved = matches!(ev.kind, EventKind::ApprovalGranted { .. });
-                if let Some(n) = self.node_mut(ev) {
-                    n.notes_mut().decision = Some(Decision {
-                        approved,
-                        by: decided_by.clone(),
-                        note: note.clone(),
-                    });
-                    if n.status == NodeStatus::WaitingApproval {
-                        n.status = NodeStatus::Running;
-                    }
-                }
-            }
-            EventKind::NodeWaitingInput { request_id }
-            | EventKind::InputRequested { request_id, .. } => {
-                if let (EventKind::InputRequested { prompt, schema, .. }, Some((node, iteration))) =
-                    (&ev.kind, ev.node_key())
-                {
-                    self.questions
-                        .entry(request_id.clone())
-                        .or_insert_with(|| Question {
-                            node_id: ev
-                                .scope
-                                .node_id
-                                .clone()
-                                .unwrap_or_else(|| NodePath::from(node)),
-                            iteration,
-                            prompt: prompt.clone(),
-                            schema: schema.clone(),
-                            answer: None,
-                            answered_by: None,
-                        });
-                }
-                let rid = request_id.clone();
-                if let Some(n) = self.node_mut(ev) {
-                    n.status = NodeStatus::WaitingInput;
-                    n.notes_mut().input_request_id = Some(rid);
-                }
-            }
-            EventKind::InputReceived {
-                request_id,
-                answer,
-                answered_by,
-            } => {
-                if let Some(q) = self.questions.get_mut(request_id) {
-                    q.answer = Some(answer.clone());
-                    q.answered_by = answered_by.clone();
-                }
-                // The node waits while any question it asked is open (an
-                // agent asks several at once).
-                let open = ev.node_key().is_some_and(|(node, it)| {
-                    self.questions.values().any(|q| {
-                        q.answer.is_none() && q.iteration == it && q.node_id.as_str() == node
-                    })
-                });
-                if let Some(n) = self.node_mut(ev) {
-                    if n.status == NodeStatus::WaitingInput && !open {
-                        n.status = NodeStatus::Running;
-                    }
-                }
-            }
-            EventKind::RevertStarted { snapshot } => {
-                if let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration) {
-                    self.open_revert = Some(Box::new(OpenRevert {
-                        node_id: node.clone(),
-                        iteration,
-                        attempt: ev.scope.attempt.unwrap_or(1),
-                        snapshot: snapshot.clone(),
-                    }));
-                }
-            }
-            EventKind::RevertFinished { .. } => self.open_revert = None,
-            EventKind::RunHijackRequested { node_id, .. } => {
-                self.hijack_requested.insert(node_id.clone());
-            }
-            EventKind::RunHijacked { .. } => {
-                if let Some(node) = &ev.scope.node_id {
-                    self.hijack_requested.remove(node.as_str());
-                }
-            }
-            EventKind::DelegationStarted {
+            } => self.agent_text(ev, text),
+            K::ToolCallStarted { .. } => self.tool_call_started(ev),
+            K::DelegationStarted {
                 child_run_id,
                 agent,
                 workflow,
-            } => {
-                // An attempt that takes a delegation up again after a crash
-                // logs it again: one entry per child.
-                let known = self.children.iter().any(|c| &c.run_id == child_run_id);
-                if let (false, Some(node), Some(iteration)) =
-                    (known, &ev.scope.node_id, ev.scope.iteration)
-                {
-                    self.children.push(ChildRun {
-                        run_id: child_run_id.clone(),
-                        node_id: node.clone(),
-                        iteration,
-                        agent: agent.clone(),
-                        workflow: workflow.clone(),
-                        status: None,
-                    });
-                }
-            }
-            EventKind::DelegationFinished {
+            } => self.delegation_started(ev, child_run_id, agent, workflow),
+            K::DelegationFinished {
                 child_run_id,
                 status,
             } => {
@@ -951,64 +708,428 @@ impl RunState {
                     c.status = Some(status.clone());
                 }
             }
-            EventKind::ScorerStarted { .. }
-            | EventKind::ScorerFinished { .. }
-            | EventKind::ScorerFailed { .. } => {
-                if let Some(n) = self.node_mut(ev) {
-                    apply_score(&mut n.notes_mut().scores, &ev.kind);
-                }
+            // The workspace and scoring.
+            K::RevertStarted { snapshot } => self.revert_started(ev, snapshot),
+            K::RevertFinished { .. } => self.open_revert = None,
+            K::ScorerStarted {
+                scorer_id,
+                scorer_name,
+            } => self.scorer(ev, scorer_id, scorer_name, ScoreEnd::Open),
+            K::ScorerFinished {
+                scorer_id,
+                scorer_name,
+                score,
+                reason,
+            } => self.scorer(ev, scorer_id, scorer_name, ScoreEnd::Score(*score, reason)),
+            K::ScorerFailed {
+                scorer_id,
+                scorer_name,
+                error,
+            } => self.scorer(ev, scorer_id, scorer_name, ScoreEnd::Failed(error)),
+            // What the state does not keep: summaries and details the log
+            // has (a command's output is not copied into the state).
+            K::RunSummary { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput {
+                stream: OutputStream::Stdout | OutputStream::Stderr | OutputStream::Reasoning,
+                ..
             }
-            _ => {}
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::ToolCallFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. } => {}
         }
     }
 }
 
-/// Folds a `Scorer*` event into a node pass's scores: a start opens the
-/// scorer's entry (again, after a resume ran it once more), an end closes it.
-fn apply_score(scores: &mut Vec<ScoreState>, kind: &EventKind) {
-    let (id, name) = match kind {
-        EventKind::ScorerStarted {
-            scorer_id,
-            scorer_name,
+/// The run's own events.
+impl RunState {
+    /// Where a child or a fork comes from (`RunStarted`).
+    fn lineage(
+        &mut self,
+        parent_run_id: &Option<String>,
+        parent_node_id: &Option<String>,
+        depth: u32,
+        forked_from: &Option<crate::event::ForkedFrom>,
+    ) {
+        if forked_from.is_some() {
+            self.forked_from = forked_from.clone();
         }
-        | EventKind::ScorerFinished {
-            scorer_id,
-            scorer_name,
-            ..
+        if parent_run_id.is_some() {
+            self.parent_run_id = parent_run_id.clone();
+            self.parent_node_id = parent_node_id.clone();
+            self.depth = depth;
         }
-        | EventKind::ScorerFailed {
-            scorer_id,
-            scorer_name,
-            ..
-        } => (scorer_id, scorer_name),
-        _ => return,
-    };
-    let idx = match scores.iter().position(|s| &s.scorer_id == id) {
-        Some(i) => i,
-        None => {
-            scores.push(ScoreState {
-                scorer_id: id.clone(),
-                scorer_name: name.clone(),
-                status: "running",
-                score: None,
-                reason: None,
-                error: None,
+    }
+
+    /// A session of the run begins (`RunStarted`): the first, or a resume.
+    fn run_started(
+        &mut self,
+        ts: i64,
+        workflow: &str,
+        workflow_hash: &str,
+        input: &Option<Value>,
+        resumed: bool,
+    ) {
+        self.workflow = Some(workflow.to_string());
+        self.workflow_hash = Some(workflow_hash.to_string());
+        self.generation_hash = Some(workflow_hash.to_string());
+        if input.is_some() {
+            self.input = input.clone();
+        }
+        if resumed {
+            self.resumes += 1;
+            self.resumed_ms = Some(ts);
+        } else {
+            self.started_ms = Some(ts);
+        }
+        self.started_ms.get_or_insert(ts);
+        self.status = Some(RunStatus::Running);
+        self.ended_ms = None;
+        self.error = None;
+        // A cancel requested before a crash still stands after the
+        // resume: only a new run starts without one.
+        if !resumed {
+            self.cancel_requested = None;
+        }
+    }
+
+    /// `RunFinished`, `RunFailed` or `RunCancelled`.
+    fn run_ended(&mut self, ts: i64, status: RunStatus) {
+        self.status = Some(status);
+        self.ended_ms = Some(ts);
+    }
+}
+
+/// A node pass's lifecycle: pending, its attempts, how it ended.
+impl RunState {
+    fn node_pending(&mut self, ev: &Event, layer_index: Option<u32>) {
+        if let Some(n) = self.node_mut(ev) {
+            n.layer_index = layer_index;
+            n.status = NodeStatus::Pending;
+        }
+    }
+
+    fn node_started(&mut self, ev: &Event, snapshot: &Option<String>) {
+        let attempt = ev.scope.attempt.unwrap_or(1);
+        let Some(n) = self.node_mut(ev) else { return };
+        if let Some(id) = snapshot {
+            n.notes_mut().snapshots.push(AttemptSnapshot {
+                attempt,
+                snapshot: id.clone(),
             });
-            scores.len() - 1
         }
-    };
-    let s = &mut scores[idx];
-    match kind {
-        EventKind::ScorerFinished { score, reason, .. } => {
-            s.status = "finished";
-            s.score = Some(*score);
-            s.reason = reason.clone();
+        n.status = NodeStatus::Running;
+        n.retry_announced = false;
+        n.attempt = attempt;
+        if let Some(notes) = n.notes.as_mut() {
+            notes.error = None;
         }
-        EventKind::ScorerFailed { error, .. } => {
-            s.status = "failed";
-            s.error = Some(error.clone());
+        // Most nodes have one attempt: no room for four.
+        n.attempts.reserve_exact(1);
+        n.attempts.push(AttemptState {
+            attempt,
+            started_ms: ev.timestamp_ms,
+            ended_ms: None,
+            status: "running",
+            error: None,
+            tool_calls: 0,
+        });
+    }
+
+    fn node_finished(&mut self, ev: &Event, duration_ms: u64, output: &Option<Output>) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = NodeStatus::Finished;
+            n.output = output.clone();
+            n.duration_ms = Some(duration_ms);
+            close_attempt(n, ev.timestamp_ms, "finished", None);
         }
-        _ => {}
+    }
+
+    fn node_failed(&mut self, ev: &Event, error: &ErrorInfo, will_retry: bool) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = if will_retry {
+                NodeStatus::Retrying
+            } else {
+                NodeStatus::Failed
+            };
+            n.notes_mut().error = Some(error.clone());
+            close_attempt(n, ev.timestamp_ms, "failed", Some(Box::new(error.clone())));
+            if !will_retry {
+                n.duration_ms = Some(total_duration(n));
+            }
+        }
+    }
+
+    fn node_retrying(&mut self, ev: &Event) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = NodeStatus::Retrying;
+            n.retry_announced = true;
+        }
+    }
+
+    fn node_skipped(&mut self, ev: &Event, reason: &str) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = NodeStatus::Skipped;
+            n.notes_mut().reason = Some(reason.to_string());
+        }
+    }
+
+    fn node_cancelled(&mut self, ev: &Event, reason: &Option<String>) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = NodeStatus::Cancelled;
+            if reason.is_some() || n.notes.is_some() {
+                n.notes_mut().reason = reason.clone();
+            }
+            close_attempt(n, ev.timestamp_ms, "cancelled", None);
+        }
+    }
+}
+
+/// Gates and questions: what a node asks of people, and their answers.
+impl RunState {
+    fn waiting_approval(&mut self, ev: &Event) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = NodeStatus::WaitingApproval;
+        }
+    }
+
+    fn approval_requested(&mut self, ev: &Event, message: &Option<String>) {
+        if let Some(n) = self.node_mut(ev) {
+            if message.is_some() || n.notes.is_some() {
+                n.notes_mut().approval_message = message.clone();
+            }
+        }
+    }
+
+    /// `ApprovalGranted` (`approved`) or `ApprovalDenied`.
+    fn decided(
+        &mut self,
+        ev: &Event,
+        approved: bool,
+        decided_by: &Option<String>,
+        note: &Option<String>,
+    ) {
+        if let Some(n) = self.node_mut(ev) {
+            n.notes_mut().decision = Some(Decision {
+                approved,
+                by: decided_by.clone(),
+                note: note.clone(),
+            });
+            if n.status == NodeStatus::WaitingApproval {
+                n.status = NodeStatus::Running;
+            }
+        }
+    }
+
+    /// Keeps the question of an `InputRequested` (once: a question asked
+    /// again after a crash is the same one).
+    fn asked(&mut self, ev: &Event, request_id: &str, prompt: &str, schema: &Option<Value>) {
+        let (Some(node_id), Some((_, iteration))) = (&ev.scope.node_id, ev.node_key()) else {
+            return;
+        };
+        self.questions
+            .entry(request_id.to_string())
+            .or_insert_with(|| Question {
+                node_id: node_id.clone(),
+                iteration,
+                prompt: prompt.to_string(),
+                schema: schema.clone(),
+                answer: None,
+                answered_by: None,
+            });
+    }
+
+    /// `InputRequested` or `NodeWaitingInput`: the node waits for `request_id`.
+    fn waiting_input(&mut self, ev: &Event, request_id: &str) {
+        if let Some(n) = self.node_mut(ev) {
+            n.status = NodeStatus::WaitingInput;
+            n.notes_mut().input_request_id = Some(request_id.to_string());
+        }
+    }
+
+    fn answered(
+        &mut self,
+        ev: &Event,
+        request_id: &str,
+        answer: &Value,
+        answered_by: &Option<String>,
+    ) {
+        if let Some(q) = self.questions.get_mut(request_id) {
+            q.answer = Some(answer.clone());
+            q.answered_by = answered_by.clone();
+        }
+        // The node waits while any question it asked is open (an
+        // agent asks several at once).
+        let open = ev.node_key().is_some_and(|(node, it)| {
+            self.questions
+                .values()
+                .any(|q| q.answer.is_none() && q.iteration == it && q.node_id.as_str() == node)
+        });
+        if let Some(n) = self.node_mut(ev) {
+            if n.status == NodeStatus::WaitingInput && !open {
+                n.status = NodeStatus::Running;
+            }
+        }
+    }
+}
+
+/// Agents' model calls and tool calls, and child runs.
+impl RunState {
+    fn token_usage(&mut self, ev: &Event, used: &TokenTotals, cost_usd: Option<f64>) {
+        self.tokens.input += used.input;
+        self.tokens.output += used.output;
+        self.tokens.cache_read += used.cache_read;
+        self.tokens.cache_write += used.cache_write;
+        self.tokens.reasoning += used.reasoning;
+        if let Some(c) = cost_usd {
+            *self.cost_usd.get_or_insert(0.0) += c;
+        }
+        if let Some(a) = self.agent_mut(ev) {
+            a.input_tokens += used.input;
+            a.output_tokens += used.output;
+            if let Some(c) = cost_usd {
+                *a.cost_usd.get_or_insert(0.0) += c;
+            }
+        }
+    }
+
+    /// The progress of the agent node an event is of, once it asked its
+    /// model (the node's state is made if the log had not named it).
+    fn agent_mut(&mut self, ev: &Event) -> Option<&mut AgentProgress> {
+        self.node_mut(ev)?.notes.as_mut()?.agent.as_mut()
+    }
+
+    fn agent_step(&mut self, ev: &Event, step: u32, model: &str) {
+        if let Some(n) = self.node_mut(ev) {
+            let a = n.notes_mut().agent.get_or_insert_with(Default::default);
+            a.step = step;
+            // A new step says new things.
+            a.last_line.clear();
+            if a.model != model {
+                a.model = model.to_string();
+            }
+        }
+    }
+
+    /// An agent's streamed text: only agents keep a last line.
+    fn agent_text(&mut self, ev: &Event, text: &str) {
+        let Some(a) = self.agent_mut(ev) else { return };
+        let line = text.trim_end().rsplit('\n').next().unwrap_or("");
+        if text.contains('\n') || a.last_line.len() >= LAST_LINE_MAX {
+            a.last_line.clear();
+        }
+        let room = LAST_LINE_MAX.saturating_sub(a.last_line.len());
+        let mut end = line.len().min(room);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        a.last_line.push_str(&line[..end]);
+    }
+
+    fn tool_call_started(&mut self, ev: &Event) {
+        self.tool_calls += 1;
+        let attempt = ev.scope.attempt;
+        if let Some(a) = self.agent_mut(ev) {
+            a.tool_calls += 1;
+        }
+        if let Some(n) = self.node_mut(ev) {
+            if let Some(a) = n
+                .attempts
+                .iter_mut()
+                .rev()
+                .find(|a| Some(a.attempt) == attempt)
+            {
+                a.tool_calls += 1;
+            }
+        }
+    }
+
+    fn delegation_started(&mut self, ev: &Event, child_run_id: &str, agent: &str, workflow: &str) {
+        // An attempt that takes a delegation up again after a crash
+        // logs it again: one entry per child.
+        let known = self.children.iter().any(|c| c.run_id == child_run_id);
+        if let (false, Some(node), Some(iteration)) = (known, &ev.scope.node_id, ev.scope.iteration)
+        {
+            self.children.push(ChildRun {
+                run_id: child_run_id.to_string(),
+                node_id: node.clone(),
+                iteration,
+                agent: agent.to_string(),
+                workflow: workflow.to_string(),
+                status: None,
+            });
+        }
+    }
+}
+
+/// How a `Scorer*` event leaves its scorer.
+enum ScoreEnd<'a> {
+    /// `ScorerStarted`.
+    Open,
+    /// `ScorerFinished`: the score and its reason.
+    Score(f64, &'a Option<String>),
+    /// `ScorerFailed`.
+    Failed(&'a ErrorInfo),
+}
+
+/// The workspace and scoring.
+impl RunState {
+    fn revert_started(&mut self, ev: &Event, snapshot: &str) {
+        if let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration) {
+            self.open_revert = Some(Box::new(OpenRevert {
+                node_id: node.clone(),
+                iteration,
+                attempt: ev.scope.attempt.unwrap_or(1),
+                snapshot: snapshot.to_string(),
+            }));
+        }
+    }
+
+    /// Folds a `Scorer*` event into its node pass's scores: a start opens
+    /// the scorer's entry (again, after a resume ran it once more), an end
+    /// closes it.
+    fn scorer(&mut self, ev: &Event, id: &str, name: &str, end: ScoreEnd) {
+        let Some(n) = self.node_mut(ev) else { return };
+        let scores = &mut n.notes_mut().scores;
+        let idx = match scores.iter().position(|s| s.scorer_id == id) {
+            Some(i) => i,
+            None => {
+                scores.push(ScoreState {
+                    scorer_id: id.to_string(),
+                    scorer_name: name.to_string(),
+                    status: "running",
+                    score: None,
+                    reason: None,
+                    error: None,
+                });
+                scores.len() - 1
+            }
+        };
+        let s = &mut scores[idx];
+        match end {
+            ScoreEnd::Open => {}
+            ScoreEnd::Score(score, reason) => {
+                s.status = "finished";
+                s.score = Some(score);
+                s.reason = reason.clone();
+            }
+            ScoreEnd::Failed(error) => {
+                s.status = "failed";
+                s.error = Some(error.clone());
+            }
+        }
     }
 }
 
