@@ -173,6 +173,13 @@ impl From<Value> for RunDetail {
     }
 }
 
+impl std::fmt::Display for RunDetail {
+    /// The state as compact JSON.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl std::ops::Index<&str> for RunDetail {
     type Output = Value;
 
