@@ -107,7 +107,7 @@ impl Driver {
                     Err(e) => {
                         let attempt = self.state.node(&key.0, key.1).map_or(1, |n| n.attempt);
                         let err = NodeError::fatal("template", format!("until: {e}"));
-                        self.fail_attempt(key, &inst, attempt, err, Duration::ZERO);
+                        self.fail_attempt(key, &inst, attempt, err);
                     }
                 }
             }

@@ -4,9 +4,25 @@
 //! each turn (questions of their own, `h-` request ids) until handed back.
 //! The turns are answers in the log, so a resume replays them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use super::*;
+
+/// Why node `node_id`, of kind `kind` (`None` when not mounted), cannot be
+/// hijacked now; `applying` says no process drives the run.
+fn refusal(kind: Option<&NodeKind>, applying: bool) -> &'static str {
+    match kind {
+        Some(NodeKind::Agent(a)) if a.engine.as_deref().is_some_and(|e| e != "claude-code") => {
+            "its engine's CLI has no session Cairn can hand to a person"
+        }
+        Some(NodeKind::Agent(_)) if applying => {
+            "no process drives the run (`cairn resume` it, then hijack)"
+        }
+        Some(NodeKind::Agent(_)) => "it is not running",
+        Some(_) => "it is not an agent",
+        None => "it is not mounted",
+    }
+}
 
 impl Driver {
     /// The flag an agent attempt of `key` watches: raised already when the
@@ -21,15 +37,13 @@ impl Driver {
             return None;
         }
         let raised = self.state.hijack_requested.contains(key.0.as_str());
-        let flag = Arc::new(AtomicBool::new(raised));
-        self.hijack_flags.insert(key.clone(), flag.clone());
-        Some(flag)
+        Some(self.attempts.hijack_flag(key.clone(), raised))
     }
 
     /// The attempt of `key` ended: its flag goes, and so does a request it
     /// never took up (a new attempt is a new conversation).
     pub(super) fn hijack_done(&mut self, key: &Key) {
-        if self.hijack_flags.remove(key).is_some() {
+        if self.attempts.hijack_ended(key) {
             self.state.hijack_requested.remove(key.0.as_str());
         }
     }
@@ -41,43 +55,19 @@ impl Driver {
         node_id: &str,
         by: Option<String>,
     ) -> Result<Option<String>, EngineError> {
-        let key = self
-            .hijack_flags
-            .keys()
-            .filter(|k| k.0 == node_id)
-            .max_by_key(|k| k.1)
-            .cloned();
-        let Some(key) = key else {
-            let what = self
+        let Some(key) = self.attempts.hijackable(node_id) else {
+            let kind = self
                 .plan
                 .insts
                 .iter()
                 .find(|(k, _)| k.0 == node_id)
                 .map(|(_, i)| &i.spec.kind);
-            let why = match what {
-                Some(NodeKind::Agent(a))
-                    if a.engine.as_deref().is_some_and(|e| e != "claude-code") =>
-                {
-                    "its engine's CLI has no session Cairn can hand to a person"
-                }
-                Some(NodeKind::Agent(_)) if self.mode == Mode::Apply => {
-                    "no process drives the run (`cairn resume` it, then hijack)"
-                }
-                Some(NodeKind::Agent(_)) => "it is not running",
-                Some(_) => "it is not an agent",
-                None => "it is not mounted",
-            };
+            let why = refusal(kind, self.mode == Mode::Apply);
             return Err(EngineError::Conflict(format!(
                 "node `{node_id}` cannot be hijacked: {why}"
             )));
         };
-        // The flag, not the fold: the attempt logs its own `RunHijacked`,
-        // which this driver's state does not see.
-        if self
-            .hijack_flags
-            .get(&key)
-            .is_some_and(|f| f.load(Ordering::SeqCst))
-        {
+        if self.attempts.hijack_raised(&key) {
             return Ok(Some(format!(
                 "node `{node_id}` is already being taken over"
             )));
@@ -89,9 +79,7 @@ impl Driver {
                 requested_by: by,
             },
         );
-        if let Some(flag) = self.hijack_flags.get(&key) {
-            flag.store(true, Ordering::SeqCst);
-        }
+        self.attempts.raise_hijack(&key);
         Ok(None)
     }
 }

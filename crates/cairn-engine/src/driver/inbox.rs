@@ -1,33 +1,25 @@
 //! People and other processes: approvals a running node asks for, and the
 //! commands of the run's inbox (approve, deny, answer, cancel).
 
+use super::gates::{self, ApprovalAsk, GateStep, InputAsk};
 use super::*;
 
 impl Driver {
+    /// An attempt asks for a person (through its gates) or says its child
+    /// run waits for one.
     pub(super) fn on_ask(&mut self, a: Ask) {
-        match a {
+        let graceful = self.ending.graceful();
+        let (key, step) = match a {
             Ask::Child { key, status } => {
-                if !self.running.contains_key(&key) {
+                if !self.attempts.is_running(&key) {
                     return;
                 }
-                match status {
-                    Some(s) => {
-                        self.child_waits.insert(key, s);
-                    }
-                    None => {
-                        if self.child_waits.remove(&key).is_some()
-                            && self.announced != RunStatus::Running
-                        {
-                            self.announced = RunStatus::Running;
-                            self.emit(
-                                Scope::run(),
-                                EventKind::RunStatusChanged {
-                                    status: RunStatus::Running,
-                                },
-                            );
-                        }
-                    }
-                }
+                let event = self.gates.child(key.clone(), status);
+                let step = GateStep {
+                    events: event.map(|k| (Scope::run(), k)).into_iter().collect(),
+                    cancel: false,
+                };
+                (key, step)
             }
             Ask::Approval {
                 key,
@@ -37,35 +29,17 @@ impl Driver {
                 // The attempt may have been cancelled, and its end handled,
                 // before its question came through: a gate opened now would
                 // follow the node's terminal event.
-                if !self.running.contains_key(&key) {
+                if !self.attempts.is_running(&key) {
                     return;
                 }
-                let node = self.state.node(&key.0, key.1).cloned();
-                if let Some(d) = node.as_ref().and_then(|n| n.decision().cloned()) {
-                    let _ = reply.send(Decision {
-                        approved: d.approved,
-                        note: d.note,
-                        by: d.by,
-                    });
-                    return;
-                }
-                // A graceful cancel lets running work finish but stops the
-                // gates waiting for a person; a gate that asks only now
-                // (its attempt was spawned before the cancel was applied)
-                // stops the same way instead of waiting for ever.
-                if matches!(self.cancelling, Some((CancelMechanism::Graceful, _))) {
-                    if let Some(t) = self.running.get(&key) {
-                        t.cancel();
-                    }
-                    self.waiting.insert(key, reply);
-                    return;
-                }
-                if node.map(|n| n.status) != Some(NodeStatus::WaitingApproval) {
-                    let scope = self.node_scope(&key);
-                    self.emit(scope.clone(), EventKind::NodeWaitingApproval {});
-                    self.emit(scope, EventKind::ApprovalRequested { message });
-                }
-                self.waiting.insert(key, reply);
+                let ask = ApprovalAsk {
+                    key: key.clone(),
+                    scope: self.node_scope(&key),
+                    message,
+                    reply,
+                };
+                let node = self.state.node(&key.0, key.1);
+                (key, self.gates.approval(ask, node, graceful))
             }
             Ask::Input {
                 key,
@@ -74,55 +48,37 @@ impl Driver {
                 schema,
                 reply,
             } => {
-                if !self.running.contains_key(&key) {
+                if !self.attempts.is_running(&key) {
                     return;
                 }
-                // Answered while the run was down, or before this attempt
-                // asked again: the answer in the log is the answer.
                 let asked = self.state.questions.get(&request_id);
-                if let Some(answer) = asked.and_then(|q| q.answer.clone()) {
-                    let _ = reply.send(answer);
-                    return;
-                }
-                if matches!(self.cancelling, Some((CancelMechanism::Graceful, _))) {
-                    if let Some(t) = self.running.get(&key) {
-                        t.cancel();
-                    }
-                    return;
-                }
                 let waiting_already = self
                     .state
                     .node(&key.0, key.1)
                     .is_some_and(|n| n.status == NodeStatus::WaitingInput);
-                if asked.is_some() && !waiting_already {
-                    // Asked by an attempt a crash cut short: this one waits
-                    // for the same answer.
-                    let scope = self.node_scope(&key);
-                    self.emit(
-                        scope,
-                        EventKind::NodeWaitingInput {
-                            request_id: request_id.clone(),
-                        },
-                    );
-                } else if asked.is_none() {
-                    let scope = self.node_scope(&key);
-                    self.emit(
-                        scope.clone(),
-                        EventKind::InputRequested {
-                            request_id: request_id.clone(),
-                            prompt,
-                            schema,
-                        },
-                    );
-                    self.emit(
-                        scope,
-                        EventKind::NodeWaitingInput {
-                            request_id: request_id.clone(),
-                        },
-                    );
-                }
-                self.asking.insert(request_id, (key, reply));
+                let ask = InputAsk {
+                    key: key.clone(),
+                    scope: self.node_scope(&key),
+                    request_id,
+                    prompt,
+                    schema,
+                    reply,
+                };
+                (key, self.gates.input(ask, asked, waiting_already, graceful))
             }
+        };
+        if step.cancel {
+            self.attempts.stop(&key);
+        }
+        for (scope, kind) in step.events {
+            self.emit(scope, kind);
+        }
+    }
+
+    /// The run goes on after a person's decision or answer.
+    fn back_to_running(&mut self) {
+        if let Some(kind) = self.gates.back_to_running() {
+            self.emit(Scope::run(), kind);
         }
     }
 
@@ -134,28 +90,7 @@ impl Driver {
         answer: Value,
         by: Option<String>,
     ) -> Result<(), EngineError> {
-        let q = self.state.questions.get(request_id).ok_or_else(|| {
-            EngineError::NotFound(format!(
-                "run `{}` has no question `{request_id}`",
-                self.run_id
-            ))
-        })?;
-        if q.answer.is_some() {
-            return Err(EngineError::Conflict(format!(
-                "question `{request_id}` of run `{}` was answered already",
-                self.run_id
-            )));
-        }
-        if let Some(problem) = q
-            .schema
-            .as_ref()
-            .and_then(|s| crate::schema_problem(s, &answer))
-        {
-            return Err(EngineError::BadRequest(format!(
-                "the answer to `{request_id}` does not match its schema: {problem}"
-            )));
-        }
-        let key = (q.node_id.clone(), q.iteration);
+        let key = gates::answerable(&self.run_id, &self.state.questions, request_id, &answer)?;
         let scope = self.node_scope(&key);
         self.emit(
             scope,
@@ -165,19 +100,9 @@ impl Driver {
                 answered_by: by,
             },
         );
-        if self.announced != RunStatus::Running {
-            self.announced = RunStatus::Running;
-            self.emit(
-                Scope::run(),
-                EventKind::RunStatusChanged {
-                    status: RunStatus::Running,
-                },
-            );
-        }
+        self.back_to_running();
         self.log.sync().await?;
-        if let Some((_, reply)) = self.asking.remove(request_id) {
-            let _ = reply.send(answer);
-        }
+        self.gates.answered(request_id, answer);
         Ok(())
     }
 
@@ -250,7 +175,7 @@ impl Driver {
                 reason,
                 by,
             } => {
-                if self.cancelling.is_some() {
+                if self.ending.is_cancelling() {
                     return Ok(Some("the run is already being cancelled".into()));
                 }
                 self.request_cancel(graceful, reason, by)
@@ -266,6 +191,8 @@ impl Driver {
         }
     }
 
+    /// Records a decision at the gate of `node_id` and hands it to the
+    /// attempt waiting there.
     pub(super) async fn decide(
         &mut self,
         node_id: &str,
@@ -276,55 +203,36 @@ impl Driver {
         // A gate the log shows waiting may not have asked again yet after a
         // resume: its attempt finds the decision in the state when it does.
         let key = self
-            .waiting
-            .keys()
-            .filter(|k| k.0 == node_id)
-            .max_by_key(|k| k.1)
-            .cloned()
-            .or_else(|| {
-                self.state
-                    .nodes
-                    .iter()
-                    .filter(|n| {
-                        n.node_id == node_id
-                            && n.status == NodeStatus::WaitingApproval
-                            && n.decision().is_none()
-                            && self
-                                .plan
-                                .insts
-                                .contains_key(&(n.node_id.clone(), n.iteration))
-                    })
-                    .map(|n| (n.node_id.clone(), n.iteration))
-                    .max_by_key(|k| k.1)
-            })
+            .gates
+            .gate_of(node_id)
+            .or_else(|| self.gate_in_log(node_id))
             .ok_or_else(|| crate::not_waiting(&self.run_id, node_id, &self.state))?;
         let scope = self.node_scope(&key);
-        let kind = if approved {
-            EventKind::ApprovalGranted {
-                decided_by: by.clone(),
-                note: note.clone(),
-            }
-        } else {
-            EventKind::ApprovalDenied {
-                decided_by: by.clone(),
-                note: note.clone(),
-            }
-        };
+        let kind = gates::decision_event(approved, note.clone(), by.clone());
         self.emit(scope, kind);
-        if self.announced != RunStatus::Running {
-            self.announced = RunStatus::Running;
-            self.emit(
-                Scope::run(),
-                EventKind::RunStatusChanged {
-                    status: RunStatus::Running,
-                },
-            );
-        }
+        self.back_to_running();
         self.log.sync().await?;
-        if let Some(reply) = self.waiting.remove(&key) {
-            let _ = reply.send(Decision { approved, note, by });
-        }
+        self.gates.decided(&key, Decision { approved, note, by });
         Ok(())
+    }
+
+    /// The latest mounted pass of `node_id` that the log shows waiting for
+    /// a decision it has not had.
+    fn gate_in_log(&self, node_id: &str) -> Option<Key> {
+        self.state
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.node_id == node_id
+                    && n.status == NodeStatus::WaitingApproval
+                    && n.decision().is_none()
+                    && self
+                        .plan
+                        .insts
+                        .contains_key(&(n.node_id.clone(), n.iteration))
+            })
+            .map(|n| (n.node_id.clone(), n.iteration))
+            .max_by_key(|k| k.1)
     }
 
     pub(super) async fn request_cancel(
@@ -333,7 +241,7 @@ impl Driver {
         reason: Option<String>,
         by: Option<String>,
     ) -> Result<(), EngineError> {
-        if self.cancelling.is_some() {
+        if self.ending.is_cancelling() {
             return Ok(());
         }
         let mechanism = if graceful {
@@ -350,13 +258,11 @@ impl Driver {
             },
         );
         self.log.sync().await?;
-        self.cancelling = Some((mechanism, reason));
+        self.ending.cancel(mechanism, reason);
         if graceful {
             // Gates and children waiting for a person would wait for ever.
-            for key in self.waiting.keys().chain(self.child_waits.keys()) {
-                if let Some(t) = self.running.get(key) {
-                    t.cancel();
-                }
+            for key in self.gates.waiting_for_people() {
+                self.attempts.stop(key);
             }
         } else {
             self.run_cancel.cancel();

@@ -21,8 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_events::{
-    CancelMechanism, ErrorInfo, Event, EventKind, Level, NodeCounts, NodeStatus, NodeTiming,
-    RunState, RunStatus, Scope,
+    CancelMechanism, ErrorInfo, Event, EventKind, Level, NodeStatus, RunState, RunStatus, Scope,
 };
 use cairn_events::{InboxReply, RunCommand};
 use cairn_store::{Listener, RunLog, Topic};
@@ -30,7 +29,7 @@ use cairn_workflow::{
     Context, NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
 };
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
@@ -41,6 +40,7 @@ use crate::{EngineError, RunOutcome, Shutdown};
 mod attempt;
 mod context;
 mod ending;
+mod gates;
 mod groups;
 mod hijack;
 mod inbox;
@@ -56,11 +56,16 @@ pub(crate) use workspace::{restore_paths, revert_files, Snapshotter};
 use context::{node_ctx_entry, NodesCtx};
 use inbox::wait_for;
 
+/// The scope of an instance's node-scoped events: its path and pass, and
+/// its chapter when it belongs to a stage.
+pub(super) fn scope_of(inst: &Inst) -> Scope {
+    Scope::node(inst.key.0.clone(), inst.key.1).with_chapter(inst.spec.stage.clone())
+}
+
 const HEARTBEAT: Duration = Duration::from_secs(10);
 /// How often the driver reads its inbox when no wake-up came: wake-ups are
 /// best effort, the inbox in the store is the truth.
 const INBOX_POLL: Duration = Duration::from_secs(1);
-const MAX_TIMINGS: usize = 20;
 /// Most checks or starts decided between two looks at the inbox and the
 /// shutdown signal, so that a cancel or a SIGTERM takes effect within a
 /// round however large the round is.
@@ -99,18 +104,6 @@ enum Msg {
     Snapshotted(Box<workspace::Snapshotted>),
 }
 
-#[derive(Default)]
-struct Tally {
-    total: u64,
-    done: u64,
-    succeeded: u64,
-    failed: u64,
-    skipped: u64,
-    cancelled: u64,
-    open: bool,
-    started: Option<Instant>,
-}
-
 pub(crate) struct Driver {
     run_id: String,
     wf: Arc<Workflow>,
@@ -138,19 +131,11 @@ pub(crate) struct Driver {
     /// Pending nodes already in `ready`, so a node checked once per finished
     /// dependency is queued once (a `VecDeque::contains` would be quadratic).
     queued: KeySet,
-    /// Attempts to continue without a new `NodeStarted` (approvals after a resume).
-    resumed_attempts: KeyMap<u32>,
-    running: KeyMap<CancellationToken>,
-    /// Attempts a stop left open that this resume has not closed because a
-    /// cancel came first: the run's end closes them as interrupted before
-    /// it cancels their nodes. (A driver that only applies commands starts
-    /// no session, and leaves them to the next resume.)
-    left_open: KeySet,
-    waiting: KeyMap<oneshot::Sender<Decision>>,
-    /// Questions whose attempts wait for an answer, by request id.
-    asking: HashMap<String, (Key, oneshot::Sender<Value>)>,
-    /// Attempts whose child run waits for a person, with its status.
-    child_waits: KeyMap<RunStatus>,
+    /// The attempts running, continued, left open or waiting for a retry.
+    attempts: attempt::Attempts,
+    /// Approvals, questions and child runs waiting for a person, and the
+    /// run's status as last announced.
+    gates: gates::Gates,
     /// How many child runs the run's agents may have going at once: the
     /// run's concurrency.
     child_slots: Arc<tokio::sync::Semaphore>,
@@ -159,7 +144,6 @@ pub(crate) struct Driver {
     parking: Arc<std::sync::atomic::AtomicBool>,
     /// The run's MCP servers, started when a node first needs one.
     mcp: Arc<crate::mcp::McpPool>,
-    retry_pending: usize,
     msg_tx: mpsc::UnboundedSender<Msg>,
     msg_rx: mpsc::UnboundedReceiver<Msg>,
     ask_tx: mpsc::UnboundedSender<Ask>,
@@ -169,30 +153,17 @@ pub(crate) struct Driver {
     mode: Mode,
     run_cancel: CancellationToken,
     shutdown: Shutdown,
-    shutdown_grace: Option<Duration>,
     concurrency: usize,
-    failing: Option<ErrorInfo>,
-    cancelling: Option<(CancelMechanism, Option<String>)>,
+    /// Why the run stops, when it does.
+    ending: ending::Ending,
     exit_on_wait: bool,
-    announced: RunStatus,
-    layers: HashMap<u32, Tally>,
-    chapters: HashMap<String, Tally>,
+    /// Layers and chapters.
+    tallies: tallies::Tallies,
     store_error: Option<String>,
     /// The log's last seq when the driver last waited for a backlog.
     synced_at: u64,
-    /// Finished nodes whose scorers this driver started (or found ended).
-    scored: KeySet,
-    /// Finished nodes held for blocking scorers, with how many are left.
-    holding: KeyMap<usize>,
-    /// Scorers running now: the run ends only once none is.
-    scorers_running: usize,
-    /// Scorers to spawn once their `ScorerStarted` is durable.
-    scorer_queue: Vec<scoring::ScorerJob>,
-    /// Attempts whose snapshot is taken and whose `NodeStarted` is
-    /// appended: spawned once it is durable.
-    snapshot_ready: Vec<(Key, u32)>,
-    /// The hijack flags of the agent attempts running now.
-    hijack_flags: KeyMap<Arc<std::sync::atomic::AtomicBool>>,
+    /// The scorers of finished nodes.
+    scoring: scoring::Scoring,
     /// What the watcher of the run's files says (`--watch`); `None` for a
     /// run not watched.
     reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
@@ -238,16 +209,13 @@ impl Driver {
             Some(s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput)) => s,
             _ => RunStatus::Running,
         };
-        // Whatever was running was stopped with the process that ran it, so
-        // the cancel goes on as an immediate one.
+        let ending = ending::Ending::new(init.cancel_requested);
         let run_cancel = CancellationToken::new();
-        let cancelling = init.cancel_requested.map(|reason| {
+        if ending.is_cancelling() {
+            // Whatever was running was stopped with the process that ran
+            // it: the cancel goes on as an immediate one.
             run_cancel.cancel();
-            (
-                CancelMechanism::Immediate,
-                (!reason.is_empty()).then_some(reason),
-            )
-        });
+        }
         Driver {
             run_id: init.run_id,
             tree,
@@ -268,16 +236,11 @@ impl Driver {
             check_queue: VecDeque::new(),
             ready: VecDeque::new(),
             queued: Default::default(),
-            resumed_attempts: Default::default(),
-            running: Default::default(),
-            left_open: Default::default(),
-            waiting: Default::default(),
-            asking: Default::default(),
-            child_waits: Default::default(),
+            attempts: Default::default(),
+            gates: gates::Gates::new(announced),
             child_slots: Arc::new(tokio::sync::Semaphore::new(concurrency)),
             parking: Default::default(),
             mcp,
-            retry_pending: 0,
             msg_tx,
             msg_rx,
             ask_tx,
@@ -286,22 +249,13 @@ impl Driver {
             mode: init.mode,
             run_cancel,
             shutdown: init.shutdown,
-            shutdown_grace: None,
             concurrency,
-            failing: None,
-            cancelling,
+            ending,
             exit_on_wait: init.exit_on_wait,
-            announced,
-            layers: HashMap::new(),
-            chapters: HashMap::new(),
+            tallies: Default::default(),
             store_error: None,
             synced_at: 0,
-            scored: Default::default(),
-            holding: Default::default(),
-            scorers_running: 0,
-            scorer_queue: Vec::new(),
-            snapshot_ready: Vec::new(),
-            hijack_flags: Default::default(),
+            scoring: Default::default(),
             reloads: init.reloads,
             wf: init.wf,
         }
@@ -313,6 +267,23 @@ impl Driver {
         ev
     }
 
+    /// Appends run-scoped events a part asked for, in its order.
+    fn emit_run(&mut self, kinds: Vec<EventKind>) {
+        for kind in kinds {
+            self.emit(Scope::run(), kind);
+        }
+    }
+
+    /// A node instance of `inst` ended with `status`: its layer's and
+    /// chapter's tallies count it.
+    fn count_done(&mut self, inst: &Inst, status: NodeStatus) {
+        let ended = self
+            .tallies
+            .ended(inst.layer, inst.spec.stage.as_deref(), status);
+        self.emit_run(ended);
+    }
+
+    /// The scope of `key`'s events, with its chapter.
     fn node_scope(&self, key: &Key) -> Scope {
         let chapter = self.plan.insts.get(key).and_then(|i| i.spec.stage.clone());
         Scope::node(key.0.clone(), key.1).with_chapter(chapter)
@@ -354,7 +325,10 @@ impl Driver {
             }
         }
         if resumed {
-            self.reopen_tallies();
+            let now_ms = crate::node::now_ms();
+            let state = &self.state;
+            self.tallies
+                .reopen(&state.open_layers, &state.open_chapters, now_ms);
         }
         self.rerender();
         if resumed {
@@ -397,19 +371,10 @@ impl Driver {
                 self.mcp.close("the run stopped").await;
                 return RunOutcome::Waiting;
             }
-            if self.shutdown_grace.is_none() && self.is_waiting() {
-                let child_asks = self
-                    .child_waits
-                    .values()
-                    .any(|s| *s == RunStatus::WaitingInput);
-                let status = if self.asking.is_empty() && !child_asks {
-                    RunStatus::WaitingApproval
-                } else {
-                    RunStatus::WaitingInput
-                };
-                if self.announced != status {
-                    self.announced = status;
-                    self.emit(Scope::run(), EventKind::RunStatusChanged { status });
+            if !self.ending.shutting_down() && self.is_waiting() {
+                let status = self.gates.waiting_status();
+                if let Some(kind) = self.gates.announce(status) {
+                    self.emit(Scope::run(), kind);
                     if let Err(e) = self.log.sync().await {
                         return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
                     }
@@ -434,7 +399,7 @@ impl Driver {
                 _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
                 _ = poll.tick() => { self.drain_inbox().await; }
                 note = reload::next_note(&mut self.reloads) => self.on_note(note).await,
-                _ = self.shutdown.token.cancelled(), if self.shutdown_grace.is_none() => {
+                _ = self.shutdown.token.cancelled(), if !self.ending.shutting_down() => {
                     self.begin_shutdown();
                 }
             }
@@ -448,10 +413,26 @@ impl Driver {
         }
     }
 
+    /// Hands a task's report to the seam it is for.
+    fn on_msg(&mut self, m: Msg) {
+        match m {
+            Msg::Done {
+                key,
+                attempt,
+                result,
+                duration_ms,
+                snapshot,
+            } => self.attempt_done(key, attempt, result, duration_ms, snapshot),
+            Msg::ScorerDone(end) => self.scorer_done(*end),
+            Msg::Snapshotted(s) => self.snapshotted(*s),
+            Msg::RetryDue(key) => self.retry_due(key),
+        }
+    }
+
     /// Decides everything that can be decided without waiting, in slices,
     /// looking at the inbox and the shutdown signal between slices.
     async fn settle(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
-        to_spawn.append(&mut self.snapshot_ready);
+        self.attempts.take_snapshot_ready(to_spawn);
         loop {
             let checked_all = self.process_checks();
             let before = to_spawn.len();
@@ -466,7 +447,7 @@ impl Driver {
             if !self.ease_backlog().await {
                 break;
             }
-            if self.shutdown.token.is_cancelled() && self.shutdown_grace.is_none() {
+            if self.shutdown.token.is_cancelled() && !self.ending.shutting_down() {
                 self.begin_shutdown();
             }
             if futures::FutureExt::now_or_never(wait_for(&mut self.inbox)).is_some() {
@@ -480,43 +461,22 @@ impl Driver {
     /// points already.
     fn begin_shutdown(&mut self) {
         let grace = self.shutdown.grace();
-        self.shutdown_grace = Some(grace);
+        self.ending.shut_down(grace);
         let token = self.run_cancel.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             token.cancel();
         });
-        for key in self.waiting.keys() {
-            if let Some(t) = self.running.get(key) {
-                t.cancel();
-            }
+        for key in self.gates.approvals() {
+            self.attempts.stop(key);
         }
     }
 
     /// Nothing runs but attempts waiting for a person, and nothing is ready.
-    /// Attempts that wait for a person: at a gate, or for an answer.
-    fn waiting_count(&self) -> usize {
-        let mut asking: Vec<&Key> = self
-            .asking
-            .values()
-            .map(|(k, _)| k)
-            .filter(|k| !self.waiting.contains_key(*k))
-            .collect();
-        asking.extend(
-            self.child_waits
-                .keys()
-                .filter(|k| !self.waiting.contains_key(*k)),
-        );
-        asking.sort_unstable();
-        asking.dedup();
-        self.waiting.len() + asking.len()
-    }
-
     fn idle(&self) -> bool {
-        self.running.len() == self.waiting_count()
+        self.attempts.count() == self.gates.waiting_count()
             && self.check_queue.is_empty()
-            && self.cancelling.is_none()
-            && self.failing.is_none()
+            && !self.ending.stopping()
     }
 
     fn warn(&mut self, source: &str, message: String) {
@@ -536,18 +496,18 @@ impl Driver {
     async fn drain_running(&mut self) {
         // Scorers queued and not spawned are still open in the log: the
         // resume runs them.
-        self.scorer_queue.clear();
-        while !self.running.is_empty() || self.scorers_running > 0 {
+        self.scoring.abandon_queue();
+        while self.attempts.count() > 0 || self.scoring.running() > 0 {
             match self.msg_rx.recv().await {
                 Some(Msg::Done { key, .. }) => {
-                    self.running.remove(&key);
+                    self.attempts.end(&key);
                 }
                 Some(Msg::ScorerDone(_)) => {
-                    self.scorers_running = self.scorers_running.saturating_sub(1);
+                    self.scoring.lost();
                 }
                 Some(Msg::Snapshotted(s)) => {
                     // Not started: the resume starts it.
-                    self.running.remove(s.key());
+                    self.attempts.end(s.key());
                 }
                 Some(Msg::RetryDue(_)) => {}
                 None => break,
@@ -574,13 +534,12 @@ impl Driver {
     }
 
     fn is_waiting(&self) -> bool {
-        (!self.waiting.is_empty() || !self.asking.is_empty() || !self.child_waits.is_empty())
-            && self.running.len() == self.waiting_count()
+        self.gates.any()
+            && self.attempts.count() == self.gates.waiting_count()
             && self.ready.is_empty()
-            && self.retry_pending == 0
-            && self.scorers_running == 0
-            && self.cancelling.is_none()
-            && self.failing.is_none()
+            && self.attempts.retries_pending() == 0
+            && self.scoring.running() == 0
+            && !self.ending.stopping()
     }
 
     /// Checks queued nodes, at most a slice of them; true when none is left.
@@ -614,7 +573,7 @@ impl Driver {
                 _ => return,
             }
         }
-        if self.cancelling.is_some() || self.failing.is_some() {
+        if self.ending.stopping() {
             return;
         }
         if let Some((dep, s)) = blocked_by {
@@ -638,7 +597,7 @@ impl Driver {
                     let scope = self.node_scope(key).with_attempt(1);
                     self.emit(scope, EventKind::NodeStarted { snapshot: None });
                     let err = NodeError::fatal("template", format!("if: {e}"));
-                    self.fail_attempt(key, &inst, 1, err, Duration::ZERO);
+                    self.fail_attempt(key, &inst, 1, err);
                     return;
                 }
             }
@@ -654,7 +613,8 @@ impl Driver {
     }
 
     fn leaf_slots(&self) -> usize {
-        let busy = self.running.len() - self.waiting.len().min(self.running.len());
+        let running = self.attempts.count();
+        let busy = running - self.gates.approval_count().min(running);
         self.concurrency.saturating_sub(busy)
     }
 
@@ -663,7 +623,7 @@ impl Driver {
     /// by the caller once those events are durable. Returns false when it
     /// stopped early with nodes still ready.
     fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
-        if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
+        if self.ending.halted() {
             return true;
         }
         if self.mode == Mode::Apply {
@@ -671,14 +631,13 @@ impl Driver {
             let resumed: Vec<Key> = self
                 .ready
                 .iter()
-                .filter(|k| self.resumed_attempts.contains_key(*k))
+                .filter(|k| self.attempts.is_resumed(k))
                 .cloned()
                 .collect();
-            self.ready
-                .retain(|k| !self.resumed_attempts.contains_key(k));
+            self.ready.retain(|k| !self.attempts.is_resumed(k));
             for key in resumed {
                 self.queued.remove(&key);
-                let attempt = self.resumed_attempts.remove(&key).unwrap_or(1);
+                let attempt = self.attempts.take_resumed(&key).unwrap_or(1);
                 to_spawn.push((key, attempt));
             }
             return true;
@@ -691,7 +650,7 @@ impl Driver {
             || self
                 .ready
                 .front()
-                .is_some_and(|k| self.resumed_attempts.contains_key(k))
+                .is_some_and(|k| self.attempts.is_resumed(k))
         {
             if slice == 0 || (self.backlog_full() && !self.ready.is_empty()) {
                 return false;
@@ -705,7 +664,7 @@ impl Driver {
                 continue;
             };
             let is_group = inst.spec.kind.children().is_some();
-            if let Some(attempt) = self.resumed_attempts.remove(&key) {
+            if let Some(attempt) = self.attempts.take_resumed(&key) {
                 // A person-in-the-loop attempt continues where it stood.
                 to_spawn.push((key, attempt));
                 continue;
@@ -719,7 +678,8 @@ impl Driver {
                 continue;
             }
             let scope = self.node_scope(&key).with_attempt(attempt);
-            self.open_tallies(&inst);
+            let opened = self.tallies.started(inst.layer, inst.spec.stage.as_deref());
+            self.emit_run(opened);
             self.emit(scope, EventKind::NodeStarted { snapshot: None });
             if attempt == 1 {
                 self.traverse_edges(&key, &inst);
@@ -732,7 +692,7 @@ impl Driver {
                             self.finish_group_pass(&key);
                         }
                     }
-                    Err(e) => self.fail_attempt(&key, &inst, attempt, e, Duration::ZERO),
+                    Err(e) => self.fail_attempt(&key, &inst, attempt, e),
                 }
             } else if let NodeKind::Value(v) = &inst.spec.kind {
                 // A value node touches nothing outside the log, so it ends in
@@ -763,7 +723,7 @@ impl Driver {
                     }
                     Err(e) => {
                         let err = NodeError::fatal("template", e.to_string());
-                        self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+                        self.fail_attempt(&key, &inst, attempt, err);
                     }
                 }
             } else {
@@ -831,13 +791,82 @@ impl Driver {
                 *r = r.saturating_sub(1);
                 if *r == 0
                     && self.status_of(parent) == Some(NodeStatus::Running)
-                    && self.failing.is_none()
-                    && self.cancelling.is_none()
+                    && !self.ending.stopping()
                 {
                     let parent = parent.clone();
                     self.finish_group_pass(&parent);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! What the parts' tests share: events, run states and plans built by
+    //! hand, no store.
+
+    use std::sync::Arc;
+
+    use cairn_events::{Event, EventKind, RunState, Scope, Seq};
+
+    use crate::plan::{self, Key, Paths, Plan, Shape, SpecTree};
+
+    /// An event of run `r` at `seq`, as the log would hand it out.
+    pub(crate) fn event(seq: u64, scope: Scope, kind: EventKind) -> Event {
+        Event {
+            run_id: "r".into(),
+            seq: Seq(seq),
+            timestamp_ms: 0,
+            scope,
+            kind,
+        }
+    }
+
+    /// Folds `kind` in `scope` into `state` as the log's next event.
+    pub(crate) fn apply(state: &mut RunState, scope: Scope, kind: EventKind) {
+        let ev = event(state.last_seq + 1, scope, kind);
+        state.apply(&ev);
+    }
+
+    /// The plan a run of the workflow `yaml` mounts at its start.
+    pub(crate) fn plan_of(yaml: &str) -> Plan {
+        let wf = Arc::new(
+            cairn_workflow::parse(yaml, std::path::Path::new("test.yaml"))
+                .expect("a valid workflow"),
+        );
+        let tree = SpecTree::new(&wf);
+        plan::render(&tree, &wf.name, &Shape::default(), &mut Paths::default())
+    }
+
+    /// The key of the top-level node `id`.
+    pub(crate) fn key(id: &str) -> Key {
+        (id.into(), 0)
+    }
+
+    /// Folds a first attempt of `key` that started and finished.
+    pub(crate) fn finished(state: &mut RunState, key: &Key) {
+        let scope = Scope::node(key.0.clone(), key.1);
+        apply(
+            state,
+            scope.clone(),
+            EventKind::NodePending { layer_index: None },
+        );
+        let attempt = scope.with_attempt(1);
+        apply(
+            state,
+            attempt.clone(),
+            EventKind::NodeStarted { snapshot: None },
+        );
+        apply(
+            state,
+            attempt,
+            EventKind::NodeFinished {
+                duration_ms: 1,
+                output: None,
+                cached: None,
+                snapshot: None,
+            },
+        );
     }
 }

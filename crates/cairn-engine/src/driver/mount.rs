@@ -99,10 +99,7 @@ impl Driver {
             // A node held for a blocking scorer has not ended for its
             // dependents and its group: its scorer's end ends it.
             let done = status.is_done() && !self.held_by_scorers(key);
-            self.layers.entry(inst.layer).or_default().total += 1;
-            if let Some(stage) = &inst.spec.stage {
-                self.chapters.entry(stage.clone()).or_default().total += 1;
-            }
+            self.tallies.mounted(inst.layer, inst.spec.stage.as_deref());
             let mut unmet = 0;
             for dep in &inst.needs {
                 // A need that has ended already has nothing left to tell.

@@ -48,14 +48,14 @@ impl Driver {
             match n.status {
                 NodeStatus::WaitingApproval => {
                     self.check_queue.retain(|k| k != &key);
-                    self.resumed_attempts.insert(key.clone(), n.attempt);
+                    self.attempts.resume(key.clone(), n.attempt);
                     self.ready.push_back(key);
                 }
                 NodeStatus::Running | NodeStatus::WaitingInput
                     if matches!(inst.spec.kind, NodeKind::Approval(_))
                         && n.decision().is_some() =>
                 {
-                    self.resumed_attempts.insert(key.clone(), n.attempt);
+                    self.attempts.resume(key.clone(), n.attempt);
                     self.ready.push_back(key);
                 }
                 // Applying commands only: interrupted attempts and retries

@@ -133,19 +133,8 @@ impl Driver {
 
     /// Why the run cannot take `new` now, if it cannot.
     fn reload_blocker(&self, new: &Workflow) -> Option<String> {
-        if let Some((_, reason)) = &self.cancelling {
-            return Some(match reason {
-                Some(r) => format!("the run is being cancelled ({r})"),
-                None => "the run is being cancelled".into(),
-            });
-        }
-        if self.failing.is_some() {
-            return Some("the run is failing: it ends with the definition it failed with".into());
-        }
-        if self.shutdown_grace.is_some() {
-            return Some(
-                "the engine is stopping; the resume runs the definition the run has".into(),
-            );
+        if let Some(why) = self.ending.reload_blocker() {
+            return Some(why);
         }
         let mut active = Vec::new();
         for n in &self.state.nodes {
@@ -155,7 +144,7 @@ impl Driver {
                 NodeStatus::WaitingApproval => "is waiting for approval",
                 NodeStatus::WaitingInput => "is waiting for an answer",
                 NodeStatus::Finished
-                    if self.holding.contains_key(&(n.node_id.clone(), n.iteration))
+                    if self.scoring.is_holding(&(n.node_id.clone(), n.iteration))
                         || n.scores().iter().any(|s| s.status == "running") =>
                 {
                     "has scorers running"
@@ -216,13 +205,7 @@ impl Driver {
         let queued = std::mem::take(&mut self.queued);
         // Retries due and attempts to continue stay ready.
         self.ready.retain(|k| !queued.contains(k));
-        for t in self.layers.values_mut().chain(self.chapters.values_mut()) {
-            *t = Tally {
-                open: t.open,
-                started: t.started,
-                ..Tally::default()
-            };
-        }
+        self.tallies.recount();
         let old = std::mem::take(&mut self.plan);
         let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
         let added: Vec<Key> = plan.order.iter().map(|i| i.key.clone()).collect();
@@ -238,14 +221,10 @@ impl Driver {
         // A run that waited for a person has work again when the new
         // definition gave it nodes that can start; it says it waits again
         // once they ended.
-        if !self.check_queue.is_empty() && self.announced != RunStatus::Running {
-            self.announced = RunStatus::Running;
-            self.emit(
-                Scope::run(),
-                EventKind::RunStatusChanged {
-                    status: RunStatus::Running,
-                },
-            );
+        if !self.check_queue.is_empty() {
+            if let Some(kind) = self.gates.back_to_running() {
+                self.emit(Scope::run(), kind);
+            }
         }
     }
 }

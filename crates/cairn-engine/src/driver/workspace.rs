@@ -117,7 +117,7 @@ impl Driver {
                 .and_then(|notes| notes.snapshots.iter().rfind(|s| s.attempt < attempt))
                 .map(|s| (s.attempt, s.snapshot.clone()))
         });
-        self.running.insert(key.clone(), CancellationToken::new());
+        self.attempts.begin(key.clone(), CancellationToken::new());
         let tx = self.msg_tx.clone();
         let log = self.log.clone();
         let scope = self.node_scope(&key);
@@ -165,7 +165,7 @@ impl Driver {
         snapshot: Option<String>,
         warning: Option<String>,
     ) {
-        self.running.insert(key.clone(), CancellationToken::new());
+        self.attempts.begin(key.clone(), CancellationToken::new());
         let _ = self.msg_tx.send(Msg::Snapshotted(Box::new(Snapshotted {
             key,
             attempt,
@@ -185,8 +185,8 @@ impl Driver {
             warning,
             revert_failed,
         } = s;
-        self.running.remove(&key);
-        if self.cancelling.is_some() || self.failing.is_some() || self.shutdown_grace.is_some() {
+        self.attempts.end(&key);
+        if self.ending.halted() {
             // It never started: the run's end (or the resume) deals with it.
             return;
         }
@@ -202,7 +202,8 @@ impl Driver {
                 ),
             );
         }
-        self.open_tallies(&inst);
+        let opened = self.tallies.started(inst.layer, inst.spec.stage.as_deref());
+        self.emit_run(opened);
         let scope = self.node_scope(&key).with_attempt(attempt);
         self.emit(scope, EventKind::NodeStarted { snapshot });
         if attempt == 1 {
@@ -215,9 +216,9 @@ impl Driver {
                     retryable: false,
                     cancelled: false,
                 };
-                self.fail_attempt(&key, &inst, attempt, err, Duration::ZERO);
+                self.fail_attempt(&key, &inst, attempt, err);
             }
-            None => self.snapshot_ready.push((key, attempt)),
+            None => self.attempts.snapshot_taken(key, attempt),
         }
     }
 }
