@@ -1,0 +1,140 @@
+//! Wall time of a one-node run through the real `cairn` binary, against
+//! `/bin/true` measured in the same run.
+//!
+//! Each round runs, one after the other: `/bin/true` (the cost of starting
+//! any process on this machine, the baseline), `cairn --version` (the cost
+//! of starting this binary: loading, relocating, parsing flags), `cairn run`
+//! of a workflow with one value node on a fresh store (a folder of its own
+//! each round, created by the run), and `cairn run` of the same workflow on
+//! an existing store (one store for every round, which a first run made).
+//! Rounds interleave the cases, so that a change in the machine's load
+//! falls on all of them alike. Each case prints the median and the minimum
+//! of its rounds in milliseconds and its median over the baseline's.
+//!
+//! `cargo bench -p cairn-cli --bench startup`. Environment:
+//! `CAIRN_BENCH_ROUNDS` (default 50), `CAIRN_BENCH_BIN` (another `cairn`
+//! binary to measure, to compare builds; default the one cargo built).
+//! The target (issue 25): a one-node run under 5 ms of wall time, fresh
+//! store or existing. Printed, not asserted: a bench reports, and the
+//! machine it runs on decides the milliseconds.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// The one-node workflow.
+const WORKFLOW: &str = "name: one\nnodes:\n  - id: a\n    value: 1\n";
+
+/// The target of a one-node run's wall time.
+const TARGET_MS: f64 = 5.0;
+
+fn main() {
+    let rounds = std::env::var("CAIRN_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50usize)
+        .max(1);
+    let bin: PathBuf = std::env::var_os("CAIRN_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_cairn").into());
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let wf = dir.path().join("one.yaml");
+    std::fs::write(&wf, WORKFLOW).expect("the workflow file");
+    let existing = dir.path().join("existing").join("cairn.db");
+    // The existing store: made by a first run, as a user's would be.
+    run_once(&bin, dir.path(), &existing, &wf);
+
+    let cases = [
+        "/bin/true",
+        "cairn --version",
+        "run, fresh store",
+        "run, existing store",
+    ];
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); cases.len()];
+    for round in 0..rounds {
+        times[0].push(timed(Command::new("/bin/true")));
+        let mut version = Command::new(&bin);
+        version.arg("--version");
+        times[1].push(timed(version));
+        let fresh = dir.path().join(format!("fresh-{round}")).join("cairn.db");
+        times[2].push(run_once(&bin, dir.path(), &fresh, &wf));
+        times[3].push(run_once(&bin, dir.path(), &existing, &wf));
+        // A fresh store is made once and measured once: not kept.
+        let _ = std::fs::remove_dir_all(fresh.parent().expect("the store's folder"));
+    }
+
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "startup: {rounds} rounds of each case, {cores} cores, binary {}",
+        bin.display()
+    );
+    println!(
+        "{:<22} {:>9} {:>9} {:>12}",
+        "case", "median ms", "min ms", "× /bin/true"
+    );
+    let base = median(&times[0]);
+    for (case, t) in cases.iter().zip(&times) {
+        println!(
+            "{case:<22} {:>9.2} {:>9.2} {:>11.1}×",
+            median(t),
+            min(t),
+            median(t) / base
+        );
+    }
+    for (case, t) in cases.iter().zip(&times).skip(2) {
+        let m = median(t);
+        println!(
+            "target: {case} under {TARGET_MS} ms: median {m:.2} ms, {}",
+            if m < TARGET_MS { "met" } else { "MISSED" }
+        );
+    }
+}
+
+/// One `cairn run` of the workflow on `store`, in ms; panics unless the
+/// run finished (a failed run is no measure of a run).
+fn run_once(bin: &Path, cwd: &Path, store: &Path, wf: &Path) -> f64 {
+    let mut c = Command::new(bin);
+    c.current_dir(cwd)
+        .arg("run")
+        .arg("--store")
+        .arg(store)
+        .arg(wf)
+        // The user's settings would change what is measured.
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    timed(c)
+}
+
+/// Runs a command to its end with its output discarded, in ms.
+fn timed(mut c: Command) -> f64 {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let out = c.output().expect("the command starts");
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    assert!(
+        out.status.success(),
+        "{c:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ms
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
