@@ -97,6 +97,16 @@ fn active(n: &NodeState) -> bool {
     )
 }
 
+/// Node passes the display holds in full; in a larger run it holds only
+/// what it may still show (see [`Progress::compact`]), so that `cairn run`
+/// of 100,000 nodes does not keep a second state of every node beside the
+/// engine's.
+const HOLD_ALL_UP_TO: usize = 2_000;
+
+/// Ended passes a large run's display keeps, the most recently changed: more
+/// rows than a terminal shows.
+const KEEP_ENDED: usize = 1_024;
+
 /// The summary `RunSummary` carries.
 struct Summary {
     duration_ms: u64,
@@ -120,6 +130,14 @@ pub struct Progress {
     /// The seq that last changed each node pass, to keep recent rows on a
     /// short screen.
     changed: HashMap<(cairn_events::NodePath, u32), u64>,
+    /// Pending passes counted but not held (a large run's display).
+    pending_only: usize,
+    /// Ended passes let go of (a large run's display), by whether they
+    /// count as done: all of them do.
+    forgotten: usize,
+    /// The number of held passes at which the display next lets go of
+    /// what it no longer shows.
+    compact_at: usize,
     summary: Option<Summary>,
     last_seq: u64,
     /// Lines of the table currently on screen (TTY mode).
@@ -143,6 +161,9 @@ impl Progress {
             quiet_until,
             state: RunState::new(run_id),
             changed: HashMap::new(),
+            pending_only: 0,
+            forgotten: 0,
+            compact_at: HOLD_ALL_UP_TO,
             summary: None,
             last_seq: 0,
             drawn: 0,
@@ -185,7 +206,13 @@ impl Progress {
         };
         self.dirty = true;
         let before = self.node_of(&ev).map(|n| n.status);
+        if before.is_none() && ev.node_key().is_some() && !self.takes_new_pass(&ev.kind) {
+            return None;
+        }
         self.state.apply(&ev);
+        if self.state.nodes.len() >= self.compact_at {
+            self.compact();
+        }
         let loud_plain = loud && self.mode == Mode::Plain;
         match &ev.kind {
             EventKind::RunStarted {
@@ -278,6 +305,76 @@ impl Progress {
             }
         }
         None
+    }
+
+    /// Whether an event about a node pass the display does not hold
+    /// starts holding it. A small run's display holds every pass. A large
+    /// one counts a pass that is only pending without holding it, holds it
+    /// from the event that follows (its start, skip, cancel or gate), and
+    /// leaves out what comes after a pass ended and was let go (a scorer's
+    /// or a revert's events), which would otherwise fold into a new pending
+    /// pass.
+    fn takes_new_pass(&mut self, kind: &EventKind) -> bool {
+        if self.state.nodes.len() + self.pending_only + self.forgotten < HOLD_ALL_UP_TO {
+            return true;
+        }
+        match kind {
+            EventKind::NodePending { .. } => {
+                self.pending_only += 1;
+                false
+            }
+            EventKind::NodeStarted { .. }
+            | EventKind::NodeSkipped { .. }
+            | EventKind::NodeCancelled { .. }
+            | EventKind::NodeWaitingApproval {}
+            | EventKind::NodeWaitingInput { .. }
+            | EventKind::ApprovalRequested { .. }
+            | EventKind::InputRequested { .. }
+                if self.pending_only > 0 =>
+            {
+                self.pending_only -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Lets go of the ended passes the display no longer shows: all but the
+    /// failed ones (kept on screen whatever their age) and the
+    /// [`KEEP_ENDED`] most recently changed. They stay counted.
+    fn compact(&mut self) {
+        let changed = &self.changed;
+        let seq_of = |n: &NodeState| {
+            changed
+                .get(&(n.node_id.clone(), n.iteration))
+                .copied()
+                .unwrap_or(n.first_seq)
+        };
+        let mut ended: Vec<u64> = self
+            .state
+            .nodes
+            .iter()
+            .filter(|n| n.status.is_done() && !active(n))
+            .map(seq_of)
+            .collect();
+        if ended.len() > KEEP_ENDED {
+            let cut = ended.len() - KEEP_ENDED;
+            let (_, &mut oldest_kept, _) = ended.select_nth_unstable(cut);
+            let mut gone = Vec::new();
+            let went = self.state.forget_nodes(|n| {
+                let keep = !n.status.is_done() || active(n) || seq_of(n) >= oldest_kept;
+                if !keep {
+                    gone.push((n.node_id.clone(), n.iteration));
+                }
+                keep
+            });
+            for key in &gone {
+                self.changed.remove(key);
+            }
+            self.changed.shrink_to_fit();
+            self.forgotten += went;
+        }
+        self.compact_at = (2 * self.state.nodes.len()).max(HOLD_ALL_UP_TO);
     }
 
     /// An agent's step or tool call as an appended line: a step's text
@@ -454,7 +551,10 @@ impl Progress {
 
     fn table(&self, now_ms: i64, width: usize, height: usize) -> Vec<String> {
         let nodes = &self.state.nodes;
-        let done = nodes.iter().filter(|n| n.status.is_done()).count();
+        // Passes a large run's display counts without holding: the ended
+        // ones it let go of are done.
+        let done = nodes.iter().filter(|n| n.status.is_done()).count() + self.forgotten;
+        let total = nodes.len() + self.pending_only + self.forgotten;
         let took = self
             .state
             .session_started_ms()
@@ -467,7 +567,7 @@ impl Progress {
             self.state.workflow.as_deref().unwrap_or_default(),
             status,
             done,
-            nodes.len(),
+            total,
             took
         );
         let mut lines = vec![truncate(&header, width.saturating_sub(1))];
@@ -537,7 +637,7 @@ impl Progress {
                 }
             }
         }
-        let hidden = nodes.len() - shown.len();
+        let hidden = total - shown.len();
         if hidden > 0 {
             lines.push(format!("  … {hidden} more nodes"));
         }
@@ -1039,6 +1139,114 @@ error: node: d failed
         assert_eq!(
             table[5],
             "  ■ e#1       cancelled        attempt 1     600ms"
+        );
+    }
+
+    /// The events of a fan-out of `n` value nodes: each pending at once,
+    /// then started and finished one after the other, with one failure.
+    fn fan_out(n: u64) -> Vec<StoredEvent> {
+        let mut evs = vec![started(1, 1_000, false)];
+        let mut seq = 1;
+        let mut next = || {
+            seq += 1;
+            seq
+        };
+        for i in 0..n {
+            let s = next();
+            evs.push(ev(
+                s,
+                1_000,
+                node(&format!("n{i}")),
+                EventKind::NodePending {
+                    layer_index: Some(1),
+                },
+            ));
+        }
+        for i in 0..n {
+            let id = format!("n{i}");
+            let s = next();
+            evs.push(ev(
+                s,
+                2_000,
+                node(&id).with_attempt(1),
+                EventKind::NodeStarted { snapshot: None },
+            ));
+            let s = next();
+            let end = if i == 7 {
+                EventKind::NodeFailed {
+                    error: ErrorInfo::new("exit", "seven"),
+                    will_retry: false,
+                    snapshot: None,
+                }
+            } else {
+                EventKind::NodeFinished {
+                    duration_ms: 3,
+                    output: None,
+                    cached: None,
+                    snapshot: None,
+                }
+            };
+            evs.push(ev(s, 2_003, node(&id).with_attempt(1), end));
+            // A scorer that ends after its node: a pass let go stays gone.
+            if i == 9 {
+                let s = next();
+                evs.push(ev(
+                    s,
+                    2_004,
+                    node(&id).with_attempt(1),
+                    EventKind::ScorerFinished {
+                        scorer_id: "s".into(),
+                        scorer_name: "s".into(),
+                        score: 1.0,
+                        reason: None,
+                    },
+                ));
+            }
+        }
+        evs
+    }
+
+    #[test]
+    fn a_large_runs_display_holds_what_it_may_show_and_counts_the_rest() {
+        let n = 10 * HOLD_ALL_UP_TO as u64;
+        let (mut p, buf) = plain_display();
+        for e in &fan_out(n) {
+            p.on_event(e);
+        }
+        // Every change is told as in a small run.
+        let text = written(&buf);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len() as u64, 1 + 2 * n, "{:?}", &lines[..3]);
+        assert_eq!(
+            lines[1],
+            "   1.00s  n0                       running          attempt 1"
+        );
+        assert_eq!(
+            lines[2],
+            "   1.00s  n0                       finished         attempt 1  3ms"
+        );
+        assert_eq!(
+            lines[16],
+            "   1.00s  n7                       failed           attempt 1  3ms  seven"
+        );
+        // It holds the failed pass and the latest ended ones, not every pass.
+        assert!(
+            p.state.nodes.len() <= 2 * KEEP_ENDED + 2,
+            "{} held",
+            p.state.nodes.len()
+        );
+        assert!(p.state.node("n7", 0).is_some());
+        assert!(p.state.node("n9", 0).is_none());
+        assert!(p.state.node(&format!("n{}", n - 1), 0).is_some());
+        let table = p.table(3_000, 100, 8);
+        assert_eq!(
+            table[0],
+            format!("run r1 · ship · running · {n}/{n} nodes done · 2.00s")
+        );
+        assert!(table[1].contains(" n7 "), "{table:?}");
+        assert_eq!(
+            table.last().unwrap(),
+            &format!("  … {} more nodes", n as usize - (table.len() - 2))
         );
     }
 

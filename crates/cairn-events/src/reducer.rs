@@ -506,6 +506,26 @@ impl RunState {
         }
     }
 
+    /// Keeps only the node passes `keep` says yes to, for a view of a run
+    /// as it goes that need not hold what it no longer shows (`cairn run`'s
+    /// display of a run of 100,000 nodes); the log still has them, and a
+    /// fold of the log gives them back. An event about a pass let go folds
+    /// into a new state of that pass, so such a holder leaves out the
+    /// events of passes it let go of. Returns how many went.
+    pub fn forget_nodes(&mut self, mut keep: impl FnMut(&NodeState) -> bool) -> usize {
+        let before = self.nodes.len();
+        self.nodes.retain(|n| keep(n));
+        if self.nodes.len() == before {
+            return 0;
+        }
+        self.nodes.shrink_to_fit();
+        self.index = HashMap::with_capacity_and_hasher(self.nodes.len(), Default::default());
+        for (i, n) in self.nodes.iter().enumerate() {
+            self.index.insert((n.node_id.clone(), n.iteration), i);
+        }
+        before - self.nodes.len()
+    }
+
     /// Makes room for `additional` more node passes at once, so that a
     /// large frame's `NodePending` events do not grow the list by doubling
     /// (the old and new lists are both alive while it grows).
