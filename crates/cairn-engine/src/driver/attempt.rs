@@ -250,7 +250,7 @@ pub(super) fn interrupted_error() -> NodeError {
 impl Driver {
     /// Spawns the task of attempt `attempt` of the leaf `key`.
     pub(super) fn spawn_attempt(&mut self, key: Key, attempt: u32) {
-        let inst = self.plan.insts[&key].clone();
+        let inst = self.sched.plan().insts[&key].clone();
         let Some(runner) = runner_for(&inst.spec.kind) else {
             return;
         };
@@ -323,7 +323,7 @@ impl Driver {
         self.attempts.end(&key);
         self.gates.attempt_ended(&key);
         self.hijack_done(&key);
-        let Some(inst) = self.plan.insts.get(&key).cloned() else {
+        let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
             return;
         };
         if self.ending.shutting_down() && matches!(&result, Err(e) if e.cancelled) {
@@ -347,7 +347,7 @@ impl Driver {
     pub(super) fn retry_due(&mut self, key: Key) {
         self.attempts.retry_due();
         if !self.ending.stopping() {
-            self.ready.push_back(key);
+            self.sched.requeue(key);
         }
     }
 
@@ -371,10 +371,14 @@ impl Driver {
             return;
         }
         let scope = self.node_scope(key).with_attempt(attempt);
-        for (scope, kind) in failure_events(scope, attempt, *err.info, Some(Duration::ZERO), None) {
-            self.emit(scope, kind);
-        }
-        self.ready.push_back(key.clone());
+        self.emit_all(failure_events(
+            scope,
+            attempt,
+            *err.info,
+            Some(Duration::ZERO),
+            None,
+        ));
+        self.sched.requeue(key.clone());
     }
 
     /// Closes an attempt a stop left open as interrupted, without running
@@ -383,16 +387,20 @@ impl Driver {
     /// run's end cancels it between the two attempts.
     pub(super) fn close_interrupted(&mut self, key: &Key, attempt: u32) -> bool {
         let fails = self
-            .plan
+            .sched
+            .plan()
             .insts
             .get(key)
             .is_some_and(|i| i.spec.on_interrupt == OnInterrupt::Fail);
         let scope = self.node_scope(key).with_attempt(attempt);
         let rerun = (!fails).then_some(Duration::ZERO);
-        for (scope, kind) in failure_events(scope, attempt, *interrupted_error().info, rerun, None)
-        {
-            self.emit(scope, kind);
-        }
+        self.emit_all(failure_events(
+            scope,
+            attempt,
+            *interrupted_error().info,
+            rerun,
+            None,
+        ));
         fails
     }
 
@@ -432,9 +440,7 @@ impl Driver {
         });
         let scope = self.node_scope(key).with_attempt(attempt);
         let info = (*e.info).clone();
-        for (scope, kind) in failure_events(scope, attempt, info, retry, snapshot) {
-            self.emit(scope, kind);
-        }
+        self.emit_all(failure_events(scope, attempt, info, retry, snapshot));
         if let Some(delay) = retry {
             self.attempts.retry_scheduled();
             let tx = self.msg_tx.clone();

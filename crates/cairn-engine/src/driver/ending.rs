@@ -179,7 +179,7 @@ impl Driver {
     /// Ends the run when nothing is left to run or wait for (or the engine
     /// stops); `None` while the run goes on.
     pub(super) async fn maybe_end(&mut self) -> Option<RunOutcome> {
-        if self.attempts.count() > 0 || !self.check_queue.is_empty() || self.scoring.busy() {
+        if self.attempts.count() > 0 || self.sched.has_checks() || self.scoring.busy() {
             return None;
         }
         if self.ending.shutting_down() {
@@ -187,14 +187,15 @@ impl Driver {
             return Some(RunOutcome::Interrupted);
         }
         let stopping = self.ending.stopping();
-        if !stopping && (self.attempts.retries_pending() > 0 || !self.ready.is_empty()) {
+        if !stopping && (self.attempts.retries_pending() > 0 || self.sched.has_ready()) {
             return None;
         }
         if stopping {
             self.cancel_leftovers();
         }
         let not_done: Vec<Key> = self
-            .plan
+            .sched
+            .plan()
             .order
             .iter()
             .filter(|i| !self.status_of(&i.key).is_some_and(|s| s.is_done()))
@@ -217,8 +218,7 @@ impl Driver {
     /// left open closed as interrupted first).
     fn cancel_leftovers(&mut self) {
         self.attempts.forget_retries();
-        self.ready.clear();
-        self.queued.clear();
+        self.sched.stop();
         let reason = self.ending.leftover_reason();
         for key in self.plan_keys() {
             let Some(n) = self.state.node(&key.0, key.1).cloned() else {

@@ -8,7 +8,7 @@ use cairn_workflow::Group;
 impl Driver {
     /// Marks a group instance started and computes its shape (pass, list).
     pub(super) fn enter_group(&mut self, key: &Key, resuming: bool) -> Result<(), NodeError> {
-        let inst = self.plan.insts[key].clone();
+        let inst = self.sched.plan().insts[key].clone();
         match inst.spec.kind.group() {
             Some(Group::Loop { .. }) => {
                 let pass = if resuming {
@@ -27,7 +27,7 @@ impl Driver {
                 } else {
                     0
                 };
-                self.shape.loop_pass.insert(key.clone(), pass);
+                self.sched.enter_loop(key, pass);
             }
             Some(Group::ForEach { list, .. }) => {
                 let ctx = self.context_for(&inst, inst.key.1);
@@ -48,24 +48,23 @@ impl Driver {
                         ))
                     }
                 };
-                self.shape.lists.insert(key.clone(), Arc::new(items));
+                self.sched.enter_for_each(key, items);
             }
             None => return Err(NodeError::fatal("internal", "not a group")),
         }
-        self.shape.started_groups.insert(key.clone());
         Ok(())
     }
 
     pub(super) fn finish_group_pass(&mut self, key: &Key) {
-        let inst = self.plan.insts[key].clone();
-        let children = self.tree.children(&inst.spec);
+        let inst = self.sched.plan().insts[key].clone();
+        let children = self.sched.tree().children(&inst.spec);
         match inst.spec.kind.group() {
             Some(Group::Loop {
                 until,
                 max_iterations,
                 ..
             }) => {
-                let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
+                let pass = self.sched.loop_pass(key);
                 let prefix = inst.child_prefix();
                 let members: Vec<(&str, Option<Output>)> = children
                     .iter()
@@ -98,9 +97,9 @@ impl Driver {
                         self.finish_group(key, out);
                     }
                     Ok(_) => {
-                        self.shape.loop_pass.insert(key.clone(), pass + 1);
+                        self.sched.next_pass(key);
                         self.rerender_group(key);
-                        if self.group_remaining.get(key).copied().unwrap_or(0) == 0 {
+                        if self.sched.remaining(key) == 0 {
                             self.finish_group_pass(key);
                         }
                     }
@@ -116,7 +115,7 @@ impl Driver {
                 // output is: a list of 100,000 small objects is about 1 MB
                 // of text and 18 MB as a tree, which is made only if
                 // something reads the list.
-                let len = self.shape.lists.get(key).map_or(0, |l| l.len());
+                let len = self.sched.list_len(key);
                 let mut text = String::from("[");
                 let mut members: Vec<(&str, Option<Output>)> = Vec::with_capacity(children.len());
                 for i in 0..len {

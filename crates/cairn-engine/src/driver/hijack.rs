@@ -57,7 +57,8 @@ impl Driver {
     ) -> Result<Option<String>, EngineError> {
         let Some(key) = self.attempts.hijackable(node_id) else {
             let kind = self
-                .plan
+                .sched
+                .plan()
                 .insts
                 .iter()
                 .find(|(k, _)| k.0 == node_id)

@@ -70,9 +70,7 @@ impl Driver {
         if step.cancel {
             self.attempts.stop(&key);
         }
-        for (scope, kind) in step.events {
-            self.emit(scope, kind);
-        }
+        self.emit_all(step.events);
     }
 
     /// The run goes on after a person's decision or answer.
@@ -227,7 +225,8 @@ impl Driver {
                     && n.status == NodeStatus::WaitingApproval
                     && n.decision().is_none()
                     && self
-                        .plan
+                        .sched
+                        .plan()
                         .insts
                         .contains_key(&(n.node_id.clone(), n.iteration))
             })

@@ -8,15 +8,32 @@
 //! the driver waits for the log to be durable (contract, guarantee 2); it does
 //! so once per round, so that many events share one commit.
 //!
-//! This file is the scheduler: the round loop (`run`, `settle`) and what
-//! may start (`check`, `start_ready`). Around it, one file per seam: `mount`
-//! (the plan's frames), `ending` (how the run ends), `attempt` (an attempt's
-//! task and what its result becomes), `groups` (loops and `for_each`),
-//! `tallies` (layers, chapters, the summary), `context` (templates'
-//! context), `inbox` (people and commands), `recovery` (what a resume does
-//! first), `reload` (a watched run taking a new definition).
+//! The driver is made of parts, each owning its state, each told what
+//! happened and answering with the events to append (or a small
+//! decision), none touching the log or the store:
+//!
+//! - [`scheduler::Scheduler`]: the mounted plan, its frames, and what may
+//!   start (needs not ended, checks, the ready queue, groups' passes);
+//! - [`attempt::Attempts`]: the attempts running, continued after a
+//!   resume, left open, waiting for a retry, and their hijack flags;
+//! - [`gates::Gates`]: approvals, questions and child runs waiting for a
+//!   person, and the run's status as last announced;
+//! - [`scoring::Scoring`]: the scorers of finished nodes;
+//! - [`tallies::Tallies`]: layers and chapters (and the run's summary);
+//! - [`ending::Ending`]: why the run stops (a cancel, a failure, the
+//!   engine's shutdown) and how it ends.
+//!
+//! This file keeps what is the driver's own: the log it appends to, the
+//! services, the channels, and the select loop (`run`), which only waits
+//! and dispatches. Each part's file also holds the driver's side of it
+//! (spawning tasks, rendering templates, waiting for the log); around
+//! them, `mount` (committing frames), `groups` (entering a loop or a
+//! `for_each`, ending a pass), `context` (templates' context), `inbox`
+//! (commands), `hijack`, `recovery` (what a resume does first), `reload`
+//! (a watched run taking a new definition) and `workspace` (snapshots
+//! around attempts).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +50,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::node::{runner_for, Ask, Decision, NodeCtx, NodeError};
-use crate::plan::{self, GroupVars, Inst, Key, KeyMap, KeySet, Paths, Plan, Shape, SpecTree};
+use crate::plan::{GroupVars, Inst, Key, KeyMap, KeySet, SpecTree};
 use crate::services::Services;
 use crate::{EngineError, RunOutcome, Shutdown};
 
@@ -47,6 +64,7 @@ mod inbox;
 mod mount;
 mod recovery;
 mod reload;
+mod scheduler;
 mod scoring;
 mod tallies;
 mod workspace;
@@ -87,7 +105,9 @@ pub(crate) enum Mode {
     Apply,
 }
 
+/// What the tasks the driver spawned report.
 enum Msg {
+    /// An attempt ended.
     Done {
         key: Key,
         attempt: u32,
@@ -97,6 +117,7 @@ enum Msg {
         /// that can change files.
         snapshot: Option<String>,
     },
+    /// A retry's delay is over.
     RetryDue(Key),
     /// A scorer ended (boxed: its spec and result are large).
     ScorerDone(Box<scoring::ScorerEnd>),
@@ -104,38 +125,53 @@ enum Msg {
     Snapshotted(Box<workspace::Snapshotted>),
 }
 
+/// What the driver does after a round, when it does not end the run.
+enum Pause {
+    /// Wait for the next thing to happen.
+    Wait,
+    /// Commands were applied: decide another round at once.
+    Again,
+    /// The driver stops (the run waits for a person, with nobody driving).
+    Stop(RunOutcome),
+}
+
 pub(crate) struct Driver {
     run_id: String,
     wf: Arc<Workflow>,
-    tree: SpecTree,
     templates: Arc<Templates>,
     log: Arc<RunLog>,
     services: Arc<Services>,
+    /// The run's state: the fold of its log, with every event the driver
+    /// appends applied as it appends it.
     state: RunState,
-    shape: Shape,
-    plan: Plan,
-    /// Every instance path mounted so far, shared by each render.
-    paths: Paths,
-    frame_no: u64,
-    /// What the run has spent on models, shared with its agents' attempts.
-    spend: Arc<crate::agent::Spend>,
-    dependents: KeyMap<Vec<Key>>,
-    /// How many of each mounted instance's needs have not ended, so that a
-    /// join is looked at in full once, not once per finished need.
-    unmet: KeyMap<usize>,
-    group_remaining: KeyMap<usize>,
-    nodes_ctx: NodesCtx,
-    templated: HashMap<usize, bool>,
-    check_queue: VecDeque<Key>,
-    ready: VecDeque<Key>,
-    /// Pending nodes already in `ready`, so a node checked once per finished
-    /// dependency is queued once (a `VecDeque::contains` would be quadratic).
-    queued: KeySet,
+    mode: Mode,
+    exit_on_wait: bool,
+    /// Leaf attempts that may run at once.
+    concurrency: usize,
+
+    // The parts.
+    /// The mounted plan and what may start.
+    sched: scheduler::Scheduler,
     /// The attempts running, continued, left open or waiting for a retry.
     attempts: attempt::Attempts,
     /// Approvals, questions and child runs waiting for a person, and the
     /// run's status as last announced.
     gates: gates::Gates,
+    /// The scorers of finished nodes.
+    scoring: scoring::Scoring,
+    /// Layers and chapters.
+    tallies: tallies::Tallies,
+    /// Why the run stops, when it does.
+    ending: ending::Ending,
+
+    // What templates read.
+    nodes_ctx: NodesCtx,
+    /// Whether a spec has templates, by its address.
+    templated: HashMap<usize, bool>,
+
+    // What the attempts share.
+    /// What the run has spent on models, shared with its agents' attempts.
+    spend: Arc<crate::agent::Spend>,
     /// How many child runs the run's agents may have going at once: the
     /// run's concurrency.
     child_slots: Arc<tokio::sync::Semaphore>,
@@ -144,29 +180,26 @@ pub(crate) struct Driver {
     parking: Arc<std::sync::atomic::AtomicBool>,
     /// The run's MCP servers, started when a node first needs one.
     mcp: Arc<crate::mcp::McpPool>,
+    /// Stops every attempt and scorer of the run.
+    run_cancel: CancellationToken,
+
+    // The channels.
     msg_tx: mpsc::UnboundedSender<Msg>,
     msg_rx: mpsc::UnboundedReceiver<Msg>,
     ask_tx: mpsc::UnboundedSender<Ask>,
     ask_rx: mpsc::UnboundedReceiver<Ask>,
     /// Wake-ups for commands in the run's inbox.
     inbox: Option<Box<dyn Listener>>,
-    mode: Mode,
-    run_cancel: CancellationToken,
-    shutdown: Shutdown,
-    concurrency: usize,
-    /// Why the run stops, when it does.
-    ending: ending::Ending,
-    exit_on_wait: bool,
-    /// Layers and chapters.
-    tallies: tallies::Tallies,
-    store_error: Option<String>,
-    /// The log's last seq when the driver last waited for a backlog.
-    synced_at: u64,
-    /// The scorers of finished nodes.
-    scoring: scoring::Scoring,
     /// What the watcher of the run's files says (`--watch`); `None` for a
     /// run not watched.
     reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
+    shutdown: Shutdown,
+
+    // The log's progress.
+    /// A store error that fails the run at the end of the round.
+    store_error: Option<String>,
+    /// The log's last seq when the driver last waited for a backlog.
+    synced_at: u64,
 }
 
 pub(crate) struct DriverInit {
@@ -191,7 +224,6 @@ impl Driver {
     pub(crate) fn new(init: DriverInit) -> Driver {
         let (msg_tx, msg_rx) = mpsc::unbounded_channel();
         let (ask_tx, ask_rx) = mpsc::unbounded_channel();
-        let tree = SpecTree::new(&init.wf);
         let mcp = Arc::new(crate::mcp::McpPool::new(
             init.wf.clone(),
             init.services.clone(),
@@ -202,7 +234,7 @@ impl Driver {
             .or(init.wf.concurrency)
             .unwrap_or(8)
             .max(1);
-        let frame_no = init.state.frame_no;
+        let sched = scheduler::Scheduler::new(SpecTree::new(&init.wf), init.state.frame_no);
         let spend = Arc::new(crate::agent::Spend::new(init.state.cost_usd.unwrap_or(0.0)));
         // A run that stopped while waiting for a person still waits.
         let announced = match init.state.status {
@@ -218,45 +250,35 @@ impl Driver {
         }
         Driver {
             run_id: init.run_id,
-            tree,
             templates: init.templates,
             log: init.log,
             services: init.services,
             state: init.state,
-            shape: Shape::default(),
-            plan: Plan::default(),
-            paths: Paths::default(),
-            frame_no,
-            spend,
-            dependents: Default::default(),
-            unmet: Default::default(),
-            group_remaining: Default::default(),
-            nodes_ctx: NodesCtx::default(),
-            templated: HashMap::new(),
-            check_queue: VecDeque::new(),
-            ready: VecDeque::new(),
-            queued: Default::default(),
+            mode: init.mode,
+            exit_on_wait: init.exit_on_wait,
+            concurrency,
+            sched,
             attempts: Default::default(),
             gates: gates::Gates::new(announced),
+            scoring: Default::default(),
+            tallies: Default::default(),
+            ending,
+            nodes_ctx: NodesCtx::default(),
+            templated: HashMap::new(),
+            spend,
             child_slots: Arc::new(tokio::sync::Semaphore::new(concurrency)),
             parking: Default::default(),
             mcp,
+            run_cancel,
             msg_tx,
             msg_rx,
             ask_tx,
             ask_rx,
             inbox: None,
-            mode: init.mode,
-            run_cancel,
+            reloads: init.reloads,
             shutdown: init.shutdown,
-            concurrency,
-            ending,
-            exit_on_wait: init.exit_on_wait,
-            tallies: Default::default(),
             store_error: None,
             synced_at: 0,
-            scoring: Default::default(),
-            reloads: init.reloads,
             wf: init.wf,
         }
     }
@@ -267,11 +289,29 @@ impl Driver {
         ev
     }
 
+    /// Appends events a part asked for, in its order.
+    fn emit_all(&mut self, events: Vec<(Scope, EventKind)>) {
+        for (scope, kind) in events {
+            self.emit(scope, kind);
+        }
+    }
+
     /// Appends run-scoped events a part asked for, in its order.
     fn emit_run(&mut self, kinds: Vec<EventKind>) {
         for kind in kinds {
             self.emit(Scope::run(), kind);
         }
+    }
+
+    fn warn(&mut self, source: &str, message: String) {
+        self.emit(
+            Scope::run(),
+            EventKind::Diagnostic {
+                level: Level::Warn,
+                source: source.into(),
+                message,
+            },
+        );
     }
 
     /// A node instance of `inst` ended with `status`: its layer's and
@@ -285,14 +325,14 @@ impl Driver {
 
     /// The scope of `key`'s events, with its chapter.
     fn node_scope(&self, key: &Key) -> Scope {
-        let chapter = self.plan.insts.get(key).and_then(|i| i.spec.stage.clone());
+        let chapter = self.sched.inst(key).and_then(|i| i.spec.stage.clone());
         Scope::node(key.0.clone(), key.1).with_chapter(chapter)
     }
 
     /// The mounted instances' keys in mount order, as a list of their own
     /// (the walks that use it change the plan as they go).
     fn plan_keys(&self) -> Vec<Key> {
-        self.plan.order.iter().map(|i| i.key.clone()).collect()
+        self.sched.keys()
     }
 
     fn status_of(&self, key: &Key) -> Option<NodeStatus> {
@@ -303,12 +343,35 @@ impl Driver {
     /// `exit_on_wait`), or the engine shuts down; in [`Mode::Apply`], until
     /// the commands in the inbox are applied.
     pub(crate) async fn run(mut self, resumed: bool) -> RunOutcome {
-        match self
+        self.listen_to_inbox();
+        self.take_up(resumed);
+        // A resumed run may have commands that came while nobody listened
+        // for their wake-up: the first look at the inbox is at once.
+        let first_poll = if resumed { Duration::ZERO } else { INBOX_POLL };
+        let mut poll =
+            tokio::time::interval_at(tokio::time::Instant::now() + first_poll, INBOX_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut to_spawn: Vec<(Key, u32)> = Vec::new();
+        loop {
+            if let Some(outcome) = self.round(&mut to_spawn).await {
+                return outcome;
+            }
+            match self.pause().await {
+                Pause::Wait => self.next_news(&mut poll).await,
+                Pause::Again => {}
+                Pause::Stop(outcome) => return outcome,
+            }
+        }
+    }
+
+    /// Subscribes to the wake-ups of the run's inbox (polled without them).
+    fn listen_to_inbox(&mut self) {
+        let listened = self
             .services
             .journal
             .backend()
-            .listen(Topic::Inbox(&self.run_id))
-        {
+            .listen(Topic::Inbox(&self.run_id));
+        match listened {
             Ok(l) => self.inbox = Some(l),
             Err(e) => self.warn(
                 "inbox",
@@ -318,7 +381,11 @@ impl Driver {
                 ),
             ),
         }
-        // Seed the template context with what the log already holds.
+    }
+
+    /// Takes up the run from its state: the templates' context from what
+    /// ended, the plan mounted, and after a resume what was open.
+    fn take_up(&mut self, resumed: bool) {
         for n in &self.state.nodes {
             if n.status.is_done() {
                 self.nodes_ctx.insert(&n.node_id, node_ctx_entry(n));
@@ -334,82 +401,89 @@ impl Driver {
         if resumed {
             self.recover();
         }
-        // A resumed run may have commands that came while nobody listened
-        // for their wake-up: the first look at the inbox is at once.
-        let first_poll = if resumed { Duration::ZERO } else { INBOX_POLL };
-        let mut poll =
-            tokio::time::interval_at(tokio::time::Instant::now() + first_poll, INBOX_POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut to_spawn: Vec<(Key, u32)> = Vec::new();
-        loop {
-            self.settle(&mut to_spawn).await;
+    }
+
+    /// One round: decides what can be decided, waits once for the log,
+    /// then spawns what started. The run's outcome when it ended.
+    async fn round(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> Option<RunOutcome> {
+        self.settle(to_spawn).await;
+        if let Err(e) = self.log.sync().await {
+            self.store_error = Some(e.to_string());
+        }
+        if let Some(err) = self.store_error.take() {
+            self.run_cancel.cancel();
+            self.drain_running().await;
+            return Some(RunOutcome::Failed(ErrorInfo::new("store", err)));
+        }
+        for (key, attempt) in to_spawn.drain(..) {
+            self.spawn_attempt(key, attempt);
+        }
+        self.spawn_scorers();
+        self.maybe_end().await
+    }
+
+    /// After a round: whether the driver waits for news, goes on at once,
+    /// or stops because the run waits for a person with nobody to drive it.
+    async fn pause(&mut self) -> Pause {
+        if self.mode == Mode::Apply && self.idle() {
+            // Every gate that was waiting waits again: apply what the
+            // inbox holds, and stop once nothing is left to apply.
+            if self.drain_inbox().await > 0 {
+                return Pause::Again;
+            }
+            return Pause::Stop(self.park("the run stopped").await);
+        }
+        if self.ending.shutting_down() || !self.is_waiting() {
+            return Pause::Wait;
+        }
+        let status = self.gates.waiting_status();
+        if let Some(kind) = self.gates.announce(status) {
+            self.emit(Scope::run(), kind);
             if let Err(e) = self.log.sync().await {
-                self.store_error = Some(e.to_string());
+                return Pause::Stop(RunOutcome::Failed(ErrorInfo::new("store", e.to_string())));
             }
-            if let Some(err) = self.store_error.take() {
-                self.run_cancel.cancel();
-                self.drain_running().await;
-                return RunOutcome::Failed(ErrorInfo::new("store", err));
+        }
+        if !self.exit_on_wait {
+            return Pause::Wait;
+        }
+        // A decision sent while we were getting here is taken now rather
+        // than left for the next resume.
+        if self.drain_inbox().await > 0 {
+            return Pause::Again;
+        }
+        Pause::Stop(self.park("the run stopped to wait for a person").await)
+    }
+
+    /// Stops the attempts waiting for a person, leaving them (and their
+    /// child runs) to the next resume.
+    async fn park(&mut self, why: &str) -> RunOutcome {
+        self.parking
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.run_cancel.cancel();
+        self.drain_running().await;
+        self.mcp.close(why).await;
+        RunOutcome::Waiting
+    }
+
+    /// Waits for the next thing to happen and hands it to the seam it is
+    /// for, with whatever else is already queued.
+    async fn next_news(&mut self, poll: &mut tokio::time::Interval) {
+        tokio::select! {
+            Some(m) = self.msg_rx.recv() => self.on_msg(m),
+            Some(a) = self.ask_rx.recv() => self.on_ask(a),
+            _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
+            _ = poll.tick() => { self.drain_inbox().await; }
+            note = reload::next_note(&mut self.reloads) => self.on_note(note).await,
+            _ = self.shutdown.token.cancelled(), if !self.ending.shutting_down() => {
+                self.begin_shutdown();
             }
-            for (key, attempt) in to_spawn.drain(..) {
-                self.spawn_attempt(key, attempt);
-            }
-            self.spawn_scorers();
-            if let Some(outcome) = self.maybe_end().await {
-                return outcome;
-            }
-            if self.mode == Mode::Apply && self.idle() {
-                // Every gate that was waiting waits again: apply what the
-                // inbox holds, and stop once nothing is left to apply.
-                if self.drain_inbox().await > 0 {
-                    continue;
-                }
-                self.parking
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                self.run_cancel.cancel();
-                self.drain_running().await;
-                self.mcp.close("the run stopped").await;
-                return RunOutcome::Waiting;
-            }
-            if !self.ending.shutting_down() && self.is_waiting() {
-                let status = self.gates.waiting_status();
-                if let Some(kind) = self.gates.announce(status) {
-                    self.emit(Scope::run(), kind);
-                    if let Err(e) = self.log.sync().await {
-                        return RunOutcome::Failed(ErrorInfo::new("store", e.to_string()));
-                    }
-                }
-                if self.exit_on_wait {
-                    // A decision sent while we were getting here is taken
-                    // now rather than left for the next resume.
-                    if self.drain_inbox().await > 0 {
-                        continue;
-                    }
-                    self.parking
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
-                    self.run_cancel.cancel();
-                    self.drain_running().await;
-                    self.mcp.close("the run stopped to wait for a person").await;
-                    return RunOutcome::Waiting;
-                }
-            }
-            tokio::select! {
-                Some(m) = self.msg_rx.recv() => self.on_msg(m),
-                Some(a) = self.ask_rx.recv() => self.on_ask(a),
-                _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
-                _ = poll.tick() => { self.drain_inbox().await; }
-                note = reload::next_note(&mut self.reloads) => self.on_note(note).await,
-                _ = self.shutdown.token.cancelled(), if !self.ending.shutting_down() => {
-                    self.begin_shutdown();
-                }
-            }
-            // Batch whatever else is already queued into this round.
-            while let Ok(m) = self.msg_rx.try_recv() {
-                self.on_msg(m);
-            }
-            while let Ok(a) = self.ask_rx.try_recv() {
-                self.on_ask(a);
-            }
+        }
+        // Batch whatever else is already queued into this round.
+        while let Ok(m) = self.msg_rx.try_recv() {
+            self.on_msg(m);
+        }
+        while let Ok(a) = self.ask_rx.try_recv() {
+            self.on_ask(a);
         }
     }
 
@@ -440,7 +514,7 @@ impl Driver {
             // Starting a group mounts its nodes, and a value node or a skip
             // ends in the round: both queue checks that must be decided now,
             // not at the next wake-up (the inbox poll, a second away).
-            let more_checks = !self.check_queue.is_empty();
+            let more_checks = self.sched.has_checks();
             if checked_all && started_all && to_spawn.len() == before && !more_checks {
                 break;
             }
@@ -475,19 +549,19 @@ impl Driver {
     /// Nothing runs but attempts waiting for a person, and nothing is ready.
     fn idle(&self) -> bool {
         self.attempts.count() == self.gates.waiting_count()
-            && self.check_queue.is_empty()
+            && !self.sched.has_checks()
             && !self.ending.stopping()
     }
 
-    fn warn(&mut self, source: &str, message: String) {
-        self.emit(
-            Scope::run(),
-            EventKind::Diagnostic {
-                level: Level::Warn,
-                source: source.into(),
-                message,
-            },
-        );
+    /// Something waits for a person, and nothing else can happen until one
+    /// answers.
+    fn is_waiting(&self) -> bool {
+        self.gates.any()
+            && self.attempts.count() == self.gates.waiting_count()
+            && !self.sched.has_ready()
+            && self.attempts.retries_pending() == 0
+            && self.scoring.running() == 0
+            && !self.ending.stopping()
     }
 
     /// Waits for attempts stopped without events (waiting approvals when the
@@ -532,273 +606,6 @@ impl Driver {
         }
         true
     }
-
-    fn is_waiting(&self) -> bool {
-        self.gates.any()
-            && self.attempts.count() == self.gates.waiting_count()
-            && self.ready.is_empty()
-            && self.attempts.retries_pending() == 0
-            && self.scoring.running() == 0
-            && !self.ending.stopping()
-    }
-
-    /// Checks queued nodes, at most a slice of them; true when none is left.
-    fn process_checks(&mut self) -> bool {
-        for _ in 0..ROUND_SLICE {
-            let Some(key) = self.check_queue.pop_front() else {
-                return true;
-            };
-            self.check(&key);
-        }
-        self.check_queue.is_empty()
-    }
-
-    fn check(&mut self, key: &Key) {
-        let Some(inst) = self.plan.insts.get(key).cloned() else {
-            return;
-        };
-        if self.status_of(key) != Some(NodeStatus::Pending) || self.queued.contains(key) {
-            return;
-        }
-        if self.unmet.get(key).is_some_and(|&n| n > 0) {
-            return;
-        }
-        let mut blocked_by = None;
-        for dep in &inst.needs {
-            match self.status_of(dep) {
-                Some(NodeStatus::Finished) => {}
-                Some(s) if s.is_done() => {
-                    blocked_by.get_or_insert((dep.0.clone(), s));
-                }
-                _ => return,
-            }
-        }
-        if self.ending.stopping() {
-            return;
-        }
-        if let Some((dep, s)) = blocked_by {
-            self.skip(key, format!("dependency `{dep}` {}", s.as_str()));
-            return;
-        }
-        if let Some(cond) = inst.spec.if_.clone() {
-            // Each context is dropped before anything updates `nodes`, which
-            // would otherwise copy the whole map.
-            let holds = {
-                let ctx = self.context_for(&inst, inst.key.1);
-                self.templates.eval_bool_in(&cond, &ctx)
-            };
-            match holds {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.skip(key, format!("condition `{cond}` is false"));
-                    return;
-                }
-                Err(e) => {
-                    let scope = self.node_scope(key).with_attempt(1);
-                    self.emit(scope, EventKind::NodeStarted { snapshot: None });
-                    let err = NodeError::fatal("template", format!("if: {e}"));
-                    self.fail_attempt(key, &inst, 1, err);
-                    return;
-                }
-            }
-        }
-        self.queued.insert(key.clone());
-        self.ready.push_back(key.clone());
-    }
-
-    fn skip(&mut self, key: &Key, reason: String) {
-        let scope = self.node_scope(key);
-        self.emit(scope, EventKind::NodeSkipped { reason });
-        self.node_done(key);
-    }
-
-    fn leaf_slots(&self) -> usize {
-        let running = self.attempts.count();
-        let busy = running - self.gates.approval_count().min(running);
-        self.concurrency.saturating_sub(busy)
-    }
-
-    /// Emits `NodeStarted` for what may start now, at most a slice of
-    /// nodes and until the log's backlog is full; leaf attempts are spawned
-    /// by the caller once those events are durable. Returns false when it
-    /// stopped early with nodes still ready.
-    fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
-        if self.ending.halted() {
-            return true;
-        }
-        if self.mode == Mode::Apply {
-            // Nothing new starts; gates that waited wait again.
-            let resumed: Vec<Key> = self
-                .ready
-                .iter()
-                .filter(|k| self.attempts.is_resumed(k))
-                .cloned()
-                .collect();
-            self.ready.retain(|k| !self.attempts.is_resumed(k));
-            for key in resumed {
-                self.queued.remove(&key);
-                let attempt = self.attempts.take_resumed(&key).unwrap_or(1);
-                to_spawn.push((key, attempt));
-            }
-            return true;
-        }
-        let mut slice = ROUND_SLICE;
-        let mut budget = self.leaf_slots().saturating_sub(to_spawn.len());
-        // Leaves past the concurrency budget stay queued; so does a group
-        // behind them, which waits for a slot like a leaf would.
-        while budget > 0
-            || self
-                .ready
-                .front()
-                .is_some_and(|k| self.attempts.is_resumed(k))
-        {
-            if slice == 0 || (self.backlog_full() && !self.ready.is_empty()) {
-                return false;
-            }
-            slice -= 1;
-            let Some(key) = self.ready.pop_front() else {
-                break;
-            };
-            self.queued.remove(&key);
-            let Some(inst) = self.plan.insts.get(&key).cloned() else {
-                continue;
-            };
-            let is_group = inst.spec.kind.children().is_some();
-            if let Some(attempt) = self.attempts.take_resumed(&key) {
-                // A person-in-the-loop attempt continues where it stood.
-                to_spawn.push((key, attempt));
-                continue;
-            }
-            let attempt = self.state.node(&key.0, key.1).map_or(0, |n| n.attempt) + 1;
-            let leaf = !is_group && !matches!(inst.spec.kind, NodeKind::Value(_));
-            if leaf && self.changes_files(&inst) {
-                // Starts once the root's snapshot is taken (`snapshotted`).
-                budget -= 1;
-                self.begin_snapshot(key, attempt);
-                continue;
-            }
-            let scope = self.node_scope(&key).with_attempt(attempt);
-            let opened = self.tallies.started(inst.layer, inst.spec.stage.as_deref());
-            self.emit_run(opened);
-            self.emit(scope, EventKind::NodeStarted { snapshot: None });
-            if attempt == 1 {
-                self.traverse_edges(&key, &inst);
-            }
-            if is_group {
-                match self.enter_group(&key, false) {
-                    Ok(()) => {
-                        self.rerender_group(&key);
-                        if self.group_remaining.get(&key).copied().unwrap_or(0) == 0 {
-                            self.finish_group_pass(&key);
-                        }
-                    }
-                    Err(e) => self.fail_attempt(&key, &inst, attempt, e),
-                }
-            } else if let NodeKind::Value(v) = &inst.spec.kind {
-                // A value node touches nothing outside the log, so it ends in
-                // the round it starts in and takes no slot: a chain of them
-                // shares one commit instead of paying one per node. Its
-                // NodeFinished still commits with (never before) anything
-                // that follows from it.
-                let t0 = Instant::now();
-                let rendered = if self.is_templated(&inst) {
-                    let ctx = self.context_for(&inst, inst.key.1);
-                    self.templates.render_value_in(v, &ctx)
-                } else {
-                    Ok(v.clone())
-                };
-                match rendered {
-                    Ok(output) => {
-                        let scope = self.node_scope(&key).with_attempt(attempt);
-                        self.emit(
-                            scope,
-                            EventKind::NodeFinished {
-                                duration_ms: t0.elapsed().as_millis() as u64,
-                                output: Some(output.into()),
-                                cached: None,
-                                snapshot: None,
-                            },
-                        );
-                        self.node_done(&key);
-                    }
-                    Err(e) => {
-                        let err = NodeError::fatal("template", e.to_string());
-                        self.fail_attempt(&key, &inst, attempt, err);
-                    }
-                }
-            } else {
-                budget -= 1;
-                to_spawn.push((key, attempt));
-            }
-        }
-        true
-    }
-
-    /// The edges into a node that starts its first attempt.
-    fn traverse_edges(&mut self, key: &Key, inst: &Inst) {
-        for dep in &inst.needs {
-            self.emit(
-                Scope::run(),
-                EventKind::EdgeTraversed {
-                    from: dep.0.to_string(),
-                    to: key.0.to_string(),
-                    condition: inst.spec.if_.clone(),
-                },
-            );
-            // A join of 100,000 needs appends as many edges at once.
-            self.ease_backlog_now();
-        }
-    }
-
-    /// Bookkeeping once a node instance can no longer change.
-    fn node_done(&mut self, key: &Key) {
-        if self.start_scorers(key) {
-            // Held for a blocking scorer: this runs again when it ends.
-            return;
-        }
-        let Some(inst) = self.plan.insts.get(key).cloned() else {
-            return;
-        };
-        let status = self.status_of(key).unwrap_or(NodeStatus::Failed);
-        if let Some(n) = self.state.node(&key.0, key.1) {
-            let replaced = self.nodes_ctx.insert(&key.0, node_ctx_entry(n));
-            // Templates read a node's latest pass, and a loop's output is
-            // built from its current pass: the output of the pass this one
-            // replaces has no reader left in this process (the log keeps
-            // it). Loops nested in loops would otherwise hold every pass's
-            // outputs, each level's holding the levels below.
-            if let Some(old) = replaced.filter(|old| old.iteration != key.1) {
-                self.state.drop_output(&key.0, old.iteration);
-            }
-        }
-        self.count_done(&inst, status);
-        // An ended node's dependents and a ready node's count are not
-        // needed again: dropped, so a long run's maps hold only what waits.
-        if let Some(deps) = self.dependents.remove(key) {
-            for d in deps {
-                if let Some(n) = self.unmet.get_mut(&d) {
-                    *n = n.saturating_sub(1);
-                    if *n > 0 {
-                        continue;
-                    }
-                    self.unmet.remove(&d);
-                }
-                self.check_queue.push_back(d);
-            }
-        }
-        if let Some(parent) = &inst.parent {
-            if let Some(r) = self.group_remaining.get_mut(parent) {
-                *r = r.saturating_sub(1);
-                if *r == 0
-                    && self.status_of(parent) == Some(NodeStatus::Running)
-                    && !self.ending.stopping()
-                {
-                    let parent = parent.clone();
-                    self.finish_group_pass(&parent);
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -829,14 +636,23 @@ pub(crate) mod testing {
         state.apply(&ev);
     }
 
-    /// The plan a run of the workflow `yaml` mounts at its start.
-    pub(crate) fn plan_of(yaml: &str) -> Plan {
+    /// The spec nodes of the workflow `yaml` (they keep it alive).
+    pub(crate) fn tree_of(yaml: &str) -> SpecTree {
         let wf = Arc::new(
             cairn_workflow::parse(yaml, std::path::Path::new("test.yaml"))
                 .expect("a valid workflow"),
         );
-        let tree = SpecTree::new(&wf);
-        plan::render(&tree, &wf.name, &Shape::default(), &mut Paths::default())
+        SpecTree::new(&wf)
+    }
+
+    /// The plan a run of the workflow `yaml` mounts at its start.
+    pub(crate) fn plan_of(yaml: &str) -> Plan {
+        plan::render(
+            &tree_of(yaml),
+            "test",
+            &Shape::default(),
+            &mut Paths::default(),
+        )
     }
 
     /// The key of the top-level node `id`.

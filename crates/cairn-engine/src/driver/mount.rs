@@ -1,7 +1,9 @@
 //! The mounted plan in the log: a render of the plan after every change
-//! that can alter it, committed as a frame when its XML changes, with the
-//! instances that appeared (`NodePending`) and the pending ones that went.
+//! that can alter it (the scheduler's), committed as a frame when its XML
+//! changes, with the instances that appeared (`NodePending`) and the
+//! pending ones that went.
 
+use super::scheduler::Frame;
 use super::*;
 
 impl Driver {
@@ -22,73 +24,41 @@ impl Driver {
 
     /// Renders the whole plan again (a run's start, a resume).
     pub(super) fn rerender(&mut self) {
-        let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
-        if plan.xml_hash == self.plan.xml_hash {
-            return;
+        if let Some(frame) = self.sched.render(&self.wf.name) {
+            self.commit_frame(frame);
         }
-        let added: Vec<Key> = plan
-            .order
-            .iter()
-            .filter(|i| !self.plan.insts.contains_key(&i.key))
-            .map(|i| i.key.clone())
-            .collect();
-        let old = std::mem::replace(&mut self.plan, plan);
-        let removed: Vec<Arc<Inst>> = old
-            .order
-            .iter()
-            .filter(|i| !self.plan.insts.contains_key(&i.key))
-            .cloned()
-            .collect();
-        drop(old);
-        self.commit_plan(added, removed);
     }
 
     /// Mounts again what the shape change of one group instance (its start,
     /// a loop's next pass) changed: that group's subtree.
     pub(super) fn rerender_group(&mut self, group: &Key) {
-        let before = std::mem::take(&mut self.plan.xml_hash);
-        let change = plan::rerender_group(
-            &self.tree,
-            &self.wf.name,
-            &self.shape,
-            &mut self.paths,
-            &mut self.plan,
-            group,
-        );
-        let Some(change) = change else {
-            self.plan.xml_hash = before;
-            return self.rerender();
-        };
-        if self.plan.xml_hash == before {
-            return;
+        if let Some(frame) = self.sched.render_group(&self.wf.name, group) {
+            self.commit_frame(frame);
         }
-        self.commit_plan(change.added, change.removed);
     }
 
-    /// Commits the plan in `self.plan` as a frame: the instances that
-    /// appeared become pending and join the tallies and the dependency
-    /// counts, the pending ones that went are cancelled.
-    pub(super) fn commit_plan(&mut self, added: Vec<Key>, removed: Vec<Arc<Inst>>) {
-        self.frame_no += 1;
-        self.emit(
-            Scope::run(),
-            EventKind::FrameCommitted {
-                frame_no: self.frame_no,
-                xml_hash: self.plan.xml_hash.clone(),
-                mounted: self.plan.order.len() as u64,
-            },
-        );
+    /// Commits a frame of the plan: the instances that appeared become
+    /// pending and join the tallies and the scheduler's counts, the pending
+    /// ones that went are cancelled.
+    pub(super) fn commit_frame(&mut self, frame: Frame) {
+        let Frame {
+            event,
+            added,
+            removed,
+        } = frame;
+        self.emit(Scope::run(), event);
         self.state.reserve_nodes(added.len());
         self.nodes_ctx.reserve(added.len());
         // Counted once every instance is in its layer's total, so that a
         // layer still open from before a resume is not closed half-counted.
         let mut done_already = Vec::new();
         for key in &added {
-            let inst = self.plan.insts[key].clone();
+            let Some(inst) = self.sched.inst(key).cloned() else {
+                continue;
+            };
             if self.state.node(&key.0, key.1).is_none() {
-                let scope = self.node_scope(key);
                 self.emit(
-                    scope,
+                    scope_of(&inst),
                     EventKind::NodePending {
                         layer_index: Some(inst.layer),
                     },
@@ -100,31 +70,17 @@ impl Driver {
             // dependents and its group: its scorer's end ends it.
             let done = status.is_done() && !self.held_by_scorers(key);
             self.tallies.mounted(inst.layer, inst.spec.stage.as_deref());
-            let mut unmet = 0;
-            for dep in &inst.needs {
-                // A need that has ended already has nothing left to tell.
-                if self.status_of(dep).is_some_and(|s| s.is_done()) && !self.held_by_scorers(dep) {
-                    continue;
-                }
-                unmet += 1;
-                let deps = self.dependents.entry(dep.clone()).or_default();
-                // Most nodes have one dependent: no room for four.
-                deps.reserve_exact(1);
-                deps.push(key.clone());
-            }
-            if unmet > 0 {
-                self.unmet.insert(key.clone(), unmet);
-            }
-            if let Some(parent) = &inst.parent {
-                if !done {
-                    *self.group_remaining.entry(parent.clone()).or_default() += 1;
-                }
-            }
+            let (state, scoring) = (&self.state, &self.scoring);
+            self.sched.mounted(&inst, status, done, |dep, insts| {
+                state
+                    .node(&dep.0, dep.1)
+                    .is_some_and(|n| n.status.is_done())
+                    && !insts
+                        .get(dep)
+                        .is_some_and(|i| scoring.holds(i, || state.node(&dep.0, dep.1)))
+            });
             if done {
                 done_already.push((inst, status));
-            } else if status == NodeStatus::Pending && unmet == 0 {
-                // One with unmet needs is queued when the last of them ends.
-                self.check_queue.push_back(key.clone());
             }
         }
         for (inst, status) in done_already {
@@ -133,9 +89,8 @@ impl Driver {
         for inst in &removed {
             let key = &inst.key;
             if self.status_of(key) == Some(NodeStatus::Pending) {
-                let scope = Scope::node(key.0.clone(), key.1).with_chapter(inst.spec.stage.clone());
                 self.emit(
-                    scope,
+                    scope_of(inst),
                     EventKind::NodeCancelled {
                         reason: Some("unmounted".into()),
                     },

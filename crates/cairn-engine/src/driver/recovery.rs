@@ -13,10 +13,10 @@ impl Driver {
         // Groups first, repeatedly, since a started group mounts more groups.
         loop {
             let mut changed = false;
-            for inst in self.plan.order.clone() {
+            for inst in self.sched.plan().order.clone() {
                 let key = inst.key.clone();
                 let is_group = inst.spec.kind.children().is_some();
-                if !is_group || self.shape.started_groups.contains(&key) {
+                if !is_group || self.sched.group_started(&key) {
                     continue;
                 }
                 if self.status_of(&key) != Some(NodeStatus::Running) {
@@ -35,7 +35,7 @@ impl Driver {
             // Closing an attempt can end a group's pass and mount another
             // (an `on_interrupt: fail` node that may fail): what went with
             // the old pass needs no recovery.
-            let Some(inst) = self.plan.insts.get(&key).cloned() else {
+            let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
                 continue;
             };
             if inst.spec.kind.children().is_some() {
@@ -47,16 +47,16 @@ impl Driver {
             let scope = self.node_scope(&key);
             match n.status {
                 NodeStatus::WaitingApproval => {
-                    self.check_queue.retain(|k| k != &key);
+                    self.sched.withdraw_check(&key);
                     self.attempts.resume(key.clone(), n.attempt);
-                    self.ready.push_back(key);
+                    self.sched.requeue(key);
                 }
                 NodeStatus::Running | NodeStatus::WaitingInput
                     if matches!(inst.spec.kind, NodeKind::Approval(_))
                         && n.decision().is_some() =>
                 {
                     self.attempts.resume(key.clone(), n.attempt);
-                    self.ready.push_back(key);
+                    self.sched.requeue(key);
                 }
                 // Applying commands only: interrupted attempts and retries
                 // are the next resume's to close and start.
@@ -71,7 +71,7 @@ impl Driver {
                             EventKind::NodeRetrying { delay_ms: 0 },
                         );
                     }
-                    self.ready.push_back(key);
+                    self.sched.requeue(key);
                 }
                 _ => {}
             }
@@ -83,7 +83,8 @@ impl Driver {
         // run that goes on is failing.
         for key in self.plan_keys() {
             if self
-                .plan
+                .sched
+                .plan()
                 .insts
                 .get(&key)
                 .is_none_or(|i| i.spec.on_failure != OnFailure::Fail)

@@ -180,48 +180,23 @@ impl Driver {
             ));
         }
         self.wf = wf;
-        self.tree = SpecTree::new(&self.wf);
         // Keyed by the address of a spec of the old definition.
         self.templated.clear();
-        let ended: Vec<Key> = self
-            .shape
-            .started_groups
-            .iter()
-            .filter(|k| self.status_of(k).is_none_or(|s| s.is_done()))
-            .cloned()
-            .collect();
-        for k in &ended {
-            self.shape.started_groups.remove(k);
-            self.shape.loop_pass.remove(k);
-            self.shape.lists.remove(k);
-        }
         // What was derived from the old plan is derived again from the new
         // one by its frame: needs, group members, layer and chapter totals,
         // and which pending nodes to look at.
-        self.dependents.clear();
-        self.unmet.clear();
-        self.group_remaining.clear();
-        self.check_queue.clear();
-        let queued = std::mem::take(&mut self.queued);
-        // Retries due and attempts to continue stay ready.
-        self.ready.retain(|k| !queued.contains(k));
         self.tallies.recount();
-        let old = std::mem::take(&mut self.plan);
-        let plan = plan::render(&self.tree, &self.wf.name, &self.shape, &mut self.paths);
-        let added: Vec<Key> = plan.order.iter().map(|i| i.key.clone()).collect();
-        let removed: Vec<Arc<Inst>> = old
-            .order
-            .iter()
-            .filter(|i| !plan.insts.contains_key(&i.key))
-            .cloned()
-            .collect();
-        drop(old);
-        self.plan = plan;
-        self.commit_plan(added, removed);
+        let state = &self.state;
+        let frame = self
+            .sched
+            .remount(SpecTree::new(&self.wf), &self.wf.name, |k| {
+                state.node(&k.0, k.1).is_none_or(|n| n.status.is_done())
+            });
+        self.commit_frame(frame);
         // A run that waited for a person has work again when the new
         // definition gave it nodes that can start; it says it waits again
         // once they ended.
-        if !self.check_queue.is_empty() {
+        if self.sched.has_checks() {
             if let Some(kind) = self.gates.back_to_running() {
                 self.emit(Scope::run(), kind);
             }

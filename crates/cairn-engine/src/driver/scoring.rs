@@ -268,7 +268,7 @@ impl Driver {
     /// Whether node `key` finished and a blocking scorer of it has not
     /// ended: its dependents wait.
     pub(super) fn held_by_scorers(&self, key: &Key) -> bool {
-        let Some(inst) = self.plan.insts.get(key) else {
+        let Some(inst) = self.sched.plan().insts.get(key) else {
             return false;
         };
         self.scoring.holds(inst, || self.state.node(&key.0, key.1))
@@ -279,7 +279,7 @@ impl Driver {
     /// Nothing starts while the run stops, and a driver that only applies
     /// commands starts nothing (the next resume does).
     pub(super) fn start_scorers(&mut self, key: &Key) -> bool {
-        let Some(inst) = self.plan.insts.get(key).cloned() else {
+        let Some(inst) = self.sched.plan().insts.get(key).cloned() else {
             return self.scoring.is_holding(key);
         };
         let may = if self.ending.halted() {
@@ -292,9 +292,7 @@ impl Driver {
         let started = self
             .scoring
             .start(&inst, self.state.node(&key.0, key.1), may);
-        for (scope, kind) in started.events {
-            self.emit(scope, kind);
-        }
+        self.emit_all(started.events);
         started.held
     }
 
@@ -303,7 +301,7 @@ impl Driver {
     /// they end (mounting counted it as not done).
     pub(super) fn recover_scorers(&mut self) {
         for key in self.plan_keys() {
-            let Some(inst) = self.plan.insts.get(&key) else {
+            let Some(inst) = self.sched.plan().insts.get(&key) else {
                 continue;
             };
             if inst.spec.scorers.is_empty() || self.status_of(&key) != Some(NodeStatus::Finished) {
@@ -329,7 +327,7 @@ impl Driver {
     /// Spawns one scorer's task; false when its node is gone.
     fn spawn_scorer(&mut self, job: ScorerJob) -> bool {
         let ScorerJob { key, scorer } = job;
-        let Some(inst) = self.plan.insts.get(&key).cloned() else {
+        let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
             return false;
         };
         let Some(n) = self.state.node(&key.0, key.1) else {

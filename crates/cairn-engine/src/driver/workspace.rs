@@ -97,7 +97,7 @@ impl Driver {
     /// Takes the snapshot (after the revert a retry asks for) off the
     /// driver's task; [`Driver::snapshotted`] starts the attempt.
     pub(super) fn begin_snapshot(&mut self, key: Key, attempt: u32) {
-        let Some(inst) = self.plan.insts.get(&key).cloned() else {
+        let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
             return;
         };
         let store = match self.services.snapshot_store() {
@@ -190,7 +190,7 @@ impl Driver {
             // It never started: the run's end (or the resume) deals with it.
             return;
         }
-        let Some(inst) = self.plan.insts.get(&key).cloned() else {
+        let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
             return;
         };
         if let Some(w) = warning {
