@@ -37,6 +37,7 @@ use crate::node::{NodeCtx, NodeError, NodeRunner};
 use history::History;
 
 mod engines;
+pub(crate) use engines::hands_over;
 use toolbox::Toolbox;
 
 /// What a run has spent on models: the USD total (seeded from the log when

@@ -12,7 +12,11 @@ use super::*;
 /// hijacked now; `applying` says no process drives the run.
 fn refusal(kind: Option<&NodeKind>, applying: bool) -> &'static str {
     match kind {
-        Some(NodeKind::Agent(a)) if a.engine.as_deref().is_some_and(|e| e != "claude-code") => {
+        Some(NodeKind::Agent(a))
+            if a.engine
+                .as_deref()
+                .is_some_and(|e| !crate::agent::hands_over(e)) =>
+        {
             "its engine's CLI has no session Cairn can hand to a person"
         }
         Some(NodeKind::Agent(_)) if applying => {
@@ -32,8 +36,11 @@ impl Driver {
         let NodeKind::Agent(a) = &inst.spec.kind else {
             return None;
         };
-        // External CLIs other than Claude Code have no session to hand over.
-        if a.engine.as_deref().is_some_and(|e| e != "claude-code") {
+        // An external CLI may have no session to hand over.
+        if a.engine
+            .as_deref()
+            .is_some_and(|e| !crate::agent::hands_over(e))
+        {
             return None;
         }
         let raised = self.state.hijack_requested.contains(key.0.as_str());
