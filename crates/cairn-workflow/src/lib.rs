@@ -4,6 +4,7 @@
 
 mod duration;
 mod error;
+mod kinds;
 pub mod limits;
 mod model;
 mod parse;
@@ -12,9 +13,11 @@ mod yaml;
 
 pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};
+pub use kinds::{
+    docs_table, has_markup, kind_named, AgentSpec, Group, KindDef, NodeKind, AGENT_ENGINES,
+    AGENT_TOOLS, KINDS, WRITING_TOOLS,
+};
 pub use limits::{check_depth, json_depth, DepthError};
 pub use model::*;
-pub use parse::{
-    load, load_data, load_tree, parse, parse_data, read_file, AGENT_ENGINES, AGENT_TOOLS,
-};
+pub use parse::{field_names, load, load_data, load_tree, parse, parse_data, read_file};
 pub use templates::{Context, NodeEntries, NodeEntry, TemplateError, Templates};

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{InputError, InputViolation};
+use crate::kinds::{Group, NodeKind};
 
 /// A parsed and validated workflow file.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,34 +117,6 @@ pub struct ModelPrice {
     pub cache_read: f64,
     /// Input tokens written to the prompt cache.
     pub cache_write: f64,
-}
-
-/// An `agent` node's settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AgentSpec {
-    /// The model's name in `models`.
-    pub model: Option<String>,
-    /// An external agent CLI instead of a model (`claude-code`, `codex`).
-    pub engine: Option<String>,
-    /// The argv that starts the engine's CLI, before the arguments Cairn
-    /// adds (default: `claude` or `codex` from `PATH`).
-    pub engine_command: Option<Vec<String>>,
-    /// The system prompt (template).
-    pub system: Option<String>,
-    /// The task (template).
-    pub prompt: String,
-    /// The tools the agent may call.
-    pub tools: Vec<String>,
-    /// Child workflows the agent may start, by tool name.
-    pub delegates: BTreeMap<String, String>,
-    /// Most model calls.
-    pub max_steps: u32,
-    /// JSON Schema the final answer must match.
-    pub output_schema: Option<serde_json::Value>,
-    /// How often a non-conforming answer is sent back.
-    pub schema_retries: u32,
-    /// Most this node may spend on models, in USD.
-    pub max_cost_usd: Option<f64>,
 }
 
 /// Node options applied workflow-wide.
@@ -316,208 +289,6 @@ pub struct ScorerAgent {
     pub prompt: String,
 }
 
-/// The kind of a node and its kind-specific settings.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NodeKind {
-    /// Runs an argv (templates) without a shell.
-    Command(Vec<String>),
-    /// Its rendered value is the output.
-    Value(serde_json::Value),
-    /// Waits for a person; the string is the message template.
-    Approval(String),
-    /// Repeats `nodes` until `until` holds, at most `max_iterations` passes.
-    Loop {
-        /// Expression checked after each pass.
-        until: String,
-        /// Upper bound on passes.
-        max_iterations: u32,
-        /// The body.
-        nodes: Vec<NodeSpec>,
-    },
-    /// Mounts `nodes` once per element of the list `list` yields.
-    ForEach {
-        /// Expression yielding the list.
-        list: String,
-        /// Name the element is bound to besides `item`.
-        as_name: Option<String>,
-        /// The body.
-        nodes: Vec<NodeSpec>,
-    },
-    /// Calls one sandboxed tool.
-    Tool {
-        /// The tool's name.
-        tool: String,
-        /// Arguments; strings inside are templates.
-        args: serde_json::Value,
-    },
-    /// Asks a person a question and waits for the answer.
-    Ask {
-        /// The question (template).
-        prompt: String,
-        /// JSON Schema the answer must match.
-        schema: Option<serde_json::Value>,
-    },
-    /// Runs an agent loop (boxed: it is the largest kind).
-    Agent(Box<AgentSpec>),
-    /// Runs another workflow file as a child run and ends with its result.
-    Workflow {
-        /// The child's file, relative to this workflow's folder.
-        path: String,
-        /// The child's input; strings inside are templates.
-        input: Option<serde_json::Value>,
-    },
-}
-
-impl NodeKind {
-    /// The kind key as written in files: `command`, `value`, `approval`, `loop`, `for_each`,
-    /// `tool`, `ask`, `agent`, `workflow`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            NodeKind::Command(_) => "command",
-            NodeKind::Value(_) => "value",
-            NodeKind::Approval(_) => "approval",
-            NodeKind::Loop { .. } => "loop",
-            NodeKind::ForEach { .. } => "for_each",
-            NodeKind::Tool { .. } => "tool",
-            NodeKind::Ask { .. } => "ask",
-            NodeKind::Agent(_) => "agent",
-            NodeKind::Workflow { .. } => "workflow",
-        }
-    }
-
-    /// The body of a group node (`loop`, `for_each`); `None` for leaves.
-    pub fn children(&self) -> Option<&[NodeSpec]> {
-        self.group().map(|g| g.nodes())
-    }
-
-    /// The node as a group (`loop`, `for_each`), for code that handles
-    /// groups only; `None` for a leaf.
-    pub fn group(&self) -> Option<Group<'_>> {
-        match self {
-            NodeKind::Loop {
-                until,
-                max_iterations,
-                nodes,
-            } => Some(Group::Loop {
-                until,
-                max_iterations: *max_iterations,
-                nodes,
-            }),
-            NodeKind::ForEach {
-                list,
-                as_name,
-                nodes,
-            } => Some(Group::ForEach {
-                list,
-                as_name: as_name.as_deref(),
-                nodes,
-            }),
-            NodeKind::Command(_)
-            | NodeKind::Value(_)
-            | NodeKind::Approval(_)
-            | NodeKind::Tool { .. }
-            | NodeKind::Ask { .. }
-            | NodeKind::Agent(_)
-            | NodeKind::Workflow { .. } => None,
-        }
-    }
-
-    /// Whether an attempt of this node may change files in the sandbox
-    /// root (and so gets a snapshot before it starts). A `command` with a
-    /// fixed `cwd` outside the root does not; only the engine knows the
-    /// root, so it checks that itself.
-    pub fn may_change_files(&self) -> bool {
-        match self {
-            NodeKind::Command(_) => true,
-            NodeKind::Tool { tool, .. } => WRITING_TOOLS.contains(&tool.as_str()),
-            // An external CLI works in the root with tools of its own; an
-            // MCP server's tool (`server.tool`) may write there too.
-            NodeKind::Agent(a) => {
-                a.engine.is_some()
-                    || a.tools
-                        .iter()
-                        .any(|t| WRITING_TOOLS.contains(&t.as_str()) || t.contains('.'))
-            }
-            NodeKind::Value(_)
-            | NodeKind::Approval(_)
-            | NodeKind::Ask { .. }
-            | NodeKind::Workflow { .. }
-            | NodeKind::Loop { .. }
-            | NodeKind::ForEach { .. } => false,
-        }
-    }
-
-    /// Whether the kind's own settings are rendered with the template
-    /// context: a template with markup, an expression (a group's), or a
-    /// prompt (an agent renders its prompts in its attempt, with `nodes`).
-    pub fn uses_templates(&self) -> bool {
-        match self {
-            NodeKind::Command(argv) => argv.iter().any(|a| has_markup(a)),
-            NodeKind::Value(v) => value_has_markup(v),
-            NodeKind::Approval(m) => has_markup(m),
-            NodeKind::Tool { args, .. } => value_has_markup(args),
-            NodeKind::Ask { prompt, .. } => has_markup(prompt),
-            NodeKind::Agent(_) => true,
-            NodeKind::Workflow { input, .. } => input.as_ref().is_some_and(value_has_markup),
-            NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
-        }
-    }
-}
-
-/// The built-in tools that write in the sandbox root.
-pub const WRITING_TOOLS: &[&str] = &["write", "edit", "bash"];
-
-/// Whether a string holds template markup (`{{`, `{%`, `{#`).
-pub fn has_markup(s: &str) -> bool {
-    s.contains("{{") || s.contains("{%") || s.contains("{#")
-}
-
-/// Whether any string inside a JSON value holds template markup.
-fn value_has_markup(v: &serde_json::Value) -> bool {
-    match v {
-        serde_json::Value::String(s) => has_markup(s),
-        serde_json::Value::Array(a) => a.iter().any(value_has_markup),
-        serde_json::Value::Object(o) => o.values().any(value_has_markup),
-        serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => {
-            false
-        }
-    }
-}
-
-/// A group node's settings, borrowed ([`NodeKind::group`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Group<'a> {
-    /// `loop`: repeats `nodes` until `until` holds, at most
-    /// `max_iterations` passes.
-    Loop {
-        /// Expression checked after each pass.
-        until: &'a str,
-        /// Upper bound on passes.
-        max_iterations: u32,
-        /// The body.
-        nodes: &'a [NodeSpec],
-    },
-    /// `for_each`: mounts `nodes` once per element of the list `list`
-    /// yields.
-    ForEach {
-        /// Expression yielding the list.
-        list: &'a str,
-        /// Name the element is bound to besides `item`.
-        as_name: Option<&'a str>,
-        /// The body.
-        nodes: &'a [NodeSpec],
-    },
-}
-
-impl<'a> Group<'a> {
-    /// The group's body.
-    pub fn nodes(&self) -> &'a [NodeSpec] {
-        match self {
-            Group::Loop { nodes, .. } | Group::ForEach { nodes, .. } => nodes,
-        }
-    }
-}
-
 /// What a node's failure means for the run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnFailure {
@@ -682,15 +453,14 @@ impl Workflow {
     pub fn child_paths(&self) -> Vec<(String, usize)> {
         fn walk(nodes: &[NodeSpec], out: &mut Vec<(String, usize)>) {
             for n in nodes {
-                match &n.kind {
-                    NodeKind::Workflow { path, .. } => out.push((path.clone(), n.line)),
-                    NodeKind::Agent(a) => {
-                        out.extend(a.delegates.values().map(|p| (p.clone(), n.line)))
-                    }
-                    NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } => {
-                        walk(nodes, out)
-                    }
-                    _ => {}
+                out.extend(
+                    n.kind
+                        .child_workflows()
+                        .into_iter()
+                        .map(|p| (p.to_string(), n.line)),
+                );
+                if let Some(body) = n.kind.children() {
+                    walk(body, out);
                 }
             }
         }
@@ -770,14 +540,14 @@ fn mermaid_group(out: &mut String, nodes: &[NodeSpec], prefix: &str, depth: usiz
     for n in nodes {
         let path = format!("{prefix}{}", n.id);
         let id = mermaid_id(&path);
-        match n.kind.children() {
-            Some(children) => {
-                let extra = match &n.kind {
-                    NodeKind::Loop { max_iterations, .. } => {
+        match n.kind.group() {
+            Some(group) => {
+                let children = group.nodes();
+                let extra = match group {
+                    Group::Loop { max_iterations, .. } => {
                         format!(", at most {max_iterations} passes")
                     }
-                    NodeKind::ForEach { .. } => String::new(),
-                    _ => String::new(),
+                    Group::ForEach { .. } => String::new(),
                 };
                 out.push_str(&format!(
                     "{indent}subgraph {id}[\"{}{}\"]\n",
@@ -788,10 +558,7 @@ fn mermaid_group(out: &mut String, nodes: &[NodeSpec], prefix: &str, depth: usiz
                 out.push_str(&format!("{indent}end\n"));
             }
             None => {
-                let shape = match n.kind {
-                    NodeKind::Approval(_) => ("{{", "}}"),
-                    _ => ("[", "]"),
-                };
+                let shape = n.kind.def().mermaid;
                 out.push_str(&format!(
                     "{indent}{id}{}\"{}\"{}\n",
                     shape.0,

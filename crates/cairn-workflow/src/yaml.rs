@@ -232,9 +232,10 @@ enum Ctx {
     Root,
     /// A list of workflow nodes.
     List,
-    /// One workflow node (its `nodes` and `loop` lead to lists).
+    /// One workflow node (its `nodes`, and the `nodes` of a mapping that
+    /// holds a group's body, `loop`, lead to lists).
     Node,
-    /// A node's `loop` mapping (its `nodes` is the body).
+    /// A node's mapping that holds its body (`loop`; its `nodes` is the body).
     Loop,
 }
 
@@ -274,7 +275,9 @@ impl<O> Frame<O> {
             Body::Map { key: Some(k), .. } => match self.ctx {
                 Ctx::Root | Ctx::Loop if k.is_str("nodes") => Ctx::List,
                 Ctx::Node if k.is_str("nodes") => Ctx::List,
-                Ctx::Node if k.is_str("loop") => Ctx::Loop,
+                Ctx::Node if matches!(&k.value, Yaml::Str(s) if crate::kinds::body_under(s)) => {
+                    Ctx::Loop
+                }
                 _ => Ctx::Plain,
             },
         }

@@ -4,11 +4,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{is_node_id, join, Cx};
-use crate::model::{ModelDef, NodeKind, NodeSpec, ScorerAgent, ScorerKind, ScorerSpec};
+use crate::model::{ModelDef, NodeSpec, ScorerAgent, ScorerKind, ScorerSpec};
 use crate::yaml::{Node, Pos, Yaml};
 
-const SCORER_FIELDS: &[&str] = &["id", "name", "command", "agent", "block"];
-const SCORER_AGENT_FIELDS: &[&str] = &["model", "system", "prompt"];
+pub(super) const SCORER_FIELDS: &[&str] = &["id", "name", "command", "agent", "block"];
+pub(super) const SCORER_AGENT_FIELDS: &[&str] = &["model", "system", "prompt"];
 
 impl Cx {
     /// The `scorers` of a node; entries with problems are left out (the
@@ -212,14 +212,8 @@ impl Cx {
                     Some(hint),
                 );
             }
-            match &n.kind {
-                NodeKind::Loop { nodes, .. } => {
-                    self.scorer_models(nodes, &format!("{nf}.loop.nodes"), models)
-                }
-                NodeKind::ForEach { nodes, .. } => {
-                    self.scorer_models(nodes, &format!("{nf}.nodes"), models)
-                }
-                _ => {}
+            if let Some((body, nodes)) = n.kind.body() {
+                self.scorer_models(nodes, &format!("{nf}.{body}"), models);
             }
         }
     }

@@ -1,0 +1,192 @@
+//! `models:`: the models agents and scorers may name.
+
+use std::collections::BTreeMap;
+
+use super::{is_node_id, join, Cx};
+use crate::model::{ModelDef, ModelPrice};
+use crate::yaml::{Node, Yaml};
+
+pub(super) const MODEL_FIELDS: &[&str] = &[
+    "provider",
+    "model",
+    "api_key_env",
+    "base_url",
+    "max_tokens",
+    "temperature",
+    "idle_timeout",
+    "timeout",
+    "retry",
+    "price",
+    "script",
+];
+pub(super) const PRICE_FIELDS: &[&str] = &["input", "output", "cache_read", "cache_write"];
+
+impl Cx {
+    /// `models:`: each entry a model agents may name.
+    pub(super) fn models(&mut self, node: &Node) -> BTreeMap<String, ModelDef> {
+        let mut out = BTreeMap::new();
+        let Yaml::Map(entries) = &node.value else {
+            self.at(
+                node.pos,
+                Some("models"),
+                format!(
+                    "expected a mapping of named models, found {}",
+                    node.value.type_name()
+                ),
+            );
+            return out;
+        };
+        for (k, v) in entries {
+            let name = k.key_text();
+            let mf = join("models", &name);
+            if !is_node_id(&name) {
+                self.at(
+                    k.pos,
+                    Some(&mf),
+                    format!("`{name}` is not a valid model name; use letters, digits, `_` and `-`"),
+                );
+                continue;
+            }
+            if out.contains_key(&name) {
+                self.at(k.pos, Some(&mf), format!("duplicate model `{name}`"));
+                continue;
+            }
+            if let Some(def) = self.model(v, &mf, &name) {
+                out.insert(name, def);
+            }
+        }
+        out
+    }
+
+    fn model(&mut self, node: &Node, field: &str, name: &str) -> Option<ModelDef> {
+        let f = self.fields(node, field, MODEL_FIELDS, "in a model")?;
+        let provider = match f.get("provider") {
+            Some((_, p)) => {
+                let pf = join(field, "provider");
+                let p_name = self.string(p, &pf)?;
+                if !["anthropic", "openai", "scripted"].contains(&p_name.as_str()) {
+                    self.at_hint(
+                        p.pos,
+                        Some(&pf),
+                        format!("unknown provider `{p_name}`"),
+                        Some("use anthropic, openai (also for vLLM, Ollama, llama.cpp, OpenRouter) or scripted".into()),
+                    );
+                    return None;
+                }
+                p_name
+            }
+            None => {
+                self.at(
+                    node.pos,
+                    Some(&join(field, "provider")),
+                    "missing required field `provider` (anthropic, openai or scripted)",
+                );
+                return None;
+            }
+        };
+        let scripted = provider == "scripted";
+        let model = match f.get("model") {
+            Some((_, m)) => self.string(m, &join(field, "model"))?,
+            None if scripted => name.to_string(),
+            None => {
+                self.at(
+                    node.pos,
+                    Some(&join(field, "model")),
+                    "missing required field `model` (the provider's model id)",
+                );
+                return None;
+            }
+        };
+        let opt_string = |cx: &mut Cx, key: &str| {
+            f.get(key)
+                .and_then(|(_, v)| cx.string(v, &join(field, key)))
+        };
+        let api_key_env = opt_string(self, "api_key_env");
+        let base_url = opt_string(self, "base_url");
+        if let (Some(url), Some((_, v))) = (&base_url, f.get("base_url")) {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                self.at(
+                    v.pos,
+                    Some(&join(field, "base_url")),
+                    format!("`{url}` is not an http:// or https:// address"),
+                );
+            }
+        }
+        let script = opt_string(self, "script");
+        match (&script, scripted) {
+            (None, true) => self.at(
+                node.pos,
+                Some(&join(field, "script")),
+                "a scripted model needs `script` (its file of turns)",
+            ),
+            (Some(_), false) => {
+                let pos = f.get("script").map_or(node.pos, |(k, _)| k.pos);
+                self.at(
+                    pos,
+                    Some(&join(field, "script")),
+                    "`script` is only for scripted models",
+                );
+            }
+            _ => {}
+        }
+        let max_tokens = f
+            .get("max_tokens")
+            .and_then(|(_, v)| self.uint(v, &join(field, "max_tokens"), 1))
+            .map(|n| n.min(u32::MAX as u64) as u32);
+        let temperature = f
+            .get("temperature")
+            .and_then(|(_, v)| self.number(v, &join(field, "temperature")));
+        let idle_timeout = f
+            .get("idle_timeout")
+            .and_then(|(_, v)| self.duration(v, &join(field, "idle_timeout")));
+        let timeout = f
+            .get("timeout")
+            .and_then(|(_, v)| self.duration(v, &join(field, "timeout")));
+        let retry = f
+            .get("retry")
+            .and_then(|(_, v)| self.retry(v, &join(field, "retry")));
+        let price = match f.get("price") {
+            Some((_, v)) => {
+                let pf = join(field, "price");
+                let p = self.fields(v, &pf, PRICE_FIELDS, "in a price")?;
+                let get = |cx: &mut Cx, key: &str| {
+                    p.get(key)
+                        .map(|(_, n)| cx.number(n, &join(&pf, key)))
+                        .unwrap_or(Some(0.0))
+                };
+                Some(ModelPrice {
+                    input: get(self, "input")?,
+                    output: get(self, "output")?,
+                    cache_read: get(self, "cache_read")?,
+                    cache_write: get(self, "cache_write")?,
+                })
+            }
+            None => None,
+        };
+        Some(ModelDef {
+            provider,
+            model,
+            api_key_env,
+            base_url,
+            max_tokens,
+            temperature,
+            idle_timeout,
+            timeout,
+            retry,
+            price,
+            script,
+        })
+    }
+}
+
+/// What to tell of a model name `models` does not declare.
+pub(crate) fn unknown_model_hint(models: &BTreeMap<String, ModelDef>) -> String {
+    if models.is_empty() {
+        "declare it under `models:` at the top level".to_string()
+    } else {
+        format!(
+            "the workflow's models are: {}",
+            models.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    }
+}
