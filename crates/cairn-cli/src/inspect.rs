@@ -5,6 +5,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Context;
+use cairn_api::{ActivityEntry, RunDetail, RunMeta};
+use cairn_client::{ClientError, EventsQuery};
 use cairn_events::{Event, RunStatus, EVENT_TYPES};
 use cairn_store::{EventQuery, RunFilter, SubscribeError};
 use serde_json::{json, Value};
@@ -154,20 +156,27 @@ fn tree_order(runs: &[cairn_store::RunRecord]) -> Vec<(usize, usize)> {
     out
 }
 
-/// `cairn status`.
+/// `cairn status`: the run's state as the server's `GET /v1/runs/{id}`
+/// shows it, whether read from a server or from the store here.
 pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
     let v = match &a.remote.server {
         Some(url) => {
-            let client = cairn_server::client::Client::new(url, a.remote.token.clone())
+            let client = cairn_client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
             client.run(&a.run).await.map_err(client_error)?
         }
         None => {
             let engine = store::engine(g, false)?;
             let rec = store::require_run(engine.journal(), &a.run)?;
-            let st = engine.state(&a.run);
-            let mut v = cairn_server::run_state_json(&st?, &rec);
-            cairn_server::with_child_states(&mut v, engine.journal().backend().as_ref());
+            let st = engine.state(&a.run)?;
+            let meta = RunMeta {
+                workflow: &rec.workflow,
+                status: &rec.status,
+                parent_run_id: rec.parent_run_id.as_deref(),
+            };
+            let mut v = RunDetail::new(&st, &meta);
+            let backend = engine.journal().backend();
+            v.with_child_states(|child| Some(backend.get_run(child).ok()??.status));
             engine.journal().close();
             v
         }
@@ -175,7 +184,7 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", render_status(&v));
+        print!("{}", render_status(v.as_value()));
     }
     Ok(crate::EXIT_OK)
 }
@@ -183,58 +192,47 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
 /// `cairn activity`: the run's Activity view, one line per entry (a child
 /// run's entries indented under the delegation), or the entries as JSON.
 pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
-    let entries: Value = match &a.remote.server {
+    let entries: Vec<ActivityEntry> = match &a.remote.server {
         Some(url) => {
-            let client = cairn_server::client::Client::new(url, a.remote.token.clone())
+            let client = cairn_client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
             cairn_store::validate_run_id(&a.run).map_err(|e| bad_input(e.to_string()))?;
-            let path = format!("/v1/runs/{}/activity", a.run);
-            client.get_json(&path).await.map_err(client_error)?["activity"].take()
+            client.activity(&a.run).await.map_err(client_error)?.activity
         }
         None => {
             let engine = store::engine(g, false)?;
             let rec = store::require_run(engine.journal(), &a.run)?;
             let entries = cairn_server::run_activity(engine.journal().backend().as_ref(), &rec);
             engine.journal().close();
-            serde_json::to_value(entries?)?
+            entries?.into_iter().map(ActivityEntry::from).collect()
         }
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&entries)?);
     } else {
-        print!(
-            "{}",
-            render_activity(entries.as_array().map_or(&[][..], |v| v))
-        );
+        print!("{}", render_activity(&entries));
     }
     Ok(crate::EXIT_OK)
 }
 
 /// Activity entries for people: when (from the first entry), status,
 /// node, what, how long, and the error of those that failed.
-fn render_activity(entries: &[Value]) -> String {
-    let t0 = entries
-        .iter()
-        .filter_map(|e| e["startedMs"].as_i64())
-        .min()
-        .unwrap_or(0);
+fn render_activity(entries: &[ActivityEntry]) -> String {
+    let t0 = entries.iter().map(|e| e.started_ms).min().unwrap_or(0);
     let mut out = String::new();
     // How deep each child run is, from its parent's depth.
     let mut depth: std::collections::HashMap<String, usize> = Default::default();
     for e in entries {
-        let s = |k: &str| e[k].as_str().unwrap_or("");
-        let started = e["startedMs"].as_i64().unwrap_or(t0);
-        let indent = match e["delegatedBy"]["runId"].as_str() {
-            Some(parent) => {
-                let d = depth.get(parent).copied().unwrap_or(0) + 1;
-                if let Some(run) = e["runId"].as_str() {
-                    depth.insert(run.to_string(), d);
-                }
+        let started = e.started_ms;
+        let indent = match &e.delegated_by {
+            Some(by) => {
+                let d = depth.get(&by.run_id).copied().unwrap_or(0) + 1;
+                depth.insert(e.run_id.clone(), d);
                 "  ".repeat(d)
             }
             None => String::new(),
         };
-        let took = match e["endedMs"].as_i64() {
+        let took = match e.ended_ms {
             Some(end) => format!(
                 "  ({})",
                 crate::format::duration_ms((end - started).max(0) as u64)
@@ -244,11 +242,11 @@ fn render_activity(entries: &[Value]) -> String {
         out.push_str(&format!(
             "{indent}+{:<8} {:<9} {:<20} {}{took}\n",
             crate::format::duration_ms((started - t0).max(0) as u64),
-            s("status"),
-            s("nodeId"),
-            s("title"),
+            e.status,
+            e.node_id.as_deref().unwrap_or(""),
+            e.title,
         ));
-        if let Some(err) = e["error"].as_str() {
+        if let Some(err) = &e.error {
             out.push_str(&format!(
                 "{indent}{:>10}{}\n",
                 "",
@@ -260,8 +258,7 @@ fn render_activity(entries: &[Value]) -> String {
 }
 
 /// A server's "not found" or "bad request" is bad input like a local one.
-fn client_error(e: cairn_server::client::ClientError) -> anyhow::Error {
-    use cairn_server::client::ClientError;
+fn client_error(e: ClientError) -> anyhow::Error {
     match &e {
         ClientError::Status { status, .. } if (400..500).contains(status) => {
             bad_input(e.to_string())
@@ -528,7 +525,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
 }
 
 async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
-    let client = cairn_server::client::Client::new(url, a.remote.token.clone())
+    let client = cairn_client::Client::new(url, a.remote.token.clone())
         .map_err(|e| bad_input(e.to_string()))?;
     let stdout = std::io::stdout();
     if a.follow {
@@ -548,42 +545,29 @@ async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
         }
         return Ok(crate::EXIT_OK);
     }
-    let mut after = a.since;
+    let mut q = EventsQuery {
+        after: a.since,
+        types: a.types.clone(),
+        node: a.node.clone(),
+        limit: Some(5000),
+    };
     loop {
-        let mut path = format!("/v1/runs/{}/events?after={after}&limit=5000", a.run);
-        if !a.types.is_empty() {
-            path.push_str(&format!("&type={}", a.types.join(",")));
-        }
-        if let Some(n) = &a.node {
-            path.push_str(&format!("&node={}", percent_encode(n)));
-        }
-        let page = client.get_json(&path).await.map_err(client_error)?;
+        let page = client
+            .events_page(&a.run, &q)
+            .await
+            .map_err(client_error)?;
         let mut out = stdout.lock();
-        for v in page["events"].as_array().into_iter().flatten() {
-            // serde_json wrote the stored text; writing the parsed value
-            // again (keys in order) gives the same bytes.
-            print_event(&mut out, &v.to_string(), a.json)?;
+        for e in &page.events {
+            // The store's text, as the server sent it.
+            print_event(&mut out, e.get(), a.json)?;
         }
         out.flush()?;
-        match page["nextAfter"].as_u64() {
-            Some(n) => after = n,
+        match page.next_after {
+            Some(n) => q.after = n,
             None => break,
         }
     }
     Ok(crate::EXIT_OK)
-}
-
-/// Percent-encodes a query value (node paths hold `[`, `]` and `.`).
-fn percent_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn count_nodes(nodes: &[cairn_workflow::NodeSpec]) -> usize {
@@ -807,8 +791,9 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         // Servers that share a PostgreSQL store take over each other's runs
         // once a dead one's leases expire; a few looks per lease.
         takeover: g
-            .postgres_url()
-            .map(|_| store::lease_ttl(g).map(|ttl| ttl / 2))
+            .store
+            .is_postgres()
+            .then(|| store::lease_ttl(g).map(|ttl| ttl / 2))
             .transpose()?,
         ..Default::default()
     };

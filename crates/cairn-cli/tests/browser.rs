@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cairn_server::client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client};
 use fantoccini::key::Key;
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::{json, Value};

@@ -16,7 +16,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use cairn_events::{Event, EventKind};
-use cairn_server::client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client};
 use serde_json::{json, Value};
 
 /// Commands that take a while, so that the kill lands in the middle; every

@@ -500,7 +500,7 @@ fn a_stored_generation_changed_outside_cairn_is_not_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watching_server_reloads_the_runs_it_drives() {
-    use cairn_server::client::{wait_healthy, Client};
+    use cairn_client::{wait_healthy, Client};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
     save(&d, "flow.yaml", OLD);

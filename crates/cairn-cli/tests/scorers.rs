@@ -234,10 +234,10 @@ async fn scores_are_aggregated_per_generation_in_the_cli_and_over_http() {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut server = serve(d, &["--store", ".cairn/cairn.db"], port);
-    cairn_server::client::wait_healthy(&url, Duration::from_secs(30))
+    cairn_client::wait_healthy(&url, Duration::from_secs(30))
         .await
         .unwrap();
-    let c = cairn_server::client::Client::new(&url, None).unwrap();
+    let c = cairn_client::Client::new(&url, None).unwrap();
     let http = c.get_json("/v1/scores?workflow=agg").await.unwrap();
     assert_eq!(http, cli);
     let one = c

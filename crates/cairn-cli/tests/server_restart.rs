@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cairn_server::client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client};
 use serde_json::{json, Value};
 
 const WORKFLOW: &str = r#"

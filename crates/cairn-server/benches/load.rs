@@ -451,7 +451,7 @@ async fn server() {
 
     // Serving starts after the server resumes interrupted runs; the bench's
     // run must not be mistaken for one.
-    cairn_server::client::wait_healthy(&format!("http://{addr}"), Duration::from_secs(30))
+    cairn_client::wait_healthy(&format!("http://{addr}"), Duration::from_secs(30))
         .await
         .unwrap();
     journal

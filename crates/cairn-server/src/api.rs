@@ -11,10 +11,14 @@ use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
+use cairn_api::{
+    ActivityEntry, ActivityPage, AnswerBody, Answered, CancelBody, CancelMechanism, Cancelled,
+    DecideBody, Decided, Health, ResumeBody, RunAccepted, RunDetail, RunList, RunMeta, RunSummary,
+    StartBody,
+};
 use cairn_events::{ActivityFolder, Event, Metrics, RunState, RunStatus, EVENT_TYPES};
 use cairn_store::{EventQuery, Journal, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -389,8 +393,8 @@ pub(crate) fn known_params(q: &HashMap<String, String>, known: &[&str]) -> Resul
 
 type Params = Query<HashMap<String, String>>;
 
-async fn healthz() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+async fn healthz() -> Json<Health> {
+    Json(Health::ok())
 }
 
 async fn openapi() -> Response {
@@ -426,46 +430,34 @@ pub(crate) async fn fold_metrics(state: AppState) {
     }
 }
 
+/// What the API's run views take from a run's record.
+pub(crate) fn run_meta(rec: &RunRecord) -> RunMeta<'_> {
+    RunMeta {
+        workflow: &rec.workflow,
+        status: &rec.status,
+        parent_run_id: rec.parent_run_id.as_deref(),
+    }
+}
+
 /// A run as `GET /v1/runs` lists it: its record, and from its state what
 /// a list shows (when it started and ended, progress, tokens, cost). A run
 /// whose log cannot be read is listed without those: one damaged run must
 /// not hide the others.
-fn run_json(state: &AppState, r: &RunRecord) -> Value {
-    let mut v = json!({
-        "runId": r.run_id,
-        "workflow": r.workflow,
-        "status": r.status,
-        "createdMs": r.created_ms,
-        "updatedMs": r.updated_ms,
-    });
-    if let Some(p) = &r.parent_run_id {
-        v["parentRunId"] = json!(p);
-    }
-    if let Err(e) = state.with_state(r, |st| with_numbers(&mut v, st)) {
-        tracing::warn!(run = %r.run_id, "listing runs: {}", e.message);
-    }
-    v
-}
-
-/// What a run list shows of a run's state.
-fn with_numbers(v: &mut Value, st: &RunState) {
-    v["progress"] = json!(st.progress());
-    v["tokens"] = json!(st.tokens);
-    if let Some(t) = st.started_ms {
-        v["startedMs"] = json!(t);
-    }
-    if let Some(t) = st.ended_ms {
-        v["endedMs"] = json!(t);
-    }
-    if let Some(c) = st.cost_usd {
-        v["costUsd"] = json!(c);
+fn run_summary(state: &AppState, r: &RunRecord) -> RunSummary {
+    let summary = RunSummary::new(&r.run_id, &run_meta(r), r.created_ms, r.updated_ms);
+    match state.with_state(r, |st| summary.clone().with_state(st)) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(run = %r.run_id, "listing runs: {}", e.message);
+            summary
+        }
     }
 }
 
 async fn list_runs(
     State(state): State<AppState>,
     Query(q): Params,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunList>, ApiError> {
     known_params(&q, &["status", "workflow", "parent", "limit", "offset"])?;
     if let Some(s) = q.get("status") {
         if RunStatus::parse(s).is_none() {
@@ -494,51 +486,16 @@ async fn list_runs(
         let mut runs = st.journal().backend().list_runs(&filter)?;
         let more = runs.len() > limit;
         runs.truncate(limit);
-        let runs: Vec<Value> = runs.iter().map(|r| run_json(&st, r)).collect();
+        let runs: Vec<RunSummary> = runs.iter().map(|r| run_summary(&st, r)).collect();
         Ok((runs, more))
     })
     .await?;
-    let mut body = json!({
-        "runs": runs,
-        "limit": limit,
-        "offset": offset,
-    });
-    if more {
-        body["nextOffset"] = json!(offset + limit);
-    }
-    Ok(Json(body))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct StartBody {
-    workflow: String,
-    #[serde(default)]
-    input: Option<Value>,
-    #[serde(default)]
-    run_id: Option<String>,
-    #[serde(default, deserialize_with = "count")]
-    max_concurrency: Option<usize>,
-}
-
-/// A count of at least 1, written as an integer (`4`, or `4.0`, which JSON
-/// Schema calls an integer too); `null` reads as absent.
-fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    use serde::de::Error;
-    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
-        return Ok(None);
-    };
-    let whole = n.as_u64().or_else(|| {
-        n.as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
-            .map(|f| f as u64)
-    });
-    match whole.and_then(|w| usize::try_from(w).ok()) {
-        Some(c) if c >= 1 => Ok(Some(c)),
-        _ => Err(D::Error::custom(format!(
-            "`maxConcurrency`: {n} is not a whole number of at least 1"
-        ))),
-    }
+    Ok(Json(RunList {
+        runs,
+        limit,
+        offset,
+        next_offset: more.then_some(offset + limit),
+    }))
 }
 
 async fn start_run(
@@ -573,67 +530,23 @@ async fn start_run(
     let run_id = handle.run_id.clone();
     // The run goes on in the engine; nobody here waits for its end.
     drop(handle);
-    Ok((StatusCode::CREATED, Json(json!({"runId": run_id}))).into_response())
+    Ok((StatusCode::CREATED, Json(RunAccepted { run_id })).into_response())
 }
 
 async fn get_run(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunDetail>, ApiError> {
     let rec = existing_run(&state, &id).await?;
     let st = state.clone();
     let v = blocking(move || {
-        let mut v = st.with_state(&rec, |s| run_state_json(s, &rec))?;
-        with_child_states(&mut v, st.journal().backend().as_ref());
+        let mut v = st.with_state(&rec, |s| RunDetail::new(s, &run_meta(&rec)))?;
+        let backend = st.journal().backend();
+        v.with_child_states(|child| Some(backend.get_run(child).ok()??.status));
         Ok(v)
     })
     .await?;
     Ok(Json(v))
-}
-
-/// Gives each child run listed in a run's state (`children`) the status
-/// its own record has now: the parent's log says how a child ended, not
-/// how one that runs is doing (waiting for a person, say).
-pub fn with_child_states(v: &mut Value, backend: &dyn cairn_store::Backend) {
-    let Some(children) = v.get_mut("children").and_then(Value::as_array_mut) else {
-        return;
-    };
-    for c in children {
-        let Some(id) = c["runId"].as_str() else {
-            continue;
-        };
-        if let Ok(Some(rec)) = backend.get_run(id) {
-            c["state"] = json!(rec.status);
-        }
-    }
-}
-
-/// A run's state as a JSON value. Through text, since outputs are kept as
-/// JSON text and turning text into a value directly is bound by
-/// serde_json's limit of 128 levels, which a group's output can pass.
-fn state_value(st: &RunState) -> Value {
-    let text = serde_json::to_string(st).expect("a RunState serializes to JSON");
-    let mut de = serde_json::Deserializer::from_str(&text);
-    de.disable_recursion_limit();
-    serde::Deserialize::deserialize(&mut de).expect("JSON this process wrote reads back")
-}
-
-/// A run's state as `GET /v1/runs/{id}` answers it (and `cairn status
-/// --json` prints it): the reducer's state, plus progress, counts by status,
-/// the workflow's name, the store's status before the log has one, and the
-/// parent run of a child run.
-pub fn run_state_json(st: &RunState, rec: &RunRecord) -> Value {
-    let mut v = state_value(st);
-    v["progress"] = json!(st.progress());
-    v["counts"] = json!(st.counts());
-    v["workflow"] = json!(rec.workflow);
-    if v.get("status").is_none() {
-        v["status"] = json!(rec.status);
-    }
-    if let Some(p) = &rec.parent_run_id {
-        v["parentRunId"] = json!(p);
-    }
-    v
 }
 
 /// Node kinds by node path, from the workflow text the run was started
@@ -665,7 +578,7 @@ fn node_kinds(rec: &RunRecord) -> HashMap<String, String> {
 async fn activity(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ActivityPage>, ApiError> {
     let rec = existing_run(&state, &id).await?;
     let journal = state.journal().clone();
     let entries = blocking(move || {
@@ -675,7 +588,10 @@ async fn activity(
         })
     })
     .await?;
-    Ok(Json(json!({"runId": id, "activity": entries})))
+    Ok(Json(ActivityPage {
+        run_id: id,
+        activity: entries.into_iter().map(ActivityEntry::from).collect(),
+    }))
 }
 
 /// Why a run's Activity view could not be built.
@@ -786,24 +702,9 @@ async fn events_page(
     let mut events = blocking(move || Ok(journal.backend().read_events(&run, &query)?)).await?;
     let more = events.len() > limit;
     events.truncate(limit);
-    // Built by hand so each event is the store's text, byte for byte.
-    let mut body =
-        String::with_capacity(events.iter().map(|e| e.json.len() + 1).sum::<usize>() + 64);
-    body.push_str("{\"runId\":");
-    body.push_str(&serde_json::to_string(&id).expect("strings serialize"));
-    body.push_str(",\"events\":[");
-    for (i, e) in events.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&e.json);
-    }
-    body.push(']');
-    if more {
-        let next = events.last().map_or(after, |e| e.seq);
-        body.push_str(&format!(",\"nextAfter\":{next}"));
-    }
-    body.push('}');
+    // Each event is the store's text, byte for byte, not read again.
+    let next_after = more.then(|| events.last().map_or(after, |e| e.seq));
+    let body = cairn_api::events_page_json(&id, events.iter().map(|e| &*e.json), next_after);
     Ok((
         [(header::CONTENT_TYPE, "application/json")],
         Body::from(body),
@@ -811,61 +712,37 @@ async fn events_page(
         .into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DecideBody {
-    approved: bool,
-    #[serde(default)]
-    note: Option<String>,
-    #[serde(default)]
-    by: Option<String>,
-}
-
 async fn decide(
     State(state): State<AppState>,
     Path((id, node)): Path<(String, String)>,
     JsonBody(body): JsonBody<DecideBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Decided>, ApiError> {
     existing_run(&state, &id).await?;
     state
         .engine()
         .decide(&id, &node, body.approved, body.note, body.by)
         .await?;
-    Ok(Json(
-        json!({"runId": id, "nodeId": node, "approved": body.approved}),
-    ))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AnswerBody {
-    value: Value,
-    #[serde(default)]
-    by: Option<String>,
+    Ok(Json(Decided {
+        run_id: id,
+        node_id: node,
+        approved: body.approved,
+    }))
 }
 
 async fn answer(
     State(state): State<AppState>,
     Path((id, request_id)): Path<(String, String)>,
     JsonBody(body): JsonBody<AnswerBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Answered>, ApiError> {
     existing_run(&state, &id).await?;
     state
         .engine()
         .answer(&id, &request_id, body.value, body.by)
         .await?;
-    Ok(Json(json!({"runId": id, "requestId": request_id})))
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CancelBody {
-    #[serde(default)]
-    graceful: bool,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    by: Option<String>,
+    Ok(Json(Answered {
+        run_id: id,
+        request_id,
+    }))
 }
 
 async fn cancel(
@@ -878,23 +755,15 @@ async fn cancel(
         .engine()
         .cancel(&id, body.graceful, body.reason, body.by)
         .await?;
-    let mechanism = if body.graceful {
-        "graceful"
-    } else {
-        "immediate"
-    };
+    let mechanism = CancelMechanism::of(body.graceful);
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"runId": id, "mechanism": mechanism})),
+        Json(Cancelled {
+            run_id: id,
+            mechanism,
+        }),
     )
         .into_response())
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct ResumeBody {
-    #[serde(default, deserialize_with = "count")]
-    max_concurrency: Option<usize>,
 }
 
 async fn resume(
@@ -917,7 +786,7 @@ async fn resume(
     let handle = state.engine().resume(&id, opts).await?;
     let run_id = handle.run_id.clone();
     drop(handle);
-    Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response())
+    Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })).into_response())
 }
 
 /// Exposed for the WebSocket's `listRuns`, which answers like `GET /v1/runs`.
@@ -925,9 +794,8 @@ pub(crate) async fn list_runs_value(
     state: &AppState,
     q: HashMap<String, String>,
 ) -> Result<Value, ApiError> {
-    list_runs(State(state.clone()), Query(q))
-        .await
-        .map(|Json(v)| v)
+    let Json(list) = list_runs(State(state.clone()), Query(q)).await?;
+    Ok(serde_json::to_value(list).expect("a run list serializes to JSON"))
 }
 
 #[cfg(test)]

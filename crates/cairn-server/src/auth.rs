@@ -19,9 +19,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use cairn_api::{LoginBody, Session};
 use hmac::{Hmac, KeyInit, Mac};
-use serde::Deserialize;
-use serde_json::json;
 use sha2::Sha256;
 
 use crate::api::{AppState, JsonBody};
@@ -152,13 +151,6 @@ pub(crate) async fn require_token(
     }
 }
 
-/// `POST /v1/session`: the body of a login.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LoginBody {
-    token: String,
-}
-
 /// The `Set-Cookie` value of a session (`value` empty and `Max-Age=0` to
 /// end it).
 fn session_cookie(value: &str, end: bool) -> HeaderValue {
@@ -173,10 +165,10 @@ fn session_cookie(value: &str, end: bool) -> HeaderValue {
 /// request carries a valid one (header or cookie). Needs no token itself.
 pub(crate) async fn session(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let authenticated = matches!(check(&state, &headers), Check::Allowed);
-    Json(json!({
-        "tokenRequired": state.token().is_some(),
-        "authenticated": authenticated,
-    }))
+    Json(Session {
+        token_required: state.token().is_some(),
+        authenticated,
+    })
     .into_response()
 }
 
@@ -239,7 +231,11 @@ pub(crate) async fn login(
     JsonBody(body): JsonBody<LoginBody>,
 ) -> Response {
     let Some(expected) = state.token() else {
-        return Json(json!({"tokenRequired": false, "authenticated": true})).into_response();
+        return Json(Session {
+            token_required: false,
+            authenticated: true,
+        })
+        .into_response();
     };
     let now = Instant::now();
     let ip = ext
@@ -263,7 +259,11 @@ pub(crate) async fn login(
         }
         return unauthorized(false);
     }
-    let mut r = Json(json!({"tokenRequired": true, "authenticated": true})).into_response();
+    let mut r = Json(Session {
+        token_required: true,
+        authenticated: true,
+    })
+    .into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
         session_cookie(&session_value(expected), false),

@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use cairn_api::{ErrorBody, ErrorInfo, InputViolation};
 use serde_json::{json, Value};
 
 use cairn_engine::EngineError;
@@ -64,19 +65,24 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
-    /// The JSON body, also used for WebSocket replies.
-    pub fn body(&self) -> Value {
-        let mut e = json!({"code": self.code, "message": self.message});
-        if let Some(d) = &self.details {
-            e["details"] = d.clone();
+    /// What the body says (see [`ErrorBody`]).
+    pub fn info(&self) -> ErrorInfo {
+        ErrorInfo {
+            code: self.code.to_string(),
+            message: self.message.clone(),
+            details: self.details.clone(),
         }
-        e
+    }
+
+    /// The body's `error`, also used for WebSocket replies.
+    pub fn body(&self) -> Value {
+        serde_json::to_value(self.info()).expect("an error serializes to JSON")
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": self.body()});
+        let body = ErrorBody { error: self.info() };
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             resp.headers_mut().insert(
@@ -115,12 +121,14 @@ impl From<EngineError> for ApiError {
                     .map(|f| f.to_string_lossy().into_owned())
                     .unwrap_or_default(),
             )),
-            EngineError::Input(i) => Some(Value::Array(
-                i.violations
-                    .iter()
-                    .map(|v| json!({"pointer": v.pointer, "message": v.message}))
-                    .collect(),
-            )),
+            EngineError::Input(i) => Some(json!(i
+                .violations
+                .iter()
+                .map(|v| InputViolation {
+                    pointer: v.pointer.clone(),
+                    message: v.message.clone(),
+                })
+                .collect::<Vec<_>>())),
             _ => None,
         };
         let message = match &e {
@@ -195,16 +203,19 @@ pub(crate) fn io_out_of_descriptors(e: &std::io::Error) -> bool {
 /// report a bug: another process holding the database beyond the busy
 /// timeout (`Locked`), a closed journal, a read-only file or mount. A full
 /// disk is 507 Insufficient Storage, the status HTTP has for exactly this.
-/// Everything else (a damaged or too-new database, an unreadable row, an
-/// I/O or database error, a failed commit) is the server's own failure: 500.
+/// Everything else (a damaged, too-new, missing or misnamed store, an
+/// unreadable row, an I/O or database error, a failed commit) is the
+/// server's own failure: 500.
 /// The match is exhaustive so that a new store error must be placed here.
 fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
     match e {
-        StoreError::NotFound(_) | StoreError::RecordNotFound { .. } => {
+        StoreError::RunNotFound(_) | StoreError::RecordNotFound { .. } => {
             (StatusCode::NOT_FOUND, "not_found")
         }
         StoreError::InvalidRunId(_) => (StatusCode::BAD_REQUEST, "invalid_run_id"),
-        StoreError::RunExists(_) | StoreError::Busy { .. } => (StatusCode::CONFLICT, "conflict"),
+        StoreError::RunExists(_) | StoreError::LeaseHeld { .. } => {
+            (StatusCode::CONFLICT, "conflict")
+        }
         StoreError::Locked { .. } => (StatusCode::SERVICE_UNAVAILABLE, "store_locked"),
         StoreError::ReadOnly { .. } => (StatusCode::SERVICE_UNAVAILABLE, "store_read_only"),
         StoreError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -212,6 +223,8 @@ fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
         StoreError::Corrupt { .. }
         | StoreError::TooNew { .. }
         | StoreError::Open { .. }
+        | StoreError::Missing { .. }
+        | StoreError::BadUrl(_)
         | StoreError::BadRow { .. }
         | StoreError::Database(_)
         | StoreError::Io { .. }
@@ -278,7 +291,7 @@ mod tests {
         // Each case makes its error afresh: StoreError is not Clone.
         type Case = (fn() -> StoreError, u16, &'static str);
         let cases: Vec<Case> = vec![
-            (|| StoreError::NotFound("r".into()), 404, "not_found"),
+            (|| StoreError::RunNotFound("r".into()), 404, "not_found"),
             (
                 || StoreError::RecordNotFound {
                     what: "command",
@@ -293,17 +306,21 @@ mod tests {
                 "invalid_run_id",
             ),
             (|| StoreError::RunExists("r".into()), 409, "conflict"),
-            (|| StoreError::Busy { run: "r".into() }, 409, "conflict"),
+            (
+                || StoreError::LeaseHeld { run: "r".into() },
+                409,
+                "conflict",
+            ),
             (
                 || StoreError::Locked {
-                    path: PathBuf::from("cairn.db"),
+                    store: "cairn.db".into(),
                 },
                 503,
                 "store_locked",
             ),
             (
                 || StoreError::ReadOnly {
-                    path: PathBuf::from("cairn.db"),
+                    store: "cairn.db".into(),
                     detail: "ro".into(),
                 },
                 503,
@@ -312,14 +329,14 @@ mod tests {
             (|| StoreError::Closed, 503, "unavailable"),
             (
                 || StoreError::DiskFull {
-                    path: PathBuf::from("cairn.db"),
+                    store: "cairn.db".into(),
                 },
                 507,
                 "store_full",
             ),
             (
                 || StoreError::Corrupt {
-                    path: PathBuf::from("cairn.db"),
+                    store: "cairn.db".into(),
                     detail: "x".into(),
                 },
                 500,

@@ -1,6 +1,6 @@
 //! `cairn serve`: Cairn's runs over HTTP, their live events over SSE and
-//! WebSocket, Prometheus metrics, and a small client the CLI uses to follow
-//! a run on a server.
+//! WebSocket, and Prometheus metrics. The bodies it answers with are
+//! `cairn-api`'s types; the client that reads them is `cairn-client`.
 //!
 //! Runs execute inside the server process (the [`Engine`]); watchers are fed
 //! by push from the store's sequencer ([`cairn_store::Journal::subscribe`]),
@@ -13,7 +13,6 @@
 
 mod api;
 mod auth;
-pub mod client;
 pub mod descriptors;
 mod error;
 mod feed;
@@ -35,7 +34,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-pub use api::{run_activity, run_state_json, with_child_states, ActivityError};
+pub use api::{run_activity, ActivityError};
 pub use cairn_engine::{Engine, EngineError, EngineOptions};
 pub use guard::GuardConfigError;
 

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
+use cairn_api::{Plan, PlanNode, ToolCall, ToolCalls};
 use cairn_store::RunRecord;
 use cairn_workflow::{NodeKind, NodeSpec};
-use serde_json::{json, Value};
 
 use crate::api::{blocking, existing_run, known_params, AppState};
 use crate::error::ApiError;
@@ -22,7 +22,7 @@ use crate::error::ApiError;
 /// A path is as events name nodes (`review.fix` inside the loop `review`),
 /// except inside a `for_each`, whose members appear once as a template
 /// (`per_line.show`) while events name each instance (`per_line[3].show`).
-pub(crate) fn plan_of(rec: &RunRecord) -> Vec<Value> {
+pub(crate) fn plan_of(rec: &RunRecord) -> Vec<PlanNode> {
     let Ok(wf) = cairn_workflow::parse(
         &rec.workflow_source,
         std::path::Path::new(&rec.workflow_path),
@@ -43,32 +43,33 @@ pub(crate) fn plan_of(rec: &RunRecord) -> Vec<Value> {
             .as_deref()
             .map(|p| format!("{p}."))
             .unwrap_or_default();
-        let mut v = json!({
-            "path": path,
-            "id": n.id,
-            "kind": n.kind.name(),
-            "depth": depth,
-            "needs": n.needs.iter().map(|d| format!("{prefix}{d}")).collect::<Vec<_>>(),
-            "line": n.line,
-        });
-        if let Some(p) = &parent {
-            v["parent"] = json!(p);
-        }
-        if let Some(stage) = &n.stage {
-            v["stage"] = json!(stage);
-        }
+        let mut v = PlanNode {
+            path: path.clone(),
+            id: n.id.clone(),
+            kind: n.kind.name().to_string(),
+            depth,
+            needs: n.needs.iter().map(|d| format!("{prefix}{d}")).collect(),
+            line: n.line,
+            parent: parent.clone(),
+            stage: n.stage.clone(),
+            max_iterations: None,
+            tool: None,
+            children: None,
+        };
         match &n.kind {
             NodeKind::Loop { max_iterations, .. } => {
-                v["maxIterations"] = json!(max_iterations);
+                v.max_iterations = Some(*max_iterations);
             }
-            NodeKind::Tool { tool, .. } => v["tool"] = json!(tool),
+            NodeKind::Tool { tool, .. } => v.tool = Some(tool.clone()),
             _ => {}
         }
         if let Some(children) = n.kind.children() {
-            v["children"] = json!(children
-                .iter()
-                .map(|c| format!("{path}.{}", c.id))
-                .collect::<Vec<_>>());
+            v.children = Some(
+                children
+                    .iter()
+                    .map(|c| format!("{path}.{}", c.id))
+                    .collect(),
+            );
             for c in children.iter().rev() {
                 stack.push((c, format!("{path}.{}", c.id), Some(path.clone()), depth + 1));
             }
@@ -82,14 +83,16 @@ pub(crate) fn plan_of(rec: &RunRecord) -> Vec<Value> {
 pub(crate) async fn plan(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Plan>, ApiError> {
     let rec = existing_run(&state, &id).await?;
     let workflow = rec.workflow.clone();
     // Parsing a workflow of 100,000 nodes takes a while: off the async threads.
     let nodes = blocking(move || Ok(plan_of(&rec))).await?;
-    Ok(Json(
-        json!({"runId": id, "workflow": workflow, "nodes": nodes}),
-    ))
+    Ok(Json(Plan {
+        run_id: id,
+        workflow,
+        nodes,
+    }))
 }
 
 /// `GET /v1/runs/{id}/nodes/{node}/tool-calls?iteration=N`: the tool calls
@@ -99,7 +102,7 @@ pub(crate) async fn tool_calls(
     State(state): State<AppState>,
     Path((id, node)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ToolCalls>, ApiError> {
     known_params(&q, &["iteration"])?;
     let iteration: u32 = match q.get("iteration") {
         None => 0,
@@ -114,43 +117,55 @@ pub(crate) async fn tool_calls(
     let journal = state.journal().clone();
     let (run, path) = (id.clone(), node.clone());
     let calls = blocking(move || Ok(journal.backend().tool_calls(&run, &path, iteration)?)).await?;
-    let calls: Vec<Value> = calls
-        .into_iter()
-        .map(|c| {
-            let mut v = json!({
-                "attempt": c.attempt,
-                "toolSeq": c.tool_seq,
-                "tool": c.tool,
-                "idempotencyKey": c.idempotency_key,
-                "sideEffect": c.side_effect,
-                "idempotent": c.idempotent,
-                "input": c.input,
-                "status": c.status,
-                "startedMs": c.started_ms,
-            });
-            if let Some(o) = c.output {
-                v["output"] = o;
-            }
-            if let Some(t) = c.finished_ms {
-                v["finishedMs"] = json!(t);
-            }
-            if let Some(e) = c.error {
-                v["error"] = e;
-            }
-            v
-        })
-        .collect();
-    Ok(Json(json!({
-        "runId": id,
-        "nodeId": node,
-        "iteration": iteration,
-        "toolCalls": calls,
-    })))
+    Ok(Json(ToolCalls {
+        run_id: id,
+        node_id: node,
+        iteration,
+        tool_calls: calls.into_iter().map(tool_call).collect(),
+    }))
+}
+
+/// A tool call's row as the API shows it. Every field is named, so that a
+/// field added to the row is a compile error here rather than one the API
+/// silently leaves out.
+fn tool_call(c: cairn_store::ToolCallRecord) -> ToolCall {
+    let cairn_store::ToolCallRecord {
+        run_id: _,
+        node_id: _,
+        iteration: _,
+        attempt,
+        tool_seq,
+        tool,
+        idempotency_key,
+        side_effect,
+        idempotent,
+        input,
+        output,
+        started_ms,
+        finished_ms,
+        status,
+        error,
+    } = c;
+    ToolCall {
+        attempt,
+        tool_seq,
+        tool,
+        idempotency_key,
+        side_effect,
+        idempotent,
+        input,
+        status,
+        started_ms,
+        output,
+        finished_ms,
+        error,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     #[test]
     fn the_plan_lists_groups_then_their_members_with_needs_as_paths() {
@@ -190,7 +205,8 @@ nodes:
             updated_ms: 0,
             parent_run_id: None,
         };
-        let plan = plan_of(&rec);
+        let plan = serde_json::to_value(plan_of(&rec)).unwrap();
+        let plan: &Vec<Value> = plan.as_array().unwrap();
         let paths: Vec<&str> = plan.iter().map(|n| n["path"].as_str().unwrap()).collect();
         assert_eq!(paths, ["a", "g", "g.x", "g.y", "each", "each.z"]);
         assert_eq!(plan[1]["needs"], json!(["a"]));

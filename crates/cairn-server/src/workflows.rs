@@ -16,8 +16,9 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use axum::http::StatusCode;
+use cairn_api::ProblemLocation;
 use cairn_workflow::{Workflow, WorkflowError};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
 
@@ -224,19 +225,17 @@ fn invalid(name: &str, path: &Path, dir: &Path, e: &WorkflowError) -> ApiError {
 /// Each problem's place (file, line, column, field), with `file` as given
 /// and the field cut to its [`known_field`] part.
 pub(crate) fn problem_locations(e: &WorkflowError, file: &str) -> Value {
-    Value::Array(
-        e.problems
-            .iter()
-            .map(|p| {
-                json!({
-                    "file": file,
-                    "line": p.line,
-                    "column": p.column,
-                    "field": p.field.as_deref().and_then(known_field),
-                })
-            })
-            .collect(),
-    )
+    let places: Vec<ProblemLocation> = e
+        .problems
+        .iter()
+        .map(|p| ProblemLocation {
+            file: file.to_string(),
+            line: p.line,
+            column: p.column,
+            field: p.field.as_deref().and_then(known_field),
+        })
+        .collect();
+    serde_json::to_value(places).expect("places serialize to JSON")
 }
 
 /// Field names of the workflow format (WORKFLOW.md). A field path names the

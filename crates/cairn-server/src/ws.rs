@@ -666,8 +666,10 @@ impl Session {
             } => {
                 existing_run(&state, &run_id).await?;
                 state.engine().cancel(&run_id, graceful, reason, by).await?;
-                let mechanism = if graceful { "graceful" } else { "immediate" };
-                Ok(json!({"runId": run_id, "mechanism": mechanism}))
+                Ok(reply(cairn_api::Cancelled {
+                    run_id,
+                    mechanism: cairn_api::CancelMechanism::of(graceful),
+                }))
             }
             Request::Approve {
                 run_id,
@@ -692,7 +694,7 @@ impl Session {
                     .engine()
                     .answer(&run_id, &request_id, value, by)
                     .await?;
-                Ok(json!({"runId": run_id, "requestId": request_id}))
+                Ok(reply(cairn_api::Answered { run_id, request_id }))
             }
         }
     }
@@ -711,7 +713,16 @@ async fn decide(
         .engine()
         .decide(&run_id, &node_id, approved, note, by)
         .await?;
-    Ok(json!({"runId": run_id, "nodeId": node_id, "approved": approved}))
+    Ok(reply(cairn_api::Decided {
+        run_id,
+        node_id,
+        approved,
+    }))
+}
+
+/// A reply's `result` that is the same body as the HTTP route's.
+fn reply(body: impl serde::Serialize) -> Value {
+    serde_json::to_value(body).expect("API bodies serialize to JSON")
 }
 
 async fn forward_all(

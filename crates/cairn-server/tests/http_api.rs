@@ -22,14 +22,14 @@ nodes:
     command: ["sh", "-c", "echo done"]
 "#;
 
-async fn status_of(c: &cairn_server::client::Client, run: &str) -> String {
+async fn status_of(c: &cairn_client::Client, run: &str) -> String {
     c.run(run).await.unwrap()["status"]
         .as_str()
         .unwrap_or("")
         .to_string()
 }
 
-async fn wait_status(c: &cairn_server::client::Client, run: &str, want: &str) {
+async fn wait_status(c: &cairn_client::Client, run: &str, want: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let s = status_of(c, run).await;
@@ -44,7 +44,7 @@ async fn wait_status(c: &cairn_server::client::Client, run: &str, want: &str) {
     }
 }
 
-async fn collect(mut s: cairn_server::client::EventStream) -> Vec<String> {
+async fn collect(mut s: cairn_client::EventStream) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(line) = s.next_event().await {
         out.push(line.unwrap());

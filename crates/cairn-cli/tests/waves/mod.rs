@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_server::client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client};
 use serde_json::{json, Value};
 
 /// The workflow every run of a wave runs.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cairn_events::{EventKind, Scope};
-use cairn_server::client::Client;
+use cairn_client::Client;
 use cairn_server::{Engine, EngineOptions, ServeConfig, Server};
 use cairn_store::{EventQuery, Journal, JournalOptions, RunLog, RunRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -64,7 +64,7 @@ impl TestServer {
         // Serving starts after the resume of interrupted runs: once healthy,
         // runs written here cannot be taken for interrupted ones.
         let url = format!("http://{addr}");
-        cairn_server::client::wait_healthy(&url, Duration::from_secs(30))
+        cairn_client::wait_healthy(&url, Duration::from_secs(30))
             .await
             .unwrap();
         TestServer {
