@@ -964,6 +964,465 @@ struct NodeLog {
     interrupted: u32,
 }
 
+impl Phase {
+    /// Why an event of an attempt cannot come in this phase.
+    fn outside(&self) -> String {
+        match self {
+            Phase::Pending => "before NodeStarted",
+            Phase::Running(_) => "inside an attempt",
+            Phase::Failing(_) => "NodeFailed(willRetry) not followed by NodeRetrying",
+            Phase::Retrying(_) => "between NodeRetrying and NodeStarted",
+            Phase::Done => "event after the node ended",
+        }
+        .into()
+    }
+
+    /// The attempt that runs, or why an event of one cannot come now.
+    fn running(&self) -> Result<u32, String> {
+        match self {
+            Phase::Running(a) => Ok(*a),
+            p => Err(p.outside()),
+        }
+    }
+}
+
+/// An attempt-scoped event names the attempt that runs.
+fn own_attempt(running: u32, attempt: Option<u32>) -> Result<u32, String> {
+    if attempt != Some(running) {
+        return Err(format!("attempt {attempt:?} inside attempt {running}"));
+    }
+    Ok(running)
+}
+
+impl NodeLog {
+    /// Takes one event of this node instance through the contract's
+    /// per-node grammar. Every event type has its arm: a new one does not
+    /// compile until it says where it may come.
+    fn step(
+        &mut self,
+        kind: &EventKind,
+        attempt: Option<u32>,
+        node_id: &str,
+        finished_ids: &mut BTreeSet<String>,
+    ) -> Result<(), String> {
+        use EventKind as K;
+        let pending = matches!(kind, K::NodePending { .. });
+        let phase = match (self.phase.clone(), pending) {
+            (None, true) => {
+                self.phase = Some(Phase::Pending);
+                return Ok(());
+            }
+            (None, false) => return Err("first event of a node is not NodePending".into()),
+            (Some(_), true) => return Err("NodePending twice".into()),
+            (Some(Phase::Done), false) => return Err("event after the node ended".into()),
+            (Some(p), false) => p,
+        };
+        match kind {
+            K::NodeStarted { .. } => self.start(&phase, attempt)?,
+            K::NodeSkipped { .. } => self.skip(&phase, attempt)?,
+            K::NodeCancelled { .. } => self.cancel(&phase, attempt)?,
+            K::NodeRetrying { .. } => self.retry(&phase, attempt)?,
+            K::NodeFinished { .. } => {
+                own_attempt(phase.running()?, attempt)?;
+                if !self.tools.is_empty() {
+                    return Err("attempt ended with open tool calls".into());
+                }
+                self.end("finished");
+                finished_ids.insert(node_id.to_string());
+            }
+            K::NodeFailed { will_retry, .. } => {
+                let a = own_attempt(phase.running()?, attempt)?;
+                if *will_retry {
+                    self.phase = Some(Phase::Failing(a));
+                } else {
+                    self.end("failed");
+                }
+            }
+            K::ToolCallStarted { tool_seq, .. } => {
+                own_attempt(phase.running()?, attempt)?;
+                if *tool_seq != self.last_tool + 1 {
+                    return Err("toolSeq does not count up from 1".into());
+                }
+                self.last_tool = *tool_seq;
+                self.tools.insert(*tool_seq);
+            }
+            K::ToolCallFinished { tool_seq, .. } => {
+                own_attempt(phase.running()?, attempt)?;
+                if !self.tools.remove(tool_seq) {
+                    return Err("ToolCallFinished without its ToolCallStarted".into());
+                }
+            }
+            K::NodeWaitingApproval {} => {
+                phase.running()?;
+                if self.gate != 0 {
+                    return Err("NodeWaitingApproval twice".into());
+                }
+                self.gate = 1;
+            }
+            K::ApprovalRequested { .. } => {
+                phase.running()?;
+                if self.gate != 1 {
+                    return Err("ApprovalRequested not right after NodeWaitingApproval".into());
+                }
+                self.gate = 2;
+            }
+            K::ApprovalGranted { .. } | K::ApprovalDenied { .. } => {
+                phase.running()?;
+                if self.gate != 2 {
+                    return Err("a decision without ApprovalRequested, or twice".into());
+                }
+                self.gate = 3;
+            }
+            // Of the attempt that runs, naming it.
+            K::NodeOutput { .. } | K::NodeHeartbeat { .. } | K::NetworkAccess { .. } => {
+                own_attempt(phase.running()?, attempt)?;
+            }
+            // Inside an attempt, with no rule of their own here.
+            K::NodePending { .. }
+            | K::RunStarted { .. }
+            | K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::RunFinished { .. }
+            | K::RunFailed { .. }
+            | K::RunCancelled { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodeWaitingInput { .. }
+            | K::InputRequested { .. }
+            | K::InputReceived { .. }
+            | K::AgentStepStarted { .. }
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::TokenUsageReported { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {
+                phase.running()?;
+            }
+        }
+        let gate_event = matches!(
+            kind,
+            K::NodeWaitingApproval {} | K::ApprovalRequested { .. }
+        );
+        if matches!(phase, Phase::Running(_)) && self.gate == 1 && !gate_event {
+            return Err("NodeWaitingApproval not followed by ApprovalRequested".into());
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, terminal: &'static str) {
+        self.phase = Some(Phase::Done);
+        self.terminal = Some(terminal);
+    }
+
+    /// `NodeStarted`: the first attempt, or the one a retry announced.
+    fn start(&mut self, phase: &Phase, attempt: Option<u32>) -> Result<(), String> {
+        match *phase {
+            Phase::Pending => {
+                if attempt != Some(1) {
+                    return Err("first attempt is not 1".into());
+                }
+                self.started += 1;
+                self.phase = Some(Phase::Running(1));
+            }
+            Phase::Retrying(a) => {
+                if attempt != Some(a) {
+                    return Err("NodeStarted does not continue the announced attempt".into());
+                }
+                self.started += 1;
+                self.phase = Some(Phase::Running(a));
+                self.tools.clear();
+                self.last_tool = 0;
+            }
+            Phase::Running(_) => return Err("NodeStarted inside an attempt".into()),
+            ref p => return Err(p.outside()),
+        }
+        Ok(())
+    }
+
+    /// `NodeSkipped`: only before any attempt.
+    fn skip(&mut self, phase: &Phase, attempt: Option<u32>) -> Result<(), String> {
+        match phase {
+            Phase::Pending => {
+                if attempt.is_some() || self.started > 0 {
+                    return Err("skipped with an attempt".into());
+                }
+                self.end("skipped");
+                Ok(())
+            }
+            Phase::Running(_) => Err("skipped after it started".into()),
+            p => Err(p.outside()),
+        }
+    }
+
+    /// `NodeCancelled`: before any attempt (none named), between attempts
+    /// (the last one that ran named), or of the attempt that runs.
+    fn cancel(&mut self, phase: &Phase, attempt: Option<u32>) -> Result<(), String> {
+        match *phase {
+            Phase::Pending => {
+                if attempt.is_some() {
+                    return Err("cancelled with an attempt that never started".into());
+                }
+            }
+            Phase::Retrying(next) => {
+                // The announced attempt never started, so the event names
+                // the last one that ran.
+                if attempt != Some(next - 1) {
+                    return Err(
+                        "cancelled between attempts without the last attempt that ran".into(),
+                    );
+                }
+                self.started_without_attempt_end = true;
+            }
+            Phase::Running(a) => {
+                if attempt.is_some() && attempt != Some(a) {
+                    return Err("cancelled naming another attempt".into());
+                }
+                if attempt.is_none() {
+                    return Err("a started attempt cancelled without its attempt".into());
+                }
+            }
+            ref p => return Err(p.outside()),
+        }
+        self.end("cancelled");
+        Ok(())
+    }
+
+    /// `NodeRetrying`: after `NodeFailed(willRetry)`, naming the next attempt.
+    fn retry(&mut self, phase: &Phase, attempt: Option<u32>) -> Result<(), String> {
+        match *phase {
+            Phase::Failing(a) => {
+                if attempt != Some(a + 1) {
+                    return Err("NodeRetrying does not name the next attempt".into());
+                }
+                self.phase = Some(Phase::Retrying(a + 1));
+                Ok(())
+            }
+            Phase::Running(_) => Err("NodeRetrying inside an attempt".into()),
+            ref p => Err(p.outside()),
+        }
+    }
+}
+
+/// The walk of a log's events against the workflow: frames, layers and
+/// edges, and each node instance's grammar.
+struct Walk<'a> {
+    /// What each instance would do undisturbed.
+    plain: &'a BTreeMap<(String, u32), Expect>,
+    frame: u64,
+    /// Layers started, with whether they are still open.
+    layers: HashMap<u32, bool>,
+    /// Nodes that finished, for the edges that leave them.
+    finished_ids: BTreeSet<String>,
+    nodes: BTreeMap<(String, u32), NodeLog>,
+    /// Attempts a stop left open, which the resume that follows must close
+    /// before anything else happens to their nodes.
+    to_close: BTreeMap<(String, u32), u32>,
+}
+
+impl Walk<'_> {
+    /// The rules of the run's own events. Every event type has its arm.
+    fn run_event(&mut self, e: &Event) -> Result<(), String> {
+        use EventKind as K;
+        let at = e.seq;
+        match &e.kind {
+            K::RunStarted { resumed, .. } => {
+                if *resumed {
+                    self.resumed(at)?;
+                }
+            }
+            K::FrameCommitted { frame_no, .. } => {
+                // Frames count up by one; nodes appear only after a frame.
+                if *frame_no != self.frame + 1 {
+                    return Err(format!("seq {at}: frame {frame_no} after {}", self.frame));
+                }
+                self.frame = *frame_no;
+            }
+            K::LayerStarted { layer_index, .. } => {
+                if self.layers.insert(*layer_index, true) == Some(true) {
+                    return Err(format!("seq {at}: layer {layer_index} started twice"));
+                }
+            }
+            K::LayerFinished { layer_index, .. } => {
+                if self.layers.insert(*layer_index, false) != Some(true) {
+                    return Err(format!(
+                        "seq {at}: layer {layer_index} finished but not started"
+                    ));
+                }
+            }
+            K::EdgeTraversed { from, to, .. } => {
+                if !self.finished_ids.contains(from) {
+                    return Err(format!(
+                        "seq {at}: edge {from} -> {to} before {from} finished"
+                    ));
+                }
+            }
+            K::RunFinished { .. } | K::RunFailed { .. } | K::RunCancelled { .. } => {
+                // Also across resumes: a layer open at a stop is closed by
+                // the engine that resumes the run.
+                let mut open: Vec<_> = self
+                    .layers
+                    .iter()
+                    .filter(|(_, o)| **o)
+                    .map(|(l, _)| *l)
+                    .collect();
+                open.sort_unstable();
+                if !open.is_empty() {
+                    return Err(format!("seq {at}: the run ended with layers {open:?} open"));
+                }
+            }
+            // No rule at the run's level.
+            K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeStarted { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeFinished { .. }
+            | K::NodeFailed { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeCancelled { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::ApprovalRequested { .. }
+            | K::ApprovalGranted { .. }
+            | K::ApprovalDenied { .. }
+            | K::InputRequested { .. }
+            | K::InputReceived { .. }
+            | K::AgentStepStarted { .. }
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::TokenUsageReported { .. }
+            | K::ToolCallStarted { .. }
+            | K::ToolCallFinished { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// A resume: what the stop left open is closed first.
+    fn resumed(&mut self, at: cairn_events::Seq) -> Result<(), String> {
+        if let Some((k, a)) = self.to_close.iter().next() {
+            return Err(format!(
+                "seq {at}: a new session, and attempt {a} of {}#{} left open by a stop is still not closed",
+                k.0, k.1
+            ));
+        }
+        // Open attempts other than gates waiting for (or given) a
+        // decision were cut off by the stop.
+        for (k, nl) in &self.nodes {
+            if let Some(Phase::Running(a)) = nl.phase {
+                let group = self.plain.get(k).is_some_and(|x| x.group);
+                if nl.gate == 0 && !group {
+                    self.to_close.insert(k.clone(), a);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The rules of a node instance's event (none for a run's event).
+    fn node_event(&mut self, e: &Event) -> Result<(), String> {
+        let Some((id, it)) = e.node_key() else {
+            return Ok(());
+        };
+        let key = (id.to_string(), it);
+        let nl = self.nodes.entry(key.clone()).or_default();
+        let phase = nl.phase.clone();
+        let err = |m: &str| {
+            format!(
+                "seq {} {} of {}#{}: {m} (phase {phase:?})",
+                e.seq,
+                e.type_name(),
+                key.0,
+                key.1
+            )
+        };
+        if self.frame == 0 {
+            return Err(err("node event before any frame"));
+        }
+        let attempt = e.scope.attempt;
+        let interrupted =
+            matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted");
+        if let Some(a) = self.to_close.remove(&key) {
+            let Some(x) = self.plain.get(&key) else {
+                return Err(err("the workflow has no such instance"));
+            };
+            // Only this attempt's NodeFailed, as interrupted, may come.
+            let closing = if let EventKind::NodeFailed { will_retry, .. } = &e.kind {
+                Some(*will_retry)
+            } else {
+                None
+            }
+            .filter(|_| interrupted && attempt == Some(a));
+            let Some(will_retry) = closing else {
+                return Err(err(&format!(
+                    "attempt {a}, left open by a stop, is not closed first as interrupted"
+                )));
+            };
+            if will_retry == x.no_rerun {
+                return Err(err(&format!(
+                    "an interrupted attempt with on_interrupt {} has willRetry {will_retry}",
+                    if x.no_rerun { "fail" } else { "rerun" }
+                )));
+            }
+            nl.interrupted += 1;
+        } else if interrupted {
+            return Err(err(
+                "an attempt failed as interrupted that no stop left open",
+            ));
+        }
+        nl.step(&e.kind, attempt, &key.0, &mut self.finished_ids)
+            .map_err(|m| err(&m))
+    }
+}
+
 fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), String> {
     let stored = journal
         .backend()
@@ -1197,258 +1656,30 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
         return Err("no RunSummary".into());
     }
 
-    // Frames count up by one; nodes appear only after a frame.
-    let mut frame = 0;
-    let mut layers: HashMap<u32, bool> = HashMap::new();
-    let mut finished_ids: BTreeSet<String> = BTreeSet::new();
-    let mut nodes: BTreeMap<(String, u32), NodeLog> = BTreeMap::new();
+    // The contract's rules the log alone shows, as cairn-events checks every
+    // log; then this test's stricter ones, which know the workflow.
+    cairn_events::check_log(evs)?;
     // What each instance would do undisturbed, for its `on_interrupt`.
     let mut plain = BTreeMap::new();
     simulate(&case.nodes, "", 0, &Overrides::new(), &mut plain);
-    // Attempts a stop left open, which the resume that follows must close
-    // before anything else happens to their nodes.
-    let mut to_close: BTreeMap<(String, u32), u32> = BTreeMap::new();
+    let mut walk = Walk {
+        plain: &plain,
+        frame: 0,
+        layers: HashMap::new(),
+        finished_ids: BTreeSet::new(),
+        nodes: BTreeMap::new(),
+        to_close: BTreeMap::new(),
+    };
     for e in evs {
-        let at = e.seq;
-        match &e.kind {
-            EventKind::RunStarted { resumed: true, .. } => {
-                if let Some((k, a)) = to_close.iter().next() {
-                    return Err(format!(
-                        "seq {at}: a new session, and attempt {a} of {}#{} left open by a stop is still not closed",
-                        k.0, k.1
-                    ));
-                }
-                // Open attempts other than gates waiting for (or given) a
-                // decision were cut off by the stop.
-                for (k, nl) in &nodes {
-                    if let Some(Phase::Running(a)) = nl.phase {
-                        let group = plain.get(k).is_some_and(|x: &Expect| x.group);
-                        if nl.gate == 0 && !group {
-                            to_close.insert(k.clone(), a);
-                        }
-                    }
-                }
-            }
-            EventKind::FrameCommitted { frame_no, .. } => {
-                if *frame_no != frame + 1 {
-                    return Err(format!("seq {at}: frame {frame_no} after {frame}"));
-                }
-                frame = *frame_no;
-            }
-            EventKind::LayerStarted { layer_index, .. }
-                if layers.insert(*layer_index, true) == Some(true) =>
-            {
-                return Err(format!("seq {at}: layer {layer_index} started twice"));
-            }
-            EventKind::LayerFinished { layer_index, .. }
-                if layers.insert(*layer_index, false) != Some(true) =>
-            {
-                return Err(format!(
-                    "seq {at}: layer {layer_index} finished but not started"
-                ));
-            }
-            EventKind::EdgeTraversed { from, to, .. } if !finished_ids.contains(from) => {
-                return Err(format!(
-                    "seq {at}: edge {from} -> {to} before {from} finished"
-                ));
-            }
-            EventKind::RunFinished { .. }
-            | EventKind::RunFailed { .. }
-            | EventKind::RunCancelled { .. } => {
-                // Also across resumes: a layer open at a stop is closed by
-                // the engine that resumes the run.
-                let open: Vec<_> = layers
-                    .iter()
-                    .filter(|(_, o)| **o)
-                    .map(|(l, _)| *l)
-                    .collect();
-                if !open.is_empty() {
-                    return Err(format!("seq {at}: the run ended with layers {open:?} open"));
-                }
-            }
-            _ => {}
-        }
-        let Some((id, it)) = e.node_key() else {
-            continue;
-        };
-        let key = (id.to_string(), it);
-        let nl = nodes.entry(key.clone()).or_default();
-        let t = e.type_name();
-        let phase = nl.phase.clone();
-        macro_rules! err {
-            ($m:expr) => {
-                return Err(format!(
-                    "seq {at} {t} of {}#{}: {} (phase {:?})",
-                    key.0, key.1, $m, phase
-                ))
-            };
-        }
-        if frame == 0 {
-            err!("node event before any frame");
-        }
-        let attempt = e.scope.attempt;
-        let interrupted =
-            matches!(&e.kind, EventKind::NodeFailed { error, .. } if error.kind == "interrupted");
-        if let Some(a) = to_close.remove(&key) {
-            let Some(x) = plain.get(&key) else {
-                err!("the workflow has no such instance");
-            };
-            match &e.kind {
-                EventKind::NodeFailed { will_retry, .. } if interrupted && attempt == Some(a) => {
-                    if *will_retry == x.no_rerun {
-                        err!(&format!(
-                            "an interrupted attempt with on_interrupt {} has willRetry {will_retry}",
-                            if x.no_rerun { "fail" } else { "rerun" }
-                        ));
-                    }
-                }
-                _ => err!(&format!(
-                    "attempt {a}, left open by a stop, is not closed first as interrupted"
-                )),
-            }
-            nl.interrupted += 1;
-        } else if interrupted {
-            err!("an attempt failed as interrupted that no stop left open");
-        }
-        match (phase.clone(), &e.kind) {
-            (None, EventKind::NodePending { .. }) => nl.phase = Some(Phase::Pending),
-            (None, _) => err!("first event of a node is not NodePending"),
-            (Some(_), EventKind::NodePending { .. }) => err!("NodePending twice"),
-            (Some(Phase::Done), _) => err!("event after the node ended"),
-            (Some(Phase::Pending), EventKind::NodeStarted { .. }) => {
-                if attempt != Some(1) {
-                    err!("first attempt is not 1");
-                }
-                nl.started += 1;
-                nl.phase = Some(Phase::Running(1));
-            }
-            (Some(Phase::Pending), EventKind::NodeSkipped { .. }) => {
-                if attempt.is_some() || nl.started > 0 {
-                    err!("skipped with an attempt");
-                }
-                nl.phase = Some(Phase::Done);
-                nl.terminal = Some("skipped");
-            }
-            (Some(Phase::Pending), EventKind::NodeCancelled { .. }) => {
-                if attempt.is_some() {
-                    err!("cancelled with an attempt that never started");
-                }
-                nl.phase = Some(Phase::Done);
-                nl.terminal = Some("cancelled");
-            }
-            (Some(Phase::Pending), _) => err!("before NodeStarted"),
-            (Some(Phase::Failing(a)), EventKind::NodeRetrying { .. }) => {
-                if attempt != Some(a + 1) {
-                    err!("NodeRetrying does not name the next attempt");
-                }
-                nl.phase = Some(Phase::Retrying(a + 1));
-            }
-            (Some(Phase::Failing(_)), _) => {
-                err!("NodeFailed(willRetry) not followed by NodeRetrying")
-            }
-            (Some(Phase::Retrying(a)), EventKind::NodeStarted { .. }) => {
-                if attempt != Some(a) {
-                    err!("NodeStarted does not continue the announced attempt");
-                }
-                nl.started += 1;
-                nl.phase = Some(Phase::Running(a));
-                nl.tools.clear();
-                nl.last_tool = 0;
-            }
-            (Some(Phase::Retrying(next)), EventKind::NodeCancelled { .. }) => {
-                // Cancelled between attempts: the announced attempt never
-                // started, so the event names the last one that ran.
-                if attempt != Some(next - 1) {
-                    err!("cancelled between attempts without the last attempt that ran");
-                }
-                nl.phase = Some(Phase::Done);
-                nl.terminal = Some("cancelled");
-                nl.started_without_attempt_end = true;
-            }
-            (Some(Phase::Retrying(_)), _) => err!("between NodeRetrying and NodeStarted"),
-            (Some(Phase::Running(a)), kind) => {
-                let attempt_scoped = matches!(
-                    kind,
-                    EventKind::NodeOutput { .. }
-                        | EventKind::NodeHeartbeat { .. }
-                        | EventKind::NodeFinished { .. }
-                        | EventKind::NodeFailed { .. }
-                        | EventKind::ToolCallStarted { .. }
-                        | EventKind::ToolCallFinished { .. }
-                        | EventKind::NetworkAccess { .. }
-                );
-                if attempt_scoped && attempt != Some(a) {
-                    err!(&format!("attempt {attempt:?} inside attempt {a}"));
-                }
-                match kind {
-                    EventKind::NodeFinished { .. } => {
-                        if !nl.tools.is_empty() {
-                            err!("attempt ended with open tool calls");
-                        }
-                        nl.phase = Some(Phase::Done);
-                        nl.terminal = Some("finished");
-                        finished_ids.insert(key.0.clone());
-                    }
-                    EventKind::NodeFailed { will_retry, .. } => {
-                        if *will_retry {
-                            nl.phase = Some(Phase::Failing(a));
-                        } else {
-                            nl.phase = Some(Phase::Done);
-                            nl.terminal = Some("failed");
-                        }
-                    }
-                    EventKind::NodeCancelled { .. } => {
-                        if attempt.is_some() && attempt != Some(a) {
-                            err!("cancelled naming another attempt");
-                        }
-                        if attempt.is_none() {
-                            err!("a started attempt cancelled without its attempt");
-                        }
-                        nl.phase = Some(Phase::Done);
-                        nl.terminal = Some("cancelled");
-                    }
-                    EventKind::NodeStarted { .. } => err!("NodeStarted inside an attempt"),
-                    EventKind::NodeRetrying { .. } => err!("NodeRetrying inside an attempt"),
-                    EventKind::NodeSkipped { .. } => err!("skipped after it started"),
-                    EventKind::ToolCallStarted { tool_seq, .. } => {
-                        if *tool_seq != nl.last_tool + 1 {
-                            err!("toolSeq does not count up from 1");
-                        }
-                        nl.last_tool = *tool_seq;
-                        nl.tools.insert(*tool_seq);
-                    }
-                    EventKind::ToolCallFinished { tool_seq, .. } if !nl.tools.remove(tool_seq) => {
-                        err!("ToolCallFinished without its ToolCallStarted");
-                    }
-                    EventKind::NodeWaitingApproval {} => {
-                        if nl.gate != 0 {
-                            err!("NodeWaitingApproval twice");
-                        }
-                        nl.gate = 1;
-                    }
-                    EventKind::ApprovalRequested { .. } => {
-                        if nl.gate != 1 {
-                            err!("ApprovalRequested not right after NodeWaitingApproval");
-                        }
-                        nl.gate = 2;
-                    }
-                    EventKind::ApprovalGranted { .. } | EventKind::ApprovalDenied { .. } => {
-                        if nl.gate != 2 {
-                            err!("a decision without ApprovalRequested, or twice");
-                        }
-                        nl.gate = 3;
-                    }
-                    _ => {}
-                }
-                if nl.gate == 1
-                    && !matches!(kind, EventKind::NodeWaitingApproval {})
-                    && !matches!(kind, EventKind::ApprovalRequested { .. })
-                {
-                    err!("NodeWaitingApproval not followed by ApprovalRequested");
-                }
-            }
-        }
+        walk.run_event(e)?;
+        walk.node_event(e)?;
     }
+    let Walk {
+        layers,
+        nodes,
+        to_close,
+        ..
+    } = walk;
     if let Some((k, a)) = to_close.iter().next() {
         return Err(format!(
             "attempt {a} of {}#{}, left open by a stop, was never closed",

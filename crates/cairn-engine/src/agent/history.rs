@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use cairn_agent::AssistantMessage;
-use cairn_events::{ErrorInfo, EventKind};
+use cairn_events::{ErrorInfo, Event, EventKind, EventType};
 use cairn_store::{EventQuery, ToolCallRecord};
 use serde_json::Value;
 
@@ -62,17 +62,7 @@ impl History {
                 &run_id,
                 &EventQuery {
                     node: Some(node.clone()),
-                    types: [
-                        "NodeStarted",
-                        "NodeFailed",
-                        "AgentStepStarted",
-                        "AgentStepFinished",
-                        "TokenUsageReported",
-                        "InputRequested",
-                        "RunHijacked",
-                    ]
-                    .map(String::from)
-                    .to_vec(),
+                    types: Seen::TYPES.map(|t| t.as_str().to_string()).to_vec(),
                     ..EventQuery::default()
                 },
             )?;
@@ -82,40 +72,22 @@ impl History {
         .await
         .map_err(|e| NodeError::new("internal", e.to_string()))??;
 
-        let mut failed: HashMap<u32, String> = HashMap::new();
-        let mut started_at: HashMap<u32, u64> = HashMap::new();
-        let mut hijack_asked: HashSet<String> = HashSet::new();
-        let mut hijacked: Vec<u32> = Vec::new();
-        let mut started: Vec<(u32, u32)> = Vec::new();
-        let mut finished: Vec<(u32, u32, Value)> = Vec::new();
-        let mut spent = 0.0;
+        let mut seen = Seen::default();
         for stored in &events {
             let Ok(ev) = stored.decode() else { continue };
-            if ev.scope.iteration != Some(iteration) {
-                continue;
-            }
-            let attempt = ev.scope.attempt.unwrap_or(0);
-            match ev.kind {
-                EventKind::NodeStarted { .. } => {
-                    started_at.entry(attempt).or_insert(ev.seq.get());
-                }
-                EventKind::NodeFailed { error, .. } => {
-                    failed.insert(attempt, error.kind);
-                }
-                EventKind::AgentStepStarted { step, .. } => started.push((attempt, step)),
-                EventKind::AgentStepFinished { step, message, .. } => {
-                    finished.push((attempt, step, message))
-                }
-                EventKind::TokenUsageReported { cost_usd, .. } => spent += cost_usd.unwrap_or(0.0),
-                // The id names the conversation and the step: no attempt
-                // to check (a question is the node's, not an attempt's).
-                EventKind::InputRequested { request_id, .. } if request_id.starts_with("h-") => {
-                    hijack_asked.insert(request_id);
-                }
-                EventKind::RunHijacked { .. } => hijacked.push(attempt),
-                _ => {}
+            if ev.scope.iteration == Some(iteration) {
+                seen.fold(ev);
             }
         }
+        let Seen {
+            failed,
+            started_at,
+            hijack_asked,
+            hijacked,
+            started,
+            finished,
+            spent,
+        } = seen;
         // The attempts before this one that a crash cut short belong to
         // this conversation; the first one that ended otherwise does not.
         let mut origin = ctx.attempt;
@@ -133,47 +105,178 @@ impl History {
             }
             _ => ctx.run_id.clone(),
         };
-        let mut steps: Vec<(u32, AssistantMessage)> = Vec::new();
-        for (attempt, step, message) in finished {
-            if !ours(attempt) || steps.iter().any(|(s, _)| *s == step) {
-                continue;
-            }
-            let message: AssistantMessage = serde_json::from_value(message).map_err(|e| {
-                NodeError::fatal(
-                    "agent",
-                    format!("the log's message of step {step} cannot be read back: {e}"),
-                )
-            })?;
-            steps.push((step, message));
-        }
-        steps.sort_by_key(|(s, _)| *s);
+        let steps = steps_of(finished, ours)?;
         let unanswered = started
             .iter()
             .filter(|(a, s)| ours(*a) && !steps.iter().any(|(f, _)| f == s))
             .map(|(_, s)| *s)
             .max();
-        let mut calls: HashMap<String, ToolCallRecord> = HashMap::new();
-        for rec in records {
-            if !ours(rec.attempt) {
-                continue;
-            }
-            match calls.get(&rec.idempotency_key) {
-                Some(old) if old.attempt > rec.attempt => {}
-                _ => {
-                    calls.insert(rec.idempotency_key.clone(), rec);
-                }
-            }
-        }
         Ok(History {
             origin,
             steps,
             unanswered,
-            calls,
+            calls: calls_of(records, ours),
             spent_usd: spent,
             key_run,
             hijacks_ended: hijacked.iter().filter(|a| ours(**a)).count() as u32,
             hijack_asked,
         })
+    }
+}
+
+/// The finished steps of the conversation's attempts (`ours`), in order,
+/// once each, with the model's message read back.
+fn steps_of(
+    finished: Vec<(u32, u32, Value)>,
+    ours: impl Fn(u32) -> bool,
+) -> Result<Vec<(u32, AssistantMessage)>, NodeError> {
+    let mut steps: Vec<(u32, AssistantMessage)> = Vec::new();
+    for (attempt, step, message) in finished {
+        if !ours(attempt) || steps.iter().any(|(s, _)| *s == step) {
+            continue;
+        }
+        let message: AssistantMessage = serde_json::from_value(message).map_err(|e| {
+            NodeError::fatal(
+                "agent",
+                format!("the log's message of step {step} cannot be read back: {e}"),
+            )
+        })?;
+        steps.push((step, message));
+    }
+    steps.sort_by_key(|(s, _)| *s);
+    Ok(steps)
+}
+
+/// The tool calls of the conversation's attempts (`ours`) by idempotency
+/// key, the latest attempt's when a call was made twice.
+fn calls_of(
+    records: Vec<ToolCallRecord>,
+    ours: impl Fn(u32) -> bool,
+) -> HashMap<String, ToolCallRecord> {
+    let mut calls: HashMap<String, ToolCallRecord> = HashMap::new();
+    for rec in records {
+        if !ours(rec.attempt) {
+            continue;
+        }
+        match calls.get(&rec.idempotency_key) {
+            Some(old) if old.attempt > rec.attempt => {}
+            _ => {
+                calls.insert(rec.idempotency_key.clone(), rec);
+            }
+        }
+    }
+    calls
+}
+
+/// What the log's events of one node pass say of its conversation, by
+/// attempt.
+#[derive(Default)]
+struct Seen {
+    /// The kind of error each failed attempt ended with.
+    failed: HashMap<u32, String>,
+    /// The seq of each attempt's `NodeStarted`.
+    started_at: HashMap<u32, u64>,
+    /// The request ids of hijacks' questions.
+    hijack_asked: HashSet<String>,
+    /// The attempts in which a hijack ended, once per end.
+    hijacked: Vec<u32>,
+    /// (attempt, step) of each step asked for.
+    started: Vec<(u32, u32)>,
+    /// (attempt, step, the model's message) of each step answered.
+    finished: Vec<(u32, u32, Value)>,
+    /// What the model calls cost.
+    spent: f64,
+}
+
+impl Seen {
+    /// The event types [`Seen::fold`] reads: the query asks for these only.
+    const TYPES: [EventType; 7] = [
+        EventType::NodeStarted,
+        EventType::NodeFailed,
+        EventType::AgentStepStarted,
+        EventType::AgentStepFinished,
+        EventType::TokenUsageReported,
+        EventType::InputRequested,
+        EventType::RunHijacked,
+    ];
+
+    /// Folds one event of the pass. Every event type has its arm: a new
+    /// one does not compile until it says whether a conversation taken
+    /// up again needs it (and then it joins [`Seen::TYPES`]).
+    fn fold(&mut self, ev: Event) {
+        use EventKind as K;
+        let attempt = ev.scope.attempt.unwrap_or(0);
+        match ev.kind {
+            K::NodeStarted { .. } => {
+                self.started_at.entry(attempt).or_insert(ev.seq.get());
+            }
+            K::NodeFailed { error, .. } => {
+                self.failed.insert(attempt, error.kind);
+            }
+            K::AgentStepStarted { step, .. } => self.started.push((attempt, step)),
+            K::AgentStepFinished { step, message, .. } => {
+                self.finished.push((attempt, step, message))
+            }
+            K::TokenUsageReported { cost_usd, .. } => self.spent += cost_usd.unwrap_or(0.0),
+            // The id names the conversation and the step: no attempt
+            // to check (a question is the node's, not an attempt's).
+            K::InputRequested { request_id, .. } => {
+                if request_id.starts_with("h-") {
+                    self.hijack_asked.insert(request_id);
+                }
+            }
+            K::RunHijacked { .. } => self.hijacked.push(attempt),
+            // Not part of the conversation (and not read).
+            K::RunStarted { .. }
+            | K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::RunFinished { .. }
+            | K::RunFailed { .. }
+            | K::RunCancelled { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeFinished { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeCancelled { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::ApprovalRequested { .. }
+            | K::ApprovalGranted { .. }
+            | K::ApprovalDenied { .. }
+            | K::InputReceived { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::ToolCallStarted { .. }
+            | K::ToolCallFinished { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. } => {}
+        }
     }
 }
 
