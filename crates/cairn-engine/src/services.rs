@@ -41,11 +41,9 @@ impl Services {
         max_depth: u32,
         snapshot_dir: Option<PathBuf>,
     ) -> Self {
-        // Decided while the engine's control group holds only the engine:
-        // on cgroup v2 the engine may move itself into a leaf so that its
-        // nodes' groups can be made beside it, which other processes in
-        // the group would prevent.
-        let _ = cairn_tools::cairn_sandbox::cgroup::support();
+        // Where control groups go is decided when the first process of any
+        // run starts (`cairn_tools::process`), before it starts: a run of
+        // value nodes never probes.
         let store_tag = journal.backend().store_id();
         let snapshot_dir = snapshot_dir
             .or_else(|| {

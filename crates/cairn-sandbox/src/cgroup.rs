@@ -168,8 +168,25 @@ pub fn inspect() -> Support {
     }
 }
 
+/// What the kernel says of this process's mounts and groups, read once per
+/// decision: every hierarchy looked at reads the same two files.
+struct ProcView {
+    mountinfo: String,
+    cgroup: String,
+}
+
+impl ProcView {
+    fn read() -> ProcView {
+        ProcView {
+            mountinfo: std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+            cgroup: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+        }
+    }
+}
+
 fn detect(act: bool) -> Support {
-    let v2 = find_v2(act);
+    let view = ProcView::read();
+    let v2 = find_v2(&view, act);
     let mut place = Place::default();
     let mut notes = Vec::new();
     match v2 {
@@ -179,9 +196,9 @@ fn detect(act: bool) -> Support {
         }
         Err(why) => {
             notes.push(why);
-            place.v1_memory = v1_dir("memory");
-            place.v1_pids = v1_dir("pids");
-            place.v1_cpuacct = v1_dir("cpuacct");
+            place.v1_memory = v1_dir(&view, "memory");
+            place.v1_pids = v1_dir(&view, "pids");
+            place.v1_cpuacct = v1_dir(&view, "cpuacct");
             let found: Vec<String> = [
                 ("memory", &place.v1_memory),
                 ("pids", &place.v1_pids),
@@ -230,9 +247,8 @@ fn detect(act: bool) -> Support {
 }
 
 /// Where the unified hierarchy is mounted.
-fn v2_mount() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
+fn v2_mount(view: &ProcView) -> Option<PathBuf> {
+    view.mountinfo.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;
         if post.split(' ').next()? != "cgroup2" {
             return None;
@@ -261,9 +277,8 @@ fn unescape(s: &str) -> String {
 
 /// This process's group in the hierarchy whose `/proc/self/cgroup` line
 /// names `controller` (`""` for v2).
-fn own_group(controller: &str) -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|l| {
+fn own_group(view: &ProcView, controller: &str) -> Option<String> {
+    view.cgroup.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
         let (_, ctl, path) = (parts.next()?, parts.next()?, parts.next()?);
         let hit = if controller.is_empty() {
@@ -330,11 +345,11 @@ fn parent_group(group: &str) -> Option<String> {
 
 /// The v2 folder sandbox groups go in, and how it was found; or why v2
 /// cannot be used.
-fn find_v2(act: bool) -> Result<(PathBuf, String), String> {
-    let Some(mount) = v2_mount() else {
+fn find_v2(view: &ProcView, act: bool) -> Result<(PathBuf, String), String> {
+    let Some(mount) = v2_mount(view) else {
         return Err("no cgroup v2 hierarchy".into());
     };
-    let Some(own) = own_group("") else {
+    let Some(own) = own_group(view, "") else {
         return Err(format!(
             "cgroup v2 at {}, but this process is in no v2 group",
             mount.display()
@@ -459,9 +474,8 @@ fn enable_below(g: &Path) -> Result<bool, String> {
 
 /// This process's group in the v1 hierarchy of `controller`, when it is
 /// mounted and writable.
-fn v1_dir(controller: &str) -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = info.lines().find_map(|l| {
+fn v1_dir(view: &ProcView, controller: &str) -> Option<PathBuf> {
+    let mount = view.mountinfo.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;
         let mut f = post.split(' ');
         if f.next()? != "cgroup" {
@@ -473,7 +487,7 @@ fn v1_dir(controller: &str) -> Option<PathBuf> {
         }
         pre.split(' ').nth(4).map(|m| PathBuf::from(unescape(m)))
     })?;
-    let own = own_group(controller)?;
+    let own = own_group(view, controller)?;
     let dir = mount.join(own.trim_start_matches('/'));
     writable(&dir).then_some(dir)
 }

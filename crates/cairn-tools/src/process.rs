@@ -545,6 +545,12 @@ fn spawning(
     stdin: Stdio,
     filter_network: bool,
 ) -> Result<Spawning, ProcessError> {
+    // Where control groups go is decided before the first process starts,
+    // whatever starts it, while the engine's group holds only the engine
+    // (on cgroup v2 the engine may move itself into a leaf, which another
+    // process in its group would prevent). A run that starts no process
+    // never looks.
+    let _ = cairn_sandbox::cgroup::support();
     let program = spec.argv.first().ok_or(ProcessError::EmptyArgv)?.clone();
     for (i, arg) in spec.argv.iter().enumerate() {
         if arg.contains('\0') {
