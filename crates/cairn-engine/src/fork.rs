@@ -97,6 +97,24 @@ fn bad(msg: String) -> EngineError {
     EngineError::BadRequest(msg)
 }
 
+/// What putting the files back did (or would do).
+struct FilesBack {
+    /// The snapshot the files were put back to.
+    snapshot: Option<String>,
+    written: u64,
+    removed: u64,
+    plan: FilesPlan,
+    /// Only planned: a dry run, or a plan refused for its conflicts.
+    planned_only: bool,
+}
+
+/// What a fork writes: its record, the generations it carries, its log.
+struct Copy {
+    rec: RunRecord,
+    generations: Vec<GenerationRecord>,
+    events: Vec<Event>,
+}
+
 impl Engine {
     /// Makes a fork of `from` (see the module's documentation): restores
     /// the files, then writes the fork's record, its copied log and calls.
@@ -121,20 +139,7 @@ impl Engine {
         let prefix = &events[..seq as usize];
         let state = RunState::from_events(from, prefix);
         // The definition in force at the point, and what the fork runs.
-        let rec_c = rec.clone();
-        let state_c = state.clone();
-        let (at_point, generations) = self
-            .blocking(move |e| {
-                let wf = reload::definition(e.backend().as_ref(), &rec_c, &state_c)?;
-                let mut gens = Vec::new();
-                for g in 1..=state_c.generation {
-                    if let Some(r) = e.backend().generation(&rec_c.run_id, g)? {
-                        gens.push(r);
-                    }
-                }
-                Ok::<_, EngineError>((wf, gens))
-            })
-            .await?;
+        let (at_point, generations) = self.definition_at(&rec, &state).await?;
         let runs = req.workflow.as_ref().unwrap_or(&at_point);
         let input = match &req.input {
             Some(i) => i.clone(),
@@ -156,160 +161,130 @@ impl Engine {
         };
         // The files first: a fork cut short here leaves no run behind, and
         // is made again the same way.
-        let at = files_at(prefix, events.get(seq as usize));
-        let snapshot = at.as_ref().map(|(_, s)| s.clone());
-        let (mut written, mut removed) = (0, 0);
-        let mut plan = FilesPlan::default();
-        let mut planned_only = false;
-        if let Some((point_seq, snap)) = at {
-            let store =
-                match self.inner.services.snapshot_store() {
-                    Some(Ok(s)) => s,
-                    Some(Err(e)) => return Err(EngineError::Conflict(e)),
-                    None => return Err(EngineError::Conflict(
-                        "this store keeps no workspace snapshots, so the files cannot be put back"
-                            .into(),
-                    )),
-                };
-            let (root, exclude) = self
-                .inner
-                .services
-                .workspace(runs)
-                .map_err(|e| EngineError::Conflict(e.info.message))?;
-            let _: ObjectId = snap
-                .parse()
-                .map_err(|e| EngineError::Conflict(format!("{e}")))?;
-            // The original's whole log: its changes after the point, up to
-            // now, are what is put back.
-            let (force, dry_run) = (req.force, req.dry_run);
-            let history = History::of(&events, false);
-            let done = tokio::task::spawn_blocking(move || {
-                let point = Point::After(point_seq);
-                let planned =
-                    shell::plan_files(&store, &root, &exclude, &history, &point, &snap, force)?;
-                if dry_run || planned.plan.refused() {
-                    return Ok((planned.plan, None));
-                }
-                let paths = planned.plan.paths();
-                let done = shell::restore(&store, &root, &exclude, &snap, &paths)?;
-                Ok::<_, cairn_snapshot::SnapshotError>((planned.plan, Some(done)))
-            })
-            .await
-            .map_err(|e| EngineError::Conflict(e.to_string()))?
-            .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
-            plan = done.0;
-            if let Some(d) = done.1 {
-                (written, removed) = (d.written, d.removed);
-            } else {
-                planned_only = true;
-            }
-        } else if req.dry_run {
-            planned_only = true;
-        }
-        // A dry run, or a plan refused for its conflicts: nothing is made.
-        if planned_only {
-            return Ok(Forked {
-                run_id,
+        let files = self.put_files_back(runs, &events, seq, &req).await?;
+        let made = !files.planned_only;
+        if made {
+            let copy = copy_of(
+                &run_id,
+                from,
+                &rec,
+                prefix,
                 seq,
-                snapshot,
-                written,
-                removed,
-                plan,
-                made: false,
-            });
+                input,
+                &req,
+                generations,
+                &state,
+            )?;
+            self.write_fork(from, copy, calls_in(prefix)).await?;
         }
+        Ok(Forked {
+            run_id,
+            seq,
+            snapshot: files.snapshot,
+            written: files.written,
+            removed: files.removed,
+            plan: files.plan,
+            made,
+        })
+    }
 
-        let now = node::now_ms();
-        let first_hash = match &events[0].kind {
-            EventKind::RunStarted { workflow_hash, .. } => workflow_hash.clone(),
-            _ => rec.workflow_hash.clone(),
-        };
-        let fork_rec = RunRecord {
-            run_id: run_id.clone(),
-            parent_run_id: None,
-            input: input.clone(),
-            status: FORKING.into(),
-            created_ms: now,
-            updated_ms: now,
-            ..rec.clone()
-        };
-        let mut copy: Vec<Event> = Vec::with_capacity(prefix.len() + 2);
-        copy.push(Event {
-            run_id: run_id.clone(),
-            seq: Seq(1),
-            // The copied events keep their times: the log's times stay in
-            // order from its first event.
-            timestamp_ms: events[0].timestamp_ms,
-            scope: Scope::run(),
-            kind: EventKind::RunStarted {
-                workflow: rec.workflow.clone(),
-                workflow_hash: first_hash,
-                input: Some(input),
-                resumed: false,
-                parent_run_id: None,
-                parent_node_id: None,
-                depth: 0,
-                forked_from: Some(ForkedFrom {
-                    run_id: from.to_string(),
-                    seq,
-                }),
-            },
-        });
-        for ev in &prefix[1..] {
-            copy.push(Event {
-                run_id: run_id.clone(),
-                ..ev.clone()
-            });
-        }
-        let mut gens: Vec<GenerationRecord> = generations
-            .into_iter()
-            .map(|g| GenerationRecord {
-                run_id: run_id.clone(),
-                ..g
-            })
-            .collect();
-        if let Some(wf) = &req.workflow {
-            // The new definition, adopted at the point as a reload is.
-            let generation = state.generation + 1;
-            gens.push(GenerationRecord {
-                run_id: run_id.clone(),
-                generation,
-                workflow_hash: wf.hash.clone(),
-                workflow_source: wf.source.clone(),
-                files: match wf.pinned {
-                    Some(_) => crate::reload::pin::pinned_files(wf),
-                    None => crate::reload::pin::pin(wf)?,
-                },
-                created_ms: now,
-            });
-            let file = wf.path.display().to_string();
-            for kind in [
-                EventKind::WorkflowReloadDetected {
-                    changed_files: vec![file.clone()],
-                },
-                EventKind::WorkflowReloaded {
-                    generation,
-                    changed_files: vec![file.clone()],
-                },
-            ] {
-                copy.push(Event {
-                    run_id: run_id.clone(),
-                    seq: Seq(copy.len() as u64 + 1),
-                    timestamp_ms: now,
-                    scope: Scope::run(),
-                    kind,
-                });
+    /// The definition in force in a run (`rec`) at the point `state` folds
+    /// its log to, and the generations the run stored up to there.
+    async fn definition_at(
+        &self,
+        rec: &RunRecord,
+        state: &RunState,
+    ) -> Result<(Workflow, Vec<GenerationRecord>), EngineError> {
+        let (rec, state) = (rec.clone(), state.clone());
+        self.blocking(move |e| {
+            let wf = reload::definition(e.backend().as_ref(), &rec, &state)?;
+            let mut gens = Vec::new();
+            for g in 1..=state.generation {
+                if let Some(r) = e.backend().generation(&rec.run_id, g)? {
+                    gens.push(r);
+                }
             }
+            Ok::<_, EngineError>((wf, gens))
+        })
+        .await
+    }
+
+    /// Puts back the paths the original changed after the point as the
+    /// snapshot there has them (only plans it for a dry run, or when a
+    /// path conflicts and nothing forces it). Nothing to do when the log
+    /// names no snapshot at or before the point.
+    async fn put_files_back(
+        &self,
+        runs: &Workflow,
+        events: &[Event],
+        seq: u64,
+        req: &ForkRequest,
+    ) -> Result<FilesBack, EngineError> {
+        let at = files_at(&events[..seq as usize], events.get(seq as usize));
+        let mut back = FilesBack {
+            snapshot: at.as_ref().map(|(_, s)| s.clone()),
+            written: 0,
+            removed: 0,
+            plan: FilesPlan::default(),
+            planned_only: req.dry_run,
+        };
+        let Some((point_seq, snap)) = at else {
+            return Ok(back);
+        };
+        let store = match self.inner.services.snapshot_store() {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Err(EngineError::Conflict(e)),
+            None => {
+                return Err(EngineError::Conflict(
+                    "this store keeps no workspace snapshots, so the files cannot be put back"
+                        .into(),
+                ))
+            }
+        };
+        let (root, exclude) = self
+            .inner
+            .services
+            .workspace(runs)
+            .map_err(|e| EngineError::Conflict(e.info.message))?;
+        let _: ObjectId = snap
+            .parse()
+            .map_err(|e| EngineError::Conflict(format!("{e}")))?;
+        // The original's whole log: its changes after the point, up to
+        // now, are what is put back.
+        let (force, dry_run) = (req.force, req.dry_run);
+        let history = History::of(events, false);
+        let done = tokio::task::spawn_blocking(move || {
+            let point = Point::After(point_seq);
+            let planned =
+                shell::plan_files(&store, &root, &exclude, &history, &point, &snap, force)?;
+            if dry_run || planned.plan.refused() {
+                return Ok((planned.plan, None));
+            }
+            let paths = planned.plan.paths();
+            let done = shell::restore(&store, &root, &exclude, &snap, &paths)?;
+            Ok::<_, cairn_snapshot::SnapshotError>((planned.plan, Some(done)))
+        })
+        .await
+        .map_err(|e| EngineError::Conflict(e.to_string()))?
+        .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
+        back.plan = done.0;
+        match done.1 {
+            Some(d) => (back.written, back.removed) = (d.written, d.removed),
+            None => back.planned_only = true,
         }
-        let calls = calls_in(prefix);
+        Ok(back)
+    }
+
+    /// Writes a fork: its record first, marked as a fork being made, then
+    /// its generations and its calls' rows, then its log in one batch,
+    /// whose first append makes it a run. A fork cut short in between is
+    /// made again by the same command.
+    async fn write_fork(&self, from: &str, copy: Copy, calls: Calls) -> Result<(), EngineError> {
         let from_id = from.to_string();
-        let fork_id = run_id.clone();
         self.blocking(move |e| {
             let b = e.backend();
+            let fork_id = copy.rec.run_id.clone();
             let rows = copied_calls(b.as_ref(), &from_id, &fork_id, &calls)?;
-            // The record is written first, marked as a fork being made; its
-            // log's first append (one batch) makes it a run. A fork cut
-            // short in between is made again by the same command.
             match b.get_run(&fork_id)? {
                 Some(r) if r.status == FORKING && b.last_seq(&fork_id)? == 0 => {}
                 Some(_) => {
@@ -317,31 +292,141 @@ impl Engine {
                         "a run `{fork_id}` already exists in this store; pick another --run-id"
                     )))
                 }
-                None => b.create_run(&fork_rec)?,
+                None => b.create_run(&copy.rec)?,
             }
-            for g in &gens {
+            for g in &copy.generations {
                 b.put_generation(g)?;
             }
             for r in &rows {
                 b.put_tool_call(r)?;
             }
-            let stored: Vec<StoredEvent> = copy.iter().map(StoredEvent::from_event).collect();
+            let stored: Vec<StoredEvent> =
+                copy.events.iter().map(StoredEvent::from_event).collect();
             // The NDJSON mirror catches up from the store on the fork's
             // first write (as after any gap).
             b.append(&stored)?;
             Ok::<_, EngineError>(())
         })
-        .await?;
-        Ok(Forked {
-            run_id,
-            seq,
-            snapshot,
-            written,
-            removed,
-            plan,
-            made: true,
-        })
+        .await
     }
+}
+
+/// The fork `run_id` of `from` (record `rec`) at `seq`: its record, the
+/// original's generations up to the point (`generations`, `state`'s) as
+/// its own, and its log, the original's `prefix` under a `RunStarted` that
+/// names the origin, then, for a fork with a workflow of its own, that
+/// workflow adopted as a reload.
+#[allow(clippy::too_many_arguments)]
+fn copy_of(
+    run_id: &str,
+    from: &str,
+    rec: &RunRecord,
+    prefix: &[Event],
+    seq: u64,
+    input: Value,
+    req: &ForkRequest,
+    generations: Vec<GenerationRecord>,
+    state: &RunState,
+) -> Result<Copy, EngineError> {
+    let now = node::now_ms();
+    let first_hash = match &prefix[0].kind {
+        EventKind::RunStarted { workflow_hash, .. } => workflow_hash.clone(),
+        _ => rec.workflow_hash.clone(),
+    };
+    let fork_rec = RunRecord {
+        run_id: run_id.to_string(),
+        parent_run_id: None,
+        input: input.clone(),
+        status: FORKING.into(),
+        created_ms: now,
+        updated_ms: now,
+        ..rec.clone()
+    };
+    let mut copy: Vec<Event> = Vec::with_capacity(prefix.len() + 2);
+    copy.push(Event {
+        run_id: run_id.to_string(),
+        seq: Seq(1),
+        // The copied events keep their times: the log's times stay in
+        // order from its first event.
+        timestamp_ms: prefix[0].timestamp_ms,
+        scope: Scope::run(),
+        kind: EventKind::RunStarted {
+            workflow: rec.workflow.clone(),
+            workflow_hash: first_hash,
+            input: Some(input),
+            resumed: false,
+            parent_run_id: None,
+            parent_node_id: None,
+            depth: 0,
+            forked_from: Some(ForkedFrom {
+                run_id: from.to_string(),
+                seq,
+            }),
+        },
+    });
+    for ev in &prefix[1..] {
+        copy.push(Event {
+            run_id: run_id.to_string(),
+            ..ev.clone()
+        });
+    }
+    let mut gens: Vec<GenerationRecord> = generations
+        .into_iter()
+        .map(|g| GenerationRecord {
+            run_id: run_id.to_string(),
+            ..g
+        })
+        .collect();
+    if let Some(wf) = &req.workflow {
+        gens.push(adopt(run_id, wf, state.generation + 1, now, &mut copy)?);
+    }
+    Ok(Copy {
+        rec: fork_rec,
+        generations: gens,
+        events: copy,
+    })
+}
+
+/// A fork's own workflow, adopted at the point as a reload is: its
+/// generation (`generation`, stored with the files it refers to), and
+/// its `WorkflowReloadDetected` and `WorkflowReloaded` after the copy.
+fn adopt(
+    run_id: &str,
+    wf: &Workflow,
+    generation: u64,
+    now: i64,
+    copy: &mut Vec<Event>,
+) -> Result<GenerationRecord, EngineError> {
+    let record = GenerationRecord {
+        run_id: run_id.to_string(),
+        generation,
+        workflow_hash: wf.hash.clone(),
+        workflow_source: wf.source.clone(),
+        files: match wf.pinned {
+            Some(_) => crate::reload::pin::pinned_files(wf),
+            None => crate::reload::pin::pin(wf)?,
+        },
+        created_ms: now,
+    };
+    let file = wf.path.display().to_string();
+    for kind in [
+        EventKind::WorkflowReloadDetected {
+            changed_files: vec![file.clone()],
+        },
+        EventKind::WorkflowReloaded {
+            generation,
+            changed_files: vec![file.clone()],
+        },
+    ] {
+        copy.push(Event {
+            run_id: run_id.to_string(),
+            seq: Seq(copy.len() as u64 + 1),
+            timestamp_ms: now,
+            scope: Scope::run(),
+            kind,
+        });
+    }
+    Ok(record)
 }
 
 fn read_all(e: &Engine, run_id: &str) -> Result<Vec<Event>, EngineError> {

@@ -10,7 +10,19 @@ impl Driver {
         if self.mode == Mode::Drive {
             self.kill_leftovers();
         }
-        // Groups first, repeatedly, since a started group mounts more groups.
+        self.reenter_groups();
+        for key in self.plan_keys() {
+            self.take_up_attempt(key);
+        }
+        if self.mode == Mode::Drive {
+            self.recover_scorers();
+        }
+        self.resume_failing();
+    }
+
+    /// Enters again the groups the log shows running (their pass, their
+    /// list), repeatedly, since a started group mounts more groups.
+    fn reenter_groups(&mut self) {
         loop {
             let mut changed = false;
             for inst in self.sched.plan().order.clone() {
@@ -31,62 +43,63 @@ impl Driver {
             }
             self.rerender();
         }
-        for key in self.plan_keys() {
-            // Closing an attempt can end a group's pass and mount another
-            // (an `on_interrupt: fail` node that may fail): what went with
-            // the old pass needs no recovery.
-            let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
-                continue;
-            };
-            if inst.spec.kind.children().is_some() {
-                continue;
-            }
-            let Some(n) = self.state.node(&key.0, key.1).cloned() else {
-                continue;
-            };
-            let scope = self.node_scope(&key);
-            match n.status {
-                NodeStatus::WaitingApproval => {
-                    self.sched.withdraw_check(&key);
-                    self.attempts.resume(key.clone(), n.attempt);
-                    self.sched.requeue(key);
-                }
-                NodeStatus::Running | NodeStatus::WaitingInput
-                    if matches!(inst.spec.kind, NodeKind::Approval(_))
-                        && n.decision().is_some() =>
-                {
-                    self.attempts.resume(key.clone(), n.attempt);
-                    self.sched.requeue(key);
-                }
-                // Applying commands only: interrupted attempts and retries
-                // are the next resume's to close and start.
-                _ if self.mode == Mode::Apply => {}
-                NodeStatus::Running | NodeStatus::WaitingInput => {
-                    self.interrupted(&key, &inst, n.attempt);
-                }
-                NodeStatus::Retrying => {
-                    if !n.retry_announced {
-                        self.emit(
-                            scope.with_attempt(n.attempt + 1),
-                            EventKind::NodeRetrying { delay_ms: 0 },
-                        );
-                    }
-                    self.sched.requeue(key);
-                }
-                _ => {}
-            }
+    }
+
+    /// Takes up the attempt of the leaf `key` that a stop left: a gate
+    /// continues, an interrupted attempt is closed and run again, a retry
+    /// that was due starts.
+    fn take_up_attempt(&mut self, key: Key) {
+        // Closing an attempt can end a group's pass and mount another
+        // (an `on_interrupt: fail` node that may fail): what went with
+        // the old pass needs no recovery.
+        let Some(inst) = self.sched.inst(&key).cloned() else {
+            return;
+        };
+        if inst.spec.kind.children().is_some() {
+            return;
         }
-        if self.mode == Mode::Drive {
-            self.recover_scorers();
+        let Some(n) = self.state.node(&key.0, key.1).cloned() else {
+            return;
+        };
+        let scope = self.node_scope(&key);
+        match n.status {
+            NodeStatus::WaitingApproval => {
+                self.sched.withdraw_check(&key);
+                self.attempts.resume(key.clone(), n.attempt);
+                self.sched.requeue(key);
+            }
+            NodeStatus::Running | NodeStatus::WaitingInput
+                if matches!(inst.spec.kind, NodeKind::Approval(_)) && n.decision().is_some() =>
+            {
+                self.attempts.resume(key.clone(), n.attempt);
+                self.sched.requeue(key);
+            }
+            // Applying commands only: interrupted attempts and retries
+            // are the next resume's to close and start.
+            _ if self.mode == Mode::Apply => {}
+            NodeStatus::Running | NodeStatus::WaitingInput => {
+                self.interrupted(&key, &inst, n.attempt);
+            }
+            NodeStatus::Retrying => {
+                if !n.retry_announced {
+                    self.emit(
+                        scope.with_attempt(n.attempt + 1),
+                        EventKind::NodeRetrying { delay_ms: 0 },
+                    );
+                }
+                self.sched.requeue(key);
+            }
+            _ => {}
         }
-        // A node failed the run, then a stop came before the run's end: the
-        // run that goes on is failing.
+    }
+
+    /// A node failed the run, then a stop came before the run's end: the
+    /// run that goes on is failing.
+    fn resume_failing(&mut self) {
         for key in self.plan_keys() {
             if self
                 .sched
-                .plan()
-                .insts
-                .get(&key)
+                .inst(&key)
                 .is_none_or(|i| i.spec.on_failure != OnFailure::Fail)
             {
                 continue;
