@@ -1,4 +1,5 @@
-//! Child runs: the `workflow` node kind and agents' delegates.
+//! Child runs: what the `workflow` node kind (`kinds::workflow`) and
+//! agents' delegates start.
 //!
 //! A child is a run of its own (its own log, lease and driver) whose
 //! `RunStarted` names its parent. Its id is derived from the place of the
@@ -19,14 +20,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use cairn_events::{ErrorInfo, Event, EventKind, RunStatus};
 use cairn_store::EventQuery;
-use cairn_workflow::{NodeKind, NodeSpec};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::node::{Ask, NodeCtx, NodeError, NodeRunner};
+use crate::node::{Ask, NodeCtx, NodeError};
 use crate::{Engine, EngineError, RunHandle, RunOutcome, StartOptions};
 
 /// How long a parent waits before it looks again at a child that another
@@ -110,33 +109,8 @@ pub(crate) fn origin_of(failed: &std::collections::HashMap<u32, String>, attempt
     origin
 }
 
-/// The `workflow` node kind.
-pub(crate) struct WorkflowNode;
-
-#[async_trait]
-impl NodeRunner for WorkflowNode {
-    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
-        let NodeKind::Workflow { path, input } = &spec.kind else {
-            return Err(NodeError::fatal("internal", "not a workflow node"));
-        };
-        let input = match input {
-            Some(v) => ctx.render_value(v)?,
-            None => json!({}),
-        };
-        let origin = origin(ctx).await?;
-        let place = format!("{}\0{}\0{origin}", ctx.node_id, ctx.iteration);
-        let child = ChildSpec {
-            run_id: child_run_id(&ctx.run_id, ctx.depth, &place),
-            path: path.clone(),
-            agent: "workflow".into(),
-            input,
-        };
-        ctx.run_child(child).await
-    }
-}
-
 /// [`origin_of`] for `ctx`'s attempt, read from the log.
-async fn origin(ctx: &NodeCtx) -> Result<u32, NodeError> {
+pub(crate) async fn origin(ctx: &NodeCtx) -> Result<u32, NodeError> {
     if ctx.attempt <= 1 {
         return Ok(1);
     }

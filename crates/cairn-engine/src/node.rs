@@ -1,23 +1,26 @@
 //! The node-kind trait and what a running node may do.
 //!
-//! Every leaf kind (`command`, `value`, `approval`, `tool`, and later `agent`)
-//! implements [`NodeRunner`]; [`runner_for`] is the one place that maps a
-//! workflow's kind to its runner. Groups (`loop`, `for_each`) are structure,
-//! handled by the driver, not runners.
+//! Every leaf kind implements [`NodeRunner`] in a module of its own under
+//! `kinds/`; [`runner_for`] (`kinds/mod.rs`) maps a workflow's kind to its
+//! runner with an exhaustive match. Groups (`loop`, `for_each`) are
+//! structure, handled by the driver, not runners.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cairn_events::{ErrorInfo, EventKind, NodePath, OutputStream, Scope, ToolStatus};
-use cairn_store::{RunLog, StoreError, ToolCallRecord};
-use cairn_workflow::{NodeKind, NodeSpec, Templates, Workflow};
+use cairn_events::{
+    ErrorInfo, EventKind, NetworkAction, NodePath, OutputStream, Scope, ToolStatus,
+};
+use cairn_store::{ProcessRecord, RunLog, StoreError, ToolCallRecord};
+use cairn_tools::process::{ProcessObserver, Stream};
+use cairn_workflow::{NodeSpec, Templates, Workflow};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::kinds;
+pub use crate::kinds::runner_for;
 use crate::plan::Key;
 use crate::services::Services;
 
@@ -438,7 +441,7 @@ impl NodeCtx {
         };
         let result = self
             .recorded_call(call, args.clone(), |tool_seq, key| async move {
-                let observer = kinds::EventObserver::new(self);
+                let observer = EventObserver::new(self);
                 if bash && sandbox.isolation() == cairn_tools::Isolation::None {
                     self.unconfined_notice();
                 }
@@ -596,17 +599,106 @@ pub trait NodeRunner: Send + Sync {
     async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError>;
 }
 
-/// The runner for a workflow node kind: the one place a new kind is added.
-/// Groups return `None`; the driver mounts their children instead.
-pub fn runner_for(kind: &NodeKind) -> Option<&'static dyn NodeRunner> {
-    match kind {
-        NodeKind::Command(_) => Some(&kinds::CommandNode),
-        NodeKind::Value(_) => Some(&kinds::ValueNode),
-        NodeKind::Approval(_) => Some(&kinds::ApprovalNode),
-        NodeKind::Tool { .. } => Some(&kinds::ToolNode),
-        NodeKind::Ask { .. } => Some(&kinds::AskNode),
-        NodeKind::Agent(_) => Some(&crate::agent::AgentNode),
-        NodeKind::Workflow { .. } => Some(&crate::child::WorkflowNode),
-        NodeKind::Loop { .. } | NodeKind::ForEach { .. } => None,
+/// Turns process and tool callbacks into the attempt's events, and records
+/// every process group the attempt starts (commands and `bash` calls alike)
+/// so that a resume after a crash of the engine can kill what the dead
+/// engine left running. Dropping it forgets the records: the runner has
+/// waited for the processes by then.
+pub(crate) struct EventObserver<'a> {
+    pub ctx: &'a NodeCtx,
+    records: Mutex<Vec<u64>>,
+    /// Whether output becomes `NodeOutput`: not for a scorer, whose
+    /// process runs after the node's attempt ended.
+    streams: bool,
+}
+
+impl<'a> EventObserver<'a> {
+    pub(crate) fn new(ctx: &'a NodeCtx) -> Self {
+        EventObserver {
+            ctx,
+            records: Mutex::new(Vec::new()),
+            streams: true,
+        }
+    }
+
+    /// An observer that records processes and network verdicts but
+    /// streams no output.
+    pub(crate) fn quiet(ctx: &'a NodeCtx) -> Self {
+        EventObserver {
+            ctx,
+            records: Mutex::new(Vec::new()),
+            streams: false,
+        }
+    }
+}
+
+impl Drop for EventObserver<'_> {
+    fn drop(&mut self) {
+        let backend = self.ctx.services.journal.backend();
+        for id in self.records.lock().unwrap().drain(..) {
+            let _ = backend.remove_process(id);
+        }
+    }
+}
+
+impl ProcessObserver for EventObserver<'_> {
+    fn spawned(&self, pid: u32) {
+        let ctx = self.ctx;
+        let rec = ProcessRecord {
+            id: 0,
+            run_id: ctx.run_id.clone(),
+            node_id: ctx.node_id.to_string(),
+            iteration: ctx.iteration,
+            attempt: ctx.attempt,
+            pgid: pid,
+            started_ms: now_ms(),
+        };
+        match ctx.services.journal.backend().put_process(&rec) {
+            Ok(id) => self.records.lock().unwrap().push(id),
+            Err(e) => {
+                tracing::warn!(error = %e, pid, "cannot record a process group; a resume after a crash finds it by its environment only")
+            }
+        }
+    }
+
+    fn output(&self, stream: Stream, text: &str) {
+        if !self.streams {
+            return;
+        }
+        let stream = match stream {
+            Stream::Stdout => OutputStream::Stdout,
+            Stream::Stderr => OutputStream::Stderr,
+        };
+        self.ctx.output(stream, text);
+    }
+
+    fn network_refused(&self, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action: NetworkAction::Blocked,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+
+    fn network_allowed(&self, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action: NetworkAction::Allowed,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+
+    fn limits_weakened(&self, why: &str) {
+        self.ctx.limits_notice(why);
+    }
+}
+
+impl cairn_tools::ToolObserver for EventObserver<'_> {
+    fn network(&self, action: NetworkAction, target: &str, reason: &str) {
+        self.ctx.emit(EventKind::NetworkAccess {
+            action,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        });
     }
 }

@@ -13,7 +13,8 @@ use cairn_workflow::{NodeSpec, ScorerAgent, ScorerKind, ScorerSpec};
 use serde_json::Value;
 
 use crate::agent::strip_fence;
-use crate::kinds::{run_command, EventObserver};
+use crate::kinds::run_command;
+use crate::node::EventObserver;
 use crate::node::{NodeCtx, NodeError};
 
 /// What a scorer said of an output.

@@ -25,15 +25,14 @@ mod toolbox;
 
 use std::sync::Mutex;
 
-use async_trait::async_trait;
 use cairn_agent::{
     AssistantMessage, Conversation, Message, ModelClient, ModelRequest, StreamEvent, ToolResult,
 };
 use cairn_events::{ErrorInfo, EventKind, OutputStream};
-use cairn_workflow::{AgentSpec, NodeKind, NodeSpec};
+use cairn_workflow::AgentSpec;
 use serde_json::{json, Value};
 
-use crate::node::{NodeCtx, NodeError, NodeRunner};
+use crate::node::{NodeCtx, NodeError};
 use history::History;
 
 mod engines;
@@ -94,20 +93,13 @@ impl Spend {
     }
 }
 
-/// The runner of `agent` nodes.
-pub(crate) struct AgentNode;
-
-#[async_trait]
-impl NodeRunner for AgentNode {
-    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
-        let NodeKind::Agent(agent) = &spec.kind else {
-            return Err(NodeError::fatal("internal", "not an agent node"));
-        };
-        if let Some(engine) = &agent.engine {
-            return engines::run(agent, ctx, engine).await;
-        }
-        Agent::new(agent, ctx).await?.run().await
+/// One attempt of an agent node (`kinds::agent`): its external CLI's, or
+/// Cairn's own loop.
+pub(crate) async fn run(agent: &AgentSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
+    if let Some(engine) = &agent.engine {
+        return engines::run(agent, ctx, engine).await;
     }
+    Agent::new(agent, ctx).await?.run().await
 }
 
 /// Most bytes of one turn a person writes to a hijacked agent.

@@ -523,7 +523,7 @@ struct Said {
 
 /// Turns the CLI's stdout into events, a line at a time.
 struct Lines<'a> {
-    inner: crate::kinds::EventObserver<'a>,
+    inner: crate::node::EventObserver<'a>,
     cli: &'a dyn Cli,
     model: Option<String>,
     said: Mutex<Said>,
@@ -536,7 +536,7 @@ struct Lines<'a> {
 impl<'a> Lines<'a> {
     fn new(ctx: &'a NodeCtx, cli: &'a dyn Cli, model: Option<String>) -> Self {
         Lines {
-            inner: crate::kinds::EventObserver::new(ctx),
+            inner: crate::node::EventObserver::new(ctx),
             cli,
             model,
             said: Mutex::new(Said::default()),

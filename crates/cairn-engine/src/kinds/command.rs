@@ -1,122 +1,15 @@
-//! The built-in leaf node kinds: `command`, `value`, `approval` and `tool`.
+//! `command`: runs an argv without a shell, in the node's sandbox; its
+//! stdout becomes the output. Scorers run their commands through
+//! [`run_command`] too.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
-use cairn_events::{EventKind, NetworkAction, OutputStream};
-use cairn_store::ProcessRecord;
-use cairn_tools::process::{
-    run_process, run_process_with_input, ProcessError, ProcessObserver, ProcessSpec, Stream,
-};
+use cairn_tools::process::{run_process, run_process_with_input, ProcessError, ProcessSpec};
 use cairn_workflow::{NodeKind, NodeSpec, OutputFormat};
 use serde_json::{json, Value};
 
-use crate::node::{now_ms, NodeCtx, NodeError, NodeRunner};
-
-/// Turns process and tool callbacks into the attempt's events, and records
-/// every process group the attempt starts (commands and `bash` calls alike)
-/// so that a resume after a crash of the engine can kill what the dead
-/// engine left running. Dropping it forgets the records: the runner has
-/// waited for the processes by then.
-pub(crate) struct EventObserver<'a> {
-    pub ctx: &'a NodeCtx,
-    records: Mutex<Vec<u64>>,
-    /// Whether output becomes `NodeOutput`: not for a scorer, whose
-    /// process runs after the node's attempt ended.
-    streams: bool,
-}
-
-impl<'a> EventObserver<'a> {
-    pub(crate) fn new(ctx: &'a NodeCtx) -> Self {
-        EventObserver {
-            ctx,
-            records: Mutex::new(Vec::new()),
-            streams: true,
-        }
-    }
-
-    /// An observer that records processes and network verdicts but
-    /// streams no output.
-    pub(crate) fn quiet(ctx: &'a NodeCtx) -> Self {
-        EventObserver {
-            ctx,
-            records: Mutex::new(Vec::new()),
-            streams: false,
-        }
-    }
-}
-
-impl Drop for EventObserver<'_> {
-    fn drop(&mut self) {
-        let backend = self.ctx.services.journal.backend();
-        for id in self.records.lock().unwrap().drain(..) {
-            let _ = backend.remove_process(id);
-        }
-    }
-}
-
-impl ProcessObserver for EventObserver<'_> {
-    fn spawned(&self, pid: u32) {
-        let ctx = self.ctx;
-        let rec = ProcessRecord {
-            id: 0,
-            run_id: ctx.run_id.clone(),
-            node_id: ctx.node_id.to_string(),
-            iteration: ctx.iteration,
-            attempt: ctx.attempt,
-            pgid: pid,
-            started_ms: now_ms(),
-        };
-        match ctx.services.journal.backend().put_process(&rec) {
-            Ok(id) => self.records.lock().unwrap().push(id),
-            Err(e) => {
-                tracing::warn!(error = %e, pid, "cannot record a process group; a resume after a crash finds it by its environment only")
-            }
-        }
-    }
-
-    fn output(&self, stream: Stream, text: &str) {
-        if !self.streams {
-            return;
-        }
-        let stream = match stream {
-            Stream::Stdout => OutputStream::Stdout,
-            Stream::Stderr => OutputStream::Stderr,
-        };
-        self.ctx.output(stream, text);
-    }
-
-    fn network_refused(&self, target: &str, reason: &str) {
-        self.ctx.emit(EventKind::NetworkAccess {
-            action: NetworkAction::Blocked,
-            target: target.to_string(),
-            reason: reason.to_string(),
-        });
-    }
-
-    fn network_allowed(&self, target: &str, reason: &str) {
-        self.ctx.emit(EventKind::NetworkAccess {
-            action: NetworkAction::Allowed,
-            target: target.to_string(),
-            reason: reason.to_string(),
-        });
-    }
-
-    fn limits_weakened(&self, why: &str) {
-        self.ctx.limits_notice(why);
-    }
-}
-
-impl cairn_tools::ToolObserver for EventObserver<'_> {
-    fn network(&self, action: NetworkAction, target: &str, reason: &str) {
-        self.ctx.emit(EventKind::NetworkAccess {
-            action,
-            target: target.to_string(),
-            reason: reason.to_string(),
-        });
-    }
-}
+use crate::node::{EventObserver, NodeCtx, NodeError, NodeRunner};
 
 /// `command`: runs an argv without a shell.
 pub(crate) struct CommandNode;
@@ -295,78 +188,5 @@ pub(crate) fn parse_output(stdout: &str, format: OutputFormat) -> Result<Value, 
             })?;
             Ok(v)
         }
-    }
-}
-
-/// `value`: its rendered value is its output.
-pub(crate) struct ValueNode;
-
-#[async_trait]
-impl NodeRunner for ValueNode {
-    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
-        let NodeKind::Value(v) = &spec.kind else {
-            unreachable!("runner_for maps only value nodes here")
-        };
-        ctx.render_value(v)
-    }
-}
-
-/// `approval`: waits for a person; a denial fails the node.
-pub(crate) struct ApprovalNode;
-
-#[async_trait]
-impl NodeRunner for ApprovalNode {
-    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
-        let NodeKind::Approval(message) = &spec.kind else {
-            unreachable!("runner_for maps only approval nodes here")
-        };
-        let message = ctx
-            .templates
-            .render_string(message, &ctx.vars)
-            .map_err(|e| NodeError::fatal("template", e.to_string()))?;
-        let d = ctx.ask_approval(Some(message)).await?;
-        if d.approved {
-            Ok(json!({ "approved": true, "note": d.note, "by": d.by }))
-        } else {
-            Err(NodeError::fatal(
-                "denied",
-                match &d.note {
-                    Some(n) => format!("approval denied: {n}"),
-                    None => "approval denied".to_string(),
-                },
-            )
-            .with_details(json!({ "approved": false, "note": d.note, "by": d.by })))
-        }
-    }
-}
-
-/// `ask`: asks a person a question; the answer is the output.
-pub(crate) struct AskNode;
-
-#[async_trait]
-impl NodeRunner for AskNode {
-    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
-        let NodeKind::Ask { prompt, schema } = &spec.kind else {
-            unreachable!("runner_for maps only ask nodes here")
-        };
-        let prompt = ctx
-            .templates
-            .render_string(prompt, &ctx.vars)
-            .map_err(|e| NodeError::fatal("template", e.to_string()))?;
-        ctx.ask_person(prompt, schema.clone(), None).await
-    }
-}
-
-/// `tool`: calls one sandboxed tool with rendered arguments.
-pub(crate) struct ToolNode;
-
-#[async_trait]
-impl NodeRunner for ToolNode {
-    async fn run(&self, spec: &NodeSpec, ctx: &NodeCtx) -> Result<Value, NodeError> {
-        let NodeKind::Tool { tool, args } = &spec.kind else {
-            unreachable!("runner_for maps only tool nodes here")
-        };
-        let args = ctx.render_value(args)?;
-        ctx.call_tool_in(tool, args, &spec.sandbox).await
     }
 }
