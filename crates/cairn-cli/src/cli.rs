@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use cairn_store::StoreUrl;
 use clap::{Args, Parser, Subcommand};
 
 /// Cairn runs durable workflows: every step is an event in a log, so a run
@@ -25,9 +26,10 @@ pub struct Global {
         global = true,
         env = "CAIRN_STORE",
         value_name = "PATH|URL",
-        default_value = ".cairn/cairn.db"
+        default_value = ".cairn/cairn.db",
+        value_parser = parse_store
     )]
-    pub store: PathBuf,
+    pub store: StoreUrl,
     /// On PostgreSQL, how long a run stays with a process that stopped
     /// renewing its lease (it died, or lost the database) before another
     /// process may take it over.
@@ -48,17 +50,21 @@ pub struct Global {
     pub no_log: bool,
 }
 
-impl Global {
-    /// The PostgreSQL URL, when `--store` names one.
-    pub fn postgres_url(&self) -> Option<&str> {
-        let s = self.store.to_str()?;
-        (s.starts_with("postgres://") || s.starts_with("postgresql://")).then_some(s)
-    }
+/// `--store`, `--from` and `--to`: a store's address, read by the one parser
+/// every part of Cairn uses, so an unknown scheme is refused here rather
+/// than taken for a file name.
+fn parse_store(text: &str) -> Result<StoreUrl, cairn_store::BadStoreUrl> {
+    StoreUrl::parse(text)
+}
 
+impl Global {
     /// Whether the store is there to read. A PostgreSQL store is taken to
     /// exist: connecting to it tells.
     pub fn store_exists(&self) -> bool {
-        self.postgres_url().is_some() || self.store.exists()
+        match &self.store {
+            StoreUrl::Sqlite(path) => path.exists(),
+            StoreUrl::Postgres(_) => true,
+        }
     }
 
     /// The mirror folder: `--log-dir`, or `logs` next to the store (for a
@@ -66,12 +72,13 @@ impl Global {
     pub fn log_dir(&self) -> PathBuf {
         match &self.log_dir {
             Some(d) => d.clone(),
-            None if self.postgres_url().is_some() => PathBuf::from(".cairn/logs"),
-            None => self
-                .store
-                .parent()
-                .map(|p| p.join("logs"))
-                .unwrap_or_else(|| PathBuf::from("logs")),
+            None => match &self.store {
+                StoreUrl::Postgres(_) => PathBuf::from(".cairn/logs"),
+                StoreUrl::Sqlite(path) => path
+                    .parent()
+                    .map(|p| p.join("logs"))
+                    .unwrap_or_else(|| PathBuf::from("logs")),
+            },
         }
     }
 }
@@ -425,12 +432,12 @@ pub enum StoreCommand {
 #[derive(Debug, Args)]
 pub struct StoreCopyArgs {
     /// The store to copy from: a SQLite file, or a `postgres://` URL.
-    #[arg(long, value_name = "PATH|URL")]
-    pub from: PathBuf,
+    #[arg(long, value_name = "PATH|URL", value_parser = parse_store)]
+    pub from: StoreUrl,
     /// The store to copy to: a SQLite file (created if missing), or a
     /// `postgres://` URL.
-    #[arg(long, value_name = "PATH|URL")]
-    pub to: PathBuf,
+    #[arg(long, value_name = "PATH|URL", value_parser = parse_store)]
+    pub to: StoreUrl,
     /// Copy only this run, with its child runs (repeatable) [default: every run].
     #[arg(long = "run", value_name = "ID")]
     pub runs: Vec<String>,

@@ -26,9 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
-use cairn_store::{
-    Backend, EventQuery, RunFilter, RunRecord, SqliteBackend, StoreError, StoredEvent,
-};
+use cairn_store::{Backend, EventQuery, RunFilter, RunRecord, StoreError, StoreUrl, StoredEvent};
 
 use crate::bad_input;
 use crate::cli::{Global, StoreCopyArgs};
@@ -38,96 +36,26 @@ const EVENT_PAGE: usize = 2_000;
 /// Runs listed at a time.
 const RUN_PAGE: usize = 200;
 
-/// Where a store is, as `--from` and `--to` name it.
-enum Place {
-    /// A SQLite database file.
-    Sqlite(PathBuf),
-    /// A PostgreSQL URL (may hold a password: print it with [`redact`]).
-    Postgres(String),
-}
-
-impl Place {
-    fn of(p: &Path) -> Place {
-        match p.to_str() {
-            Some(s) if s.starts_with("postgres://") || s.starts_with("postgresql://") => {
-                Place::Postgres(s.to_string())
-            }
-            _ => Place::Sqlite(p.to_path_buf()),
-        }
-    }
-
-    /// How the store is shown: a path, or a URL without its password.
-    fn show(&self) -> String {
-        match self {
-            Place::Sqlite(p) => p.display().to_string(),
-            Place::Postgres(url) => redact(url),
-        }
-    }
-}
-
-/// A store URL as it may be printed: without the password of its user info
-/// (`postgres://user:secret@host/db` → `postgres://user@host/db`) or of its
-/// query (`?password=...`). Anything that is not a URL is returned as is.
-pub fn redact(store: &str) -> String {
-    let Some((scheme, rest)) = store.split_once("://") else {
-        return store.to_string();
-    };
-    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
-    let (before_query, query) = rest.split_at(query_at);
-    // The last `@` before the query ends the user info, so a password that
-    // holds `@` or `/` (unescaped) is cut whole.
-    let before_query = match before_query.rfind('@') {
-        Some(at) => {
-            let user = before_query[..at].split(':').next().unwrap_or("");
-            format!("{user}{}", &before_query[at..])
-        }
-        None => before_query.to_string(),
-    };
-    let query = match query.strip_prefix('?') {
-        Some(q) => {
-            let (q, fragment) = q.split_at(q.find('#').unwrap_or(q.len()));
-            let kept: Vec<&str> = q
-                .split('&')
-                .filter(|kv| {
-                    let key = kv.split('=').next().unwrap_or("").trim();
-                    !key.eq_ignore_ascii_case("password")
-                })
-                .collect();
-            if kept.is_empty() {
-                fragment.to_string()
-            } else {
-                format!("?{}{fragment}", kept.join("&"))
-            }
-        }
-        None => query.to_string(),
-    };
-    format!("{scheme}://{before_query}{query}")
-}
-
 /// Opens a store: `create` makes a missing SQLite file (the destination);
 /// otherwise a missing one is bad input (the source).
-fn open(g: &Global, place: &Place, create: bool, role: &str) -> anyhow::Result<Arc<dyn Backend>> {
-    match place {
-        Place::Postgres(url) => {
-            let backend = cairn_postgres::PgBackend::open_with(
-                url,
-                cairn_postgres::PgOptions {
-                    lease_ttl: crate::store::lease_ttl(g)?,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| format!("opening the --{role} store {}", place.show()))?;
-            Ok(Arc::new(backend))
+fn open(
+    g: &Global,
+    place: &StoreUrl,
+    create: bool,
+    role: &str,
+) -> anyhow::Result<Arc<dyn Backend>> {
+    let opts = cairn_store::OpenOptions {
+        create,
+        lease_ttl: Some(crate::store::lease_ttl(g)?),
+    };
+    match cairn_store::open(place, &opts) {
+        Err(StoreError::Missing { .. }) => {
+            Err(bad_input(format!("no store at {place} (--{role})")))
         }
-        Place::Sqlite(path) => {
-            if !create && !path.exists() {
-                return Err(bad_input(format!(
-                    "no store at {} (--{role})",
-                    path.display()
-                )));
-            }
-            Ok(Arc::new(SqliteBackend::open(path)?))
+        Err(e @ StoreError::Open { .. }) => {
+            Err(anyhow::Error::new(e).context(format!("opening the --{role} store {place}")))
         }
+        r => Ok(r?),
     }
 }
 
@@ -135,7 +63,7 @@ fn open(g: &Global, place: &Place, create: bool, role: &str) -> anyhow::Result<A
 /// locks are `locks/<run>.lock` beside its file, so two stores in one
 /// folder share them, and the source's lease of a run is the
 /// destination's too (taking it twice would fail).
-fn shared_locks(from: &Place, to: &Place) -> bool {
+fn shared_locks(from: &StoreUrl, to: &StoreUrl) -> bool {
     let dir = |p: &Path| {
         let parent = match p.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -144,7 +72,7 @@ fn shared_locks(from: &Place, to: &Place) -> bool {
         std::fs::canonicalize(parent).ok()
     };
     match (from, to) {
-        (Place::Sqlite(a), Place::Sqlite(b)) => match (dir(a), dir(b)) {
+        (StoreUrl::Sqlite(a), StoreUrl::Sqlite(b)) => match (dir(a), dir(b)) {
             (Some(a), Some(b)) => a == b,
             _ => false,
         },
@@ -192,24 +120,24 @@ fn plural(n: impl Into<u64>, one: &str, many: &str) -> String {
 /// another history).
 /// Refused runs do not stop the others.
 pub fn copy(g: &Global, a: StoreCopyArgs) -> anyhow::Result<u8> {
-    let (from, to) = (Place::of(&a.from), Place::of(&a.to));
-    let src = open(g, &from, false, "from")?;
+    let (from, to) = (&a.from, &a.to);
+    let src = open(g, from, false, "from")?;
     // The runs first: an unknown `--run` leaves no destination behind.
     let ids = if a.runs.is_empty() {
         all_runs(&*src)?
     } else {
         named_runs(&*src, &a.runs)?
     };
-    let dst = open(g, &to, true, "to")?;
+    let dst = open(g, to, true, "to")?;
     // The store's own name, so that one database reached by two URLs (or
     // one file by two paths) is recognized.
     if src.store_id() == dst.store_id() {
         return Err(bad_input(format!(
             "--from and --to name the same store ({})",
-            from.show()
+            from
         )));
     }
-    let shared_locks = shared_locks(&from, &to);
+    let shared_locks = shared_locks(from, to);
 
     let (mut copied, mut skipped, mut failed) = (0usize, 0usize, 0usize);
     let mut totals = Counts::default();
@@ -263,8 +191,8 @@ pub fn copy(g: &Global, a: StoreCopyArgs) -> anyhow::Result<u8> {
         plural(totals.events, "event", "events"),
         plural(totals.tool_calls as u64, "tool call", "tool calls"),
         plural(totals.commands as u64, "command", "commands"),
-        from.show(),
-        to.show()
+        from,
+        to
     );
     if skipped > 0 {
         summary.push_str(&format!("; skipped {skipped}"));
@@ -710,32 +638,4 @@ fn read_range(
             ..Default::default()
         },
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_are_never_shown() {
-        for (url, shown) in [
-            (
-                "postgres://cairn:s3cret@db.example:5432/runs",
-                "postgres://cairn@db.example:5432/runs",
-            ),
-            (
-                "postgresql://u:p@ss/w@rd@host/db?sslmode=disable",
-                "postgresql://u@host/db?sslmode=disable",
-            ),
-            (
-                "postgres://u@host/db?password=x&application_name=a",
-                "postgres://u@host/db?application_name=a",
-            ),
-            ("postgres://host/db?PassWord=x", "postgres://host/db"),
-            ("postgres://u@127.0.0.1/db", "postgres://u@127.0.0.1/db"),
-            (".cairn/cairn.db", ".cairn/cairn.db"),
-        ] {
-            assert_eq!(redact(url), shown, "{url}");
-        }
-    }
 }

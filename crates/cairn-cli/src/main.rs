@@ -219,12 +219,14 @@ fn store_exit_code(e: &cairn_store::StoreError) -> u8 {
         | StoreError::Locked { .. }
         | StoreError::TooNew { .. }
         | StoreError::Open { .. }
+        | StoreError::Missing { .. }
+        | StoreError::BadUrl(_)
         | StoreError::ReadOnly { .. }
         | StoreError::BadRow { .. }
-        | StoreError::NotFound(_)
+        | StoreError::RunNotFound(_)
         | StoreError::InvalidRunId(_)
         | StoreError::RunExists(_)
-        | StoreError::Busy { .. } => EXIT_BAD_INPUT,
+        | StoreError::LeaseHeld { .. } => EXIT_BAD_INPUT,
         StoreError::RecordNotFound { .. }
         | StoreError::DiskFull { .. }
         | StoreError::Database(_)
@@ -239,7 +241,6 @@ mod tests {
     use super::*;
     use cairn_engine::EngineError;
     use cairn_store::StoreError;
-    use std::path::PathBuf;
 
     fn code(e: impl std::error::Error + Send + Sync + 'static) -> u8 {
         exit_code_of(&anyhow::Error::new(e))
@@ -248,18 +249,18 @@ mod tests {
     #[test]
     fn store_errors_get_one_code_whichever_layer_reports_them() {
         let cases: Vec<(fn() -> StoreError, u8)> = vec![
-            (|| StoreError::NotFound("r".into()), EXIT_BAD_INPUT),
+            (|| StoreError::RunNotFound("r".into()), EXIT_BAD_INPUT),
             (|| StoreError::RunExists("r".into()), EXIT_BAD_INPUT),
-            (|| StoreError::Busy { run: "r".into() }, EXIT_BAD_INPUT),
+            (|| StoreError::LeaseHeld { run: "r".into() }, EXIT_BAD_INPUT),
             (
                 || StoreError::Locked {
-                    path: PathBuf::from("c.db"),
+                    store: "c.db".into(),
                 },
                 EXIT_BAD_INPUT,
             ),
             (
                 || StoreError::TooNew {
-                    path: PathBuf::from("c.db"),
+                    store: "c.db".into(),
                     found: 9,
                     supported: 2,
                 },
@@ -267,7 +268,7 @@ mod tests {
             ),
             (
                 || StoreError::Corrupt {
-                    path: PathBuf::from("c.db"),
+                    store: "c.db".into(),
                     detail: "x".into(),
                 },
                 EXIT_BAD_INPUT,
@@ -281,7 +282,7 @@ mod tests {
             ),
             (
                 || StoreError::DiskFull {
-                    path: PathBuf::from("c.db"),
+                    store: "c.db".into(),
                 },
                 EXIT_FAILED,
             ),

@@ -1,7 +1,6 @@
 //! Opening the store: created only by commands that start runs, so a typo
 //! in `--store` never leaves an empty database behind.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_engine::{Engine, EngineOptions};
@@ -17,23 +16,14 @@ pub fn open(g: &Global, create: bool) -> anyhow::Result<Journal> {
     let opts = JournalOptions {
         log_dir: if g.no_log { None } else { Some(g.log_dir()) },
     };
-    if let Some(url) = g.postgres_url() {
-        let backend = cairn_postgres::PgBackend::open_with(
-            url,
-            cairn_postgres::PgOptions {
-                lease_ttl: lease_ttl(g)?,
-                ..Default::default()
-            },
-        )?;
-        return Ok(Journal::open(Arc::new(backend), opts)?);
-    }
-    if !create && !g.store.exists() {
-        return Err(bad_input(format!(
-            "no store at {} (no run was started with this --store yet)",
-            g.store.display()
-        )));
-    }
-    Ok(Journal::open_sqlite(&g.store, opts)?)
+    let backend = cairn_store::open(
+        &g.store,
+        &cairn_store::OpenOptions {
+            create,
+            lease_ttl: Some(lease_ttl(g)?),
+        },
+    )?;
+    Ok(Journal::open(backend, opts)?)
 }
 
 /// `--lease-ttl`, checked.
@@ -61,8 +51,9 @@ pub fn engine(g: &Global, create: bool) -> anyhow::Result<Engine> {
 /// Where workspace snapshots go: `snapshots` beside a SQLite store (the
 /// engine's default), `.cairn/snapshots` here for a PostgreSQL one.
 pub fn snapshot_dir(g: &Global) -> Option<std::path::PathBuf> {
-    g.postgres_url()
-        .map(|_| std::path::PathBuf::from(".cairn/snapshots"))
+    g.store
+        .is_postgres()
+        .then(|| std::path::PathBuf::from(".cairn/snapshots"))
 }
 
 /// An engine for a command that may drive runs, with the exporter of their

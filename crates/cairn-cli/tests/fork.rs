@@ -487,7 +487,7 @@ fn a_fork_cut_short_before_its_log_is_made_again_not_run() {
     // What a kill between the fork's record and its log leaves: the record
     // of a fork being made, and no event.
     {
-        use cairn_store::Backend;
+        use cairn_store::prelude::*;
         let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).unwrap();
         let mut rec = b.get_run("o").unwrap().unwrap();
         rec.run_id = "cut".into();

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use cairn_events::{Event, EventKind};
 use cairn_client::{wait_healthy, Client};
+use cairn_events::{Event, EventKind};
 use serde_json::{json, Value};
 
 /// Commands that take a while, so that the kill lands in the middle; every
@@ -233,7 +233,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     let backend = cairn_postgres::PgBackend::open(&store).unwrap();
     let mut taken_over = 0;
     for (run, seen) in &seen_by {
-        use cairn_store::Backend;
+        use cairn_store::prelude::*;
         let stored: Vec<Event> = backend
             .read_events(run, &Default::default())
             .unwrap()

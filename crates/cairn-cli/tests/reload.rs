@@ -15,7 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn_events::{check_log, Event, EventKind};
-use cairn_store::{Backend, EventQuery, GenerationRecord, SqliteBackend};
+use cairn_store::prelude::*;
+use cairn_store::{EventQuery, GenerationRecord, SqliteBackend};
 use serde_json::{json, Value};
 
 /// What the runs start from: `wait` runs until the file `go-<run>`

@@ -151,7 +151,7 @@ impl Engine {
         // driving it has nodes using those files.
         let _original = match self.take_log(from).await {
             Ok(log) => log,
-            Err(cairn_store::StoreError::Busy { .. }) => {
+            Err(cairn_store::StoreError::LeaseHeld { .. }) => {
                 return Err(EngineError::Conflict(format!(
                     "run `{from}` is being driven by another process, whose nodes use the files \
                      the fork would put back; wait for it to stop or cancel it, then fork"

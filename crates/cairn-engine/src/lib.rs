@@ -609,7 +609,7 @@ impl Engine {
         self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
-            Err(StoreError::Busy { .. }) => {
+            Err(StoreError::LeaseHeld { .. }) => {
                 let id = run_id.to_string();
                 let holder = self
                     .blocking(move |e| e.backend().lease_holder(&id).ok().flatten())
@@ -789,7 +789,7 @@ impl Engine {
         loop {
             let id = run_id.to_string();
             match self.blocking(move |e| e.journal().run_log(&id)).await {
-                Err(StoreError::Busy { .. }) if tries < 50 => {
+                Err(StoreError::LeaseHeld { .. }) if tries < 50 => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
@@ -911,7 +911,7 @@ impl Engine {
                                 Err(e) => break Err(e),
                             }
                         }
-                        Err(StoreError::Busy { .. }) => {}
+                        Err(StoreError::LeaseHeld { .. }) => {}
                         Err(e) => break Err(e.into()),
                     }
                 }

@@ -83,7 +83,7 @@ impl Engine {
         self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
-            Err(StoreError::Busy { .. }) => {
+            Err(StoreError::LeaseHeld { .. }) => {
                 return Err(EngineError::Conflict(format!(
                     "run `{run_id}` is being driven by another process, whose nodes use the files; \
                      cancel it or wait for it to stop, then revert"

@@ -148,10 +148,10 @@ fn fold(backend: &dyn Backend, run_id: &str, builder: &mut TraceBuilder) -> Resu
 }
 
 /// The spans of one run's whole log, in the trace of its tree.
-/// [`StoreError::NotFound`] when the store has no such run.
+/// [`StoreError::RunNotFound`] when the store has no such run.
 pub fn run_spans(backend: &dyn Backend, run_id: &str) -> Result<Vec<Span>, StoreError> {
     if backend.get_run(run_id)?.is_none() {
-        return Err(StoreError::NotFound(run_id.to_string()));
+        return Err(StoreError::RunNotFound(run_id.to_string()));
     }
     let mut builder = TraceBuilder::new(lineage(backend, run_id)?);
     fold(backend, run_id, &mut builder)?;
@@ -162,7 +162,7 @@ pub fn run_spans(backend: &dyn Backend, run_id: &str) -> Result<Vec<Span>, Store
 /// children, ...: at most [`MAX_TREE_RUNS`] runs), each in the trace of the
 /// tree's root, and hands them to `each` one run at a time, so that a large
 /// tree is never held whole. `each` returns `false` to stop. Returns how
-/// many runs were handed over; [`StoreError::NotFound`] when the store has
+/// many runs were handed over; [`StoreError::RunNotFound`] when the store has
 /// no such run.
 pub fn visit_tree(
     backend: &dyn Backend,
@@ -170,7 +170,7 @@ pub fn visit_tree(
     mut each: impl FnMut(Vec<Span>) -> bool,
 ) -> Result<usize, StoreError> {
     if backend.get_run(run_id)?.is_none() {
-        return Err(StoreError::NotFound(run_id.to_string()));
+        return Err(StoreError::RunNotFound(run_id.to_string()));
     }
     let mut seen = HashSet::from([run_id.to_string()]);
     let mut queue = VecDeque::from([(run_id.to_string(), lineage(backend, run_id)?)]);
@@ -207,6 +207,7 @@ pub fn visit_tree(
 mod tests {
     use super::*;
     use cairn_events::{Event, Scope, Seq};
+    use cairn_store::prelude::*;
     use cairn_store::{RunRecord, SqliteBackend, StoredEvent};
 
     fn record(run: &str, parent: Option<&str>) -> RunRecord {
@@ -309,7 +310,7 @@ mod tests {
         assert_eq!(run_spans(&b, "r.c.g").unwrap(), runs[2]);
         assert!(matches!(
             run_spans(&b, "nope"),
-            Err(StoreError::NotFound(_))
+            Err(StoreError::RunNotFound(_))
         ));
     }
 

@@ -1,14 +1,13 @@
 //! Where a store lives: the server and database a URL names, and the schema
 //! that holds its tables.
 
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use tokio_postgres::config::Host;
 use tokio_postgres::Config;
 
-use cairn_store::StoreError;
+use cairn_storage::StoreError;
 
 /// The schema when none is chosen: PostgreSQL's own default.
 pub(crate) const DEFAULT_SCHEMA: &str = "public";
@@ -32,7 +31,7 @@ pub(crate) struct Target {
     /// The schema holding the tables, a plain lowercase identifier.
     pub(crate) schema: String,
     /// What errors name as the store (no password).
-    pub(crate) place: PathBuf,
+    pub(crate) place: String,
 }
 
 impl Target {
@@ -40,15 +39,15 @@ impl Target {
     /// `key=value` form) and checks the schema name.
     pub(crate) fn parse(url: &str, schema: Option<&str>) -> Result<Target, StoreError> {
         // The URL may hold a password: no error repeats it.
-        let unparsed = || PathBuf::from("(the PostgreSQL URL)");
+        let unparsed = || "(the PostgreSQL URL)".to_string();
         let mut config = Config::from_str(url).map_err(|e| StoreError::Open {
-            path: unparsed(),
+            store: unparsed(),
             detail: crate::db::describe(&e),
         })?;
         let schema = schema.unwrap_or(DEFAULT_SCHEMA).to_string();
         let place = place(&config, &schema);
         check_identifier(&schema).map_err(|detail| StoreError::Open {
-            path: place.clone(),
+            store: place.clone(),
             detail,
         })?;
         let options = match config.get_options() {
@@ -96,7 +95,7 @@ impl Target {
 }
 
 /// The store's place as errors show it: user, server, database and schema.
-fn place(config: &Config, schema: &str) -> PathBuf {
+fn place(config: &Config, schema: &str) -> String {
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
         Some(Host::Unix(p)) => p.display().to_string(),
@@ -108,9 +107,7 @@ fn place(config: &Config, schema: &str) -> PathBuf {
         .map(|u| format!("{u}@"))
         .unwrap_or_default();
     let db = config.get_dbname().unwrap_or("");
-    PathBuf::from(format!(
-        "postgres://{user}{host}:{port}/{db} (schema {schema})"
-    ))
+    format!("postgres://{user}{host}:{port}/{db} (schema {schema})")
 }
 
 /// Accepts `[a-z_][a-z0-9_]{0,62}`: a name that needs no quoting anywhere
@@ -175,7 +172,7 @@ mod tests {
             "postgresql://ann:secret@db.example:6543/cairn",
         ] {
             let t = Target::parse(url, Some("runs")).unwrap();
-            let place = t.place.display().to_string();
+            let place = t.place.clone();
             assert_eq!(place, "postgres://ann@db.example:6543/cairn (schema runs)");
             assert_eq!(t.config.get_options(), Some("-c search_path=runs"));
             assert_eq!(t.config.get_application_name(), Some("cairn"));

@@ -1,13 +1,12 @@
 //! The connection pool, and how PostgreSQL's errors become the store's own.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::error::{DbError, SqlState};
 use tokio_postgres::NoTls;
 
-use cairn_store::StoreError;
+use cairn_storage::StoreError;
 
 /// The pool of connections to the store's database, and the store's place
 /// (what errors name). Cheap to clone; the tasks of the backend's runtime
@@ -15,7 +14,7 @@ use cairn_store::StoreError;
 #[derive(Clone)]
 pub(crate) struct Db {
     pool: Pool,
-    place: Arc<PathBuf>,
+    place: Arc<str>,
 }
 
 impl Db {
@@ -24,7 +23,7 @@ impl Db {
     pub(crate) fn new(
         config: tokio_postgres::Config,
         size: usize,
-        place: PathBuf,
+        place: String,
     ) -> Result<Db, StoreError> {
         let manager = Manager::from_config(
             config,
@@ -39,12 +38,12 @@ impl Db {
             .max_size(size.max(1))
             .build()
             .map_err(|e| StoreError::Open {
-                path: place.clone(),
+                store: place.clone(),
                 detail: e.to_string(),
             })?;
         Ok(Db {
             pool,
-            place: Arc::new(place),
+            place: Arc::from(place),
         })
     }
 
@@ -54,7 +53,7 @@ impl Db {
     }
 
     /// What errors name as the store: its server, database and schema.
-    pub(crate) fn place(&self) -> &Path {
+    pub(crate) fn place(&self) -> &str {
         &self.place
     }
 
@@ -69,11 +68,11 @@ impl Db {
             // Connecting failed: the server is down, refuses us, or the
             // database does not exist.
             PoolError::Backend(e) => StoreError::Open {
-                path: self.place.to_path_buf(),
+                store: self.place.to_string(),
                 detail: describe(&e),
             },
             other => StoreError::Open {
-                path: self.place.to_path_buf(),
+                store: self.place.to_string(),
                 detail: other.to_string(),
             },
         }
@@ -82,22 +81,22 @@ impl Db {
 
 /// Turns PostgreSQL's errors into the store's own, like the SQLite backend
 /// does, so that callers need not know which database they talk to.
-pub(crate) fn map_err(place: &Path, e: &tokio_postgres::Error) -> StoreError {
+pub(crate) fn map_err(place: &str, e: &tokio_postgres::Error) -> StoreError {
     let Some(db) = e.as_db_error() else {
         return StoreError::Database(describe(e));
     };
-    let path = || place.to_path_buf();
+    let path = || place.to_string();
     match *db.code() {
-        SqlState::DISK_FULL => StoreError::DiskFull { path: path() },
+        SqlState::DISK_FULL => StoreError::DiskFull { store: path() },
         SqlState::READ_ONLY_SQL_TRANSACTION | SqlState::INSUFFICIENT_PRIVILEGE => {
             StoreError::ReadOnly {
-                path: path(),
+                store: path(),
                 detail: describe_db(db),
             }
         }
         // Only with a `lock_timeout` set (by the URL's options): another
         // session kept what we needed locked.
-        SqlState::LOCK_NOT_AVAILABLE => StoreError::Locked { path: path() },
+        SqlState::LOCK_NOT_AVAILABLE => StoreError::Locked { store: path() },
         _ => StoreError::Database(describe_db(db)),
     }
 }

@@ -7,7 +7,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use cairn_events::NodePath;
-use cairn_store::{EventQuery, StoreError, StoredEvent};
+use cairn_storage::{EventQuery, StoreError, StoredEvent};
 
 use crate::db::Db;
 use crate::lease;
@@ -196,7 +196,7 @@ async fn try_append(
 ) -> Result<(), Failed> {
     let tx = client.transaction().await?;
     if let Some(run) = lease::fenced_run(&tx, owner, &updates.runs).await? {
-        return Err(Failed::Refused(StoreError::Busy { run }));
+        return Err(Failed::Refused(StoreError::LeaseHeld { run }));
     }
     let insert = tx.prepare_cached(INSERT_EVENTS).await?;
     tx.execute(

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use cairn_store::{validate_run_id, RunLease, StoreError};
+use cairn_storage::{validate_run_id, RunLease, StoreError};
 
 use crate::db::Db;
 use crate::holder::{Holder, Liveness};
@@ -289,7 +289,7 @@ impl Shared {
     pub(crate) fn lease_holder(
         &self,
         run_id: &str,
-    ) -> Result<Option<cairn_store::LeaseHolder>, StoreError> {
+    ) -> Result<Option<cairn_storage::LeaseHolder>, StoreError> {
         let (db, run) = (self.db.clone(), run_id.to_string());
         let Some((owner, left)) = self
             .bridge
@@ -306,7 +306,7 @@ impl Shared {
             Liveness::Alive => true,
             Liveness::Unknown => false,
         };
-        Ok(Some(cairn_store::LeaseHolder {
+        Ok(Some(cairn_storage::LeaseHolder {
             holder: holder.describe(),
             expires_in: Some(Duration::from_secs_f64(left.max(0.0))),
             alive_here,

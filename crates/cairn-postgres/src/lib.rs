@@ -1,10 +1,10 @@
 //! Cairn's event store on PostgreSQL: [`PgBackend`] implements
-//! [`cairn_store::Backend`], so the same journal runs over a database that
+//! [`cairn_storage::Backend`], so the same journal runs over a database that
 //! engines on several machines share.
 //!
 //! What differs from the SQLite backend:
 //! - run leases are rows with an expiry on the database's clock, renewed by
-//!   a heartbeat, and an append is refused ([`StoreError::Busy`]) for a run
+//!   a heartbeat, and an append is refused ([`StoreError::LeaseHeld`]) for a run
 //!   whose lease another process holds (the fence), see `lease.rs`;
 //! - wake-ups travel by LISTEN/NOTIFY on a channel per schema, see
 //!   `wake.rs`;
@@ -35,9 +35,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_events::RunCommand;
-use cairn_store::{
-    validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, Listener,
-    ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+use cairn_storage::{
+    validate_run_id, Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox,
+    InboxEntry, LeaseHolder, Listener, ProcessRecord, Processes, RunFilter, RunLease, RunRecord,
+    Runs, StoreError, StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -119,7 +120,7 @@ impl PgBackend {
     pub fn open_with(url: &str, opts: PgOptions) -> Result<PgBackend, StoreError> {
         let target = Target::parse(url, opts.schema.as_deref())?;
         let bridge = Bridge::new().map_err(|e| StoreError::Open {
-            path: target.place.clone(),
+            store: target.place.clone(),
             detail: format!("cannot start the client's threads: {e}"),
         })?;
         let db = Db::new(target.config.clone(), opts.pool_size, target.place.clone())?;
@@ -133,7 +134,7 @@ impl PgBackend {
             Wake::start(wake_config, channel)
                 .await
                 .map_err(|detail| StoreError::Open {
-                    path: place,
+                    store: place,
                     detail: format!("cannot listen for wake-ups: {detail}"),
                 })
         })?;
@@ -173,11 +174,7 @@ impl std::fmt::Debug for PgBackend {
     }
 }
 
-impl Backend for PgBackend {
-    fn store_id(&self) -> String {
-        self.shared.store_id.clone()
-    }
-
+impl EventLog for PgBackend {
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
@@ -196,7 +193,9 @@ impl Backend for PgBackend {
         let run = run_id.to_string();
         self.run(move |db| async move { events::last_seq(&db, &run).await })
     }
+}
 
+impl Runs for PgBackend {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         validate_run_id(&rec.run_id)?;
         let rec = rec.clone();
@@ -226,7 +225,7 @@ impl Backend for PgBackend {
         let mut leases = Vec::new();
         let mut ids = Vec::new();
         for id in candidates {
-            if let Some(l) = self.try_lock_run(&id)? {
+            if let Some(l) = cairn_storage::Leases::try_lock_run(self, &id)? {
                 leases.push(l);
                 ids.push(id);
             }
@@ -236,7 +235,25 @@ impl Backend for PgBackend {
         drop(leases);
         deleted
     }
+}
 
+impl Generations for PgBackend {
+    fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
+        let rec = rec.clone();
+        self.run(move |db| async move { records::put_generation(&db, &rec).await })
+    }
+
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<GenerationRecord>, StoreError> {
+        let run = run_id.to_string();
+        self.run(move |db| async move { records::generation(&db, &run, generation).await })
+    }
+}
+
+impl cairn_storage::Leases for PgBackend {
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         self.shared.try_lock_run(run_id)
     }
@@ -244,7 +261,9 @@ impl Backend for PgBackend {
     fn lease_holder(&self, run_id: &str) -> Result<Option<LeaseHolder>, StoreError> {
         self.shared.lease_holder(run_id)
     }
+}
 
+impl ToolCalls for PgBackend {
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
         let rec = rec.clone();
         self.run(move |db| async move { records::put_tool_call(&db, &rec).await })
@@ -259,7 +278,9 @@ impl Backend for PgBackend {
         let (run, node) = (run_id.to_string(), node_id.to_string());
         self.run(move |db| async move { records::tool_calls(&db, &run, &node, iteration).await })
     }
+}
 
+impl Inbox for PgBackend {
     fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
         let (run, command) = (run_id.to_string(), command.clone());
         self.run(move |db| async move { records::put_command(&db, &run, &command).await })
@@ -274,21 +295,9 @@ impl Backend for PgBackend {
         let outcome = outcome.to_string();
         self.run(move |db| async move { records::take_command(&db, id, &outcome).await })
     }
+}
 
-    fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
-        let rec = rec.clone();
-        self.run(move |db| async move { records::put_generation(&db, &rec).await })
-    }
-
-    fn generation(
-        &self,
-        run_id: &str,
-        generation: u64,
-    ) -> Result<Option<GenerationRecord>, StoreError> {
-        let run = run_id.to_string();
-        self.run(move |db| async move { records::generation(&db, &run, generation).await })
-    }
-
+impl Processes for PgBackend {
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
         let rec = rec.clone();
         self.run(move |db| async move { records::put_process(&db, &rec).await })
@@ -302,12 +311,20 @@ impl Backend for PgBackend {
         let run = run_id.to_string();
         self.run(move |db| async move { records::processes(&db, &run).await })
     }
+}
 
+impl Wakeups for PgBackend {
     fn notify(&self, topic: Topic<'_>) {
         self.shared.wake.notify(topic);
     }
 
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
         Ok(self.shared.wake.listen(topic))
+    }
+}
+
+impl Backend for PgBackend {
+    fn store_id(&self) -> String {
+        self.shared.store_id.clone()
     }
 }

@@ -6,7 +6,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
 use cairn_events::RunCommand;
-use cairn_store::{GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord};
+use cairn_storage::{GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord};
 
 use crate::db::Db;
 
@@ -213,7 +213,7 @@ pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<()
         .await
         .map_err(|e| db.err(e))?;
     let generation = rec.generation.min(i64::MAX as u64) as i64;
-    let files = cairn_store::PinnedFile::encode_all(&rec.files);
+    let files = cairn_storage::PinnedFile::encode_all(&rec.files);
     client
         .execute(
             &st,
@@ -266,8 +266,8 @@ pub(crate) async fn generation(
         ))
     })();
     let (mut rec, files) = got.map_err(|e| db.err(e))?;
-    rec.files = cairn_store::PinnedFile::decode_all(&files).map_err(|e| StoreError::Corrupt {
-        path: format!("generation {generation} of run {run_id}").into(),
+    rec.files = cairn_storage::PinnedFile::decode_all(&files).map_err(|e| StoreError::Corrupt {
+        store: format!("generation {generation} of run {run_id}"),
         detail: format!("its pinned files are not readable: {e}"),
     })?;
     Ok(Some(rec))
@@ -276,7 +276,7 @@ pub(crate) async fn generation(
 /// A foreign key to `runs` refused the row: the run has none.
 fn no_run(db: &Db, e: tokio_postgres::Error, run_id: &str) -> StoreError {
     match e.code() {
-        Some(&SqlState::FOREIGN_KEY_VIOLATION) => StoreError::NotFound(run_id.to_string()),
+        Some(&SqlState::FOREIGN_KEY_VIOLATION) => StoreError::RunNotFound(run_id.to_string()),
         _ => db.err(e),
     }
 }

@@ -1,4 +1,4 @@
-//! The bridge from the synchronous [`cairn_store::Backend`] methods to the
+//! The bridge from the synchronous [`cairn_storage::Backend`] methods to the
 //! async PostgreSQL client: a small runtime of the backend's own, on which
 //! every query runs while the calling thread waits.
 
@@ -8,7 +8,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use tokio::runtime::{Handle, Runtime};
 
-use cairn_store::StoreError;
+use cairn_storage::StoreError;
 
 /// Worker threads of the backend's runtime: the client only waits on
 /// sockets, so two are plenty, and the machine may have few cores.

@@ -3,7 +3,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
-use cairn_store::{RunFilter, RunRecord, StoreError};
+use cairn_storage::{RunFilter, RunRecord, StoreError};
 
 use crate::db::Db;
 use crate::records::{json_column, json_text};

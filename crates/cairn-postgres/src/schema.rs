@@ -1,6 +1,6 @@
 //! The store's tables and their versioned migrations.
 
-use cairn_store::StoreError;
+use cairn_storage::StoreError;
 
 use crate::config::{fnv1a, quote};
 use crate::db::Db;
@@ -176,7 +176,7 @@ pub(crate) async fn migrate(db: &Db, schema: &str) -> Result<String, StoreError>
     let version = stored_version(&tx, db, schema).await?;
     if version > SCHEMA_VERSION {
         return Err(StoreError::TooNew {
-            path: db.place().to_path_buf(),
+            store: db.place().to_string(),
             found: version,
             supported: SCHEMA_VERSION,
         });
@@ -219,7 +219,7 @@ async fn stored_version(
     if !found.iter().any(|t| t == "cairn_schema") {
         if let Some(t) = found.first() {
             return Err(StoreError::Corrupt {
-                path: db.place().to_path_buf(),
+                store: db.place().to_string(),
                 detail: format!(
                     "the schema has a table `{t}` but no Cairn schema version; choose another schema"
                 ),
@@ -235,7 +235,7 @@ async fn stored_version(
     match version {
         Some(v) if v >= 1 => Ok(v),
         _ => Err(StoreError::Corrupt {
-            path: db.place().to_path_buf(),
+            store: db.place().to_string(),
             detail: "the table cairn_schema holds no version".into(),
         }),
     }

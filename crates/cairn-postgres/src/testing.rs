@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::{PgBackend, PgOptions};
-use cairn_store::Backend;
+use cairn_storage::Backend;
 
 /// The variable naming the server, e.g.
 /// `postgres://postgres@127.0.0.1:5432/postgres`.

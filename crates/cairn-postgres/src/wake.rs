@@ -24,7 +24,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification, Statement};
 
-use cairn_store::{Listener, Topic};
+use cairn_storage::{Listener, Topic};
 
 use crate::config::quote;
 

@@ -8,7 +8,7 @@ use cairn_postgres::testing as common;
 // factory expression returns from the test when there is no server, and
 // otherwise is a closure owning the test's scratch schemas, which it drops
 // once the check has returned (or keeps, if it failed).
-cairn_store::backend_conformance_tests!({
+cairn_storage::backend_conformance_tests!({
     let Some(scratch) = common::Scratch::new() else {
         return;
     };

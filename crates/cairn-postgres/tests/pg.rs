@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use cairn_events::{Event, EventKind, OutputStream, Scope};
 use cairn_postgres::{PgBackend, PgOptions, SCHEMA_VERSION};
-use cairn_store::{
-    Backend, EventQuery, Journal, JournalOptions, RunRecord, StoreError, StoredEvent, Topic,
-};
+use cairn_store::prelude::*;
+use cairn_store::{EventQuery, Journal, JournalOptions, RunRecord, StoreError, StoredEvent, Topic};
 use common::Scratch;
 
 const LONG: Duration = Duration::from_secs(10);
@@ -76,7 +75,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn busy_run(err: StoreError) -> String {
     match err {
-        StoreError::Busy { run } => run,
+        StoreError::LeaseHeld { run } => run,
         other => panic!("expected Busy, got {other:?}"),
     }
 }
@@ -539,7 +538,7 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
         let mut remote = there.subscribe("r", 0).unwrap();
         let log = here.run_log("r").unwrap();
         assert!(
-            matches!(there.run_log("r"), Err(StoreError::Busy { .. })),
+            matches!(there.run_log("r"), Err(StoreError::LeaseHeld { .. })),
             "the run is leased by the other journal"
         );
         let first = log.append_durable(Scope::run(), started()).await.unwrap();

@@ -22,11 +22,10 @@ use std::time::Duration;
 use cairn_events::{Event, EventKind, Scope};
 use tokio::sync::{broadcast, watch};
 
-use crate::backend::{
-    validate_run_id, Backend, EventQuery, RunLease, StoreError, StoredEvent, Topic,
-};
 use crate::mirror::{Mirrors, WrapWriter};
-use crate::sqlite::SqliteBackend;
+use cairn_sqlite::SqliteBackend;
+use cairn_storage::prelude::*;
+use cairn_storage::{validate_run_id, EventQuery, RunLease, StoreError, StoredEvent, Topic};
 
 /// Most events one transaction commits; more wait for the next one.
 const MAX_BATCH: usize = 4096;
@@ -286,7 +285,7 @@ impl Journal {
         self.inner.log_dir.as_deref()
     }
 
-    /// Takes the run's lease ([`StoreError::Busy`] if another process or
+    /// Takes the run's lease ([`StoreError::LeaseHeld`] if another process or
     /// another `RunLog` here holds it) and returns its sequencer, continuing
     /// from the store's last seq. The lease is released when the `RunLog` is
     /// dropped, after its queued events are committed.
@@ -299,13 +298,13 @@ impl Journal {
             .unwrap()
             .clone()
             .ok_or(StoreError::Closed)?;
-        let lease = self
-            .inner
-            .backend
-            .try_lock_run(run_id)?
-            .ok_or_else(|| StoreError::Busy {
-                run: run_id.to_string(),
-            })?;
+        let lease =
+            self.inner
+                .backend
+                .try_lock_run(run_id)?
+                .ok_or_else(|| StoreError::LeaseHeld {
+                    run: run_id.to_string(),
+                })?;
         let last = self.inner.backend.last_seq(run_id)?;
         let shared = self.inner.shared(run_id);
         shared.owners.fetch_add(1, Ordering::SeqCst);
@@ -402,7 +401,7 @@ impl Journal {
         validate_run_id(run_id)?;
         let backend = &self.inner.backend;
         if backend.get_run(run_id)?.is_none() && backend.last_seq(run_id)? == 0 {
-            return Err(StoreError::NotFound(run_id.to_string()));
+            return Err(StoreError::RunNotFound(run_id.to_string()));
         }
         let dir = log_dir.join(run_id);
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;

@@ -1,30 +1,69 @@
-//! Cairn's event store.
+//! Cairn's store as the engine and the server use it, over any backend.
 //!
-//! The store keeps every run's event log and the few tables the engine needs
-//! beside it (runs, control requests, tool calls). Storage sits behind the
-//! [`Backend`] trait so that SQLite (here) and PostgreSQL (later) serve the
-//! same [`Journal`]: the per-run sequencer ([`RunLog`]), one writer thread that
-//! commits in groups, the NDJSON mirror and live [`Subscription`]s.
+//! The storage API (the traits a database implements, split by concern,
+//! the records and the errors) is `cairn-storage`, re-exported here; the
+//! backends are `cairn-sqlite` and `cairn-postgres`. This crate is what sits
+//! above them and works the same on each:
 //!
-//! With the `conformance` feature, `cairn_store::conformance` holds the
-//! checks every backend must pass; this crate's tests run them on SQLite.
+//! - [`open`]: a store from its address ([`StoreUrl`]), the one place that
+//!   chooses a backend;
+//! - [`Journal`]: the per-run sequencer ([`RunLog`]), one writer thread that
+//!   commits in groups, the NDJSON mirror and live [`Subscription`]s;
+//! - [`aggregate_scores`]: the scorers' results across runs.
 
-mod backend;
-#[cfg(feature = "conformance")]
-pub mod conformance;
 mod journal;
 mod mirror;
 mod scores;
-mod sqlite;
-mod wake;
 
-pub use backend::{
-    hex_prefix, validate_run_id, Backend, EventQuery, GenerationRecord, InboxEntry, LeaseHolder,
-    Listener, PinnedFile, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError, StoredEvent,
-    ToolCallRecord, Topic,
-};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use cairn_sqlite::SqliteBackend;
+pub use cairn_storage::*;
 pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
 pub use scores::{
     aggregate_scores, GenerationScores, ScoreFilter, ScoreReport, ScorerStats, WorkflowScores,
 };
-pub use sqlite::SqliteBackend;
+
+/// How [`open`] opens a store.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Make a SQLite store that does not exist yet (commands that start
+    /// runs); otherwise a missing one is [`StoreError::Missing`]. A
+    /// PostgreSQL database is never created, only its tables.
+    pub create: bool,
+    /// How long a PostgreSQL lease lasts unless renewed (the backend's
+    /// default when `None`). SQLite's leases last as long as their process.
+    pub lease_ttl: Option<Duration>,
+}
+
+/// Opens the store at `url`: the one place where an address becomes a
+/// backend, so every command and the server agree on what an address means.
+pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Backend>, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => {
+            if path.is_dir() {
+                return Err(StoreError::Open {
+                    store: url.to_string(),
+                    detail: format!(
+                        "it is a folder; a store is a file, e.g. {}",
+                        path.join("cairn.db").display()
+                    ),
+                });
+            }
+            if !opts.create && !path.exists() {
+                return Err(StoreError::Missing {
+                    store: url.to_string(),
+                });
+            }
+            Ok(Arc::new(SqliteBackend::open(path)?))
+        }
+        StoreUrl::Postgres(text) => {
+            let mut pg = cairn_postgres::PgOptions::default();
+            if let Some(ttl) = opts.lease_ttl {
+                pg.lease_ttl = ttl;
+            }
+            Ok(Arc::new(cairn_postgres::PgBackend::open_with(text, pg)?))
+        }
+    }
+}

@@ -15,7 +15,8 @@ use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::{Backend, EventQuery, StoredEvent};
+use cairn_storage::prelude::*;
+use cairn_storage::{EventQuery, StoredEvent};
 
 /// Events read from the store at a time while filling a mirror: few at
 /// first, since on a disk that is still full the first write fails and

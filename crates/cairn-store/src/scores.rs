@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use cairn_events::EventKind;
 use serde::Serialize;
 
-use crate::backend::{Backend, EventQuery, RunFilter, StoreError};
+use cairn_storage::prelude::*;
+use cairn_storage::{EventQuery, RunFilter, StoreError};
 
 /// Runs read per page of the run list.
 const PAGE: usize = 500;

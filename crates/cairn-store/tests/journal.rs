@@ -165,7 +165,7 @@ fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
     let log = loop {
         match j.run_log("r") {
             Ok(l) => break l,
-            Err(StoreError::Busy { .. }) => std::thread::sleep(Duration::from_millis(5)),
+            Err(StoreError::LeaseHeld { .. }) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
         }
     };
@@ -195,7 +195,7 @@ fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
     assert!(matches!(
         j.export("ghost", &out),
-        Err(StoreError::NotFound(_))
+        Err(StoreError::RunNotFound(_))
     ));
     j.close();
 }
@@ -284,7 +284,7 @@ async fn subscription_continues_across_resume_when_asked() {
     let log = loop {
         match j.run_log("r") {
             Ok(l) => break l,
-            Err(StoreError::Busy { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(StoreError::LeaseHeld { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
             Err(e) => panic!("{e}"),
         }
     };
@@ -418,8 +418,8 @@ fn lease_is_exclusive_across_journals() {
     let b = open(&db, None);
     let log = a.run_log("r").unwrap();
     log.append(Scope::run(), started());
-    assert!(matches!(b.run_log("r"), Err(StoreError::Busy { ref run }) if run == "r"));
-    assert!(matches!(a.run_log("r"), Err(StoreError::Busy { .. })));
+    assert!(matches!(b.run_log("r"), Err(StoreError::LeaseHeld { ref run }) if run == "r"));
+    assert!(matches!(a.run_log("r"), Err(StoreError::LeaseHeld { .. })));
     // Other runs and other writes are not blocked meanwhile.
     let other = b.run_log("s").unwrap();
     b.backend()
@@ -431,7 +431,7 @@ fn lease_is_exclusive_across_journals() {
     let log = loop {
         match b.run_log("r") {
             Ok(l) => break l,
-            Err(StoreError::Busy { .. }) => std::thread::sleep(Duration::from_millis(5)),
+            Err(StoreError::LeaseHeld { .. }) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
         }
     };
@@ -482,7 +482,10 @@ fn lease_is_held_by_another_process_until_it_dies() {
         }
     }
     let j = open(&db, None);
-    assert!(matches!(j.run_log("shared"), Err(StoreError::Busy { .. })));
+    assert!(matches!(
+        j.run_log("shared"),
+        Err(StoreError::LeaseHeld { .. })
+    ));
     // Another process may still read and queue controls while it runs.
     j.backend()
         .create_run(&run_record("shared", "running", 1))

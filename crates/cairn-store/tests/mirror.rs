@@ -97,7 +97,7 @@ fn take_log(j: &Journal, run: &str) -> RunLog {
     loop {
         match j.run_log(run) {
             Ok(l) => return l,
-            Err(StoreError::Busy { .. }) => std::thread::sleep(Duration::from_millis(5)),
+            Err(StoreError::LeaseHeld { .. }) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
         }
     }

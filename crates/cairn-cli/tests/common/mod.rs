@@ -199,7 +199,7 @@ pub fn cairn(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
 /// Run `run`'s whole log from `dir/.cairn/cairn.db`, checked against the
 /// event contract.
 pub fn events(dir: &std::path::Path, run: &str) -> Vec<cairn_events::Event> {
-    use cairn_store::Backend;
+    use cairn_store::prelude::*;
     let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
     let evs: Vec<cairn_events::Event> = b
         .read_events(run, &cairn_store::EventQuery::default())

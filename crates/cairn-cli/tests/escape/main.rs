@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_store::prelude::*;
+use cairn_store::{EventQuery, SqliteBackend};
 use serde_json::Value;
 
 /// A temporary folder holding the sandbox root (`root/`, where the

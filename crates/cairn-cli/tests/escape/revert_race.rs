@@ -12,7 +12,8 @@
 
 use super::common::wait_exit;
 use super::{python, sandbox_available};
-use cairn_store::{Backend, EventQuery, SqliteBackend};
+use cairn_store::prelude::*;
+use cairn_store::{EventQuery, SqliteBackend};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cairn_events::RunCommand;
+use cairn_store::prelude::*;
 use cairn_store::{
-    Backend, EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease, RunRecord,
-    StoreError, StoredEvent, ToolCallRecord, Topic,
+    EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError,
+    StoredEvent, ToolCallRecord, Topic,
 };
 
 /// A pass-through backend that counts what the journal asks of the store:
@@ -51,7 +52,7 @@ impl Counting {
     }
 }
 
-impl Backend for Counting {
+impl EventLog for Counting {
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
         let t = Instant::now();
         let r = self.inner.append(batch);
@@ -61,38 +62,69 @@ impl Backend for Counting {
         self.events.fetch_add(batch.len() as u64, Ordering::Relaxed);
         r
     }
+
     fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.timed(|| self.inner.read_events(run_id, q))
     }
+
     fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
         self.last_seqs.fetch_add(1, Ordering::Relaxed);
         self.timed(|| self.inner.last_seq(run_id))
     }
+
     fn checkpoint(&self) -> Result<(), StoreError> {
         self.inner.checkpoint()
     }
+}
+
+impl Runs for Counting {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.inner.create_run(rec)
     }
+
     fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.discard_unstarted_run(run_id)
     }
+
     fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.inner.get_run(run_id)
     }
+
     fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.list_runs(f)
     }
+
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
         self.inner.delete_finished_before(cutoff_ms)
     }
+}
+
+impl Generations for Counting {
+    fn put_generation(&self, rec: &cairn_store::GenerationRecord) -> Result<(), StoreError> {
+        self.inner.put_generation(rec)
+    }
+
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<cairn_store::GenerationRecord>, StoreError> {
+        self.inner.generation(run_id, generation)
+    }
+}
+
+impl Leases for Counting {
     fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         self.inner.try_lock_run(run_id)
     }
+}
+
+impl ToolCalls for Counting {
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
         self.inner.put_tool_call(rec)
     }
+
     fn tool_calls(
         &self,
         run_id: &str,
@@ -101,45 +133,53 @@ impl Backend for Counting {
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
         self.inner.tool_calls(run_id, node_id, iteration)
     }
+}
+
+impl Inbox for Counting {
     fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
         self.inner.put_command(run_id, command)
     }
+
     fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
         self.inner.pending_commands(run_id)
     }
+
     fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
         self.inner.take_command(id, outcome)
     }
-    fn put_generation(&self, rec: &cairn_store::GenerationRecord) -> Result<(), StoreError> {
-        self.inner.put_generation(rec)
-    }
-    fn generation(
-        &self,
-        run_id: &str,
-        generation: u64,
-    ) -> Result<Option<cairn_store::GenerationRecord>, StoreError> {
-        self.inner.generation(run_id, generation)
-    }
+}
+
+impl Processes for Counting {
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
         self.inner.put_process(rec)
     }
+
     fn remove_process(&self, id: u64) -> Result<(), StoreError> {
         self.inner.remove_process(id)
     }
+
     fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
         self.inner.processes(run_id)
     }
+}
+
+impl Wakeups for Counting {
     fn notify(&self, topic: Topic<'_>) {
         if !self.mute {
             self.inner.notify(topic)
         }
     }
+
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
         self.inner.listen(topic)
     }
+}
+
+impl Backend for Counting {
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }
+
     fn store_id(&self) -> String {
         self.inner.store_id()
     }

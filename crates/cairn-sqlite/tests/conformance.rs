@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use cairn_store::{Backend, SqliteBackend};
+use cairn_sqlite::SqliteBackend;
+use cairn_storage::Backend;
 
 /// A directory of this test run's stores, emptied when the run starts.
 fn stores() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cairn-store-conformance");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cairn-sqlite-conformance");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
@@ -24,10 +25,10 @@ fn fresh() -> Arc<dyn Backend> {
     Arc::new(SqliteBackend::open(&path).unwrap())
 }
 
-cairn_store::backend_conformance_tests!(fresh);
+cairn_storage::backend_conformance_tests!(fresh);
 
 #[test]
 fn run_all_runs_every_check() {
-    assert_eq!(cairn_store::conformance::CHECKS.len(), 16);
-    cairn_store::conformance::run_all(&fresh);
+    assert_eq!(cairn_storage::conformance::CHECKS.len(), 15);
+    cairn_storage::conformance::run_all(&fresh);
 }

@@ -1,4 +1,5 @@
-//! The SQLite backend.
+//! Cairn's store in one SQLite file: the `cairn_storage` traits on an
+//! embedded database, for one machine with no server to run.
 //!
 //! Durability: the database runs in WAL mode with `synchronous=NORMAL`. A
 //! committed transaction survives a crash of the Cairn process (the WAL is
@@ -19,8 +20,15 @@ use serde_json::Value;
 
 use cairn_events::{NodePath, RunCommand};
 
-use crate::backend::*;
+use cairn_storage::prelude::*;
+use cairn_storage::{
+    validate_run_id, EventQuery, GenerationRecord, InboxEntry, Listener, PinnedFile, ProcessRecord,
+    RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord, Topic,
+};
+
 use crate::wake::WakeDir;
+
+mod wake;
 
 /// The schema version kept in `PRAGMA user_version`. Version 1 indexed every
 /// event by type and by node and kept commands as loosely typed control
@@ -215,7 +223,7 @@ impl SqliteBackend {
         let existing_len = check_header(&path)?;
         let conn = open_conn(&path, false)?;
         let corrupt = |detail: String| StoreError::Corrupt {
-            path: path.clone(),
+            store: path.display().to_string(),
             detail,
         };
 
@@ -236,7 +244,7 @@ impl SqliteBackend {
         };
         if version > SCHEMA_VERSION {
             return Err(StoreError::TooNew {
-                path,
+                store: path.display().to_string(),
                 found: version,
                 supported: SCHEMA_VERSION,
             });
@@ -372,7 +380,7 @@ fn check_header(path: &Path) -> Result<u64, StoreError> {
     let n = f.read(&mut head).map_err(|e| StoreError::io(path, e))?;
     if len < 100 || n < 16 || &head != b"SQLite format 3\0" {
         return Err(StoreError::Corrupt {
-            path: path.to_path_buf(),
+            store: path.display().to_string(),
             detail: "the file does not start with a SQLite header".into(),
         });
     }
@@ -388,7 +396,7 @@ fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
     };
     let conn = Connection::open_with_flags(path, flags).map_err(|e| match map_err(path, e) {
         StoreError::Database(detail) => StoreError::Open {
-            path: path.to_path_buf(),
+            store: path.display().to_string(),
             detail,
         },
         other => other,
@@ -479,21 +487,21 @@ fn in_schema_transaction(
 /// Turns SQLite's errors into the store's own, which name what went wrong
 /// without tying callers to SQLite; the message travels along.
 pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
-    let path = || path.to_path_buf();
+    let path = || path.display().to_string();
     match &e {
         rusqlite::Error::SqliteFailure(f, msg) => {
             let detail = || msg.clone().unwrap_or_else(|| f.to_string());
             match f.code {
                 ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
-                    StoreError::Locked { path: path() }
+                    StoreError::Locked { store: path() }
                 }
                 ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => StoreError::Corrupt {
-                    path: path(),
+                    store: path(),
                     detail: detail(),
                 },
-                ErrorCode::DiskFull => StoreError::DiskFull { path: path() },
+                ErrorCode::DiskFull => StoreError::DiskFull { store: path() },
                 ErrorCode::ReadOnly | ErrorCode::PermissionDenied => StoreError::ReadOnly {
-                    path: path(),
+                    store: path(),
                     detail: detail(),
                 },
                 _ => StoreError::Database(detail()),
@@ -794,20 +802,7 @@ struct FlockLease {
 
 impl RunLease for FlockLease {}
 
-impl Backend for SqliteBackend {
-    fn files(&self) -> Vec<PathBuf> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        let mut files = vec![self.path.clone()];
-        for suffix in ["-wal", "-shm", "-journal"] {
-            let mut p = self.path.clone().into_os_string();
-            p.push(suffix);
-            files.push(PathBuf::from(p));
-        }
-        files.push(self.lock_dir.clone());
-        files.push(dir.join("wake"));
-        files
-    }
-
+impl EventLog for SqliteBackend {
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
@@ -905,7 +900,9 @@ impl Backend for SqliteBackend {
         }
         restored.map_err(|e| self.err(e))
     }
+}
 
+impl Runs for SqliteBackend {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         validate_run_id(&rec.run_id)?;
         self.write(|tx| {
@@ -1034,137 +1031,9 @@ impl Backend for SqliteBackend {
             Ok(deleted)
         })
     }
+}
 
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
-        validate_run_id(run_id)?;
-        std::fs::create_dir_all(&self.lock_dir).map_err(|e| StoreError::io(&self.lock_dir, e))?;
-        let path = self.lock_dir.join(format!("{run_id}.lock"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| StoreError::io(&path, e))?;
-        // flock locks belong to the open file description, so a second open
-        // of the same file in this process conflicts too; the kernel drops
-        // the lock when the descriptor closes, including on process death.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(Some(Box::new(FlockLease { _file: file })));
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            Ok(None)
-        } else {
-            Err(StoreError::io(&path, err))
-        }
-    }
-
-    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO tool_calls (run_id, node_id, iteration, attempt, tool_seq, tool, \
-                 idempotency_key, side_effect, idempotent, input, output, started_ms, finished_ms, \
-                 status, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
-                 ON CONFLICT (run_id, node_id, iteration, attempt, tool_seq) DO UPDATE SET \
-                 tool = excluded.tool, idempotency_key = excluded.idempotency_key, \
-                 side_effect = excluded.side_effect, idempotent = excluded.idempotent, \
-                 input = excluded.input, output = excluded.output, started_ms = excluded.started_ms, \
-                 finished_ms = excluded.finished_ms, status = excluded.status, error = excluded.error",
-                params![
-                    rec.run_id,
-                    rec.node_id,
-                    rec.iteration,
-                    rec.attempt,
-                    rec.tool_seq,
-                    rec.tool,
-                    rec.idempotency_key,
-                    rec.side_effect,
-                    rec.idempotent,
-                    json_text(&rec.input),
-                    rec.output.as_ref().map(json_text),
-                    rec.started_ms,
-                    rec.finished_ms,
-                    rec.status,
-                    rec.error.as_ref().map(json_text)
-                ],
-            )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::NotFound(rec.run_id.clone())
-                } else {
-                    self.err(e)
-                }
-            })?;
-            Ok(())
-        })
-    }
-
-    fn tool_calls(
-        &self,
-        run_id: &str,
-        node_id: &str,
-        iteration: u32,
-    ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(TOOL_CALLS)?;
-            let rows = st.query_map(params![run_id, node_id, iteration], tool_call_row)?;
-            rows.collect()
-        })
-    }
-
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
-        let text = serde_json::to_string(command).map_err(|e| StoreError::BadRow {
-            run: run_id.to_string(),
-            detail: format!("command cannot be stored: {e}"),
-        })?;
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO inbox (run_id, command, created_ms) VALUES (?1, ?2, ?3)",
-                params![run_id, text, now_ms()],
-            )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::NotFound(run_id.to_string())
-                } else {
-                    self.err(e)
-                }
-            })?;
-            Ok(tx.last_insert_rowid() as u64)
-        })
-    }
-
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
-        self.read(|c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, run_id, command, created_ms FROM inbox \
-                 WHERE run_id = ?1 AND taken_ms IS NULL ORDER BY id",
-            )?;
-            let rows = st.query_map([run_id], inbox_row)?;
-            rows.collect()
-        })
-    }
-
-    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
-        self.write(|tx| {
-            let n = tx
-                .execute(
-                    "UPDATE inbox SET taken_ms = coalesce(taken_ms, ?2), \
-                     outcome = coalesce(outcome, ?3) WHERE id = ?1",
-                    params![id as i64, now_ms(), outcome],
-                )
-                .map_err(|e| self.err(e))?;
-            if n == 0 {
-                return Err(StoreError::RecordNotFound {
-                    what: "command",
-                    id,
-                });
-            }
-            Ok(())
-        })
-    }
-
+impl Generations for SqliteBackend {
     fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
         self.write(|tx| {
             tx.execute(
@@ -1183,7 +1052,7 @@ impl Backend for SqliteBackend {
             )
             .map_err(|e| {
                 if is_fk_violation(&e) {
-                    StoreError::NotFound(rec.run_id.clone())
+                    StoreError::RunNotFound(rec.run_id.clone())
                 } else {
                     self.err(e)
                 }
@@ -1223,7 +1092,145 @@ impl Backend for SqliteBackend {
                 .optional()
         })
     }
+}
 
+impl Leases for SqliteBackend {
+    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
+        validate_run_id(run_id)?;
+        std::fs::create_dir_all(&self.lock_dir).map_err(|e| StoreError::io(&self.lock_dir, e))?;
+        let path = self.lock_dir.join(format!("{run_id}.lock"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        // flock locks belong to the open file description, so a second open
+        // of the same file in this process conflicts too; the kernel drops
+        // the lock when the descriptor closes, including on process death.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(Some(Box::new(FlockLease { _file: file })));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(None)
+        } else {
+            Err(StoreError::io(&path, err))
+        }
+    }
+}
+
+impl ToolCalls for SqliteBackend {
+    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO tool_calls (run_id, node_id, iteration, attempt, tool_seq, tool, \
+                 idempotency_key, side_effect, idempotent, input, output, started_ms, finished_ms, \
+                 status, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+                 ON CONFLICT (run_id, node_id, iteration, attempt, tool_seq) DO UPDATE SET \
+                 tool = excluded.tool, idempotency_key = excluded.idempotency_key, \
+                 side_effect = excluded.side_effect, idempotent = excluded.idempotent, \
+                 input = excluded.input, output = excluded.output, started_ms = excluded.started_ms, \
+                 finished_ms = excluded.finished_ms, status = excluded.status, error = excluded.error",
+                params![
+                    rec.run_id,
+                    rec.node_id,
+                    rec.iteration,
+                    rec.attempt,
+                    rec.tool_seq,
+                    rec.tool,
+                    rec.idempotency_key,
+                    rec.side_effect,
+                    rec.idempotent,
+                    json_text(&rec.input),
+                    rec.output.as_ref().map(json_text),
+                    rec.started_ms,
+                    rec.finished_ms,
+                    rec.status,
+                    rec.error.as_ref().map(json_text)
+                ],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::RunNotFound(rec.run_id.clone())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(())
+        })
+    }
+
+    fn tool_calls(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        iteration: u32,
+    ) -> Result<Vec<ToolCallRecord>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(TOOL_CALLS)?;
+            let rows = st.query_map(params![run_id, node_id, iteration], tool_call_row)?;
+            rows.collect()
+        })
+    }
+}
+
+impl Inbox for SqliteBackend {
+    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
+        let text = serde_json::to_string(command).map_err(|e| StoreError::BadRow {
+            run: run_id.to_string(),
+            detail: format!("command cannot be stored: {e}"),
+        })?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO inbox (run_id, command, created_ms) VALUES (?1, ?2, ?3)",
+                params![run_id, text, now_ms()],
+            )
+            .map_err(|e| {
+                if is_fk_violation(&e) {
+                    StoreError::RunNotFound(run_id.to_string())
+                } else {
+                    self.err(e)
+                }
+            })?;
+            Ok(tx.last_insert_rowid() as u64)
+        })
+    }
+
+    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, run_id, command, created_ms FROM inbox \
+                 WHERE run_id = ?1 AND taken_ms IS NULL ORDER BY id",
+            )?;
+            let rows = st.query_map([run_id], inbox_row)?;
+            rows.collect()
+        })
+    }
+
+    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError> {
+        self.write(|tx| {
+            let n = tx
+                .execute(
+                    "UPDATE inbox SET taken_ms = coalesce(taken_ms, ?2), \
+                     outcome = coalesce(outcome, ?3) WHERE id = ?1",
+                    params![id as i64, now_ms(), outcome],
+                )
+                .map_err(|e| self.err(e))?;
+            if n == 0 {
+                return Err(StoreError::RecordNotFound {
+                    what: "command",
+                    id,
+                });
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Processes for SqliteBackend {
     fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError> {
         self.write(|tx| {
             tx.execute(
@@ -1240,7 +1247,7 @@ impl Backend for SqliteBackend {
             )
             .map_err(|e| {
                 if is_fk_violation(&e) {
-                    StoreError::NotFound(rec.run_id.clone())
+                    StoreError::RunNotFound(rec.run_id.clone())
                 } else {
                     self.err(e)
                 }
@@ -1267,13 +1274,30 @@ impl Backend for SqliteBackend {
             rows.collect()
         })
     }
+}
 
+impl Wakeups for SqliteBackend {
     fn notify(&self, topic: Topic<'_>) {
         self.wake.notify(topic);
     }
 
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
         self.wake.listen(topic)
+    }
+}
+
+impl Backend for SqliteBackend {
+    fn files(&self) -> Vec<PathBuf> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let mut files = vec![self.path.clone()];
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            files.push(PathBuf::from(p));
+        }
+        files.push(self.lock_dir.clone());
+        files.push(dir.join("wake"));
+        files
     }
 }
 
@@ -1475,7 +1499,7 @@ mod tests {
             failure(rusqlite::ffi::SQLITE_FULL, "database or disk is full"),
         );
         assert!(
-            matches!(full, StoreError::DiskFull { ref path } if path == p),
+            matches!(full, StoreError::DiskFull { ref store } if store == "/x/cairn.db"),
             "{full:?}"
         );
         let ro = map_err(

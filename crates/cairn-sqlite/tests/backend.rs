@@ -2,13 +2,13 @@
 //! process records and wake-ups. What every backend must do is in
 //! `tests/conformance.rs`.
 
-mod common;
-
 use std::sync::Arc;
 
 use cairn_events::{EventKind, RunCommand, Scope};
-use cairn_store::{Backend, RunFilter, SqliteBackend, StoreError, Topic};
-use common::*;
+use cairn_sqlite::SqliteBackend;
+use cairn_storage::conformance::{finished, node, output, record as run_record, started};
+use cairn_storage::prelude::*;
+use cairn_storage::{RunFilter, StoreError, Topic};
 
 fn files_in(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::{Listener, StoreError, Topic};
+use cairn_storage::{Listener, StoreError, Topic};
 
 static NEXT_LISTENER: AtomicU64 = AtomicU64::new(1);
 

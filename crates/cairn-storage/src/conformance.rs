@@ -19,9 +19,10 @@ use std::sync::Arc;
 use cairn_events::{ErrorInfo, Event, EventKind, OutputStream, RunCommand, RunStatus, Scope};
 use serde_json::json;
 
-use crate::backend::{
-    Backend, EventQuery, GenerationRecord, ProcessRecord, RunFilter, RunRecord, StoreError,
-    StoredEvent, ToolCallRecord, Topic,
+use crate::prelude::*;
+use crate::{
+    EventQuery, GenerationRecord, ProcessRecord, RunFilter, RunRecord, StoreError, StoredEvent,
+    ToolCallRecord, Topic,
 };
 
 /// Makes a fresh, empty backend each call.
@@ -77,10 +78,6 @@ pub const CHECKS: &[(&str, Check)] = &[
         wake_ups_reach_the_listeners_of_their_topic,
     ),
     (
-        "scores_are_aggregated_per_generation",
-        scores_are_aggregated_per_generation,
-    ),
-    (
         "workflow_generations_are_kept_per_run",
         workflow_generations_are_kept_per_run,
     ),
@@ -114,7 +111,6 @@ macro_rules! backend_conformance_tests {
             inbox_commands_are_kept_in_order_and_taken_once,
             process_records_are_kept_until_removed,
             wake_ups_reach_the_listeners_of_their_topic,
-            scores_are_aggregated_per_generation,
             workflow_generations_are_kept_per_run
         );
     };
@@ -128,7 +124,8 @@ macro_rules! backend_conformance_tests {
     };
 }
 
-fn event(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
+/// A stored event of `run` at `seq`, for fixtures.
+pub fn event(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
     StoredEvent::from_event(&Event {
         run_id: run.into(),
         seq: cairn_events::Seq(seq),
@@ -138,18 +135,21 @@ fn event(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredE
     })
 }
 
-fn node(id: &str) -> Scope {
+/// A node's scope (pass 0, attempt 1).
+pub fn node(id: &str) -> Scope {
     Scope::node(id, 0).with_attempt(1)
 }
 
-fn output(text: &str) -> EventKind {
+/// A `NodeOutput` on stdout.
+pub fn output(text: &str) -> EventKind {
     EventKind::NodeOutput {
         text: text.into(),
         stream: OutputStream::Stdout,
     }
 }
 
-fn started() -> EventKind {
+/// A first `RunStarted`.
+pub fn started() -> EventKind {
     EventKind::RunStarted {
         workflow: "wf".into(),
         workflow_hash: "abc".into(),
@@ -162,28 +162,33 @@ fn started() -> EventKind {
     }
 }
 
-fn finished() -> EventKind {
+/// A `RunFinished`.
+pub fn finished() -> EventKind {
     EventKind::RunFinished {
         output: None,
         duration_ms: 1,
     }
 }
 
-fn failed() -> EventKind {
+/// A `RunFailed`.
+pub fn failed() -> EventKind {
     EventKind::RunFailed {
         error: ErrorInfo::new("boom", "it broke"),
     }
 }
 
-fn cancelled() -> EventKind {
+/// A `RunCancelled` with no reason.
+pub fn cancelled() -> EventKind {
     EventKind::RunCancelled { reason: None }
 }
 
-fn status(s: RunStatus) -> EventKind {
+/// A `RunStatusChanged` to `s`.
+pub fn status(s: RunStatus) -> EventKind {
     EventKind::RunStatusChanged { status: s }
 }
 
-fn record(run: &str, status: &str, created_ms: i64) -> RunRecord {
+/// A run's row with fixed fields and the given status and creation time.
+pub fn record(run: &str, status: &str, created_ms: i64) -> RunRecord {
     RunRecord {
         run_id: run.into(),
         workflow: "wf".into(),
@@ -198,11 +203,13 @@ fn record(run: &str, status: &str, created_ms: i64) -> RunRecord {
     }
 }
 
-fn seqs(evs: &[StoredEvent]) -> Vec<u64> {
+/// The seqs of events, in order.
+pub fn seqs(evs: &[StoredEvent]) -> Vec<u64> {
     evs.iter().map(|e| e.seq).collect()
 }
 
-fn query(after: u64, types: &[&str], node: Option<&str>, limit: Option<usize>) -> EventQuery {
+/// An event query from its parts.
+pub fn query(after: u64, types: &[&str], node: Option<&str>, limit: Option<usize>) -> EventQuery {
     EventQuery {
         after,
         types: types.iter().map(|t| t.to_string()).collect(),
@@ -211,7 +218,8 @@ fn query(after: u64, types: &[&str], node: Option<&str>, limit: Option<usize>) -
     }
 }
 
-fn status_of(b: &dyn Backend, run: &str) -> String {
+/// The status of a run's row (panics when it has none).
+pub fn status_of(b: &dyn Backend, run: &str) -> String {
     b.get_run(run)
         .unwrap()
         .unwrap_or_else(|| panic!("run `{run}` has no row"))
@@ -788,7 +796,7 @@ pub fn tool_calls_are_kept_by_key(fresh: Factory<'_>) {
     assert!(b.tool_calls("nobody", "agent", 0).unwrap().is_empty());
     let err = b.put_tool_call(&tool_call("ghost", 1, 1)).unwrap_err();
     assert!(
-        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err:?}"
     );
 }
@@ -922,7 +930,7 @@ pub fn inbox_commands_are_kept_in_order_and_taken_once(fresh: Factory<'_>) {
     };
     let err = b.put_command("ghost", &approve).unwrap_err();
     assert!(
-        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err:?}"
     );
     b.create_run(&record("r", "running", 1)).unwrap();
@@ -1008,7 +1016,7 @@ pub fn process_records_are_kept_until_removed(fresh: Factory<'_>) {
         })
         .unwrap_err();
     assert!(
-        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err:?}"
     );
 }
@@ -1056,7 +1064,7 @@ pub fn workflow_generations_are_kept_per_run(fresh: Factory<'_>) {
     assert_eq!(b.generation("r", 2).unwrap(), Some(gen("r", 2, &long)));
     let err = b.put_generation(&gen("ghost", 1, "name: x")).unwrap_err();
     assert!(
-        matches!(err, StoreError::NotFound(ref r) if r == "ghost"),
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err:?}"
     );
     b.append(&[
@@ -1116,138 +1124,4 @@ pub fn wake_ups_reach_the_listeners_of_their_topic(fresh: Factory<'_>) {
         b.notify(Topic::Inbox("r"));
         b.notify(Topic::Inbox("nobody"));
     });
-}
-
-/// `aggregate_scores` reads the scorers' ends of every run: per workflow,
-/// node and scorer, and per generation (workflow hash), newest first, with
-/// failures counted apart and the filters applied.
-pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
-    use crate::{aggregate_scores, ScoreFilter};
-    let b = fresh();
-    let ended = |score: Option<f64>| match score {
-        Some(score) => EventKind::ScorerFinished {
-            scorer_id: "len".into(),
-            scorer_name: "length".into(),
-            score,
-            reason: None,
-        },
-        None => EventKind::ScorerFailed {
-            scorer_id: "len".into(),
-            scorer_name: "length".into(),
-            error: ErrorInfo::new("bad_output", "not a score"),
-        },
-    };
-    // Generation `old` (runs at 1 and 2), then `new` (run at 3); one run of
-    // another workflow, and one without scores. Each: (run, workflow, its
-    // hash, created, its scorer's ends).
-    type Scored<'a> = (&'a str, &'a str, &'a str, i64, Vec<Option<f64>>);
-    let runs: [Scored; 5] = [
-        ("s1", "wf", "old", 1, vec![Some(0.2), None]),
-        ("s2", "wf", "old", 2, vec![Some(0.4)]),
-        ("s3", "wf", "new", 3, vec![Some(0.9), Some(0.7)]),
-        ("s4", "other", "x", 4, vec![Some(1.0)]),
-        ("s5", "wf", "new", 5, vec![]),
-    ];
-    for (id, wf, hash, created, scores) in &runs {
-        let mut r = record(id, "finished", *created);
-        r.workflow = wf.to_string();
-        r.workflow_hash = hash.to_string();
-        b.create_run(&r).unwrap();
-        let mut evs = vec![event(id, 1, 0, Scope::run(), started())];
-        for (i, sc) in scores.iter().enumerate() {
-            let node = if i == 1 && *id == "s3" { "b" } else { "a" };
-            let seq = evs.len() as u64 + 1;
-            evs.push(event(id, seq, 0, Scope::node(node, 0), ended(*sc)));
-        }
-        b.append(&evs).unwrap();
-    }
-    // A run of `old` reloaded to `new` mid-run (at time 7): node `c`'s score
-    // before the reload is `old`'s, the one after it `new`'s.
-    let mut r = record("s6", "finished", 6);
-    r.workflow = "wf".into();
-    r.workflow_hash = "old".into();
-    b.create_run(&r).unwrap();
-    b.put_generation(&GenerationRecord {
-        run_id: "s6".into(),
-        generation: 1,
-        workflow_hash: "new".into(),
-        workflow_source: "name: wf".into(),
-        files: Vec::new(),
-        created_ms: 7,
-    })
-    .unwrap();
-    let scored = |x| EventKind::ScorerFinished {
-        scorer_id: "len".into(),
-        scorer_name: "length".into(),
-        score: x,
-        reason: None,
-    };
-    b.append(&[
-        event("s6", 1, 6, Scope::run(), started()),
-        event("s6", 2, 6, Scope::node("c", 0), scored(0.5)),
-        event(
-            "s6",
-            3,
-            7,
-            Scope::run(),
-            EventKind::WorkflowReloaded {
-                generation: 1,
-                changed_files: vec!["wf.yaml".into()],
-            },
-        ),
-        event("s6", 4, 7, Scope::node("c", 0), scored(0.1)),
-    ])
-    .unwrap();
-    let all = aggregate_scores(b.as_ref(), &ScoreFilter::default()).unwrap();
-    let names: Vec<&str> = all.workflows.iter().map(|w| w.workflow.as_str()).collect();
-    assert_eq!(names, ["other", "wf"]);
-    let wf = &all.workflows[1];
-    let hashes: Vec<&str> = wf
-        .generations
-        .iter()
-        .map(|g| g.workflow_hash.as_str())
-        .collect();
-    assert_eq!(hashes, ["new", "old"], "newest generation first");
-    let old = &wf.generations[1];
-    assert_eq!(old.runs, 3);
-    assert_eq!((old.first_run_ms, old.last_run_ms), (1, 6));
-    let new = &wf.generations[0];
-    assert_eq!((new.runs, new.first_run_ms, new.last_run_ms), (2, 3, 7));
-    let c_of = |g: &crate::GenerationScores| {
-        g.scorers
-            .iter()
-            .find(|s| s.node_id == "c")
-            .map(|s| (s.count, s.mean))
-    };
-    assert_eq!(c_of(old), Some((1, Some(0.5))));
-    assert_eq!(c_of(new), Some((1, Some(0.1))));
-    let a = &old.scorers[0];
-    assert_eq!((a.node_id.as_str(), a.scorer_id.as_str()), ("a", "len"));
-    assert_eq!(a.scorer_name, "length");
-    assert_eq!((a.count, a.failed), (2, 1));
-    assert!((a.mean.unwrap() - 0.3).abs() < 1e-9);
-    assert_eq!((a.min, a.max), (Some(0.2), Some(0.4)));
-    assert!((a.stddev.unwrap() - 0.1).abs() < 1e-9);
-    // Over every generation: node `a` scored 0.2, 0.4, 0.9; node `b` 0.7.
-    let overall: Vec<(&str, u64)> = wf
-        .scorers
-        .iter()
-        .map(|s| (s.node_id.as_str(), s.count))
-        .collect();
-    assert_eq!(overall, [("a", 3), ("b", 1), ("c", 2)]);
-    let only = aggregate_scores(
-        b.as_ref(),
-        &ScoreFilter {
-            workflow: Some("wf".into()),
-            node: Some("b".into()),
-        },
-    )
-    .unwrap();
-    assert_eq!(only.workflows.len(), 1);
-    assert_eq!(
-        only.workflows[0].generations.len(),
-        1,
-        "only runs with scores of `b`"
-    );
-    assert_eq!(only.workflows[0].scorers[0].mean, Some(0.7));
 }

@@ -1,0 +1,220 @@
+//! The storage contract, split by concern: what the journal, the engine and
+//! the server need from a database, whatever the database is.
+//!
+//! Each concern is a trait of its own ([`EventLog`], [`Runs`],
+//! [`Generations`], [`Leases`], [`ToolCalls`], [`Inbox`], [`Processes`],
+//! [`Wakeups`]), so a reader sees what a part of Cairn touches from the
+//! traits it names; [`Backend`] is all of them, the one thing a database
+//! implements. Callers bring the traits into scope with
+//! `use cairn_storage::prelude::*`.
+//!
+//! Every method is synchronous and may block on I/O: the journal calls them
+//! from its writer thread, and async code calls them on tokio's blocking
+//! pool, several threads at a time.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use cairn_events::RunCommand;
+
+use crate::error::StoreError;
+use crate::records::*;
+
+/// The first 8 bytes of a digest in hex: enough to tell stores apart.
+pub fn hex_prefix(digest: &[u8]) -> String {
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Checks that a run id is usable as a key and as a file name (the NDJSON
+/// mirror's directory and the run's lock file are named after it).
+pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
+    cairn_events::RunId::parse(run_id)
+        .map(|_| ())
+        .map_err(|e| StoreError::InvalidRunId(e.0))
+}
+
+/// One registration for wake-ups of a [`Topic`]; dropping it unregisters.
+pub trait Listener: Send + Sync {
+    /// Resolves at the next wake-up since the previous call (at once if one
+    /// already came). A wake-up says "look again", nothing more: callers
+    /// read the store for what changed, and poll slowly as a fallback.
+    fn wait(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// Exclusive ownership of a run across processes. Released when dropped, and
+/// by the operating system when the owning process dies.
+pub trait RunLease: Send + Sync {}
+
+/// The runs' event logs: append-only, in seq order.
+pub trait EventLog {
+    /// Commits a batch of events, of one run or several, in one transaction:
+    /// all of it or none. A `(run, seq)` already stored fails the batch with
+    /// [`StoreError::BadRow`] naming the run. Sequencing is the journal's
+    /// work; the backend keeps what it is given, byte for byte.
+    ///
+    /// It keeps each run row's `status`/`updated_ms` in step with the batch:
+    /// `updated_ms` becomes the larger of itself and the run's latest event
+    /// timestamp, and the run's last lifecycle event in the batch sets its
+    /// status (`RunStarted` → running, `RunStatusChanged` → its status,
+    /// `RunFinished`/`RunFailed`/`RunCancelled` → finished/failed/cancelled).
+    /// Events of a run that has no row are stored all the same; no row is
+    /// made for them.
+    fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError>;
+    /// A run's events in seq order, as the query selects them (every field
+    /// applies; `limit` keeps the lowest seqs). An unknown run has none.
+    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
+    /// The highest committed seq of a run (0 when it has none).
+    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError>;
+    /// Moves whatever the database keeps beside its main file (SQLite's
+    /// write-ahead log) into it, so that the store's data is where a copy of
+    /// the store would look for it. Best effort and brief: it gives up rather
+    /// than wait for another process's readers or writers. The journal calls
+    /// it when it closes and when this process stops writing runs. The
+    /// default does nothing, for databases that need no such step.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The runs' rows: what was started, with what, and where it stands.
+pub trait Runs {
+    /// Inserts a run row; `RunExists` if the id is taken, `InvalidRunId` if
+    /// [`validate_run_id`] refuses it.
+    fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
+    /// Removes the row of a run whose start was cut short before its first
+    /// event was written (a `create_run` followed by a failure), so no run
+    /// stays `pending` with an empty log. A run with events is left alone.
+    /// True when a row was removed.
+    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError>;
+    /// A run's row, if it exists.
+    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
+    /// Runs matching the filter, newest first (by `created_ms`; of runs
+    /// created in the same millisecond, the one created last comes first),
+    /// `offset` skipped, at most `limit` kept.
+    fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
+    /// Deletes finished, failed and cancelled runs last updated before
+    /// `cutoff_ms` (their events, tool calls, inbox, process records,
+    /// workflow generations and row) and returns their ids. A run whose lease is held (being resumed)
+    /// is left alone.
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
+}
+
+/// The texts a run's reloads adopted, with the files they pinned.
+pub trait Generations {
+    /// Stores a generation of a run's workflow, replacing one with the same
+    /// (run, generation): a generation written by a reload that a crash cut
+    /// short before its `WorkflowReloaded` was committed is no generation
+    /// of the run, and the next reload reuses its number. `RunNotFound` when
+    /// the run has no row. Durable when it returns, since the reload's
+    /// event follows it.
+    fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError>;
+    /// One generation of a run's workflow, if stored.
+    fn generation(
+        &self,
+        run_id: &str,
+        generation: u64,
+    ) -> Result<Option<GenerationRecord>, StoreError>;
+}
+
+/// Who drives a run: one lease per run across processes and machines.
+pub trait Leases {
+    /// Takes the run's lease; `None` when another process (or another lease
+    /// in this process) holds it, `InvalidRunId` for an id
+    /// [`validate_run_id`] refuses. Dropping the lease, on any thread,
+    /// releases it.
+    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
+    /// Who holds the run's lease now, when the backend can tell: `None`
+    /// when the lease is free, held by this backend, or would be taken at
+    /// once by [`Leases::try_lock_run`] (its holder is known to be dead).
+    /// For people deciding whether to wait; [`Leases::try_lock_run`] alone
+    /// decides. The default tells nothing, which suits a lease the operating
+    /// system drops when its holder dies (SQLite's lock): a held one
+    /// belongs to a live process.
+    fn lease_holder(&self, run_id: &str) -> Result<Option<LeaseHolder>, StoreError> {
+        let _ = run_id;
+        Ok(None)
+    }
+}
+
+/// The rows of agents' tool calls, which tell a resume what already happened.
+pub trait ToolCalls {
+    /// Inserts or replaces a tool call, keyed by (run, node, iteration,
+    /// attempt, tool_seq); `RunNotFound` when the run has no row.
+    fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError>;
+    /// The tool calls of one node pass, by attempt then tool_seq.
+    fn tool_calls(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        iteration: u32,
+    ) -> Result<Vec<ToolCallRecord>, StoreError>;
+}
+
+/// Commands to runs (approve, answer, cancel, ...), kept until their run's
+/// driver takes them.
+pub trait Inbox {
+    /// Records a command in the run's inbox durably and returns its id;
+    /// `RunNotFound` for an unknown run.
+    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError>;
+    /// The run's commands not yet taken, oldest first.
+    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError>;
+    /// Marks a command taken, with what became of it (`applied`, or why it
+    /// was refused). Taking one twice keeps the first outcome.
+    fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError>;
+}
+
+/// The process groups node attempts started, so a resume can kill what a
+/// dead engine left running.
+pub trait Processes {
+    /// Records a process group a node attempt started; returns its id.
+    fn put_process(&self, rec: &ProcessRecord) -> Result<u64, StoreError>;
+    /// Forgets a process group that ended.
+    fn remove_process(&self, id: u64) -> Result<(), StoreError>;
+    /// The process groups recorded for a run and not forgotten.
+    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError>;
+}
+
+/// Wake-ups between processes: "look again", nothing more.
+pub trait Wakeups {
+    /// Wakes the listeners of a topic, in this process and others. Best
+    /// effort: listeners also poll, slowly.
+    fn notify(&self, topic: Topic<'_>);
+    /// Registers for wake-ups of a topic.
+    fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
+}
+
+/// A database that keeps Cairn's runs: every concern, and who the store is.
+///
+/// `cairn_storage::conformance` (feature `conformance`) checks an
+/// implementation against what these docs promise.
+pub trait Backend:
+    EventLog
+    + Runs
+    + Generations
+    + Leases
+    + ToolCalls
+    + Inbox
+    + Processes
+    + Wakeups
+    + Send
+    + Sync
+    + 'static
+{
+    /// A name for this store, the same in every process that opens it and
+    /// different for another store: the engine marks the processes it
+    /// starts with it, so that a resume kills only its own store's
+    /// leftovers. The default hashes the first of [`Backend::files`] (its
+    /// canonical path); a backend without files must say who it is.
+    fn store_id(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let first = self.files().into_iter().next().unwrap_or_default();
+        let path = first.canonicalize().unwrap_or(first);
+        hex_prefix(&Sha256::digest(path.as_os_str().as_encoded_bytes()))
+    }
+    /// Files and folders this backend keeps on the local disk (database,
+    /// journals, locks, wake-up markers), so the engine can hide them from
+    /// the processes it starts. A remote backend has none.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
+}

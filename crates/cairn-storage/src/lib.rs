@@ -1,0 +1,39 @@
+//! Cairn's storage API: what a database must do to keep Cairn's runs,
+//! whatever the database is.
+//!
+//! This crate is the contract and nothing else: the rows ([`records`]), the
+//! traits split by concern ([`EventLog`], [`Runs`], [`Generations`],
+//! [`Leases`], [`ToolCalls`], [`Inbox`], [`Processes`], [`Wakeups`], and
+//! [`Backend`], all of them), backend-neutral errors ([`StoreError`]), and
+//! the one parser of store addresses ([`StoreUrl`]). The backends live
+//! beside it (`cairn-sqlite`, `cairn-postgres`); the journal, opening a
+//! store by address and copying between stores sit above it (`cairn-store`).
+//!
+//! With the `conformance` feature, [`conformance`] holds the checks every
+//! backend must pass; each backend's tests run them.
+
+mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+pub mod records;
+mod url;
+
+pub use backend::{
+    hex_prefix, validate_run_id, Backend, EventLog, Generations, Inbox, Leases, Listener,
+    Processes, RunLease, Runs, ToolCalls, Wakeups,
+};
+pub use error::StoreError;
+pub use records::{
+    EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile, ProcessRecord, RunFilter,
+    RunRecord, StoredEvent, ToolCallRecord, Topic,
+};
+pub use url::{redact, BadStoreUrl, StoreUrl};
+
+/// The storage traits, for callers of a [`Backend`]'s methods: a trait's
+/// methods can be called only where it is in scope.
+pub mod prelude {
+    pub use crate::backend::{
+        Backend, EventLog, Generations, Inbox, Leases, Processes, Runs, ToolCalls, Wakeups,
+    };
+}

@@ -1,0 +1,255 @@
+//! The rows a store keeps beside each run's log, and the queries over them.
+
+use std::sync::Arc;
+
+use cairn_events::{DecodeError, Event, NodePath, RunCommand};
+
+/// One event as stored: its JSON text (exactly what the NDJSON mirror and
+/// every channel repeat) and the columns that index it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    /// The run it belongs to.
+    pub run_id: String,
+    /// Its position in the run's log.
+    pub seq: u64,
+    /// The event's `type`.
+    pub type_name: String,
+    /// `nodeId` for node-scoped events.
+    pub node_id: Option<NodePath>,
+    /// `timestampMs`.
+    pub timestamp_ms: i64,
+    /// The event's JSON, shared so fan-out does not copy it per subscriber.
+    pub json: Arc<str>,
+}
+
+impl StoredEvent {
+    /// Serializes an event once, in the contract's field order.
+    pub fn from_event(e: &Event) -> Self {
+        StoredEvent {
+            run_id: e.run_id.clone(),
+            seq: e.seq.get(),
+            type_name: e.type_name().to_string(),
+            node_id: e.scope.node_id.clone(),
+            timestamp_ms: e.timestamp_ms,
+            json: Arc::from(e.to_json()),
+        }
+    }
+
+    /// Parses the stored JSON back into an event.
+    pub fn decode(&self) -> Result<Event, DecodeError> {
+        Event::from_json(&self.json)
+    }
+
+    /// Whether this event ends the run (until a resume).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.type_name.as_str(),
+            "RunFinished" | "RunFailed" | "RunCancelled"
+        )
+    }
+}
+
+/// Which events of a run to read. The default reads all of them.
+#[derive(Debug, Default, Clone)]
+pub struct EventQuery {
+    /// Only events with `seq > after`.
+    pub after: u64,
+    /// Only these types (empty = all).
+    pub types: Vec<String>,
+    /// Only events of this node.
+    pub node: Option<String>,
+    /// At most this many events (the lowest seqs).
+    pub limit: Option<usize>,
+}
+
+/// A run's row: what was started, with what, and where it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// The run id.
+    pub run_id: String,
+    /// The workflow's name.
+    pub workflow: String,
+    /// The workflow file's path as given when the run was started.
+    pub workflow_path: String,
+    /// SHA-256 of the workflow source.
+    pub workflow_hash: String,
+    /// The workflow file's text, so that resume runs what was started.
+    pub workflow_source: String,
+    /// The run's input.
+    pub input: serde_json::Value,
+    /// `RunStatus::as_str` of the latest status, or `"pending"` before the
+    /// first event.
+    pub status: String,
+    /// When the run was created (Unix ms).
+    pub created_ms: i64,
+    /// When the run's status or log last changed (Unix ms).
+    pub updated_ms: i64,
+    /// The run that delegated this one, if any.
+    pub parent_run_id: Option<String>,
+}
+
+/// One generation of a run's workflow: the text a reload of the run adopted
+/// (the log's `WorkflowReloaded` with the same `generation`), kept so that a
+/// resume runs the definition the run had last, with the texts of the files
+/// it refers to as they were pinned. Generation 0, the text the run started
+/// with, is the run's record ([`RunRecord::workflow_source`]); a row for
+/// generation 0 holds the same text and the files pinned at the run's start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRecord {
+    /// The run.
+    pub run_id: String,
+    /// 1 for the first reload, then 2, 3, ...
+    pub generation: u64,
+    /// SHA-256 hex of `workflow_source`.
+    pub workflow_hash: String,
+    /// The workflow file's text of this generation.
+    pub workflow_source: String,
+    /// The files the workflow refers to (child workflows, model scripts),
+    /// as read once when the generation began: what the run uses instead
+    /// of the disk, which a node may have changed since.
+    pub files: Vec<PinnedFile>,
+    /// When it was stored (Unix ms).
+    pub created_ms: i64,
+}
+
+/// A file a run's workflow refers to, read once and kept with the
+/// generation that uses it ([`GenerationRecord::files`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PinnedFile {
+    /// The absolute path the workflow's reference resolves to.
+    pub path: String,
+    /// SHA-256 hex of `text`.
+    pub hash: String,
+    /// The file's text.
+    pub text: String,
+}
+
+impl PinnedFile {
+    /// The files as stored: a JSON array.
+    pub fn encode_all(files: &[PinnedFile]) -> String {
+        serde_json::to_string(files).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// The files of [`PinnedFile::encode_all`]'s text.
+    pub fn decode_all(text: &str) -> Result<Vec<PinnedFile>, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
+/// Which runs to list; results come newest first.
+#[derive(Debug, Default, Clone)]
+pub struct RunFilter {
+    /// Only runs with this status.
+    pub status: Option<String>,
+    /// Only runs of this workflow (by name).
+    pub workflow: Option<String>,
+    /// At most this many runs.
+    pub limit: Option<usize>,
+    /// Skip this many runs first.
+    pub offset: Option<usize>,
+    /// Only the child runs of this run.
+    pub parent: Option<String>,
+}
+
+/// A command waiting in a run's inbox, as the store keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxEntry {
+    /// Assigned by the store, increasing: the order commands are applied in.
+    pub id: u64,
+    /// The run it is for.
+    pub run_id: String,
+    /// What is asked.
+    pub command: RunCommand,
+    /// When it was recorded (Unix ms).
+    pub created_ms: i64,
+}
+
+/// A process group a node attempt started, recorded before it can do
+/// anything, so that a resume after a crash can kill what the dead engine
+/// left running.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessRecord {
+    /// Assigned by the store on insert (ignored by `put_process`).
+    pub id: u64,
+    /// The run.
+    pub run_id: String,
+    /// The node that started it.
+    pub node_id: String,
+    /// The node's loop pass.
+    pub iteration: u32,
+    /// The attempt.
+    pub attempt: u32,
+    /// The process group id (the leader's pid).
+    pub pgid: u32,
+    /// When it was started (Unix ms).
+    pub started_ms: i64,
+}
+
+/// What a wake-up is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic<'a> {
+    /// A run's inbox got a command; its driver listens.
+    Inbox(&'a str),
+    /// A run's log got events; subscribers in other processes listen.
+    Events(&'a str),
+}
+
+impl Topic<'_> {
+    /// A stable text key for the topic.
+    pub fn key(&self) -> String {
+        match self {
+            Topic::Inbox(run) => format!("inbox:{run}"),
+            Topic::Events(run) => format!("events:{run}"),
+        }
+    }
+}
+
+/// One tool call of an agent attempt, kept so that a resume can tell which
+/// side effects already happened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallRecord {
+    /// The run.
+    pub run_id: String,
+    /// The node.
+    pub node_id: String,
+    /// The node's loop pass.
+    pub iteration: u32,
+    /// The attempt.
+    pub attempt: u32,
+    /// The call's position within the attempt, from 1.
+    pub tool_seq: u32,
+    /// The tool's name.
+    pub tool: String,
+    /// The key that identifies this call across retries and resumes.
+    pub idempotency_key: String,
+    /// Whether the tool changes anything outside Cairn.
+    pub side_effect: bool,
+    /// Whether repeating the call is harmless.
+    pub idempotent: bool,
+    /// The call's input.
+    pub input: serde_json::Value,
+    /// The call's output once it finished successfully.
+    pub output: Option<serde_json::Value>,
+    /// When it started (Unix ms).
+    pub started_ms: i64,
+    /// When it ended (Unix ms).
+    pub finished_ms: Option<i64>,
+    /// `running`, `success` or `error`.
+    pub status: String,
+    /// The error object when it failed.
+    pub error: Option<serde_json::Value>,
+}
+
+/// Who holds a run's lease, as far as the store can tell
+/// ([`Backend::lease_holder`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// Who, for people: e.g. `pid 4242 on build-3`.
+    pub holder: String,
+    /// How long the lease lasts unless its holder renews it first; `None`
+    /// for a lease that lasts exactly as long as its holder.
+    pub expires_in: Option<std::time::Duration>,
+    /// The holder is a process seen running on this machine: the run is
+    /// being driven, and waiting for the lease to expire is pointless.
+    pub alive_here: bool,
+}
