@@ -61,7 +61,13 @@ pub(crate) fn plan_of(rec: &RunRecord) -> Vec<PlanNode> {
                 v.max_iterations = Some(*max_iterations);
             }
             NodeKind::Tool { tool, .. } => v.tool = Some(tool.clone()),
-            _ => {}
+            NodeKind::Command(_)
+            | NodeKind::Value(_)
+            | NodeKind::Approval(_)
+            | NodeKind::ForEach { .. }
+            | NodeKind::Ask { .. }
+            | NodeKind::Agent(_)
+            | NodeKind::Workflow { .. } => {}
         }
         if let Some(children) = n.kind.children() {
             v.children = Some(

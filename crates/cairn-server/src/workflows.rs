@@ -238,85 +238,20 @@ pub(crate) fn problem_locations(e: &WorkflowError, file: &str) -> Value {
     serde_json::to_value(places).expect("places serialize to JSON")
 }
 
-/// Field names of the workflow format (WORKFLOW.md). A field path names the
-/// keys it passes through, and a key the format does not know (an unknown
-/// field, a key of `env` or `args`, every "key" of a file that is not a
-/// workflow at all, such as `root:$6$...:` of a password file) is the
-/// file's own text.
-const FORMAT_FIELDS: &[&str] = &[
-    "agent",
-    "api_key_env",
-    "approval",
-    "args",
-    "as",
-    "ask",
-    "attempts",
-    "backoff",
-    "base_url",
-    "command",
-    "concurrency",
-    "cwd",
-    "defaults",
-    "delay",
-    "delegates",
-    "description",
-    "env",
-    "for_each",
-    "headers_env",
-    "id",
-    "idle_timeout",
-    "if",
-    "input",
-    "loop",
-    "max_delay",
-    "max_iterations",
-    "max_output_bytes",
-    "max_steps",
-    "max_tokens",
-    "mcp_servers",
-    "model",
-    "models",
-    "name",
-    "needs",
-    "network",
-    "nodes",
-    "on_failure",
-    "on_interrupt",
-    "on_retry",
-    "output",
-    "output_schema",
-    "per_line",
-    "price",
-    "prompt",
-    "provider",
-    "retry",
-    "root",
-    "sandbox",
-    "schema",
-    "schema_retries",
-    "scorers",
-    "stage",
-    "system",
-    "temperature",
-    "timeout",
-    "tool",
-    "tool_timeout",
-    "tools",
-    "until",
-    "url",
-    "value",
-    "workflow",
-];
-
 /// The leading part of a field path made only of the format's own field
-/// names (each optionally indexed, `nodes[2]`); `None` when not even the
+/// names ([`cairn_workflow::field_names`]) (each optionally indexed, `nodes[2]`); `None` when not even the
 /// first key is one. What follows the first other key is left out: the
 /// line and column still say where it is.
 fn known_field(field: &str) -> Option<String> {
+    // A field path names the keys it passes through; a key the format does
+    // not know (an unknown field, a key of `env` or `args`, every "key" of
+    // a file that is not a workflow at all, such as `root:$6$...:` of a
+    // password file) is the file's own text.
+    let fields = cairn_workflow::field_names();
     let known = |seg: &str| {
         let name = seg.split('[').next().unwrap_or("");
         let indices = &seg[name.len()..];
-        FORMAT_FIELDS.contains(&name)
+        fields.contains(name)
             && indices.split_terminator(']').all(|i| {
                 i.strip_prefix('[')
                     .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
