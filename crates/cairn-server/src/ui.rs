@@ -246,6 +246,58 @@ mod tests {
         }
     }
 
+    /// The text of a served file.
+    fn asset_text(name: &str) -> &'static str {
+        let a = ASSETS.iter().find(|a| a.name == name).expect("served");
+        std::str::from_utf8(a.body).unwrap()
+    }
+
+    /// The quoted names in `text` from `start` to the first `end` after it.
+    fn quoted_between<'t>(text: &'t str, start: &str, end: &str) -> Vec<&'t str> {
+        let from = text.find(start).unwrap_or_else(|| panic!("no `{start}`")) + start.len();
+        let list = &text[from..from + text[from..].find(end).expect("list ends")];
+        list.split('\'').skip(1).step_by(2).collect()
+    }
+
+    /// The page's fold of events (`fold.js`, the run model every view
+    /// redraws from) decides about every event type of the contract: a
+    /// `case` it handles, or a name in its `IGNORED_EVENTS`. JavaScript is
+    /// not compiled, so this is where a new event type points at the page.
+    #[test]
+    fn the_pages_fold_names_every_event_type() {
+        use cairn_events::EventType;
+        use std::collections::BTreeSet;
+        let text = asset_text("fold.js");
+        let handled: BTreeSet<&str> = text
+            .split("case '")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('\'').expect("closing quote")])
+            .collect();
+        let ignored = quoted_between(text, "IGNORED_EVENTS = new Set([", "]);");
+        let ignored_set: BTreeSet<&str> = ignored.iter().copied().collect();
+        assert_eq!(
+            ignored.len(),
+            ignored_set.len(),
+            "fold.js: a type ignored twice"
+        );
+        for t in EventType::ALL {
+            let name = t.as_str();
+            match (handled.contains(name), ignored_set.contains(name)) {
+                (true, true) => panic!("fold.js both handles and ignores {name}"),
+                (false, false) => panic!(
+                    "fold.js neither handles {name} (a `case` of RunModel.applyOne) nor lists it in IGNORED_EVENTS"
+                ),
+                _ => {}
+            }
+        }
+        for name in handled.iter().chain(&ignored_set) {
+            assert!(
+                name.parse::<EventType>().is_ok(),
+                "fold.js names `{name}`, which is not an event type of the contract"
+            );
+        }
+    }
+
     #[test]
     fn if_none_match_is_read_like_http_says() {
         let tag = HeaderValue::from_static("\"abc\"");
