@@ -197,7 +197,11 @@ pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             let client = cairn_client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
             cairn_store::validate_run_id(&a.run).map_err(|e| bad_input(e.to_string()))?;
-            client.activity(&a.run).await.map_err(client_error)?.activity
+            client
+                .activity(&a.run)
+                .await
+                .map_err(client_error)?
+                .activity
         }
         None => {
             let engine = store::engine(g, false)?;
@@ -552,10 +556,7 @@ async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
         limit: Some(5000),
     };
     loop {
-        let page = client
-            .events_page(&a.run, &q)
-            .await
-            .map_err(client_error)?;
+        let page = client.events_page(&a.run, &q).await.map_err(client_error)?;
         let mut out = stdout.lock();
         for e in &page.events {
             // The store's text, as the server sent it.

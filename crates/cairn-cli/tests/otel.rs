@@ -684,9 +684,7 @@ fn cairn_serve_exports_the_runs_it_drives() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let run = rt.block_on(async {
-        cairn_client::wait_healthy(&url, PATIENCE)
-            .await
-            .unwrap();
+        cairn_client::wait_healthy(&url, PATIENCE).await.unwrap();
         let client = cairn_client::Client::new(&url, None).unwrap();
         client
             .post_json("/v1/runs", &serde_json::json!({"workflow": "quick"}))

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cairn_events::{EventKind, Scope};
 use cairn_client::Client;
+use cairn_events::{EventKind, Scope};
 use cairn_server::{Engine, EngineOptions, ServeConfig, Server};
 use cairn_store::{EventQuery, Journal, JournalOptions, RunLog, RunRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
