@@ -183,6 +183,13 @@ fn exit_code_of(e: &anyhow::Error) -> u8 {
         if let Some(se) = cause.downcast_ref::<StoreError>() {
             return store_exit_code(se);
         }
+        if let Some(ce) = cause.downcast_ref::<cairn_store::copy::CopyError>() {
+            return match ce.store_error() {
+                _ if ce.is_refusal() => EXIT_BAD_INPUT,
+                Some(se) => store_exit_code(se),
+                None => EXIT_FAILED,
+            };
+        }
     }
     EXIT_FAILED
 }

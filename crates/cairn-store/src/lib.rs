@@ -9,8 +9,10 @@
 //!   chooses a backend;
 //! - [`Journal`]: the per-run sequencer ([`RunLog`]), one writer thread that
 //!   commits in groups, the NDJSON mirror and live [`Subscription`]s;
+//! - [`copy`]: runs moved from one store to another, byte for byte;
 //! - [`aggregate_scores`]: the scorers' results across runs.
 
+pub mod copy;
 mod journal;
 mod mirror;
 mod scores;
