@@ -353,7 +353,7 @@ fn strip_lines(s: &mut NodeSpec) {
             sc.line = 0;
         }
     }
-    if let NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } = &mut s.kind {
+    if let Some(nodes) = s.kind.children_mut() {
         for n in nodes {
             strip_lines(n);
         }

@@ -167,6 +167,20 @@ impl NodeKind {
         self.group().map(|g| g.nodes())
     }
 
+    /// The body of a group node, to change in place; `None` for leaves.
+    pub fn children_mut(&mut self) -> Option<&mut Vec<NodeSpec>> {
+        match self {
+            NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } => Some(nodes),
+            NodeKind::Command(_)
+            | NodeKind::Value(_)
+            | NodeKind::Approval(_)
+            | NodeKind::Tool { .. }
+            | NodeKind::Ask { .. }
+            | NodeKind::Agent(_)
+            | NodeKind::Workflow { .. } => None,
+        }
+    }
+
     /// The node as a group (`loop`, `for_each`), for code that handles
     /// groups only; `None` for a leaf.
     pub fn group(&self) -> Option<Group<'_>> {
