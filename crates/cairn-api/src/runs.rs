@@ -198,3 +198,68 @@ fn state_value(st: &RunState) -> Value {
     de.disable_recursion_limit();
     Deserialize::deserialize(&mut de).expect("JSON this process wrote reads back")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta<'a>(status: &'a str, parent: Option<&'a str>) -> RunMeta<'a> {
+        RunMeta {
+            workflow: "w",
+            status,
+            parent_run_id: parent,
+        }
+    }
+
+    /// The fields the API adds come after the state's own, except those
+    /// the state already has, which keep their place.
+    #[test]
+    fn a_run_detail_is_the_state_then_what_the_api_adds() {
+        let mut st = RunState::new("r1");
+        let fresh = RunDetail::new(&st, &meta("pending", Some("p1")));
+        let keys: Vec<&String> = fresh.as_value().as_object().unwrap().keys().collect();
+        let tail = &keys[keys.len() - 5..];
+        assert_eq!(
+            tail,
+            ["progress", "counts", "workflow", "status", "parentRunId"]
+        );
+        assert_eq!((fresh.run_id(), fresh.status()), ("r1", "pending"));
+
+        st.workflow = Some("from-the-log".into());
+        st.status = Some(cairn_events::RunStatus::Finished);
+        let ended = RunDetail::new(&st, &meta("running", None));
+        let keys: Vec<&String> = ended.as_value().as_object().unwrap().keys().collect();
+        assert_eq!(&keys[..2], ["runId", "workflow"]);
+        assert_eq!(ended["workflow"], "w", "the record names the workflow");
+        assert_eq!(ended.status(), "finished", "the log's status wins");
+        assert!(ended.as_value().get("parentRunId").is_none());
+    }
+
+    #[test]
+    fn child_runs_get_their_own_status_where_known() {
+        let mut v = RunDetail::from(json!({
+            "runId": "r1",
+            "children": [{"runId": "c1", "status": "finished"}, {"runId": "c2"}, {}]
+        }));
+        v.with_child_states(|id| (id == "c2").then(|| "waiting-approval".to_string()));
+        assert_eq!(
+            v["children"],
+            json!([
+                {"runId": "c1", "status": "finished"},
+                {"runId": "c2", "state": "waiting-approval"},
+                {}
+            ])
+        );
+    }
+
+    /// A list's run, field for field in the order the API has always sent.
+    #[test]
+    fn a_run_summary_keeps_its_wire_order() {
+        let st = RunState::new("r1");
+        let s = RunSummary::new("r1", &meta("running", Some("p1")), 1, 2).with_state(&st);
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            r#"{"runId":"r1","workflow":"w","status":"running","createdMs":1,"updatedMs":2,"parentRunId":"p1","progress":0.0,"tokens":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"reasoning":0}}"#
+        );
+    }
+}
