@@ -174,6 +174,25 @@ impl Usage {
         }
     }
 
+    /// Adds another sum of model calls to this one.
+    fn merge(&mut self, other: &Usage) {
+        self.calls += other.calls;
+        self.input = self.input.saturating_add(other.input);
+        self.output = self.output.saturating_add(other.output);
+        self.cache_read = self.cache_read.saturating_add(other.cache_read);
+        self.cache_write = self.cache_write.saturating_add(other.cache_write);
+        self.reasoning = self.reasoning.saturating_add(other.reasoning);
+        if let Some(c) = other.cost_usd {
+            *self.cost_usd.get_or_insert(0.0) += c;
+        }
+        if other.provider.is_some() {
+            self.provider.clone_from(&other.provider);
+        }
+        if other.model.is_some() {
+            self.model.clone_from(&other.model);
+        }
+    }
+
     /// The GenAI semantic conventions' names, for a model call's span.
     fn gen_ai_attributes(&self, out: &mut Vec<KeyValue>) {
         if self.calls == 0 {
@@ -577,361 +596,9 @@ impl TraceBuilder {
             let run = &mut self.accs[0];
             run.last_ms = run.last_ms.max(ts);
         }
-        match &ev.kind {
-            EventKind::RunStarted {
-                workflow,
-                workflow_hash,
-                resumed,
-                parent_run_id,
-                parent_node_id,
-                depth,
-                ..
-            } => {
-                self.sessions += 1;
-                let run = &mut self.accs[0];
-                if self.sessions == 1 {
-                    run.name = cap(&format!("run {workflow}"));
-                    run.attrs.push(kv_str("cairn.workflow", workflow));
-                    run.attrs.push(kv_str("cairn.workflow.hash", workflow_hash));
-                    run.attrs.push(kv_u64("cairn.run.depth", (*depth).into()));
-                    if let Some(p) = parent_run_id {
-                        run.attrs.push(kv_str("cairn.run.parent_id", p));
-                    }
-                    if let Some(n) = parent_node_id {
-                        run.attrs.push(kv_str("cairn.run.parent_node_id", n));
-                    }
-                }
-                if *resumed || self.sessions > 1 {
-                    run.event(
-                        ts,
-                        "run resumed",
-                        vec![kv_u64("cairn.run.session", self.sessions)],
-                    );
-                }
-                // A run taken up again after it ended is going again.
-                run.end_ms = None;
-                run.status = None;
-                self.run_status = Some("running".into());
-            }
-            EventKind::RunStatusChanged { status } => {
-                self.run_status = Some(status.as_str().into());
-            }
-            EventKind::RunCancelRequested {
-                reason,
-                requested_by,
-                mechanism,
-            } => {
-                let mut attrs = vec![kv_str(
-                    "cairn.cancel.mechanism",
-                    match mechanism {
-                        CancelMechanism::Immediate => "immediate",
-                        CancelMechanism::Graceful => "graceful",
-                    },
-                )];
-                if let Some(r) = reason {
-                    attrs.push(kv_str("cairn.cancel.reason", r));
-                }
-                if let Some(b) = requested_by {
-                    attrs.push(kv_str("cairn.cancel.requested_by", b));
-                }
-                self.accs[0].event(ts, "cancel requested", attrs);
-            }
-            EventKind::RunSummary { nodes, .. } => {
-                let attrs = &mut self.accs[0].attrs;
-                set(attrs, kv_u64("cairn.run.nodes.finished", nodes.finished));
-                set(attrs, kv_u64("cairn.run.nodes.failed", nodes.failed));
-                set(attrs, kv_u64("cairn.run.nodes.skipped", nodes.skipped));
-                set(attrs, kv_u64("cairn.run.nodes.cancelled", nodes.cancelled));
-            }
-            EventKind::RunFinished { duration_ms, .. } => {
-                let run = &mut self.accs[0];
-                run.end_ms = Some(ts);
-                run.status = Some((status::StatusCode::Ok, String::new()));
-                set(&mut run.attrs, kv_u64("cairn.duration_ms", *duration_ms));
-                self.run_status = Some("finished".into());
-            }
-            EventKind::RunFailed { error } => {
-                let run = &mut self.accs[0];
-                run.end_ms = Some(ts);
-                run.fail(error);
-                self.run_status = Some("failed".into());
-            }
-            EventKind::RunCancelled { reason } => {
-                let run = &mut self.accs[0];
-                run.end_ms = Some(ts);
-                if let Some(r) = reason {
-                    set(&mut run.attrs, kv_str("cairn.cancel.reason", r));
-                }
-                self.run_status = Some("cancelled".into());
-            }
-            EventKind::NodeStarted { .. } => {
-                self.attempt_of(ev, true);
-            }
-            EventKind::NodeFinished {
-                duration_ms,
-                cached,
-                ..
-            } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    let acc = &mut self.accs[a];
-                    acc.end_ms = Some(ts);
-                    acc.status = Some((status::StatusCode::Ok, String::new()));
-                    set(&mut acc.attrs, kv_str("cairn.node.status", "finished"));
-                    set(&mut acc.attrs, kv_u64("cairn.duration_ms", *duration_ms));
-                    if let Some(c) = cached {
-                        set(&mut acc.attrs, kv_bool("cairn.node.cached", *c));
-                    }
-                }
-            }
-            EventKind::NodeFailed {
-                error, will_retry, ..
-            } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    let acc = &mut self.accs[a];
-                    // A crash is closed by the resume that found it: the
-                    // attempt really stopped at its last event, not when
-                    // someone came back.
-                    if error.kind == "interrupted" {
-                        acc.end_ms = Some(acc.last_ms);
-                        set(&mut acc.attrs, kv_bool("cairn.node.interrupted", true));
-                    } else {
-                        acc.end_ms = Some(ts);
-                    }
-                    acc.fail(error);
-                    set(&mut acc.attrs, kv_str("cairn.node.status", "failed"));
-                    set(&mut acc.attrs, kv_bool("cairn.will_retry", *will_retry));
-                }
-            }
-            EventKind::NodeCancelled { reason } => {
-                // Without an attempt it ends a node that never started, and
-                // `attempt_of` finds nothing.
-                if let Some(a) = self.attempt_of(ev, true) {
-                    let acc = &mut self.accs[a];
-                    acc.end_ms = Some(ts);
-                    set(&mut acc.attrs, kv_str("cairn.node.status", "cancelled"));
-                    if let Some(r) = reason {
-                        set(&mut acc.attrs, kv_str("cairn.cancel.reason", r));
-                    }
-                }
-            }
-            EventKind::NodeRetrying { delay_ms } => {
-                if let Some((node, iteration)) = ev.node_key() {
-                    self.retry_delay
-                        .insert((node.to_string(), iteration), *delay_ms);
-                }
-            }
-            EventKind::ApprovalRequested { message } => {
-                let t = self.node_target(ev);
-                let mut attrs = Vec::new();
-                if let Some(m) = message {
-                    attrs.push(kv_str("cairn.approval.message", m));
-                }
-                self.accs[t].event(ts, "approval requested", attrs);
-            }
-            EventKind::ApprovalGranted { decided_by, note }
-            | EventKind::ApprovalDenied { decided_by, note } => {
-                let granted = matches!(ev.kind, EventKind::ApprovalGranted { .. });
-                let t = self.node_target(ev);
-                let mut attrs = Vec::new();
-                if let Some(b) = decided_by {
-                    attrs.push(kv_str("cairn.approval.decided_by", b));
-                }
-                if let Some(n) = note {
-                    attrs.push(kv_str("cairn.approval.note", n));
-                }
-                let name = if granted {
-                    "approval granted"
-                } else {
-                    "approval denied"
-                };
-                self.accs[t].event(ts, name, attrs);
-            }
-            EventKind::InputRequested {
-                request_id, prompt, ..
-            } => {
-                let t = self.node_target(ev);
-                let attrs = vec![
-                    kv_str("cairn.input.request_id", request_id),
-                    kv_str("cairn.input.prompt", prompt),
-                ];
-                self.accs[t].event(ts, "input requested", attrs);
-            }
-            EventKind::InputReceived {
-                request_id,
-                answered_by,
-                ..
-            } => {
-                // The answer itself stays in the log: it may be anything a
-                // person typed.
-                let t = self.node_target(ev);
-                let mut attrs = vec![kv_str("cairn.input.request_id", request_id)];
-                if let Some(b) = answered_by {
-                    attrs.push(kv_str("cairn.input.answered_by", b));
-                }
-                self.accs[t].event(ts, "input received", attrs);
-            }
-            EventKind::AgentStepStarted { step, model, .. } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    if let Some(m) = self.model_call(a, *step, model, ts, true) {
-                        self.open_step.insert(a, m);
-                    }
-                }
-            }
-            EventKind::AgentStepFinished {
-                step,
-                tool_calls,
-                finish_reason,
-                ..
-            } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    if let Some(m) = self.model_call(a, *step, "", ts, false) {
-                        let acc = &mut self.accs[m];
-                        acc.end_ms = Some(ts);
-                        acc.status = Some((status::StatusCode::Ok, String::new()));
-                        if !finish_reason.is_empty() {
-                            set(
-                                &mut acc.attrs,
-                                kv_strs("gen_ai.response.finish_reasons", &[finish_reason]),
-                            );
-                        }
-                        set(
-                            &mut acc.attrs,
-                            kv_u64("cairn.agent.tool_calls", (*tool_calls).into()),
-                        );
-                        if self.open_step.get(&a) == Some(&m) {
-                            self.open_step.remove(&a);
-                        }
-                    }
-                }
-            }
-            EventKind::AgentGenerationRetried { step, reason } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    let t = self.steps.get(&(a, *step)).copied().unwrap_or(a);
-                    let attrs = vec![
-                        kv_u64("cairn.agent.step", (*step).into()),
-                        kv_str("cairn.retry.reason", reason),
-                    ];
-                    self.accs[t].event(ts, "generation retried", attrs);
-                }
-            }
-            EventKind::TokenUsageReported {
-                provider,
-                model,
-                input_tokens,
-                output_tokens,
-                cache_read_tokens,
-                cache_write_tokens,
-                reasoning_tokens,
-                cost_usd,
-            } => {
-                let add = |u: &mut Usage| {
-                    u.add(
-                        provider,
-                        model,
-                        *input_tokens,
-                        *output_tokens,
-                        *cache_read_tokens,
-                        *cache_write_tokens,
-                        *reasoning_tokens,
-                        *cost_usd,
-                    )
-                };
-                add(&mut self.accs[0].usage);
-                if let Some(a) = self.attempt_of(ev, true) {
-                    add(&mut self.accs[a].usage);
-                    if let Some(&m) = self.open_step.get(&a) {
-                        add(&mut self.accs[m].usage);
-                    }
-                }
-            }
-            EventKind::ToolCallStarted {
-                tool_name,
-                tool_seq,
-                idempotency_key,
-                side_effect,
-            } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    if let Some(t) = self.tool_call(a, *tool_seq, tool_name, ts, true) {
-                        let attrs = &mut self.accs[t].attrs;
-                        set(attrs, kv_str("cairn.tool.idempotency_key", idempotency_key));
-                        set(attrs, kv_bool("cairn.tool.side_effect", *side_effect));
-                    }
-                }
-            }
-            EventKind::ToolCallFinished {
-                tool_name,
-                tool_seq,
-                status,
-                duration_ms,
-                error,
-            } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    if let Some(t) = self.tool_call(a, *tool_seq, tool_name, ts, false) {
-                        let acc = &mut self.accs[t];
-                        acc.end_ms = Some(ts);
-                        set(&mut acc.attrs, kv_u64("cairn.duration_ms", *duration_ms));
-                        match status {
-                            ToolStatus::Success => {
-                                set(&mut acc.attrs, kv_str("cairn.tool.status", "success"));
-                                acc.status = Some((status::StatusCode::Ok, String::new()));
-                            }
-                            ToolStatus::Error => {
-                                set(&mut acc.attrs, kv_str("cairn.tool.status", "error"));
-                                match error {
-                                    Some(e) => acc.fail(e),
-                                    None => {
-                                        acc.status = Some((
-                                            status::StatusCode::Error,
-                                            "the tool call failed".into(),
-                                        ))
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            EventKind::DelegationStarted {
-                child_run_id,
-                agent,
-                workflow,
-            } => {
-                // The first attempt that named the child started it; a
-                // later one that took up an interrupted call only waits.
-                if self.delegations.len() < MAX_SPANS_PER_RUN {
-                    if let (Some((node, iteration)), Some(attempt)) =
-                        (ev.node_key(), ev.scope.attempt)
-                    {
-                        self.delegations
-                            .entry(child_run_id.clone())
-                            .or_insert_with(|| (node.to_string(), iteration, attempt));
-                    }
-                }
-                if let Some(a) = self.attempt_of(ev, true) {
-                    let attrs = vec![
-                        kv_str("cairn.child.run_id", child_run_id),
-                        kv_str("cairn.child.agent", agent),
-                        kv_str("cairn.child.workflow", workflow),
-                    ];
-                    self.accs[a].event(ts, "delegation started", attrs);
-                }
-            }
-            EventKind::DelegationFinished {
-                child_run_id,
-                status,
-            } => {
-                if let Some(a) = self.attempt_of(ev, true) {
-                    let attrs = vec![
-                        kv_str("cairn.child.run_id", child_run_id),
-                        kv_str("cairn.child.status", status),
-                    ];
-                    self.accs[a].event(ts, "delegation finished", attrs);
-                }
-            }
-            _ => {}
-        }
+        self.fold(ev);
         // Every event of an attempt moves its "last seen", which is where
-        // an interrupted attempt is taken to have stopped. After the match:
+        // an interrupted attempt is taken to have stopped. After the fold:
         // the event that closes an interrupted attempt must not count.
         if let Some(a) = self.attempt_of(ev, false) {
             let acc = &mut self.accs[a];
@@ -941,6 +608,501 @@ impl TraceBuilder {
         }
     }
 
+    /// What one event does to the spans. Every event type has its arm: a
+    /// new type does not compile until it says what a trace shows of it.
+    fn fold(&mut self, ev: &Event) {
+        use EventKind as K;
+        let ts = ev.timestamp_ms;
+        match &ev.kind {
+            // The run span.
+            K::RunStarted {
+                workflow,
+                workflow_hash,
+                resumed,
+                parent_run_id,
+                parent_node_id,
+                depth,
+                ..
+            } => {
+                self.session_started(ts, *resumed);
+                if self.sessions == 1 {
+                    let parent = (parent_run_id.as_deref(), parent_node_id.as_deref());
+                    self.run_attributes(workflow, workflow_hash, *depth, parent);
+                }
+            }
+            K::RunStatusChanged { status } => self.run_status = Some(status.as_str().into()),
+            K::RunCancelRequested {
+                reason,
+                requested_by,
+                mechanism,
+            } => self.cancel_requested(ts, reason, requested_by, *mechanism),
+            K::RunSummary { nodes, .. } => {
+                let attrs = &mut self.accs[0].attrs;
+                let counts = [
+                    ("finished", nodes.finished),
+                    ("failed", nodes.failed),
+                    ("skipped", nodes.skipped),
+                    ("cancelled", nodes.cancelled),
+                ];
+                for (status, n) in counts {
+                    set(attrs, kv_u64(&format!("cairn.run.nodes.{status}"), n));
+                }
+            }
+            K::RunFinished { duration_ms, .. } => {
+                let run = self.run_ended(ts, "finished");
+                run.status = Some((status::StatusCode::Ok, String::new()));
+                set(&mut run.attrs, kv_u64("cairn.duration_ms", *duration_ms));
+            }
+            K::RunFailed { error } => self.run_ended(ts, "failed").fail(error),
+            K::RunCancelled { reason } => {
+                let run = self.run_ended(ts, "cancelled");
+                if let Some(r) = reason {
+                    set(&mut run.attrs, kv_str("cairn.cancel.reason", r));
+                }
+            }
+            // Attempt spans.
+            K::NodeStarted { .. } => _ = self.attempt_of(ev, true),
+            K::NodeFinished {
+                duration_ms,
+                cached,
+                ..
+            } => self.node_finished(ev, *duration_ms, *cached),
+            K::NodeFailed {
+                error, will_retry, ..
+            } => self.node_failed(ev, error, *will_retry),
+            K::NodeCancelled { reason } => self.node_cancelled(ev, reason),
+            K::NodeRetrying { delay_ms } => {
+                if let Some((node, iteration)) = ev.node_key() {
+                    self.retry_delay
+                        .insert((node.to_string(), iteration), *delay_ms);
+                }
+            }
+            // Span events of gates and questions.
+            K::ApprovalRequested { message } => {
+                let attrs = message
+                    .iter()
+                    .map(|m| kv_str("cairn.approval.message", m))
+                    .collect();
+                self.node_event(ev, "approval requested", attrs);
+            }
+            K::ApprovalGranted { decided_by, note } => {
+                self.decided(ev, "approval granted", decided_by, note)
+            }
+            K::ApprovalDenied { decided_by, note } => {
+                self.decided(ev, "approval denied", decided_by, note)
+            }
+            K::InputRequested {
+                request_id, prompt, ..
+            } => {
+                let attrs = vec![
+                    kv_str("cairn.input.request_id", request_id),
+                    kv_str("cairn.input.prompt", prompt),
+                ];
+                self.node_event(ev, "input requested", attrs);
+            }
+            // The answer itself stays in the log: it may be anything a
+            // person typed.
+            K::InputReceived {
+                request_id,
+                answered_by,
+                ..
+            } => {
+                let by = answered_by.iter();
+                let attrs = std::iter::once(kv_str("cairn.input.request_id", request_id))
+                    .chain(by.map(|b| kv_str("cairn.input.answered_by", b)))
+                    .collect();
+                self.node_event(ev, "input received", attrs);
+            }
+            // Model calls and tool calls.
+            K::AgentStepStarted { step, model, .. } => self.step_started(ev, *step, model),
+            K::AgentStepFinished {
+                step,
+                tool_calls,
+                finish_reason,
+                ..
+            } => self.step_finished(ev, *step, *tool_calls, finish_reason),
+            K::AgentGenerationRetried { step, reason } => {
+                self.generation_retried(ev, *step, reason)
+            }
+            K::TokenUsageReported {
+                provider,
+                model,
+                input_tokens,
+                output_tokens,
+                cache_read_tokens,
+                cache_write_tokens,
+                reasoning_tokens,
+                cost_usd,
+            } => {
+                let mut used = Usage::default();
+                used.add(
+                    provider,
+                    model,
+                    *input_tokens,
+                    *output_tokens,
+                    *cache_read_tokens,
+                    *cache_write_tokens,
+                    *reasoning_tokens,
+                    *cost_usd,
+                );
+                self.token_usage(ev, &used);
+            }
+            K::ToolCallStarted {
+                tool_name,
+                tool_seq,
+                idempotency_key,
+                side_effect,
+            } => self.tool_started(ev, tool_name, *tool_seq, idempotency_key, *side_effect),
+            K::ToolCallFinished {
+                tool_name,
+                tool_seq,
+                status,
+                duration_ms,
+                error,
+            } => {
+                let end = (*status, *duration_ms, error.as_ref());
+                self.tool_finished(ev, tool_name, *tool_seq, end);
+            }
+            // Child runs.
+            K::DelegationStarted {
+                child_run_id,
+                agent,
+                workflow,
+            } => self.delegation_started(ev, child_run_id, agent, workflow),
+            K::DelegationFinished {
+                child_run_id,
+                status,
+            } => {
+                let attrs = vec![
+                    kv_str("cairn.child.run_id", child_run_id),
+                    kv_str("cairn.child.status", status),
+                ];
+                self.attempt_event(ev, "delegation finished", attrs);
+            }
+            // Not in a trace: the plan's bookkeeping, streams, the
+            // runtime's own news, the workspace, reloads and scoring.
+            K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::AgentEvent { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {}
+        }
+    }
+}
+
+/// The run span: its sessions, its cancel, its end.
+impl TraceBuilder {
+    /// A `RunStarted`: a run taken up again after it ended is going again.
+    fn session_started(&mut self, ts: i64, resumed: bool) {
+        self.sessions += 1;
+        let run = &mut self.accs[0];
+        if resumed || self.sessions > 1 {
+            run.event(
+                ts,
+                "run resumed",
+                vec![kv_u64("cairn.run.session", self.sessions)],
+            );
+        }
+        run.end_ms = None;
+        run.status = None;
+        self.run_status = Some("running".into());
+    }
+
+    /// The first session's `RunStarted` names the run span; `parent`: the
+    /// parent run and node of a child.
+    fn run_attributes(
+        &mut self,
+        workflow: &str,
+        workflow_hash: &str,
+        depth: u32,
+        parent: (Option<&str>, Option<&str>),
+    ) {
+        let run = &mut self.accs[0];
+        run.name = cap(&format!("run {workflow}"));
+        run.attrs.push(kv_str("cairn.workflow", workflow));
+        run.attrs.push(kv_str("cairn.workflow.hash", workflow_hash));
+        run.attrs.push(kv_u64("cairn.run.depth", depth.into()));
+        if let Some(p) = parent.0 {
+            run.attrs.push(kv_str("cairn.run.parent_id", p));
+        }
+        if let Some(n) = parent.1 {
+            run.attrs.push(kv_str("cairn.run.parent_node_id", n));
+        }
+    }
+
+    fn cancel_requested(
+        &mut self,
+        ts: i64,
+        reason: &Option<String>,
+        requested_by: &Option<String>,
+        mechanism: CancelMechanism,
+    ) {
+        let mut attrs = vec![kv_str(
+            "cairn.cancel.mechanism",
+            match mechanism {
+                CancelMechanism::Immediate => "immediate",
+                CancelMechanism::Graceful => "graceful",
+            },
+        )];
+        if let Some(r) = reason {
+            attrs.push(kv_str("cairn.cancel.reason", r));
+        }
+        if let Some(b) = requested_by {
+            attrs.push(kv_str("cairn.cancel.requested_by", b));
+        }
+        self.accs[0].event(ts, "cancel requested", attrs);
+    }
+
+    /// A terminal event ends the run span at `ts` with `status`.
+    fn run_ended(&mut self, ts: i64, status: &str) -> &mut Acc {
+        self.run_status = Some(status.into());
+        let run = &mut self.accs[0];
+        run.end_ms = Some(ts);
+        run
+    }
+}
+
+/// Attempt spans, and the span events of gates and questions on them.
+impl TraceBuilder {
+    fn node_finished(&mut self, ev: &Event, duration_ms: u64, cached: Option<bool>) {
+        let Some(a) = self.attempt_of(ev, true) else {
+            return;
+        };
+        let acc = &mut self.accs[a];
+        acc.end_ms = Some(ev.timestamp_ms);
+        acc.status = Some((status::StatusCode::Ok, String::new()));
+        set(&mut acc.attrs, kv_str("cairn.node.status", "finished"));
+        set(&mut acc.attrs, kv_u64("cairn.duration_ms", duration_ms));
+        if let Some(c) = cached {
+            set(&mut acc.attrs, kv_bool("cairn.node.cached", c));
+        }
+    }
+
+    fn node_failed(&mut self, ev: &Event, error: &ErrorInfo, will_retry: bool) {
+        let Some(a) = self.attempt_of(ev, true) else {
+            return;
+        };
+        let acc = &mut self.accs[a];
+        // A crash is closed by the resume that found it: the attempt
+        // really stopped at its last event, not when someone came back.
+        if error.kind == "interrupted" {
+            acc.end_ms = Some(acc.last_ms);
+            set(&mut acc.attrs, kv_bool("cairn.node.interrupted", true));
+        } else {
+            acc.end_ms = Some(ev.timestamp_ms);
+        }
+        acc.fail(error);
+        set(&mut acc.attrs, kv_str("cairn.node.status", "failed"));
+        set(&mut acc.attrs, kv_bool("cairn.will_retry", will_retry));
+    }
+
+    fn node_cancelled(&mut self, ev: &Event, reason: &Option<String>) {
+        // Without an attempt it ends a node that never started, and
+        // `attempt_of` finds nothing.
+        let Some(a) = self.attempt_of(ev, true) else {
+            return;
+        };
+        let acc = &mut self.accs[a];
+        acc.end_ms = Some(ev.timestamp_ms);
+        set(&mut acc.attrs, kv_str("cairn.node.status", "cancelled"));
+        if let Some(r) = reason {
+            set(&mut acc.attrs, kv_str("cairn.cancel.reason", r));
+        }
+    }
+
+    /// A span event where a node-scoped event is shown ([`Self::node_target`]).
+    fn node_event(&mut self, ev: &Event, name: &str, attrs: Vec<KeyValue>) {
+        let t = self.node_target(ev);
+        self.accs[t].event(ev.timestamp_ms, name, attrs);
+    }
+
+    /// `ApprovalGranted` or `ApprovalDenied` (`name` says which).
+    fn decided(
+        &mut self,
+        ev: &Event,
+        name: &str,
+        decided_by: &Option<String>,
+        note: &Option<String>,
+    ) {
+        let mut attrs = Vec::new();
+        if let Some(b) = decided_by {
+            attrs.push(kv_str("cairn.approval.decided_by", b));
+        }
+        if let Some(n) = note {
+            attrs.push(kv_str("cairn.approval.note", n));
+        }
+        self.node_event(ev, name, attrs);
+    }
+
+    /// The first attempt that named the child started it; a later one
+    /// that took up an interrupted call only waits.
+    fn delegation_started(&mut self, ev: &Event, child_run_id: &str, agent: &str, workflow: &str) {
+        if self.delegations.len() < MAX_SPANS_PER_RUN {
+            if let (Some((node, iteration)), Some(attempt)) = (ev.node_key(), ev.scope.attempt) {
+                self.delegations
+                    .entry(child_run_id.to_string())
+                    .or_insert_with(|| (node.to_string(), iteration, attempt));
+            }
+        }
+        let attrs = vec![
+            kv_str("cairn.child.run_id", child_run_id),
+            kv_str("cairn.child.agent", agent),
+            kv_str("cairn.child.workflow", workflow),
+        ];
+        self.attempt_event(ev, "delegation started", attrs);
+    }
+
+    /// A span event on the attempt an event is of (made if the log lacks
+    /// its start).
+    fn attempt_event(&mut self, ev: &Event, name: &str, attrs: Vec<KeyValue>) {
+        if let Some(a) = self.attempt_of(ev, true) {
+            self.accs[a].event(ev.timestamp_ms, name, attrs);
+        }
+    }
+}
+
+/// Model calls' and tool calls' spans.
+impl TraceBuilder {
+    fn step_started(&mut self, ev: &Event, step: u32, model: &str) {
+        if let Some(a) = self.attempt_of(ev, true) {
+            if let Some(m) = self.model_call(a, step, model, ev.timestamp_ms, true) {
+                self.open_step.insert(a, m);
+            }
+        }
+    }
+
+    fn step_finished(&mut self, ev: &Event, step: u32, tool_calls: u32, finish_reason: &str) {
+        let ts = ev.timestamp_ms;
+        let Some(a) = self.attempt_of(ev, true) else {
+            return;
+        };
+        let Some(m) = self.model_call(a, step, "", ts, false) else {
+            return;
+        };
+        let acc = &mut self.accs[m];
+        acc.end_ms = Some(ts);
+        acc.status = Some((status::StatusCode::Ok, String::new()));
+        if !finish_reason.is_empty() {
+            set(
+                &mut acc.attrs,
+                kv_strs("gen_ai.response.finish_reasons", &[finish_reason]),
+            );
+        }
+        set(
+            &mut acc.attrs,
+            kv_u64("cairn.agent.tool_calls", tool_calls.into()),
+        );
+        if self.open_step.get(&a) == Some(&m) {
+            self.open_step.remove(&a);
+        }
+    }
+
+    fn generation_retried(&mut self, ev: &Event, step: u32, reason: &str) {
+        if let Some(a) = self.attempt_of(ev, true) {
+            let t = self.steps.get(&(a, step)).copied().unwrap_or(a);
+            let attrs = vec![
+                kv_u64("cairn.agent.step", step.into()),
+                kv_str("cairn.retry.reason", reason),
+            ];
+            self.accs[t].event(ev.timestamp_ms, "generation retried", attrs);
+        }
+    }
+
+    /// One model call's usage, added to the run's, its attempt's and the
+    /// model call it is in.
+    fn token_usage(&mut self, ev: &Event, used: &Usage) {
+        self.accs[0].usage.merge(used);
+        if let Some(a) = self.attempt_of(ev, true) {
+            self.accs[a].usage.merge(used);
+            if let Some(&m) = self.open_step.get(&a) {
+                self.accs[m].usage.merge(used);
+            }
+        }
+    }
+
+    fn tool_started(
+        &mut self,
+        ev: &Event,
+        tool_name: &str,
+        tool_seq: u32,
+        idempotency_key: &str,
+        side_effect: bool,
+    ) {
+        let Some(a) = self.attempt_of(ev, true) else {
+            return;
+        };
+        if let Some(t) = self.tool_call(a, tool_seq, tool_name, ev.timestamp_ms, true) {
+            let attrs = &mut self.accs[t].attrs;
+            set(attrs, kv_str("cairn.tool.idempotency_key", idempotency_key));
+            set(attrs, kv_bool("cairn.tool.side_effect", side_effect));
+        }
+    }
+
+    /// `end`: how the call ended, how long it took, and its error.
+    fn tool_finished(
+        &mut self,
+        ev: &Event,
+        tool_name: &str,
+        tool_seq: u32,
+        end: (ToolStatus, u64, Option<&ErrorInfo>),
+    ) {
+        let (outcome, duration_ms, error) = end;
+        let ts = ev.timestamp_ms;
+        let Some(a) = self.attempt_of(ev, true) else {
+            return;
+        };
+        let Some(t) = self.tool_call(a, tool_seq, tool_name, ts, false) else {
+            return;
+        };
+        let acc = &mut self.accs[t];
+        acc.end_ms = Some(ts);
+        set(&mut acc.attrs, kv_u64("cairn.duration_ms", duration_ms));
+        match outcome {
+            ToolStatus::Success => {
+                set(&mut acc.attrs, kv_str("cairn.tool.status", "success"));
+                acc.status = Some((status::StatusCode::Ok, String::new()));
+            }
+            ToolStatus::Error => {
+                set(&mut acc.attrs, kv_str("cairn.tool.status", "error"));
+                match error {
+                    Some(e) => acc.fail(e),
+                    None => {
+                        acc.status =
+                            Some((status::StatusCode::Error, "the tool call failed".into()))
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl TraceBuilder {
     /// The spans, the run span first, then the others in the order they
     /// began in the log.
     pub fn finish(mut self) -> Vec<Span> {
