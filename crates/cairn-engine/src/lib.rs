@@ -462,9 +462,46 @@ impl Engine {
         // A child whose record a crash left without its `RunStarted` is
         // started in that record.
         let exists = parent.as_ref().is_some_and(|p| p.record_exists);
-        // A start cut short (out of descriptors for the run's lock, the
-        // store refusing the first event) takes its new row back with it:
-        // no run stays `pending` with an empty log.
+        let log = Arc::new(self.open_new_run(rec, pinned, exists).await?);
+        if let Some(obs) = opts.observer.clone() {
+            log.set_observer(Box::new(move |e| obs(e)));
+        }
+        let started = EventKind::RunStarted {
+            workflow: wf.name.clone(),
+            workflow_hash: wf.hash.clone(),
+            input: Some(input),
+            resumed: false,
+            parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
+            parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
+            depth: parent.as_ref().map_or(0, |p| p.depth),
+            forked_from: None,
+        };
+        let (log, ev) = self.first_event(log, started, exists).await?;
+        let mut state = RunState::new(&run_id);
+        state.apply(&ev);
+        Ok(self.spawn_driver(
+            run_id,
+            Arc::new(wf),
+            log,
+            state,
+            opts,
+            Mode::Drive,
+            false,
+            None,
+        ))
+    }
+
+    /// Writes a new run's record (unless it `exists`) and the text of its
+    /// pinned files, and takes its log. A start cut short (out of
+    /// descriptors for the run's lock, the store refusing the record's
+    /// files) takes its new row back with it: no run stays `pending` with
+    /// an empty log.
+    async fn open_new_run(
+        &self,
+        rec: RunRecord,
+        pinned: Option<cairn_store::GenerationRecord>,
+        exists: bool,
+    ) -> Result<cairn_store::RunLog, EngineError> {
         let log = self
             .blocking(move |e| {
                 if !exists {
@@ -483,50 +520,30 @@ impl Engine {
                 })
             })
             .await?;
-        let log = Arc::new(log);
-        if let Some(obs) = opts.observer.clone() {
-            log.set_observer(Box::new(move |e| obs(e)));
-        }
-        let started = log
-            .append_durable(
-                Scope::run(),
-                EventKind::RunStarted {
-                    workflow: wf.name.clone(),
-                    workflow_hash: wf.hash.clone(),
-                    input: Some(input),
-                    resumed: false,
-                    parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
-                    parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
-                    depth: parent.as_ref().map_or(0, |p| p.depth),
-                    forked_from: None,
-                },
-            )
-            .await;
-        let ev = match started {
-            Ok(ev) => ev,
+        Ok(log)
+    }
+
+    /// Appends a new run's `RunStarted` and waits for it to be durable;
+    /// when the store refuses it, the run's new record goes with it.
+    async fn first_event(
+        &self,
+        log: Arc<cairn_store::RunLog>,
+        started: EventKind,
+        exists: bool,
+    ) -> Result<(Arc<cairn_store::RunLog>, Event), EngineError> {
+        match log.append_durable(Scope::run(), started).await {
+            Ok(ev) => Ok((log, ev)),
             Err(err) => {
+                let run = log.run_id().to_string();
                 drop(log);
                 if !exists {
-                    let run = run_id.clone();
                     let _ = self
                         .blocking(move |e| e.backend().discard_unstarted_run(&run))
                         .await;
                 }
-                return Err(err.into());
+                Err(err.into())
             }
-        };
-        let mut state = RunState::new(&run_id);
-        state.apply(&ev);
-        Ok(self.spawn_driver(
-            run_id,
-            Arc::new(wf),
-            log,
-            state,
-            opts,
-            Mode::Drive,
-            false,
-            None,
-        ))
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -827,31 +844,7 @@ impl Engine {
     /// command with the run's own driver: it then stops at the next wait,
     /// or, with [`EngineOptions::adopt_idle_runs`], goes on driving the run.
     pub async fn send(&self, run_id: &str, command: RunCommand) -> Result<Event, EngineError> {
-        validate_run_id(run_id)?;
-        let rec = self.require_run_off(run_id).await?;
-        if matches!(rec.status.as_str(), "finished" | "failed" | "cancelled") {
-            return Err(EngineError::Conflict(format!(
-                "run `{run_id}` has already ended ({})",
-                rec.status
-            )));
-        }
-        // A run driven here may have asked what is being answered in an
-        // event its observer saw but the store does not hold yet: only
-        // what can never apply is refused up front then.
-        let waiting_known = !self.is_active(run_id);
-        let (mut events, id) = {
-            let (run, command) = (run_id.to_string(), command.clone());
-            self.blocking(move |e| {
-                e.precheck(&run, &command, waiting_known)?;
-                let backend = e.backend();
-                let after = backend.last_seq(&run)?;
-                let events = e.journal().subscribe(&run, after)?;
-                let id = backend.put_command(&run, &command)?;
-                backend.notify(Topic::Inbox(&run));
-                Ok::<_, EngineError>((events, id))
-            })
-            .await?
-        };
+        let (mut events, id) = self.post_command(run_id, &command).await?;
         let mut applier: Option<RunHandle> = None;
         let deadline = tokio::time::Instant::now() + COMMAND_WAIT;
         let mut check = tokio::time::interval(LEASE_CHECK);
@@ -862,30 +855,8 @@ impl Engine {
                 // What is committed counts before whether anyone drives.
                 biased;
                 next = events.next() => {
-                    let stored = match next {
-                        Some(Ok(e)) => e,
-                        Some(Err(e)) => break Err(EngineError::Store(match e {
-                            cairn_store::SubscribeError::Store(e) => e,
-                            other => StoreError::Commit(Arc::from(other.to_string())),
-                        })),
-                        None => break Err(EngineError::Conflict(format!(
-                            "run `{run_id}` ended before the {} was applied", command.name()
-                        ))),
-                    };
-                    let ev = stored.decode().map_err(|e| EngineError::Store(StoreError::BadRow {
-                        run: run_id.to_string(),
-                        detail: e.to_string(),
-                    }))?;
-                    if command.is_result(&ev) {
-                        break Ok(ev);
-                    }
-                    if let Some(reply) = InboxReply::parse(&ev).filter(|r| r.id == id) {
-                        break if reply.accepted { Ok(ev) } else { Err(EngineError::Conflict(reply.message)) };
-                    }
-                    if stored.is_terminal() {
-                        break Err(EngineError::Conflict(format!(
-                            "run `{run_id}` ended before the {} was applied", command.name()
-                        )));
+                    if let Some(answer) = answer_in(run_id, &command, id, next)? {
+                        break answer;
                     }
                 }
                 _ = check.tick(), if applier.is_none() && !lease_tried && !self.is_active(run_id) => {
@@ -935,6 +906,40 @@ impl Engine {
         result
     }
 
+    /// Records `command` in the run's inbox, once the run has not ended
+    /// and [`Engine::precheck`] lets it through, and wakes whoever drives
+    /// the run; returns a subscription to the run's log from before the
+    /// command, and the command's id.
+    async fn post_command(
+        &self,
+        run_id: &str,
+        command: &RunCommand,
+    ) -> Result<(cairn_store::Subscription, u64), EngineError> {
+        validate_run_id(run_id)?;
+        let rec = self.require_run_off(run_id).await?;
+        if matches!(rec.status.as_str(), "finished" | "failed" | "cancelled") {
+            return Err(EngineError::Conflict(format!(
+                "run `{run_id}` has already ended ({})",
+                rec.status
+            )));
+        }
+        // A run driven here may have asked what is being answered in an
+        // event its observer saw but the store does not hold yet: only
+        // what can never apply is refused up front then.
+        let waiting_known = !self.is_active(run_id);
+        let (run, command) = (run_id.to_string(), command.clone());
+        self.blocking(move |e| {
+            e.precheck(&run, &command, waiting_known)?;
+            let backend = e.backend();
+            let after = backend.last_seq(&run)?;
+            let events = e.journal().subscribe(&run, after)?;
+            let id = backend.put_command(&run, &command)?;
+            backend.notify(Topic::Inbox(&run));
+            Ok::<_, EngineError>((events, id))
+        })
+        .await
+    }
+
     /// Refuses at once what the log shows can never apply, so that typos
     /// get a clear answer and leave nothing in the inbox or the log: a node
     /// the run never had, and, when `waiting_known` (the log is all there
@@ -945,58 +950,14 @@ impl Engine {
         command: &RunCommand,
         waiting_known: bool,
     ) -> Result<(), EngineError> {
-        let node = match command {
-            RunCommand::Approve { node_id, .. } | RunCommand::Deny { node_id, .. } => node_id,
+        match command {
+            RunCommand::Approve { node_id, .. } | RunCommand::Deny { node_id, .. } => {
+                self.precheck_gate(run_id, node_id, waiting_known)
+            }
             RunCommand::Answer {
                 request_id, answer, ..
-            } => {
-                // An answer that breaks the question's schema is refused
-                // here, as a bad request, before anything is recorded.
-                let asked = self.backend().read_events(
-                    run_id,
-                    &EventQuery {
-                        types: vec!["InputRequested".to_string()],
-                        ..Default::default()
-                    },
-                )?;
-                let schema = asked.iter().find_map(|e| match e.decode().map(|e| e.kind) {
-                    Ok(EventKind::InputRequested {
-                        request_id: r,
-                        schema,
-                        ..
-                    }) if &r == request_id => Some(schema),
-                    _ => None,
-                });
-                if let Some(Some(schema)) = &schema {
-                    if let Some(problem) = schema_problem(schema, answer) {
-                        return Err(EngineError::BadRequest(format!(
-                            "the answer to `{request_id}` does not match its schema: {problem}"
-                        )));
-                    }
-                }
-                if !waiting_known {
-                    return Ok(());
-                }
-                let asked = self.backend().read_events(
-                    run_id,
-                    &EventQuery {
-                        types: vec!["InputRequested".to_string()],
-                        ..Default::default()
-                    },
-                )?;
-                let found = asked.iter().any(|e| {
-                    matches!(e.decode().map(|e| e.kind),
-                        Ok(EventKind::InputRequested { request_id: r, .. }) if &r == request_id)
-                });
-                return if found {
-                    Ok(())
-                } else {
-                    Err(EngineError::NotFound(format!(
-                        "run `{run_id}` has no open question `{request_id}`"
-                    )))
-                };
-            }
-            RunCommand::Cancel { .. } => return Ok(()),
+            } => self.precheck_answer(run_id, request_id, answer, waiting_known),
+            RunCommand::Cancel { .. } => Ok(()),
             RunCommand::Hijack { node_id, .. } => {
                 // Whether it is a running agent is the driver's to say.
                 let seen = self.backend().read_events(
@@ -1007,22 +968,31 @@ impl Engine {
                         ..Default::default()
                     },
                 )?;
-                return if seen.is_empty() {
+                if seen.is_empty() {
                     Err(EngineError::NotFound(format!(
                         "run `{run_id}` has no node `{node_id}`"
                     )))
                 } else {
                     Ok(())
-                };
+                }
             }
-        };
+        }
+    }
+
+    /// [`Engine::precheck`] of a decision at the gate of `node`.
+    fn precheck_gate(
+        &self,
+        run_id: &str,
+        node: &str,
+        waiting_known: bool,
+    ) -> Result<(), EngineError> {
         // A node's NodePending is committed before it can ever ask.
         let seen = |types: Vec<String>| {
             self.backend().read_events(
                 run_id,
                 &EventQuery {
                     types,
-                    node: Some(node.clone()),
+                    node: Some(node.to_string()),
                     limit: Some(1),
                     ..Default::default()
                 },
@@ -1039,6 +1009,61 @@ impl Engine {
             )));
         }
         Ok(())
+    }
+
+    /// [`Engine::precheck`] of an answer to the question `request_id`.
+    fn precheck_answer(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        answer: &Value,
+        waiting_known: bool,
+    ) -> Result<(), EngineError> {
+        // An answer that breaks the question's schema is refused
+        // here, as a bad request, before anything is recorded.
+        let asked = self.backend().read_events(
+            run_id,
+            &EventQuery {
+                types: vec!["InputRequested".to_string()],
+                ..Default::default()
+            },
+        )?;
+        let schema = asked.iter().find_map(|e| match e.decode().map(|e| e.kind) {
+            Ok(EventKind::InputRequested {
+                request_id: r,
+                schema,
+                ..
+            }) if r == request_id => Some(schema),
+            _ => None,
+        });
+        if let Some(Some(schema)) = &schema {
+            if let Some(problem) = schema_problem(schema, answer) {
+                return Err(EngineError::BadRequest(format!(
+                    "the answer to `{request_id}` does not match its schema: {problem}"
+                )));
+            }
+        }
+        if !waiting_known {
+            return Ok(());
+        }
+        let asked = self.backend().read_events(
+            run_id,
+            &EventQuery {
+                types: vec!["InputRequested".to_string()],
+                ..Default::default()
+            },
+        )?;
+        let found = asked.iter().any(|e| {
+            matches!(e.decode().map(|e| e.kind),
+                Ok(EventKind::InputRequested { request_id: r, .. }) if r == request_id)
+        });
+        if found {
+            Ok(())
+        } else {
+            Err(EngineError::NotFound(format!(
+                "run `{run_id}` has no open question `{request_id}`"
+            )))
+        }
     }
 
     /// Grants or denies an approval ([`Engine::send`]); returns once the
@@ -1252,6 +1277,54 @@ pub fn earlier_side_effects(
         .into_iter()
         .filter(|c| c.attempt < attempt && c.side_effect && !c.idempotent)
         .collect())
+}
+
+/// What the next event of a run's log (`next`, from a subscription) says
+/// of the command `id` sent to it: its answer (the event it caused, the
+/// driver's refusal, or an error when the log ends or cannot be read), or
+/// nothing yet. An event that cannot be decoded is an error of its own.
+fn answer_in(
+    run_id: &str,
+    command: &RunCommand,
+    id: u64,
+    next: Option<Result<Arc<cairn_store::StoredEvent>, cairn_store::SubscribeError>>,
+) -> Result<Option<Result<Event, EngineError>>, EngineError> {
+    let ended = || {
+        EngineError::Conflict(format!(
+            "run `{run_id}` ended before the {} was applied",
+            command.name()
+        ))
+    };
+    let stored = match next {
+        Some(Ok(e)) => e,
+        Some(Err(e)) => {
+            return Ok(Some(Err(EngineError::Store(match e {
+                cairn_store::SubscribeError::Store(e) => e,
+                other => StoreError::Commit(Arc::from(other.to_string())),
+            }))))
+        }
+        None => return Ok(Some(Err(ended()))),
+    };
+    let ev = stored.decode().map_err(|e| {
+        EngineError::Store(StoreError::BadRow {
+            run: run_id.to_string(),
+            detail: e.to_string(),
+        })
+    })?;
+    if command.is_result(&ev) {
+        return Ok(Some(Ok(ev)));
+    }
+    if let Some(reply) = InboxReply::parse(&ev).filter(|r| r.id == id) {
+        return Ok(Some(if reply.accepted {
+            Ok(ev)
+        } else {
+            Err(EngineError::Conflict(reply.message))
+        }));
+    }
+    if stored.is_terminal() {
+        return Ok(Some(Err(ended())));
+    }
+    Ok(None)
 }
 
 fn validate_run_id(id: &str) -> Result<(), EngineError> {
