@@ -69,8 +69,10 @@ pub trait EventLog {
     /// write-ahead log) into it, so that the store's data is where a copy of
     /// the store would look for it. Best effort and brief: it gives up rather
     /// than wait for another process's readers or writers. The journal calls
-    /// it when it closes and when this process stops writing runs. The
-    /// default does nothing, for databases that need no such step.
+    /// it when it closes and when this process stops writing runs. A
+    /// backend may leave a small log where it is, when moving it costs more
+    /// than keeping it (SQLite's, under `cairn_sqlite::CHECKPOINT_FROM`).
+    /// The default does nothing, for databases that need no such step.
     fn checkpoint(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -36,8 +36,14 @@ const MAX_BATCH: usize = 4096;
 /// one, allocated whole: at 16,384 slots a run's channel took 650 KB, and a
 /// server with a thousand runs under way held 650 MB in them.
 const LIVE_CAPACITY: usize = 256;
-/// Capacity of the all-runs feed for dashboards.
+/// Capacity of the all-runs feed for dashboards. Its slots are allocated
+/// whole (about 640 KB, a fifth of the pages a short `cairn run` touches),
+/// so the feed is made when the first dashboard subscribes.
 const ALL_CAPACITY: usize = 16 * 1024;
+
+/// The all-runs feed, made by its first subscriber: until then nobody would
+/// receive what it carries.
+type AllFeed = Arc<std::sync::OnceLock<broadcast::Sender<Arc<StoredEvent>>>>;
 /// How often a subscription looks at the store for runs written in this
 /// process (a safety net: the writer's live feed wakes it).
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -177,7 +183,7 @@ struct Inner {
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     runs: Arc<Runs>,
-    all: broadcast::Sender<Arc<StoredEvent>>,
+    all: AllFeed,
     /// Set by the writer when it stops committing.
     closed: Arc<AtomicBool>,
     /// `RunLog`s alive in this process, of every run; the writer checkpoints
@@ -231,7 +237,7 @@ impl Journal {
         wrap: Option<WrapWriter>,
     ) -> Result<Journal, StoreError> {
         let (tx, rx) = mpsc::channel();
-        let (all, _) = broadcast::channel(ALL_CAPACITY);
+        let all = AllFeed::default();
         let closed = Arc::new(AtomicBool::new(false));
         let logs = Arc::new(AtomicUsize::new(0));
         let runs = Arc::new(Runs::default());
@@ -390,7 +396,10 @@ impl Journal {
     /// Every event committed by this process from now on, of every run, for
     /// dashboards. A receiver that falls behind gets `Lagged` from tokio.
     pub fn subscribe_all(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
-        self.inner.all.subscribe()
+        self.inner
+            .all
+            .get_or_init(|| broadcast::channel(ALL_CAPACITY).0)
+            .subscribe()
     }
 
     /// Rewrites `<log_dir>/<run>/events.ndjson` from the store (a temporary
@@ -462,7 +471,7 @@ struct Writer {
     backend: Arc<dyn Backend>,
     /// The journal's registry of runs: a released run is forgotten here.
     runs: Arc<Runs>,
-    all: broadcast::Sender<Arc<StoredEvent>>,
+    all: AllFeed,
     closed: Arc<AtomicBool>,
     logs: Arc<AtomicUsize>,
     /// The NDJSON mirrors, unless disabled.
@@ -640,7 +649,9 @@ impl Writer {
             }
             let ev = Arc::new(ev);
             let _ = shared.live.send(ev.clone());
-            let _ = self.all.send(ev);
+            if let Some(all) = self.all.get() {
+                let _ = all.send(ev);
+            }
             match last.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &shared)) {
                 Some(l) => l.1 = seq,
                 None => last.push((shared, seq)),

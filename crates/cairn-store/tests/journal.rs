@@ -551,6 +551,20 @@ fn wal_len(db: &std::path::Path) -> u64 {
     std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
 }
 
+/// Appends `n` output lines of about 1.5 KB to `log`: 3,000 of them grow the
+/// write-ahead log past [`cairn_sqlite::CHECKPOINT_FROM`], the size from
+/// which a process that stops writing moves it into the database file, and
+/// stay under the 1,000 pages at which SQLite checkpoints on its own.
+fn append_lines(log: &cairn_store::RunLog, n: usize) {
+    let pad = "x".repeat(1500);
+    for i in 0..n {
+        log.append(node("a"), output(&format!("line {i} {pad}")));
+    }
+}
+
+/// Lines of [`append_lines`] that grow the log past the checkpoint's size.
+const LARGE: usize = 3000;
+
 #[test]
 fn closing_the_journal_moves_the_log_into_the_database_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -560,19 +574,17 @@ fn closing_the_journal_moves_the_log_into_the_database_file() {
     // process's last: only the close checkpoints here.
     let other = j.run_log("other").unwrap();
     let log = j.run_log("r").unwrap();
-    for i in 0..2000 {
-        log.append(node("a"), output(&format!("line {i}")));
-    }
+    append_lines(&log, LARGE);
     log.sync_blocking().unwrap();
-    assert!(wal_len(&db) > 0);
+    assert!(wal_len(&db) >= cairn_sqlite::CHECKPOINT_FROM);
     assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
     drop(log);
     drop(other);
     j.close();
     // The backend (and its connections) is still alive through `j`.
-    assert_eq!(j.backend().last_seq("r").unwrap(), 2000);
+    assert_eq!(j.backend().last_seq("r").unwrap(), LARGE as u64);
     assert_eq!(wal_len(&db), 0);
-    assert_eq!(events_in_main_file(&db), 2000);
+    assert_eq!(events_in_main_file(&db), LARGE as i64);
 }
 
 #[test]
@@ -581,9 +593,7 @@ fn dropping_the_last_run_log_checkpoints_the_store() {
     let db = dir.path().join("cairn.db");
     let j = open(&db, None);
     let log = j.run_log("r").unwrap();
-    for i in 0..500 {
-        log.append(node("a"), output(&format!("line {i}")));
-    }
+    append_lines(&log, LARGE);
     log.sync_blocking().unwrap();
     assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
     drop(log);
@@ -596,12 +606,12 @@ fn dropping_the_last_run_log_checkpoints_the_store() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(wal_len(&db), 0);
-    assert_eq!(events_in_main_file(&db), 500);
+    assert_eq!(events_in_main_file(&db), LARGE as i64);
     j.close();
 }
 
 #[test]
-fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
+fn a_short_runs_log_stays_in_the_wal_for_the_next_process() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cairn.db");
     let j = open(&db, None);
@@ -610,17 +620,44 @@ fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
         log.append(node("a"), output(&format!("line {i}")));
     }
     log.sync_blocking().unwrap();
+    drop(log);
+    j.close();
+    drop(j);
+    // Neither the end of the process's runs nor the last connection's close
+    // paid for a checkpoint: the log is still there, with everything in it.
+    assert!(wal_len(&db) > 0);
+    assert!(wal_len(&db) < cairn_sqlite::CHECKPOINT_FROM);
+    assert_eq!(events_in_main_file(&db), 0, "the data is in the WAL");
+    // The next process reads it back as part of the store.
+    let again = open(&db, None);
+    assert_eq!(again.backend().last_seq("r").unwrap(), 300);
+    let evs = again
+        .backend()
+        .read_events("r", &EventQuery::default())
+        .unwrap();
+    assert_eq!(seqs(&evs), (1..=300).collect::<Vec<_>>());
+    again.close();
+}
+
+#[test]
+fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let j = open(&db, None);
+    let log = j.run_log("r").unwrap();
+    append_lines(&log, LARGE);
+    log.sync_blocking().unwrap();
     // Another process in the middle of a read transaction.
     let reader = rusqlite::Connection::open(&db).unwrap();
     reader.execute_batch("BEGIN").unwrap();
     let n: i64 = reader
         .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(n, 300);
+    assert_eq!(n, LARGE as i64);
     drop(log);
     j.close();
     // The log could not be emptied under the reader, but its frames are in
     // the database file.
-    assert_eq!(events_in_main_file(&db), 300);
+    assert_eq!(events_in_main_file(&db), LARGE as i64);
     reader.execute_batch("COMMIT").unwrap();
 }
