@@ -15,10 +15,12 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde_json::{json, Value};
 
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
-use crate::config::{ModelConfig, ProviderKind};
+use cairn_models::ModelConfig;
+
 use crate::error::{ModelError, ModelErrorKind};
 use crate::http::{self, cut, too_large};
 use crate::message::{AssistantMessage, FinishReason, Message, ModelResponse, ToolCall, Usage};
+use crate::price::Cost;
 use crate::sse::SseEvent;
 use crate::{MAX_ANSWER_BYTES, MAX_TOOL_CALLS};
 
@@ -39,7 +41,8 @@ impl Anthropic {
         let base = config
             .base_url
             .as_deref()
-            .unwrap_or("https://api.anthropic.com")
+            .or(config.provider.def().base_url)
+            .unwrap_or_default()
             .trim_end_matches('/');
         Ok(Anthropic {
             config: config.clone(),
@@ -121,7 +124,7 @@ impl Anthropic {
 #[async_trait]
 impl ModelClient for Anthropic {
     fn provider(&self) -> &'static str {
-        "anthropic"
+        self.config.provider.as_str()
     }
 
     fn model(&self) -> &str {
@@ -335,7 +338,7 @@ impl http::Decoder for Answer {
             },
             cost_usd: config
                 .effective_price()
-                .map(|p| p.cost(ProviderKind::Anthropic, &usage)),
+                .map(|p| p.cost(config.provider, &usage)),
             usage,
             finish_reason,
         })

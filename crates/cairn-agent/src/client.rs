@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::{ModelConfig, ProviderKind};
+use cairn_models::{ModelConfig, WireFormat};
+
 use crate::error::{ModelError, ModelErrorKind};
 use crate::message::{Conversation, ModelResponse, ToolDef};
+use crate::scripted::Script;
 
 /// One model call's input.
 #[derive(Debug, Clone, Copy)]
@@ -58,14 +60,21 @@ pub trait ModelClient: Send + Sync {
     ) -> Result<ModelResponse, ModelError>;
 }
 
-/// The client of a configured model. The key is read from the environment
-/// here: a missing one is an `Auth` error naming the variable, never the
-/// value.
-pub fn client_for(config: &ModelConfig) -> Result<Arc<dyn ModelClient>, ModelError> {
-    match config.provider {
-        ProviderKind::Scripted => Ok(Arc::new(crate::scripted::Scripted::load(config)?)),
-        ProviderKind::OpenAi => Ok(Arc::new(crate::openai::OpenAi::new(config, key(config)?)?)),
-        ProviderKind::Anthropic => Ok(Arc::new(crate::anthropic::Anthropic::new(
+/// The client of a configured model, chosen by the wire format its
+/// provider speaks; `script` is a scripted model's turns (read by the
+/// caller from the file `config.script` names). The key is read from the
+/// environment here: a missing one is an `Auth` error naming the variable,
+/// never the value.
+pub fn client_for(
+    config: &ModelConfig,
+    script: Option<Arc<Script>>,
+) -> Result<Arc<dyn ModelClient>, ModelError> {
+    match config.provider.def().wire {
+        WireFormat::Script => Ok(Arc::new(crate::scripted::Scripted::new(config, script)?)),
+        WireFormat::ChatCompletions => {
+            Ok(Arc::new(crate::openai::OpenAi::new(config, key(config)?)?))
+        }
+        WireFormat::Messages => Ok(Arc::new(crate::anthropic::Anthropic::new(
             config,
             key(config)?,
         )?)),

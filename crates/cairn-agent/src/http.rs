@@ -16,10 +16,11 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 
 use crate::client::StreamEvent;
-use crate::config::ModelConfig;
+use crate::config::{backoff, idle_of, max_honoured, retry_of};
 use crate::error::{ModelError, ModelErrorKind};
 use crate::message::ModelResponse;
 use crate::sse::{SseEvent, SseParser};
+use cairn_models::ModelConfig;
 
 /// Most bytes of an error answer's body read (for its message).
 const MAX_ERROR_BODY: usize = 64 << 10;
@@ -69,8 +70,9 @@ pub(crate) async fn post_streamed(
     key: &str,
     on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
 ) -> Result<Body, ModelError> {
-    let attempts = config.retry.attempts.max(1);
-    let idle = config.idle_timeout;
+    let retry = retry_of(config);
+    let attempts = retry.attempts;
+    let idle = idle_of(config);
     let mut n = 1;
     loop {
         // A client that could not be built for want of descriptors is a
@@ -181,8 +183,8 @@ pub(crate) async fn post_streamed(
         }
         n += 1;
         let delay = match asked {
-            Some(d) => d.min(config.retry.max_honoured()),
-            None => config.retry.backoff(n),
+            Some(d) => d.min(max_honoured(&retry)),
+            None => backoff(&retry, n),
         };
         on(StreamEvent::Retrying {
             attempt: n,
@@ -244,7 +246,7 @@ pub(crate) async fn call_sse<D: Decoder>(
             format!("the answer's stream ended before `{}`", D::END),
         ))
     };
-    match config.call_timeout {
+    match config.timeout {
         Some(t) => tokio::time::timeout(t, call).await.unwrap_or_else(|_| {
             Err(ModelError::new(
                 ModelErrorKind::Timeout,

@@ -36,14 +36,17 @@ pub mod sse;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use cairn_models::{
+    builtin_price, Backoff, ModelConfig, Price, Provider, ProviderKind, RetryPolicy, WireFormat,
+    PROVIDERS,
+};
 pub use client::{client_for, ModelClient, ModelRequest, StreamEvent};
-pub use config::{ModelConfig, ProviderKind, RetryPolicy};
+pub use config::{DEFAULT_IDLE_TIMEOUT, DEFAULT_RETRY};
 pub use error::{ModelError, ModelErrorKind};
 pub use message::{
     AssistantMessage, Conversation, FinishReason, Message, ModelResponse, ToolCall, ToolDef,
     ToolResult, Usage,
 };
-pub use price::{builtin as builtin_price, Price};
 pub use scripted::Script;
 
 /// Most bytes of one answer kept (text, reasoning and tool arguments).

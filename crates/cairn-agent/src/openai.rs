@@ -14,10 +14,12 @@ use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
-use crate::config::{ModelConfig, ProviderKind};
+use cairn_models::ModelConfig;
+
 use crate::error::{ModelError, ModelErrorKind};
 use crate::http::{self, cut, too_large};
 use crate::message::{AssistantMessage, FinishReason, Message, ModelResponse, ToolCall, Usage};
+use crate::price::Cost;
 use crate::sse::SseEvent;
 use crate::{MAX_ANSWER_BYTES, MAX_TOOL_CALLS};
 
@@ -35,7 +37,8 @@ impl OpenAi {
         let base = config
             .base_url
             .as_deref()
-            .unwrap_or("https://api.openai.com/v1")
+            .or(config.provider.def().base_url)
+            .unwrap_or_default()
             .trim_end_matches('/');
         Ok(OpenAi {
             config: config.clone(),
@@ -113,7 +116,7 @@ impl OpenAi {
 #[async_trait]
 impl ModelClient for OpenAi {
     fn provider(&self) -> &'static str {
-        "openai"
+        self.config.provider.as_str()
     }
 
     fn model(&self) -> &str {
@@ -275,7 +278,7 @@ impl http::Decoder for Answer {
             },
             cost_usd: config
                 .effective_price()
-                .map(|p| p.cost(ProviderKind::OpenAi, &usage)),
+                .map(|p| p.cost(config.provider, &usage)),
             usage,
             finish_reason,
         })

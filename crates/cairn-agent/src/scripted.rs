@@ -13,9 +13,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
-use crate::config::{ModelConfig, ProviderKind};
+use std::sync::Arc;
+
+use cairn_models::ModelConfig;
+
 use crate::error::{ModelError, ModelErrorKind};
 use crate::message::{AssistantMessage, FinishReason, Message, ModelResponse, ToolCall, Usage};
+use crate::price::Cost;
 
 /// A script: the turns, and how their text is streamed.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -137,9 +141,10 @@ pub struct Scripted {
 }
 
 impl Scripted {
-    /// The scripted model of `config` (its `script` must be set).
-    pub fn load(config: &ModelConfig) -> Result<Scripted, ModelError> {
-        let script = config.script.clone().ok_or_else(|| {
+    /// The scripted model of `config`, replaying `script` (its turns,
+    /// read from the file `config.script` names).
+    pub fn new(config: &ModelConfig, script: Option<Arc<Script>>) -> Result<Scripted, ModelError> {
+        let script = script.ok_or_else(|| {
             ModelError::new(
                 ModelErrorKind::Config,
                 format!("scripted model `{}` has no script", config.model),
@@ -155,7 +160,7 @@ impl Scripted {
 #[async_trait]
 impl ModelClient for Scripted {
     fn provider(&self) -> &'static str {
-        "scripted"
+        self.config.provider.as_str()
     }
 
     fn model(&self) -> &str {
@@ -228,7 +233,7 @@ impl ModelClient for Scripted {
             cost_usd: self
                 .config
                 .price
-                .map(|p| p.cost(ProviderKind::Scripted, &usage)),
+                .map(|p| p.cost(self.config.provider, &usage)),
             usage,
             finish_reason,
         })

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use cairn_agent::testing::{End, FakeProvider, Reply};
 use cairn_agent::{
-    client_for, AssistantMessage, Conversation, FinishReason, Message, ModelClient, ModelConfig,
-    ModelErrorKind, ModelRequest, ProviderKind, RetryPolicy, Script, StreamEvent, ToolCall,
-    ToolDef, ToolResult,
+    client_for, AssistantMessage, Backoff, Conversation, FinishReason, Message, ModelClient,
+    ModelConfig, ModelErrorKind, ModelRequest, ProviderKind, RetryPolicy, Script, StreamEvent,
+    ToolCall, ToolDef, ToolResult,
 };
 use serde_json::{json, Value};
 
@@ -21,19 +21,19 @@ fn config(provider: ProviderKind, server: &FakeProvider) -> ModelConfig {
     }
     c.base_url = Some(server.url());
     c.api_key_env = Some("CAIRN_TEST_PROVIDER_KEY".into());
-    c.idle_timeout = Duration::from_millis(300);
-    c.retry = RetryPolicy {
+    c.idle_timeout = Some(Duration::from_millis(300));
+    c.retry = Some(RetryPolicy {
         attempts: 3,
         delay: Duration::from_millis(5),
-        exponential: true,
+        backoff: Backoff::Exponential,
         max_delay: Duration::from_millis(20),
-    };
+    });
     c
 }
 
 fn client(c: &ModelConfig) -> Arc<dyn ModelClient> {
     std::env::set_var("CAIRN_TEST_PROVIDER_KEY", KEY);
-    client_for(c).expect("client")
+    client_for(c, None).expect("client")
 }
 
 fn convo() -> Conversation {
@@ -287,7 +287,7 @@ async fn a_refused_request_is_not_retried_and_the_key_never_shows() {
 async fn a_missing_key_names_its_variable() {
     let mut c = ModelConfig::new(ProviderKind::Anthropic, "claude-sonnet-4-5");
     c.api_key_env = Some("CAIRN_TEST_NO_SUCH_KEY".into());
-    let e = client_for(&c).err().expect("no key");
+    let e = client_for(&c, None).err().expect("no key");
     assert_eq!(e.kind, ModelErrorKind::Auth);
     assert!(e.message.contains("CAIRN_TEST_NO_SUCH_KEY"), "{e}");
 }
@@ -367,7 +367,7 @@ async fn the_whole_call_has_a_timeout() {
         .collect();
     server.push(Reply::chunks(slow).every(Duration::from_millis(20)));
     let mut c = config(ProviderKind::OpenAi, &server);
-    c.call_timeout = Some(Duration::from_millis(200));
+    c.timeout = Some(Duration::from_millis(200));
     let (r, _) = call(&client(&c), &convo()).await;
     assert_eq!(r.unwrap_err().kind, ModelErrorKind::Timeout);
 }
@@ -521,9 +521,8 @@ async fn scripted_turns_replay_by_the_conversations_length() {
         ]
     }))
     .unwrap();
-    let mut c = ModelConfig::new(ProviderKind::Scripted, "demo");
-    c.script = Some(Arc::new(script));
-    let m = client_for(&c).unwrap();
+    let c = ModelConfig::new(ProviderKind::Scripted, "demo");
+    let m = client_for(&c, Some(Arc::new(script))).unwrap();
     let (r, seen) = call(&m, &convo()).await;
     let r = r.unwrap();
     assert_eq!(seen, vec!["text:Read", "text:ing ", "text:now"]);

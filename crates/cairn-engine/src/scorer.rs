@@ -96,8 +96,8 @@ async fn ask_model(agent: &ScorerAgent, ctx: &NodeCtx) -> Result<Score, ScoreErr
             format!("the workflow has no model named `{name}`"),
         )
     })?;
-    let config = crate::agent::models::config(&ctx.workflow, name, def)?;
-    let client = cairn_agent::client_for(&config)
+    let script = crate::agent::models::script(&ctx.workflow, name, def)?;
+    let client = cairn_agent::client_for(def, script)
         .map_err(|e| NodeError::fatal(e.kind.as_str(), format!("model `{name}`: {e}")))?;
     let text = |t: &str| -> Result<String, NodeError> {
         Ok(match ctx.render(t)? {

@@ -11,6 +11,10 @@ mod parse;
 mod templates;
 mod yaml;
 
+pub use cairn_models::{
+    Backoff, ModelConfig, Price, ProviderKind, RetryPolicy, DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
+};
 pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};
 pub use kinds::{

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::error::{InputError, InputViolation};
 use crate::kinds::{Group, NodeKind};
+use cairn_models::{ModelConfig, RetryPolicy};
 
 /// A parsed and validated workflow file.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,7 +26,7 @@ pub struct Workflow {
     /// Top-level nodes, in file order.
     pub nodes: Vec<NodeSpec>,
     /// The models agent nodes use, by name (`models:`).
-    pub models: BTreeMap<String, ModelDef>,
+    pub models: BTreeMap<String, ModelConfig>,
     /// Most the run may spend on models, in USD (`max_cost_usd`).
     pub max_cost_usd: Option<f64>,
     /// The MCP servers agents may use, by name (`mcp_servers:`).
@@ -76,47 +77,6 @@ pub enum McpTransport {
         /// (a token never enters the workflow file or the log).
         headers_env: BTreeMap<String, String>,
     },
-}
-
-/// A named model (`models.<name>`), as the file gives it; the engine turns
-/// it into a provider's client.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelDef {
-    /// `anthropic`, `openai` or `scripted`.
-    pub provider: String,
-    /// The provider's model id (a scripted model's defaults to its name).
-    pub model: String,
-    /// The environment variable holding the key.
-    pub api_key_env: Option<String>,
-    /// A server that speaks the provider's wire format.
-    pub base_url: Option<String>,
-    /// Most tokens of one answer.
-    pub max_tokens: Option<u32>,
-    /// Sampling temperature.
-    pub temperature: Option<f64>,
-    /// Longest silence inside a streamed answer.
-    pub idle_timeout: Option<Duration>,
-    /// Longest one call may take.
-    pub timeout: Option<Duration>,
-    /// Retries before an answer begins.
-    pub retry: Option<RetryPolicy>,
-    /// USD per million tokens, overriding the built-in prices.
-    pub price: Option<ModelPrice>,
-    /// A scripted model's file of turns, relative to the workflow's folder.
-    pub script: Option<String>,
-}
-
-/// A model's price (`models.<name>.price`), USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ModelPrice {
-    /// Input tokens.
-    pub input: f64,
-    /// Output tokens.
-    pub output: f64,
-    /// Input tokens read from the prompt cache.
-    pub cache_read: f64,
-    /// Input tokens written to the prompt cache.
-    pub cache_write: f64,
 }
 
 /// Node options applied workflow-wide.
@@ -333,72 +293,6 @@ pub enum OutputFormat {
     Json,
     /// A list of lines.
     Lines,
-}
-
-/// How retries space out.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Backoff {
-    /// The same delay each time.
-    Fixed,
-    /// The delay doubles each time, up to `max_delay`.
-    #[default]
-    Exponential,
-}
-
-/// `retry.delay` when not written.
-pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(1);
-/// `retry.max_delay` when not written.
-pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(60);
-
-/// How often and how patiently a node is retried.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicy {
-    /// Total attempts, at least 1.
-    pub attempts: u32,
-    /// How the delay grows.
-    pub backoff: Backoff,
-    /// Base delay.
-    pub delay: Duration,
-    /// Cap on one delay.
-    pub max_delay: Duration,
-}
-
-impl RetryPolicy {
-    /// Delay before attempt `next_attempt` (2, 3, ...), with jitter in [0.5x, 1x] from a
-    /// caller-given fraction so tests are deterministic.
-    ///
-    /// `jitter` is clamped to [0, 1] and maps linearly onto a factor in [0.5, 1], so a
-    /// crowd of failing nodes does not retry in lockstep yet never waits longer than the
-    /// policy says. Exponential backoff doubles `delay` per earlier retry; both kinds are
-    /// capped at `max_delay`.
-    pub fn delay_before(&self, next_attempt: u32, jitter: f64) -> Duration {
-        let retries_before = next_attempt.saturating_sub(2);
-        let base = match self.backoff {
-            Backoff::Fixed => self.delay,
-            Backoff::Exponential => {
-                // Past 2^32 the cap has long been reached; saturate instead of overflowing.
-                let factor = 2u32.checked_pow(retries_before).unwrap_or(u32::MAX);
-                self.delay.checked_mul(factor).unwrap_or(Duration::MAX)
-            }
-        };
-        let capped = base.min(self.max_delay);
-        let j = if jitter.is_nan() {
-            1.0
-        } else {
-            jitter.clamp(0.0, 1.0)
-        };
-        capped.mul_f64(0.5 + 0.5 * j)
-    }
-
-    /// The policy used when a node sets none: one attempt, no retry.
-    pub fn none() -> Self {
-        RetryPolicy {
-            attempts: 1,
-            backoff: Backoff::Exponential,
-            delay: DEFAULT_RETRY_DELAY,
-            max_delay: DEFAULT_RETRY_MAX_DELAY,
-        }
-    }
 }
 
 impl Workflow {

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cairn_models::{Backoff, RetryPolicy};
 use sha2::{Digest, Sha256};
 
 use crate::duration::parse_duration;

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use cairn_agent::{ModelClient, ModelConfig, Price, ProviderKind, RetryPolicy, Script};
+use cairn_agent::{ModelClient, Script};
 use cairn_events::ErrorInfo;
-use cairn_workflow::{AgentSpec, Backoff, ModelDef, Workflow};
+use cairn_workflow::{AgentSpec, ModelConfig, Workflow};
 
 use crate::node::{NodeCtx, NodeError};
 
@@ -17,8 +17,8 @@ pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Arc<dyn ModelCli
             format!("the workflow has no model named `{name}`"),
         )
     })?;
-    let config = config(&ctx.workflow, name, def)?;
-    cairn_agent::client_for(&config).map_err(|e| NodeError {
+    let script = script(&ctx.workflow, name, def)?;
+    cairn_agent::client_for(def, script).map_err(|e| NodeError {
         info: Box::new(ErrorInfo::new(
             e.kind.as_str(),
             format!("model `{name}`: {e}"),
@@ -28,49 +28,26 @@ pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Arc<dyn ModelCli
     })
 }
 
-/// The provider's configuration of a declared model; a scripted model's
-/// turns are read (relative to the workflow's folder) and checked here.
-pub(crate) fn config(wf: &Workflow, name: &str, def: &ModelDef) -> Result<ModelConfig, NodeError> {
-    let provider = ProviderKind::parse(&def.provider).ok_or_else(|| {
-        NodeError::fatal(
-            "config",
-            format!("model `{name}`: unknown provider `{}`", def.provider),
-        )
+/// A scripted model's turns, read (relative to the workflow's folder, as
+/// the run pinned the file) and checked; `None` for a model of another
+/// provider. The rest of the model is the workflow's `ModelConfig` as it
+/// is: the provider's client applies the defaults.
+pub(crate) fn script(
+    wf: &Workflow,
+    name: &str,
+    def: &ModelConfig,
+) -> Result<Option<Arc<Script>>, NodeError> {
+    let Some(file) = &def.script else {
+        return Ok(None);
+    };
+    let path = wf.base_dir.join(file);
+    // The script as pinned when the run began, not as a node left it.
+    let data = wf
+        .referenced_text(&path)
+        .and_then(|text| cairn_workflow::parse_data(&text, &path))
+        .map_err(|e| NodeError::fatal("config", format!("model `{name}`: {e}")))?;
+    let script = Script::from_value(data).map_err(|e| {
+        NodeError::fatal("config", format!("model `{name}`: {}: {e}", path.display()))
     })?;
-    let mut c = ModelConfig::new(provider, def.model.clone());
-    c.api_key_env = def.api_key_env.clone();
-    c.base_url = def.base_url.clone();
-    c.max_tokens = def.max_tokens;
-    c.temperature = def.temperature;
-    if let Some(t) = def.idle_timeout {
-        c.idle_timeout = t;
-    }
-    c.call_timeout = def.timeout;
-    if let Some(r) = &def.retry {
-        c.retry = RetryPolicy {
-            attempts: r.attempts.max(1),
-            delay: r.delay,
-            exponential: r.backoff == Backoff::Exponential,
-            max_delay: r.max_delay,
-        };
-    }
-    c.price = def.price.map(|p| Price {
-        input: p.input,
-        output: p.output,
-        cache_read: p.cache_read,
-        cache_write: p.cache_write,
-    });
-    if let Some(file) = &def.script {
-        let path = wf.base_dir.join(file);
-        // The script as pinned when the run began, not as a node left it.
-        let data = wf
-            .referenced_text(&path)
-            .and_then(|text| cairn_workflow::parse_data(&text, &path))
-            .map_err(|e| NodeError::fatal("config", format!("model `{name}`: {e}")))?;
-        let script = Script::from_value(data).map_err(|e| {
-            NodeError::fatal("config", format!("model `{name}`: {}: {e}", path.display()))
-        })?;
-        c.script = Some(Arc::new(script));
-    }
-    Ok(c)
+    Ok(Some(Arc::new(script)))
 }

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::{KindDef, NodeKind};
-use crate::model::{McpServerDef, ModelDef, NodeSpec};
+use crate::model::{McpServerDef, NodeSpec};
 use crate::parse::{closest, is_node_id, join, unknown_model_hint, Cx, Fields};
 use crate::yaml::{Node, Pos, Yaml};
+use cairn_models::ModelConfig;
 
 /// The `agent` kind.
 pub(super) static DEF: KindDef = KindDef {
@@ -342,7 +343,7 @@ pub(crate) fn check_models(
     cx: &mut Cx,
     nodes: &[NodeSpec],
     field: &str,
-    models: &BTreeMap<String, ModelDef>,
+    models: &BTreeMap<String, ModelConfig>,
 ) {
     for (i, n) in nodes.iter().enumerate() {
         let nf = format!("{field}[{i}]");

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use super::{is_node_id, join, Cx};
-use crate::model::{ModelDef, ModelPrice};
 use crate::yaml::{Node, Yaml};
+use cairn_models::{ModelConfig, Price, ProviderKind, WireFormat, PROVIDERS};
 
 pub(super) const MODEL_FIELDS: &[&str] = &[
     "provider",
@@ -23,7 +23,7 @@ pub(super) const PRICE_FIELDS: &[&str] = &["input", "output", "cache_read", "cac
 
 impl Cx {
     /// `models:`: each entry a model agents may name.
-    pub(super) fn models(&mut self, node: &Node) -> BTreeMap<String, ModelDef> {
+    pub(super) fn models(&mut self, node: &Node) -> BTreeMap<String, ModelConfig> {
         let mut out = BTreeMap::new();
         let Yaml::Map(entries) = &node.value else {
             self.at(
@@ -58,33 +58,34 @@ impl Cx {
         out
     }
 
-    fn model(&mut self, node: &Node, field: &str, name: &str) -> Option<ModelDef> {
+    fn model(&mut self, node: &Node, field: &str, name: &str) -> Option<ModelConfig> {
         let f = self.fields(node, field, MODEL_FIELDS, "in a model")?;
         let provider = match f.get("provider") {
             Some((_, p)) => {
                 let pf = join(field, "provider");
                 let p_name = self.string(p, &pf)?;
-                if !["anthropic", "openai", "scripted"].contains(&p_name.as_str()) {
+                let Some(provider) = ProviderKind::parse(&p_name) else {
                     self.at_hint(
                         p.pos,
                         Some(&pf),
                         format!("unknown provider `{p_name}`"),
-                        Some("use anthropic, openai (also for vLLM, Ollama, llama.cpp, OpenRouter) or scripted".into()),
+                        Some(format!("use {}", providers(true))),
                     );
                     return None;
-                }
-                p_name
+                };
+                provider
             }
             None => {
                 self.at(
                     node.pos,
                     Some(&join(field, "provider")),
-                    "missing required field `provider` (anthropic, openai or scripted)",
+                    format!("missing required field `provider` ({})", providers(false)),
                 );
                 return None;
             }
         };
-        let scripted = provider == "scripted";
+        // A scripted model's turns come from its file, which names no model.
+        let scripted = provider.def().wire == WireFormat::Script;
         let model = match f.get("model") {
             Some((_, m)) => self.string(m, &join(field, "model"))?,
             None if scripted => name.to_string(),
@@ -154,7 +155,7 @@ impl Cx {
                         .map(|(_, n)| cx.number(n, &join(&pf, key)))
                         .unwrap_or(Some(0.0))
                 };
-                Some(ModelPrice {
+                Some(Price {
                     input: get(self, "input")?,
                     output: get(self, "output")?,
                     cache_read: get(self, "cache_read")?,
@@ -163,7 +164,7 @@ impl Cx {
             }
             None => None,
         };
-        Some(ModelDef {
+        Some(ModelConfig {
             provider,
             model,
             api_key_env,
@@ -180,7 +181,7 @@ impl Cx {
 }
 
 /// What to tell of a model name `models` does not declare.
-pub(crate) fn unknown_model_hint(models: &BTreeMap<String, ModelDef>) -> String {
+pub(crate) fn unknown_model_hint(models: &BTreeMap<String, ModelConfig>) -> String {
     if models.is_empty() {
         "declare it under `models:` at the top level".to_string()
     } else {
@@ -188,5 +189,22 @@ pub(crate) fn unknown_model_hint(models: &BTreeMap<String, ModelDef>) -> String 
             "the workflow's models are: {}",
             models.keys().cloned().collect::<Vec<_>>().join(", ")
         )
+    }
+}
+
+/// The providers' names, `a, b or c`, each with what else speaks its format
+/// when `also` (`openai (also for vLLM, ...)`).
+fn providers(also: bool) -> String {
+    let names: Vec<String> = PROVIDERS
+        .iter()
+        .map(|p| match p.also_for {
+            Some(more) if also => format!("{} (also for {more})", p.name),
+            _ => p.name.to_string(),
+        })
+        .collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        Some((last, _)) => last.clone(),
+        None => String::new(),
     }
 }

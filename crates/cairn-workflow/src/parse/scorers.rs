@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{is_node_id, join, Cx};
-use crate::model::{ModelDef, NodeSpec, ScorerAgent, ScorerKind, ScorerSpec};
+use crate::model::{NodeSpec, ScorerAgent, ScorerKind, ScorerSpec};
 use crate::yaml::{Node, Pos, Yaml};
+use cairn_models::ModelConfig;
 
 pub(super) const SCORER_FIELDS: &[&str] = &["id", "name", "command", "agent", "block"];
 pub(super) const SCORER_AGENT_FIELDS: &[&str] = &["model", "system", "prompt"];
@@ -187,7 +188,7 @@ impl Cx {
         &mut self,
         nodes: &[NodeSpec],
         field: &str,
-        models: &BTreeMap<String, ModelDef>,
+        models: &BTreeMap<String, ModelConfig>,
     ) {
         for (i, n) in nodes.iter().enumerate() {
             let nf = format!("{field}[{i}]");

@@ -30,7 +30,7 @@ use cairn_store::EventQuery;
 use cairn_tools::process::{
     run_process, ProcessError, ProcessObserver, ProcessOutcome, ProcessSpec, Stream,
 };
-use cairn_workflow::{AgentSpec, ModelDef};
+use cairn_workflow::{AgentSpec, ModelConfig};
 use serde_json::{json, Value};
 
 use super::{cut, render_text, Spend};
@@ -99,7 +99,7 @@ pub(super) struct Call<'a> {
     /// The system prompt, when the node has one.
     pub system: Option<&'a str>,
     /// The model the node names.
-    pub model: Option<&'a ModelDef>,
+    pub model: Option<&'a ModelConfig>,
     /// The session to go on with.
     pub session: Option<&'a str>,
 }
@@ -685,10 +685,10 @@ impl ProcessObserver for Lines<'_> {
 mod testing {
     //! What the engines' tests share.
 
-    use cairn_workflow::ModelDef;
+    use cairn_workflow::ModelConfig;
 
     /// A model `model` of an OpenAI-compatible provider at `base_url`.
-    pub(super) fn model(model: &str, base_url: Option<&str>) -> ModelDef {
+    pub(super) fn model(model: &str, base_url: Option<&str>) -> ModelConfig {
         let yaml = format!(
             "name: t\nmodels:\n  m: {{ provider: openai, model: {model:?} }}\nnodes:\n  - id: a\n    value: 1\n"
         );

@@ -1,0 +1,79 @@
+//! The models a workflow declares, as both the parser and the providers see
+//! them.
+//!
+//! A provider is defined once, in [`PROVIDERS`]: its name in files and
+//! events, the wire format it speaks, the variable its key is read from, its
+//! address, and the prices Cairn knows for its models. A model's settings
+//! (`models.<name>` in a workflow) are one type, [`ModelConfig`], which
+//! `cairn-workflow` fills from the file and `cairn-agent` calls the model
+//! with. Both crates sit above this one and beside each other: the parser
+//! must not pull in an HTTP client, nor the providers a YAML parser, so what
+//! they share lives here, with nothing below it. How often a thing is
+//! retried ([`RetryPolicy`]) is here too: a model's `retry` is written as a
+//! node's is.
+
+mod providers;
+mod retry;
+
+pub use providers::{builtin_price, Price, Provider, ProviderKind, WireFormat, PROVIDERS};
+pub use retry::{Backoff, RetryPolicy, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_MAX_DELAY};
+
+use std::time::Duration;
+
+/// One named model (`models.<name>`), as the file gives it: what the file
+/// leaves out stays `None`, and the provider's client applies its default
+/// (an external agent CLI has defaults of its own).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The provider (`provider`).
+    pub provider: ProviderKind,
+    /// The provider's model id (`model`; a scripted model's defaults to its
+    /// name).
+    pub model: String,
+    /// The environment variable holding the key (default: the provider's,
+    /// [`Provider::key_env`]).
+    pub api_key_env: Option<String>,
+    /// A server that speaks the provider's wire format (default: the
+    /// provider's own, [`Provider::base_url`]).
+    pub base_url: Option<String>,
+    /// Most tokens of one answer.
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Longest silence inside a streamed answer, and before it begins.
+    pub idle_timeout: Option<Duration>,
+    /// Longest one call may take, retries apart (`timeout`).
+    pub timeout: Option<Duration>,
+    /// Retries before an answer begins.
+    pub retry: Option<RetryPolicy>,
+    /// USD per million tokens, overriding the built-in prices.
+    pub price: Option<Price>,
+    /// A scripted model's file of turns, relative to the workflow's folder.
+    pub script: Option<String>,
+}
+
+impl ModelConfig {
+    /// A model of `provider` named `model`, everything else left to the
+    /// defaults.
+    pub fn new(provider: ProviderKind, model: impl Into<String>) -> ModelConfig {
+        ModelConfig {
+            provider,
+            model: model.into(),
+            api_key_env: None,
+            base_url: None,
+            max_tokens: None,
+            temperature: None,
+            idle_timeout: None,
+            timeout: None,
+            retry: None,
+            price: None,
+            script: None,
+        }
+    }
+
+    /// The price of this model: its own, else the built-in table's.
+    pub fn effective_price(&self) -> Option<Price> {
+        self.price
+            .or_else(|| builtin_price(self.provider, &self.model))
+    }
+}

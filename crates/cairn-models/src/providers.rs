@@ -1,0 +1,205 @@
+//! The providers Cairn speaks to, each defined once.
+
+/// Which provider a model is called through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    /// OpenAI's Chat Completions (also vLLM, Ollama, llama.cpp's server,
+    /// OpenRouter).
+    OpenAi,
+    /// Anthropic's Messages.
+    Anthropic,
+    /// Replays a file of turns: demos and tests.
+    Scripted,
+}
+
+/// The wire format a provider speaks: what decides the client that calls it
+/// (a provider that speaks an existing format is one entry of
+/// [`PROVIDERS`] and one variant of [`ProviderKind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WireFormat {
+    /// OpenAI's Chat Completions, streamed.
+    ChatCompletions,
+    /// Anthropic's Messages, streamed.
+    Messages,
+    /// No wire: turns read from a file.
+    Script,
+}
+
+impl WireFormat {
+    /// Whether the usage a call reports counts the tokens read from the
+    /// prompt cache inside its input tokens (OpenAI's) rather than beside
+    /// them (Anthropic's).
+    pub fn cache_in_input(self) -> bool {
+        match self {
+            WireFormat::ChatCompletions => true,
+            WireFormat::Messages | WireFormat::Script => false,
+        }
+    }
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    /// Input tokens at the full price.
+    pub input: f64,
+    /// Output tokens (reasoning included).
+    pub output: f64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read: f64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write: f64,
+}
+
+/// One provider: everything Cairn knows of it but its client.
+#[derive(Debug)]
+pub struct Provider {
+    /// Which one.
+    pub kind: ProviderKind,
+    /// Its name in workflows (`provider:`) and events.
+    pub name: &'static str,
+    /// What else speaks its format, for the hint of an unknown provider.
+    pub also_for: Option<&'static str>,
+    /// The wire format.
+    pub wire: WireFormat,
+    /// The environment variable the key is read from when the model names
+    /// none.
+    pub key_env: Option<&'static str>,
+    /// Its address when the model gives no `base_url`.
+    pub base_url: Option<&'static str>,
+    /// Where its prices are published (the source of [`Provider::prices`]).
+    pub prices_url: Option<&'static str>,
+    /// (model id prefix, input, output, cache read, cache write), USD per
+    /// million tokens.
+    pub prices: &'static [(&'static str, f64, f64, f64, f64)],
+}
+
+/// Every provider, in the order messages list them.
+pub static PROVIDERS: &[&Provider] = &[&ANTHROPIC, &OPENAI, &SCRIPTED];
+
+static ANTHROPIC: Provider = Provider {
+    kind: ProviderKind::Anthropic,
+    name: "anthropic",
+    also_for: None,
+    wire: WireFormat::Messages,
+    key_env: Some("ANTHROPIC_API_KEY"),
+    base_url: Some("https://api.anthropic.com"),
+    prices_url: Some("https://www.anthropic.com/pricing#api"),
+    prices: &[
+        ("claude-opus-4", 15.0, 75.0, 1.50, 18.75),
+        ("claude-sonnet-4", 3.0, 15.0, 0.30, 3.75),
+        ("claude-3-7-sonnet", 3.0, 15.0, 0.30, 3.75),
+        ("claude-3-5-sonnet", 3.0, 15.0, 0.30, 3.75),
+        ("claude-haiku-4", 1.0, 5.0, 0.10, 1.25),
+        ("claude-3-5-haiku", 0.80, 4.0, 0.08, 1.0),
+        ("claude-3-haiku", 0.25, 1.25, 0.03, 0.30),
+    ],
+};
+
+static OPENAI: Provider = Provider {
+    kind: ProviderKind::OpenAi,
+    name: "openai",
+    also_for: Some("vLLM, Ollama, llama.cpp, OpenRouter"),
+    wire: WireFormat::ChatCompletions,
+    key_env: Some("OPENAI_API_KEY"),
+    base_url: Some("https://api.openai.com/v1"),
+    prices_url: Some("https://openai.com/api/pricing/"),
+    prices: &[
+        ("gpt-4o-mini", 0.15, 0.60, 0.075, 0.0),
+        ("gpt-4o", 2.50, 10.0, 1.25, 0.0),
+        ("gpt-4.1-nano", 0.10, 0.40, 0.025, 0.0),
+        ("gpt-4.1-mini", 0.40, 1.60, 0.10, 0.0),
+        ("gpt-4.1", 2.0, 8.0, 0.50, 0.0),
+        ("gpt-5-nano", 0.05, 0.40, 0.005, 0.0),
+        ("gpt-5-mini", 0.25, 2.0, 0.025, 0.0),
+        ("gpt-5", 1.25, 10.0, 0.125, 0.0),
+        ("o4-mini", 1.10, 4.40, 0.275, 0.0),
+        ("o3-mini", 1.10, 4.40, 0.55, 0.0),
+        ("o3", 2.0, 8.0, 0.50, 0.0),
+    ],
+};
+
+static SCRIPTED: Provider = Provider {
+    kind: ProviderKind::Scripted,
+    name: "scripted",
+    also_for: None,
+    wire: WireFormat::Script,
+    key_env: None,
+    base_url: None,
+    prices_url: None,
+    prices: &[],
+};
+
+impl ProviderKind {
+    /// The provider's definition.
+    pub fn def(self) -> &'static Provider {
+        match self {
+            ProviderKind::OpenAi => &OPENAI,
+            ProviderKind::Anthropic => &ANTHROPIC,
+            ProviderKind::Scripted => &SCRIPTED,
+        }
+    }
+
+    /// The name as workflows and events write it.
+    pub fn as_str(self) -> &'static str {
+        self.def().name
+    }
+
+    /// The provider a workflow names.
+    pub fn parse(name: &str) -> Option<ProviderKind> {
+        PROVIDERS.iter().find(|p| p.name == name).map(|p| p.kind)
+    }
+
+    /// The environment variable the key is read from by default.
+    pub fn default_key_env(self) -> Option<&'static str> {
+        self.def().key_env
+    }
+}
+
+/// The built-in price of a model: the longest known prefix of its id
+/// (`claude-sonnet-4-5-20250929` is priced as `claude-sonnet-4`).
+pub fn builtin_price(provider: ProviderKind, model: &str) -> Option<Price> {
+    // An OpenAI-compatible router may prefix the vendor: `openai/gpt-4o`.
+    let id = model.rsplit('/').next().unwrap_or(model);
+    provider
+        .def()
+        .prices
+        .iter()
+        .filter(|(p, ..)| id.starts_with(p))
+        .max_by_key(|(p, ..)| p.len())
+        .map(|&(_, input, output, cache_read, cache_write)| Price {
+            input,
+            output,
+            cache_read,
+            cache_write,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_provider_is_listed_once_under_its_kind() {
+        for (i, p) in PROVIDERS.iter().enumerate() {
+            assert!(std::ptr::eq(p.kind.def(), *p), "{}", p.name);
+            assert_eq!(ProviderKind::parse(p.name), Some(p.kind));
+            assert!(PROVIDERS[i + 1..].iter().all(|q| q.name != p.name));
+        }
+    }
+
+    #[test]
+    fn dated_ids_take_their_family_price() {
+        let p = builtin_price(ProviderKind::Anthropic, "claude-sonnet-4-5-20250929").unwrap();
+        assert_eq!(p.input, 3.0);
+        let mini = builtin_price(ProviderKind::OpenAi, "gpt-4o-mini-2024-07-18").unwrap();
+        assert_eq!(mini.input, 0.15);
+        assert_eq!(
+            builtin_price(ProviderKind::OpenAi, "openai/gpt-4o")
+                .unwrap()
+                .input,
+            2.5
+        );
+        assert!(builtin_price(ProviderKind::OpenAi, "qwen2.5-coder").is_none());
+        assert!(builtin_price(ProviderKind::Scripted, "gpt-4o").is_none());
+    }
+}
