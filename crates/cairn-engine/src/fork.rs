@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use cairn_events::{Event, EventKind, ForkedFrom, RunState, Scope, Seq};
+use cairn_events::{Event, EventKind, ForkedFrom, RunState, Scope, Seq, SnapshotAt};
 use cairn_snapshot::ObjectId;
 use cairn_store::{EventQuery, GenerationRecord, RunRecord, StoredEvent, ToolCallRecord};
 use cairn_workflow::Workflow;
@@ -464,20 +464,15 @@ fn cut(events: &[Event], at: &ForkPoint) -> Result<u64, EngineError> {
     // What the copy must not hold: the run's end, a cancel, a revert under way.
     for ev in &events[..seq as usize] {
         let at = ev.seq.get();
-        match &ev.kind {
-            EventKind::RunFinished { .. }
-            | EventKind::RunFailed { .. }
-            | EventKind::RunCancelled { .. } => {
-                return Err(bad(format!(
-                    "--at {seq}: the run ended at seq {at}; fork at an earlier point"
-                )))
-            }
-            EventKind::RunCancelRequested { .. } => {
-                return Err(bad(format!(
-                    "--at {seq}: the run was asked to cancel at seq {at}; fork at an earlier point"
-                )))
-            }
-            _ => {}
+        if ev.kind.is_terminal() {
+            return Err(bad(format!(
+                "--at {seq}: the run ended at seq {at}; fork at an earlier point"
+            )));
+        }
+        if let EventKind::RunCancelRequested { .. } = ev.kind {
+            return Err(bad(format!(
+                "--at {seq}: the run was asked to cancel at seq {at}; fork at an earlier point"
+            )));
         }
     }
     let state = RunState::from_events(&events[0].run_id, &events[..seq as usize]);
@@ -506,26 +501,75 @@ fn step_boundary(prefix: &[Event]) -> Option<u64> {
             continue;
         };
         let key = (node.to_string(), it, a);
+        use EventKind as K;
         match &ev.kind {
-            EventKind::NodeStarted { .. } => {
+            K::NodeStarted { .. } => {
                 open.insert(key, (None, false));
             }
-            EventKind::NodeFinished { .. }
-            | EventKind::NodeFailed { .. }
-            | EventKind::NodeCancelled { .. } => {
+            K::NodeFinished { .. } | K::NodeFailed { .. } | K::NodeCancelled { .. } => {
                 open.remove(&key);
             }
-            EventKind::AgentStepFinished { .. } => {
+            K::AgentStepFinished { .. } => {
                 if let Some(o) = open.get_mut(&key) {
                     *o = (Some(ev.seq.get()), false);
                 }
             }
-            EventKind::ToolCallStarted { .. } => {
+            K::ToolCallStarted { .. } => {
                 if let Some(o) = open.get_mut(&key) {
                     o.1 = true;
                 }
             }
-            _ => {}
+            // Neither opens nor ends an attempt, a step or a call.
+            K::RunStarted { .. }
+            | K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::RunFinished { .. }
+            | K::RunFailed { .. }
+            | K::RunCancelled { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::ApprovalRequested { .. }
+            | K::ApprovalGranted { .. }
+            | K::ApprovalDenied { .. }
+            | K::InputRequested { .. }
+            | K::InputReceived { .. }
+            | K::AgentStepStarted { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::TokenUsageReported { .. }
+            | K::ToolCallFinished { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::RevertStarted { .. }
+            | K::RevertFinished { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {}
         }
     }
     open.values()
@@ -538,22 +582,15 @@ fn step_boundary(prefix: &[Event]) -> Option<u64> {
 /// event that names it: the one taken just before the event after it (a
 /// start, a step), else the latest in it.
 fn files_at(prefix: &[Event], next: Option<&Event>) -> Option<(u64, String)> {
-    let before = |e: &Event| match &e.kind {
-        EventKind::NodeStarted { snapshot } | EventKind::AgentStepStarted { snapshot, .. } => {
-            snapshot.clone().map(|s| (e.seq.get(), s))
-        }
-        _ => None,
+    let named = |e: &Event, before_only: bool| match e.kind.snapshot()? {
+        (s, SnapshotAt::Before) => Some((e.seq.get(), s.to_string())),
+        (s, SnapshotAt::After) if !before_only => Some((e.seq.get(), s.to_string())),
+        (_, SnapshotAt::After | SnapshotAt::Restored) => None,
     };
-    if let Some(s) = next.and_then(before) {
+    if let Some(s) = next.and_then(|e| named(e, true)) {
         return Some(s);
     }
-    prefix.iter().rev().find_map(|e| match &e.kind {
-        EventKind::NodeStarted { snapshot }
-        | EventKind::AgentStepStarted { snapshot, .. }
-        | EventKind::NodeFinished { snapshot, .. }
-        | EventKind::NodeFailed { snapshot, .. } => snapshot.clone().map(|s| (e.seq.get(), s)),
-        _ => None,
-    })
+    prefix.iter().rev().find_map(|e| named(e, false))
 }
 
 /// The tool calls a prefix started, by (node, pass), with the calls it saw

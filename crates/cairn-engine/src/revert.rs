@@ -237,15 +237,9 @@ impl Engine {
     /// Every snapshot id the store's runs name.
     fn named_snapshots(&self) -> Result<Vec<cairn_snapshot::ObjectId>, EngineError> {
         const PAGE: usize = 500;
-        let types: Vec<String> = [
-            "NodeStarted",
-            "AgentStepStarted",
-            "NodeFinished",
-            "NodeFailed",
-            "RevertStarted",
-        ]
-        .map(String::from)
-        .to_vec();
+        let types: Vec<String> = cairn_events::SnapshotAt::EVENT_TYPES
+            .map(|t| t.as_str().to_string())
+            .to_vec();
         let mut keep = std::collections::HashSet::new();
         let mut offset = 0;
         loop {
@@ -263,14 +257,7 @@ impl Engine {
                     },
                 )?;
                 for ev in events.iter().filter_map(|s| s.decode().ok()) {
-                    let id = match ev.kind {
-                        cairn_events::EventKind::NodeStarted { snapshot }
-                        | cairn_events::EventKind::AgentStepStarted { snapshot, .. }
-                        | cairn_events::EventKind::NodeFinished { snapshot, .. }
-                        | cairn_events::EventKind::NodeFailed { snapshot, .. } => snapshot,
-                        cairn_events::EventKind::RevertStarted { snapshot } => Some(snapshot),
-                        _ => None,
-                    };
+                    let id = ev.kind.snapshot().map(|(s, _)| s);
                     if let Some(id) = id.and_then(|s| s.parse().ok()) {
                         keep.insert(id);
                     }

@@ -701,6 +701,75 @@ impl EventKind {
         self.ended_as().is_some()
     }
 
+    /// The workspace snapshot the event names, if any, and when it was
+    /// taken. Every event type has its arm: a new one that names files
+    /// must say so here, or reverts, forks and the store's pruning would
+    /// not know its snapshot.
+    pub fn snapshot(&self) -> Option<(&str, SnapshotAt)> {
+        use EventKind as K;
+        match self {
+            K::NodeStarted { snapshot } | K::AgentStepStarted { snapshot, .. } => {
+                Some((snapshot.as_deref()?, SnapshotAt::Before))
+            }
+            K::NodeFinished { snapshot, .. } | K::NodeFailed { snapshot, .. } => {
+                Some((snapshot.as_deref()?, SnapshotAt::After))
+            }
+            K::RevertStarted { snapshot } | K::RevertFinished { snapshot, .. } => {
+                Some((snapshot, SnapshotAt::Restored))
+            }
+            K::RunStarted { .. }
+            | K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::RunFinished { .. }
+            | K::RunFailed { .. }
+            | K::RunCancelled { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeCancelled { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::ApprovalRequested { .. }
+            | K::ApprovalGranted { .. }
+            | K::ApprovalDenied { .. }
+            | K::InputRequested { .. }
+            | K::InputReceived { .. }
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::TokenUsageReported { .. }
+            | K::ToolCallStarted { .. }
+            | K::ToolCallFinished { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => None,
+        }
+    }
+
     /// The status a terminal event ends its run with; `None` for every
     /// other event.
     pub fn ended_as(&self) -> Option<RunStatus> {
@@ -711,6 +780,31 @@ impl EventKind {
             _ => None,
         }
     }
+}
+
+/// When the workspace snapshot an event names was taken
+/// ([`EventKind::snapshot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotAt {
+    /// Just before the work the event begins: an attempt's start, an
+    /// agent's step (the files the earlier steps left).
+    Before,
+    /// Just after the work the event ends: an attempt's end.
+    After,
+    /// The snapshot a revert restores.
+    Restored,
+}
+
+impl SnapshotAt {
+    /// Every event type that can name a snapshot, for reading only those.
+    pub const EVENT_TYPES: [EventType; 6] = [
+        EventType::NodeStarted,
+        EventType::AgentStepStarted,
+        EventType::NodeFinished,
+        EventType::NodeFailed,
+        EventType::RevertStarted,
+        EventType::RevertFinished,
+    ];
 }
 
 /// The deepest event JSON that [`Event::from_json`] reads, payload included.
@@ -1206,6 +1300,47 @@ mod tests {
         let v: Value = serde_json::from_str(&ev.to_json()).unwrap();
         assert_eq!(v["type"], json!(ev.kind.event_type()));
         assert_eq!(ev.kind.event_type(), EventType::RunCancelled);
+    }
+
+    /// The types read for snapshots are those whose events name one.
+    #[test]
+    fn snapshot_types_are_the_events_that_name_one() {
+        let s = || Some("s".to_string());
+        let named = [
+            EventKind::NodeStarted { snapshot: s() },
+            EventKind::AgentStepStarted {
+                step: 2,
+                model: "m".into(),
+                snapshot: s(),
+            },
+            EventKind::NodeFinished {
+                duration_ms: 1,
+                output: None,
+                cached: None,
+                snapshot: s(),
+            },
+            EventKind::NodeFailed {
+                error: ErrorInfo::new("exit", "1"),
+                will_retry: false,
+                snapshot: s(),
+            },
+            EventKind::RevertStarted {
+                snapshot: "s".into(),
+            },
+            EventKind::RevertFinished {
+                snapshot: "s".into(),
+                success: true,
+                error: None,
+            },
+        ];
+        let types: Vec<EventType> = named.iter().map(EventKind::event_type).collect();
+        assert_eq!(types, SnapshotAt::EVENT_TYPES);
+        assert!(named.iter().all(|k| k.snapshot().map(|s| s.0) == Some("s")));
+        assert_eq!(
+            EventKind::NodeStarted { snapshot: None }.snapshot(),
+            None,
+            "an attempt of a node that changes no files names none"
+        );
     }
 
     #[test]

@@ -20,8 +20,8 @@ pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use contract::check_log;
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, EventType, ForkedFrom, Level,
-    NetworkAction, NodeCounts, NodeTiming, OutputStream, RunStatus, Scope, TokenTotals, ToolStatus,
-    UnknownEventType, EVENT_TYPES, MAX_EVENT_DEPTH,
+    NetworkAction, NodeCounts, NodeTiming, OutputStream, RunStatus, Scope, SnapshotAt, TokenTotals,
+    ToolStatus, UnknownEventType, EVENT_TYPES, MAX_EVENT_DEPTH,
 };
 pub use ids::{
     InvalidNodePath, InvalidRunId, NodePath, RunId, Seq, MAX_NODE_PATH_LEN, MAX_RUN_ID_LEN,

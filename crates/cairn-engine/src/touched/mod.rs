@@ -20,7 +20,7 @@ pub(crate) mod shell;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use cairn_events::{Event, EventKind};
+use cairn_events::{Event, EventKind, SnapshotAt};
 use cairn_snapshot::{Mode, ObjectId};
 use serde_json::{json, Value};
 
@@ -122,15 +122,25 @@ pub enum Point {
     Attempt(AttemptKey),
 }
 
-/// The snapshot an event carries.
-fn snapshot_of(kind: &EventKind) -> Option<&String> {
-    match kind {
-        EventKind::NodeStarted { snapshot }
-        | EventKind::AgentStepStarted { snapshot, .. }
-        | EventKind::NodeFinished { snapshot, .. }
-        | EventKind::NodeFailed { snapshot, .. } => snapshot.as_ref(),
-        _ => None,
+/// The snapshot an attempt's event names (before or after its work; a
+/// revert's is not an attempt's).
+fn snapshot_of(kind: &EventKind) -> Option<&str> {
+    match kind.snapshot()? {
+        (s, SnapshotAt::Before | SnapshotAt::After) => Some(s),
+        (_, SnapshotAt::Restored) => None,
     }
+}
+
+/// What [`History::of`] keeps while it reads a log.
+#[derive(Default)]
+struct Reading {
+    h: History,
+    /// Each open attempt's latest snapshot.
+    last: HashMap<AttemptKey, (u64, String)>,
+    /// Attempts that ended without a snapshot, waiting for the next one.
+    pending: Vec<(AttemptKey, String)>,
+    /// Whether a node pass's last event was `NodeRetrying`.
+    retrying: HashMap<(String, u32), bool>,
 }
 
 impl History {
@@ -140,125 +150,202 @@ impl History {
     /// with `now_closes`, one still without is closed by the root as it is
     /// now ([`After::Now`]), else it is [`History::unclosed`].
     pub fn of(events: &[Event], now_closes: bool) -> History {
-        let mut h = History::default();
-        // Each open attempt's latest snapshot.
-        let mut last: HashMap<AttemptKey, (u64, String)> = HashMap::new();
-        // Attempts that ended without a snapshot, waiting for the next one.
-        let mut pending: Vec<(AttemptKey, String)> = Vec::new();
-        // Whether a node pass's last event was `NodeRetrying`.
-        let mut retrying: HashMap<(String, u32), bool> = HashMap::new();
+        let mut r = Reading::default();
         for ev in events {
-            let seq = ev.seq.get();
-            if let Some(s) = snapshot_of(&ev.kind) {
-                for (key, before) in pending.drain(..) {
-                    h.segments.push(Segment {
-                        key,
-                        before,
-                        after: After::Snapshot(s.clone()),
-                        end_seq: seq,
-                    });
-                }
-            }
-            let pass = ev
-                .scope
-                .node_id
-                .as_ref()
-                .zip(ev.scope.iteration)
-                .map(|(n, i)| (n.to_string(), i));
-            let key = AttemptKey::of(ev);
-            match (&ev.kind, key) {
-                (EventKind::NodeStarted { snapshot }, Some(key)) => {
-                    h.starts.insert(key.clone(), seq);
-                    if let Some(s) = snapshot {
-                        last.insert(key, (seq, s.clone()));
-                    }
-                }
-                (
-                    EventKind::AgentStepStarted {
-                        snapshot: Some(s), ..
-                    },
-                    Some(key),
-                ) => {
-                    if let Some((_, before)) = last.insert(key.clone(), (seq, s.clone())) {
-                        h.segments.push(Segment {
-                            key,
-                            before,
-                            after: After::Snapshot(s.clone()),
-                            end_seq: seq,
-                        });
-                    }
-                }
-                (
-                    EventKind::NodeFinished { snapshot, .. }
-                    | EventKind::NodeFailed { snapshot, .. },
-                    Some(key),
-                ) => {
-                    if let Some((_, before)) = last.remove(&key) {
-                        match snapshot {
-                            Some(s) => h.segments.push(Segment {
-                                key,
-                                before,
-                                after: After::Snapshot(s.clone()),
-                                end_seq: seq,
-                            }),
-                            None => pending.push((key, before)),
-                        }
-                    }
-                }
-                (EventKind::NodeCancelled { .. }, Some(key)) => {
-                    if let Some((_, before)) = last.remove(&key) {
-                        pending.push((key, before));
-                    }
-                }
-                (EventKind::RevertStarted { snapshot }, _) => {
-                    if let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration) {
-                        let key = AttemptKey {
-                            node: node.to_string(),
-                            iteration,
-                            attempt: ev.scope.attempt.unwrap_or(1),
-                        };
-                        let on_retry = retrying
-                            .get(&(key.node.clone(), iteration))
-                            .copied()
-                            .unwrap_or(false);
-                        h.reverts.push(RevertMark {
-                            seq,
-                            key,
-                            target: snapshot.clone(),
-                            on_retry,
-                            finished: None,
-                        });
-                    }
-                }
-                (EventKind::RevertFinished { .. }, _) => {
-                    if let Some(r) = h.reverts.iter_mut().rev().find(|r| r.finished.is_none()) {
-                        r.finished = Some(seq);
-                    }
-                }
-                _ => {}
-            }
-            if let Some(pass) = pass {
-                retrying.insert(pass, matches!(ev.kind, EventKind::NodeRetrying { .. }));
+            r.read(ev);
+        }
+        r.finish(now_closes)
+    }
+}
+
+impl Reading {
+    /// Folds one event. Every event type has its arm: a new one does not
+    /// compile until it says what it does to the files' history.
+    fn read(&mut self, ev: &Event) {
+        use EventKind as K;
+        let seq = ev.seq.get();
+        if let Some(s) = snapshot_of(&ev.kind) {
+            for (key, before) in self.pending.drain(..) {
+                self.h.segments.push(Segment {
+                    key,
+                    before,
+                    after: After::Snapshot(s.to_string()),
+                    end_seq: seq,
+                });
             }
         }
+        let pass = ev
+            .scope
+            .node_id
+            .as_ref()
+            .zip(ev.scope.iteration)
+            .map(|(n, i)| (n.to_string(), i));
+        let key = AttemptKey::of(ev);
+        match &ev.kind {
+            K::NodeStarted { snapshot } => {
+                if let Some(key) = key {
+                    self.h.starts.insert(key.clone(), seq);
+                    if let Some(s) = snapshot {
+                        self.last.insert(key, (seq, s.clone()));
+                    }
+                }
+            }
+            K::AgentStepStarted { snapshot, .. } => {
+                if let (Some(key), Some(s)) = (key, snapshot) {
+                    self.step(key, s, seq);
+                }
+            }
+            K::NodeFinished { snapshot, .. } | K::NodeFailed { snapshot, .. } => {
+                if let Some(key) = key {
+                    self.attempt_ended(key, snapshot.as_deref(), seq);
+                }
+            }
+            K::NodeCancelled { .. } => {
+                if let Some(key) = key {
+                    if let Some((_, before)) = self.last.remove(&key) {
+                        self.pending.push((key, before));
+                    }
+                }
+            }
+            K::RevertStarted { snapshot } => self.revert_started(ev, snapshot, seq),
+            K::RevertFinished { .. } => {
+                let open = self.h.reverts.iter_mut().rev();
+                if let Some(r) = open.into_iter().find(|r| r.finished.is_none()) {
+                    r.finished = Some(seq);
+                }
+            }
+            // No files changed, and no snapshot named.
+            K::RunStarted { .. }
+            | K::RunStatusChanged { .. }
+            | K::RunCancelRequested { .. }
+            | K::RunSummary { .. }
+            | K::RunFinished { .. }
+            | K::RunFailed { .. }
+            | K::RunCancelled { .. }
+            | K::FrameCommitted { .. }
+            | K::LayerStarted { .. }
+            | K::LayerFinished { .. }
+            | K::EdgeTraversed { .. }
+            | K::BranchResolved { .. }
+            | K::ChapterStarted { .. }
+            | K::ChapterFinished { .. }
+            | K::NodePending { .. }
+            | K::NodeHeartbeat { .. }
+            | K::NodeOutput { .. }
+            | K::NodeRetrying { .. }
+            | K::NodeSkipped { .. }
+            | K::NodeWaitingApproval {}
+            | K::NodeWaitingInput { .. }
+            | K::ApprovalRequested { .. }
+            | K::ApprovalGranted { .. }
+            | K::ApprovalDenied { .. }
+            | K::InputRequested { .. }
+            | K::InputReceived { .. }
+            | K::AgentStepFinished { .. }
+            | K::AgentGenerationRetried { .. }
+            | K::AgentEvent { .. }
+            | K::TokenUsageReported { .. }
+            | K::ToolCallStarted { .. }
+            | K::ToolCallFinished { .. }
+            | K::DelegationStarted { .. }
+            | K::DelegationFinished { .. }
+            | K::McpServerStarting { .. }
+            | K::McpServerConnected { .. }
+            | K::McpServerStderr { .. }
+            | K::McpServerDisconnected { .. }
+            | K::NetworkAccess { .. }
+            | K::Diagnostic { .. }
+            | K::WorkflowReloadDetected { .. }
+            | K::WorkflowReloaded { .. }
+            | K::WorkflowReloadFailed { .. }
+            | K::WorkflowReloadUnsafe { .. }
+            | K::ScorerStarted { .. }
+            | K::ScorerFinished { .. }
+            | K::ScorerFailed { .. }
+            | K::RunHijackRequested { .. }
+            | K::RunHijacked { .. } => {}
+        }
+        if let Some(pass) = pass {
+            let retrying = matches!(ev.kind, K::NodeRetrying { .. });
+            self.retrying.insert(pass, retrying);
+        }
+    }
+
+    /// An agent's step with the snapshot before it: what the steps before
+    /// it did is a segment of its own.
+    fn step(&mut self, key: AttemptKey, s: &str, seq: u64) {
+        if let Some((_, before)) = self.last.insert(key.clone(), (seq, s.to_string())) {
+            self.h.segments.push(Segment {
+                key,
+                before,
+                after: After::Snapshot(s.to_string()),
+                end_seq: seq,
+            });
+        }
+    }
+
+    /// `NodeFinished` or `NodeFailed`: with a snapshot after its work, the
+    /// attempt's last segment closes; without, the next snapshot closes it.
+    fn attempt_ended(&mut self, key: AttemptKey, snapshot: Option<&str>, seq: u64) {
+        let Some((_, before)) = self.last.remove(&key) else {
+            return;
+        };
+        match snapshot {
+            Some(s) => self.h.segments.push(Segment {
+                key,
+                before,
+                after: After::Snapshot(s.to_string()),
+                end_seq: seq,
+            }),
+            None => self.pending.push((key, before)),
+        }
+    }
+
+    fn revert_started(&mut self, ev: &Event, snapshot: &str, seq: u64) {
+        let (Some(node), Some(iteration)) = (&ev.scope.node_id, ev.scope.iteration) else {
+            return;
+        };
+        let key = AttemptKey {
+            node: node.to_string(),
+            iteration,
+            attempt: ev.scope.attempt.unwrap_or(1),
+        };
+        let on_retry = self
+            .retrying
+            .get(&(key.node.clone(), iteration))
+            .copied()
+            .unwrap_or(false);
+        self.h.reverts.push(RevertMark {
+            seq,
+            key,
+            target: snapshot.to_string(),
+            on_retry,
+            finished: None,
+        });
+    }
+
+    /// The attempts still without a snapshot after their changes.
+    fn finish(mut self, now_closes: bool) -> History {
         let mut open: Vec<(AttemptKey, String)> =
-            last.into_iter().map(|(k, (_, s))| (k, s)).collect();
+            self.last.into_iter().map(|(k, (_, s))| (k, s)).collect();
         open.sort();
-        for (key, before) in pending.into_iter().chain(open) {
+        for (key, before) in self.pending.into_iter().chain(open) {
             if now_closes {
-                h.segments.push(Segment {
+                self.h.segments.push(Segment {
                     key,
                     before,
                     after: After::Now,
                     end_seq: u64::MAX,
                 });
             } else {
-                h.unclosed.push((key, before));
+                self.h.unclosed.push((key, before));
             }
         }
-        h
+        self.h
     }
+}
 
+impl History {
     /// The segments and reverts (indexes) whose changes a plan for `point`
     /// covers, among those logged before `upto`.
     pub fn covered(&self, point: &Point, upto: u64) -> (Vec<usize>, Vec<usize>) {
