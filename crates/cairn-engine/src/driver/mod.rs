@@ -190,6 +190,8 @@ pub(crate) struct Driver {
     ask_rx: mpsc::UnboundedReceiver<Ask>,
     /// Wake-ups for commands in the run's inbox.
     inbox: Option<Box<dyn Listener>>,
+    /// Whether the driver subscribed to those wake-ups (or tried to).
+    listening: bool,
     /// What the watcher of the run's files says (`--watch`); `None` for a
     /// run not watched.
     reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
@@ -275,6 +277,7 @@ impl Driver {
             ask_tx,
             ask_rx,
             inbox: None,
+            listening: false,
             reloads: init.reloads,
             shutdown: init.shutdown,
             store_error: None,
@@ -343,7 +346,6 @@ impl Driver {
     /// `exit_on_wait`), or the engine shuts down; in [`Mode::Apply`], until
     /// the commands in the inbox are applied.
     pub(crate) async fn run(mut self, resumed: bool) -> RunOutcome {
-        self.listen_to_inbox();
         self.take_up(resumed);
         // A resumed run may have commands that came while nobody listened
         // for their wake-up: the first look at the inbox is at once.
@@ -357,15 +359,31 @@ impl Driver {
                 return outcome;
             }
             match self.pause().await {
-                Pause::Wait => self.next_news(&mut poll).await,
+                // Commands the subscription's first read applied call for
+                // a round before any wait.
+                Pause::Wait => {
+                    if self.listen_to_inbox().await == 0 {
+                        self.next_news(&mut poll).await
+                    }
+                }
                 Pause::Again => {}
                 Pause::Stop(outcome) => return outcome,
             }
         }
     }
 
-    /// Subscribes to the wake-ups of the run's inbox (polled without them).
-    fn listen_to_inbox(&mut self) {
+    /// Subscribes to the wake-ups of the run's inbox (polled without them),
+    /// once: when the driver first waits for news, or when its first round
+    /// goes on for more than one slice. A run that ends in its first slice
+    /// (a few value nodes) never registers, which on SQLite spares it a
+    /// folder and a marker file made and removed. A command sent before the
+    /// subscription woke nobody, so the inbox is read once right after it;
+    /// returns how many commands that read applied.
+    async fn listen_to_inbox(&mut self) -> usize {
+        if self.listening {
+            return 0;
+        }
+        self.listening = true;
         let listened = self
             .services
             .journal
@@ -381,6 +399,7 @@ impl Driver {
                 ),
             ),
         }
+        self.drain_inbox().await
     }
 
     /// Takes up the run from its state: the templates' context from what
@@ -524,6 +543,7 @@ impl Driver {
             if self.shutdown.token.is_cancelled() && !self.ending.shutting_down() {
                 self.begin_shutdown();
             }
+            self.listen_to_inbox().await;
             if futures::FutureExt::now_or_never(wait_for(&mut self.inbox)).is_some() {
                 self.drain_inbox().await;
             }
