@@ -20,7 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
@@ -222,7 +222,7 @@ pub struct SqliteBackend {
     lock_dir: PathBuf,
     wake: WakeDir,
     write: Mutex<Connection>,
-    readers: Mutex<Vec<Connection>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
 }
 
 impl SqliteBackend {
@@ -332,13 +332,15 @@ impl SqliteBackend {
         }
         let wake = WakeDir::new(&path, dir.join("wake"));
         make_kept(&path, &dir);
+        let readers = Arc::new(Mutex::new(Vec::new()));
+        warm_readers(&path, &readers);
 
         Ok(SqliteBackend {
             wake,
             lock_dir: dir.join("locks"),
             path,
             write: Mutex::new(conn),
-            readers: Mutex::new(Vec::new()),
+            readers,
         })
     }
 
@@ -386,6 +388,27 @@ impl SqliteBackend {
         tx.commit().map_err(|e| self.err(e))?;
         Ok(out)
     }
+}
+
+/// Opens the pool's first read connection on a thread of its own, beside
+/// whatever the caller does next: nearly every command reads right after it
+/// opens the store, and opening a connection (SQLite reads and parses the
+/// schema) is a good part of a short command's time. Best effort: a reader
+/// that finds the pool empty opens its own, as before.
+fn warm_readers(path: &Path, pool: &Arc<Mutex<Vec<Connection>>>) {
+    let path = path.to_path_buf();
+    let pool = Arc::clone(pool);
+    let _ = std::thread::Builder::new()
+        .name("cairn-sqlite-open".into())
+        .spawn(move || {
+            let Ok(conn) = open_conn(&path, true) else {
+                return;
+            };
+            let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < READ_POOL_MAX {
+                pool.push(conn);
+            }
+        });
 }
 
 /// Rejects a file that exists but does not start like a SQLite database,
@@ -766,7 +789,7 @@ fn events_query(run_id: &str, q: &EventQuery) -> (String, Vec<rusqlite::types::V
     // type index; SQLite only sees that if the query repeats the index's
     // condition, and without table statistics it would rather walk the
     // primary key to save the sort, so the index is named.
-    let by_type = !q.types.is_empty() && !q.types.iter().any(|t| t == STREAM_TYPE);
+    let by_type = !q.types.is_empty() && !q.types.iter().any(|t| t.as_str() == STREAM_TYPE);
     let mut sql = String::from("SELECT run_id, seq, type, node_id, ts, json FROM events");
     if by_type {
         sql.push_str(" INDEXED BY events_by_type");
@@ -782,7 +805,7 @@ fn events_query(run_id: &str, q: &EventQuery) -> (String, Vec<rusqlite::types::V
             if i > 0 {
                 sql.push(',');
             }
-            args.push(t.clone().into());
+            args.push(t.as_str().to_string().into());
             sql.push_str(&format!("?{}", args.len()));
         }
         sql.push(')');
@@ -1367,7 +1390,7 @@ mod tests {
         let c = b.write.lock().unwrap();
         let q = |types: &[&str], node: Option<&str>| EventQuery {
             after: 3,
-            types: types.iter().map(|t| t.to_string()).collect(),
+            types: types.iter().map(|t| t.parse().unwrap()).collect(),
             node: node.map(str::to_string),
             limit: Some(10),
         };
