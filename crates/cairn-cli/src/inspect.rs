@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use cairn_api::{ActivityEntry, RunDetail, RunMeta};
 use cairn_client::{ClientError, EventsQuery};
-use cairn_events::{Event, RunStatus, EVENT_TYPES};
+use cairn_events::{Event, EventType, RunStatus};
 use cairn_store::{EventQuery, RunFilter, SubscribeError};
 use serde_json::{json, Value};
 
@@ -44,7 +44,7 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         .iter()
         .map(|r| {
             let q = cairn_store::EventQuery {
-                types: vec!["RunSummary".into()],
+                types: vec![EventType::RunSummary],
                 ..Default::default()
             };
             let last = j.backend().read_events(&r.run_id, &q).ok()?.pop()?;
@@ -441,16 +441,18 @@ fn render_status(v: &Value) -> String {
     out
 }
 
-/// Checks `--type` values against the contract's catalog.
-fn check_types(types: &[String]) -> anyhow::Result<()> {
-    for t in types {
-        if !EVENT_TYPES.contains(&t.as_str()) {
-            return Err(bad_input(format!(
-                "--type `{t}` is not an event type (e.g. RunStarted, NodeFinished, NodeFailed, ApprovalRequested)"
-            )));
-        }
-    }
-    Ok(())
+/// Reads `--type` values: event types of the contract's catalog.
+fn event_types(types: &[String]) -> anyhow::Result<Vec<EventType>> {
+    types
+        .iter()
+        .map(|t| {
+            t.parse().map_err(|_| {
+                bad_input(format!(
+                    "--type `{t}` is not an event type (e.g. RunStarted, NodeFinished, NodeFailed, ApprovalRequested)"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Whether an event passes `--type` and `--node` (for streams that cannot
@@ -476,7 +478,7 @@ fn print_event(out: &mut impl Write, json: &str, as_json: bool) -> anyhow::Resul
 
 /// `cairn logs`.
 pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
-    check_types(&a.types)?;
+    let types = event_types(&a.types)?;
     if let Some(url) = a.remote.server.clone() {
         return logs_from_server(&url, &a).await;
     }
@@ -486,7 +488,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
     if !a.follow {
         let mut q = EventQuery {
             after: a.since,
-            types: a.types.clone(),
+            types,
             node: a.node.clone(),
             limit: Some(5000),
         };

@@ -121,7 +121,7 @@ pub(crate) async fn origin(ctx: &NodeCtx) -> Result<u32, NodeError> {
             &run_id,
             &EventQuery {
                 node: Some(node),
-                types: vec!["NodeFailed".into()],
+                types: vec![cairn_events::EventType::NodeFailed],
                 ..EventQuery::default()
             },
         )

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_events::{
-    ErrorInfo, Event, EventKind, InboxReply, RunCommand, RunState, RunStatus, Scope,
+    ErrorInfo, Event, EventKind, EventType, InboxReply, RunCommand, RunState, RunStatus, Scope,
 };
 use cairn_store::{Backend, EventQuery, Journal, RunRecord, StoreError, ToolCallRecord, Topic};
 use cairn_tools::ToolRegistry;
@@ -987,7 +987,7 @@ impl Engine {
         waiting_known: bool,
     ) -> Result<(), EngineError> {
         // A node's NodePending is committed before it can ever ask.
-        let seen = |types: Vec<String>| {
+        let seen = |types: Vec<EventType>| {
             self.backend().read_events(
                 run_id,
                 &EventQuery {
@@ -1003,7 +1003,7 @@ impl Engine {
                 "run `{run_id}` has no node `{node}`"
             )));
         }
-        if waiting_known && seen(vec!["NodeWaitingApproval".to_string()])?.is_empty() {
+        if waiting_known && seen(vec![EventType::NodeWaitingApproval])?.is_empty() {
             return Err(EngineError::Conflict(format!(
                 "node `{node}` of run `{run_id}` is not waiting for approval"
             )));
@@ -1024,7 +1024,7 @@ impl Engine {
         let asked = self.backend().read_events(
             run_id,
             &EventQuery {
-                types: vec!["InputRequested".to_string()],
+                types: vec![EventType::InputRequested],
                 ..Default::default()
             },
         )?;
@@ -1049,7 +1049,7 @@ impl Engine {
         let asked = self.backend().read_events(
             run_id,
             &EventQuery {
-                types: vec!["InputRequested".to_string()],
+                types: vec![EventType::InputRequested],
                 ..Default::default()
             },
         )?;

@@ -237,9 +237,7 @@ impl Engine {
     /// Every snapshot id the store's runs name.
     fn named_snapshots(&self) -> Result<Vec<cairn_snapshot::ObjectId>, EngineError> {
         const PAGE: usize = 500;
-        let types: Vec<String> = cairn_events::SnapshotAt::EVENT_TYPES
-            .map(|t| t.as_str().to_string())
-            .to_vec();
+        let types = cairn_events::SnapshotAt::EVENT_TYPES.to_vec();
         let mut keep = std::collections::HashSet::new();
         let mut offset = 0;
         loop {

@@ -4,7 +4,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use cairn_events::EventKind;
+use cairn_events::{EventKind, EventType};
 use cairn_store::{Backend, EventQuery, RunFilter, StoreError};
 use opentelemetry_proto::tonic::trace::v1::Span;
 
@@ -28,7 +28,7 @@ fn parent_of(
     let first = backend.read_events(
         run_id,
         &EventQuery {
-            types: vec!["RunStarted".into()],
+            types: vec![EventType::RunStarted],
             limit: Some(1),
             ..Default::default()
         },
@@ -64,7 +64,7 @@ fn delegating_attempt(
             parent,
             &EventQuery {
                 after,
-                types: vec!["DelegationStarted".into()],
+                types: vec![EventType::DelegationStarted],
                 node: node.map(str::to_string),
                 limit: Some(PAGE),
             },

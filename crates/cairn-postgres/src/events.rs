@@ -268,10 +268,11 @@ pub(crate) async fn read(
 ) -> Result<Vec<StoredEvent>, StoreError> {
     let after = q.after.min(i64::MAX as u64) as i64;
     let limit = q.limit.map(|l| l.min(i64::MAX as usize) as i64);
+    let types: Vec<&str> = q.types.iter().map(|t| t.as_str()).collect();
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id, &after, &limit];
-    let has_types = !q.types.is_empty();
+    let has_types = !types.is_empty();
     if has_types {
-        params.push(&q.types);
+        params.push(&types);
     }
     if let Some(node) = &q.node {
         params.push(node);

@@ -16,7 +16,7 @@ use cairn_api::{
     DecideBody, Decided, Health, ResumeBody, RunAccepted, RunDetail, RunList, RunMeta, RunSummary,
     StartBody,
 };
-use cairn_events::{ActivityFolder, Event, Metrics, RunState, RunStatus, EVENT_TYPES};
+use cairn_events::{ActivityFolder, Event, EventType, Metrics, RunState, RunStatus};
 use cairn_store::{EventQuery, Journal, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -682,12 +682,12 @@ async fn events_page(
                     "query parameter `type`: an empty event type; write names separated by commas",
                 ));
             }
-            if !EVENT_TYPES.contains(&name) {
-                return Err(ApiError::bad_request(format!(
+            let t = name.parse::<EventType>().map_err(|_| {
+                ApiError::bad_request(format!(
                     "query parameter `type`: `{name}` is not an event type of the contract"
-                )));
-            }
-            types.push(name.to_string());
+                ))
+            })?;
+            types.push(t);
         }
     }
     existing_run(&state, &id).await?;
@@ -836,6 +836,6 @@ mod tests {
             .iter()
             .map(|v| v.as_str().unwrap())
             .collect();
-        assert_eq!(names, EVENT_TYPES);
+        assert_eq!(names, cairn_events::EVENT_TYPES);
     }
 }

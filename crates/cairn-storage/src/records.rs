@@ -55,7 +55,7 @@ pub struct EventQuery {
     /// Only events with `seq > after`.
     pub after: u64,
     /// Only these types (empty = all).
-    pub types: Vec<String>,
+    pub types: Vec<cairn_events::EventType>,
     /// Only events of this node.
     pub node: Option<String>,
     /// At most this many events (the lowest seqs).

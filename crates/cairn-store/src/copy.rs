@@ -561,7 +561,7 @@ impl RunCopier<'_> {
         let reloads = src.read_events(
             id,
             &EventQuery {
-                types: vec![EventType::WorkflowReloaded.to_string()],
+                types: vec![EventType::WorkflowReloaded],
                 ..Default::default()
             },
         )?;

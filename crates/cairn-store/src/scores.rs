@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use cairn_events::EventKind;
+use cairn_events::{EventKind, EventType};
 use serde::Serialize;
 
 use cairn_storage::prelude::*;
@@ -152,9 +152,9 @@ pub fn aggregate_scores(
     // are the new text's (its hash is stored with the generation).
     let query = EventQuery {
         types: vec![
-            "ScorerFinished".into(),
-            "ScorerFailed".into(),
-            "WorkflowReloaded".into(),
+            EventType::ScorerFinished,
+            EventType::ScorerFailed,
+            EventType::WorkflowReloaded,
         ],
         ..EventQuery::default()
     };

@@ -54,7 +54,7 @@ async fn append_read_and_filter() {
     assert_eq!(all[0].decode().unwrap(), e1);
     let q = |types: &[&str], node: Option<&str>, after: u64, limit: Option<usize>| EventQuery {
         after,
-        types: types.iter().map(|s| s.to_string()).collect(),
+        types: types.iter().map(|s| s.parse().unwrap()).collect(),
         node: node.map(str::to_string),
         limit,
     };

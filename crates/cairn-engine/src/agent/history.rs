@@ -62,7 +62,7 @@ impl History {
                 &run_id,
                 &EventQuery {
                     node: Some(node.clone()),
-                    types: Seen::TYPES.map(|t| t.as_str().to_string()).to_vec(),
+                    types: Seen::TYPES.to_vec(),
                     ..EventQuery::default()
                 },
             )?;

@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cairn_events::EventType;
 use cairn_snapshot::{ObjectId, Restored, SnapshotError, SnapshotStore};
 
 use super::{plan, Change, Current, FilesPlan, Flat, History, Left, Point, RelPath};
@@ -186,15 +187,15 @@ impl<'a> Reader<'a> {
 }
 
 /// The event types a [`History`] reads.
-const HISTORY_TYPES: [&str; 8] = [
-    "NodeStarted",
-    "AgentStepStarted",
-    "NodeFinished",
-    "NodeFailed",
-    "NodeCancelled",
-    "NodeRetrying",
-    "RevertStarted",
-    "RevertFinished",
+const HISTORY_TYPES: [EventType; 8] = [
+    EventType::NodeStarted,
+    EventType::AgentStepStarted,
+    EventType::NodeFinished,
+    EventType::NodeFailed,
+    EventType::NodeCancelled,
+    EventType::NodeRetrying,
+    EventType::RevertStarted,
+    EventType::RevertFinished,
 ];
 
 /// The events of a run's log a [`History`] reads (of one node, when
@@ -207,7 +208,7 @@ pub(crate) fn history_events(
     let rows = backend.read_events(
         run_id,
         &cairn_store::EventQuery {
-            types: HISTORY_TYPES.map(String::from).to_vec(),
+            types: HISTORY_TYPES.to_vec(),
             node: node.map(String::from),
             ..Default::default()
         },

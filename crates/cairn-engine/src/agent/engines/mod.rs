@@ -459,7 +459,10 @@ async fn earlier_session(ctx: &NodeCtx, cli: &dyn Cli) -> Result<Option<String>,
             &run,
             &EventQuery {
                 node: Some(node),
-                types: vec!["NodeFailed".into(), "AgentEvent".into()],
+                types: vec![
+                    cairn_events::EventType::NodeFailed,
+                    cairn_events::EventType::AgentEvent,
+                ],
                 ..EventQuery::default()
             },
         )
