@@ -53,6 +53,10 @@ fn check_run_id(id: &str) -> anyhow::Result<()> {
 /// `cairn run`.
 pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     raise_descriptor_limit();
+    // The run's first store work (its record and lease) goes to tokio's
+    // blocking pool, which makes its first thread on demand: made now, the
+    // thread is ready by then instead of made on the run's critical path.
+    tokio::task::spawn_blocking(|| {});
     // Everything the user gave is checked before the store is opened, so a
     // mistake leaves nothing behind.
     let wf = load_workflow(&a.file)?;
@@ -62,12 +66,15 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
         check_run_id(id)?;
     }
     let (engine, telemetry) = store::driving_engine(g, true)?;
-    let run_id = a.run_id.clone().unwrap_or_else(cairn_engine::new_run_id);
-    if engine.journal().backend().get_run(&run_id)?.is_some() {
-        return Err(bad_input(format!(
-            "a run `{run_id}` already exists in this store; pick another --run-id or `cairn resume {run_id}`"
-        )));
+    // A generated id is new by construction; only one given is looked up.
+    if let Some(run_id) = &a.run_id {
+        if engine.journal().backend().get_run(run_id)?.is_some() {
+            return Err(bad_input(format!(
+                "a run `{run_id}` already exists in this store; pick another --run-id or `cairn resume {run_id}`"
+            )));
+        }
     }
+    let run_id = a.run_id.clone().unwrap_or_else(cairn_engine::new_run_id);
     let session = Session::new(&engine, &run_id, &a.display, 0)?;
     let opts = StartOptions {
         watch: a.watch,
