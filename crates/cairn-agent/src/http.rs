@@ -77,106 +77,17 @@ pub(crate) async fn post_streamed(
     loop {
         // A client that could not be built for want of descriptors is a
         // failed try, like a connection that could not be made.
-        let client = match http.get() {
-            Ok(c) => Ok(c),
-            Err(e) if e.kind == ModelErrorKind::Network => Err(e),
-            Err(e) => return Err(e),
-        };
-        // Why this try failed in a way a retry may mend, and the wait the
-        // server asked for.
-        let (reason, asked, failure) = match client {
-            Err(e) => (cut(&e.message, 200), None, e),
-            Ok(client) => {
-                let sent = client
-                    .post(url)
-                    .headers(headers.clone())
-                    .body(body.clone())
-                    .send();
-                match tokio::time::timeout(idle, sent).await {
-                    Err(_) => (
-                        "no answer in time".to_string(),
-                        None,
-                        ModelError::new(
-                            ModelErrorKind::IdleTimeout,
-                            format!("the server did not answer within {idle:?}"),
-                        ),
-                    ),
-                    Ok(Err(e)) => {
-                        let msg = scrub(&e.to_string(), key);
-                        (
-                            format!("connection: {}", cut(&msg, 200)),
-                            None,
-                            ModelError::new(
-                                ModelErrorKind::Network,
-                                format!("cannot reach {url}: {msg}"),
-                            ),
-                        )
-                    }
-                    Ok(Ok(resp)) if resp.status().is_success() => {
-                        let mut rest = resp.bytes_stream().boxed();
-                        // The body's first bytes: until they arrive, a drop or a
-                        // silence is still a failed try, not a broken answer.
-                        match tokio::time::timeout(idle, rest.next()).await {
-                            Ok(Some(Ok(first))) => {
-                                return Ok(Body {
-                                    first: Some(first),
-                                    rest,
-                                    idle,
-                                    key: key.to_string(),
-                                })
-                            }
-                            Err(_) => (
-                                "no byte of the answer in time".to_string(),
-                                None,
-                                ModelError::new(
-                                    ModelErrorKind::IdleTimeout,
-                                    format!("no byte of the answer for {idle:?}"),
-                                ),
-                            ),
-                            Ok(None) => (
-                                "empty answer".to_string(),
-                                None,
-                                ModelError::new(
-                                    ModelErrorKind::Protocol,
-                                    "the answer's body was empty",
-                                ),
-                            ),
-                            Ok(Some(Err(e))) => {
-                                let msg = scrub(&e.to_string(), key);
-                                (
-                                    format!("connection dropped: {}", cut(&msg, 200)),
-                                    None,
-                                    ModelError::new(
-                                        ModelErrorKind::Network,
-                                        format!("the connection dropped before the answer: {msg}"),
-                                    ),
-                                )
-                            }
-                        }
-                    }
-                    Ok(Ok(resp)) => {
-                        let status = resp.status();
-                        let asked = retry_after(resp.headers(), SystemTime::now());
-                        let text = error_body(resp, key).await;
-                        let kind = match status.as_u16() {
-                            401 | 403 => ModelErrorKind::Auth,
-                            429 => ModelErrorKind::RateLimited,
-                            408 | 409 => ModelErrorKind::Network,
-                            s if s >= 500 => ModelErrorKind::Server,
-                            _ => ModelErrorKind::BadRequest,
-                        };
-                        let mut err = ModelError::new(
-                            kind,
-                            format!("{url} answered {status}: {}", cut(&text, 500)),
-                        );
-                        err.status = Some(status.as_u16());
-                        if !retried_status(status) {
-                            return Err(err);
-                        }
-                        (format!("http {}", status.as_u16()), asked, err)
-                    }
-                }
+        let tried = match http.get() {
+            Ok(client) => send_once(&client, url, &headers, &body, key, idle).await,
+            Err(e) if e.kind == ModelErrorKind::Network => {
+                Try::Again(cut(&e.message, 200), None, e)
             }
+            Err(e) => Try::Fatal(e),
+        };
+        let (reason, asked, failure) = match tried {
+            Try::Answer(body) => return Ok(body),
+            Try::Fatal(e) => return Err(e),
+            Try::Again(reason, asked, failure) => (reason, asked, failure),
         };
         if n >= attempts {
             return Err(failure);
@@ -193,6 +104,116 @@ pub(crate) async fn post_streamed(
         });
         tokio::time::sleep(delay).await;
     }
+}
+
+/// How one try of a model call went.
+enum Try {
+    /// The answer's body began.
+    Answer(Body),
+    /// A failure no retry mends.
+    Fatal(ModelError),
+    /// A failure a retry may mend: why (for the retry's event), the wait
+    /// the server asked for, and the error if no try is left.
+    Again(String, Option<Duration>, ModelError),
+}
+
+/// One try: sends the request and waits for the answer's first bytes,
+/// each within `idle`.
+async fn send_once(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    key: &str,
+    idle: Duration,
+) -> Try {
+    let sent = client
+        .post(url)
+        .headers(headers.clone())
+        .body(body.to_vec())
+        .send();
+    let (reason, asked, failure) = match tokio::time::timeout(idle, sent).await {
+        Err(_) => (
+            "no answer in time".to_string(),
+            None,
+            ModelError::new(
+                ModelErrorKind::IdleTimeout,
+                format!("the server did not answer within {idle:?}"),
+            ),
+        ),
+        Ok(Err(e)) => {
+            let msg = scrub(&e.to_string(), key);
+            (
+                format!("connection: {}", cut(&msg, 200)),
+                None,
+                ModelError::new(
+                    ModelErrorKind::Network,
+                    format!("cannot reach {url}: {msg}"),
+                ),
+            )
+        }
+        Ok(Ok(resp)) if resp.status().is_success() => {
+            let mut rest = resp.bytes_stream().boxed();
+            // The body's first bytes: until they arrive, a drop or a
+            // silence is still a failed try, not a broken answer.
+            match tokio::time::timeout(idle, rest.next()).await {
+                Ok(Some(Ok(first))) => {
+                    return Try::Answer(Body {
+                        first: Some(first),
+                        rest,
+                        idle,
+                        key: key.to_string(),
+                    })
+                }
+                Err(_) => (
+                    "no byte of the answer in time".to_string(),
+                    None,
+                    ModelError::new(
+                        ModelErrorKind::IdleTimeout,
+                        format!("no byte of the answer for {idle:?}"),
+                    ),
+                ),
+                Ok(None) => (
+                    "empty answer".to_string(),
+                    None,
+                    ModelError::new(ModelErrorKind::Protocol, "the answer's body was empty"),
+                ),
+                Ok(Some(Err(e))) => {
+                    let msg = scrub(&e.to_string(), key);
+                    (
+                        format!("connection dropped: {}", cut(&msg, 200)),
+                        None,
+                        ModelError::new(
+                            ModelErrorKind::Network,
+                            format!("the connection dropped before the answer: {msg}"),
+                        ),
+                    )
+                }
+            }
+        }
+        Ok(Ok(resp)) => {
+            let status = resp.status();
+            let asked = retry_after(resp.headers(), SystemTime::now());
+            let text = error_body(resp, key).await;
+            let kind = match status.as_u16() {
+                401 | 403 => ModelErrorKind::Auth,
+                429 => ModelErrorKind::RateLimited,
+                408 | 409 => ModelErrorKind::Network,
+                s if s >= 500 => ModelErrorKind::Server,
+                _ => ModelErrorKind::BadRequest,
+            };
+            let mut err = ModelError::new(
+                kind,
+                format!("{url} answered {status}: {}", cut(&text, 500)),
+            );
+            err.status = Some(status.as_u16());
+            if !retried_status(status) {
+                return Try::Fatal(err);
+            }
+            (format!("http {}", status.as_u16()), asked, err)
+        }
+    };
+    Try::Again(reason, asked, failure)
 }
 
 /// A wire format's answer, built from the stream's events.

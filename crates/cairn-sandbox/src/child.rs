@@ -55,33 +55,7 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     let plan = &prep.plan;
     let report = prep.report_tx.as_raw_fd();
 
-    // First, while this process is still the engine's in every way: the
-    // group must hold the tree before anything in it can fork.
-    if let Some(g) = &plan.group {
-        if let Err(e) = g.join() {
-            return Err(fail(report, step::CGROUP, e));
-        }
-    }
-    // Only the user and PID namespaces here: the others are PID 1's own,
-    // so that this process's exit has no namespace to tear down.
-    let here = libc::CLONE_NEWUSER | libc::CLONE_NEWPID;
-    check!(
-        report,
-        step::UNSHARE,
-        libc::unshare(plan.unshare_flags & here)
-    );
-    if let Err(e) = write_file(b"/proc/self/setgroups\0", b"deny") {
-        // Kernels before 3.19 lack the file and need nothing.
-        if e != libc::ENOENT {
-            return Err(fail(report, step::SETGROUPS, e));
-        }
-    }
-    if let Err(e) = write_file(b"/proc/self/uid_map\0", plan.uid_map.as_bytes()) {
-        return Err(fail(report, step::UID_MAP, e));
-    }
-    if let Err(e) = write_file(b"/proc/self/gid_map\0", plan.gid_map.as_bytes()) {
-        return Err(fail(report, step::GID_MAP, e));
-    }
+    user_namespace(plan, report)?;
 
     // The write end stays open in this process while it lives: the child
     // sees POLLHUP on the read end once it is gone.
@@ -125,6 +99,53 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
     // namespace's own (the host's /proc is still mounted here).
     let _ = write_file(b"/proc/sys/user/max_user_namespaces\0", b"0");
 
+    lock_down(plan, report, proxy_tx)?;
+    close_on_exec_from(3);
+    Ok(())
+}
+
+/// Joins the control group and enters new user and PID namespaces, with
+/// the engine's user and group mapped to themselves.
+///
+/// # Safety
+/// Called between fork and exec: async-signal-safe calls only.
+unsafe fn user_namespace(plan: &Plan, report: RawFd) -> io::Result<()> {
+    // First, while this process is still the engine's in every way: the
+    // group must hold the tree before anything in it can fork.
+    if let Some(g) = &plan.group {
+        if let Err(e) = g.join() {
+            return Err(fail(report, step::CGROUP, e));
+        }
+    }
+    // Only the user and PID namespaces here: the others are PID 1's own,
+    // so that this process's exit has no namespace to tear down.
+    let here = libc::CLONE_NEWUSER | libc::CLONE_NEWPID;
+    check!(
+        report,
+        step::UNSHARE,
+        libc::unshare(plan.unshare_flags & here)
+    );
+    if let Err(e) = write_file(b"/proc/self/setgroups\0", b"deny") {
+        // Kernels before 3.19 lack the file and need nothing.
+        if e != libc::ENOENT {
+            return Err(fail(report, step::SETGROUPS, e));
+        }
+    }
+    if let Err(e) = write_file(b"/proc/self/uid_map\0", plan.uid_map.as_bytes()) {
+        return Err(fail(report, step::UID_MAP, e));
+    }
+    if let Err(e) = write_file(b"/proc/self/gid_map\0", plan.gid_map.as_bytes()) {
+        return Err(fail(report, step::GID_MAP, e));
+    }
+    Ok(())
+}
+
+/// In PID 1, once alone: the new root, then every wall in turn (limits,
+/// no new privileges, Landlock, no capabilities, seccomp last).
+///
+/// # Safety
+/// Called between fork and exec: async-signal-safe calls only.
+unsafe fn lock_down(plan: &Plan, report: RawFd, proxy_tx: Option<RawFd>) -> io::Result<()> {
     build_root(plan, report)?;
     libc::sethostname(b"cairn".as_ptr().cast(), 5);
     if plan.proxy {
@@ -161,7 +182,6 @@ pub(crate) unsafe fn enter(prep: &Prepared, proxy_tx: Option<RawFd>) -> io::Resu
             &prog as *const _
         )
     );
-    close_on_exec_from(3);
     Ok(())
 }
 

@@ -466,6 +466,78 @@ fn refuse_shown(what: &str, p: &Path, covers: &[PathBuf]) -> Result<(), SandboxE
 }
 
 pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, SandboxError> {
+    let (root, cwd) = checked_root(conf, cwd)?;
+    let covers = covered_paths(conf, &root)?;
+
+    let mut b = Builder::new();
+    want_host_paths(&mut b, conf, &root, &covers)?;
+    want_dev(&mut b);
+    want_proc_and_tmp(&mut b);
+    b.want(
+        root.clone(),
+        Want::Bind {
+            read_only: false,
+            requested: false,
+        },
+    );
+    for c in covers {
+        b.want(c, Want::Cover);
+    }
+    let (mut ops, mut labels) = b.finish()?;
+    ops.push(Op::SealRoot(cstr(NEW_ROOT)?));
+    labels.push("making the new root read-only".into());
+
+    let writable: Vec<&Path> = vec![
+        Path::new("/tmp"),
+        Path::new("/var/tmp"),
+        Path::new("/dev/shm"),
+        &root,
+    ];
+    let landlock = landlock::Rules::plan(&writable)?;
+
+    let lim = conf.limits;
+    // A group counts the whole tree; what it does not count stays an
+    // rlimit. A group that cannot be made leaves every limit to rlimits
+    // rather than refusing the node.
+    let (group, failed) = match crate::cgroup::Group::create(&lim) {
+        Ok(g) => (g, None),
+        Err(e) => (None, Some(e)),
+    };
+    let counted = group.as_ref().map_or((false, false, false), |g| g.counts());
+    let limits_note = limits_note(&lim, counted.1, failed.as_ref());
+    let rlimits = uncounted_rlimits(&lim, counted);
+
+    let mut flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
+    if conf.network != Network::Host {
+        flags |= libc::CLONE_NEWNET;
+    }
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let plan = Plan {
+        unshare_flags: flags,
+        uid_map: cstr(format!("{uid} {uid} 1\n"))?,
+        gid_map: cstr(format!("{gid} {gid} 1\n"))?,
+        ops,
+        labels,
+        cwd: cstr(cwd.as_os_str().as_bytes())?,
+        landlock,
+        rlimits,
+        group,
+        limits_note,
+        proxy: conf.network == Network::Proxy,
+        seccomp: crate::child::seccomp_program(),
+    };
+    Prepared::new(plan, conf.network == Network::Proxy)
+}
+
+/// The root and working directory, resolved once: the root must be a
+/// folder other than `/`, and the working directory must lie inside it.
+fn checked_root(conf: &Confinement, cwd: &Path) -> Result<(PathBuf, PathBuf), SandboxError> {
     let root = std::fs::canonicalize(&conf.root)
         .map_err(|e| SandboxError::Invalid(format!("root `{}`: {e}", conf.root.display())))?;
     if !root.is_dir() {
@@ -489,10 +561,12 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             root.display()
         )));
     }
+    Ok((root, cwd))
+}
 
-    let mut b = Builder::new();
-    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
-
+/// What stays covered, whatever is shown above it: the host's secrets in
+/// `/etc`, its SSH host keys, and the paths the caller hides (the store).
+fn covered_paths(conf: &Confinement, root: &Path) -> Result<Vec<PathBuf>, SandboxError> {
     // What stays covered, whatever is shown above it.
     let mut covers: Vec<PathBuf> = ETC_SECRETS.iter().map(PathBuf::from).collect();
     if let Ok(entries) = std::fs::read_dir("/etc/ssh") {
@@ -523,8 +597,18 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         }
         covers.push(h);
     }
-    refuse_shown("the sandbox root", &root, &covers)?;
+    refuse_shown("the sandbox root", root, &covers)?;
+    Ok(covers)
+}
 
+/// The host's system folders, read-only, and the paths the confinement
+/// asks to show (read-only), none of them inside a covered path.
+fn want_host_paths(
+    b: &mut Builder,
+    conf: &Confinement,
+    root: &Path,
+    covers: &[PathBuf],
+) -> Result<(), SandboxError> {
     for name in SYSTEM {
         let p = Path::new("/").join(name);
         let Ok(meta) = std::fs::symlink_metadata(&p) else {
@@ -547,7 +631,7 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         let p = std::fs::canonicalize(extra).map_err(|e| {
             SandboxError::Invalid(format!("read-only path `{}`: {e}", extra.display()))
         })?;
-        refuse_shown("the read-only path", &p, &covers)?;
+        refuse_shown("the read-only path", &p, covers)?;
         if p == root {
             // The root is shown read-write; it is what the program works in.
             continue;
@@ -566,7 +650,7 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
         if let Ok(target) = std::fs::read_link("/etc/resolv.conf") {
             let target = Path::new("/etc").join(target);
             if let Some(dir) = target.parent().and_then(|d| std::fs::canonicalize(d).ok()) {
-                if dir.is_dir() && refuse_shown("", &dir, &covers).is_ok() {
+                if dir.is_dir() && refuse_shown("", &dir, covers).is_ok() {
                     b.want(
                         dir,
                         Want::Bind {
@@ -578,8 +662,13 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             }
         }
     }
+    Ok(())
+}
 
-    // /dev: a tmpfs with the harmless devices bound from the host.
+/// `/dev`: a tmpfs with the harmless devices bound from the host, its own
+/// `pts` and `shm`, and the links into `/proc/self/fd`.
+fn want_dev(b: &mut Builder) {
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     b.want(
         "/dev",
         Want::Tmpfs {
@@ -626,7 +715,12 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             },
         );
     }
+}
 
+/// The sandbox's own `/proc` (with the host-wide parts read-only or
+/// masked) and fresh temporary folders.
+fn want_proc_and_tmp(b: &mut Builder) {
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     b.want("/proc", Want::Proc);
     for p in PROC_READ_ONLY {
         b.want(Path::new("/proc").join(p), Want::ProcReadOnly);
@@ -643,39 +737,14 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             },
         );
     }
+}
 
-    b.want(
-        root.clone(),
-        Want::Bind {
-            read_only: false,
-            requested: false,
-        },
-    );
-    for c in covers {
-        b.want(c, Want::Cover);
-    }
-    let (mut ops, mut labels) = b.finish()?;
-    ops.push(Op::SealRoot(cstr(NEW_ROOT)?));
-    labels.push("making the new root read-only".into());
-
-    let writable: Vec<&Path> = vec![
-        Path::new("/tmp"),
-        Path::new("/var/tmp"),
-        Path::new("/dev/shm"),
-        &root,
-    ];
-    let landlock = landlock::Rules::plan(&writable)?;
-
-    let lim = conf.limits;
-    // A group counts the whole tree; what it does not count stays an
-    // rlimit. A group that cannot be made leaves every limit to rlimits
-    // rather than refusing the node.
-    let (group, failed) = match crate::cgroup::Group::create(&lim) {
-        Ok(g) => (g, None),
-        Err(e) => (None, Some(e)),
-    };
-    let (by_memory, by_pids, by_cpu) = group.as_ref().map_or((false, false, false), |g| g.counts());
-    let limits_note = limits_note(&lim, by_pids, failed.as_ref());
+/// The limits the control group does not count (all of them without a
+/// group), as per-process rlimits.
+fn uncounted_rlimits(
+    lim: &crate::ResourceLimits,
+    (by_memory, by_pids, by_cpu): (bool, bool, bool),
+) -> Vec<(libc::__rlimit_resource_t, libc::rlimit)> {
     let mut rlimits = Vec::new();
     if let Some(m) = lim.memory_bytes.filter(|_| !by_memory) {
         rlimits.push((
@@ -704,33 +773,7 @@ pub(crate) fn prepare(conf: &Confinement, cwd: &Path) -> Result<Prepared, Sandbo
             },
         ));
     }
-
-    let mut flags = libc::CLONE_NEWUSER
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP;
-    if conf.network != Network::Host {
-        flags |= libc::CLONE_NEWNET;
-    }
-    // SAFETY: geteuid/getegid have no preconditions.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let plan = Plan {
-        unshare_flags: flags,
-        uid_map: cstr(format!("{uid} {uid} 1\n"))?,
-        gid_map: cstr(format!("{gid} {gid} 1\n"))?,
-        ops,
-        labels,
-        cwd: cstr(cwd.as_os_str().as_bytes())?,
-        landlock,
-        rlimits,
-        group,
-        limits_note,
-        proxy: conf.network == Network::Proxy,
-        seccomp: crate::child::seccomp_program(),
-    };
-    Prepared::new(plan, conf.network == Network::Proxy)
+    rlimits
 }
 
 /// What to tell the engine when the limits asked for apply less than fully:

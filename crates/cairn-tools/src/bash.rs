@@ -40,54 +40,8 @@ impl Tool for BashTool {
 
     async fn call(&self, args: Value, ctx: &ToolContext<'_>) -> Result<Value, ToolError> {
         let a = Args::new("bash", &args, &["argv", "cwd", "env", "timeout"])?;
-        let argv = match a.opt("argv") {
-            None => return Err(a.err("argv", "is required")),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        a.err(
-                            "argv",
-                            format!("element {i} should be a string, got {}", type_name(v)),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            Some(v) => {
-                return Err(a.err(
-                    "argv",
-                    format!("expected an array of strings, got {}", type_name(v)),
-                ))
-            }
-        };
-        if argv.is_empty() {
-            return Err(a.err("argv", "is empty"));
-        }
-        let mut env: Vec<(String, String)> = ctx.sandbox.env().to_vec();
-        match a.opt("env") {
-            None => {}
-            Some(Value::Object(m)) => {
-                for (k, v) in m {
-                    let Some(v) = v.as_str() else {
-                        return Err(a.err(
-                            "env",
-                            format!("`{k}` should be a string, got {}", type_name(v)),
-                        ));
-                    };
-                    if k.is_empty() || k.contains('=') || k.contains('\0') {
-                        return Err(a.err("env", format!("`{k}` is not a valid variable name")));
-                    }
-                    env.push((k.clone(), v.to_string()));
-                }
-            }
-            Some(v) => {
-                return Err(a.err(
-                    "env",
-                    format!("expected an object of strings, got {}", type_name(v)),
-                ))
-            }
-        }
+        let argv = argv_of(&a)?;
+        let mut env = env_of(&a, ctx.sandbox.env())?;
         // Last, so that the call's own `env` cannot hide it.
         env.push((crate::RUN_ENV.to_string(), ctx.run_id.to_string()));
         let requested = match a.opt("timeout") {
@@ -103,24 +57,7 @@ impl Tool for BashTool {
         let cwd = ctx.sandbox.root().join(&cwd_rel);
 
         let network = ctx.sandbox.network();
-        if let Some((target, reason)) = network_use(&argv) {
-            match network {
-                NetworkPolicy::Deny => {
-                    ctx.observer
-                        .network(NetworkAction::Blocked, &target, &reason);
-                    return Err(ToolError::NetworkRefused { target, reason });
-                }
-                NetworkPolicy::Allow => {
-                    ctx.observer.network(
-                        NetworkAction::Allowed,
-                        &target,
-                        "the workflow's sandbox allows the network",
-                    );
-                }
-                // The proxy judges each connection the program makes.
-                NetworkPolicy::Proxy => {}
-            }
-        }
+        judge_network(&argv, network, ctx)?;
 
         let spec = ProcessSpec {
             argv,
@@ -135,39 +72,135 @@ impl Tool for BashTool {
         };
         let outcome =
             run_process(spec, &AsProcessObserver(ctx.observer), ctx.cancel.clone()).await?;
-        if outcome.cancelled {
-            return Err(ToolError::Cancelled);
-        }
-        if outcome.timed_out {
-            return Err(ToolError::Timeout {
-                timeout,
-                stdout: outcome.stdout,
-                stderr: outcome.stderr,
-            });
-        }
-        if let Some(limit) = outcome.resource_limit(&ctx.sandbox.resources()) {
-            return Err(ToolError::ResourceLimit {
-                limit,
-                code: outcome.exit_code,
-                signal: outcome.signal,
-                stderr: outcome.stderr,
-            });
-        }
-        if outcome.exit_code != Some(0) {
-            return Err(ToolError::Exit {
-                code: outcome.exit_code,
-                signal: outcome.signal,
-                stdout: outcome.stdout,
-                stderr: outcome.stderr,
-            });
-        }
-        Ok(json!({
-            "exitCode": 0,
-            "stdout": outcome.stdout,
-            "stderr": outcome.stderr,
-            "truncated": outcome.stdout_truncated || outcome.stderr_truncated,
-        }))
+        outcome_value(outcome, timeout, ctx)
     }
+}
+
+/// The call's `argv`: a non-empty list of strings.
+fn argv_of(a: &Args<'_>) -> Result<Vec<String>, ToolError> {
+    let argv = match a.opt("argv") {
+        None => return Err(a.err("argv", "is required")),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    a.err(
+                        "argv",
+                        format!("element {i} should be a string, got {}", type_name(v)),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(v) => {
+            return Err(a.err(
+                "argv",
+                format!("expected an array of strings, got {}", type_name(v)),
+            ))
+        }
+    };
+    if argv.is_empty() {
+        return Err(a.err("argv", "is empty"));
+    }
+    Ok(argv)
+}
+
+/// The sandbox's environment with the call's `env` on top.
+fn env_of(a: &Args<'_>, base: &[(String, String)]) -> Result<Vec<(String, String)>, ToolError> {
+    let mut env: Vec<(String, String)> = base.to_vec();
+    match a.opt("env") {
+        None => {}
+        Some(Value::Object(m)) => {
+            for (k, v) in m {
+                let Some(v) = v.as_str() else {
+                    return Err(a.err(
+                        "env",
+                        format!("`{k}` should be a string, got {}", type_name(v)),
+                    ));
+                };
+                if k.is_empty() || k.contains('=') || k.contains('\0') {
+                    return Err(a.err("env", format!("`{k}` is not a valid variable name")));
+                }
+                env.push((k.clone(), v.to_string()));
+            }
+        }
+        Some(v) => {
+            return Err(a.err(
+                "env",
+                format!("expected an object of strings, got {}", type_name(v)),
+            ))
+        }
+    }
+    Ok(env)
+}
+
+/// A program known to reach the network, judged before it starts: refused
+/// (and reported) when the network is shut, reported when it is open.
+fn judge_network(
+    argv: &[String],
+    network: NetworkPolicy,
+    ctx: &ToolContext<'_>,
+) -> Result<(), ToolError> {
+    if let Some((target, reason)) = network_use(argv) {
+        match network {
+            NetworkPolicy::Deny => {
+                ctx.observer
+                    .network(NetworkAction::Blocked, &target, &reason);
+                return Err(ToolError::NetworkRefused { target, reason });
+            }
+            NetworkPolicy::Allow => {
+                ctx.observer.network(
+                    NetworkAction::Allowed,
+                    &target,
+                    "the workflow's sandbox allows the network",
+                );
+            }
+            // The proxy judges each connection the program makes.
+            NetworkPolicy::Proxy => {}
+        }
+    }
+    Ok(())
+}
+
+/// The tool's answer for a program that ran: its output when it exited
+/// with 0, an error that keeps the output otherwise.
+fn outcome_value(
+    outcome: crate::process::ProcessOutcome,
+    timeout: Duration,
+    ctx: &ToolContext<'_>,
+) -> Result<Value, ToolError> {
+    if outcome.cancelled {
+        return Err(ToolError::Cancelled);
+    }
+    if outcome.timed_out {
+        return Err(ToolError::Timeout {
+            timeout,
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+        });
+    }
+    if let Some(limit) = outcome.resource_limit(&ctx.sandbox.resources()) {
+        return Err(ToolError::ResourceLimit {
+            limit,
+            code: outcome.exit_code,
+            signal: outcome.signal,
+            stderr: outcome.stderr,
+        });
+    }
+    if outcome.exit_code != Some(0) {
+        return Err(ToolError::Exit {
+            code: outcome.exit_code,
+            signal: outcome.signal,
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+        });
+    }
+    Ok(json!({
+        "exitCode": 0,
+        "stdout": outcome.stdout,
+        "stderr": outcome.stderr,
+        "truncated": outcome.stdout_truncated || outcome.stderr_truncated,
+    }))
 }
 
 /// Programs that exist to reach the network.

@@ -152,85 +152,18 @@ pub fn parse_patch(text: &str) -> Result<Vec<Hunk>, ToolError> {
         let raw = lines[i];
         let no = i + 1;
         if let Some(rest) = raw.strip_prefix("@@ ") {
-            let end = rest
-                .find(" @@")
-                .ok_or_else(|| patch_err(no, "hunk header lacks its closing `@@`"))?;
-            let mut parts = rest[..end].split_whitespace();
-            let (old_start, old_len) = parse_range(parts.next().unwrap_or(""), '-', no)?;
-            let (_, new_len) = parse_range(parts.next().unwrap_or(""), '+', no)?;
-            let mut hunk = Hunk {
-                header: raw.trim_end().to_string(),
-                old_start,
-                old_len,
-                new_len,
-                lines: Vec::new(),
-                old_no_eol: false,
-                new_no_eol: false,
-            };
-            let (mut old_seen, mut new_seen) = (0usize, 0usize);
+            let mut hunk = hunk_header(raw, rest, no)?;
             i += 1;
-            while i < lines.len() && (old_seen < old_len || new_seen < new_len) {
-                let l = lines[i];
-                // The last element after the final '\n' is not a line.
-                if i == lines.len() - 1 && l.is_empty() {
-                    break;
-                }
-                if l.starts_with("@@ ") {
-                    break;
-                }
-                match l.as_bytes().first() {
-                    Some(b' ') => {
-                        hunk.lines.push(HunkLine::Context(l[1..].to_string()));
-                        old_seen += 1;
-                        new_seen += 1;
-                    }
-                    // Editors and models often strip the lone space of an
-                    // empty context line.
-                    None => {
-                        hunk.lines.push(HunkLine::Context(String::new()));
-                        old_seen += 1;
-                        new_seen += 1;
-                    }
-                    Some(b'-') => {
-                        hunk.lines.push(HunkLine::Remove(l[1..].to_string()));
-                        old_seen += 1;
-                    }
-                    Some(b'+') => {
-                        hunk.lines.push(HunkLine::Add(l[1..].to_string()));
-                        new_seen += 1;
-                    }
-                    Some(b'\\') => {}
-                    _ => {
-                        return Err(patch_err(
-                            i + 1,
-                            format!(
-                                "`{l}` is not a hunk line (it should start with ' ', '-' or '+')"
-                            ),
-                        ))
-                    }
-                }
-                i += 1;
-                // "\ No newline at end of file" marks the line just read.
-                if i < lines.len() && lines[i].starts_with('\\') {
-                    match hunk.lines.last() {
-                        Some(HunkLine::Remove(_)) => hunk.old_no_eol = true,
-                        Some(HunkLine::Add(_)) => hunk.new_no_eol = true,
-                        Some(HunkLine::Context(_)) => {
-                            hunk.old_no_eol = true;
-                            hunk.new_no_eol = true;
-                        }
-                        None => {}
-                    }
-                    i += 1;
-                }
-            }
-            if old_seen != old_len || new_seen != new_len {
+            let (old_seen, new_seen) = hunk_body(&lines, &mut i, &mut hunk)?;
+            if old_seen != hunk.old_len || new_seen != hunk.new_len {
                 return Err(patch_err(
                     no,
                     format!(
-                        "hunk {} (`{}`) announces {old_len} old and {new_len} new lines but its body has {old_seen} and {new_seen}",
+                        "hunk {} (`{}`) announces {} old and {} new lines but its body has {old_seen} and {new_seen}",
                         hunks.len() + 1,
-                        hunk.header
+                        hunk.header,
+                        hunk.old_len,
+                        hunk.new_len,
                     ),
                 ));
             }
@@ -241,35 +174,128 @@ pub fn parse_patch(text: &str) -> Result<Vec<Hunk>, ToolError> {
             hunks.push(hunk);
             continue;
         }
-        if let (Some(name), false) = (raw.strip_prefix("--- "), seen_file_header) {
-            if name.trim_start().starts_with("/dev/null") {
-                return Err(patch_err(
-                    no,
-                    "the patch creates a file; use `write` to create files",
-                ));
-            }
-            seen_file_header = true;
-        } else if let Some(name) = raw.strip_prefix("+++ ") {
-            if name.trim_start().starts_with("/dev/null") {
-                return Err(patch_err(
-                    no,
-                    "the patch deletes the file, which `edit` does not do",
-                ));
-            }
-        } else if raw.starts_with("--- ") && !hunks.is_empty() {
-            return Err(patch_err(
-                no,
-                "the patch touches more than one file; `edit` takes one file per call",
-            ));
-        } else if !hunks.is_empty() && !raw.trim().is_empty() && !is_git_header(raw) {
-            return Err(patch_err(
-                no,
-                format!("unexpected `{raw}` after a hunk (its line counts may be wrong)"),
-            ));
-        }
+        outside_hunk(raw, no, &mut seen_file_header, !hunks.is_empty())?;
         i += 1;
     }
     Ok(hunks)
+}
+
+/// A hunk's header line (`@@ -a,b +c,d @@`; `rest` follows its `@@ `), as
+/// a hunk with no lines yet.
+fn hunk_header(raw: &str, rest: &str, no: usize) -> Result<Hunk, ToolError> {
+    let end = rest
+        .find(" @@")
+        .ok_or_else(|| patch_err(no, "hunk header lacks its closing `@@`"))?;
+    let mut parts = rest[..end].split_whitespace();
+    let (old_start, old_len) = parse_range(parts.next().unwrap_or(""), '-', no)?;
+    let (_, new_len) = parse_range(parts.next().unwrap_or(""), '+', no)?;
+    Ok(Hunk {
+        header: raw.trim_end().to_string(),
+        old_start,
+        old_len,
+        new_len,
+        lines: Vec::new(),
+        old_no_eol: false,
+        new_no_eol: false,
+    })
+}
+
+/// Reads a hunk's lines from `lines[*i]` until its counts are met or the
+/// next hunk begins; returns how many old and new lines it read.
+fn hunk_body(lines: &[&str], i: &mut usize, hunk: &mut Hunk) -> Result<(usize, usize), ToolError> {
+    let (mut old_seen, mut new_seen) = (0usize, 0usize);
+    while *i < lines.len() && (old_seen < hunk.old_len || new_seen < hunk.new_len) {
+        let l = lines[*i];
+        // The last element after the final '\n' is not a line.
+        if *i == lines.len() - 1 && l.is_empty() {
+            break;
+        }
+        if l.starts_with("@@ ") {
+            break;
+        }
+        match l.as_bytes().first() {
+            Some(b' ') => {
+                hunk.lines.push(HunkLine::Context(l[1..].to_string()));
+                old_seen += 1;
+                new_seen += 1;
+            }
+            // Editors and models often strip the lone space of an
+            // empty context line.
+            None => {
+                hunk.lines.push(HunkLine::Context(String::new()));
+                old_seen += 1;
+                new_seen += 1;
+            }
+            Some(b'-') => {
+                hunk.lines.push(HunkLine::Remove(l[1..].to_string()));
+                old_seen += 1;
+            }
+            Some(b'+') => {
+                hunk.lines.push(HunkLine::Add(l[1..].to_string()));
+                new_seen += 1;
+            }
+            Some(b'\\') => {}
+            _ => {
+                return Err(patch_err(
+                    *i + 1,
+                    format!("`{l}` is not a hunk line (it should start with ' ', '-' or '+')"),
+                ))
+            }
+        }
+        *i += 1;
+        // "\ No newline at end of file" marks the line just read.
+        if *i < lines.len() && lines[*i].starts_with('\\') {
+            match hunk.lines.last() {
+                Some(HunkLine::Remove(_)) => hunk.old_no_eol = true,
+                Some(HunkLine::Add(_)) => hunk.new_no_eol = true,
+                Some(HunkLine::Context(_)) => {
+                    hunk.old_no_eol = true;
+                    hunk.new_no_eol = true;
+                }
+                None => {}
+            }
+            *i += 1;
+        }
+    }
+    Ok((old_seen, new_seen))
+}
+
+/// A line outside any hunk: the file headers (refusing a patch that
+/// creates, deletes or spans files) and git's own headers; anything else
+/// after a hunk means its counts were wrong.
+fn outside_hunk(
+    raw: &str,
+    no: usize,
+    seen_file_header: &mut bool,
+    after_hunk: bool,
+) -> Result<(), ToolError> {
+    if let (Some(name), false) = (raw.strip_prefix("--- "), *seen_file_header) {
+        if name.trim_start().starts_with("/dev/null") {
+            return Err(patch_err(
+                no,
+                "the patch creates a file; use `write` to create files",
+            ));
+        }
+        *seen_file_header = true;
+    } else if let Some(name) = raw.strip_prefix("+++ ") {
+        if name.trim_start().starts_with("/dev/null") {
+            return Err(patch_err(
+                no,
+                "the patch deletes the file, which `edit` does not do",
+            ));
+        }
+    } else if raw.starts_with("--- ") && after_hunk {
+        return Err(patch_err(
+            no,
+            "the patch touches more than one file; `edit` takes one file per call",
+        ));
+    } else if after_hunk && !raw.trim().is_empty() && !is_git_header(raw) {
+        return Err(patch_err(
+            no,
+            format!("unexpected `{raw}` after a hunk (its line counts may be wrong)"),
+        ));
+    }
+    Ok(())
 }
 
 fn is_git_header(l: &str) -> bool {

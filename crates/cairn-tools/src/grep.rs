@@ -115,23 +115,7 @@ fn search(
             pattern: q.pattern.clone(),
             message: e.to_string(),
         })?;
-    let start = root.join(rel);
-    let mut walker = WalkBuilder::new(&start);
-    walker.require_git(false).follow_links(false);
-    // The store's folder is out of the tools' reach even inside the root
-    // (its logs are text a search would otherwise return); symlinks are
-    // not followed, so a path under it is the only way in.
-    let hidden: Vec<PathBuf> = hidden.to_vec();
-    walker.filter_entry(move |e| !hidden.iter().any(|h| e.path().starts_with(h)));
-    if let Some(glob) = &q.glob {
-        let mut ob = OverrideBuilder::new(&start);
-        ob.add(glob)
-            .map_err(|e| ToolError::bad_args("grep", "glob", e.to_string()))?;
-        walker.overrides(
-            ob.build()
-                .map_err(|e| ToolError::bad_args("grep", "glob", e.to_string()))?,
-        );
-    }
+    let walker = walker(q, &root.join(rel), hidden)?;
 
     // Keep at most a few times the limit before sorting; past that the
     // result is marked truncated anyway.
@@ -196,11 +180,44 @@ fn search(
     });
     drop(root_fd);
 
-    let mut found = found.into_inner().unwrap_or_else(|p| p.into_inner());
+    let found = found.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(within(found, limit, overflow.load(Ordering::Relaxed)))
+}
+
+/// The walk beneath `start`: no links followed, the hidden paths (the
+/// store's folder) left out, and the call's `glob` applied.
+fn walker(q: &GrepQuery, start: &Path, hidden: &[PathBuf]) -> Result<WalkBuilder, ToolError> {
+    let mut walker = WalkBuilder::new(start);
+    walker.require_git(false).follow_links(false);
+    // The store's folder is out of the tools' reach even inside the root
+    // (its logs are text a search would otherwise return); symlinks are
+    // not followed, so a path under it is the only way in.
+    let hidden: Vec<PathBuf> = hidden.to_vec();
+    walker.filter_entry(move |e| !hidden.iter().any(|h| e.path().starts_with(h)));
+    if let Some(glob) = &q.glob {
+        let mut ob = OverrideBuilder::new(start);
+        ob.add(glob)
+            .map_err(|e| ToolError::bad_args("grep", "glob", e.to_string()))?;
+        walker.overrides(
+            ob.build()
+                .map_err(|e| ToolError::bad_args("grep", "glob", e.to_string()))?,
+        );
+    }
+    Ok(walker)
+}
+
+/// The matches sorted by path and line as `path:line:text`, cut to `limit`
+/// bytes in total, and whether anything was left out (`overflow`: the
+/// search stopped keeping matches).
+fn within(
+    mut found: Vec<(String, u64, String)>,
+    limit: usize,
+    overflow: bool,
+) -> (Vec<String>, bool) {
     found.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     let mut out = Vec::with_capacity(found.len());
     let mut total = 0usize;
-    let mut truncated = overflow.load(Ordering::Relaxed);
+    let mut truncated = overflow;
     for (path, line, text) in found {
         let entry = format!("{path}:{line}:{text}");
         if total + entry.len() + 1 > limit {
@@ -210,7 +227,7 @@ fn search(
         total += entry.len() + 1;
         out.push(entry);
     }
-    Ok((out, truncated))
+    (out, truncated)
 }
 
 /// Runs a search outside any tool call (used by the benchmark): same code

@@ -552,25 +552,7 @@ fn spawning(
     // never looks.
     let _ = cairn_sandbox::cgroup::support();
     let program = spec.argv.first().ok_or(ProcessError::EmptyArgv)?.clone();
-    for (i, arg) in spec.argv.iter().enumerate() {
-        if arg.contains('\0') {
-            return Err(ProcessError::Nul {
-                program,
-                what: format!("argv[{i}]"),
-            });
-        }
-    }
-    for (k, v) in &spec.env {
-        if k.contains('\0') || v.contains('\0') || k.contains('=') || k.is_empty() {
-            return Err(ProcessError::Nul {
-                program,
-                what: format!(
-                    "environment variable `{}` (name or value)",
-                    k.replace('\0', "\\0")
-                ),
-            });
-        }
-    }
+    check_no_nul(spec, &program)?;
 
     // Through the proxy only from a network namespace of its own; without
     // one, the proxy could be bypassed, so the network is shut instead.
@@ -591,7 +573,96 @@ fn spawning(
         _ => None,
     };
 
-    let mut cmd = tokio::process::Command::new(&program);
+    let mut cmd = command(spec, &program, stdin, proxied);
+
+    // The child sends its seccomp listener back over this, so refusals can
+    // be answered and reported here.
+    let channel = match &filter {
+        Some(_) => Some(
+            ListenerChannel::new().map_err(|e| ProcessError::NetworkFilter {
+                program: program.clone(),
+                reason: format!("cannot create the listener channel: {e}"),
+            })?,
+        ),
+        None => None,
+    };
+    let report_fd = channel.as_ref().map(ListenerChannel::child_fd);
+
+    let prepared = prepare_sandbox(spec, policy, &program)?;
+    let in_child = prepared.clone();
+
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (prctl, getppid, unshare, mount, seccomp,
+    // sendmsg, close, ...) without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            // A direct child dies with the engine even if the engine is
+            // SIGKILLed and cannot clean up.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Returns only in PID 1 of the sandbox; the process spawned
+            // here waits for it and mirrors its end.
+            if let Some(p) = &in_child {
+                p.enter()?;
+            }
+            if let Some(filter) = &filter {
+                filter.install(report_fd)?;
+            }
+            Ok(())
+        });
+    }
+    Ok(Spawning {
+        program,
+        cmd,
+        proxied,
+        prepared,
+        channel,
+    })
+}
+
+/// Refuses a NUL byte in an argument or in the environment (and `=` or an
+/// empty name in a variable's name), which `exec` would cut short silently.
+fn check_no_nul(spec: &ProcessSpec, program: &str) -> Result<(), ProcessError> {
+    for (i, arg) in spec.argv.iter().enumerate() {
+        if arg.contains('\0') {
+            return Err(ProcessError::Nul {
+                program: program.to_string(),
+                what: format!("argv[{i}]"),
+            });
+        }
+    }
+    for (k, v) in &spec.env {
+        if k.contains('\0') || v.contains('\0') || k.contains('=') || k.is_empty() {
+            return Err(ProcessError::Nul {
+                program: program.to_string(),
+                what: format!(
+                    "environment variable `{}` (name or value)",
+                    k.replace('\0', "\\0")
+                ),
+            });
+        }
+    }
+
+    Ok(())
+}
+
+/// The command itself: its arguments and folder, its pipes, a process
+/// group of its own, and the environment the spec allows (with the
+/// proxy's address when it goes through the proxy).
+fn command(
+    spec: &ProcessSpec,
+    program: &str,
+    stdin: Stdio,
+    proxied: bool,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
     cmd.args(&spec.argv[1..])
         .current_dir(&spec.cwd)
         .stdin(stdin)
@@ -633,20 +704,17 @@ fn spawning(
         cmd.env_remove("NO_PROXY").env_remove("no_proxy");
     }
 
-    // The child sends its seccomp listener back over this, so refusals can
-    // be answered and reported here.
-    let channel = match &filter {
-        Some(_) => Some(
-            ListenerChannel::new().map_err(|e| ProcessError::NetworkFilter {
-                program: program.clone(),
-                reason: format!("cannot create the listener channel: {e}"),
-            })?,
-        ),
-        None => None,
-    };
-    let report_fd = channel.as_ref().map(ListenerChannel::child_fd);
+    cmd
+}
 
-    let prepared = match &spec.confine {
+/// The sandbox the spec asks for, planned with the network policy that
+/// applies (a proxy without a namespace of its own became a denial).
+fn prepare_sandbox(
+    spec: &ProcessSpec,
+    policy: NetworkPolicy,
+    program: &str,
+) -> Result<Option<Arc<cairn_sandbox::Prepared>>, ProcessError> {
+    Ok(match &spec.confine {
         Some(c) => {
             let mut c = c.clone();
             c.network = match policy {
@@ -656,48 +724,12 @@ fn spawning(
             };
             Some(Arc::new(c.prepare(&spec.cwd).map_err(|source| {
                 ProcessError::Sandbox {
-                    program: program.clone(),
+                    program: program.to_string(),
                     source,
                 }
             })?))
         }
         None => None,
-    };
-    let in_child = prepared.clone();
-
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid, unshare, mount, seccomp,
-    // sendmsg, close, ...) without allocating.
-    unsafe {
-        cmd.pre_exec(move || {
-            // A direct child dies with the engine even if the engine is
-            // SIGKILLed and cannot clean up.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before the prctl took effect.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            // Returns only in PID 1 of the sandbox; the process spawned
-            // here waits for it and mirrors its end.
-            if let Some(p) = &in_child {
-                p.enter()?;
-            }
-            if let Some(filter) = &filter {
-                filter.install(report_fd)?;
-            }
-            Ok(())
-        });
-    }
-    Ok(Spawning {
-        program,
-        cmd,
-        proxied,
-        prepared,
-        channel,
     })
 }
 
@@ -809,24 +841,37 @@ pub async fn run_process_with_input(
     run_with(spec, Some(input), observer, cancel).await
 }
 
-async fn run_with(
-    spec: ProcessSpec,
-    input: Option<Vec<u8>>,
-    observer: &dyn ProcessObserver,
-    cancel: CancellationToken,
-) -> Result<ProcessOutcome, ProcessError> {
+/// A process spawned, with what its run needs: its program's name, the
+/// child, whether it goes through the proxy, its sandbox and the channel
+/// its seccomp listener comes back over.
+type Spawned = (
+    String,
+    tokio::process::Child,
+    bool,
+    Option<Arc<cairn_sandbox::Prepared>>,
+    Option<ListenerChannel>,
+);
+
+/// Spawns `spec`; a spawn that fails for want of file descriptors is
+/// tried again after a wait, until the waits run out or the run is
+/// cancelled.
+async fn spawn_retrying(
+    spec: &ProcessSpec,
+    with_input: bool,
+    cancel: &CancellationToken,
+) -> Result<Spawned, ProcessError> {
     // A spawn that fails for want of file descriptors (the pipes, the
     // sandbox's report pipe, a descriptor in the child) is tried again a
     // few times, as a model call is after a failed connection: the
     // descriptors other work holds come free.
     let mut waits = SPAWN_WAITS.iter();
-    let (program, mut child, proxied, prepared, channel) = loop {
-        let stdin = if input.is_some() {
+    loop {
+        let stdin = if with_input {
             Stdio::piped()
         } else {
             Stdio::null()
         };
-        let tried = spawning(&spec, stdin, true).and_then(|s| {
+        let tried = spawning(spec, stdin, true).and_then(|s| {
             let Spawning {
                 program,
                 mut cmd,
@@ -840,7 +885,7 @@ async fn run_with(
             }
         });
         match tried {
-            Ok(spawned) => break spawned,
+            Ok(spawned) => return Ok(spawned),
             Err(e) if e.out_of_descriptors() => {
                 let Some(wait) = waits.next() else {
                     return Err(e);
@@ -852,7 +897,30 @@ async fn run_with(
             }
             Err(e) => return Err(e),
         }
-    };
+    }
+}
+
+/// The group is dead: stops the supervisor and reports what it queued.
+/// Each refusal is queued before it is answered, so none the program saw
+/// is missed; the grace only bounds the wait for the thread to notice.
+async fn report_queued(sup: Supervisor, observer: &dyn ProcessObserver) {
+    let mut rx = sup.stop();
+    let _ = tokio::time::timeout(DRAIN_GRACE, async {
+        while let Some(r) = rx.recv().await {
+            observer.network_refused(&r.target, &r.reason);
+        }
+    })
+    .await;
+}
+
+async fn run_with(
+    spec: ProcessSpec,
+    input: Option<Vec<u8>>,
+    observer: &dyn ProcessObserver,
+    cancel: CancellationToken,
+) -> Result<ProcessOutcome, ProcessError> {
+    let (program, mut child, proxied, prepared, channel) =
+        spawn_retrying(&spec, input.is_some(), &cancel).await?;
     let started = Instant::now();
     if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
         // Written beside the reads of stdout and stderr, so that a program
@@ -866,7 +934,7 @@ async fn run_with(
     let pid = child.id().unwrap_or(0);
     // The proxy runs until this function returns (dropping the set aborts
     // it); its verdicts come back over `proxy_rx`.
-    let (proxy_tx, mut proxy_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (proxy_tx, proxy_rx) = tokio::sync::mpsc::unbounded_channel();
     let _proxy = match (&prepared, proxied) {
         (Some(p), true) => p.take_proxy_listener().and_then(|l| {
             crate::proxy::serve(l, spec.proxy.clone().unwrap_or_default(), proxy_tx).ok()
@@ -874,7 +942,7 @@ async fn run_with(
         _ => None,
     };
     // Until the supervisor runs, a refused call in the child just waits.
-    let mut supervisor = channel
+    let supervisor = channel
         .and_then(ListenerChannel::receive)
         .and_then(|listener| Supervisor::start(listener).ok());
     observer.spawned(pid);
@@ -889,95 +957,22 @@ async fn run_with(
 
     let mut tree = Tree::new(pid, prepared.as_ref().and_then(|p| p.cgroup()));
 
-    let mut stop: Option<Stop> = None;
-    let status;
-    {
-        let pipes = async {
-            tokio::join!(
-                drain(stdout, &mut out, observer),
-                drain(stderr, &mut err, observer)
-            )
-        };
-        tokio::pin!(pipes);
-        let deadline = async {
-            match spec.timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(deadline);
-
-        let mut pipes_done = false;
-        let mut exited = None;
-        loop {
-            tokio::select! {
-                _ = &mut pipes, if !pipes_done => {
-                    pipes_done = true;
-                    if exited.is_some() { break; }
-                }
-                res = child.wait(), if exited.is_none() => {
-                    exited = Some(res);
-                    if pipes_done { break; }
-                    // The leader is gone but something in its group still
-                    // holds a pipe: end the group, keep what is buffered.
-                    tree.end();
-                    let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
-                    break;
-                }
-                // Over its CPU time, the tree is ended like a killed one
-                // and the loop reaps it as usual.
-                _ = tree.cpu_tick(), if tree.watching() && exited.is_none() => tree.check_cpu(),
-                _ = &mut deadline, if stop.is_none() => {
-                    stop = Some(Stop::Timeout);
-                    break;
-                }
-                _ = cancel.cancelled(), if stop.is_none() => {
-                    stop = Some(Stop::Cancel);
-                    break;
-                }
-                refusal = next_refusal(&mut supervisor) => match refusal {
-                    Some(r) => observer.network_refused(&r.target, &r.reason),
-                    None => supervisor = None,
-                },
-                Some(ev) = proxy_rx.recv() => {
-                    if ev.allowed {
-                        observer.network_allowed(&ev.target, &ev.reason);
-                    } else {
-                        observer.network_refused(&ev.target, &ev.reason);
-                    }
-                }
-            }
-        }
-
-        status = match exited {
-            Some(res) => {
-                // Stragglers that closed their pipes but still run.
-                tree.end();
-                res
-            }
-            None => {
-                // Kill before reaping: while the leader is an unreaped zombie
-                // its pid, and so the group id, cannot be reused.
-                tree.end();
-                let res = child.wait().await;
-                if !pipes_done {
-                    let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
-                }
-                res
-            }
-        };
-    }
-    // The group is dead: stop the supervisor and report what it queued. Each
-    // refusal is queued before it is answered, so none the program saw is
-    // missed; the grace only bounds the wait for the thread to notice.
-    if let Some(sup) = supervisor {
-        let mut rx = sup.stop();
-        let _ = tokio::time::timeout(DRAIN_GRACE, async {
-            while let Some(r) = rx.recv().await {
-                observer.network_refused(&r.target, &r.reason);
-            }
-        })
-        .await;
+    let mut watch = Watch {
+        timeout: spec.timeout,
+        cancel: &cancel,
+        supervisor,
+        proxy_rx,
+        observer,
+    };
+    let pipes = async {
+        tokio::join!(
+            drain(stdout, &mut out, observer),
+            drain(stderr, &mut err, observer)
+        )
+    };
+    let (status, stop) = wait_for_end(&mut child, &mut tree, pipes, &mut watch).await;
+    if let Some(sup) = watch.supervisor.take() {
+        report_queued(sup, observer).await;
     }
     let status = status.map_err(|source| ProcessError::Wait {
         program: program.clone(),
@@ -1000,6 +995,98 @@ async fn run_with(
         duration: started.elapsed(),
         tree,
     })
+}
+
+/// What a program's run is watched for besides its end: its deadline, the
+/// run's cancel, and the network verdicts of its filter and its proxy.
+struct Watch<'a> {
+    timeout: Option<Duration>,
+    cancel: &'a CancellationToken,
+    supervisor: Option<Supervisor>,
+    proxy_rx: tokio::sync::mpsc::UnboundedReceiver<crate::proxy::ProxyEvent>,
+    observer: &'a dyn ProcessObserver,
+}
+
+/// Waits until the program has ended and its pipes are drained, its
+/// deadline passes or the run is cancelled, reporting network verdicts
+/// meanwhile; the group is ended and the leader reaped whichever comes
+/// first. Returns the leader's status and why it was stopped, if it was.
+async fn wait_for_end(
+    child: &mut tokio::process::Child,
+    tree: &mut Tree<'_>,
+    pipes: impl std::future::Future,
+    w: &mut Watch<'_>,
+) -> (std::io::Result<std::process::ExitStatus>, Option<Stop>) {
+    tokio::pin!(pipes);
+    let mut stop: Option<Stop> = None;
+    let deadline = async {
+        match w.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+
+    let mut pipes_done = false;
+    let mut exited = None;
+    loop {
+        tokio::select! {
+            _ = &mut pipes, if !pipes_done => {
+                pipes_done = true;
+                if exited.is_some() { break; }
+            }
+            res = child.wait(), if exited.is_none() => {
+                exited = Some(res);
+                if pipes_done { break; }
+                // The leader is gone but something in its group still
+                // holds a pipe: end the group, keep what is buffered.
+                tree.end();
+                let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
+                break;
+            }
+            // Over its CPU time, the tree is ended like a killed one
+            // and the loop reaps it as usual.
+            _ = tree.cpu_tick(), if tree.watching() && exited.is_none() => tree.check_cpu(),
+            _ = &mut deadline, if stop.is_none() => {
+                stop = Some(Stop::Timeout);
+                break;
+            }
+            _ = w.cancel.cancelled(), if stop.is_none() => {
+                stop = Some(Stop::Cancel);
+                break;
+            }
+            refusal = next_refusal(&mut w.supervisor) => match refusal {
+                Some(r) => w.observer.network_refused(&r.target, &r.reason),
+                None => w.supervisor = None,
+            },
+            Some(ev) = w.proxy_rx.recv() => {
+                if ev.allowed {
+                    w.observer.network_allowed(&ev.target, &ev.reason);
+                } else {
+                    w.observer.network_refused(&ev.target, &ev.reason);
+                }
+            }
+        }
+    }
+
+    let status = match exited {
+        Some(res) => {
+            // Stragglers that closed their pipes but still run.
+            tree.end();
+            res
+        }
+        None => {
+            // Kill before reaping: while the leader is an unreaped zombie
+            // its pid, and so the group id, cannot be reused.
+            tree.end();
+            let res = child.wait().await;
+            if !pipes_done {
+                let _ = tokio::time::timeout(DRAIN_GRACE, &mut pipes).await;
+            }
+            res
+        }
+    };
+    (status, stop)
 }
 
 /// The process tree while it runs: its process group and, when its limits

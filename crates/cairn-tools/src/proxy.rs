@@ -298,78 +298,11 @@ async fn handle(
         }
     };
     let target = format!("{}:{}", req.host, req.port);
-    if !rules.allows(&req.host, req.port) {
-        report(
-            false,
-            target.clone(),
-            "not in the workflow's network list".into(),
-        );
-        let _ = reply(
-            &mut client,
-            "403 Forbidden",
-            &format!("{target} is not in the workflow's network list"),
-        )
-        .await;
-        return;
-    }
-    // The name is resolved here, once; what is checked is what is dialled.
-    let addrs = match resolve(&req.host, req.port).await {
-        Ok(a) => a,
-        Err(e) => {
-            report(
-                true,
-                target.clone(),
-                format!("in the network list; resolving failed: {e}"),
-            );
-            let _ = reply(
-                &mut client,
-                "502 Bad Gateway",
-                &format!("cannot resolve {}: {e}", req.host),
-            )
-            .await;
-            return;
-        }
-    };
-    let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
-    if let Err(why) = rules.check_addresses(&ips, req.port) {
-        report(false, target.clone(), why.clone());
-        let _ = reply(
-            &mut client,
-            "403 Forbidden",
-            &format!("{target} is refused: {why}"),
-        )
-        .await;
-        return;
-    }
-    let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addrs[..])).await;
-    let mut upstream = match upstream {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            report(
-                true,
-                target.clone(),
-                format!("in the network list; connecting failed: {e}"),
-            );
-            let _ = reply(
-                &mut client,
-                "502 Bad Gateway",
-                &format!("cannot reach {target}: {e}"),
-            )
-            .await;
-            return;
-        }
-        Err(_) => {
-            report(
-                true,
-                target.clone(),
-                "in the network list; connecting timed out".into(),
-            );
-            let _ = reply(
-                &mut client,
-                "504 Gateway Timeout",
-                &format!("{target} did not answer"),
-            )
-            .await;
+    let mut upstream = match dial(&rules, &req, &target).await {
+        Ok(s) => s,
+        Err(no) => {
+            report(no.allowed, target, no.reason);
+            let _ = reply(&mut client, no.status, &no.message).await;
             return;
         }
     };
@@ -386,6 +319,59 @@ async fn handle(
         return;
     }
     let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+/// Why a request was not connected: whether the network list allowed it
+/// and why not (for the report), and the status and text the client gets.
+struct NotDialled {
+    allowed: bool,
+    reason: String,
+    status: &'static str,
+    message: String,
+}
+
+/// Connects to what `req` asks for if the rules allow the name and every
+/// address it resolves to (resolved once: what is checked is what is
+/// dialled).
+async fn dial(rules: &HostRules, req: &Request, target: &str) -> Result<TcpStream, NotDialled> {
+    if !rules.allows(&req.host, req.port) {
+        return Err(NotDialled {
+            allowed: false,
+            reason: "not in the workflow's network list".into(),
+            status: "403 Forbidden",
+            message: format!("{target} is not in the workflow's network list"),
+        });
+    }
+    let addrs = resolve(&req.host, req.port).await.map_err(|e| NotDialled {
+        allowed: true,
+        reason: format!("in the network list; resolving failed: {e}"),
+        status: "502 Bad Gateway",
+        message: format!("cannot resolve {}: {e}", req.host),
+    })?;
+    let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
+    if let Err(why) = rules.check_addresses(&ips, req.port) {
+        return Err(NotDialled {
+            allowed: false,
+            message: format!("{target} is refused: {why}"),
+            reason: why,
+            status: "403 Forbidden",
+        });
+    }
+    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addrs[..])).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(NotDialled {
+            allowed: true,
+            reason: format!("in the network list; connecting failed: {e}"),
+            status: "502 Bad Gateway",
+            message: format!("cannot reach {target}: {e}"),
+        }),
+        Err(_) => Err(NotDialled {
+            allowed: true,
+            reason: "in the network list; connecting timed out".into(),
+            status: "504 Gateway Timeout",
+            message: format!("{target} did not answer"),
+        }),
+    }
 }
 
 /// The addresses `host` stands for: itself when it is an address, else

@@ -785,77 +785,21 @@ impl Cx {
         }
         let f = self.fields(root, "", TOP_FIELDS, "at the top level")?;
 
-        let name = match f.get("name") {
-            Some((_, v)) => self.string(v, "name").and_then(|n| {
-                if is_workflow_name(&n) {
-                    Some(n)
-                } else {
-                    self.at(
-                        v.pos,
-                        Some("name"),
-                        format!("`{n}` is not a valid workflow name; use lower-case letters, digits, `_` and `-`"),
-                    );
-                    None
-                }
-            }),
-            None => {
-                self.at(root.pos, Some("name"), "missing required field `name`");
-                None
-            }
-        };
+        let name = self.workflow_name(root, &f);
         let description = f
             .get("description")
             .and_then(|(_, v)| self.string(v, "description"));
 
         let input_schema = f.get("input").and_then(|(_, v)| self.input_schema(v));
 
-        let mut defaults = Defaults::default();
-        if let Some((_, v)) = f.get("defaults") {
-            if let Some(d) = self.fields(v, "defaults", DEFAULTS_FIELDS, "in defaults") {
-                if let Some((_, t)) = d.get("timeout") {
-                    defaults.timeout = self.duration(t, "defaults.timeout");
-                }
-                if let Some((_, r)) = d.get("retry") {
-                    defaults.retry = self.retry(r, "defaults.retry");
-                }
-            }
-        }
+        let defaults = self.defaults(&f);
 
         let concurrency = f
             .get("concurrency")
             .and_then(|(_, v)| self.uint(v, "concurrency", 1))
             .map(|n| n as usize);
 
-        let mut sandbox = SandboxSpec::default();
-        if let Some((_, v)) = f.get("sandbox") {
-            if let Some(s) = self.fields(v, "sandbox", SANDBOX_FIELDS, "in sandbox") {
-                if let Some((_, r)) = s.get("root") {
-                    sandbox.root = self.string(r, "sandbox.root");
-                }
-                if let Some((_, n)) = s.get("network") {
-                    if let Yaml::Seq(_) = &n.value {
-                        sandbox.network_hosts = self.hosts(n, "sandbox.network");
-                    } else {
-                        sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
-                    }
-                }
-                if let Some((_, m)) = s.get("max_output_bytes") {
-                    sandbox.max_output_bytes = self.uint(m, "sandbox.max_output_bytes", 1);
-                }
-                if let Some((_, t)) = s.get("tool_timeout") {
-                    sandbox.tool_timeout = self.duration(t, "sandbox.tool_timeout");
-                }
-                if let Some((_, i)) = s.get("isolation") {
-                    sandbox.isolation = self.isolation(i, "sandbox.isolation").unwrap_or_default();
-                }
-                if let Some((_, l)) = s.get("limits") {
-                    sandbox.limits = self.limits(l, "sandbox.limits");
-                }
-                if let Some((_, r)) = s.get("read_only") {
-                    sandbox.read_only = self.read_only(r, "sandbox.read_only");
-                }
-            }
-        }
+        let sandbox = self.sandbox(&f);
 
         let output = f
             .get("output")
@@ -912,6 +856,79 @@ impl Cx {
             hash: hex::encode(Sha256::digest(source.as_bytes())),
             pinned: None,
         })
+    }
+
+    /// The workflow's `name`, which is required and must be a valid name.
+    fn workflow_name(&mut self, root: &Node, f: &Fields) -> Option<String> {
+        match f.get("name") {
+            Some((_, v)) => self.string(v, "name").and_then(|n| {
+                if is_workflow_name(&n) {
+                    Some(n)
+                } else {
+                    self.at(
+                        v.pos,
+                        Some("name"),
+                        format!("`{n}` is not a valid workflow name; use lower-case letters, digits, `_` and `-`"),
+                    );
+                    None
+                }
+            }),
+            None => {
+                self.at(root.pos, Some("name"), "missing required field `name`");
+                None
+            }
+        }
+    }
+
+    /// The top-level `defaults` (timeout and retry) nodes inherit.
+    fn defaults(&mut self, f: &Fields) -> Defaults {
+        let mut defaults = Defaults::default();
+        if let Some((_, v)) = f.get("defaults") {
+            if let Some(d) = self.fields(v, "defaults", DEFAULTS_FIELDS, "in defaults") {
+                if let Some((_, t)) = d.get("timeout") {
+                    defaults.timeout = self.duration(t, "defaults.timeout");
+                }
+                if let Some((_, r)) = d.get("retry") {
+                    defaults.retry = self.retry(r, "defaults.retry");
+                }
+            }
+        }
+        defaults
+    }
+
+    /// The top-level `sandbox`: root, network, limits and what is shown.
+    fn sandbox(&mut self, f: &Fields) -> SandboxSpec {
+        let mut sandbox = SandboxSpec::default();
+        if let Some((_, v)) = f.get("sandbox") {
+            if let Some(s) = self.fields(v, "sandbox", SANDBOX_FIELDS, "in sandbox") {
+                if let Some((_, r)) = s.get("root") {
+                    sandbox.root = self.string(r, "sandbox.root");
+                }
+                if let Some((_, n)) = s.get("network") {
+                    if let Yaml::Seq(_) = &n.value {
+                        sandbox.network_hosts = self.hosts(n, "sandbox.network");
+                    } else {
+                        sandbox.network = self.bool(n, "sandbox.network").unwrap_or(false);
+                    }
+                }
+                if let Some((_, m)) = s.get("max_output_bytes") {
+                    sandbox.max_output_bytes = self.uint(m, "sandbox.max_output_bytes", 1);
+                }
+                if let Some((_, t)) = s.get("tool_timeout") {
+                    sandbox.tool_timeout = self.duration(t, "sandbox.tool_timeout");
+                }
+                if let Some((_, i)) = s.get("isolation") {
+                    sandbox.isolation = self.isolation(i, "sandbox.isolation").unwrap_or_default();
+                }
+                if let Some((_, l)) = s.get("limits") {
+                    sandbox.limits = self.limits(l, "sandbox.limits");
+                }
+                if let Some((_, r)) = s.get("read_only") {
+                    sandbox.read_only = self.read_only(r, "sandbox.read_only");
+                }
+            }
+        }
+        sandbox
     }
 
     fn input_schema(&mut self, node: &Node) -> Option<serde_json::Value> {
@@ -1017,120 +1034,128 @@ impl Cx {
                 );
                 continue;
             }
-            let Some(f) = self.fields(v, &sf, MCP_FIELDS, "in an MCP server") else {
-                continue;
-            };
-            let string_map = |cx: &mut Self, key: &str| -> Option<BTreeMap<String, String>> {
-                let Some((_, m)) = f.get(key) else {
-                    return Some(BTreeMap::new());
-                };
-                let mf = join(&sf, key);
-                let Yaml::Map(items) = &m.value else {
-                    cx.at(
-                        m.pos,
-                        Some(&mf),
-                        format!(
-                            "expected a mapping of names to strings, found {}",
-                            m.value.type_name()
-                        ),
-                    );
-                    return None;
-                };
-                let mut out = BTreeMap::new();
-                for (ik, iv) in items {
-                    let key = ik.key_text();
-                    let value = cx.string(iv, &join(&mf, &key))?;
-                    out.insert(key, value);
-                }
-                Some(out)
-            };
-            let transport = match (f.get("command"), f.get("url")) {
-                (Some(_), Some((k, _))) => {
-                    self.at_hint(
-                        k.pos,
-                        Some(&sf),
-                        "an MCP server has either `command` (stdio) or `url` (streamable HTTP), not both",
-                        None,
-                    );
-                    continue;
-                }
-                (None, None) => {
-                    self.at_hint(
-                        v.pos,
-                        Some(&sf),
-                        "an MCP server needs `command` (a program to start) or `url` (a streamable HTTP endpoint)",
-                        None,
-                    );
-                    continue;
-                }
-                (Some((_, c)), None) => {
-                    let cf = join(&sf, "command");
-                    let Yaml::Seq(items) = &c.value else {
-                        self.at(
-                            c.pos,
-                            Some(&cf),
-                            format!("expected a list (the argv), found {}", c.value.type_name()),
-                        );
-                        continue;
-                    };
-                    let argv: Vec<String> = items
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(i, it)| self.string(it, &format!("{cf}[{i}]")))
-                        .collect();
-                    if argv.len() != items.len() {
-                        continue;
-                    }
-                    if argv.is_empty() {
-                        self.at(c.pos, Some(&cf), "the argv is empty");
-                        continue;
-                    }
-                    if f.contains_key("headers_env") {
-                        self.at(
-                            v.pos,
-                            Some(&join(&sf, "headers_env")),
-                            "`headers_env` is for `url` servers",
-                        );
-                        continue;
-                    }
-                    let Some(env) = string_map(self, "env") else {
-                        continue;
-                    };
-                    McpTransport::Stdio { command: argv, env }
-                }
-                (None, Some((_, u))) => {
-                    let uf = join(&sf, "url");
-                    let Some(url) = self.string(u, &uf) else {
-                        continue;
-                    };
-                    if !(url.starts_with("http://") || url.starts_with("https://")) {
-                        self.at(
-                            u.pos,
-                            Some(&uf),
-                            format!("`{url}` is not an http:// or https:// URL"),
-                        );
-                        continue;
-                    }
-                    if f.contains_key("env") {
-                        self.at(
-                            v.pos,
-                            Some(&join(&sf, "env")),
-                            "`env` is for `command` servers",
-                        );
-                        continue;
-                    }
-                    let Some(headers_env) = string_map(self, "headers_env") else {
-                        continue;
-                    };
-                    McpTransport::Http { url, headers_env }
-                }
-            };
-            let timeout = f
-                .get("timeout")
-                .and_then(|(_, t)| self.duration(t, &join(&sf, "timeout")));
-            out.insert(name, McpServerDef { transport, timeout });
+            if let Some(def) = self.mcp_server(v, &sf) {
+                out.insert(name, def);
+            }
         }
         out
+    }
+
+    /// One MCP server, at field `sf`: how it is reached and its timeout.
+    fn mcp_server(&mut self, v: &Node, sf: &str) -> Option<McpServerDef> {
+        let f = self.fields(v, sf, MCP_FIELDS, "in an MCP server")?;
+        let transport = match (f.get("command"), f.get("url")) {
+            (Some(_), Some((k, _))) => {
+                self.at_hint(
+                    k.pos,
+                    Some(sf),
+                    "an MCP server has either `command` (stdio) or `url` (streamable HTTP), not both",
+                    None,
+                );
+                return None;
+            }
+            (None, None) => {
+                self.at_hint(
+                    v.pos,
+                    Some(sf),
+                    "an MCP server needs `command` (a program to start) or `url` (a streamable HTTP endpoint)",
+                    None,
+                );
+                return None;
+            }
+            (Some((_, c)), None) => self.mcp_stdio(v, sf, c, &f)?,
+            (None, Some((_, u))) => self.mcp_http(v, sf, u, &f)?,
+        };
+        let timeout = f
+            .get("timeout")
+            .and_then(|(_, t)| self.duration(t, &join(sf, "timeout")));
+        Some(McpServerDef { transport, timeout })
+    }
+
+    /// A server started as a program (`command`, its argv) with `env`.
+    fn mcp_stdio(&mut self, v: &Node, sf: &str, c: &Node, f: &Fields) -> Option<McpTransport> {
+        let cf = join(sf, "command");
+        let Yaml::Seq(items) = &c.value else {
+            self.at(
+                c.pos,
+                Some(&cf),
+                format!("expected a list (the argv), found {}", c.value.type_name()),
+            );
+            return None;
+        };
+        let argv: Vec<String> = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, it)| self.string(it, &format!("{cf}[{i}]")))
+            .collect();
+        if argv.len() != items.len() {
+            return None;
+        }
+        if argv.is_empty() {
+            self.at(c.pos, Some(&cf), "the argv is empty");
+            return None;
+        }
+        if f.contains_key("headers_env") {
+            self.at(
+                v.pos,
+                Some(&join(sf, "headers_env")),
+                "`headers_env` is for `url` servers",
+            );
+            return None;
+        }
+        let env = self.string_map(f, sf, "env")?;
+        Some(McpTransport::Stdio { command: argv, env })
+    }
+
+    /// A server reached over streamable HTTP (`url`) with `headers_env`.
+    fn mcp_http(&mut self, v: &Node, sf: &str, u: &Node, f: &Fields) -> Option<McpTransport> {
+        let uf = join(sf, "url");
+        let url = self.string(u, &uf)?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            self.at(
+                u.pos,
+                Some(&uf),
+                format!("`{url}` is not an http:// or https:// URL"),
+            );
+            return None;
+        }
+        if f.contains_key("env") {
+            self.at(
+                v.pos,
+                Some(&join(sf, "env")),
+                "`env` is for `command` servers",
+            );
+            return None;
+        }
+        let headers_env = self.string_map(f, sf, "headers_env")?;
+        Some(McpTransport::Http { url, headers_env })
+    }
+
+    /// The mapping of names to strings at `key` of `f` (empty when absent);
+    /// `None` after reporting one that is not such a mapping.
+    fn string_map(&mut self, f: &Fields, sf: &str, key: &str) -> Option<BTreeMap<String, String>> {
+        let Some((_, m)) = f.get(key) else {
+            return Some(BTreeMap::new());
+        };
+        let mf = join(sf, key);
+        let Yaml::Map(items) = &m.value else {
+            self.at(
+                m.pos,
+                Some(&mf),
+                format!(
+                    "expected a mapping of names to strings, found {}",
+                    m.value.type_name()
+                ),
+            );
+            return None;
+        };
+        let mut out = BTreeMap::new();
+        for (ik, iv) in items {
+            let key = ik.key_text();
+            let value = self.string(iv, &join(&mf, &key))?;
+            out.insert(key, value);
+        }
+        Some(out)
     }
 }
 

@@ -330,70 +330,21 @@ impl<'a> Builder<'a> {
         loop {
             let (ev, span) = self.next()?;
             let pos = Pos::from_span(&span);
-            let ctx = stack.last().map_or(Ctx::Root, Frame::child_ctx);
             let done = match ev {
                 Event::Scalar(text, style, anchor, tag) => {
-                    self.read += 1;
                     let is_str_tag = tag.as_ref().is_some_and(|t| t.suffix == "str");
-                    let value = if style == ScalarStyle::Plain && !is_str_tag {
-                        resolve_plain(&text)
-                    } else {
-                        Yaml::Str(text.into_owned())
-                    };
-                    let node = Node { pos, value };
-                    if anchor != 0 {
-                        self.anchors.insert(anchor, (node.clone(), 1));
-                    }
-                    node
+                    self.scalar(
+                        text,
+                        style == ScalarStyle::Plain && !is_str_tag,
+                        anchor,
+                        pos,
+                    )
                 }
                 Event::Alias(id) => self.alias(id, pos, &stack)?,
                 Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
-                    self.read += 1;
-                    if stack.len() >= MAX_YAML_DEPTH {
-                        return Err(limit_error(
-                            pos,
-                            &stack,
-                            format!("YAML nested deeper than {MAX_YAML_DEPTH} levels"),
-                        ));
-                    }
                     let is_seq = matches!(ev, Event::SequenceStart(..));
-                    let field = if ctx == Ctx::Plain {
-                        String::new()
-                    } else {
-                        stack.last().map_or_else(String::new, Frame::child_field)
-                    };
-                    let body = if !is_seq {
-                        Body::Map {
-                            entries: Vec::new(),
-                            key: None,
-                        }
-                    } else if ctx == Ctx::List {
-                        if lists_open > MAX_GROUP_DEPTH {
-                            return Err(YamlError {
-                                pos,
-                                field: Some(elide(&field)),
-                                message: format!(
-                                    "groups (loop, for_each) nested deeper than {MAX_GROUP_DEPTH} levels"
-                                ),
-                                limit: true,
-                            });
-                        }
-                        lists_open += 1;
-                        Body::Stream {
-                            list: lists.open(&field),
-                            index: 0,
-                        }
-                    } else {
-                        Body::Seq(Vec::new())
-                    };
-                    stack.push(Frame {
-                        pos,
-                        anchor,
-                        ctx,
-                        field,
-                        start: self.read + self.copied - 1,
-                        body,
-                    });
+                    let frame = self.open(pos, anchor, is_seq, &stack, lists, &mut lists_open)?;
+                    stack.push(frame);
                     continue;
                 }
                 Event::SequenceEnd | Event::MappingEnd => {
@@ -403,32 +354,7 @@ impl<'a> Builder<'a> {
                             format!("unexpected YAML event {ev:?}"),
                         ));
                     };
-                    let value = match frame.body {
-                        Body::Seq(mut items) => {
-                            // No room past the last item: a workflow's values stay for the run.
-                            items.shrink_to_fit();
-                            Yaml::Seq(items)
-                        }
-                        Body::Stream { list, .. } => {
-                            lists_open -= 1;
-                            Yaml::Nodes(Slot(RefCell::new(Some(Box::new(
-                                lists.close(list, frame.pos),
-                            )))))
-                        }
-                        Body::Map { mut entries, .. } => {
-                            entries.shrink_to_fit();
-                            Yaml::Map(entries)
-                        }
-                    };
-                    let node = Node {
-                        pos: frame.pos,
-                        value,
-                    };
-                    if frame.anchor != 0 {
-                        let size = self.read + self.copied - frame.start;
-                        self.anchors.insert(frame.anchor, (node.clone(), size));
-                    }
-                    node
+                    self.close(frame, lists, &mut lists_open)
                 }
                 other => {
                     return Err(YamlError::syntax(
@@ -453,6 +379,123 @@ impl<'a> Builder<'a> {
                 },
             }
         }
+    }
+
+    /// A scalar: typed by its text when `plain` (unquoted, untagged), a
+    /// string otherwise; remembered when anchored.
+    fn scalar(
+        &mut self,
+        text: std::borrow::Cow<'_, str>,
+        plain: bool,
+        anchor: usize,
+        pos: Pos,
+    ) -> Node {
+        self.read += 1;
+        let value = if plain {
+            resolve_plain(&text)
+        } else {
+            Yaml::Str(text.into_owned())
+        };
+        let node = Node { pos, value };
+        if anchor != 0 {
+            self.anchors.insert(anchor, (node.clone(), 1));
+        }
+        node
+    }
+
+    /// The frame of a list or mapping that starts at `pos`: a list of
+    /// workflow nodes streams to `lists`, within the depth limits.
+    fn open<L: Lists>(
+        &mut self,
+        pos: Pos,
+        anchor: usize,
+        is_seq: bool,
+        stack: &[Frame<L::Open>],
+        lists: &mut L,
+        lists_open: &mut usize,
+    ) -> Result<Frame<L::Open>, YamlError> {
+        self.read += 1;
+        if stack.len() >= MAX_YAML_DEPTH {
+            return Err(limit_error(
+                pos,
+                stack,
+                format!("YAML nested deeper than {MAX_YAML_DEPTH} levels"),
+            ));
+        }
+        let ctx = stack.last().map_or(Ctx::Root, Frame::child_ctx);
+        let field = if ctx == Ctx::Plain {
+            String::new()
+        } else {
+            stack.last().map_or_else(String::new, Frame::child_field)
+        };
+        let body = if !is_seq {
+            Body::Map {
+                entries: Vec::new(),
+                key: None,
+            }
+        } else if ctx == Ctx::List {
+            if *lists_open > MAX_GROUP_DEPTH {
+                return Err(YamlError {
+                    pos,
+                    field: Some(elide(&field)),
+                    message: format!(
+                        "groups (loop, for_each) nested deeper than {MAX_GROUP_DEPTH} levels"
+                    ),
+                    limit: true,
+                });
+            }
+            *lists_open += 1;
+            Body::Stream {
+                list: lists.open(&field),
+                index: 0,
+            }
+        } else {
+            Body::Seq(Vec::new())
+        };
+        Ok(Frame {
+            pos,
+            anchor,
+            ctx,
+            field,
+            start: self.read + self.copied - 1,
+            body,
+        })
+    }
+
+    /// The node a frame becomes when its list or mapping ends; remembered
+    /// when anchored, with its size for the alias budget.
+    fn close<L: Lists>(
+        &mut self,
+        frame: Frame<L::Open>,
+        lists: &mut L,
+        lists_open: &mut usize,
+    ) -> Node {
+        let value = match frame.body {
+            Body::Seq(mut items) => {
+                // No room past the last item: a workflow's values stay for the run.
+                items.shrink_to_fit();
+                Yaml::Seq(items)
+            }
+            Body::Stream { list, .. } => {
+                *lists_open -= 1;
+                Yaml::Nodes(Slot(RefCell::new(Some(Box::new(
+                    lists.close(list, frame.pos),
+                )))))
+            }
+            Body::Map { mut entries, .. } => {
+                entries.shrink_to_fit();
+                Yaml::Map(entries)
+            }
+        };
+        let node = Node {
+            pos: frame.pos,
+            value,
+        };
+        if frame.anchor != 0 {
+            let size = self.read + self.copied - frame.start;
+            self.anchors.insert(frame.anchor, (node.clone(), size));
+        }
+        node
     }
 
     /// A copy of an anchored node, within the alias budget.

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{is_node_id, join, Cx};
+use super::{is_node_id, join, Cx, Fields};
 use crate::yaml::{Node, Yaml};
 use cairn_models::{ModelConfig, Price, ProviderKind, WireFormat, PROVIDERS};
 
@@ -60,30 +60,7 @@ impl Cx {
 
     fn model(&mut self, node: &Node, field: &str, name: &str) -> Option<ModelConfig> {
         let f = self.fields(node, field, MODEL_FIELDS, "in a model")?;
-        let provider = match f.get("provider") {
-            Some((_, p)) => {
-                let pf = join(field, "provider");
-                let p_name = self.string(p, &pf)?;
-                let Some(provider) = ProviderKind::parse(&p_name) else {
-                    self.at_hint(
-                        p.pos,
-                        Some(&pf),
-                        format!("unknown provider `{p_name}`"),
-                        Some(format!("use {}", providers(true))),
-                    );
-                    return None;
-                };
-                provider
-            }
-            None => {
-                self.at(
-                    node.pos,
-                    Some(&join(field, "provider")),
-                    format!("missing required field `provider` ({})", providers(false)),
-                );
-                return None;
-            }
-        };
+        let provider = self.model_provider(node, field, &f)?;
         // A scripted model's turns come from its file, which names no model.
         let scripted = provider.def().wire == WireFormat::Script;
         let model = match f.get("model") {
@@ -114,22 +91,7 @@ impl Cx {
             }
         }
         let script = opt_string(self, "script");
-        match (&script, scripted) {
-            (None, true) => self.at(
-                node.pos,
-                Some(&join(field, "script")),
-                "a scripted model needs `script` (its file of turns)",
-            ),
-            (Some(_), false) => {
-                let pos = f.get("script").map_or(node.pos, |(k, _)| k.pos);
-                self.at(
-                    pos,
-                    Some(&join(field, "script")),
-                    "`script` is only for scripted models",
-                );
-            }
-            _ => {}
-        }
+        self.script_fits(node, field, &f, script.is_some(), scripted);
         let max_tokens = f
             .get("max_tokens")
             .and_then(|(_, v)| self.uint(v, &join(field, "max_tokens"), 1))
@@ -146,7 +108,54 @@ impl Cx {
         let retry = f
             .get("retry")
             .and_then(|(_, v)| self.retry(v, &join(field, "retry")));
-        let price = match f.get("price") {
+        let price = self.model_price(field, &f)?;
+        Some(ModelConfig {
+            provider,
+            model,
+            api_key_env,
+            base_url,
+            max_tokens,
+            temperature,
+            idle_timeout,
+            timeout,
+            retry,
+            price,
+            script,
+        })
+    }
+
+    /// The model's `provider`, which is required and must be one Cairn knows.
+    fn model_provider(&mut self, node: &Node, field: &str, f: &Fields) -> Option<ProviderKind> {
+        match f.get("provider") {
+            Some((_, p)) => {
+                let pf = join(field, "provider");
+                let p_name = self.string(p, &pf)?;
+                let Some(provider) = ProviderKind::parse(&p_name) else {
+                    self.at_hint(
+                        p.pos,
+                        Some(&pf),
+                        format!("unknown provider `{p_name}`"),
+                        Some(format!("use {}", providers(true))),
+                    );
+                    return None;
+                };
+                Some(provider)
+            }
+            None => {
+                self.at(
+                    node.pos,
+                    Some(&join(field, "provider")),
+                    format!("missing required field `provider` ({})", providers(false)),
+                );
+                None
+            }
+        }
+    }
+
+    /// The model's `price` per million tokens, if given (`None` inside
+    /// when absent; the outer `None` after a problem was reported).
+    fn model_price(&mut self, field: &str, f: &Fields) -> Option<Option<Price>> {
+        Some(match f.get("price") {
             Some((_, v)) => {
                 let pf = join(field, "price");
                 let p = self.fields(v, &pf, PRICE_FIELDS, "in a price")?;
@@ -163,20 +172,34 @@ impl Cx {
                 })
             }
             None => None,
-        };
-        Some(ModelConfig {
-            provider,
-            model,
-            api_key_env,
-            base_url,
-            max_tokens,
-            temperature,
-            idle_timeout,
-            timeout,
-            retry,
-            price,
-            script,
         })
+    }
+
+    /// Reports a scripted model without `script`, or `script` on another.
+    fn script_fits(
+        &mut self,
+        node: &Node,
+        field: &str,
+        f: &Fields,
+        has_script: bool,
+        scripted: bool,
+    ) {
+        match (has_script, scripted) {
+            (false, true) => self.at(
+                node.pos,
+                Some(&join(field, "script")),
+                "a scripted model needs `script` (its file of turns)",
+            ),
+            (true, false) => {
+                let pos = f.get("script").map_or(node.pos, |(k, _)| k.pos);
+                self.at(
+                    pos,
+                    Some(&join(field, "script")),
+                    "`script` is only for scripted models",
+                );
+            }
+            _ => {}
+        }
     }
 }
 

@@ -101,8 +101,63 @@ impl Cx {
     /// Checks that apply among siblings: unique ids, `needs` naming siblings, no cycles.
     /// `field` is the list's field path; `specs` holds the specs the partials point to.
     fn siblings(&mut self, field: &str, partials: &[Partial], specs: &[NodeSpec]) {
+        let first = self.unique_ids(field, partials, specs);
+        self.needs_are_siblings(field, partials, specs, &first);
+        // Cycles: depth-first search in file order; each cycle is reported once, at the
+        // node where the search first entered it.
+        // A duplicated id leads to its last node here (the duplicate is reported above).
+        let mut last = first;
+        for (i, p) in partials.iter().enumerate() {
+            if let Some(id) = p.id(specs) {
+                last.insert(id, i);
+            }
+        }
+        let mut starts = Vec::with_capacity(partials.len() + 1);
+        let mut targets: Vec<usize> = Vec::new();
+        for p in partials {
+            starts.push(targets.len());
+            let id = p.id(specs);
+            targets.extend(
+                p.needs(specs)
+                    .iter()
+                    .filter_map(|n| last.get(n.as_str()).copied())
+                    .filter(|&j| id != partials[j].id(specs)),
+            );
+        }
+        starts.push(targets.len());
         let at = |i: usize, what: &str| format!("{field}[{i}].{what}");
-        // Each id's first node.
+        for cycle in cycles(&starts, &targets) {
+            // Walk the cycle in `needs` direction: a needs b needs ... needs a.
+            let names: Vec<&str> = cycle
+                .iter()
+                .chain(std::iter::once(&cycle[0]))
+                .map(|&i| partials[i].id(specs).expect("a node in a cycle has an id"))
+                .collect();
+            let p = &partials[cycle[0]];
+            let need_pos = p
+                .needs(specs)
+                .iter()
+                .zip(p.needs_pos.iter())
+                .find(|(n, _)| *n == names[1])
+                .map(|(_, pos)| *pos)
+                .unwrap_or(p.pos);
+            self.at_hint(
+                need_pos,
+                Some(&at(cycle[0], "needs")),
+                format!("cycle in needs: {}", names.join(" -> ")),
+                Some("a node cannot (indirectly) wait for itself".into()),
+            );
+        }
+    }
+
+    /// Reports every id used twice in the list; returns each id's first node.
+    fn unique_ids<'s>(
+        &mut self,
+        field: &str,
+        partials: &'s [Partial],
+        specs: &'s [NodeSpec],
+    ) -> HashMap<&'s str, usize> {
+        let at = |i: usize, what: &str| format!("{field}[{i}].{what}");
         let mut first: HashMap<&str, usize> = HashMap::with_capacity(partials.len());
         for (i, p) in partials.iter().enumerate() {
             let Some(id) = p.id(specs) else { continue };
@@ -120,6 +175,18 @@ impl Cx {
                 first.insert(id, i);
             }
         }
+        first
+    }
+
+    /// Reports each `needs` that names the node itself or no sibling.
+    fn needs_are_siblings(
+        &mut self,
+        field: &str,
+        partials: &[Partial],
+        specs: &[NodeSpec],
+        first: &HashMap<&str, usize>,
+    ) {
+        let at = |i: usize, what: &str| format!("{field}[{i}].{what}");
         for (i, p) in partials.iter().enumerate() {
             let id = p.id(specs);
             for (need, pos) in p.needs(specs).iter().zip(p.needs_pos.iter()) {
@@ -145,90 +212,6 @@ impl Cx {
                     );
                 }
             }
-        }
-        // Cycles: depth-first search in file order; each cycle is reported once, at the
-        // node where the search first entered it. Edges in one flat list (`starts[v]..
-        // starts[v + 1]`), and the search keeps its own stack: a chain of 100,000 nodes is
-        // as deep as the search goes.
-        // A duplicated id leads to its last node here (the duplicate is reported above).
-        let mut last = first;
-        for (i, p) in partials.iter().enumerate() {
-            if let Some(id) = p.id(specs) {
-                last.insert(id, i);
-            }
-        }
-        let mut starts = Vec::with_capacity(partials.len() + 1);
-        let mut targets: Vec<usize> = Vec::new();
-        for p in partials {
-            starts.push(targets.len());
-            let id = p.id(specs);
-            targets.extend(
-                p.needs(specs)
-                    .iter()
-                    .filter_map(|n| last.get(n.as_str()).copied())
-                    .filter(|&j| id != partials[j].id(specs)),
-            );
-        }
-        starts.push(targets.len());
-        let mut state = vec![0u8; partials.len()]; // 0 new, 1 on stack, 2 done
-        let mut reported: HashSet<Vec<usize>> = HashSet::new();
-        let mut cycles: Vec<Vec<usize>> = Vec::new();
-        // The search's path, and for each vertex on it the next edge to follow.
-        let mut path: Vec<usize> = Vec::new();
-        let mut next_edge: Vec<usize> = Vec::new();
-        for root in 0..partials.len() {
-            if state[root] != 0 {
-                continue;
-            }
-            state[root] = 1;
-            path.push(root);
-            next_edge.push(starts[root]);
-            while let Some(&v) = path.last() {
-                let e = next_edge.last_mut().expect("one per vertex on the path");
-                if *e == starts[v + 1] {
-                    path.pop();
-                    next_edge.pop();
-                    state[v] = 2;
-                    continue;
-                }
-                let w = targets[*e];
-                *e += 1;
-                if state[w] == 1 {
-                    let start = path.iter().position(|&x| x == w).expect("w is on the path");
-                    let cycle: Vec<usize> = path[start..].to_vec();
-                    let mut key = cycle.clone();
-                    key.sort_unstable();
-                    if reported.insert(key) {
-                        cycles.push(cycle);
-                    }
-                } else if state[w] == 0 {
-                    state[w] = 1;
-                    path.push(w);
-                    next_edge.push(starts[w]);
-                }
-            }
-        }
-        for cycle in cycles {
-            // Walk the cycle in `needs` direction: a needs b needs ... needs a.
-            let names: Vec<&str> = cycle
-                .iter()
-                .chain(std::iter::once(&cycle[0]))
-                .map(|&i| partials[i].id(specs).expect("a node in a cycle has an id"))
-                .collect();
-            let p = &partials[cycle[0]];
-            let need_pos = p
-                .needs(specs)
-                .iter()
-                .zip(p.needs_pos.iter())
-                .find(|(n, _)| *n == names[1])
-                .map(|(_, pos)| *pos)
-                .unwrap_or(p.pos);
-            self.at_hint(
-                need_pos,
-                Some(&at(cycle[0], "needs")),
-                format!("cycle in needs: {}", names.join(" -> ")),
-                Some("a node cannot (indirectly) wait for itself".into()),
-            );
         }
     }
 
@@ -654,4 +637,51 @@ impl yaml::Lists for Cx {
         let problems = std::mem::replace(&mut self.problems, list.before);
         Streamed { specs, problems }
     }
+}
+
+/// The cycles of a graph whose edges are in one flat list (`targets[starts[v]..
+/// starts[v + 1]]` are `v`'s), each once, as the depth-first search in vertex order
+/// first enters it. The search keeps its own stack: a chain of 100,000 nodes is as deep
+/// as it goes.
+fn cycles(starts: &[usize], targets: &[usize]) -> Vec<Vec<usize>> {
+    let n = starts.len() - 1;
+    let mut state = vec![0u8; n]; // 0 new, 1 on stack, 2 done
+    let mut reported: HashSet<Vec<usize>> = HashSet::new();
+    let mut cycles: Vec<Vec<usize>> = Vec::new();
+    // The search's path, and for each vertex on it the next edge to follow.
+    let mut path: Vec<usize> = Vec::new();
+    let mut next_edge: Vec<usize> = Vec::new();
+    for root in 0..n {
+        if state[root] != 0 {
+            continue;
+        }
+        state[root] = 1;
+        path.push(root);
+        next_edge.push(starts[root]);
+        while let Some(&v) = path.last() {
+            let e = next_edge.last_mut().expect("one per vertex on the path");
+            if *e == starts[v + 1] {
+                path.pop();
+                next_edge.pop();
+                state[v] = 2;
+                continue;
+            }
+            let w = targets[*e];
+            *e += 1;
+            if state[w] == 1 {
+                let start = path.iter().position(|&x| x == w).expect("w is on the path");
+                let cycle: Vec<usize> = path[start..].to_vec();
+                let mut key = cycle.clone();
+                key.sort_unstable();
+                if reported.insert(key) {
+                    cycles.push(cycle);
+                }
+            } else if state[w] == 0 {
+                state[w] = 1;
+                path.push(w);
+                next_edge.push(starts[w]);
+            }
+        }
+    }
+    cycles
 }
