@@ -277,3 +277,36 @@ fn a_damaged_row_is_a_bad_row_of_its_run() {
         }
     }
 }
+
+/// A new store is made without a rollback journal (its first page is
+/// written to an empty file): it must still come out in WAL mode with the
+/// store's page size, and read back whole from a fresh connection, as the
+/// next process would.
+#[test]
+fn a_new_store_is_a_wal_database_with_its_page_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let b = SqliteBackend::open(&db).unwrap();
+    b.create_run(&run_record("r", "pending", 1)).unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let page: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(page, 8192);
+    let runs: i64 = conn
+        .query_row("SELECT count(*) FROM runs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(runs, 1);
+    drop(conn);
+    drop(b);
+    // The file's own header says WAL (bytes 18 and 19), so a process that
+    // opens it later reads the log.
+    let head = std::fs::read(&db).unwrap();
+    assert_eq!(&head[18..20], &[2, 2]);
+    let b = SqliteBackend::open(&db).unwrap();
+    assert!(b.get_run("r").unwrap().is_some());
+}
