@@ -41,8 +41,8 @@
 //! baseline) runs `20,000 / N` times (1 to 10, `CAIRN_BENCH_REPEAT` to
 //! change it) and the median run by wall time counts, with the median of
 //! each CPU time over the runs; peak memory is the highest seen.
-//! Each case sets up the allocators as the CLI does (jemalloc with two
-//! arenas, glibc's malloc, which SQLite uses, with two; the parse's freed
+//! Each case sets up the allocators as the CLI does (jemalloc with one
+//! arena, glibc's malloc, which SQLite uses, with two; the parse's freed
 //! memory returned after loading); `CAIRN_BENCH_MALLOC_DEFAULT=1` leaves
 //! the arenas and the parse's memory alone, to compare.
 //!
