@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use cairn_api::{ActivityEntry, RunDetail, RunMeta};
 use cairn_client::{ClientError, EventsQuery};
-use cairn_events::{Event, EventType, RunStatus};
-use cairn_store::{EventQuery, RunFilter, SubscribeError};
+use cairn_events::{Event, EventType};
+use cairn_store::{EventQuery, RecordStatus, RunFilter, SubscribeError};
 use serde_json::{json, Value};
 
 use crate::bad_input;
@@ -18,13 +18,17 @@ use crate::store;
 
 /// `cairn runs`.
 pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
-    if let Some(s) = &a.status {
-        if s != "pending" && RunStatus::parse(s).is_none() {
-            return Err(bad_input(format!(
-                "--status `{s}`: use one of pending, running, waiting-approval, waiting-input, finished, failed, cancelled"
-            )));
-        }
-    }
+    let status = match &a.status {
+        Some(s) => match RecordStatus::parse(s) {
+            Some(st @ (RecordStatus::Pending | RecordStatus::Run(_))) => Some(st),
+            _ => {
+                return Err(bad_input(format!(
+                    "--status `{s}`: use one of pending, running, waiting-approval, waiting-input, finished, failed, cancelled"
+                )))
+            }
+        },
+        None => None,
+    };
     if !g.store_exists() {
         // No store yet means no runs: nothing to list, nothing to create.
         if !a.json {
@@ -34,7 +38,7 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
     }
     let j = store::open(g, false)?;
     let runs = j.backend().list_runs(&RunFilter {
-        status: a.status.clone(),
+        status,
         limit: Some(a.limit),
         ..Default::default()
     })?;
@@ -63,7 +67,7 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
             let mut v = json!({
                 "runId": r.run_id,
                 "workflow": r.workflow,
-                "status": r.status,
+                "status": r.status.as_str(),
                 "createdMs": r.created_ms,
                 "updatedMs": r.updated_ms,
                 "workflowPath": r.workflow_path,
@@ -171,12 +175,12 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             let st = engine.state(&a.run)?;
             let meta = RunMeta {
                 workflow: &rec.workflow,
-                status: &rec.status,
+                status: rec.status.as_str(),
                 parent_run_id: rec.parent_run_id.as_deref(),
             };
             let mut v = RunDetail::new(&st, &meta);
             let backend = engine.journal().backend();
-            v.with_child_states(|child| Some(backend.get_run(child).ok()??.status));
+            v.with_child_states(|child| Some(backend.get_run(child).ok()??.status.to_string()));
             engine.journal().close();
             v
         }

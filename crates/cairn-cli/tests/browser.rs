@@ -966,7 +966,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
             workflow_hash: "0".repeat(64),
             workflow_source: yaml,
             input: json!({}),
-            status: "running".into(),
+            status: cairn_store::RecordStatus::Run(cairn_events::RunStatus::Running),
             created_ms: now,
             updated_ms: now,
             parent_run_id: None,

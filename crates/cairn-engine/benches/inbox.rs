@@ -154,7 +154,7 @@ fn main() {
                 workflow_hash: String::new(),
                 workflow_source: String::new(),
                 input: json!(null),
-                status: "pending".into(),
+                status: cairn_store::RecordStatus::Pending,
                 created_ms: 0,
                 updated_ms: 0,
                 parent_run_id: None,

@@ -20,7 +20,10 @@ use std::collections::{BTreeSet, HashMap};
 
 use cairn_events::{Event, EventKind, ForkedFrom, RunState, Scope, Seq, SnapshotAt};
 use cairn_snapshot::ObjectId;
-use cairn_store::{EventQuery, GenerationRecord, RunRecord, StoredEvent, ToolCallRecord};
+use cairn_store::{
+    EventQuery, GenerationRecord, RecordStatus, RunRecord, StoredEvent, ToolCallRecord,
+    ToolCallStatus,
+};
 use cairn_workflow::Workflow;
 use serde_json::Value;
 
@@ -30,7 +33,7 @@ use crate::{node, reload, Engine, EngineError};
 /// The status of a fork's record until its copied log is written: a run
 /// in this state with no events was cut short while being made, and is not
 /// started as a run of its own (`Engine::resume` refuses it).
-pub const FORKING: &str = "forking";
+pub const FORKING: RecordStatus = RecordStatus::Forking;
 
 /// Where a fork starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -337,7 +340,7 @@ fn copy_of(
         run_id: run_id.to_string(),
         parent_run_id: None,
         input: input.clone(),
-        status: FORKING.into(),
+        status: FORKING,
         created_ms: now,
         updated_ms: now,
         ..rec.clone()
@@ -646,7 +649,7 @@ fn copied_calls(
                 continue;
             }
             if !calls.finished.contains(&k) {
-                r.status = "running".into();
+                r.status = ToolCallStatus::Running;
                 r.output = None;
                 r.error = None;
                 r.finished_ms = None;

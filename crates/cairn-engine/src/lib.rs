@@ -48,7 +48,9 @@ use std::time::Duration;
 use cairn_events::{
     ErrorInfo, Event, EventKind, EventType, InboxReply, RunCommand, RunState, RunStatus, Scope,
 };
-use cairn_store::{Backend, EventQuery, Journal, RunRecord, StoreError, ToolCallRecord, Topic};
+use cairn_store::{
+    Backend, EventQuery, Journal, RecordStatus, RunRecord, StoreError, ToolCallRecord, Topic,
+};
 use cairn_tools::ToolRegistry;
 use cairn_workflow::{InputError, Templates, Workflow, WorkflowError};
 use serde_json::Value;
@@ -454,7 +456,7 @@ impl Engine {
             // 100,000-node file is megabytes.
             workflow_source: std::mem::take(&mut wf.source),
             input: input.clone(),
-            status: "pending".into(),
+            status: RecordStatus::Pending,
             created_ms: now,
             updated_ms: now,
             parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
@@ -917,7 +919,7 @@ impl Engine {
     ) -> Result<(cairn_store::Subscription, u64), EngineError> {
         validate_run_id(run_id)?;
         let rec = self.require_run_off(run_id).await?;
-        if matches!(rec.status.as_str(), "finished" | "failed" | "cancelled") {
+        if rec.status.is_terminal() {
             return Err(EngineError::Conflict(format!(
                 "run `{run_id}` has already ended ({})",
                 rec.status

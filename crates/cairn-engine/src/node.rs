@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use cairn_events::{
     ErrorInfo, EventKind, NetworkAction, NodePath, OutputStream, Scope, ToolStatus,
 };
-use cairn_store::{ProcessRecord, RunLog, StoreError, ToolCallRecord};
+use cairn_store::{ProcessRecord, RunLog, StoreError, ToolCallRecord, ToolCallStatus};
 use cairn_tools::process::{ProcessObserver, Stream};
 use cairn_workflow::{NodeSpec, Templates, Workflow};
 use serde_json::Value;
@@ -502,7 +502,7 @@ impl NodeCtx {
             output: None,
             started_ms: started,
             finished_ms: None,
-            status: "running".into(),
+            status: ToolCallStatus::Running,
             error: None,
         };
         self.services.journal.backend().put_tool_call(&record)?;
@@ -520,7 +520,7 @@ impl NodeCtx {
         let result = match result {
             Ok(v) => {
                 record.output = Some(cut_json(&v, call.output_limit));
-                record.status = "success".into();
+                record.status = ToolCallStatus::Success;
                 Ok(v)
             }
             Err(info) => {
@@ -528,9 +528,9 @@ impl NodeCtx {
                 // own: its row says so, and an agent that takes up the
                 // conversation treats it as a call that may not have ended.
                 record.status = if self.cancel.is_cancelled() || info.kind == STOPPED {
-                    "cancelled".into()
+                    ToolCallStatus::Cancelled
                 } else {
-                    "error".into()
+                    ToolCallStatus::Error
                 };
                 record.error = Some(serde_json::to_value(&info).unwrap_or(Value::Null));
                 Err(info)

@@ -493,7 +493,7 @@ async fn a_run_a_crash_left_without_its_first_event_starts_on_resume() {
         workflow_hash: wf.hash.clone(),
         workflow_source: wf.source.clone(),
         input: json!({"n": 5}),
-        status: "pending".into(),
+        status: cairn_store::RecordStatus::Pending,
         created_ms: 1,
         updated_ms: 1,
         parent_run_id: None,

@@ -20,8 +20,15 @@ pub const MAX_RUN_ID_LEN: usize = 128;
 
 /// A run's id: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`, not
 /// starting with `.` (so it can never be `.` or `..` as a file name).
+///
+/// Every event, row and request of a run carries its id, so the text is
+/// shared (`Arc<str>`): a clone copies no bytes. The only way to make one is
+/// [`RunId::parse`] (or its `FromStr`/`TryFrom`/serde forms, which call it),
+/// so a `RunId` in hand is always a valid one. It serializes as the plain
+/// string, compares and hashes as `str`, and maps keyed by it are looked up
+/// with a plain `&str`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(String);
+pub struct RunId(Arc<str>);
 
 /// Why a text is not a run id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,7 +45,7 @@ impl RunId {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
         if ok {
-            Ok(RunId(text.to_string()))
+            Ok(RunId(Arc::from(text)))
         } else {
             Err(InvalidRunId(
                 text.chars().take(MAX_RUN_ID_LEN + 8).collect(),
@@ -54,13 +61,117 @@ impl RunId {
 
 impl fmt::Display for RunId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 
 impl AsRef<str> for RunId {
     fn as_ref(&self) -> &str {
         &self.0
+    }
+}
+
+impl Deref for RunId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for RunId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for RunId {
+    type Err = InvalidRunId;
+    fn from_str(text: &str) -> Result<Self, InvalidRunId> {
+        RunId::parse(text)
+    }
+}
+
+impl TryFrom<&str> for RunId {
+    type Error = InvalidRunId;
+    fn try_from(text: &str) -> Result<Self, InvalidRunId> {
+        RunId::parse(text)
+    }
+}
+
+impl TryFrom<String> for RunId {
+    type Error = InvalidRunId;
+    fn try_from(text: String) -> Result<Self, InvalidRunId> {
+        RunId::parse(&text)
+    }
+}
+
+impl TryFrom<&String> for RunId {
+    type Error = InvalidRunId;
+    fn try_from(text: &String) -> Result<Self, InvalidRunId> {
+        RunId::parse(text)
+    }
+}
+
+impl From<RunId> for String {
+    fn from(id: RunId) -> String {
+        id.0.to_string()
+    }
+}
+
+impl From<&RunId> for String {
+    fn from(id: &RunId) -> String {
+        id.0.to_string()
+    }
+}
+
+impl PartialEq<str> for RunId {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for RunId {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for RunId {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl PartialEq<RunId> for str {
+    fn eq(&self, other: &RunId) -> bool {
+        self == &*other.0
+    }
+}
+
+impl PartialEq<RunId> for &str {
+    fn eq(&self, other: &RunId) -> bool {
+        *self == &*other.0
+    }
+}
+
+impl PartialEq<RunId> for String {
+    fn eq(&self, other: &RunId) -> bool {
+        **self == *other.0
+    }
+}
+
+impl Serialize for RunId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// A run id read from JSON (an event, a request's body) is checked like any
+/// other: text that breaks the rule fails the whole value.
+impl<'de> Deserialize<'de> for RunId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        RunId::parse(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -372,5 +483,17 @@ mod tests {
         ] {
             assert!(RunId::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_run_id_is_plain_json_text_and_checked_when_read() {
+        let id = RunId::parse("run-1").unwrap();
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"run-1\"");
+        let back: RunId = serde_json::from_str("\"run-1\"").unwrap();
+        assert_eq!(back, id);
+        assert!(serde_json::from_str::<RunId>("\"../x\"").is_err());
+        let mut m = std::collections::HashMap::new();
+        m.insert(id.clone(), 1);
+        assert_eq!(m.get("run-1"), Some(&1));
     }
 }

@@ -218,7 +218,7 @@ mod tests {
             workflow_hash: "h".into(),
             workflow_source: String::new(),
             input: serde_json::json!({}),
-            status: "pending".into(),
+            status: cairn_store::RecordStatus::Pending,
             created_ms: 1,
             updated_ms: 1,
             parent_run_id: parent.map(str::to_string),

@@ -6,7 +6,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
 use cairn_events::RunCommand;
-use cairn_storage::{GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord};
+use cairn_storage::{
+    GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord, ToolCallStatus,
+};
 
 use crate::db::Db;
 
@@ -68,7 +70,7 @@ pub(crate) async fn put_tool_call(db: &Db, rec: &ToolCallRecord) -> Result<(), S
                 &output,
                 &rec.started_ms,
                 &rec.finished_ms,
-                &rec.status,
+                &rec.status.as_str(),
                 &error,
             ],
         )
@@ -327,7 +329,7 @@ fn tool_call_row(db: &Db, r: &Row) -> Result<ToolCallRecord, StoreError> {
         output: json(10, "output")?,
         started_ms: r.try_get(11).map_err(get)?,
         finished_ms: r.try_get(12).map_err(get)?,
-        status: r.try_get(13).map_err(get)?,
+        status: ToolCallStatus::from_row(&run_id, &r.try_get::<_, String>(13).map_err(get)?)?,
         error: json(14, "error")?,
         run_id,
     })

@@ -3,7 +3,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
-use cairn_storage::{RunFilter, RunRecord, StoreError};
+use cairn_storage::{RecordStatus, RunFilter, RunRecord, StoreError};
 
 use crate::db::Db;
 use crate::records::{json_column, json_text};
@@ -77,7 +77,7 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
                 &rec.workflow_hash,
                 &rec.workflow_source,
                 &input,
-                &rec.status,
+                &rec.status.as_str(),
                 &rec.created_ms,
                 &rec.updated_ms,
                 &rec.parent_run_id,
@@ -131,7 +131,16 @@ pub(crate) async fn list(db: &Db, f: &RunFilter) -> Result<Vec<RunRecord>, Store
         .await
         .map_err(|e| db.err(e))?;
     let rows = client
-        .query(&st, &[&f.status, &f.workflow, &f.parent, &limit, &offset])
+        .query(
+            &st,
+            &[
+                &f.status.map(RecordStatus::as_str),
+                &f.workflow,
+                &f.parent,
+                &limit,
+                &offset,
+            ],
+        )
         .await
         .map_err(|e| db.err(e))?;
     rows.iter().map(|r| run_row(db, r)).collect()
@@ -187,7 +196,7 @@ fn run_row(db: &Db, r: &Row) -> Result<RunRecord, StoreError> {
         workflow_path: r.try_get(2).map_err(get)?,
         workflow_hash: r.try_get(3).map_err(get)?,
         workflow_source: r.try_get(4).map_err(get)?,
-        status: r.try_get(6).map_err(get)?,
+        status: RecordStatus::from_row(&run_id, &r.try_get::<_, String>(6).map_err(get)?)?,
         created_ms: r.try_get(7).map_err(get)?,
         updated_ms: r.try_get(8).map_err(get)?,
         parent_run_id: r.try_get(9).map_err(get)?,

@@ -32,7 +32,7 @@ fn record(run: &str) -> RunRecord {
         workflow_hash: "abc".into(),
         workflow_source: "name: wf\n".into(),
         input: serde_json::json!({"n": 1}),
-        status: "pending".into(),
+        status: cairn_storage::RecordStatus::Pending,
         created_ms: 1,
         updated_ms: 1,
         parent_run_id: None,
@@ -573,7 +573,7 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
         drop(log);
     });
     let run = there.backend().get_run("r").unwrap().unwrap();
-    assert_eq!(run.status, "finished");
+    assert_eq!(run.status.as_str(), "finished");
     // A dropped RunLog hands its lease to the writer, which gives it back
     // once what the log queued is written: soon after the drop, not at it.
     let deadline = std::time::Instant::now() + LONG;

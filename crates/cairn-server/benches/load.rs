@@ -463,7 +463,7 @@ async fn server() {
             workflow_hash: "h".into(),
             workflow_source: String::new(),
             input: serde_json::json!({}),
-            status: "running".into(),
+            status: cairn_store::RecordStatus::Run(cairn_events::RunStatus::Running),
             created_ms: 0,
             updated_ms: 0,
             parent_run_id: None,

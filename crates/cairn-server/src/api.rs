@@ -17,7 +17,7 @@ use cairn_api::{
     StartBody,
 };
 use cairn_events::{ActivityFolder, Event, EventType, Metrics, RunState, RunStatus};
-use cairn_store::{EventQuery, Journal, RunFilter, RunRecord};
+use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -434,7 +434,7 @@ pub(crate) async fn fold_metrics(state: AppState) {
 pub(crate) fn run_meta(rec: &RunRecord) -> RunMeta<'_> {
     RunMeta {
         workflow: &rec.workflow,
-        status: &rec.status,
+        status: rec.status.as_str(),
         parent_run_id: rec.parent_run_id.as_deref(),
     }
 }
@@ -459,13 +459,17 @@ async fn list_runs(
     Query(q): Params,
 ) -> Result<Json<RunList>, ApiError> {
     known_params(&q, &["status", "workflow", "parent", "limit", "offset"])?;
-    if let Some(s) = q.get("status") {
-        if RunStatus::parse(s).is_none() {
-            return Err(ApiError::bad_request(format!(
-                "query parameter `status`: `{s}` is not one of running, waiting-approval, waiting-input, finished, failed, cancelled"
-            )));
-        }
-    }
+    let status = match q.get("status") {
+        Some(s) => match RunStatus::parse(s) {
+            Some(st) => Some(RecordStatus::Run(st)),
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter `status`: `{s}` is not one of running, waiting-approval, waiting-input, finished, failed, cancelled"
+                )))
+            }
+        },
+        None => None,
+    };
     let limit: usize = parse_param(&q, "limit", "a count")?.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_request(
@@ -474,7 +478,7 @@ async fn list_runs(
     }
     let offset: usize = parse_param(&q, "offset", "a count")?.unwrap_or(0);
     let filter = RunFilter {
-        status: q.get("status").cloned(),
+        status,
         workflow: q.get("workflow").cloned(),
         // One more than asked tells whether another page exists.
         limit: Some(limit + 1),
@@ -542,7 +546,7 @@ async fn get_run(
     let v = blocking(move || {
         let mut v = st.with_state(&rec, |s| RunDetail::new(s, &run_meta(&rec)))?;
         let backend = st.journal().backend();
-        v.with_child_states(|child| Some(backend.get_run(child).ok()??.status));
+        v.with_child_states(|child| Some(backend.get_run(child).ok()??.status.to_string()));
         Ok(v)
     })
     .await?;

@@ -211,8 +211,14 @@ fn gc_deletes_only_finished_old_runs() {
         )
         .unwrap();
     }
-    assert_eq!(b.get_run("old-failed").unwrap().unwrap().status, "failed");
-    assert_eq!(b.get_run("old-running").unwrap().unwrap().status, "running");
+    assert_eq!(
+        b.get_run("old-failed").unwrap().unwrap().status.as_str(),
+        "failed"
+    );
+    assert_eq!(
+        b.get_run("old-running").unwrap().unwrap().status.as_str(),
+        "running"
+    );
 
     // Age every run but one by rewriting its row's and its events' times on
     // a side connection (a run's `updated_ms` is the later of the two).
@@ -223,8 +229,12 @@ fn gc_deletes_only_finished_old_runs() {
             [],
         )
         .unwrap();
-        c.execute("UPDATE events SET ts = 100 WHERE run_id LIKE 'old-%'", [])
-            .unwrap();
+        c.execute(
+            "UPDATE events SET ts = 100 WHERE run IN \
+             (SELECT run FROM event_runs WHERE run_id LIKE 'old-%')",
+            [],
+        )
+        .unwrap();
     }
     // A run whose lease is held (being resumed) is left alone.
     let held = loop {

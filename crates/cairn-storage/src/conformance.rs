@@ -21,8 +21,8 @@ use serde_json::json;
 
 use crate::prelude::*;
 use crate::{
-    EventQuery, GenerationRecord, ProcessRecord, RunFilter, RunRecord, StoreError, StoredEvent,
-    ToolCallRecord, Topic,
+    EventQuery, GenerationRecord, ProcessRecord, RecordStatus, RunFilter, RunRecord, StoreError,
+    StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 
 /// Makes a fresh, empty backend each call.
@@ -196,7 +196,7 @@ pub fn record(run: &str, status: &str, created_ms: i64) -> RunRecord {
         workflow_hash: "abc".into(),
         workflow_source: "name: wf\nnodes: []\n".into(),
         input: json!({"n": 1, "text": "ünïcode \"quoted\"\n"}),
-        status: status.into(),
+        status: RecordStatus::parse(status).expect("a run row's status"),
         created_ms,
         updated_ms: created_ms,
         parent_run_id: None,
@@ -227,6 +227,8 @@ pub fn status_of(b: &dyn Backend, run: &str) -> String {
         .unwrap()
         .unwrap_or_else(|| panic!("run `{run}` has no row"))
         .status
+        .as_str()
+        .to_string()
 }
 
 /// Appending stores events byte for byte; reading honours every
@@ -546,7 +548,7 @@ pub fn runs_are_created_got_and_listed(fresh: Factory<'_>) {
             .collect()
     };
     let filter = |status: Option<&str>, workflow: Option<&str>, limit, offset| RunFilter {
-        status: status.map(str::to_string),
+        status: status.map(|s| RecordStatus::parse(s).expect("a run row's status")),
         workflow: workflow.map(str::to_string),
         limit,
         offset,
@@ -567,7 +569,7 @@ pub fn runs_are_created_got_and_listed(fresh: Factory<'_>) {
         ["r2", "r0"]
     );
     assert_eq!(
-        ids(filter(Some("nothing"), None, None, None)),
+        ids(filter(Some("waiting-input"), None, None, None)),
         Vec::<String>::new()
     );
     assert_eq!(
@@ -754,7 +756,7 @@ fn tool_call(run: &str, attempt: u32, tool_seq: u32) -> ToolCallRecord {
         output: None,
         started_ms: 10,
         finished_ms: None,
-        status: "running".into(),
+        status: ToolCallStatus::Running,
         error: None,
     }
 }
@@ -766,14 +768,14 @@ pub fn tool_calls_are_kept_by_key(fresh: Factory<'_>) {
     b.create_run(&record("r", "running", 1)).unwrap();
     let mut first = tool_call("r", 1, 1);
     b.put_tool_call(&first).unwrap();
-    first.status = "success".into();
+    first.status = ToolCallStatus::Success;
     first.output = Some(json!({"bytes": 3}));
     first.finished_ms = Some(12);
     first.side_effect = false;
     first.idempotent = true;
     b.put_tool_call(&first).unwrap();
     let second = ToolCallRecord {
-        status: "error".into(),
+        status: ToolCallStatus::Error,
         error: Some(json!({"kind": "io", "message": "nope"})),
         finished_ms: Some(13),
         ..tool_call("r", 1, 2)

@@ -15,6 +15,7 @@
 mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod envelope;
 mod error;
 pub mod records;
 mod url;
@@ -25,8 +26,8 @@ pub use backend::{
 };
 pub use error::StoreError;
 pub use records::{
-    EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile, ProcessRecord, RunFilter,
-    RunRecord, StoredEvent, ToolCallRecord, Topic,
+    EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile, ProcessRecord,
+    RecordStatus, RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 pub use url::{redact, BadStoreUrl, StoreUrl};
 

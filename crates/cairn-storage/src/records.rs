@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use cairn_events::{DecodeError, Event, NodePath, RunCommand};
+use cairn_events::{DecodeError, Event, NodePath, RunCommand, RunStatus};
+
+use crate::error::StoreError;
 
 /// One event as stored: its JSON text (exactly what the NDJSON mirror and
 /// every channel repeat) and the columns that index it.
@@ -77,15 +79,80 @@ pub struct RunRecord {
     pub workflow_source: String,
     /// The run's input.
     pub input: serde_json::Value,
-    /// `RunStatus::as_str` of the latest status, or `"pending"` before the
-    /// first event.
-    pub status: String,
+    /// Where the run stands: its log's latest status, or not started yet.
+    pub status: RecordStatus,
     /// When the run was created (Unix ms).
     pub created_ms: i64,
     /// When the run's status or log last changed (Unix ms).
     pub updated_ms: i64,
     /// The run that delegated this one, if any.
     pub parent_run_id: Option<String>,
+}
+
+/// Where a run's row says the run stands. Stored as text: `pending`,
+/// `forking` or [`RunStatus::as_str`]; a row whose text is none of them is
+/// [`StoreError::BadRow`] when read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordStatus {
+    /// Created, no event written yet.
+    Pending,
+    /// A fork's copy of its source's log is under way (`cairn fork`): the
+    /// row exists so the id is taken, the log is not yet the run's.
+    Forking,
+    /// The status the run's latest lifecycle event reported.
+    Run(RunStatus),
+}
+
+impl RecordStatus {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::Pending => "pending",
+            RecordStatus::Forking => "forking",
+            RecordStatus::Run(s) => s.as_str(),
+        }
+    }
+
+    /// Parses the form [`RecordStatus::as_str`] writes.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "pending" => Some(RecordStatus::Pending),
+            "forking" => Some(RecordStatus::Forking),
+            _ => RunStatus::parse(text).map(RecordStatus::Run),
+        }
+    }
+
+    /// A row's text, read back: [`StoreError::BadRow`] naming the run when
+    /// it is no status.
+    pub fn from_row(run_id: &str, text: &str) -> Result<Self, StoreError> {
+        RecordStatus::parse(text).ok_or_else(|| StoreError::BadRow {
+            run: run_id.to_string(),
+            detail: format!("column `status` holds `{text}`, not a run status"),
+        })
+    }
+
+    /// Finished, failed or cancelled: the run does nothing until resumed.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RecordStatus::Run(s) if s.is_terminal())
+    }
+}
+
+impl From<RunStatus> for RecordStatus {
+    fn from(s: RunStatus) -> Self {
+        RecordStatus::Run(s)
+    }
+}
+
+impl PartialEq<RunStatus> for RecordStatus {
+    fn eq(&self, other: &RunStatus) -> bool {
+        *self == RecordStatus::Run(*other)
+    }
+}
+
+impl std::fmt::Display for RecordStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
 }
 
 /// One generation of a run's workflow: the text a reload of the run adopted
@@ -140,7 +207,7 @@ impl PinnedFile {
 #[derive(Debug, Default, Clone)]
 pub struct RunFilter {
     /// Only runs with this status.
-    pub status: Option<String>,
+    pub status: Option<RecordStatus>,
     /// Only runs of this workflow (by name).
     pub workflow: Option<String>,
     /// At most this many runs.
@@ -234,10 +301,64 @@ pub struct ToolCallRecord {
     pub started_ms: i64,
     /// When it ended (Unix ms).
     pub finished_ms: Option<i64>,
-    /// `running`, `success` or `error`.
-    pub status: String,
+    /// Running, or how it ended.
+    pub status: ToolCallStatus,
     /// The error object when it failed.
     pub error: Option<serde_json::Value>,
+}
+
+/// Where a tool call stands. Stored as text (`running`, `success`,
+/// `error`, `cancelled`); a row whose text is none of them is [`StoreError::BadRow`]
+/// when read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolCallStatus {
+    /// Started, not ended (or cut short by a crash).
+    Running,
+    /// Ended with an output.
+    Success,
+    /// Ended with an error.
+    Error,
+    /// Cut short by a cancel or a stop: it may or may not have had its
+    /// effect.
+    Cancelled,
+}
+
+impl ToolCallStatus {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCallStatus::Running => "running",
+            ToolCallStatus::Success => "success",
+            ToolCallStatus::Error => "error",
+            ToolCallStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the form [`ToolCallStatus::as_str`] writes.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "running" => ToolCallStatus::Running,
+            "success" => ToolCallStatus::Success,
+            "error" => ToolCallStatus::Error,
+            "cancelled" => ToolCallStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// A row's text, read back: [`StoreError::BadRow`] naming the run when
+    /// it is no status.
+    pub fn from_row(run_id: &str, text: &str) -> Result<Self, StoreError> {
+        ToolCallStatus::parse(text).ok_or_else(|| StoreError::BadRow {
+            run: run_id.to_string(),
+            detail: format!("column `status` of a tool call holds `{text}`"),
+        })
+    }
+}
+
+impl std::fmt::Display for ToolCallStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
 }
 
 /// Who holds a run's lease, as far as the store can tell

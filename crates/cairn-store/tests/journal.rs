@@ -539,9 +539,12 @@ fn events_in_main_file(db: &std::path::Path) -> i64 {
     let copy = copy_dir.path().join("copy.db");
     std::fs::copy(db, &copy).unwrap();
     let c = rusqlite::Connection::open(&copy).unwrap();
-    c.query_row("SELECT count(*) FROM events WHERE run_id = 'r'", [], |r| {
-        r.get(0)
-    })
+    c.query_row(
+        "SELECT count(*) FROM events WHERE run = \
+         (SELECT run FROM event_runs WHERE run_id = 'r')",
+        [],
+        |r| r.get(0),
+    )
     .unwrap_or(0)
 }
 

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use cairn_agent::AssistantMessage;
 use cairn_events::{ErrorInfo, Event, EventKind, EventType};
-use cairn_store::{EventQuery, ToolCallRecord};
+use cairn_store::{EventQuery, ToolCallRecord, ToolCallStatus};
 use serde_json::Value;
 
 use crate::node::{NodeCtx, NodeError};
@@ -316,13 +316,13 @@ fn key_run_of(
 /// (the process died while it ran, or a cancel or a stop cut it short),
 /// else its result as the model saw it.
 pub(super) fn outcome(rec: &ToolCallRecord) -> Option<Result<Value, ErrorInfo>> {
-    match rec.status.as_str() {
-        "success" => Some(Ok(rec.output.clone().unwrap_or(Value::Null))),
-        "error" => Some(Err(rec
+    match rec.status {
+        ToolCallStatus::Success => Some(Ok(rec.output.clone().unwrap_or(Value::Null))),
+        ToolCallStatus::Error => Some(Err(rec
             .error
             .clone()
             .and_then(|e| serde_json::from_value(e).ok())
             .unwrap_or_else(|| ErrorInfo::new("tool", "the call failed")))),
-        _ => None,
+        ToolCallStatus::Running | ToolCallStatus::Cancelled => None,
     }
 }

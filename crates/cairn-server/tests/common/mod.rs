@@ -105,7 +105,7 @@ impl TestServer {
                 workflow_hash: "h".into(),
                 workflow_source: String::new(),
                 input: serde_json::json!({}),
-                status: "running".into(),
+                status: cairn_store::RecordStatus::Run(cairn_events::RunStatus::Running),
                 created_ms: 0,
                 updated_ms: 0,
                 parent_run_id: None,

@@ -14,7 +14,7 @@ pub fn run_record(run_id: &str, status: &str, created_ms: i64) -> RunRecord {
         workflow_hash: "abc".into(),
         workflow_source: "name: wf\n".into(),
         input: serde_json::json!({"n": 1}),
-        status: status.into(),
+        status: cairn_store::RecordStatus::parse(status).expect("a run row's status"),
         created_ms,
         updated_ms: created_ms,
         parent_run_id: None,
