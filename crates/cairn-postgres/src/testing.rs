@@ -90,6 +90,29 @@ fn sql_with_timeout(url: &str, statements: &str, timeout: Duration) -> Result<()
     .expect("the SQL thread does not panic")
 }
 
+/// The first column of the first row of `query`, an integer (a count, a
+/// size), for tests and benches that measure what the server holds.
+pub fn query_i64(url: &str, query: &str) -> i64 {
+    let (url, text) = (url.to_string(), query.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| chain(&e))?;
+            tokio::spawn(conn);
+            let row = client.query_one(&text, &[]).await.map_err(|e| chain(&e))?;
+            row.try_get::<_, i64>(0).map_err(|e| chain(&e))
+        })
+    })
+    .join()
+    .expect("the SQL thread does not panic")
+    .unwrap_or_else(|e: String| panic!("{query}: {e}"))
+}
+
 /// Creates a database (for tests that need one of their own, e.g. several
 /// processes started with a URL) and returns its URL; see [`drop_database`].
 pub fn create_database(url: &str, name: &str) -> String {
