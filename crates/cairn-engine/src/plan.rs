@@ -56,7 +56,10 @@ pub struct Inst {
     pub key: Key,
     pub spec: SpecRef,
     /// The instances this one waits for (its `needs`, resolved in its group).
-    pub needs: Vec<Key>,
+    /// A boxed slice rather than a vector: 8 bytes less puts an instance in
+    /// a smaller allocation (128 bytes rather than 160 with its `Arc`), one
+    /// per node of the plan.
+    pub needs: Box<[Key]>,
     /// The group instance this node belongs to, if any.
     pub parent: Option<Key>,
     /// Depth in the mounted graph.
@@ -427,7 +430,7 @@ impl Mount<'_> {
         for (spec, depth) in specs.iter().zip(depths) {
             let key: Key = (keys[spec.id.as_str()].clone(), iteration);
             let layer = base_layer + depth;
-            let needs: Vec<Key> = spec
+            let needs: Box<[Key]> = spec
                 .needs
                 .iter()
                 .map(|n| match keys.get(n.as_str()) {
@@ -658,6 +661,12 @@ fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instance_and_its_arc_fit_128_bytes() {
+        // One per node of the plan: 160 bytes of allocation past 128.
+        assert!(std::mem::size_of::<Inst>() + 2 * std::mem::size_of::<usize>() <= 128);
+    }
 
     const NESTED: &str = r#"
 name: nested

@@ -47,8 +47,13 @@ impl Driver {
         Context::scoped_nodes(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
     }
 
-    /// Whether an instance's spec has templates (looked at once per spec).
+    /// Whether an instance's spec has templates (looked at once per spec
+    /// of a group; a top-level spec has one instance, and a map of every
+    /// node of a 100,000-node file would outweigh looking again).
     pub(super) fn is_templated(&mut self, inst: &Inst) -> bool {
+        if inst.parent.is_none() {
+            return uses_templates(&inst.spec);
+        }
         *self
             .templated
             .entry(inst.spec.id())

@@ -56,7 +56,10 @@ pub(super) struct Scheduler {
     frame_no: u64,
     dependents: KeyMap<Vec<Key>>,
     /// How many of each mounted instance's needs have not ended, so that a
-    /// join is looked at in full once, not once per finished need.
+    /// join is looked at in full once, not once per finished need; only
+    /// for instances waiting for two or more. One waiting for a single need
+    /// is not counted: it is only ever looked at once that need ends (from
+    /// its `dependents`), and most instances of a large plan wait for one.
     unmet: KeyMap<usize>,
     /// How many members of each running group's pass have not ended.
     group_remaining: KeyMap<usize>,
@@ -240,7 +243,7 @@ impl Scheduler {
             deps.reserve_exact(1);
             deps.push(key.clone());
         }
-        if unmet > 0 {
+        if unmet > 1 {
             self.unmet.insert(key.clone(), unmet);
         }
         if let Some(parent) = &inst.parent {
@@ -295,7 +298,9 @@ impl Scheduler {
 
     /// The next instance to look at.
     pub(super) fn next_check(&mut self) -> Option<Key> {
-        self.check_queue.pop_front()
+        let key = self.check_queue.pop_front()?;
+        shrink_drained_queue(&mut self.check_queue);
+        Some(key)
     }
 
     /// Whether instances wait to be looked at.
@@ -323,7 +328,9 @@ impl Scheduler {
     /// The next instance that may start, taken.
     pub(super) fn next_ready(&mut self) -> Option<Key> {
         let key = self.ready.pop_front()?;
+        shrink_drained_queue(&mut self.ready);
         self.queued.remove(&key);
+        shrink_drained_set(&mut self.queued);
         Some(key)
     }
 
@@ -360,13 +367,19 @@ impl Scheduler {
         // An ended node's dependents and a ready node's count are not
         // needed again: dropped, so a long run's maps hold only what waits.
         if let Some(deps) = self.dependents.remove(&inst.key) {
+            shrink_drained(&mut self.dependents);
             for d in deps {
                 if let Some(n) = self.unmet.get_mut(&d) {
                     *n = n.saturating_sub(1);
-                    if *n > 0 {
+                    let left = *n;
+                    if left <= 1 {
+                        // Down to one need: no longer counted (see `unmet`).
+                        self.unmet.remove(&d);
+                        shrink_drained(&mut self.unmet);
+                    }
+                    if left > 0 {
                         continue;
                     }
-                    self.unmet.remove(&d);
                 }
                 self.check_queue.push_back(d);
             }
@@ -415,6 +428,35 @@ impl Scheduler {
     /// How many members of the group `key`'s pass have not ended.
     pub(super) fn remaining(&self, key: &Key) -> usize {
         self.group_remaining.get(key).copied().unwrap_or(0)
+    }
+}
+
+/// Below this many slots a drained map or queue keeps its room.
+const SHRINK_FROM: usize = 1024;
+
+/// Gives back most of a map's room once it has drained to a quarter of it.
+/// A frame that mounts 100,000 instances fills the scheduler's maps at
+/// once, they drain as the run goes, and a hash map otherwise keeps its
+/// largest table to the end, beside everything the run has grown since.
+/// Each shrink at least halves the table, so the moves cost a constant
+/// per entry over the run.
+fn shrink_drained<V>(map: &mut KeyMap<V>) {
+    if map.capacity() > SHRINK_FROM && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
+/// [`shrink_drained`] for a set.
+fn shrink_drained_set(set: &mut KeySet) {
+    if set.capacity() > SHRINK_FROM && set.len() < set.capacity() / 4 {
+        set.shrink_to(set.len() * 2);
+    }
+}
+
+/// [`shrink_drained`] for a queue.
+fn shrink_drained_queue(queue: &mut VecDeque<Key>) {
+    if queue.capacity() > SHRINK_FROM && queue.len() < queue.capacity() / 4 {
+        queue.shrink_to(queue.len() * 2);
     }
 }
 
@@ -816,6 +858,22 @@ nodes:
         assert_eq!(s.ended(&first), None);
         assert_eq!(s.ended(&second), Some(each.clone()));
         assert_eq!(s.remaining(&each), 0);
+    }
+
+    #[test]
+    fn a_drained_map_gives_its_room_back() {
+        let mut m: KeyMap<usize> = KeyMap::default();
+        for i in 0..5000 {
+            m.insert(key(&format!("n{i}")), i);
+        }
+        let full = m.capacity();
+        for i in 0..4990 {
+            m.remove(&key(&format!("n{i}")));
+            shrink_drained(&mut m);
+        }
+        assert_eq!(m.len(), 10);
+        assert!(m.capacity() < full / 4, "{} of {full}", m.capacity());
+        assert_eq!(m.get(&key("n4995")), Some(&4995));
     }
 
     #[test]

@@ -8,31 +8,75 @@
 //! which the driver appends in the order given.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cairn_events::{EventKind, NodeCounts, NodeStatus, NodeTiming, RunState, TokenTotals};
 
 /// Most nodes a run's summary names in its `timings`.
 const MAX_TIMINGS: usize = 20;
 
-/// One layer's or chapter's counts.
-#[derive(Default, Debug)]
+/// One layer's or chapter's counts. A chain of 100,000 nodes has as many
+/// layers, so a tally is kept small: counts as `u32`, its start as
+/// milliseconds from the tallies' epoch.
+#[derive(Default, Debug, Clone, Copy)]
 struct Tally {
-    total: u64,
-    done: u64,
-    succeeded: u64,
-    failed: u64,
-    skipped: u64,
-    cancelled: u64,
+    total: u32,
+    succeeded: u32,
+    failed: u32,
+    skipped: u32,
+    cancelled: u32,
     open: bool,
-    started: Option<Instant>,
+    /// When its first node started, in ms after [`Tallies::epoch`]
+    /// (negative for a layer reopened after a resume).
+    started_ms: Option<i64>,
+}
+
+impl Tally {
+    /// How many of its nodes ended.
+    fn done(&self) -> u64 {
+        [self.succeeded, self.failed, self.skipped, self.cancelled]
+            .iter()
+            .map(|&n| u64::from(n))
+            .sum()
+    }
+
+    /// Counts a node that ended with `status`.
+    fn count(&mut self, status: NodeStatus) {
+        let n = match status {
+            NodeStatus::Finished => &mut self.succeeded,
+            NodeStatus::Failed => &mut self.failed,
+            NodeStatus::Cancelled => &mut self.cancelled,
+            _ => &mut self.skipped,
+        };
+        *n = n.saturating_add(1);
+    }
+
+    /// Whether it is open and every node counted in it ended.
+    fn closes(&self) -> bool {
+        self.open && self.done() >= u64::from(self.total)
+    }
 }
 
 /// The layers and chapters of a run.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub(super) struct Tallies {
-    layers: HashMap<u32, Tally>,
+    /// By layer index: layers are numbered from 0 by depth, so a vector
+    /// holds them densely (a map of a chain's 100,000 layers took about
+    /// 10 MB).
+    layers: Vec<Tally>,
     chapters: HashMap<String, Tally>,
+    /// What layers' starts are counted from.
+    epoch: Instant,
+}
+
+impl Default for Tallies {
+    fn default() -> Tallies {
+        Tallies {
+            layers: Vec::new(),
+            chapters: HashMap::new(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 impl Tallies {
@@ -47,32 +91,39 @@ impl Tallies {
         open_chapters: &BTreeSet<String>,
         now_ms: i64,
     ) {
+        let since_epoch = self.since_epoch();
         for (&layer, &started_ms) in open_layers {
-            let t = self.layers.entry(layer).or_default();
+            let t = self.layer(layer);
             t.open = true;
-            let ago = Duration::from_millis((now_ms - started_ms).max(0) as u64);
-            t.started = Instant::now().checked_sub(ago).or(Some(Instant::now()));
+            t.started_ms = Some(since_epoch - (now_ms - started_ms).max(0));
         }
         for chapter in open_chapters {
             self.chapters.entry(chapter.clone()).or_default().open = true;
         }
     }
 
+    /// Milliseconds since the epoch.
+    fn since_epoch(&self) -> i64 {
+        i64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// A node instance of `layer` (and `stage`) was mounted.
     pub(super) fn mounted(&mut self, layer: u32, stage: Option<&str>) {
-        self.layers.entry(layer).or_default().total += 1;
+        let t = self.layer(layer);
+        t.total = t.total.saturating_add(1);
         if let Some(stage) = stage {
-            self.chapter(stage).total += 1;
+            let t = self.chapter(stage);
+            t.total = t.total.saturating_add(1);
         }
     }
 
     /// The plan is mounted again from scratch (a reload): totals are
     /// counted again by its frame, what is open stays open.
     pub(super) fn recount(&mut self) {
-        for t in self.layers.values_mut().chain(self.chapters.values_mut()) {
+        for t in self.layers.iter_mut().chain(self.chapters.values_mut()) {
             *t = Tally {
                 open: t.open,
-                started: t.started,
+                started_ms: t.started_ms,
                 ..Tally::default()
             };
         }
@@ -82,13 +133,14 @@ impl Tallies {
     /// chapter's start, when it is their first.
     pub(super) fn started(&mut self, layer: u32, stage: Option<&str>) -> Vec<EventKind> {
         let mut events = Vec::new();
-        let t = self.layers.entry(layer).or_default();
+        let now = self.since_epoch();
+        let t = self.layer(layer);
         if !t.open {
             t.open = true;
-            t.started = Some(Instant::now());
+            t.started_ms = Some(now);
             events.push(EventKind::LayerStarted {
                 layer_index: layer,
-                node_count: t.total,
+                node_count: u64::from(t.total),
             });
         }
         if let Some(stage) = stage {
@@ -112,32 +164,24 @@ impl Tallies {
         status: NodeStatus,
     ) -> Vec<EventKind> {
         let mut events = Vec::new();
-        let t = self.layers.entry(layer).or_default();
-        t.done += 1;
-        match status {
-            NodeStatus::Finished => t.succeeded += 1,
-            NodeStatus::Failed => t.failed += 1,
-            NodeStatus::Cancelled => t.cancelled += 1,
-            _ => t.skipped += 1,
-        }
-        if t.open && t.done >= t.total {
+        let now = self.since_epoch();
+        let t = self.layer(layer);
+        t.count(status);
+        if t.closes() {
             t.open = false;
             events.push(EventKind::LayerFinished {
                 layer_index: layer,
-                duration_ms: t.started.map_or(0, |s| s.elapsed().as_millis() as u64),
-                succeeded: t.succeeded,
-                failed: t.failed,
-                skipped: t.skipped,
-                cancelled: t.cancelled,
+                duration_ms: t.started_ms.map_or(0, |s| (now - s).max(0) as u64),
+                succeeded: t.succeeded.into(),
+                failed: t.failed.into(),
+                skipped: t.skipped.into(),
+                cancelled: t.cancelled.into(),
             });
         }
         if let Some(stage) = stage {
             let t = self.chapter(stage);
-            t.done += 1;
-            if status == NodeStatus::Failed {
-                t.failed += 1;
-            }
-            if t.open && t.done >= t.total {
+            t.count(status);
+            if t.closes() {
                 t.open = false;
                 events.push(EventKind::ChapterFinished {
                     chapter: stage.to_string(),
@@ -146,6 +190,15 @@ impl Tallies {
             }
         }
         events
+    }
+
+    /// A layer's tally, made (with those before it) the first time.
+    fn layer(&mut self, layer: u32) -> &mut Tally {
+        let i = layer as usize;
+        if i >= self.layers.len() {
+            self.layers.resize(i + 1, Tally::default());
+        }
+        &mut self.layers[i]
     }
 
     /// A chapter's tally; the name is copied only the first time.
