@@ -9,7 +9,10 @@
 //! an existing store (one store for every round, which a first run made).
 //! Rounds interleave the cases, so that a change in the machine's load
 //! falls on all of them alike. Each case prints the median and the minimum
-//! of its rounds in milliseconds and its median over the baseline's.
+//! of its rounds in milliseconds and its median over the baseline's, and
+//! the median CPU time (user and system) of its process: on a machine busy
+//! with other work the wall time mostly measures waiting for a core, and
+//! the CPU time is the steadier figure of what a change saved.
 //!
 //! `cargo bench -p cairn-cli --bench startup`. Environment:
 //! `CAIRN_BENCH_ROUNDS` (default 50), `CAIRN_BENCH_BIN` (another `cairn`
@@ -50,7 +53,7 @@ fn main() {
         "run, fresh store",
         "run, existing store",
     ];
-    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); cases.len()];
+    let mut times: Vec<Vec<Timing>> = vec![Vec::with_capacity(rounds); cases.len()];
     for round in 0..rounds {
         times[0].push(timed(Command::new("/bin/true")));
         let mut version = Command::new(&bin);
@@ -68,21 +71,27 @@ fn main() {
         "startup: {rounds} rounds of each case, {cores} cores, binary {}",
         bin.display()
     );
+    // The machine's load decides the wall times: said with them.
+    println!("load average at the end: {}", load_average());
     println!(
-        "{:<22} {:>9} {:>9} {:>12}",
-        "case", "median ms", "min ms", "× /bin/true"
+        "{:<22} {:>9} {:>9} {:>12} {:>10}",
+        "case", "median ms", "min ms", "× /bin/true", "cpu ms"
     );
-    let base = median(&times[0]);
+    let wall = |t: &[Timing]| t.iter().map(|t| t.wall_ms).collect::<Vec<_>>();
+    let cpu = |t: &[Timing]| t.iter().map(|t| t.cpu_ms).collect::<Vec<_>>();
+    let base = median(&wall(&times[0]));
     for (case, t) in cases.iter().zip(&times) {
+        let w = wall(t);
         println!(
-            "{case:<22} {:>9.2} {:>9.2} {:>11.1}×",
-            median(t),
-            min(t),
-            median(t) / base
+            "{case:<22} {:>9.2} {:>9.2} {:>11.1}× {:>10.2}",
+            median(&w),
+            min(&w),
+            median(&w) / base,
+            median(&cpu(t))
         );
     }
     for (case, t) in cases.iter().zip(&times).skip(2) {
-        let m = median(t);
+        let m = median(&wall(t));
         println!(
             "target: {case} under {TARGET_MS} ms: median {m:.2} ms, {}",
             if m < TARGET_MS { "met" } else { "MISSED" }
@@ -90,9 +99,19 @@ fn main() {
     }
 }
 
-/// One `cairn run` of the workflow on `store`, in ms; panics unless the
-/// run finished (a failed run is no measure of a run).
-fn run_once(bin: &Path, cwd: &Path, store: &Path, wf: &Path) -> f64 {
+/// One process's times, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    /// From spawning it to reaping it, as seen from here.
+    wall_ms: f64,
+    /// The user and system CPU time the kernel charged it (and any
+    /// process it waited for).
+    cpu_ms: f64,
+}
+
+/// One `cairn run` of the workflow on `store`; panics unless the run
+/// finished (a failed run is no measure of a run).
+fn run_once(bin: &Path, cwd: &Path, store: &Path, wf: &Path) -> Timing {
     let mut c = Command::new(bin);
     c.current_dir(cwd)
         .arg("run")
@@ -107,21 +126,44 @@ fn run_once(bin: &Path, cwd: &Path, store: &Path, wf: &Path) -> f64 {
     timed(c)
 }
 
-/// Runs a command to its end with its output discarded, in ms.
-fn timed(mut c: Command) -> f64 {
+/// Runs a command to its end with its output discarded.
+fn timed(mut c: Command) -> Timing {
     c.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // Children are run one at a time: the growth of the reaped children's
+    // CPU time is this one's.
+    let cpu0 = children_cpu_ms();
     let t0 = Instant::now();
     let out = c.output().expect("the command starts");
-    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let cpu_ms = children_cpu_ms() - cpu0;
     assert!(
         out.status.success(),
         "{c:?} failed ({}): {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    ms
+    Timing { wall_ms, cpu_ms }
+}
+
+/// The 1, 5 and 15 minute load averages, where Linux tells them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The user and system CPU time of every child reaped so far, in ms.
+fn children_cpu_ms() -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed value it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru
+    };
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
 }
 
 fn median(v: &[f64]) -> f64 {
