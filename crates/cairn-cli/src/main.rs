@@ -195,19 +195,41 @@ fn exit_code_of(e: &anyhow::Error) -> u8 {
 }
 
 /// The engine's refusals are all about what was asked (a workflow, an
-/// input, a run or node, a decision that does not fit): bad input. A store
-/// failure maps as if the store had reported it directly, so the same
-/// failure gives the same code whichever layer saw it first.
+/// input, a run, node or question, a decision, command, revert or fork that
+/// does not fit the run, a run another process drives, files that cannot
+/// be put back now): bad input. A store failure maps as if the store had
+/// reported it directly, so the same failure gives the same code whichever
+/// layer saw it first. A store changed behind the run's back, and a
+/// shutdown, are failures (1). The match is exhaustive so that a new engine
+/// error must be placed here.
 fn engine_exit_code(e: &cairn_engine::EngineError) -> u8 {
     use cairn_engine::EngineError;
     match e {
         EngineError::Workflow(_)
         | EngineError::Input(_)
-        | EngineError::NotFound(_)
-        | EngineError::BadRequest(_)
-        | EngineError::Conflict(_) => EXIT_BAD_INPUT,
+        | EngineError::InvalidRunId(_)
+        | EngineError::WorkflowNotFound { .. }
+        | EngineError::RunNotFound { .. }
+        | EngineError::NodeNotFound { .. }
+        | EngineError::NodeNotWaiting { .. }
+        | EngineError::QuestionNotFound { .. }
+        | EngineError::QuestionAnswered { .. }
+        | EngineError::AnswerInvalid { .. }
+        | EngineError::RunEnded { .. }
+        | EngineError::RunEndedFirst { .. }
+        | EngineError::CommandNotTaken { .. }
+        | EngineError::CommandRefused { .. }
+        | EngineError::NotHijackable { .. }
+        | EngineError::LeaseHeld { .. }
+        | EngineError::ResumeRefused { .. }
+        | EngineError::RevertRefused { .. }
+        | EngineError::ForkRefused { .. }
+        | EngineError::NoSnapshots
+        | EngineError::SnapshotsUnavailable { .. }
+        | EngineError::Workspace(_)
+        | EngineError::Files { .. } => EXIT_BAD_INPUT,
         EngineError::Store(se) => store_exit_code(se),
-        EngineError::ShuttingDown | EngineError::Integrity(_) => EXIT_FAILED,
+        EngineError::ShuttingDown | EngineError::Integrity { .. } => EXIT_FAILED,
     }
 }
 
@@ -308,11 +330,50 @@ mod tests {
     }
 
     #[test]
-    fn engine_refusals_are_bad_input_and_shutdown_is_not() {
-        assert_eq!(code(EngineError::NotFound("r".into())), EXIT_BAD_INPUT);
-        assert_eq!(code(EngineError::Conflict("r".into())), EXIT_BAD_INPUT);
+    fn engine_refusals_are_bad_input_and_shutdown_and_tampering_are_not() {
+        use cairn_engine::{ForkRefusal, IntegrityProblem, ResumeRefusal, Wanted};
+        use cairn_events::{RunId, RunStatus};
+        let run = || RunId::parse("r").unwrap();
+        let not_found = || EngineError::RunNotFound { run: run() };
+        assert_eq!(code(not_found()), EXIT_BAD_INPUT);
+        assert_eq!(
+            code(EngineError::NodeNotWaiting {
+                run: run(),
+                node: "n".into(),
+                status: None,
+            }),
+            EXIT_BAD_INPUT
+        );
+        assert_eq!(
+            code(EngineError::LeaseHeld {
+                run: run(),
+                holder: None,
+                wanted: Wanted::Resume,
+            }),
+            EXIT_BAD_INPUT
+        );
+        assert_eq!(
+            code(EngineError::ResumeRefused {
+                run: run(),
+                reason: ResumeRefusal::Ended(RunStatus::Finished),
+            }),
+            EXIT_BAD_INPUT
+        );
+        assert_eq!(
+            code(EngineError::ForkRefused {
+                reason: ForkRefusal::SeqZero
+            }),
+            EXIT_BAD_INPUT
+        );
         assert_eq!(code(EngineError::ShuttingDown), EXIT_FAILED);
-        let wrapped = anyhow::Error::new(EngineError::NotFound("r".into())).context("resuming");
+        assert_eq!(
+            code(EngineError::Integrity {
+                run: run(),
+                problem: IntegrityProblem::GenerationMissing { generation: 1 },
+            }),
+            EXIT_FAILED
+        );
+        let wrapped = anyhow::Error::new(not_found()).context("resuming");
         assert_eq!(exit_code_of(&wrapped), EXIT_BAD_INPUT);
     }
 }

@@ -379,7 +379,7 @@ impl NodeCtx {
                 let (opts, rx) = self.child_options(child);
                 match engine.resume(child, opts).await {
                     Ok(h) => handle = Some((h, rx)),
-                    Err(EngineError::Conflict(_)) => {
+                    Err(EngineError::LeaseHeld { .. } | EngineError::ResumeRefused { .. }) => {
                         // Another process holds its lease for a moment, or
                         // it ended in between: look again.
                         tokio::select! {

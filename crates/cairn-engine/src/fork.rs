@@ -28,7 +28,7 @@ use cairn_workflow::Workflow;
 use serde_json::Value;
 
 use crate::touched::{shell, FilesPlan, History, Point};
-use crate::{node, reload, Engine, EngineError};
+use crate::{node, reload, Engine, EngineError, FilesTask, ForkRefusal, Wanted};
 
 /// The status of a fork's record until its copied log is written: a run
 /// in this state with no events was cut short while being made, and is not
@@ -96,8 +96,9 @@ pub struct Forked {
     pub made: bool,
 }
 
-fn bad(msg: String) -> EngineError {
-    EngineError::BadRequest(msg)
+/// A fork's request that does not fit the run.
+fn refused(reason: ForkRefusal) -> EngineError {
+    EngineError::ForkRefused { reason }
 }
 
 /// What putting the files back did (or would do).
@@ -155,10 +156,7 @@ impl Engine {
         let _original = match self.take_log(from).await {
             Ok(log) => log,
             Err(cairn_store::StoreError::LeaseHeld { .. }) => {
-                return Err(EngineError::Conflict(format!(
-                    "run `{from}` is being driven by another process, whose nodes use the files \
-                     the fork would put back; wait for it to stop or cancel it, then fork"
-                )))
+                return Err(self.lease_held(from, Wanted::Fork).await)
             }
             Err(e) => return Err(e.into()),
         };
@@ -234,24 +232,16 @@ impl Engine {
         let Some((point_seq, snap)) = at else {
             return Ok(back);
         };
-        let store = match self.inner.services.snapshot_store() {
-            Some(Ok(s)) => s,
-            Some(Err(e)) => return Err(EngineError::Conflict(e)),
-            None => {
-                return Err(EngineError::Conflict(
-                    "this store keeps no workspace snapshots, so the files cannot be put back"
-                        .into(),
-                ))
-            }
-        };
+        let store = self.snapshot_store()?;
         let (root, exclude) = self
             .inner
             .services
             .workspace(runs)
-            .map_err(|e| EngineError::Conflict(e.info.message))?;
-        let _: ObjectId = snap
-            .parse()
-            .map_err(|e| EngineError::Conflict(format!("{e}")))?;
+            .map_err(|e| EngineError::Workspace(*e.info))?;
+        let _: ObjectId = snap.parse().map_err(|source| EngineError::Files {
+            task: FilesTask::ForkRestore,
+            source,
+        })?;
         // The original's whole log: its changes after the point, up to
         // now, are what is put back.
         let (force, dry_run) = (req.force, req.dry_run);
@@ -268,8 +258,11 @@ impl Engine {
             Ok::<_, cairn_snapshot::SnapshotError>((planned.plan, Some(done)))
         })
         .await
-        .map_err(|e| EngineError::Conflict(e.to_string()))?
-        .map_err(|e| EngineError::Conflict(format!("the files cannot be put back: {e}")))?;
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .map_err(|source| EngineError::Files {
+            task: FilesTask::ForkRestore,
+            source,
+        })?;
         back.plan = done.0;
         match done.1 {
             Some(d) => (back.written, back.removed) = (d.written, d.removed),
@@ -291,9 +284,9 @@ impl Engine {
             match b.get_run(&fork_id)? {
                 Some(r) if r.status == FORKING && b.last_seq(&fork_id)? == 0 => {}
                 Some(_) => {
-                    return Err(bad(format!(
-                        "a run `{fork_id}` already exists in this store; pick another --run-id"
-                    )))
+                    return Err(EngineError::for_run(&fork_id, |run| {
+                        refused(ForkRefusal::RunIdTaken { run })
+                    }))
                 }
                 None => b.create_run(&copy.rec)?,
             }
@@ -444,9 +437,12 @@ fn read_all(e: &Engine, run_id: &str) -> Result<Vec<Event>, EngineError> {
 fn cut(events: &[Event], at: &ForkPoint) -> Result<u64, EngineError> {
     let last = events.len() as u64;
     let mut seq = match at {
-        ForkPoint::Seq(0) => return Err(bad("--at: seqs start at 1".into())),
+        ForkPoint::Seq(0) => return Err(refused(ForkRefusal::SeqZero)),
         ForkPoint::Seq(n) if *n > last => {
-            return Err(bad(format!("--at {n}: the run's log ends at seq {last}")))
+            return Err(refused(ForkRefusal::PastEnd {
+                at: Seq(*n),
+                last: Seq(last),
+            }))
         }
         ForkPoint::Seq(n) => *n,
         ForkPoint::Node(node) => {
@@ -454,9 +450,11 @@ fn cut(events: &[Event], at: &ForkPoint) -> Result<u64, EngineError> {
                 e.scope.node_id.as_deref() == Some(node.as_str())
                     && matches!(e.kind, EventKind::NodeStarted { .. })
             });
-            let first = passes
-                .next()
-                .ok_or_else(|| bad(format!("--at {node}: no node `{node}` started in this run")))?;
+            let first = passes.next().ok_or_else(|| {
+                refused(ForkRefusal::NodeNeverStarted {
+                    node: node.as_str().into(),
+                })
+            })?;
             // The latest pass's first attempt, for a node in a loop.
             let latest = passes
                 .rfind(|e| e.scope.attempt == Some(1))
@@ -468,21 +466,21 @@ fn cut(events: &[Event], at: &ForkPoint) -> Result<u64, EngineError> {
     for ev in &events[..seq as usize] {
         let at = ev.seq.get();
         if ev.kind.is_terminal() {
-            return Err(bad(format!(
-                "--at {seq}: the run ended at seq {at}; fork at an earlier point"
-            )));
+            return Err(refused(ForkRefusal::AfterEnd {
+                at: Seq(seq),
+                ended: Seq(at),
+            }));
         }
         if let EventKind::RunCancelRequested { .. } = ev.kind {
-            return Err(bad(format!(
-                "--at {seq}: the run was asked to cancel at seq {at}; fork at an earlier point"
-            )));
+            return Err(refused(ForkRefusal::AfterCancel {
+                at: Seq(seq),
+                cancel: Seq(at),
+            }));
         }
     }
     let state = RunState::from_events(&events[0].run_id, &events[..seq as usize]);
     if state.open_revert.is_some() {
-        return Err(bad(format!(
-            "--at {seq}: a revert of the files was under way there; fork at another point"
-        )));
+        return Err(refused(ForkRefusal::InRevert { at: Seq(seq) }));
     }
     // A point among the calls of an agent's step moves back to the step's
     // end: the files are known there (the step's snapshot), and the fork

@@ -28,6 +28,7 @@ mod agent;
 mod alloc;
 mod child;
 mod driver;
+mod error;
 mod fork;
 mod kinds;
 mod mcp;
@@ -52,7 +53,7 @@ use cairn_store::{
     Backend, EventQuery, Journal, RecordStatus, RunRecord, StoreError, ToolCallRecord, Topic,
 };
 use cairn_tools::ToolRegistry;
-use cairn_workflow::{InputError, Templates, Workflow, WorkflowError};
+use cairn_workflow::{Templates, Workflow};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -90,36 +91,6 @@ impl Shutdown {
     }
 }
 
-/// Why the engine refused or could not do something.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The workflow file is invalid.
-    #[error("{0}")]
-    Workflow(#[from] WorkflowError),
-    /// The run's input breaks the workflow's input schema.
-    #[error("{0}")]
-    Input(#[from] InputError),
-    /// No such run or workflow.
-    #[error("{0}")]
-    NotFound(String),
-    /// The request does not fit the run's state (not waiting, already ended, ...).
-    #[error("{0}")]
-    Conflict(String),
-    /// A request that is malformed.
-    #[error("{0}")]
-    BadRequest(String),
-    /// The store failed.
-    #[error("{0}")]
-    Store(#[from] StoreError),
-    /// The engine is shutting down and takes no new runs.
-    #[error("the engine is shutting down and takes no new runs")]
-    ShuttingDown,
-    /// What the store holds of a run does not match what its log recorded
-    /// (the stored workflow was changed after the run started).
-    #[error("{0}")]
-    Integrity(String),
-}
-
 /// How a run (or one session of it) ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunOutcome {
@@ -155,6 +126,10 @@ pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 /// id and how the session ended (see [`EngineOptions::on_run_stopped`]).
 pub type RunStopped = Arc<dyn Fn(&str, &RunOutcome) + Send + Sync>;
 
+pub use error::{
+    EngineError, FilesTask, ForkRefusal, HijackRefusal, IntegrityProblem, ResumeRefusal,
+    RevertRefusal, Wanted,
+};
 pub use fork::{ForkPoint, ForkRequest, Forked, FORKING};
 pub use revert::{RevertRequest, Reverted};
 pub use touched::{Conflict, FilesPlan};
@@ -392,12 +367,10 @@ impl Engine {
                 }
             }
         }
-        Err(EngineError::NotFound(format!(
-            "no workflow `{name_or_path}`: not a file{}",
-            workflows_dir
-                .map(|d| format!(", nor a workflow name in {}", d.display()))
-                .unwrap_or_default()
-        )))
+        Err(EngineError::WorkflowNotFound {
+            name: name_or_path.to_string(),
+            dir: workflows_dir.map(Path::to_path_buf),
+        })
     }
 
     /// Starts a run. Returns once `RunStarted` is durable; the run goes on
@@ -629,18 +602,7 @@ impl Engine {
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::LeaseHeld { .. }) => {
-                let id = run_id.to_string();
-                let holder = self
-                    .blocking(move |e| e.backend().lease_holder(&id).ok().flatten())
-                    .await;
-                let who = holder
-                    .map(|h| format!(" ({})", h.holder))
-                    .unwrap_or_default();
-                return Err(EngineError::Conflict(format!(
-                    "run `{run_id}` is being driven by another process{who}; cancel it or wait \
-                     for it to stop (on PostgreSQL, the lease of a process that died on \
-                     another machine lasts until it expires: --lease-ttl, 5s by default)"
-                )));
+                return Err(self.lease_held(run_id, Wanted::Resume).await)
             }
             Err(e) => return Err(e.into()),
         };
@@ -663,33 +625,20 @@ impl Engine {
                 let (rec, state) = (e.require_run(&id)?, e.fold(&id)?);
                 // The run's last generation: what a reload made it, or
                 // what it started with.
-                let wf = (!state.status.is_some_and(|s| s.is_terminal()))
-                    .then(|| reload::definition(e.backend().as_ref(), &rec, &state))
-                    .transpose()?;
+                // An ended run has nothing to resume: its status instead.
+                let wf = match state.status.filter(|s| s.is_terminal()) {
+                    Some(ended) => Err(ended),
+                    None => Ok(reload::definition(e.backend().as_ref(), &rec, &state)?),
+                };
                 Ok::<_, EngineError>((rec, state, wf))
             })
             .await?;
-        if let Some(s) = state.status.filter(|s| s.is_terminal()) {
-            return Err(EngineError::Conflict(format!(
-                "run `{run_id}` has already {}; there is nothing to resume",
-                match s {
-                    RunStatus::Finished => "finished",
-                    RunStatus::Failed => "failed",
-                    _ => "been cancelled",
-                }
-            )));
-        }
+        let refused =
+            |reason| EngineError::for_run(run_id, |run| EngineError::ResumeRefused { run, reason });
+        let mut wf = wf.map_err(|ended| refused(ResumeRefusal::Ended(ended)))?;
         if state.last_seq == 0 && rec.status == fork::FORKING {
-            return Err(EngineError::Conflict(format!(
-                "run `{run_id}` is a fork that was cut short before its log was written; \
-                 make it again with `cairn fork ... --run-id {run_id}`"
-            )));
+            return Err(refused(ResumeRefusal::ForkUnfinished));
         }
-        let Some(mut wf) = wf else {
-            return Err(EngineError::Conflict(format!(
-                "run `{run_id}` has already ended; there is nothing to resume"
-            )));
-        };
         // The driver needs only what was parsed; the text stays in the store.
         wf.source = String::new();
         if let Some(obs) = opts.observer.clone() {
@@ -781,9 +730,7 @@ impl Engine {
     /// Folds a run's log into its state (the one reducer).
     pub fn state(&self, run_id: &str) -> Result<RunState, EngineError> {
         if self.backend().get_run(run_id)?.is_none() {
-            return Err(EngineError::NotFound(format!(
-                "no run `{run_id}` in this store"
-            )));
+            return Err(EngineError::run_not_found(run_id));
         }
         self.fold(run_id)
     }
@@ -825,7 +772,7 @@ impl Engine {
     fn require_run(&self, run_id: &str) -> Result<RunRecord, EngineError> {
         self.backend()
             .get_run(run_id)?
-            .ok_or_else(|| EngineError::NotFound(format!("no run `{run_id}` in this store")))
+            .ok_or_else(|| EngineError::run_not_found(run_id))
     }
 
     /// [`Engine::require_run`] off the async workers.
@@ -880,7 +827,7 @@ impl Engine {
                                 // the command first. The log tells: the
                                 // subscription goes on to the command's
                                 // event, or to the run's end.
-                                Err(EngineError::Conflict(_)) => lease_tried = true,
+                                Err(EngineError::ResumeRefused { .. }) => lease_tried = true,
                                 Err(e) => break Err(e),
                             }
                         }
@@ -889,12 +836,11 @@ impl Engine {
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    break Err(EngineError::Conflict(format!(
-                        "the process driving run `{run_id}` did not take the {} within {} s; \
-                         it stays in the run's inbox and is applied when the run next runs",
-                        command.name(),
-                        COMMAND_WAIT.as_secs()
-                    )));
+                    break Err(EngineError::for_run(run_id, |run| EngineError::CommandNotTaken {
+                        run,
+                        command: command.name(),
+                        waited: COMMAND_WAIT,
+                    }));
                 }
             }
         };
@@ -919,11 +865,11 @@ impl Engine {
     ) -> Result<(cairn_store::Subscription, u64), EngineError> {
         validate_run_id(run_id)?;
         let rec = self.require_run_off(run_id).await?;
-        if rec.status.is_terminal() {
-            return Err(EngineError::Conflict(format!(
-                "run `{run_id}` has already ended ({})",
-                rec.status
-            )));
+        if let Some(status) = RunStatus::parse(rec.status.as_str()).filter(|s| s.is_terminal()) {
+            return Err(EngineError::for_run(run_id, |run| EngineError::RunEnded {
+                run,
+                status,
+            }));
         }
         // A run driven here may have asked what is being answered in an
         // event its observer saw but the store does not hold yet: only
@@ -971,9 +917,12 @@ impl Engine {
                     },
                 )?;
                 if seen.is_empty() {
-                    Err(EngineError::NotFound(format!(
-                        "run `{run_id}` has no node `{node_id}`"
-                    )))
+                    Err(EngineError::for_run(run_id, |run| {
+                        EngineError::NodeNotFound {
+                            run,
+                            node: node_id.into(),
+                        }
+                    }))
                 } else {
                     Ok(())
                 }
@@ -1001,14 +950,21 @@ impl Engine {
             )
         };
         if seen(Vec::new())?.is_empty() {
-            return Err(EngineError::NotFound(format!(
-                "run `{run_id}` has no node `{node}`"
-            )));
+            return Err(EngineError::for_run(run_id, |run| {
+                EngineError::NodeNotFound {
+                    run,
+                    node: node.into(),
+                }
+            }));
         }
         if waiting_known && seen(vec![EventType::NodeWaitingApproval])?.is_empty() {
-            return Err(EngineError::Conflict(format!(
-                "node `{node}` of run `{run_id}` is not waiting for approval"
-            )));
+            return Err(EngineError::for_run(run_id, |run| {
+                EngineError::NodeNotWaiting {
+                    run,
+                    node: node.into(),
+                    status: None,
+                }
+            }));
         }
         Ok(())
     }
@@ -1040,9 +996,10 @@ impl Engine {
         });
         if let Some(Some(schema)) = &schema {
             if let Some(problem) = schema_problem(schema, answer) {
-                return Err(EngineError::BadRequest(format!(
-                    "the answer to `{request_id}` does not match its schema: {problem}"
-                )));
+                return Err(EngineError::AnswerInvalid {
+                    request: request_id.to_string(),
+                    reason: problem,
+                });
             }
         }
         if !waiting_known {
@@ -1062,9 +1019,12 @@ impl Engine {
         if found {
             Ok(())
         } else {
-            Err(EngineError::NotFound(format!(
-                "run `{run_id}` has no open question `{request_id}`"
-            )))
+            Err(EngineError::for_run(run_id, |run| {
+                EngineError::QuestionNotFound {
+                    run,
+                    request: request_id.to_string(),
+                }
+            }))
         }
     }
 
@@ -1255,14 +1215,18 @@ fn process_start_ms(pid: u32) -> Option<i64> {
     Some(boot * 1000 + ticks * 1000 / hz)
 }
 
+/// Why a decision for `node_id` finds no gate waiting for it: the run
+/// never had the node, or the node stands elsewhere.
 pub(crate) fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> EngineError {
-    match state.latest(node_id) {
-        None => EngineError::NotFound(format!("run `{run_id}` has no node `{node_id}`")),
-        Some(n) => EngineError::Conflict(format!(
-            "node `{node_id}` of run `{run_id}` is not waiting for approval (it is {})",
-            n.status.as_str()
-        )),
-    }
+    let node = node_id.into();
+    EngineError::for_run(run_id, |run| match state.latest(node_id) {
+        None => EngineError::NodeNotFound { run, node },
+        Some(n) => EngineError::NodeNotWaiting {
+            run,
+            node,
+            status: Some(n.status),
+        },
+    })
 }
 
 /// Side-effecting, non-idempotent tool calls that attempts before `attempt`
@@ -1292,10 +1256,10 @@ fn answer_in(
     next: Option<Result<Arc<cairn_store::StoredEvent>, cairn_store::SubscribeError>>,
 ) -> Result<Option<Result<Event, EngineError>>, EngineError> {
     let ended = || {
-        EngineError::Conflict(format!(
-            "run `{run_id}` ended before the {} was applied",
-            command.name()
-        ))
+        EngineError::for_run(run_id, |run| EngineError::RunEndedFirst {
+            run,
+            command: command.name(),
+        })
     };
     let stored = match next {
         Some(Ok(e)) => e,
@@ -1320,7 +1284,13 @@ fn answer_in(
         return Ok(Some(if reply.accepted {
             Ok(ev)
         } else {
-            Err(EngineError::Conflict(reply.message))
+            Err(EngineError::for_run(run_id, |run| {
+                EngineError::CommandRefused {
+                    run,
+                    command: command.name(),
+                    reason: reply.message,
+                }
+            }))
         }));
     }
     if stored.is_terminal() {
@@ -1330,9 +1300,8 @@ fn answer_in(
 }
 
 fn validate_run_id(id: &str) -> Result<(), EngineError> {
-    cairn_events::RunId::parse(id)
-        .map(|_| ())
-        .map_err(|e| EngineError::BadRequest(e.to_string()))
+    cairn_events::RunId::parse(id)?;
+    Ok(())
 }
 
 /// A new run id: time-ordered, so `cairn runs` lists newest first naturally.

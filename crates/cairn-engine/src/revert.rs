@@ -17,7 +17,7 @@ use cairn_workflow::Workflow;
 
 use crate::driver::revert_files;
 use crate::touched::{shell, AttemptKey, FilesPlan, History, Point};
-use crate::{reload, Engine, EngineError};
+use crate::{reload, Engine, EngineError, FilesTask, RevertRefusal, Wanted};
 
 /// Which attempt's snapshot to restore.
 #[derive(Debug, Clone, Default)]
@@ -67,16 +67,16 @@ pub struct Reverted {
     pub applied: bool,
 }
 
-/// Why a revert could not be done, beside the engine's own errors.
-fn bad(msg: String) -> EngineError {
-    EngineError::BadRequest(msg)
+/// A revert's request that does not fit the run.
+fn refused(reason: RevertRefusal) -> EngineError {
+    EngineError::RevertRefused { reason }
 }
 
 impl Engine {
     /// Restores the run's sandbox root to the snapshot taken before an
-    /// attempt of one of its nodes. Fails with `Conflict` while a process
-    /// drives the run, `NotFound` for an unknown run, `BadRequest` for a
-    /// node, pass or attempt without a snapshot. A restore that fails is
+    /// attempt of one of its nodes. Fails with `LeaseHeld` while a process
+    /// drives the run, `RunNotFound` for an unknown run, `RevertRefused`
+    /// for a node, pass or attempt without a snapshot. A restore that fails is
     /// logged (`RevertFinished` with `success: false`) and returned in
     /// [`Reverted::error`].
     pub async fn revert(&self, run_id: &str, req: RevertRequest) -> Result<Reverted, EngineError> {
@@ -84,10 +84,7 @@ impl Engine {
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
             Err(StoreError::LeaseHeld { .. }) => {
-                return Err(EngineError::Conflict(format!(
-                    "run `{run_id}` is being driven by another process, whose nodes use the files; \
-                     cancel it or wait for it to stop, then revert"
-                )))
+                return Err(self.lease_held(run_id, Wanted::Revert).await)
             }
             Err(e) => return Err(e.into()),
         };
@@ -103,11 +100,9 @@ impl Engine {
         let store = self.snapshot_store()?;
         let finished_open = match &state.open_revert {
             Some(open) if req.dry_run => {
-                return Err(EngineError::Conflict(format!(
-                    "a revert of node `{}` that a stopped process left half-way would be \
-                     finished first; revert without --dry-run to finish it",
-                    open.node_id
-                )))
+                return Err(refused(RevertRefusal::OpenRevert {
+                    node: open.node_id.clone(),
+                }))
             }
             Some(open) => {
                 self.finish_revert(&log, &wf, open).await;
@@ -120,7 +115,7 @@ impl Engine {
             .inner
             .services
             .workspace(&wf)
-            .map_err(|e| EngineError::Conflict(e.info.message))?;
+            .map_err(|e| EngineError::Workspace(*e.info))?;
         // What the run changed since the attempt started, read after the
         // open revert (if any) was finished: it is part of the history.
         let id = run_id.to_string();
@@ -142,8 +137,11 @@ impl Engine {
             )
         })
         .await
-        .map_err(|e| EngineError::Conflict(format!("the revert's plan: {e}")))?
-        .map_err(|e| EngineError::Conflict(format!("the revert's plan: {e}")))?;
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .map_err(|source| EngineError::Files {
+            task: FilesTask::RevertPlan,
+            source,
+        })?;
         let mut out = Reverted {
             node: req.node.clone(),
             iteration,
@@ -168,7 +166,11 @@ impl Engine {
                 out.written = d.written;
                 out.removed = d.removed;
             }
-            Err(e) if e.kind == "store" => return Err(EngineError::Conflict(e.message)),
+            // The log could not take the revert's events: the store's
+            // failure, which the restore reports as text.
+            Err(e) if e.kind == "store" => {
+                return Err(StoreError::Commit(Arc::from(e.message)).into())
+            }
             Err(e) => out.error = Some(e),
         }
         out.applied = true;
@@ -223,13 +225,16 @@ impl Engine {
         let Some(store) = self.inner.services.snapshot_store() else {
             return Ok(None);
         };
-        let store = store.map_err(EngineError::Conflict)?;
+        let store = store.map_err(|detail| EngineError::SnapshotsUnavailable { detail })?;
         self.blocking(move |e| {
             let keep = e.named_snapshots()?;
             store
                 .prune(&keep, grace)
                 .map(Some)
-                .map_err(|err| EngineError::Conflict(err.to_string()))
+                .map_err(|source| EngineError::Files {
+                    task: FilesTask::Prune,
+                    source,
+                })
         })
         .await
     }
@@ -269,14 +274,12 @@ impl Engine {
         Ok(keep.into_iter().collect())
     }
 
-    fn snapshot_store(&self) -> Result<Arc<SnapshotStore>, EngineError> {
+    /// The snapshot repository, which reverts and forks need.
+    pub(crate) fn snapshot_store(&self) -> Result<Arc<SnapshotStore>, EngineError> {
         match self.inner.services.snapshot_store() {
             Some(Ok(s)) => Ok(s),
-            Some(Err(e)) => Err(EngineError::Conflict(e)),
-            None => Err(EngineError::Conflict(
-                "this store keeps no workspace snapshots (give the engine a snapshot folder)"
-                    .into(),
-            )),
+            Some(Err(detail)) => Err(EngineError::SnapshotsUnavailable { detail }),
+            None => Err(EngineError::NoSnapshots),
         }
     }
 }
@@ -294,10 +297,14 @@ async fn revert_files_again(
     open: &OpenRevert,
 ) -> Result<(), ()> {
     let result = match open_revert_paths(engine, log.run_id(), store, workspace).await {
-        Ok(paths) => {
+        Ok(Some(paths)) => {
             crate::driver::restore_paths(store, &workspace.0, &workspace.1, &open.snapshot, paths)
                 .await
         }
+        Ok(None) => Err(cairn_events::ErrorInfo::new(
+            "revert",
+            "the log has no open revert",
+        )),
         Err(e) => Err(cairn_events::ErrorInfo::new("revert", e.to_string())),
     };
     log.append_durable(
@@ -316,13 +323,14 @@ async fn revert_files_again(
 /// The paths the log's open revert covers, as when it started: a
 /// `cairn revert`'s, the run's changes after its attempt started; an
 /// `on_retry: revert`'s, the failed attempt's (closed by the root as it is
-/// now when that attempt left no snapshot).
+/// now when that attempt left no snapshot). `None` when the log has no open
+/// revert.
 async fn open_revert_paths(
     engine: &Engine,
     run_id: &str,
     store: &Arc<SnapshotStore>,
     workspace: &(std::path::PathBuf, Vec<std::path::PathBuf>),
-) -> Result<Vec<crate::touched::RelPath>, EngineError> {
+) -> Result<Option<Vec<crate::touched::RelPath>>, EngineError> {
     let id = run_id.to_string();
     let events = engine
         .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
@@ -330,12 +338,14 @@ async fn open_revert_paths(
     let (store, root, exclude) = (store.clone(), workspace.0.clone(), workspace.1.clone());
     tokio::task::spawn_blocking(move || {
         let mut history = History::of(&events, false);
-        let open = history
+        let Some(open) = history
             .reverts
             .iter()
             .rfind(|r| r.finished.is_none())
             .cloned()
-            .ok_or_else(|| EngineError::Conflict("the log has no open revert".into()))?;
+        else {
+            return Ok(None);
+        };
         if open.on_retry {
             history = History::of(&events, true);
         }
@@ -349,11 +359,14 @@ async fn open_revert_paths(
             &open.target,
             true,
         )
-        .map(|p| p.plan.paths())
-        .map_err(|e| EngineError::Conflict(e.to_string()))
+        .map(|p| Some(p.plan.paths()))
+        .map_err(|source| EngineError::Files {
+            task: FilesTask::RevertPlan,
+            source,
+        })
     })
     .await
-    .map_err(|e| EngineError::Conflict(e.to_string()))?
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 /// The pass, attempt and snapshot a request names.
@@ -363,11 +376,11 @@ fn pick(state: &RunState, req: &RevertRequest) -> Result<(u32, u32, String), Eng
         .iter()
         .filter(|n| n.node_id.as_str() == req.node)
         .collect();
+    let node = || cairn_events::NodePath::from(req.node.as_str());
     if passes.is_empty() {
-        return Err(bad(format!(
-            "run `{}` has no node `{}` that started",
-            state.run_id, req.node
-        )));
+        return Err(EngineError::for_run(&state.run_id, |run| {
+            refused(RevertRefusal::NodeNeverStarted { run, node: node() })
+        }));
     }
     let with_snaps = |n: &&&cairn_events::NodeState| {
         n.notes
@@ -375,42 +388,41 @@ fn pick(state: &RunState, req: &RevertRequest) -> Result<(u32, u32, String), Eng
             .is_some_and(|notes| !notes.snapshots.is_empty())
     };
     let pass = match req.iteration {
-        Some(i) => passes
+        Some(iteration) => passes
             .iter()
-            .find(|n| n.iteration == i)
-            .ok_or_else(|| bad(format!("node `{}` has no pass {i}", req.node)))?,
-        None => passes.iter().rev().find(with_snaps).ok_or_else(|| {
-            bad(format!(
-                "node `{}` has no workspace snapshot: only attempts of nodes that can change \
-                 files (agents with tools, commands, write/edit/bash tools) get one",
-                req.node
-            ))
-        })?,
+            .find(|n| n.iteration == iteration)
+            .ok_or_else(|| {
+                refused(RevertRefusal::NoSuchPass {
+                    node: node(),
+                    iteration,
+                })
+            })?,
+        None => passes
+            .iter()
+            .rev()
+            .find(with_snaps)
+            .ok_or_else(|| refused(RevertRefusal::NodeWithoutSnapshot { node: node() }))?,
     };
     let snaps = pass
         .notes
         .as_ref()
         .map(|n| n.snapshots.as_slice())
         .unwrap_or_default();
-    let snap =
-        match req.attempt {
-            Some(a) => {
-                snaps.iter().find(|s| s.attempt == a).ok_or_else(|| {
-                    let have: Vec<String> = snaps.iter().map(|s| s.attempt.to_string()).collect();
-                    bad(format!(
-                "node `{}` pass {} has no snapshot before attempt {a} (attempts with one: {})",
-                req.node,
-                pass.iteration,
-                if have.is_empty() { "none".into() } else { have.join(", ") }
-            ))
-                })?
-            }
-            None => snaps.first().ok_or_else(|| {
-                bad(format!(
-                    "node `{}` pass {} has no workspace snapshot",
-                    req.node, pass.iteration
-                ))
-            })?,
-        };
+    let snap = match req.attempt {
+        Some(attempt) => snaps.iter().find(|s| s.attempt == attempt).ok_or_else(|| {
+            refused(RevertRefusal::NoSnapshotBeforeAttempt {
+                node: node(),
+                iteration: pass.iteration,
+                attempt,
+                have: snaps.iter().map(|s| s.attempt).collect(),
+            })
+        })?,
+        None => snaps.first().ok_or_else(|| {
+            refused(RevertRefusal::PassWithoutSnapshot {
+                node: node(),
+                iteration: pass.iteration,
+            })
+        })?,
+    };
     Ok((pass.iteration, snap.attempt, snap.snapshot.clone()))
 }

@@ -643,7 +643,7 @@ async fn resume(
     for _ in 0..500 {
         match within(engine.resume(run_id, opts.clone())).await {
             Ok(h) => return Ok(h),
-            Err(EngineError::Conflict(m)) if m.contains("another process") => {
+            Err(EngineError::LeaseHeld { .. }) => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(e) => {

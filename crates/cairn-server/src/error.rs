@@ -101,16 +101,7 @@ impl From<EngineError> for ApiError {
                 return ApiError::out_of_descriptors(s);
             }
         }
-        let (status, code) = match &e {
-            EngineError::Workflow(_) => (StatusCode::BAD_REQUEST, "invalid_workflow"),
-            EngineError::Input(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
-            EngineError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-            EngineError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-            EngineError::Integrity(_) => (StatusCode::CONFLICT, "integrity"),
-            EngineError::Store(s) => store_status(s),
-        };
+        let (status, code) = engine_status(&e);
         let details = match &e {
             // A problem's message can quote the file; only its place is told.
             EngineError::Workflow(w) => Some(crate::workflows::problem_locations(
@@ -160,6 +151,52 @@ impl From<StoreError> for ApiError {
         }
         let (status, code) = store_status(&e);
         ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// The status and code of an engine error.
+///
+/// What names nothing there is 404 (a run, node, question or workflow); a
+/// request that does not fit the run's state is 409 (a node not waiting, a
+/// question answered, a run ended or driven by another process, a command
+/// the driver refused or did not take, files that cannot be put back
+/// now); a request malformed in itself is 400 (a run id, an answer that
+/// breaks its schema, a revert or fork point the run does not have). A
+/// store that no longer matches its run's log is 409 `integrity`.
+/// The match is exhaustive so that a new engine error must be placed here.
+fn engine_status(e: &EngineError) -> (StatusCode, &'static str) {
+    use cairn_engine::RevertRefusal;
+    match e {
+        EngineError::Workflow(_) => (StatusCode::BAD_REQUEST, "invalid_workflow"),
+        EngineError::Input(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
+        EngineError::Store(s) => store_status(s),
+        EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        EngineError::InvalidRunId(_) => (StatusCode::BAD_REQUEST, "invalid_run_id"),
+        EngineError::WorkflowNotFound { .. }
+        | EngineError::RunNotFound { .. }
+        | EngineError::NodeNotFound { .. }
+        | EngineError::QuestionNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+        // A dry run while a revert waits to be finished: the run's state.
+        EngineError::RevertRefused {
+            reason: RevertRefusal::OpenRevert { .. },
+        } => (StatusCode::CONFLICT, "conflict"),
+        EngineError::AnswerInvalid { .. }
+        | EngineError::ForkRefused { .. }
+        | EngineError::RevertRefused { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+        EngineError::NodeNotWaiting { .. }
+        | EngineError::QuestionAnswered { .. }
+        | EngineError::RunEnded { .. }
+        | EngineError::RunEndedFirst { .. }
+        | EngineError::CommandNotTaken { .. }
+        | EngineError::CommandRefused { .. }
+        | EngineError::NotHijackable { .. }
+        | EngineError::LeaseHeld { .. }
+        | EngineError::ResumeRefused { .. }
+        | EngineError::NoSnapshots
+        | EngineError::SnapshotsUnavailable { .. }
+        | EngineError::Workspace(_)
+        | EngineError::Files { .. } => (StatusCode::CONFLICT, "conflict"),
+        EngineError::Integrity { .. } => (StatusCode::CONFLICT, "integrity"),
     }
 }
 
@@ -244,19 +281,172 @@ mod tests {
 
     #[test]
     fn engine_errors_map_to_their_statuses() {
-        assert_eq!(
-            status_of(EngineError::NotFound("x".into())),
-            (404, "not_found")
-        );
-        assert_eq!(
-            status_of(EngineError::Conflict("x".into())),
-            (409, "conflict")
-        );
-        assert_eq!(
-            status_of(EngineError::BadRequest("x".into())),
-            (400, "bad_request")
-        );
-        assert_eq!(status_of(EngineError::ShuttingDown), (503, "shutting_down"));
+        use cairn_engine::{
+            ForkRefusal, HijackRefusal, IntegrityProblem, ResumeRefusal, RevertRefusal, Wanted,
+        };
+        use cairn_events::{RunId, RunStatus};
+        let run = || RunId::parse("r").unwrap();
+        let cases: Vec<(EngineError, u16, &str)> = vec![
+            (EngineError::ShuttingDown, 503, "shutting_down"),
+            (
+                EngineError::InvalidRunId(RunId::parse("../x").unwrap_err()),
+                400,
+                "invalid_run_id",
+            ),
+            (
+                EngineError::WorkflowNotFound {
+                    name: "w".into(),
+                    dir: None,
+                },
+                404,
+                "not_found",
+            ),
+            (EngineError::RunNotFound { run: run() }, 404, "not_found"),
+            (
+                EngineError::NodeNotFound {
+                    run: run(),
+                    node: "n".into(),
+                },
+                404,
+                "not_found",
+            ),
+            (
+                EngineError::QuestionNotFound {
+                    run: run(),
+                    request: "q".into(),
+                },
+                404,
+                "not_found",
+            ),
+            (
+                EngineError::AnswerInvalid {
+                    request: "q".into(),
+                    reason: "x".into(),
+                },
+                400,
+                "bad_request",
+            ),
+            (
+                EngineError::ForkRefused {
+                    reason: ForkRefusal::SeqZero,
+                },
+                400,
+                "bad_request",
+            ),
+            (
+                EngineError::RevertRefused {
+                    reason: RevertRefusal::NodeWithoutSnapshot { node: "n".into() },
+                },
+                400,
+                "bad_request",
+            ),
+            (
+                EngineError::RevertRefused {
+                    reason: RevertRefusal::OpenRevert { node: "n".into() },
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::NodeNotWaiting {
+                    run: run(),
+                    node: "n".into(),
+                    status: None,
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::QuestionAnswered {
+                    run: run(),
+                    request: "q".into(),
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::RunEnded {
+                    run: run(),
+                    status: RunStatus::Finished,
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::RunEndedFirst {
+                    run: run(),
+                    command: "cancel",
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::CommandNotTaken {
+                    run: run(),
+                    command: "approve",
+                    waited: std::time::Duration::from_secs(30),
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::CommandRefused {
+                    run: run(),
+                    command: "approve",
+                    reason: "x".into(),
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::NotHijackable {
+                    node: "n".into(),
+                    why: HijackRefusal::NotRunning,
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::LeaseHeld {
+                    run: run(),
+                    holder: None,
+                    wanted: Wanted::Resume,
+                },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::ResumeRefused {
+                    run: run(),
+                    reason: ResumeRefusal::Ended(RunStatus::Failed),
+                },
+                409,
+                "conflict",
+            ),
+            (EngineError::NoSnapshots, 409, "conflict"),
+            (
+                EngineError::SnapshotsUnavailable { detail: "x".into() },
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::Workspace(cairn_events::ErrorInfo::new("sandbox", "x")),
+                409,
+                "conflict",
+            ),
+            (
+                EngineError::Integrity {
+                    run: run(),
+                    problem: IntegrityProblem::GenerationMissing { generation: 2 },
+                },
+                409,
+                "integrity",
+            ),
+        ];
+        for (e, status, code) in cases {
+            let said = e.to_string();
+            assert_eq!(status_of(e), (status, code), "{said}");
+        }
     }
 
     #[test]

@@ -299,22 +299,30 @@ pub(super) fn answerable(
     request_id: &str,
     answer: &Value,
 ) -> Result<Key, EngineError> {
+    let request = || request_id.to_string();
     let q = questions.get(request_id).ok_or_else(|| {
-        EngineError::NotFound(format!("run `{run_id}` has no question `{request_id}`"))
+        EngineError::for_run(run_id, |run| EngineError::QuestionNotFound {
+            run,
+            request: request(),
+        })
     })?;
     if q.answer.is_some() {
-        return Err(EngineError::Conflict(format!(
-            "question `{request_id}` of run `{run_id}` was answered already"
-        )));
+        return Err(EngineError::for_run(run_id, |run| {
+            EngineError::QuestionAnswered {
+                run,
+                request: request(),
+            }
+        }));
     }
     if let Some(problem) = q
         .schema
         .as_ref()
         .and_then(|s| crate::schema_problem(s, answer))
     {
-        return Err(EngineError::BadRequest(format!(
-            "the answer to `{request_id}` does not match its schema: {problem}"
-        )));
+        return Err(EngineError::AnswerInvalid {
+            request: request(),
+            reason: problem,
+        });
     }
     Ok((q.node_id.clone(), q.iteration))
 }
@@ -525,11 +533,11 @@ mod tests {
         let q = &state.questions;
         assert!(matches!(
             answerable("r", q, "q-9", &json!(1)),
-            Err(EngineError::NotFound(_))
+            Err(EngineError::QuestionNotFound { .. })
         ));
         assert!(matches!(
             answerable("r", q, "q-1", &json!("one")),
-            Err(EngineError::BadRequest(_))
+            Err(EngineError::AnswerInvalid { .. })
         ));
         assert_eq!(
             answerable("r", q, "q-1", &json!(1)).unwrap(),
@@ -546,7 +554,7 @@ mod tests {
         );
         assert!(matches!(
             answerable("r", &state.questions, "q-1", &json!(1)),
-            Err(EngineError::Conflict(_))
+            Err(EngineError::QuestionAnswered { .. })
         ));
     }
 }

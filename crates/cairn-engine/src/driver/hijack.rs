@@ -7,24 +7,23 @@
 use std::sync::atomic::AtomicBool;
 
 use super::*;
+use crate::HijackRefusal;
 
 /// Why node `node_id`, of kind `kind` (`None` when not mounted), cannot be
 /// hijacked now; `applying` says no process drives the run.
-fn refusal(kind: Option<&NodeKind>, applying: bool) -> &'static str {
+fn refusal(kind: Option<&NodeKind>, applying: bool) -> HijackRefusal {
     match kind {
         Some(NodeKind::Agent(a))
             if a.engine
                 .as_deref()
                 .is_some_and(|e| !crate::agent::hands_over(e)) =>
         {
-            "its engine's CLI has no session Cairn can hand to a person"
+            HijackRefusal::NoSession
         }
-        Some(NodeKind::Agent(_)) if applying => {
-            "no process drives the run (`cairn resume` it, then hijack)"
-        }
-        Some(NodeKind::Agent(_)) => "it is not running",
-        Some(_) => "it is not an agent",
-        None => "it is not mounted",
+        Some(NodeKind::Agent(_)) if applying => HijackRefusal::NotDriven,
+        Some(NodeKind::Agent(_)) => HijackRefusal::NotRunning,
+        Some(_) => HijackRefusal::NotAnAgent,
+        None => HijackRefusal::NotMounted,
     }
 }
 
@@ -71,9 +70,10 @@ impl Driver {
                 .find(|(k, _)| k.0 == node_id)
                 .map(|(_, i)| &i.spec.kind);
             let why = refusal(kind, self.mode == Mode::Apply);
-            return Err(EngineError::Conflict(format!(
-                "node `{node_id}` cannot be hijacked: {why}"
-            )));
+            return Err(EngineError::NotHijackable {
+                node: node_id.into(),
+                why,
+            });
         };
         if self.attempts.hijack_raised(&key) {
             return Ok(Some(format!(

@@ -27,7 +27,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::EngineError;
+use crate::{EngineError, IntegrityProblem};
 
 /// How long the files must stay quiet after a change before they are read:
 /// an editor's save is several events (a temporary file written, renamed
@@ -362,16 +362,22 @@ pub(crate) fn definition(
         return Ok(wf);
     };
     if row.workflow_hash != wf.hash {
-        return Err(EngineError::Integrity(format!(
-            "run `{run_id}`: the files pinned for generation {n} belong to a workflow that hashes to {}, not {}; the store was changed outside Cairn, so the run is not resumed",
-            row.workflow_hash, wf.hash
-        )));
+        return Err(tampered(
+            run_id,
+            IntegrityProblem::PinnedForAnother {
+                generation: n,
+                pinned_for: row.workflow_hash.clone(),
+                workflow: wf.hash.clone(),
+            },
+        ));
     }
     if let Some(f) = pin::tampered(&row.files) {
-        return Err(EngineError::Integrity(format!(
-            "run `{run_id}`: the pinned text of {} does not hash to what was recorded; the store was changed outside Cairn, so the run is not resumed",
-            f.path
-        )));
+        return Err(tampered(
+            run_id,
+            IntegrityProblem::PinnedTextChanged {
+                path: f.path.clone(),
+            },
+        ));
     }
     pin::attach(&mut wf, &row.files);
     Ok(wf)
@@ -394,19 +400,23 @@ fn text_of_generation(
         // resuming would run the changed file.
         if let Some(recorded) = state.workflow_hash.as_deref() {
             if recorded != wf.hash {
-                return Err(EngineError::Integrity(format!(
-                    "run `{run_id}`: the stored workflow hashes to {} but the run started with {recorded}; the store was changed outside Cairn, so the run is not resumed",
-                    wf.hash
-                )));
+                return Err(tampered(
+                    run_id,
+                    IntegrityProblem::SourceChanged {
+                        stored: wf.hash.clone(),
+                        recorded: recorded.to_string(),
+                    },
+                ));
             }
         }
         return Ok(wf);
     }
     let n = state.generation;
     let stored = backend.generation(run_id, n)?.ok_or_else(|| {
-        EngineError::Integrity(format!(
-            "run `{run_id}`: its log says it runs generation {n} of its workflow, but the store holds no text for that generation, so the run is not resumed"
-        ))
+        tampered(
+            run_id,
+            IntegrityProblem::GenerationMissing { generation: n },
+        )
     })?;
     let wf = cairn_workflow::parse(&stored.workflow_source, &path)?;
     let recorded = state
@@ -414,12 +424,21 @@ fn text_of_generation(
         .as_deref()
         .unwrap_or(&stored.workflow_hash);
     if wf.hash != stored.workflow_hash || wf.hash != recorded {
-        return Err(EngineError::Integrity(format!(
-            "run `{run_id}`: generation {n} of its workflow hashes to {} but was recorded as {recorded}; the store was changed outside Cairn, so the run is not resumed",
-            wf.hash
-        )));
+        return Err(tampered(
+            run_id,
+            IntegrityProblem::GenerationChanged {
+                generation: n,
+                stored: wf.hash.clone(),
+                recorded: recorded.to_string(),
+            },
+        ));
     }
     Ok(wf)
+}
+
+/// What the store holds of `run_id` does not match its log.
+fn tampered(run_id: &str, problem: IntegrityProblem) -> EngineError {
+    EngineError::for_run(run_id, |run| EngineError::Integrity { run, problem })
 }
 
 #[cfg(test)]
