@@ -242,7 +242,7 @@ fn assert_same_runs(orig: &dyn Backend, copy: &dyn Backend) {
 }
 
 fn status(b: &dyn Backend, run: &str) -> String {
-    b.get_run(run).unwrap().unwrap().status
+    b.get_run(run).unwrap().unwrap().status.to_string()
 }
 
 /// Both sides of a copy, once the command has run.

@@ -702,7 +702,7 @@ impl Engine {
                     runs.extend(
                         e.backend()
                             .list_runs(&cairn_store::RunFilter {
-                                status: Some(status.as_str().into()),
+                                status: Some(status.into()),
                                 ..Default::default()
                             })
                             .unwrap_or_default(),

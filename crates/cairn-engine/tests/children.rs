@@ -106,7 +106,7 @@ output: "{{ nodes.twice.output }}"
     assert_eq!(kids.len(), 1);
     let child = &kids[0];
     assert!(child.run_id.starts_with("p1."), "{}", child.run_id);
-    assert_eq!(child.status, "finished");
+    assert_eq!(child.status.as_str(), "finished");
     let state = engine.state(&child.run_id).unwrap();
     assert_eq!(state.parent_run_id.as_deref(), Some("p1"));
     assert_eq!(state.parent_node_id.as_deref(), Some("twice"));
@@ -151,7 +151,7 @@ nodes:
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
     let kids = children(&engine, "p2");
     assert_eq!(kids.len(), 2, "one child per attempt");
-    assert!(kids.iter().all(|k| k.status == "failed"));
+    assert!(kids.iter().all(|k| k.status.as_str() == "failed"));
     let node = engine.state("p2").unwrap();
     let sub = node.node("sub", 0).unwrap();
     let err = sub.attempts.last().unwrap().error.as_ref().unwrap();
@@ -344,7 +344,7 @@ nodes:
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
     let kids = children(&engine, "p6");
     assert_eq!(kids.len(), 1, "{kids:?}");
-    assert_eq!(kids[0].status, "finished");
+    assert_eq!(kids[0].status.as_str(), "finished");
     let child = stored(&engine, &kids[0].run_id);
     assert!(
         child

@@ -262,7 +262,7 @@ nodes:
         .tool_calls(&run_id, "save", 0)
         .unwrap();
     assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0].status, "success");
+    assert_eq!(calls[0].status.as_str(), "success");
     // A later attempt of `save` would be warned about the write.
     let earlier = cairn_engine::earlier_side_effects(
         engine.journal().backend().as_ref(),

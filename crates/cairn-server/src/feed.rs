@@ -558,7 +558,7 @@ mod tests {
                 workflow_hash: "h".into(),
                 workflow_source: String::new(),
                 input: serde_json::json!({}),
-                status: "running".into(),
+                status: cairn_events::RunStatus::Running.into(),
                 created_ms: 0,
                 updated_ms: 0,
                 parent_run_id: None,

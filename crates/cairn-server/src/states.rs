@@ -222,7 +222,7 @@ mod tests {
             workflow_hash: "h".into(),
             workflow_source: String::new(),
             input: serde_json::json!({}),
-            status: "running".into(),
+            status: cairn_events::RunStatus::Running.into(),
             created_ms,
             updated_ms: created_ms,
             parent_run_id: None,
