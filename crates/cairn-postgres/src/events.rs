@@ -1,5 +1,6 @@
 //! Run logs: appending batches, reading them back.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use tokio_postgres::error::SqlState;
@@ -7,6 +8,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use cairn_events::NodePath;
+use cairn_storage::envelope::Envelope;
 use cairn_storage::{EventQuery, StoreError, StoredEvent};
 
 use crate::db::Db;
@@ -17,8 +19,23 @@ use crate::lease;
 /// different orders); the retry starts from scratch.
 const APPEND_TRIES: usize = 3;
 
-const INSERT_EVENTS: &str = "INSERT INTO events (run_id, seq, type, node_id, timestamp_ms, json) \
-     SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::int8[], $6::text[])";
+/// Gives the batch's runs and types their keys when they have none yet
+/// (a run's first events, a type newer than the store's rows); the check
+/// first spares the identity sequences a number per batch.
+const ENSURE_KEYS: &str = "WITH r AS (INSERT INTO event_runs (run_id) \
+     SELECT DISTINCT x.u FROM UNNEST($1::text[]) AS x (u) \
+     WHERE NOT EXISTS (SELECT 1 FROM event_runs WHERE run_id = x.u) ON CONFLICT DO NOTHING), \
+     t AS (INSERT INTO event_types (name) \
+     SELECT DISTINCT x.u FROM UNNEST($2::text[]) AS x (u) \
+     WHERE NOT EXISTS (SELECT 1 FROM event_types WHERE name = x.u) ON CONFLICT DO NOTHING) \
+     SELECT 1";
+
+/// The batch's rows, the envelope in columns (see `cairn_storage::envelope`).
+const INSERT_EVENTS: &str = "INSERT INTO events (seq, timestamp_ms, run, type, node_id, body) \
+     SELECT b.seq, b.ts, k.run, t.type, b.node_id, b.body \
+     FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::int8[], $6::text[]) \
+     AS b (run_id, seq, type, node_id, ts, body) \
+     JOIN event_runs k ON k.run_id = b.run_id JOIN event_types t ON t.name = b.type";
 
 /// One row per run of the batch: its latest timestamp, and the status its
 /// last lifecycle event sets (NULL keeps the row's).
@@ -30,17 +47,20 @@ const UPDATE_RUNS: &str = "UPDATE runs AS r \
 /// The first event of the batch (by position) whose `(run, seq)` is stored.
 const FIND_STORED: &str = "SELECT b.run_id, b.seq \
      FROM UNNEST($1::text[], $2::int8[]) WITH ORDINALITY AS b (run_id, seq, pos) \
-     JOIN events e ON e.run_id = b.run_id AND e.seq = b.seq ORDER BY b.pos LIMIT 1";
+     JOIN event_runs k ON k.run_id = b.run_id \
+     JOIN events e ON e.run = k.run AND e.seq = b.seq ORDER BY b.pos LIMIT 1";
 
-const LAST_SEQ: &str = "SELECT max(seq) FROM events WHERE run_id = $1";
+const LAST_SEQ: &str =
+    "SELECT max(seq) FROM events WHERE run = (SELECT run FROM event_runs WHERE run_id = $1)";
 
 macro_rules! select_events {
     ($($rest:literal)*) => {
         concat!(
-            "SELECT run_id, seq, type, node_id, timestamp_ms, json FROM events \
-             WHERE run_id = $1 AND seq > $2",
+            "SELECT e.seq, t.name, e.node_id, e.timestamp_ms, e.body, e.type FROM events e \
+             LEFT JOIN event_types t ON t.type = e.type \
+             WHERE e.run = (SELECT run FROM event_runs WHERE run_id = $1) AND e.seq > $2",
             $($rest,)*
-            " ORDER BY seq LIMIT $3"
+            " ORDER BY e.seq LIMIT $3"
         )
     };
 }
@@ -48,9 +68,12 @@ macro_rules! select_events {
 // One statement per combination of filters rather than `$n IS NULL OR ...`
 // conditions, so that each keeps a plan that uses the right index.
 const READ_ALL: &str = select_events!();
-const READ_TYPES: &str = select_events!(" AND type = ANY($4)");
-const READ_NODE: &str = select_events!(" AND node_id = $4");
-const READ_TYPES_NODE: &str = select_events!(" AND type = ANY($4) AND node_id = $5");
+const READ_TYPES: &str =
+    select_events!(" AND e.type IN (SELECT type FROM event_types WHERE name = ANY($4))");
+const READ_NODE: &str = select_events!(" AND e.node_id = $4");
+const READ_TYPES_NODE: &str = select_events!(
+    " AND e.type IN (SELECT type FROM event_types WHERE name = ANY($4)) AND e.node_id = $5"
+);
 
 /// The batch as the columns of the multi-row insert.
 struct Columns<'a> {
@@ -59,7 +82,8 @@ struct Columns<'a> {
     types: Vec<&'a str>,
     nodes: Vec<Option<&'a str>>,
     timestamps: Vec<i64>,
-    json: Vec<&'a str>,
+    /// What is stored of each event's JSON ([`Envelope::body`]).
+    bodies: Vec<Cow<'a, str>>,
 }
 
 impl<'a> Columns<'a> {
@@ -70,7 +94,7 @@ impl<'a> Columns<'a> {
             types: Vec::with_capacity(batch.len()),
             nodes: Vec::with_capacity(batch.len()),
             timestamps: Vec::with_capacity(batch.len()),
-            json: Vec::with_capacity(batch.len()),
+            bodies: Vec::with_capacity(batch.len()),
         };
         for ev in batch {
             c.runs.push(&ev.run_id);
@@ -78,7 +102,16 @@ impl<'a> Columns<'a> {
             c.types.push(&ev.type_name);
             c.nodes.push(ev.node_id.as_ref().map(NodePath::as_str));
             c.timestamps.push(ev.timestamp_ms);
-            c.json.push(&ev.json);
+            c.bodies.push(
+                Envelope {
+                    type_name: &ev.type_name,
+                    run_id: &ev.run_id,
+                    seq: ev.seq,
+                    timestamp_ms: ev.timestamp_ms,
+                    node_id: ev.node_id.as_ref().map(NodePath::as_str),
+                }
+                .body(&ev.json),
+            );
         }
         Ok(c)
     }
@@ -198,19 +231,26 @@ async fn try_append(
     if let Some(run) = lease::fenced_run(&tx, owner, &updates.runs).await? {
         return Err(Failed::Refused(StoreError::LeaseHeld { run }));
     }
+    let ensure = tx.prepare_cached(ENSURE_KEYS).await?;
     let insert = tx.prepare_cached(INSERT_EVENTS).await?;
-    tx.execute(
-        &insert,
-        &[
-            &cols.runs,
-            &cols.seqs,
-            &cols.types,
-            &cols.nodes,
-            &cols.timestamps,
-            &cols.json,
-        ],
-    )
-    .await?;
+    let bodies: Vec<&str> = cols.bodies.iter().map(|b| &**b).collect();
+    // Sent together: the keys' statement runs first on the connection.
+    let keys: [&(dyn ToSql + Sync); 2] = [&updates.runs, &cols.types];
+    let rows: [&(dyn ToSql + Sync); 6] = [
+        &cols.runs,
+        &cols.seqs,
+        &cols.types,
+        &cols.nodes,
+        &cols.timestamps,
+        &bodies,
+    ];
+    let (_, inserted) = futures::try_join!(tx.execute(&ensure, &keys), tx.execute(&insert, &rows))?;
+    if inserted != cols.seqs.len() as u64 {
+        return Err(Failed::Refused(StoreError::Database(format!(
+            "{inserted} of a batch of {} events found their run's and type's keys",
+            cols.seqs.len()
+        ))));
+    }
     let update = tx.prepare_cached(UPDATE_RUNS).await?;
     tx.execute(
         &update,
@@ -286,20 +326,45 @@ pub(crate) async fn read(
     let client = db.client().await?;
     let st = client.prepare_cached(sql).await.map_err(|e| db.err(e))?;
     let rows = client.query(&st, &params).await.map_err(|e| db.err(e))?;
-    rows.iter()
-        .map(event_row)
-        .collect::<Result<_, _>>()
-        .map_err(|e| db.err(e))
+    rows.iter().map(|r| event_row(db, run_id, r)).collect()
 }
 
-fn event_row(r: &Row) -> Result<StoredEvent, tokio_postgres::Error> {
+/// One row of a read as the event it stores, its JSON rebuilt; a row that
+/// cannot be is [`StoreError::BadRow`].
+fn event_row(db: &Db, run_id: &str, r: &Row) -> Result<StoredEvent, StoreError> {
+    let seq = r.try_get::<_, i64>(0).map_err(|e| db.err(e))? as u64;
+    let bad = |detail: String| StoreError::BadRow {
+        run: run_id.to_string(),
+        detail: format!("event {seq}: {detail}"),
+    };
+    let (type_name, node_id, timestamp_ms, body, code) = (|| {
+        Ok::<_, tokio_postgres::Error>((
+            r.try_get::<_, Option<String>>(1)?,
+            r.try_get::<_, Option<String>>(2)?,
+            r.try_get::<_, i64>(3)?,
+            r.try_get::<_, &str>(4)?,
+            r.try_get::<_, i16>(5)?,
+        ))
+    })()
+    .map_err(|e| db.err(e))?;
+    let type_name =
+        type_name.ok_or_else(|| bad(format!("type code {code} names no event type")))?;
+    let json = Envelope {
+        type_name: &type_name,
+        run_id,
+        seq,
+        timestamp_ms,
+        node_id: node_id.as_deref(),
+    }
+    .json(body)
+    .map_err(|e| bad(e.to_string()))?;
     Ok(StoredEvent {
-        run_id: r.try_get(0)?,
-        seq: r.try_get::<_, i64>(1)? as u64,
-        type_name: r.try_get(2)?,
-        node_id: r.try_get::<_, Option<String>>(3)?.map(NodePath::from),
-        timestamp_ms: r.try_get(4)?,
-        json: r.try_get::<_, String>(5)?.into(),
+        run_id: run_id.to_string(),
+        seq,
+        type_name,
+        node_id: node_id.map(NodePath::from),
+        timestamp_ms,
+        json: json.into(),
     })
 }
 

@@ -51,7 +51,8 @@ const GC_STILL_DUE: &str = concat!(
 /// Child tables first; their foreign keys cascade anyway, but saying so
 /// keeps the statement list the same as SQLite's.
 const GC_DELETES: &[&str] = &[
-    "DELETE FROM events WHERE run_id = ANY($1)",
+    "DELETE FROM events WHERE run IN (SELECT run FROM event_runs WHERE run_id = ANY($1))",
+    "DELETE FROM event_runs WHERE run_id = ANY($1)",
     "DELETE FROM tool_calls WHERE run_id = ANY($1)",
     "DELETE FROM inbox WHERE run_id = ANY($1)",
     "DELETE FROM processes WHERE run_id = ANY($1)",
@@ -98,7 +99,8 @@ pub(crate) async fn discard_unstarted(db: &Db, run_id: &str) -> Result<bool, Sto
     let n = client
         .execute(
             "DELETE FROM runs WHERE run_id = $1 \
-             AND NOT EXISTS (SELECT 1 FROM events WHERE run_id = $1)",
+             AND NOT EXISTS (SELECT 1 FROM events \
+             WHERE run = (SELECT run FROM event_runs WHERE run_id = $1))",
             &[&run_id],
         )
         .await
