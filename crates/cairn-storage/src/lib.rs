@@ -26,8 +26,8 @@ pub use backend::{
 };
 pub use error::StoreError;
 pub use records::{
-    EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile, ProcessRecord,
-    RecordStatus, RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
+    EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile, ProcessRecord, RecordStatus,
+    RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 pub use url::{redact, BadStoreUrl, StoreUrl};
 
