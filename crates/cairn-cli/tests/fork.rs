@@ -491,7 +491,7 @@ fn a_fork_cut_short_before_its_log_is_made_again_not_run() {
         let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).unwrap();
         let mut rec = b.get_run("o").unwrap().unwrap();
         rec.run_id = "cut".into();
-        rec.status = cairn_engine::FORKING.into();
+        rec.status = cairn_engine::FORKING;
         b.create_run(&rec).unwrap();
     }
     let out = cairn(dir, &["resume", "cut"]);
