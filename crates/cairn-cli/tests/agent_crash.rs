@@ -117,7 +117,7 @@ nodes:
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
         );
-        (!evs.is_empty(), end)
+        (!evs.is_empty() || store.run_exists(run), end)
     };
     let store_args = store.args();
     let store_args: Vec<&str> = store_args.iter().map(String::as_str).collect();

@@ -118,7 +118,7 @@ fn lead_crash(dir: &Path, store: &Store) {
             evs.last().map(|e| &e.kind),
             Some(EventKind::RunFinished { .. })
         );
-        (!evs.is_empty(), end)
+        (!evs.is_empty() || store.run_exists(run), end)
     };
     // Why a session failed: its words, and the tree's logs.
     let explain = |code: Option<i32>| {

@@ -54,4 +54,13 @@ impl Store {
             Store::Pg(url) => Some(Box::new(cairn_postgres::PgBackend::open(url).ok()?)),
         }
     }
+
+    /// Whether run `run` has a record: a session killed between the record
+    /// and the run's first event leaves one with an empty log, and then
+    /// the run is begun (`cairn resume` starts it, `cairn run` refuses the id).
+    pub fn run_exists(&self, run: &str) -> bool {
+        self.try_open()
+            .and_then(|b| b.get_run(run).ok().flatten())
+            .is_some()
+    }
 }
