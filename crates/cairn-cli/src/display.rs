@@ -845,7 +845,7 @@ mod tests {
 
     fn ev(seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
         StoredEvent::from_event(&Event {
-            run_id: "r1".into(),
+            run_id: cairn_events::RunId::parse("r1").unwrap(),
             seq: cairn_events::Seq(seq),
             timestamp_ms: ts,
             scope,

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use cairn_events::{Event, EventKind, ForkedFrom, RunState, Scope, Seq, SnapshotAt};
+use cairn_events::{Event, EventKind, ForkedFrom, RunId, RunState, Scope, Seq, SnapshotAt};
 use cairn_snapshot::ObjectId;
 use cairn_store::{
     EventQuery, GenerationRecord, RecordStatus, RunRecord, StoredEvent, ToolCallRecord,
@@ -166,7 +166,7 @@ impl Engine {
         let made = !files.planned_only;
         if made {
             let copy = copy_of(
-                &run_id,
+                &RunId::parse(&run_id)?,
                 from,
                 &rec,
                 prefix,
@@ -314,7 +314,7 @@ impl Engine {
 /// workflow adopted as a reload.
 #[allow(clippy::too_many_arguments)]
 fn copy_of(
-    run_id: &str,
+    run_id: &RunId,
     from: &str,
     rec: &RunRecord,
     prefix: &[Event],
@@ -340,7 +340,7 @@ fn copy_of(
     };
     let mut copy: Vec<Event> = Vec::with_capacity(prefix.len() + 2);
     copy.push(Event {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         seq: Seq(1),
         // The copied events keep their times: the log's times stay in
         // order from its first event.
@@ -362,7 +362,7 @@ fn copy_of(
     });
     for ev in &prefix[1..] {
         copy.push(Event {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             ..ev.clone()
         });
     }
@@ -387,7 +387,7 @@ fn copy_of(
 /// generation (`generation`, stored with the files it refers to), and
 /// its `WorkflowReloadDetected` and `WorkflowReloaded` after the copy.
 fn adopt(
-    run_id: &str,
+    run_id: &RunId,
     wf: &Workflow,
     generation: u64,
     now: i64,
@@ -415,7 +415,7 @@ fn adopt(
         },
     ] {
         copy.push(Event {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             seq: Seq(copy.len() as u64 + 1),
             timestamp_ms: now,
             scope: Scope::run(),

@@ -79,8 +79,8 @@ pub struct Activity {
 /// The Activity view of a whole log.
 ///
 /// ```
-/// use cairn_events::{activity, Event, EventKind, Scope, Seq};
-/// let ev = |seq: u64, scope, kind| Event { run_id: "r".into(), seq: Seq(seq), timestamp_ms: seq as i64, scope, kind };
+/// use cairn_events::{activity, Event, EventKind, RunId, Scope, Seq};
+/// let ev = |seq: u64, scope, kind| Event { run_id: RunId::parse("r").unwrap(), seq: Seq(seq), timestamp_ms: seq as i64, scope, kind };
 /// let log = [
 ///     ev(1, Scope::node("build", 0).with_attempt(1), EventKind::NodeStarted { snapshot: None }),
 ///     ev(2, Scope::node("build", 0).with_attempt(1),
@@ -180,7 +180,7 @@ impl ActivityFolder {
         let previous_activity_id = self.entries.last().map(|a| a.id.clone());
         self.entries.push(Activity {
             id: format!("{}-{}", ev.run_id, seq),
-            run_id: ev.run_id.clone(),
+            run_id: ev.run_id.to_string(),
             node_id: ev.scope.node_id.clone(),
             iteration: ev
                 .scope
@@ -645,7 +645,7 @@ mod tests {
 
     fn ev(seq: u64, scope: Scope, kind: EventKind) -> Event {
         Event {
-            run_id: "r".into(),
+            run_id: crate::RunId::parse("r").unwrap(),
             seq: crate::Seq(seq),
             timestamp_ms: 1000 + seq as i64,
             scope,

@@ -192,7 +192,7 @@ mod tests {
             message: "node `gate` is not waiting: it has finished".into(),
         };
         let ev = Event {
-            run_id: "r".into(),
+            run_id: crate::RunId::parse("r").unwrap(),
             seq: crate::Seq(9),
             timestamp_ms: 0,
             scope: Scope::run(),
@@ -209,7 +209,7 @@ mod tests {
             by: None,
         };
         let ev = |node: &str, kind| Event {
-            run_id: "r".into(),
+            run_id: crate::RunId::parse("r").unwrap(),
             seq: crate::Seq(1),
             timestamp_ms: 0,
             scope: Scope::node(node, 0),

@@ -528,7 +528,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, (scope, kind))| Event {
-                run_id: "r".into(),
+                run_id: crate::RunId::parse("r").unwrap(),
                 seq: Seq(i as u64 + 1),
                 timestamp_ms: 0,
                 scope,

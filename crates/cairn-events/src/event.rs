@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use serde_with::skip_serializing_none;
 
-use crate::ids::{NodePath, Seq};
+use crate::ids::{NodePath, RunId, Seq};
 
 /// Where a forked run's log was copied from (`RunStarted.forkedFrom`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,9 +25,9 @@ pub struct ForkedFrom {
 /// One entry of a run's log.
 ///
 /// ```
-/// use cairn_events::{Event, EventKind, Scope};
+/// use cairn_events::{Event, EventKind, RunId, Scope};
 /// let ev = Event {
-///     run_id: "r1".into(),
+///     run_id: RunId::parse("r1").unwrap(),
 ///     seq: cairn_events::Seq(1),
 ///     timestamp_ms: 0,
 ///     scope: Scope::node("a", 0).with_attempt(1),
@@ -40,7 +40,7 @@ pub struct ForkedFrom {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     /// The run whose log holds it.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its place in that log: 1, 2, 3, … with no gaps.
     pub seq: Seq,
     /// When it was appended (Unix ms; never earlier than the event before).
@@ -1072,7 +1072,7 @@ impl<'de> Deserialize<'de> for Event {
                     .map_err(|e| E::custom(format!("field `{key}`: {e}"))),
             }
         }
-        let run_id: String = take::<_, D::Error>(&mut map, "runId")?
+        let run_id: RunId = take::<_, D::Error>(&mut map, "runId")?
             .ok_or_else(|| D::Error::missing_field("runId"))?;
         let seq: Seq =
             take::<_, D::Error>(&mut map, "seq")?.ok_or_else(|| D::Error::missing_field("seq"))?;
@@ -1121,7 +1121,7 @@ mod tests {
             output = json!({ "a": output });
         }
         let ev = Event {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             seq: crate::Seq(1),
             timestamp_ms: 0,
             scope: Scope::node("g", 0).with_attempt(1),
@@ -1154,7 +1154,7 @@ mod tests {
     #[test]
     fn field_order_follows_the_contract() {
         let ev = Event {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             seq: crate::Seq(7),
             timestamp_ms: 42,
             scope: Scope::node("build", 2)
@@ -1203,7 +1203,7 @@ mod tests {
         ];
         for kind in kinds {
             let ev = Event {
-                run_id: "r".into(),
+                run_id: RunId::parse("r").unwrap(),
                 seq: crate::Seq(2),
                 timestamp_ms: 9,
                 scope: Scope::node("n", 0).with_attempt(1),
@@ -1233,7 +1233,7 @@ mod tests {
     #[test]
     fn absent_optionals_are_omitted() {
         let ev = Event {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             seq: crate::Seq(1),
             timestamp_ms: 1,
             scope: Scope::run(),
@@ -1291,7 +1291,7 @@ mod tests {
     #[test]
     fn an_events_type_is_its_json_type() {
         let ev = Event {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             seq: crate::Seq(1),
             timestamp_ms: 0,
             scope: Scope::run(),
@@ -1346,7 +1346,7 @@ mod tests {
     #[test]
     fn chapter_events_keep_their_own_field() {
         let ev = Event {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             seq: crate::Seq(3),
             timestamp_ms: 1,
             scope: Scope::run(),
@@ -1372,7 +1372,7 @@ mod hijack_tests {
     #[test]
     fn a_hijack_request_names_its_node_in_its_own_field() {
         let ev = Event {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             seq: Seq(3),
             timestamp_ms: 1,
             scope: Scope::run(),

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use crate::event::{Event, EventKind, ToolStatus};
+use crate::ids::RunId;
 
 /// Upper bounds, in seconds, of the duration histograms' buckets: from a
 /// quick tool call to an hour-long build.
@@ -62,9 +63,9 @@ impl Histogram {
 /// Counters and histograms folded from events, any number of runs mixed.
 ///
 /// ```
-/// use cairn_events::{Event, EventKind, Metrics, Scope, Seq};
+/// use cairn_events::{Event, EventKind, Metrics, RunId, Scope, Seq};
 /// let mut m = Metrics::new();
-/// m.apply(&Event { run_id: "r".into(), seq: Seq(1), timestamp_ms: 0,
+/// m.apply(&Event { run_id: RunId::parse("r").unwrap(), seq: Seq(1), timestamp_ms: 0,
 ///     scope: Scope::node("a", 0).with_attempt(1), kind: EventKind::NodeStarted { snapshot: None } });
 /// assert!(m.render_prometheus().contains("cairn_nodes_started_total 1\n"));
 /// ```
@@ -96,7 +97,7 @@ pub struct Metrics {
     pub tool_duration: BTreeMap<String, Histogram>,
     /// Start time of node attempts still running, to time failed attempts
     /// (`NodeFailed` carries no duration).
-    open_attempts: HashMap<(String, String, u32, u32), i64>,
+    open_attempts: HashMap<(RunId, String, u32, u32), i64>,
 }
 
 impl Metrics {
@@ -353,7 +354,7 @@ impl Metrics {
 }
 
 /// The (run, node, pass, attempt) an attempt's event is of.
-fn attempt_key(ev: &Event) -> (String, String, u32, u32) {
+fn attempt_key(ev: &Event) -> (RunId, String, u32, u32) {
     (
         ev.run_id.clone(),
         ev.scope.node_id.as_deref().unwrap_or_default().to_string(),
@@ -433,7 +434,7 @@ mod tests {
 
     fn ev(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> Event {
         Event {
-            run_id: run.into(),
+            run_id: RunId::parse(run).unwrap(),
             seq: crate::Seq(seq),
             timestamp_ms: ts,
             scope,

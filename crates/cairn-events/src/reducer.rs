@@ -286,9 +286,9 @@ impl NodeState {
 /// A run's whole state, folded from its events.
 ///
 /// ```
-/// use cairn_events::{Event, EventKind, RunState, Scope, Seq};
+/// use cairn_events::{Event, EventKind, RunId, RunState, Scope, Seq};
 /// let mut state = RunState::new("r1");
-/// state.apply(&Event { run_id: "r1".into(), seq: Seq(1), timestamp_ms: 10,
+/// state.apply(&Event { run_id: RunId::parse("r1").unwrap(), seq: Seq(1), timestamp_ms: 10,
 ///     scope: Scope::node("a", 0), kind: EventKind::NodePending { layer_index: Some(0) } });
 /// assert_eq!(state.node("a", 0).unwrap().status.as_str(), "pending");
 /// ```
@@ -1177,7 +1177,7 @@ mod tests {
 
     fn ev(seq: u64, scope: Scope, kind: EventKind) -> Event {
         Event {
-            run_id: "r".into(),
+            run_id: crate::RunId::parse("r").unwrap(),
             seq: crate::Seq(seq),
             timestamp_ms: seq as i64 * 10,
             scope,

@@ -260,7 +260,7 @@ mod tests {
             .enumerate()
             .map(|(i, (scope, kind))| {
                 StoredEvent::from_event(&Event {
-                    run_id: run.into(),
+                    run_id: cairn_events::RunId::parse(run).unwrap(),
                     seq: Seq(i as u64 + 1),
                     timestamp_ms: 1_000 + i as i64,
                     scope,

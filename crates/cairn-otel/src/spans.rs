@@ -97,9 +97,9 @@ pub enum ParentSpan {
 /// parent its lineage gives.
 ///
 /// ```
-/// use cairn_events::{Event, EventKind, Scope, Seq};
+/// use cairn_events::{Event, EventKind, RunId, Scope, Seq};
 /// use cairn_otel::{build_spans, Lineage};
-/// let ev = |seq, ts, kind| Event { run_id: "r".into(), seq: Seq(seq), timestamp_ms: ts, scope: Scope::run(), kind };
+/// let ev = |seq, ts, kind| Event { run_id: RunId::parse("r").unwrap(), seq: Seq(seq), timestamp_ms: ts, scope: Scope::run(), kind };
 /// let log = vec![
 ///     ev(1, 1_000, EventKind::RunStarted { workflow: "w".into(), workflow_hash: "h".into(), input: None,
 ///         resumed: false, parent_run_id: None, parent_node_id: None, depth: 0, forked_from: None }),
@@ -577,7 +577,7 @@ impl TraceBuilder {
     /// are ignored (and counted).
     pub fn push(&mut self, ev: &Event) {
         match &self.run_id {
-            None => self.run_id = Some(ev.run_id.clone()),
+            None => self.run_id = Some(ev.run_id.to_string()),
             Some(r) if *r != ev.run_id => {
                 self.foreign_events += 1;
                 return;

@@ -120,7 +120,7 @@ fn rows(run: &str, events: u64) -> Vec<StoredEvent> {
         .map(|i| {
             let (scope, kind) = event(i, nodes);
             StoredEvent::from_event(&Event {
-                run_id: run.to_string(),
+                run_id: cairn_events::RunId::parse(run).unwrap(),
                 seq: (i + 1).into(),
                 timestamp_ms: ts,
                 scope,

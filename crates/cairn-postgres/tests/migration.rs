@@ -48,7 +48,7 @@ fn events() -> Vec<Event> {
         .into_iter()
         .enumerate()
         .map(|(i, (scope, kind))| Event {
-            run_id: "r-1".into(),
+            run_id: cairn_events::RunId::parse("r-1").unwrap(),
             seq: Seq(i as u64 + 1),
             timestamp_ms: 1_764_000_000_000 + i as i64,
             scope,

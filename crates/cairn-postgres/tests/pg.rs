@@ -41,7 +41,7 @@ fn record(run: &str) -> RunRecord {
 
 fn output(run: &str, seq: u64) -> StoredEvent {
     StoredEvent::from_event(&Event {
-        run_id: run.into(),
+        run_id: cairn_events::RunId::parse(run).unwrap(),
         seq: cairn_events::Seq(seq),
         timestamp_ms: seq as i64,
         scope: Scope::node("a", 0).with_attempt(1),

@@ -70,7 +70,7 @@ mod tests {
 
     fn ev(seq: u64, text: &str) -> StoredEvent {
         StoredEvent::from_event(&Event {
-            run_id: "r".into(),
+            run_id: cairn_events::RunId::parse("r").unwrap(),
             seq: cairn_events::Seq(seq),
             timestamp_ms: 1,
             scope: Scope::node("n", 0).with_attempt(1),

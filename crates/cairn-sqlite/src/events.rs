@@ -437,11 +437,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, (scope, kind))| Event {
-                run_id: if i % 2 == 0 {
-                    "r-1".into()
-                } else {
-                    "r:2".into()
-                },
+                run_id: cairn_events::RunId::parse(if i % 2 == 0 { "r-1" } else { "r:2" }).unwrap(),
                 seq: Seq(i as u64 / 2 + 1),
                 timestamp_ms: 1_764_000_000_000 + i as i64,
                 scope,
@@ -575,7 +571,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
         let ev = Event {
-            run_id: "r".into(),
+            run_id: cairn_events::RunId::parse("r").unwrap(),
             seq: Seq(1),
             timestamp_ms: 1,
             scope: Scope::run(),

@@ -62,7 +62,7 @@ fn damaged_store_is_corrupt() {
         let evs: Vec<_> = (1..=200)
             .map(|i| {
                 cairn_store::StoredEvent::from_event(&cairn_events::Event {
-                    run_id: "r1".into(),
+                    run_id: cairn_events::RunId::parse("r1").unwrap(),
                     seq: cairn_events::Seq(i),
                     timestamp_ms: 1,
                     scope: node("a"),

@@ -127,7 +127,7 @@ macro_rules! backend_conformance_tests {
 /// A stored event of `run` at `seq`, for fixtures.
 pub fn event(run: &str, seq: u64, ts: i64, scope: Scope, kind: EventKind) -> StoredEvent {
     StoredEvent::from_event(&Event {
-        run_id: run.into(),
+        run_id: cairn_events::RunId::parse(run).unwrap(),
         seq: cairn_events::Seq(seq),
         timestamp_ms: ts,
         scope,

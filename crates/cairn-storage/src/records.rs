@@ -28,7 +28,7 @@ impl StoredEvent {
     /// Serializes an event once, in the contract's field order.
     pub fn from_event(e: &Event) -> Self {
         StoredEvent {
-            run_id: e.run_id.clone(),
+            run_id: e.run_id.to_string(),
             seq: e.seq.get(),
             type_name: e.type_name().to_string(),
             node_id: e.scope.node_id.clone(),

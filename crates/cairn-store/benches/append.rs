@@ -68,7 +68,7 @@ fn baseline(db: &Path, schema: Option<&str>) -> f64 {
     let rows: Vec<StoredEvent> = (1..=N)
         .map(|seq| {
             StoredEvent::from_event(&Event {
-                run_id: "bench".into(),
+                run_id: cairn_events::RunId::parse("bench").unwrap(),
                 seq: cairn_events::Seq(seq),
                 timestamp_ms: 1_700_000_000_000,
                 scope: scope(),

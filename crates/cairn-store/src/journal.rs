@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cairn_events::{Event, EventKind, Scope};
+use cairn_events::{Event, EventKind, RunId, Scope};
 use tokio::sync::{broadcast, watch};
 
 use crate::mirror::{Mirrors, WrapWriter};
@@ -296,7 +296,7 @@ impl Journal {
     /// from the store's last seq. The lease is released when the `RunLog` is
     /// dropped, after its queued events are committed.
     pub fn run_log(&self, run_id: &str) -> Result<RunLog, StoreError> {
-        validate_run_id(run_id)?;
+        let id = RunId::parse(run_id).map_err(|e| StoreError::InvalidRunId(e.0))?;
         let tx = self
             .inner
             .tx
@@ -322,7 +322,7 @@ impl Journal {
             }
         });
         Ok(RunLog {
-            run_id: run_id.to_string(),
+            run_id: id,
             inner: self.inner.clone(),
             shared: Some(shared),
             tx,
@@ -725,7 +725,7 @@ struct Sequencer {
 /// A run's sequencer: the one place its events get their `seq`. Send + Sync;
 /// share it as `Arc<RunLog>`. Holds the run's lease until dropped.
 pub struct RunLog {
-    run_id: String,
+    run_id: RunId,
     inner: Arc<Inner>,
     /// Taken only when the log is dropped, so that the registry can forget
     /// the run once the writer has released it too.
@@ -845,7 +845,7 @@ impl Drop for RunLog {
             return;
         };
         if let Some(lease) = lease {
-            let msg = Msg::Release(lease, shared.clone(), self.run_id.clone());
+            let msg = Msg::Release(lease, shared.clone(), self.run_id.to_string());
             if let Err(mpsc::SendError(msg)) = self.tx.send(msg) {
                 // The writer is gone, so nothing of ours is queued: release now.
                 drop(msg);

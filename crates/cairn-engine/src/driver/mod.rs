@@ -642,7 +642,7 @@ pub(crate) mod testing {
     /// An event of run `r` at `seq`, as the log would hand it out.
     pub(crate) fn event(seq: u64, scope: Scope, kind: EventKind) -> Event {
         Event {
-            run_id: "r".into(),
+            run_id: cairn_events::RunId::parse("r").unwrap(),
             seq: Seq(seq),
             timestamp_ms: 0,
             scope,

@@ -219,7 +219,7 @@ fn the_plan_reads_as_json_and_lines() {
 
 fn ev(seq: u64, node: &str, attempt: u32, kind: EventKind) -> Event {
     Event {
-        run_id: "r".into(),
+        run_id: cairn_events::RunId::parse("r").unwrap(),
         seq: Seq(seq),
         timestamp_ms: 0,
         scope: Scope::node(node.to_string(), 1).with_attempt(attempt),

@@ -18,7 +18,7 @@ impl Log {
     fn at(&mut self, ts: i64, scope: Scope, kind: EventKind) -> &mut Log {
         let seq = self.events.len() as u64 + 1;
         self.events.push(Event {
-            run_id: self.run.clone(),
+            run_id: cairn_events::RunId::parse(&self.run).unwrap(),
             seq: Seq(seq),
             timestamp_ms: ts,
             scope,
@@ -608,7 +608,7 @@ fn hostile_logs_stay_bounded() {
     );
     // An event of another run is no part of this one.
     l.events.push(Event {
-        run_id: "intruder".into(),
+        run_id: cairn_events::RunId::parse("intruder").unwrap(),
         seq: Seq(999),
         timestamp_ms: 9_999_999,
         scope: Scope::run(),
