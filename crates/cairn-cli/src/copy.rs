@@ -77,7 +77,12 @@ pub fn copy(g: &Global, a: StoreCopyArgs) -> anyhow::Result<u8> {
     let ids = if a.runs.is_empty() {
         all_runs(&*src)?
     } else {
-        named_runs(&*src, &a.runs)?
+        let named = a
+            .runs
+            .iter()
+            .map(|r| crate::store::run_id(r))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        named_runs(&*src, &named)?
     };
     let dst = open(g, to, true, "to")?;
     // The store's own name, so that one database reached by two URLs (or

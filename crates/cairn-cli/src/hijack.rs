@@ -15,7 +15,7 @@ use crate::store;
 /// ended first, 4 when the node cannot be hijacked.
 pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
     let engine = store::engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let by = std::env::var("USER").ok();
     let asked = engine
         .send(
@@ -41,7 +41,7 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
         a.node
     )?;
     out.flush()?;
-    let mut sub = engine.journal().subscribe(&a.run, asked.seq.get())?;
+    let mut sub = engine.journal().subscribe(&run, asked.seq.get())?;
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
     let mut reader: Option<std::thread::JoinHandle<()>> = None;
     let code = loop {

@@ -180,7 +180,10 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             };
             let mut v = RunDetail::new(&st, &meta);
             let backend = engine.journal().backend();
-            v.with_child_states(|child| Some(backend.get_run(child).ok()??.status.to_string()));
+            v.with_child_states(|child| {
+                let child = cairn_events::RunId::parse(child).ok()?;
+                Some(backend.get_run(&child).ok()??.status.to_string())
+            });
             engine.journal().close();
             v
         }
@@ -200,7 +203,7 @@ pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         Some(url) => {
             let client = cairn_client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
-            cairn_store::validate_run_id(&a.run).map_err(|e| bad_input(e.to_string()))?;
+            store::run_id(&a.run)?;
             client
                 .activity(&a.run)
                 .await
@@ -487,7 +490,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
         return logs_from_server(&url, &a).await;
     }
     let j = store::open(g, false)?;
-    store::require_run(&j, &a.run)?;
+    let run = store::require_run(&j, &a.run)?.run_id;
     let stdout = std::io::stdout();
     if !a.follow {
         let mut q = EventQuery {
@@ -498,7 +501,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
         };
         let mut out = std::io::BufWriter::new(stdout.lock());
         loop {
-            let page = j.backend().read_events(&a.run, &q)?;
+            let page = j.backend().read_events(&run, &q)?;
             for e in &page {
                 print_event(&mut out, &e.json, a.json)?;
             }
@@ -513,7 +516,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
     }
     // Follow: until the run's terminal event (a run that waits or is
     // interrupted keeps the stream open: it may be resumed).
-    let mut sub = j.subscribe(&a.run, a.since)?;
+    let mut sub = j.subscribe(&run, a.since)?;
     loop {
         match sub.next().await {
             Some(Ok(e)) => {
@@ -524,7 +527,7 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
                 }
             }
             Some(Err(SubscribeError::Lagged { last_seq })) => {
-                sub = j.subscribe(&a.run, last_seq)?;
+                sub = j.subscribe(&run, last_seq)?;
             }
             Some(Err(SubscribeError::Store(e))) => return Err(e.into()),
             None => break,
@@ -628,8 +631,8 @@ pub fn graph(a: FileArgs) -> anyhow::Result<u8> {
 /// `cairn export`.
 pub fn export(g: &Global, a: ExportArgs) -> anyhow::Result<u8> {
     let j = store::open(g, false)?;
-    store::require_run(&j, &a.run)?;
-    let path = j.export(&a.run, &g.log_dir())?;
+    let run = store::require_run(&j, &a.run)?.run_id;
+    let path = j.export(&run, &g.log_dir())?;
     j.close();
     println!("{}", path.display());
     Ok(crate::EXIT_OK)
@@ -688,7 +691,7 @@ pub async fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
     let log_dir = g.log_dir();
     for id in &deleted {
         // Ids were validated as file names when the runs were created.
-        let dir = log_dir.join(id);
+        let dir = log_dir.join(id.as_str());
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

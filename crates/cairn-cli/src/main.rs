@@ -253,7 +253,6 @@ fn store_exit_code(e: &cairn_store::StoreError) -> u8 {
         | StoreError::ReadOnly { .. }
         | StoreError::BadRow { .. }
         | StoreError::RunNotFound(_)
-        | StoreError::InvalidRunId(_)
         | StoreError::RunExists(_)
         | StoreError::LeaseHeld { .. } => EXIT_BAD_INPUT,
         StoreError::RecordNotFound { .. }

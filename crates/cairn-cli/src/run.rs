@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use cairn_engine::{Engine, RunHandle, RunOutcome, StartOptions};
-use cairn_events::Event;
+use cairn_events::{Event, RunId};
 use cairn_store::SubscribeError;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -44,10 +44,8 @@ fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
 }
 
 /// The one run-id rule, checked before the store is touched.
-fn check_run_id(id: &str) -> anyhow::Result<()> {
-    cairn_events::RunId::parse(id)
-        .map(|_| ())
-        .map_err(|e| bad_input(format!("--run-id: {e}")))
+fn check_run_id(id: &str) -> anyhow::Result<RunId> {
+    RunId::parse(id).map_err(|e| bad_input(format!("--run-id: {e}")))
 }
 
 /// `cairn run`.
@@ -62,19 +60,17 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     let wf = load_workflow(&a.file)?;
     let input = parse_input(a.input.as_deref())?;
     wf.validate_input(&input)?;
-    if let Some(id) = &a.run_id {
-        check_run_id(id)?;
-    }
+    let given = a.run_id.as_deref().map(check_run_id).transpose()?;
     let (engine, telemetry) = store::driving_engine(g, true)?;
     // A generated id is new by construction; only one given is looked up.
-    if let Some(run_id) = &a.run_id {
+    if let Some(run_id) = &given {
         if engine.journal().backend().get_run(run_id)?.is_some() {
             return Err(bad_input(format!(
                 "a run `{run_id}` already exists in this store; pick another --run-id or `cairn resume {run_id}`"
             )));
         }
     }
-    let run_id = a.run_id.clone().unwrap_or_else(cairn_engine::new_run_id);
+    let run_id = given.unwrap_or_else(cairn_engine::new_run_id);
     let session = Session::new(&engine, &run_id, &a.display, 0)?;
     let opts = StartOptions {
         watch: a.watch,
@@ -97,12 +93,12 @@ fn raise_descriptor_limit() {
 pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
     raise_descriptor_limit();
     let (engine, telemetry) = store::driving_engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
     if !a.no_wait {
-        wait_for_lease(&engine, &a.run).await?;
+        wait_for_lease(&engine, &run).await?;
     }
-    let from = engine.journal().backend().last_seq(&a.run)?;
-    let session = Session::new(&engine, &a.run, &a.display, from)?;
+    let from = engine.journal().backend().last_seq(&run)?;
+    let session = Session::new(&engine, &run, &a.display, from)?;
     let opts = StartOptions {
         watch: a.watch,
         ..session.start_options(&a.display, &a.run)
@@ -122,7 +118,7 @@ const LEASE_GRACE: Duration = Duration::from_millis(200);
 /// is a resume of a run whose holder runs on this machine, at once. A lease
 /// of a holder that died on this machine is no reason to wait: the resume
 /// takes it over at once.
-async fn wait_for_lease(engine: &Engine, run: &str) -> anyhow::Result<()> {
+async fn wait_for_lease(engine: &Engine, run: &RunId) -> anyhow::Result<()> {
     let Some(held) = engine.journal().backend().lease_holder(run)? else {
         return Ok(());
     };
@@ -257,7 +253,7 @@ fn load_workflow(path: &Path) -> anyhow::Result<cairn_workflow::Workflow> {
 /// One `run`/`resume` session: the display fed by a subscription to the
 /// run's committed events, and the prompt for approvals on a terminal.
 struct Session {
-    run_id: String,
+    run_id: RunId,
     /// Ask on the terminal (stdin and stdout are terminals, and the run is
     /// not meant to exit when it waits).
     ask: bool,
@@ -270,7 +266,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(engine: &Engine, run_id: &str, d: &DisplayArgs, from: u64) -> anyhow::Result<Session> {
+    fn new(engine: &Engine, run_id: &RunId, d: &DisplayArgs, from: u64) -> anyhow::Result<Session> {
         let tty = std::io::stdout().is_terminal();
         let mode = if d.json {
             Mode::Json
@@ -286,7 +282,7 @@ impl Session {
             .subscribe(run_id, 0)?
             .stop_at_terminal(false);
         Ok(Session {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             ask,
             progress: Arc::new(Mutex::new(Progress::new(mode, run_id, from))),
             sub,
@@ -440,7 +436,7 @@ async fn wait_with_signals(handle: RunHandle, engine: Engine) -> RunOutcome {
 /// answers through the engine.
 async fn prompt_loop(
     engine: Engine,
-    run_id: String,
+    run_id: RunId,
     progress: Arc<Mutex<Progress>>,
     mut asks: mpsc::UnboundedReceiver<Ask>,
 ) {

@@ -73,9 +73,15 @@ pub fn driving_engine(g: &Global, create: bool) -> anyhow::Result<(Engine, Telem
     Ok((Engine::new(journal, opts), telemetry))
 }
 
-/// Fails with bad input unless the store holds this run.
+/// A run id given on the command line; bad input when it can name no run.
+pub fn run_id(text: &str) -> anyhow::Result<cairn_events::RunId> {
+    cairn_events::RunId::parse(text).map_err(|e| bad_input(e.to_string()))
+}
+
+/// Fails with bad input unless the store holds this run (or the text can
+/// name no run at all).
 pub fn require_run(j: &Journal, run_id: &str) -> anyhow::Result<cairn_store::RunRecord> {
     j.backend()
-        .get_run(run_id)?
+        .get_run(&self::run_id(run_id)?)?
         .ok_or_else(|| bad_input(format!("no run `{run_id}` in this store")))
 }

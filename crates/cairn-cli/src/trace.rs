@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use cairn_events::RunId;
 use cairn_otel::{OtlpClient, OtlpConfig, TraceExporter};
 use cairn_store::Journal;
 use tokio::sync::mpsc;
@@ -69,9 +70,9 @@ impl Telemetry {
     /// What the engine calls when one of its drivers stops driving a run.
     pub fn hook(&self) -> Option<cairn_engine::RunStopped> {
         let exporter = self.exporter.clone()?;
-        Some(Arc::new(move |run: &str, _: &cairn_engine::RunOutcome| {
-            exporter.run_stopped(run)
-        }))
+        Some(Arc::new(
+            move |run: &RunId, _: &cairn_engine::RunOutcome| exporter.run_stopped(run),
+        ))
     }
 
     /// Waits for the queued exports, at most the export timeout, then says
@@ -98,7 +99,7 @@ impl Telemetry {
 /// `cairn trace`: one run's trace, with its child runs', sent to the
 /// OTLP endpoint or printed as OTLP JSON.
 pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
-    cairn_store::validate_run_id(&a.run).map_err(|e| bad_input(e.to_string()))?;
+    let run = store::run_id(&a.run)?;
     let client = if a.print {
         None
     } else {
@@ -117,7 +118,7 @@ pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
     // The store is read on the blocking pool, one run at a time, while
     // the run before is sent: a large tree is never held whole.
     let (tx, mut rx) = mpsc::channel(2);
-    let (backend, run) = (journal.backend().clone(), a.run.clone());
+    let backend = journal.backend().clone();
     let reader = tokio::task::spawn_blocking(move || {
         cairn_otel::visit_tree(backend.as_ref(), &run, |spans| {
             tx.blocking_send(spans).is_ok()

@@ -64,7 +64,10 @@ fn events(store: &Store, run: &str) -> Vec<Event> {
         return Vec::new();
     };
     backend
-        .read_events(run, &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &EventQuery::default(),
+        )
         .unwrap_or_default()
         .iter()
         .map(|s| s.decode().expect("stored events decode"))

@@ -960,7 +960,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
     journal
         .backend()
         .create_run(&RunRecord {
-            run_id: run.into(),
+            run_id: cairn_events::RunId::parse(run).unwrap(),
             workflow: "big".into(),
             workflow_path: dir.join("big.yaml").display().to_string(),
             workflow_hash: "0".repeat(64),
@@ -972,7 +972,9 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
             parent_run_id: None,
         })
         .unwrap();
-    let log = journal.run_log(run).unwrap();
+    let log = journal
+        .run_log(&cairn_events::RunId::parse(run).unwrap())
+        .unwrap();
     let nodes = (layers * width) as u64;
     let chapters = layers.div_ceil(10) as u64;
     // Everything but the streamed output: the rest of the budget is output.

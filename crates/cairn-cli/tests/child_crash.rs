@@ -19,21 +19,24 @@ use cairn_store::{Backend, EventQuery, RunFilter};
 const KILLS: usize = 12;
 
 fn events(b: &dyn Backend, run: &str) -> Vec<Event> {
-    b.read_events(run, &EventQuery::default())
-        .unwrap_or_default()
-        .iter()
-        .map(|s| s.decode().expect("stored events decode"))
-        .collect()
+    b.read_events(
+        &cairn_events::RunId::parse(run).unwrap(),
+        &EventQuery::default(),
+    )
+    .unwrap_or_default()
+    .iter()
+    .map(|s| s.decode().expect("stored events decode"))
+    .collect()
 }
 
 fn children(b: &dyn Backend, run: &str) -> Vec<String> {
     b.list_runs(&RunFilter {
-        parent: Some(run.into()),
+        parent: Some(cairn_events::RunId::parse(run).unwrap()),
         ..RunFilter::default()
     })
     .unwrap()
     .into_iter()
-    .map(|r| r.run_id)
+    .map(|r| r.run_id.to_string())
     .collect()
 }
 

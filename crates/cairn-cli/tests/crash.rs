@@ -145,7 +145,10 @@ fn events(store: &Store, run: &str) -> Vec<Event> {
         return Vec::new();
     };
     backend
-        .read_events(run, &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &EventQuery::default(),
+        )
         .expect("read events")
         .iter()
         .map(|s| s.decode().expect("stored events decode"))
@@ -180,7 +183,7 @@ fn sessions(store: &Store, run: &str) -> (usize, bool) {
 fn run_exists(store: &Store, run: &str) -> bool {
     store
         .open()
-        .and_then(|b| b.get_run(run).ok())
+        .and_then(|b| b.get_run(&cairn_events::RunId::parse(run).unwrap()).ok())
         .flatten()
         .is_some()
 }

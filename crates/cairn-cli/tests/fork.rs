@@ -489,8 +489,11 @@ fn a_fork_cut_short_before_its_log_is_made_again_not_run() {
     {
         use cairn_store::prelude::*;
         let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).unwrap();
-        let mut rec = b.get_run("o").unwrap().unwrap();
-        rec.run_id = "cut".into();
+        let mut rec = b
+            .get_run(&cairn_events::RunId::parse("o").unwrap())
+            .unwrap()
+            .unwrap();
+        rec.run_id = cairn_events::RunId::parse("cut").unwrap();
         rec.status = cairn_engine::FORKING;
         b.create_run(&rec).unwrap();
     }

@@ -235,13 +235,19 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     for (run, seen) in &seen_by {
         use cairn_store::prelude::*;
         let stored: Vec<Event> = backend
-            .read_events(run, &Default::default())
+            .read_events(
+                &cairn_events::RunId::parse(run).unwrap(),
+                &Default::default(),
+            )
             .unwrap()
             .iter()
             .map(|s| s.decode().unwrap())
             .collect();
         let stored_json: Vec<Value> = backend
-            .read_events(run, &Default::default())
+            .read_events(
+                &cairn_events::RunId::parse(run).unwrap(),
+                &Default::default(),
+            )
             .unwrap()
             .iter()
             .map(|s| serde_json::from_str(&s.json).unwrap())

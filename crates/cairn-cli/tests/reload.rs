@@ -99,11 +99,14 @@ fn events(dir: &Path, run: &str) -> Vec<Event> {
         return Vec::new();
     }
     let b = SqliteBackend::open(&store(dir)).expect("open the store");
-    b.read_events(run, &EventQuery::default())
-        .unwrap()
-        .iter()
-        .map(|e| e.decode().unwrap())
-        .collect()
+    b.read_events(
+        &cairn_events::RunId::parse(run).unwrap(),
+        &EventQuery::default(),
+    )
+    .unwrap()
+    .iter()
+    .map(|e| e.decode().unwrap())
+    .collect()
 }
 
 /// The log, checked against the event contract.
@@ -450,7 +453,7 @@ fn a_generation_stored_without_its_event_is_no_generation() {
     let b = SqliteBackend::open(&store(d)).unwrap();
     let new = cairn_workflow::parse(NEW, &d.join("flow.yaml")).unwrap();
     b.put_generation(&GenerationRecord {
-        run_id: "r6".into(),
+        run_id: cairn_events::RunId::parse("r6").unwrap(),
         generation: 1,
         workflow_hash: new.hash.clone(),
         workflow_source: NEW.into(),
@@ -579,7 +582,10 @@ fn a_copied_run_resumes_on_its_last_generation() {
     );
     let b = SqliteBackend::open(&d.join("copy.db")).unwrap();
     let evs: Vec<Event> = b
-        .read_events("r8", &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse("r8").unwrap(),
+            &EventQuery::default(),
+        )
         .unwrap()
         .iter()
         .map(|e| e.decode().unwrap())

@@ -184,12 +184,16 @@ fn run_ids(b: &dyn Backend) -> Vec<String> {
     b.list_runs(&RunFilter::default())
         .unwrap()
         .into_iter()
-        .map(|r| r.run_id)
+        .map(|r| r.run_id.to_string())
         .collect()
 }
 
 fn events(b: &dyn Backend, run: &str) -> Vec<StoredEvent> {
-    b.read_events(run, &EventQuery::default()).unwrap()
+    b.read_events(
+        &cairn_events::RunId::parse(run).unwrap(),
+        &EventQuery::default(),
+    )
+    .unwrap()
 }
 
 /// Every tool call of the run, found from the node passes its log names.
@@ -203,12 +207,19 @@ fn tool_calls(b: &dyn Backend, run: &str) -> Vec<ToolCallRecord> {
     }
     passes
         .iter()
-        .flat_map(|(n, i)| b.tool_calls(run, n, *i).unwrap())
+        .flat_map(|(n, i)| {
+            b.tool_calls(
+                &cairn_events::RunId::parse(run).unwrap(),
+                &cairn_events::NodePath::from(n),
+                *i,
+            )
+            .unwrap()
+        })
         .collect()
 }
 
 fn pending(b: &dyn Backend, run: &str) -> Vec<RunCommand> {
-    b.pending_commands(run)
+    b.pending_commands(&cairn_events::RunId::parse(run).unwrap())
         .unwrap()
         .into_iter()
         .map(|e| e.command)
@@ -225,7 +236,13 @@ fn assert_same_runs(orig: &dyn Backend, copy: &dyn Backend) {
     assert_eq!(run_ids(copy), ids);
     let mut calls = 0;
     for id in &ids {
-        assert_eq!(copy.get_run(id).unwrap(), orig.get_run(id).unwrap(), "{id}");
+        assert_eq!(
+            copy.get_run(&cairn_events::RunId::parse(id).unwrap())
+                .unwrap(),
+            orig.get_run(&cairn_events::RunId::parse(id).unwrap())
+                .unwrap(),
+            "{id}"
+        );
         let (a, b) = (events(orig, id), events(copy, id));
         assert!(!a.is_empty());
         assert_eq!(a.len(), b.len(), "{id}");
@@ -242,7 +259,11 @@ fn assert_same_runs(orig: &dyn Backend, copy: &dyn Backend) {
 }
 
 fn status(b: &dyn Backend, run: &str) -> String {
-    b.get_run(run).unwrap().unwrap().status.to_string()
+    b.get_run(&cairn_events::RunId::parse(run).unwrap())
+        .unwrap()
+        .unwrap()
+        .status
+        .to_string()
 }
 
 /// Both sides of a copy, once the command has run.
@@ -365,7 +386,10 @@ fn sqlite_to_postgres_to_sqlite_keeps_every_byte_and_the_copy_resumes() {
     // A run whose PostgreSQL lease is held is being driven: refused.
     {
         let p = pg(&db.url);
-        let lease = p.try_lock_run("h1").unwrap().expect("h1 is free");
+        let lease = p
+            .try_lock_run(&cairn_events::RunId::parse("h1").unwrap())
+            .unwrap()
+            .expect("h1 is free");
         let out = env.copy(&db.url, &env.file("busy/x.db"), &[]);
         assert_code(&out, 4);
         assert!(
@@ -413,7 +437,12 @@ fn sqlite_to_postgres_to_sqlite_keeps_every_byte_and_the_copy_resumes() {
     assert_lines(&more, &["completed g1: ", "skipped h1: "]);
     let (p, b) = (pg(&db.url), sqlite(&back));
     assert_eq!(events(&*p, "g1"), events(&*b, "g1"));
-    assert_eq!(p.get_run("g1").unwrap(), b.get_run("g1").unwrap());
+    assert_eq!(
+        p.get_run(&cairn_events::RunId::parse("g1").unwrap())
+            .unwrap(),
+        b.get_run(&cairn_events::RunId::parse("g1").unwrap())
+            .unwrap()
+    );
     assert_eq!(status(&*b, "g1"), "finished");
     drop((p, b));
     drop(db);
@@ -429,7 +458,7 @@ fn a_pending_decision_travels_with_its_run_and_is_applied_in_the_copy() {
     // died in between).
     sqlite(&src)
         .put_command(
-            "g1",
+            &cairn_events::RunId::parse("g1").unwrap(),
             &RunCommand::Approve {
                 node_id: "gate".into(),
                 note: Some("from the inbox".into()),
@@ -468,7 +497,10 @@ fn a_run_being_driven_is_refused_and_the_others_are_copied() {
     let env = Env::new();
     let (src, dst) = (env.src(), env.file("dst.db"));
     let source = sqlite(&src);
-    let lease = source.try_lock_run("h1").unwrap().expect("h1 is free");
+    let lease = source
+        .try_lock_run(&cairn_events::RunId::parse("h1").unwrap())
+        .unwrap()
+        .expect("h1 is free");
     let out = env.copy(&src, &dst, &[]);
     assert_code(&out, 4);
     let err = text(&out.stderr);
@@ -494,7 +526,10 @@ fn a_copy_cut_short_is_completed_by_skip_existing_not_skipped() {
     let (src, dst) = (env.src(), env.file("dst.db"));
     let (s, d) = (sqlite(&src), sqlite(&dst));
     // What a copy that died after its tenth event leaves behind.
-    let rec = s.get_run("h1").unwrap().unwrap();
+    let rec = s
+        .get_run(&cairn_events::RunId::parse("h1").unwrap())
+        .unwrap()
+        .unwrap();
     d.create_run(&rec).unwrap();
     let evs = events(&*s, "h1");
     d.append(&evs[..10]).unwrap();
@@ -513,7 +548,12 @@ fn a_copy_cut_short_is_completed_by_skip_existing_not_skipped() {
         )],
     );
     assert_eq!(events(&*d, "h1"), evs);
-    assert_eq!(d.get_run("h1").unwrap(), s.get_run("h1").unwrap());
+    assert_eq!(
+        d.get_run(&cairn_events::RunId::parse("h1").unwrap())
+            .unwrap(),
+        s.get_run(&cairn_events::RunId::parse("h1").unwrap())
+            .unwrap()
+    );
     // --run copies the runs it names (and their children) only.
     assert_eq!(run_ids(&*d), ["h1"]);
 
@@ -545,7 +585,10 @@ fn run_names_a_run_with_its_children() {
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert!(ids.contains(&"g1".to_string()));
     let kid = ids.iter().find(|id| *id != "g1").unwrap();
-    let child = sqlite(&dst).get_run(kid).unwrap().unwrap();
+    let child = sqlite(&dst)
+        .get_run(&cairn_events::RunId::parse(kid).unwrap())
+        .unwrap()
+        .unwrap();
     assert_eq!(child.parent_run_id.as_deref(), Some("g1"));
     assert_eq!(child, sqlite(&src).get_run(&child.run_id).unwrap().unwrap());
 }

@@ -115,7 +115,9 @@ async fn steps() -> (f64, u64) {
 async fn baseline() -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let j = journal(dir.path());
-    let log = j.run_log("baseline").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("baseline").unwrap())
+        .unwrap();
     let t0 = Instant::now();
     for step in 0..STEPS as u32 {
         for kind in [

@@ -362,7 +362,9 @@ fn run_journal(n: usize, events: u64) -> Measure {
     let journal = journal(dir.path(), pg.as_ref());
     let t0 = Instant::now();
     rt.block_on(async {
-        let log = journal.run_log("bench-journal").expect("run log");
+        let log = journal
+            .run_log(&cairn_events::RunId::parse("bench-journal").unwrap())
+            .expect("run log");
         for i in 0..events {
             let node = format!("n{}", (i / 3) as usize % n.max(1));
             let scope = Scope::node(node, 0);

@@ -116,14 +116,21 @@ fn main() {
     let (latencies, floor) = rt.block_on(async {
         // The child creates the run; wait for it (setup, not measured).
         let t0 = Instant::now();
-        while j.backend().get_run("bench").unwrap().is_none() {
+        while j
+            .backend()
+            .get_run(&cairn_events::RunId::parse("bench").unwrap())
+            .unwrap()
+            .is_none()
+        {
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
                 "the run never appeared"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let mut events = j.subscribe("bench", 0).unwrap();
+        let mut events = j
+            .subscribe(&cairn_events::RunId::parse("bench").unwrap(), 0)
+            .unwrap();
         let mut latencies = Vec::with_capacity(n);
         for i in 0..n {
             let gate = format!("g{i}");
@@ -140,7 +147,13 @@ fn main() {
             }
             let t = Instant::now();
             engine
-                .decide("bench", &gate, true, None, Some("bench".into()))
+                .decide(
+                    &cairn_events::RunId::parse("bench").unwrap(),
+                    &gate,
+                    true,
+                    None,
+                    Some("bench".into()),
+                )
                 .await
                 .expect("approve");
             latencies.push(t.elapsed().as_secs_f64() * 1e3);
@@ -148,7 +161,7 @@ fn main() {
         // The floor: one durable commit from this process, same store.
         j.backend()
             .create_run(&RunRecord {
-                run_id: "floor".into(),
+                run_id: cairn_events::RunId::parse("floor").unwrap(),
                 workflow: "floor".into(),
                 workflow_path: String::new(),
                 workflow_hash: String::new(),
@@ -160,7 +173,10 @@ fn main() {
                 parent_run_id: None,
             })
             .unwrap();
-        let log = Arc::new(j.run_log("floor").unwrap());
+        let log = Arc::new(
+            j.run_log(&cairn_events::RunId::parse("floor").unwrap())
+                .unwrap(),
+        );
         let mut floor = Vec::with_capacity(n);
         for i in 0..n {
             let t = Instant::now();

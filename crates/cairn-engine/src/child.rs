@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_events::{ErrorInfo, Event, EventKind, RunStatus};
+use cairn_events::{ErrorInfo, Event, EventKind, RunId, RunStatus};
 use cairn_store::EventQuery;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -34,7 +34,7 @@ const BUSY_RETRY: Duration = Duration::from_millis(100);
 
 /// Who a child run's parent is, as its `RunStarted` says.
 pub(crate) struct Lineage {
-    pub run_id: String,
+    pub run_id: RunId,
     pub node_id: String,
     /// The child's depth: its parent's plus one.
     pub depth: u32,
@@ -46,7 +46,7 @@ pub(crate) struct Lineage {
 /// A child run to start, or to wait for if it exists.
 pub(crate) struct ChildSpec {
     /// Derived from the call's place ([`child_run_id`]).
-    pub run_id: String,
+    pub run_id: RunId,
     /// The workflow file as the parent names it.
     pub path: String,
     /// The delegate's name, or `workflow` for a `workflow` node.
@@ -60,7 +60,7 @@ pub(crate) struct ChildSpec {
 /// within the parent). A tree's runs sort together, and an id stays short
 /// however deep the tree. `parent_depth` says whether the parent's id is
 /// itself one of these (a user's run id may hold dots of its own).
-pub(crate) fn child_run_id(parent: &str, parent_depth: u32, place: &str) -> String {
+pub(crate) fn child_run_id(parent: &str, parent_depth: u32, place: &str) -> RunId {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update((parent.len() as u64).to_le_bytes());
@@ -72,11 +72,14 @@ pub(crate) fn child_run_id(parent: &str, parent_depth: u32, place: &str) -> Stri
         _ => parent.rsplit_once('.').map_or(parent, |(r, _)| r),
     };
     let id = format!("{root}.{}", &hash[..12]);
-    if id.len() <= cairn_events::MAX_RUN_ID_LEN {
+    // A run id's prefix, a dot and hex digits are a run id again when short
+    // enough; the fallback is one whatever the parent.
+    let id = if id.len() <= cairn_events::MAX_RUN_ID_LEN {
         id
     } else {
         format!("run-child-{}", &hash[..32])
-    }
+    };
+    RunId::parse(&id).expect("a run id's root, `.` and hex digits make a run id")
 }
 
 /// The error a child's failure ends in: `RunFailed` wraps the failed
@@ -233,7 +236,7 @@ impl NodeCtx {
             ),
         };
         self.emit(EventKind::DelegationFinished {
-            child_run_id: spec.run_id.clone(),
+            child_run_id: spec.run_id.to_string(),
             status: status.into(),
         });
         // The child ended because this attempt was stopped: the attempt
@@ -249,7 +252,7 @@ impl NodeCtx {
 
     async fn delegation_started(&self, spec: &ChildSpec) -> Result<(), NodeError> {
         self.emit_durable(EventKind::DelegationStarted {
-            child_run_id: spec.run_id.clone(),
+            child_run_id: spec.run_id.to_string(),
             agent: spec.agent.clone(),
             workflow: spec.path.clone(),
         })
@@ -324,7 +327,7 @@ impl NodeCtx {
     /// waits for a person.
     fn child_options(
         &self,
-        child: &str,
+        child: &RunId,
     ) -> (StartOptions, mpsc::UnboundedReceiver<Option<RunStatus>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let observer: crate::Observer = Arc::new(move |ev: &Event| match &ev.kind {
@@ -355,7 +358,7 @@ impl NodeCtx {
     async fn await_child(
         &self,
         engine: &Engine,
-        child: &str,
+        child: &RunId,
         mut handle: Option<(RunHandle, mpsc::UnboundedReceiver<Option<RunStatus>>)>,
     ) -> Result<ChildEnd, NodeError> {
         let mut cancel_sent = false;
@@ -439,7 +442,7 @@ impl NodeCtx {
     /// down or the run stops to wait for a person: then the child stops
     /// with it and the resume takes it up.
     /// True once nothing more is to be sent.
-    async fn cancel_child(&self, engine: &Engine, child: &str) -> bool {
+    async fn cancel_child(&self, engine: &Engine, child: &RunId) -> bool {
         if engine.closing() || self.parking.load(std::sync::atomic::Ordering::SeqCst) {
             return true;
         }
@@ -455,7 +458,7 @@ impl NodeCtx {
             )
             .await
         {
-            tracing::debug!(child, error = %e, "cannot cancel a child run");
+            tracing::debug!(child = %child, error = %e, "cannot cancel a child run");
         }
         true
     }
@@ -463,8 +466,8 @@ impl NodeCtx {
 
 impl Engine {
     /// How a run ended, from its log; `None` while it has not.
-    async fn ended(&self, run_id: &str) -> Result<Option<ChildEnd>, NodeError> {
-        let id = run_id.to_string();
+    async fn ended(&self, run_id: &RunId) -> Result<Option<ChildEnd>, NodeError> {
+        let id = run_id.clone();
         let state = self.blocking(move |e| e.fold(&id)).await.map_err(|e| {
             NodeError::new("child", format!("cannot read child run `{run_id}`: {e}"))
         })?;
@@ -487,8 +490,8 @@ impl Engine {
 
     /// Cancels the children of `run_id` that have not ended: its run ended
     /// without them (cancelled, or failed while they ran).
-    pub(crate) async fn cancel_children(&self, run_id: &str) {
-        let id = run_id.to_string();
+    pub(crate) async fn cancel_children(&self, run_id: &RunId) {
+        let id = run_id.clone();
         let children = self
             .blocking(move |e| {
                 e.backend().list_runs(&cairn_store::RunFilter {

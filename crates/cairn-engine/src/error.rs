@@ -228,8 +228,8 @@ impl EngineError {
 impl Engine {
     /// The refusal of `wanted` on `run_id` while another process holds
     /// the run's lease, naming that process when the store knows it.
-    pub(crate) async fn lease_held(&self, run_id: &str, wanted: Wanted) -> EngineError {
-        let id = run_id.to_string();
+    pub(crate) async fn lease_held(&self, run_id: &RunId, wanted: Wanted) -> EngineError {
+        let id = run_id.clone();
         let holder = self
             .blocking(move |e| e.backend().lease_holder(&id).ok().flatten())
             .await

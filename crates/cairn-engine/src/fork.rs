@@ -18,7 +18,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use cairn_events::{Event, EventKind, ForkedFrom, RunId, RunState, Scope, Seq, SnapshotAt};
+use cairn_events::{
+    Event, EventKind, ForkedFrom, NodePath, RunId, RunState, Scope, Seq, SnapshotAt,
+};
 use cairn_snapshot::ObjectId;
 use cairn_store::{
     EventQuery, GenerationRecord, RecordStatus, RunRecord, StoredEvent, ToolCallRecord,
@@ -77,7 +79,7 @@ pub struct ForkRequest {
 #[derive(Debug, Clone)]
 pub struct Forked {
     /// The new run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The last seq of the original its log copies (the point, moved back
     /// to the last step boundary when it fell among an agent step's calls).
     pub seq: u64,
@@ -125,13 +127,11 @@ impl Engine {
     /// The fork is not driven: [`Engine::resume`] it.
     pub async fn fork(&self, from: &str, req: ForkRequest) -> Result<Forked, EngineError> {
         let run_id = match &req.run_id {
-            Some(id) => {
-                cairn_store::validate_run_id(id)?;
-                id.clone()
-            }
+            Some(id) => RunId::parse(id)?,
             None => crate::new_run_id(),
         };
-        let id = from.to_string();
+        let from = &RunId::parse(from)?;
+        let id = from.clone();
         let (rec, events) = self
             .blocking(move |e| {
                 let rec = e.require_run(&id)?;
@@ -166,7 +166,7 @@ impl Engine {
         let made = !files.planned_only;
         if made {
             let copy = copy_of(
-                &RunId::parse(&run_id)?,
+                &run_id,
                 from,
                 &rec,
                 prefix,
@@ -275,8 +275,8 @@ impl Engine {
     /// its generations and its calls' rows, then its log in one batch,
     /// whose first append makes it a run. A fork cut short in between is
     /// made again by the same command.
-    async fn write_fork(&self, from: &str, copy: Copy, calls: Calls) -> Result<(), EngineError> {
-        let from_id = from.to_string();
+    async fn write_fork(&self, from: &RunId, copy: Copy, calls: Calls) -> Result<(), EngineError> {
+        let from_id = from.clone();
         self.blocking(move |e| {
             let b = e.backend();
             let fork_id = copy.rec.run_id.clone();
@@ -315,7 +315,7 @@ impl Engine {
 #[allow(clippy::too_many_arguments)]
 fn copy_of(
     run_id: &RunId,
-    from: &str,
+    from: &RunId,
     rec: &RunRecord,
     prefix: &[Event],
     seq: u64,
@@ -330,7 +330,7 @@ fn copy_of(
         _ => rec.workflow_hash.clone(),
     };
     let fork_rec = RunRecord {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         parent_run_id: None,
         input: input.clone(),
         status: FORKING,
@@ -369,7 +369,7 @@ fn copy_of(
     let mut gens: Vec<GenerationRecord> = generations
         .into_iter()
         .map(|g| GenerationRecord {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             ..g
         })
         .collect();
@@ -394,7 +394,7 @@ fn adopt(
     copy: &mut Vec<Event>,
 ) -> Result<GenerationRecord, EngineError> {
     let record = GenerationRecord {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         generation,
         workflow_hash: wf.hash.clone(),
         workflow_source: wf.source.clone(),
@@ -425,7 +425,7 @@ fn adopt(
     Ok(record)
 }
 
-fn read_all(e: &Engine, run_id: &str) -> Result<Vec<Event>, EngineError> {
+fn read_all(e: &Engine, run_id: &RunId) -> Result<Vec<Event>, EngineError> {
     let stored = e.backend().read_events(run_id, &EventQuery::default())?;
     stored
         .iter()
@@ -630,8 +630,8 @@ fn calls_in(prefix: &[Event]) -> Calls {
 /// fork makes it again.
 fn copied_calls(
     b: &dyn cairn_store::Backend,
-    from: &str,
-    fork: &str,
+    from: &RunId,
+    fork: &RunId,
     calls: &Calls,
 ) -> Result<Vec<ToolCallRecord>, EngineError> {
     let passes: BTreeSet<(String, u32)> = calls
@@ -641,7 +641,7 @@ fn copied_calls(
         .collect();
     let mut out = Vec::new();
     for (node, it) in passes {
-        for mut r in b.tool_calls(from, &node, it)? {
+        for mut r in b.tool_calls(from, &NodePath::from(node), it)? {
             let k = (r.node_id.clone(), r.iteration, r.attempt, r.tool_seq);
             if !calls.started.contains(&k) {
                 continue;
@@ -652,7 +652,7 @@ fn copied_calls(
                 r.error = None;
                 r.finished_ms = None;
             }
-            r.run_id = fork.to_string();
+            r.run_id = fork.clone();
             out.push(r);
         }
     }

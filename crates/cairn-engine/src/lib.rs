@@ -47,7 +47,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_events::{
-    ErrorInfo, Event, EventKind, EventType, InboxReply, RunCommand, RunState, RunStatus, Scope,
+    ErrorInfo, Event, EventKind, EventType, InboxReply, NodePath, RunCommand, RunId, RunState,
+    RunStatus, Scope,
 };
 use cairn_store::{
     Backend, EventQuery, Journal, RecordStatus, RunRecord, StoreError, ToolCallRecord, Topic,
@@ -124,7 +125,7 @@ pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// Told each time a driver of an engine stops driving a run, with the run's
 /// id and how the session ended (see [`EngineOptions::on_run_stopped`]).
-pub type RunStopped = Arc<dyn Fn(&str, &RunOutcome) + Send + Sync>;
+pub type RunStopped = Arc<dyn Fn(&RunId, &RunOutcome) + Send + Sync>;
 
 pub use error::{
     EngineError, FilesTask, ForkRefusal, HijackRefusal, IntegrityProblem, ResumeRefusal,
@@ -233,7 +234,7 @@ struct Inner {
     services: Arc<services::Services>,
     templates: Arc<Templates>,
     /// Runs a driver of this engine holds, by id.
-    active: Mutex<HashSet<String>>,
+    active: Mutex<HashSet<RunId>>,
     adopt_idle_runs: bool,
     on_run_stopped: Option<RunStopped>,
     shutdown: Shutdown,
@@ -397,10 +398,7 @@ impl Engine {
         }
         wf.validate_input(&input)?;
         let run_id = match &opts.run_id {
-            Some(id) => {
-                validate_run_id(id)?;
-                id.clone()
-            }
+            Some(id) => RunId::parse(id)?,
             None => new_run_id(),
         };
         // The files the workflow refers to, read now and kept with the
@@ -446,7 +444,7 @@ impl Engine {
             workflow_hash: wf.hash.clone(),
             input: Some(input),
             resumed: false,
-            parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
+            parent_run_id: parent.as_ref().map(|p| p.run_id.to_string()),
             parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
             depth: parent.as_ref().map_or(0, |p| p.depth),
             forked_from: None,
@@ -509,7 +507,7 @@ impl Engine {
         match log.append_durable(Scope::run(), started).await {
             Ok(ev) => Ok((log, ev)),
             Err(err) => {
-                let run = log.run_id().to_string();
+                let run = log.run_id().clone();
                 drop(log);
                 if !exists {
                     let _ = self
@@ -524,7 +522,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     fn spawn_driver(
         &self,
-        run_id: String,
+        run_id: RunId,
         wf: Arc<Workflow>,
         log: Arc<cairn_store::RunLog>,
         state: RunState,
@@ -576,7 +574,10 @@ impl Engine {
             }
             outcome
         });
-        RunHandle { run_id, join }
+        RunHandle {
+            run_id: run_id.to_string(),
+            join,
+        }
     }
 
     /// Starts watching the files of a run of `wf`; the receiver is its
@@ -598,6 +599,7 @@ impl Engine {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
+        let run_id = &RunId::parse(run_id)?;
         self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
@@ -614,12 +616,12 @@ impl Engine {
     /// inbox's commands (`Mode::Apply`, which writes only what they cause).
     async fn drive_with(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         log: Arc<cairn_store::RunLog>,
         opts: StartOptions,
         mode: Mode,
     ) -> Result<RunHandle, EngineError> {
-        let id = run_id.to_string();
+        let id = run_id.clone();
         let (rec, mut state, wf) = self
             .blocking(move |e| {
                 let (rec, state) = (e.require_run(&id)?, e.fold(&id)?);
@@ -675,7 +677,7 @@ impl Engine {
             }
         }
         Ok(self.spawn_driver(
-            run_id.to_string(),
+            run_id.clone(),
             Arc::new(wf),
             log,
             state,
@@ -721,7 +723,7 @@ impl Engine {
                 .await
                 .is_ok()
             {
-                resumed.push(r.run_id);
+                resumed.push(r.run_id.to_string());
             }
         }
         resumed
@@ -729,13 +731,14 @@ impl Engine {
 
     /// Folds a run's log into its state (the one reducer).
     pub fn state(&self, run_id: &str) -> Result<RunState, EngineError> {
+        let run_id = &RunId::parse(run_id)?;
         if self.backend().get_run(run_id)?.is_none() {
             return Err(EngineError::run_not_found(run_id));
         }
         self.fold(run_id)
     }
 
-    fn fold(&self, run_id: &str) -> Result<RunState, EngineError> {
+    fn fold(&self, run_id: &RunId) -> Result<RunState, EngineError> {
         let events = self.backend().read_events(run_id, &EventQuery::default())?;
         let mut state = RunState::new(run_id);
         // One event decoded at a time: a large run's log is never held
@@ -750,10 +753,10 @@ impl Engine {
     /// released by the store's writer once the run's queued events are
     /// committed, so a short wait tells "released a moment ago" from "held by
     /// another process".
-    async fn take_log(&self, run_id: &str) -> Result<cairn_store::RunLog, StoreError> {
+    async fn take_log(&self, run_id: &RunId) -> Result<cairn_store::RunLog, StoreError> {
         let mut tries = 0;
         loop {
-            let id = run_id.to_string();
+            let id = run_id.clone();
             match self.blocking(move |e| e.journal().run_log(&id)).await {
                 Err(StoreError::LeaseHeld { .. }) if tries < 50 => {
                     tries += 1;
@@ -766,18 +769,24 @@ impl Engine {
 
     /// Runs driven by this engine right now.
     pub fn active_runs(&self) -> Vec<String> {
-        self.inner.active.lock().unwrap().iter().cloned().collect()
+        self.inner
+            .active
+            .lock()
+            .unwrap()
+            .iter()
+            .map(RunId::to_string)
+            .collect()
     }
 
-    fn require_run(&self, run_id: &str) -> Result<RunRecord, EngineError> {
+    fn require_run(&self, run_id: &RunId) -> Result<RunRecord, EngineError> {
         self.backend()
             .get_run(run_id)?
             .ok_or_else(|| EngineError::run_not_found(run_id))
     }
 
     /// [`Engine::require_run`] off the async workers.
-    async fn require_run_off(&self, run_id: &str) -> Result<RunRecord, EngineError> {
-        let id = run_id.to_string();
+    async fn require_run_off(&self, run_id: &RunId) -> Result<RunRecord, EngineError> {
+        let id = run_id.clone();
         self.blocking(move |e| e.require_run(&id)).await
     }
 
@@ -793,6 +802,7 @@ impl Engine {
     /// command with the run's own driver: it then stops at the next wait,
     /// or, with [`EngineOptions::adopt_idle_runs`], goes on driving the run.
     pub async fn send(&self, run_id: &str, command: RunCommand) -> Result<Event, EngineError> {
+        let run_id = &RunId::parse(run_id)?;
         let (mut events, id) = self.post_command(run_id, &command).await?;
         let mut applier: Option<RunHandle> = None;
         let deadline = tokio::time::Instant::now() + COMMAND_WAIT;
@@ -811,7 +821,7 @@ impl Engine {
                 _ = check.tick(), if applier.is_none() && !lease_tried && !self.is_active(run_id) => {
                     // Nobody may be driving the run: then nobody else will
                     // apply the command.
-                    let id = run_id.to_string();
+                    let id = run_id.clone();
                     match self.blocking(move |e| e.journal().run_log(&id)).await {
                         Ok(log) => {
                             let mode = if self.inner.adopt_idle_runs && !self.inner.closing.load(Ordering::SeqCst) {
@@ -860,10 +870,9 @@ impl Engine {
     /// command, and the command's id.
     async fn post_command(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         command: &RunCommand,
     ) -> Result<(cairn_store::Subscription, u64), EngineError> {
-        validate_run_id(run_id)?;
         let rec = self.require_run_off(run_id).await?;
         if let Some(status) = RunStatus::parse(rec.status.as_str()).filter(|s| s.is_terminal()) {
             return Err(EngineError::for_run(run_id, |run| EngineError::RunEnded {
@@ -875,7 +884,7 @@ impl Engine {
         // event its observer saw but the store does not hold yet: only
         // what can never apply is refused up front then.
         let waiting_known = !self.is_active(run_id);
-        let (run, command) = (run_id.to_string(), command.clone());
+        let (run, command) = (run_id.clone(), command.clone());
         self.blocking(move |e| {
             e.precheck(&run, &command, waiting_known)?;
             let backend = e.backend();
@@ -894,7 +903,7 @@ impl Engine {
     /// is to know), a gate or question that never asked.
     fn precheck(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         command: &RunCommand,
         waiting_known: bool,
     ) -> Result<(), EngineError> {
@@ -933,7 +942,7 @@ impl Engine {
     /// [`Engine::precheck`] of a decision at the gate of `node`.
     fn precheck_gate(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         node: &str,
         waiting_known: bool,
     ) -> Result<(), EngineError> {
@@ -972,7 +981,7 @@ impl Engine {
     /// [`Engine::precheck`] of an answer to the question `request_id`.
     fn precheck_answer(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         request_id: &str,
         answer: &Value,
         waiting_known: bool,
@@ -1233,8 +1242,8 @@ pub(crate) fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> Engi
 /// of a node already made: what a retry or resume should warn about.
 pub fn earlier_side_effects(
     backend: &dyn Backend,
-    run_id: &str,
-    node_id: &str,
+    run_id: &RunId,
+    node_id: &NodePath,
     iteration: u32,
     attempt: u32,
 ) -> Result<Vec<ToolCallRecord>, StoreError> {
@@ -1299,16 +1308,12 @@ fn answer_in(
     Ok(None)
 }
 
-fn validate_run_id(id: &str) -> Result<(), EngineError> {
-    cairn_events::RunId::parse(id)?;
-    Ok(())
-}
-
 /// A new run id: time-ordered, so `cairn runs` lists newest first naturally.
-pub fn new_run_id() -> String {
+pub fn new_run_id() -> RunId {
     let ms = node::now_ms() as u64;
     let r: u32 = rand::random();
-    format!("run-{ms:x}-{:06x}", r & 0xff_ffff)
+    RunId::parse(&format!("run-{ms:x}-{:06x}", r & 0xff_ffff))
+        .expect("`run-`, hex digits and `-` make a run id")
 }
 
 /// Why `value` breaks `schema` (the first few problems), if it does.
@@ -1349,7 +1354,7 @@ mod tests {
     fn record(pgid: u32, started_ms: i64) -> cairn_store::ProcessRecord {
         cairn_store::ProcessRecord {
             id: 1,
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             node_id: "n".into(),
             iteration: 0,
             attempt: 1,

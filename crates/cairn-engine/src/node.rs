@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use cairn_events::{
-    ErrorInfo, EventKind, NetworkAction, NodePath, OutputStream, Scope, ToolStatus,
+    ErrorInfo, EventKind, NetworkAction, NodePath, OutputStream, RunId, Scope, ToolStatus,
 };
 use cairn_store::{ProcessRecord, RunLog, StoreError, ToolCallRecord, ToolCallStatus};
 use cairn_tools::process::{ProcessObserver, Stream};
@@ -162,7 +162,7 @@ pub(crate) fn hijack_request_id(
 
 /// Everything a node attempt can see and do.
 pub struct NodeCtx {
-    pub run_id: String,
+    pub run_id: RunId,
     pub node_id: NodePath,
     pub iteration: u32,
     pub attempt: u32,
@@ -209,7 +209,7 @@ pub struct NodeCtx {
 impl NodeCtx {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        run_id: String,
+        run_id: RunId,
         key: &Key,
         attempt: u32,
         scope: Scope,

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use cairn_events::{OpenRevert, RunState, Scope};
+use cairn_events::{OpenRevert, RunId, RunState, Scope};
 use cairn_snapshot::SnapshotStore;
 use cairn_store::{RunLog, StoreError};
 use cairn_workflow::Workflow;
@@ -80,6 +80,7 @@ impl Engine {
     /// logged (`RevertFinished` with `success: false`) and returned in
     /// [`Reverted::error`].
     pub async fn revert(&self, run_id: &str, req: RevertRequest) -> Result<Reverted, EngineError> {
+        let run_id = &RunId::parse(run_id)?;
         self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
@@ -88,7 +89,7 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
-        let id = run_id.to_string();
+        let id = run_id.clone();
         let (state, wf) = self
             .blocking(move |e| {
                 let rec = e.require_run(&id)?;
@@ -118,7 +119,7 @@ impl Engine {
             .map_err(|e| EngineError::Workspace(*e.info))?;
         // What the run changed since the attempt started, read after the
         // open revert (if any) was finished: it is part of the history.
-        let id = run_id.to_string();
+        let id = run_id.clone();
         let events = self
             .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
             .await?;
@@ -327,11 +328,11 @@ async fn revert_files_again(
 /// revert.
 async fn open_revert_paths(
     engine: &Engine,
-    run_id: &str,
+    run_id: &RunId,
     store: &Arc<SnapshotStore>,
     workspace: &(std::path::PathBuf, Vec<std::path::PathBuf>),
 ) -> Result<Option<Vec<crate::touched::RelPath>>, EngineError> {
-    let id = run_id.to_string();
+    let id = run_id.clone();
     let events = engine
         .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
         .await?;

@@ -127,7 +127,9 @@ async fn an_agent_calls_tools_reads_its_mistakes_and_answers_in_schema() {
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
     let outcome = run(&engine, workflow(dir.path(), &yaml), "ag1").await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    let state = engine.state("ag1").unwrap();
+    let state = engine
+        .state(&cairn_events::RunId::parse("ag1").unwrap())
+        .unwrap();
     let node = state.node("a", 0).unwrap();
     assert_eq!(
         node.output.as_ref().unwrap().to_value(),
@@ -277,7 +279,9 @@ async fn limits_fail_the_node_with_their_own_kinds() {
     .replace("      system: You are careful.\n", "");
     let outcome = run(&engine, workflow(dir.path(), &yaml), "sch").await;
     assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
-    let st = engine.state("sch").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("sch").unwrap())
+        .unwrap();
     assert_eq!(st.node("a", 0).unwrap().error().unwrap().kind, "schema");
 }
 
@@ -351,7 +355,10 @@ async fn an_agent_stopped_anywhere_repeats_nothing_it_finished() {
                     .await
                     .unwrap()
             } else {
-                engine.resume("crash", opts).await.unwrap()
+                engine
+                    .resume(&cairn_events::RunId::parse("crash").unwrap(), opts)
+                    .await
+                    .unwrap()
             };
             let outcome = handle.wait().await;
             engine.shutdown(Duration::ZERO).await;
@@ -459,21 +466,36 @@ async fn an_agents_question_outlives_the_process_and_its_answer_reaches_the_mode
         .wait()
         .await;
     assert!(matches!(outcome, RunOutcome::Waiting), "{outcome:?}");
-    let st = engine.state("q").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("q").unwrap())
+        .unwrap();
     assert_eq!(st.status, Some(cairn_events::RunStatus::WaitingInput));
     let rid = st.questions.keys().next().unwrap().clone();
     assert_eq!(st.questions[&rid].prompt, "Which colour?");
     // Answered while no process drives the run, then resumed.
     assert!(engine
-        .answer("q", &rid, json!("green"), None)
+        .answer(
+            &cairn_events::RunId::parse("q").unwrap(),
+            &rid,
+            json!("green"),
+            None
+        )
         .await
         .is_err());
     engine
-        .answer("q", &rid, json!("blue"), Some("ana".into()))
+        .answer(
+            &cairn_events::RunId::parse("q").unwrap(),
+            &rid,
+            json!("blue"),
+            Some("ana".into()),
+        )
         .await
         .unwrap();
     let outcome = engine
-        .resume("q", StartOptions::default())
+        .resume(
+            &cairn_events::RunId::parse("q").unwrap(),
+            StartOptions::default(),
+        )
         .await
         .unwrap()
         .wait()
@@ -489,7 +511,9 @@ async fn an_agents_question_outlives_the_process_and_its_answer_reaches_the_mode
         .clone();
     assert_eq!(last["role"], "tool");
     assert_eq!(last["content"], "blue", "{last}");
-    let st = engine.state("q").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("q").unwrap())
+        .unwrap();
     assert_eq!(
         st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
         json!("Blue it is.")
@@ -524,7 +548,9 @@ async fn parallel_questions_are_answered_each_by_its_own_answer() {
     let handle = engine.start(wf, json!({"task": "x"}), opts).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let questions = loop {
-        let st = engine.state("pq").unwrap();
+        let st = engine
+            .state(&cairn_events::RunId::parse("pq").unwrap())
+            .unwrap();
         if st.questions.len() == 2 {
             break st.questions;
         }
@@ -535,7 +561,10 @@ async fn parallel_questions_are_answered_each_by_its_own_answer() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(
-        engine.state("pq").unwrap().status,
+        engine
+            .state(&cairn_events::RunId::parse("pq").unwrap())
+            .unwrap()
+            .status,
         Some(cairn_events::RunStatus::WaitingInput)
     );
     // Answered in the other order, each to its own question.
@@ -545,11 +574,21 @@ async fn parallel_questions_are_answered_each_by_its_own_answer() {
         .collect();
     by_prompt.sort();
     engine
-        .answer("pq", &by_prompt[1].1, json!("two"), None)
+        .answer(
+            &cairn_events::RunId::parse("pq").unwrap(),
+            &by_prompt[1].1,
+            json!("two"),
+            None,
+        )
         .await
         .unwrap();
     engine
-        .answer("pq", &by_prompt[0].1, json!("one"), None)
+        .answer(
+            &cairn_events::RunId::parse("pq").unwrap(),
+            &by_prompt[0].1,
+            json!("one"),
+            None,
+        )
         .await
         .unwrap();
     let outcome = handle.wait().await;
@@ -661,7 +700,9 @@ nodes:
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
     let outcome = run(&engine, workflow(dir.path(), &yaml), "real").await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    let st = engine.state("real").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("real").unwrap())
+        .unwrap();
     let out = st.node("a", 0).unwrap().output.as_ref().unwrap().to_value();
     assert!(out.as_str().is_some_and(|s| !s.trim().is_empty()), "{out}");
     let evs = stored(&engine, "real");
@@ -695,7 +736,11 @@ async fn a_question_no_answer_could_match_is_refused_to_the_model() {
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
     let outcome = run(&engine, wf, "badq").await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    assert!(engine.state("badq").unwrap().questions.is_empty());
+    assert!(engine
+        .state(&cairn_events::RunId::parse("badq").unwrap())
+        .unwrap()
+        .questions
+        .is_empty());
     let tool = server.requests()[1].body["messages"]
         .as_array()
         .unwrap()

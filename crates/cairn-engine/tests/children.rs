@@ -23,7 +23,7 @@ fn children(engine: &Engine, run: &str) -> Vec<cairn_store::RunRecord> {
         .journal()
         .backend()
         .list_runs(&RunFilter {
-            parent: Some(run.into()),
+            parent: Some(cairn_events::RunId::parse(run).unwrap()),
             ..RunFilter::default()
         })
         .unwrap();
@@ -35,7 +35,7 @@ fn children(engine: &Engine, run: &str) -> Vec<cairn_store::RunRecord> {
 fn check(engine: &Engine, run: &str) {
     let logs: BTreeMap<String, Vec<Event>> = children(engine, run)
         .into_iter()
-        .map(|c| (c.run_id.clone(), stored(engine, &c.run_id)))
+        .map(|c| (c.run_id.to_string(), stored(engine, &c.run_id)))
         .collect();
     check_tree(&stored(engine, run), &logs).unwrap_or_else(|e| panic!("run {run}: {e}"));
     for id in logs.keys() {
@@ -111,7 +111,9 @@ output: "{{ nodes.twice.output }}"
     assert_eq!(state.parent_run_id.as_deref(), Some("p1"));
     assert_eq!(state.parent_node_id.as_deref(), Some("twice"));
     assert_eq!(state.depth, 1);
-    let parent = engine.state("p1").unwrap();
+    let parent = engine
+        .state(&cairn_events::RunId::parse("p1").unwrap())
+        .unwrap();
     assert_eq!(parent.children.len(), 1);
     assert_eq!(parent.children[0].status.as_deref(), Some("finished"));
     check(&engine, "p1");
@@ -152,7 +154,9 @@ nodes:
     let kids = children(&engine, "p2");
     assert_eq!(kids.len(), 2, "one child per attempt");
     assert!(kids.iter().all(|k| k.status.as_str() == "failed"));
-    let node = engine.state("p2").unwrap();
+    let node = engine
+        .state(&cairn_events::RunId::parse("p2").unwrap())
+        .unwrap();
     let sub = node.node("sub", 0).unwrap();
     let err = sub.attempts.last().unwrap().error.as_ref().unwrap();
     assert_eq!(err.kind, "child");
@@ -237,7 +241,9 @@ nodes:
         panic!("{outcome:?}")
     };
     assert!(e.message.contains("ancestors"), "{e:?}");
-    let st = engine.state("cyc").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("cyc").unwrap())
+        .unwrap();
     let err = st.node("again", 0).unwrap().attempts[0]
         .error
         .clone()
@@ -251,7 +257,7 @@ nodes:
     let mut run = "deep".to_string();
     let mut depth = 0;
     while let Some(c) = children(&engine, &run).pop() {
-        run = c.run_id;
+        run = c.run_id.to_string();
         depth += 1;
     }
     assert_eq!(depth, 3);
@@ -282,7 +288,10 @@ async fn a_child_that_waits_for_a_person_makes_its_parent_wait() {
     let outcome = start_with(&engine, d, "parent.yaml", json!({}), "p5", true).await;
     assert_eq!(outcome, RunOutcome::Waiting);
     assert_eq!(
-        engine.state("p5").unwrap().status,
+        engine
+            .state(&cairn_events::RunId::parse("p5").unwrap())
+            .unwrap()
+            .status,
         Some(RunStatus::WaitingApproval)
     );
     let child = children(&engine, "p5").pop().unwrap().run_id;
@@ -295,7 +304,10 @@ async fn a_child_that_waits_for_a_person_makes_its_parent_wait() {
         .await
         .unwrap();
     let outcome = engine
-        .resume("p5", StartOptions::default())
+        .resume(
+            &cairn_events::RunId::parse("p5").unwrap(),
+            StartOptions::default(),
+        )
         .await
         .unwrap()
         .wait()
@@ -487,7 +499,7 @@ async fn a_run_a_crash_left_without_its_first_event_starts_on_resume() {
         .load_workflow(d.join("child.yaml").to_str().unwrap(), None)
         .unwrap();
     let rec = cairn_store::RunRecord {
-        run_id: "bare".into(),
+        run_id: cairn_events::RunId::parse("bare").unwrap(),
         workflow: wf.name.clone(),
         workflow_path: wf.path.display().to_string(),
         workflow_hash: wf.hash.clone(),
@@ -500,7 +512,10 @@ async fn a_run_a_crash_left_without_its_first_event_starts_on_resume() {
     };
     engine.journal().backend().create_run(&rec).unwrap();
     let outcome = engine
-        .resume("bare", StartOptions::default())
+        .resume(
+            &cairn_events::RunId::parse("bare").unwrap(),
+            StartOptions::default(),
+        )
         .await
         .unwrap()
         .wait()

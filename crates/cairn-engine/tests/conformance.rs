@@ -717,7 +717,9 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
 
     // A subscription that joins before the run exists and follows it live.
     let live = {
-        let mut sub = journal.subscribe(run_id, 0).unwrap();
+        let mut sub = journal
+            .subscribe(&cairn_events::RunId::parse(run_id).unwrap(), 0)
+            .unwrap();
         tokio::spawn(async move {
             let mut got = Vec::new();
             while let Some(ev) = sub.next().await {
@@ -742,10 +744,17 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
             // a seq it has seen, i.e. one already committed; one asking
             // after a seq that is not (yet) in the store and turns out to be
             // the terminal event would wait for more forever.
-            while journal.backend().last_seq(&run_id).unwrap() < after {
+            while journal
+                .backend()
+                .last_seq(&cairn_events::RunId::parse(&run_id).unwrap())
+                .unwrap()
+                < after
+            {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            let mut sub = journal.subscribe(&run_id, after).unwrap();
+            let mut sub = journal
+                .subscribe(&cairn_events::RunId::parse(&run_id).unwrap(), after)
+                .unwrap();
             let mut got = Vec::new();
             while let Some(ev) = sub.next().await {
                 let ev = ev.expect("mid-run subscription failed");
@@ -786,7 +795,14 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
                 };
                 // Another process learns of the question from the store,
                 // once it is committed.
-                while from_afar && engine.journal().backend().last_seq(&run_id).unwrap() < seq {
+                while from_afar
+                    && engine
+                        .journal()
+                        .backend()
+                        .last_seq(&cairn_events::RunId::parse(&run_id).unwrap())
+                        .unwrap()
+                        < seq
+                {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 // A run that is failing or cancelled may no longer wait.
@@ -1426,7 +1442,10 @@ impl Walk<'_> {
 fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), String> {
     let stored = journal
         .backend()
-        .read_events(&ran.run_id, &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse(&ran.run_id).unwrap(),
+            &EventQuery::default(),
+        )
         .map_err(|e| e.to_string())?;
     let evs: Vec<Event> = stored
         .iter()
@@ -1517,14 +1536,14 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
     let after = (n * 3 + 1) / 5; // one more, joined after the run
     let mut late = Vec::new();
     let rt_sub = journal
-        .subscribe(&ran.run_id, after)
+        .subscribe(&cairn_events::RunId::parse(&ran.run_id).unwrap(), after)
         .map_err(|e| e.to_string())?;
     drain(rt_sub, &mut late);
     subs.push((after, late));
     let mut rt_all = Vec::new();
     drain(
         journal
-            .subscribe(&ran.run_id, n)
+            .subscribe(&cairn_events::RunId::parse(&ran.run_id).unwrap(), n)
             .map_err(|e| e.to_string())?,
         &mut rt_all,
     );
@@ -2036,7 +2055,10 @@ fn one_case(case: &Case, place: &Place) -> Result<(), String> {
         // the run never reached the observer.
         let dump: Vec<String> = journal
             .backend()
-            .read_events(&ran.run_id, &EventQuery::default())
+            .read_events(
+                &cairn_events::RunId::parse(&ran.run_id).unwrap(),
+                &EventQuery::default(),
+            )
             .map(|evs| evs.iter().map(|e| e.json.to_string()).collect())
             .unwrap_or_else(|e| vec![format!("unreadable: {e}")]);
         let sent: Vec<String> = ran.sent.iter().map(|s| format!("{s:?}")).collect();

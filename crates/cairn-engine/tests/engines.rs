@@ -70,7 +70,9 @@ async fn claude_code_lines_become_events_and_usage_is_counted_once() {
         .wait()
         .await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    let st = engine.state("c1").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("c1").unwrap())
+        .unwrap();
     assert_eq!(
         st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
         json!("Fixed the off-by-one in main.rs.")
@@ -148,7 +150,9 @@ async fn codex_lines_become_events_and_the_final_message_is_checked() {
     }
     let outcome = start(&engine, wf, "x1").await.wait().await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
-    let st = engine.state("x1").unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse("x1").unwrap())
+        .unwrap();
     assert_eq!(
         st.node("a", 0).unwrap().output.as_ref().unwrap().to_value(),
         json!({"fixed": true})

@@ -75,7 +75,10 @@ fn stored(engine: &Engine, run: &str) -> Vec<Event> {
     engine
         .journal()
         .backend()
-        .read_events(run, &Default::default())
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &Default::default(),
+        )
         .unwrap()
         .iter()
         .map(|e| e.decode().unwrap())
@@ -316,7 +319,7 @@ nodes:
     assert!(engine
         .journal()
         .backend()
-        .pending_commands(&run)
+        .pending_commands(&cairn_events::RunId::parse(&run).unwrap())
         .unwrap()
         .is_empty());
     let outcome = resume_to_end(&engine, &run).await;

@@ -93,7 +93,11 @@ fn results(engine: &Engine, run: &str) -> Vec<Value> {
     engine
         .journal()
         .backend()
-        .tool_calls(run, "a", 0)
+        .tool_calls(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &cairn_events::NodePath::from("a"),
+            0,
+        )
         .unwrap()
         .into_iter()
         .map(|r| r.output.unwrap_or(Value::Null))

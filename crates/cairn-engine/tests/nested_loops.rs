@@ -61,7 +61,10 @@ fn log_of(engine: &Engine, run_id: &str) -> Vec<Event> {
     engine
         .journal()
         .backend()
-        .read_events(run_id, &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse(run_id).unwrap(),
+            &EventQuery::default(),
+        )
         .unwrap()
         .iter()
         .map(|e| e.decode().unwrap())

@@ -259,7 +259,7 @@ nodes:
     let calls = engine
         .journal()
         .backend()
-        .tool_calls(&run_id, "save", 0)
+        .tool_calls(&run_id, &cairn_events::NodePath::from("save"), 0)
         .unwrap();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].status.as_str(), "success");
@@ -267,7 +267,7 @@ nodes:
     let earlier = cairn_engine::earlier_side_effects(
         engine.journal().backend().as_ref(),
         &run_id,
-        "save",
+        &cairn_events::NodePath::from("save"),
         0,
         2,
     )
@@ -350,7 +350,13 @@ nodes:
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     };
-    while engine.journal().backend().last_seq(&run).unwrap() < started.get() {
+    while engine
+        .journal()
+        .backend()
+        .last_seq(&cairn_events::RunId::parse(&run).unwrap())
+        .unwrap()
+        < started.get()
+    {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let err = engine
@@ -361,7 +367,7 @@ nodes:
     assert!(engine
         .journal()
         .backend()
-        .pending_commands(&run)
+        .pending_commands(&cairn_events::RunId::parse(&run).unwrap())
         .unwrap()
         .is_empty());
     // `gate` exists but does not wait yet: the driver says so.

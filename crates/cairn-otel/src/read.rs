@@ -4,7 +4,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use cairn_events::{EventKind, EventType};
+use cairn_events::{EventKind, EventType, RunId};
 use cairn_store::{Backend, EventQuery, RunFilter, StoreError};
 use opentelemetry_proto::tonic::trace::v1::Span;
 
@@ -23,8 +23,8 @@ const PAGE: usize = 1024;
 /// first `RunStarted` (or its row, when the log has none yet).
 fn parent_of(
     backend: &dyn Backend,
-    run_id: &str,
-) -> Result<Option<(String, Option<String>)>, StoreError> {
+    run_id: &RunId,
+) -> Result<Option<(RunId, Option<String>)>, StoreError> {
     let first = backend.read_events(
         run_id,
         &EventQuery {
@@ -40,7 +40,10 @@ fn parent_of(
             ..
         } = ev.kind
         {
-            return Ok(parent_run_id.map(|p| (p, parent_node_id)));
+            // The log's text; one that names no run is no parent.
+            return Ok(parent_run_id
+                .and_then(|p| RunId::parse(&p).ok())
+                .map(|p| (p, parent_node_id)));
         }
     }
     Ok(backend
@@ -54,7 +57,7 @@ fn parent_of(
 /// (a parent with many children is not read whole for each of them).
 fn delegating_attempt(
     backend: &dyn Backend,
-    parent: &str,
+    parent: &RunId,
     node: Option<&str>,
     child: &str,
 ) -> Result<Option<ParentSpan>, StoreError> {
@@ -96,34 +99,38 @@ fn delegating_attempt(
 /// Where a run sits in its tree: its root (walking up at most
 /// [`MAX_ANCESTORS`] parents, stopping at a loop) and the span of the
 /// parent's attempt that started it.
-pub fn lineage(backend: &dyn Backend, run_id: &str) -> Result<Lineage, StoreError> {
+pub fn lineage(backend: &dyn Backend, run_id: &RunId) -> Result<Lineage, StoreError> {
     let Some((parent, node)) = parent_of(backend, run_id)? else {
         return Ok(Lineage::root(run_id));
     };
     let span =
         delegating_attempt(backend, &parent, node.as_deref(), run_id)?.unwrap_or(ParentSpan::Run {
-            run_id: parent.clone(),
+            run_id: parent.to_string(),
         });
-    let mut seen = HashSet::from([run_id.to_string(), parent.clone()]);
+    let mut seen = HashSet::from([run_id.clone(), parent.clone()]);
     let mut root = parent;
     for _ in 0..MAX_ANCESTORS {
         match parent_of(backend, &root)? {
             Some((p, _)) if seen.insert(p.clone()) => root = p,
             Some((p, _)) => {
-                tracing::warn!(run = run_id, at = %p, "the store's chain of parent runs loops; the trace is cut there");
+                tracing::warn!(run = %run_id, at = %p, "the store's chain of parent runs loops; the trace is cut there");
                 break;
             }
             None => break,
         }
     }
     Ok(Lineage {
-        root_run_id: root,
+        root_run_id: root.to_string(),
         parent: Some(span),
     })
 }
 
 /// Folds a run's stored log into `builder`, a page at a time.
-fn fold(backend: &dyn Backend, run_id: &str, builder: &mut TraceBuilder) -> Result<(), StoreError> {
+fn fold(
+    backend: &dyn Backend,
+    run_id: &RunId,
+    builder: &mut TraceBuilder,
+) -> Result<(), StoreError> {
     let mut after = 0;
     loop {
         let page = backend.read_events(
@@ -149,7 +156,7 @@ fn fold(backend: &dyn Backend, run_id: &str, builder: &mut TraceBuilder) -> Resu
 
 /// The spans of one run's whole log, in the trace of its tree.
 /// [`StoreError::RunNotFound`] when the store has no such run.
-pub fn run_spans(backend: &dyn Backend, run_id: &str) -> Result<Vec<Span>, StoreError> {
+pub fn run_spans(backend: &dyn Backend, run_id: &RunId) -> Result<Vec<Span>, StoreError> {
     if backend.get_run(run_id)?.is_none() {
         return Err(StoreError::RunNotFound(run_id.to_string()));
     }
@@ -166,14 +173,14 @@ pub fn run_spans(backend: &dyn Backend, run_id: &str) -> Result<Vec<Span>, Store
 /// no such run.
 pub fn visit_tree(
     backend: &dyn Backend,
-    run_id: &str,
+    run_id: &RunId,
     mut each: impl FnMut(Vec<Span>) -> bool,
 ) -> Result<usize, StoreError> {
     if backend.get_run(run_id)?.is_none() {
         return Err(StoreError::RunNotFound(run_id.to_string()));
     }
-    let mut seen = HashSet::from([run_id.to_string()]);
-    let mut queue = VecDeque::from([(run_id.to_string(), lineage(backend, run_id)?)]);
+    let mut seen = HashSet::from([run_id.clone()]);
+    let mut queue = VecDeque::from([(run_id.clone(), lineage(backend, run_id)?)]);
     let mut visited = 0;
     while let Some((run, lin)) = queue.pop_front() {
         let mut builder = TraceBuilder::new(lin);
@@ -185,7 +192,7 @@ pub fn visit_tree(
         for child in children {
             if seen.len() >= MAX_TREE_RUNS {
                 tracing::warn!(
-                    run = run_id,
+                    run = %run_id,
                     "more than {MAX_TREE_RUNS} runs in the tree; the rest are not exported"
                 );
                 break;
@@ -212,7 +219,7 @@ mod tests {
 
     fn record(run: &str, parent: Option<&str>) -> RunRecord {
         RunRecord {
-            run_id: run.into(),
+            run_id: RunId::parse(run).unwrap(),
             workflow: "w".into(),
             workflow_path: "w.yaml".into(),
             workflow_hash: "h".into(),
@@ -221,7 +228,7 @@ mod tests {
             status: cairn_store::RecordStatus::Pending,
             created_ms: 1,
             updated_ms: 1,
-            parent_run_id: parent.map(str::to_string),
+            parent_run_id: parent.map(|p| RunId::parse(p).unwrap()),
         }
     }
 
@@ -278,7 +285,7 @@ mod tests {
         store_run(&b, "r", None, Some("r.c"));
         store_run(&b, "r.c", Some(("r", "sub")), Some("r.c.g"));
         store_run(&b, "r.c.g", Some(("r.c", "sub")), None);
-        let lin = lineage(&b, "r.c.g").unwrap();
+        let lin = lineage(&b, &RunId::parse("r.c.g").unwrap()).unwrap();
         assert_eq!(
             lin,
             Lineage {
@@ -291,12 +298,15 @@ mod tests {
                 }),
             }
         );
-        assert_eq!(lineage(&b, "r").unwrap(), Lineage::root("r"));
+        assert_eq!(
+            lineage(&b, &RunId::parse("r").unwrap()).unwrap(),
+            Lineage::root("r")
+        );
 
         // The whole tree from its root: one trace, each run under the
         // attempt that started it; the same as each run exported alone.
         let mut runs = Vec::new();
-        let n = visit_tree(&b, "r", |spans| {
+        let n = visit_tree(&b, &RunId::parse("r").unwrap(), |spans| {
             runs.push(spans);
             true
         })
@@ -307,9 +317,12 @@ mod tests {
         let attempt_of = |spans: &[Span]| spans[1].span_id.clone();
         assert_eq!(runs[1][0].parent_span_id, attempt_of(&runs[0]));
         assert_eq!(runs[2][0].parent_span_id, attempt_of(&runs[1]));
-        assert_eq!(run_spans(&b, "r.c.g").unwrap(), runs[2]);
+        assert_eq!(
+            run_spans(&b, &RunId::parse("r.c.g").unwrap()).unwrap(),
+            runs[2]
+        );
         assert!(matches!(
-            run_spans(&b, "nope"),
+            run_spans(&b, &RunId::parse("nope").unwrap()),
             Err(StoreError::RunNotFound(_))
         ));
     }
@@ -320,7 +333,7 @@ mod tests {
         let b = SqliteBackend::open(&dir.path().join("c.db")).unwrap();
         store_run(&b, "a", Some(("b", "n")), None);
         store_run(&b, "b", Some(("a", "n")), None);
-        let lin = lineage(&b, "a").unwrap();
+        let lin = lineage(&b, &RunId::parse("a").unwrap()).unwrap();
         assert_eq!(lin.root_run_id, "b");
         assert_eq!(lin.parent, Some(ParentSpan::Run { run_id: "b".into() }));
     }

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cairn_events::RunId;
 use cairn_store::Backend;
 use tokio::sync::{mpsc, watch};
 
@@ -22,7 +23,7 @@ pub type ErrorHook = Arc<dyn Fn(&str, &ExportError) + Send + Sync>;
 struct State {
     /// Runs queued and not yet taken: a second stop of one of them needs no
     /// second export, since the export reads the whole log when it starts.
-    queued: Mutex<HashSet<String>>,
+    queued: Mutex<HashSet<RunId>>,
     /// Exports queued or under way.
     outstanding: watch::Sender<usize>,
 }
@@ -31,7 +32,7 @@ struct State {
 /// when the last clone is dropped.
 #[derive(Clone)]
 pub struct TraceExporter {
-    tx: mpsc::Sender<String>,
+    tx: mpsc::Sender<RunId>,
     state: Arc<State>,
     timeout: Duration,
 }
@@ -61,19 +62,19 @@ impl TraceExporter {
 
     /// Queues the export of a run's trace, built from its whole log when
     /// its turn comes. Returns at once, whatever happens.
-    pub fn run_stopped(&self, run_id: &str) {
+    pub fn run_stopped(&self, run_id: &RunId) {
         let mut queued = self.state.queued.lock().unwrap_or_else(|p| p.into_inner());
         if queued.contains(run_id) {
             return;
         }
-        match self.tx.try_send(run_id.to_string()) {
+        match self.tx.try_send(run_id.clone()) {
             Ok(()) => {
-                queued.insert(run_id.to_string());
+                queued.insert(run_id.clone());
                 self.state.outstanding.send_modify(|n| *n += 1);
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 tracing::warn!(
-                    run = run_id,
+                    run = %run_id,
                     "{QUEUE_CAPACITY} traces already wait for export; this run's is skipped (`cairn trace {run_id}` sends it)"
                 );
             }
@@ -93,7 +94,7 @@ impl TraceExporter {
 
 /// The exporting task: one run at a time, in the order they stopped.
 async fn work(
-    mut rx: mpsc::Receiver<String>,
+    mut rx: mpsc::Receiver<RunId>,
     state: Arc<State>,
     client: OtlpClient,
     backend: Arc<dyn Backend>,

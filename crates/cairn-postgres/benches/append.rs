@@ -169,7 +169,10 @@ fn journal_case(scratch: &Scratch, runs: usize, total: u64) -> JournalRun {
     let nodes = nodes_for(per_run);
     // Leases and last seqs are taken before the clock starts.
     let logs: Vec<_> = (0..runs)
-        .map(|r| journal.run_log(&format!("bench-{r}")).unwrap())
+        .map(|r| {
+            let id = cairn_events::RunId::parse(&format!("bench-{r}")).unwrap();
+            journal.run_log(&id).unwrap()
+        })
         .collect();
     let start = Barrier::new(runs + 1);
     let t0 = std::thread::scope(|s| {
@@ -510,7 +513,9 @@ fn current_thread() -> tokio::runtime::Runtime {
 
 impl Probe {
     fn journal(journal: Journal) -> Probe {
-        let log = journal.run_log("bench-latency").unwrap();
+        let log = journal
+            .run_log(&cairn_events::RunId::parse("bench-latency").unwrap())
+            .unwrap();
         Probe::Journal {
             journal,
             log: Some(log),

@@ -88,7 +88,10 @@ async fn watch(
 ) -> (Vec<f64>, Result<(), String>) {
     let mut out = Vec::with_capacity(events as usize);
     // `subscribe` reads the store: off the runtime's workers.
-    let sub = tokio::task::spawn_blocking(move || journal.subscribe(&run, 0)).await;
+    let sub = tokio::task::spawn_blocking(move || {
+        journal.subscribe(&cairn_events::RunId::parse(&run).unwrap(), 0)
+    })
+    .await;
     subscribed.fetch_add(1, Ordering::SeqCst);
     let mut sub = match sub {
         Ok(Ok(s)) => s,
@@ -168,7 +171,9 @@ fn start_watchers(
 /// Appends `events` events of `run` on `journal`, one every `INTERVAL`,
 /// each carrying its append time; then waits for them to be committed.
 fn write(journal: &Journal, run: &str, events: u64) {
-    let log = journal.run_log(run).expect("the writer's run log");
+    let log = journal
+        .run_log(&cairn_events::RunId::parse(run).unwrap())
+        .expect("the writer's run log");
     let start = Instant::now();
     for i in 0..events {
         let due = start + INTERVAL * i as u32;

@@ -7,7 +7,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use cairn_events::NodePath;
+use cairn_events::{NodePath, RunId};
 use cairn_storage::envelope::Envelope;
 use cairn_storage::{EventQuery, StoreError, StoredEvent};
 
@@ -97,7 +97,7 @@ impl<'a> Columns<'a> {
             bodies: Vec::with_capacity(batch.len()),
         };
         for ev in batch {
-            c.runs.push(&ev.run_id);
+            c.runs.push(ev.run_id.as_str());
             c.seqs.push(seq_column(ev)?);
             c.types.push(&ev.type_name);
             c.nodes.push(ev.node_id.as_ref().map(NodePath::as_str));
@@ -119,7 +119,7 @@ impl<'a> Columns<'a> {
 
 fn seq_column(ev: &StoredEvent) -> Result<i64, StoreError> {
     i64::try_from(ev.seq).map_err(|_| StoreError::BadRow {
-        run: ev.run_id.clone(),
+        run: ev.run_id.to_string(),
         detail: format!("seq {} is beyond what the store keeps", ev.seq),
     })
 }
@@ -150,7 +150,7 @@ impl<'a> RunUpdates<'a> {
                     }
                 }
                 None => {
-                    u.runs.push(&ev.run_id);
+                    u.runs.push(ev.run_id.as_str());
                     u.timestamps.push(ev.timestamp_ms);
                     u.statuses.push(status);
                 }
@@ -294,7 +294,7 @@ async fn duplicate(
         // Deleted meanwhile, or the lookup failed: name the batch's first
         // run with the server's words, which say which key.
         _ => StoreError::BadRow {
-            run: batch[0].run_id.clone(),
+            run: batch[0].run_id.to_string(),
             detail: crate::db::describe(e),
         },
     }
@@ -303,13 +303,14 @@ async fn duplicate(
 /// A run's events as `q` selects them, in seq order.
 pub(crate) async fn read(
     db: &Db,
-    run_id: &str,
+    run_id: &RunId,
     q: &EventQuery,
 ) -> Result<Vec<StoredEvent>, StoreError> {
+    let run = run_id.as_str();
     let after = q.after.min(i64::MAX as u64) as i64;
     let limit = q.limit.map(|l| l.min(i64::MAX as usize) as i64);
     let types: Vec<&str> = q.types.iter().map(|t| t.as_str()).collect();
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id, &after, &limit];
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run, &after, &limit];
     let has_types = !types.is_empty();
     if has_types {
         params.push(&types);
@@ -331,7 +332,7 @@ pub(crate) async fn read(
 
 /// One row of a read as the event it stores, its JSON rebuilt; a row that
 /// cannot be is [`StoreError::BadRow`].
-fn event_row(db: &Db, run_id: &str, r: &Row) -> Result<StoredEvent, StoreError> {
+fn event_row(db: &Db, run_id: &RunId, r: &Row) -> Result<StoredEvent, StoreError> {
     let seq = r.try_get::<_, i64>(0).map_err(|e| db.err(e))? as u64;
     let bad = |detail: String| StoreError::BadRow {
         run: run_id.to_string(),
@@ -359,7 +360,7 @@ fn event_row(db: &Db, run_id: &str, r: &Row) -> Result<StoredEvent, StoreError> 
     .json(body)
     .map_err(|e| bad(e.to_string()))?;
     Ok(StoredEvent {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         seq,
         type_name,
         node_id: node_id.map(NodePath::from),

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use cairn_storage::{validate_run_id, RunLease, StoreError};
+use cairn_storage::{RunLease, StoreError};
 
 use crate::db::Db;
 use crate::holder::{Holder, Liveness};
@@ -233,7 +233,6 @@ impl Shared {
         self: &Arc<Self>,
         run_id: &str,
     ) -> Result<Option<Box<dyn RunLease>>, StoreError> {
-        validate_run_id(run_id)?;
         let Some(token) = self.leases.reserve(run_id) else {
             return Ok(None);
         };

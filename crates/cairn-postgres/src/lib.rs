@@ -34,11 +34,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_events::RunCommand;
+use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
-    validate_run_id, Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox,
-    InboxEntry, LeaseHolder, Listener, ProcessRecord, Processes, RunFilter, RunLease, RunRecord,
-    Runs, StoreError, StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
+    Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox, InboxEntry, LeaseHolder,
+    Listener, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs, StoreError,
+    StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -184,31 +184,30 @@ impl EventLog for PgBackend {
         self.run(move |db| async move { events::append(&db, &owner, &batch).await })
     }
 
-    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        let (run, q) = (run_id.to_string(), q.clone());
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        let (run, q) = (run_id.clone(), q.clone());
         self.run(move |db| async move { events::read(&db, &run, &q).await })
     }
 
-    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
-        let run = run_id.to_string();
+    fn last_seq(&self, run_id: &RunId) -> Result<u64, StoreError> {
+        let run = run_id.clone();
         self.run(move |db| async move { events::last_seq(&db, &run).await })
     }
 }
 
 impl Runs for PgBackend {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
-        validate_run_id(&rec.run_id)?;
         let rec = rec.clone();
         self.run(move |db| async move { runs::create(&db, &rec).await })
     }
 
-    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
-        let run = run_id.to_string();
+    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError> {
+        let run = run_id.clone();
         self.run(move |db| async move { runs::discard_unstarted(&db, &run).await })
     }
 
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        let run = run_id.to_string();
+    fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
+        let run = run_id.clone();
         self.run(move |db| async move { runs::get(&db, &run).await })
     }
 
@@ -217,7 +216,7 @@ impl Runs for PgBackend {
         self.run(move |db| async move { runs::list(&db, &f).await })
     }
 
-    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<RunId>, StoreError> {
         let candidates =
             self.run(move |db| async move { runs::gc_candidates(&db, cutoff_ms).await })?;
         // A run being resumed right now holds its lease: leave it alone. The
@@ -245,20 +244,20 @@ impl Generations for PgBackend {
 
     fn generation(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         generation: u64,
     ) -> Result<Option<GenerationRecord>, StoreError> {
-        let run = run_id.to_string();
+        let run = run_id.clone();
         self.run(move |db| async move { records::generation(&db, &run, generation).await })
     }
 }
 
 impl cairn_storage::Leases for PgBackend {
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
+    fn try_lock_run(&self, run_id: &RunId) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         self.shared.try_lock_run(run_id)
     }
 
-    fn lease_holder(&self, run_id: &str) -> Result<Option<LeaseHolder>, StoreError> {
+    fn lease_holder(&self, run_id: &RunId) -> Result<Option<LeaseHolder>, StoreError> {
         self.shared.lease_holder(run_id)
     }
 }
@@ -271,23 +270,23 @@ impl ToolCalls for PgBackend {
 
     fn tool_calls(
         &self,
-        run_id: &str,
-        node_id: &str,
+        run_id: &RunId,
+        node_id: &NodePath,
         iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        let (run, node) = (run_id.to_string(), node_id.to_string());
+        let (run, node) = (run_id.clone(), node_id.clone());
         self.run(move |db| async move { records::tool_calls(&db, &run, &node, iteration).await })
     }
 }
 
 impl Inbox for PgBackend {
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
-        let (run, command) = (run_id.to_string(), command.clone());
+    fn put_command(&self, run_id: &RunId, command: &RunCommand) -> Result<u64, StoreError> {
+        let (run, command) = (run_id.clone(), command.clone());
         self.run(move |db| async move { records::put_command(&db, &run, &command).await })
     }
 
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
-        let run = run_id.to_string();
+    fn pending_commands(&self, run_id: &RunId) -> Result<Vec<InboxEntry>, StoreError> {
+        let run = run_id.clone();
         self.run(move |db| async move { records::pending_commands(&db, &run).await })
     }
 
@@ -307,8 +306,8 @@ impl Processes for PgBackend {
         self.run(move |db| async move { records::remove_process(&db, id).await })
     }
 
-    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
-        let run = run_id.to_string();
+    fn processes(&self, run_id: &RunId) -> Result<Vec<ProcessRecord>, StoreError> {
+        let run = run_id.clone();
         self.run(move |db| async move { records::processes(&db, &run).await })
     }
 }

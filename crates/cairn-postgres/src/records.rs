@@ -5,9 +5,10 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
-use cairn_events::RunCommand;
+use cairn_events::{RunCommand, RunId};
 use cairn_storage::{
-    GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord, ToolCallStatus,
+    run_id_from_row, GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord,
+    ToolCallStatus,
 };
 
 use crate::db::Db;
@@ -57,7 +58,7 @@ pub(crate) async fn put_tool_call(db: &Db, rec: &ToolCallRecord) -> Result<(), S
         .execute(
             &st,
             &[
-                &rec.run_id,
+                &rec.run_id.as_str(),
                 &rec.node_id,
                 &i64::from(rec.iteration),
                 &i64::from(rec.attempt),
@@ -168,7 +169,7 @@ pub(crate) async fn put_process(db: &Db, rec: &ProcessRecord) -> Result<u64, Sto
         .query_one(
             &st,
             &[
-                &rec.run_id,
+                &rec.run_id.as_str(),
                 &rec.node_id,
                 &i64::from(rec.iteration),
                 &i64::from(rec.attempt),
@@ -220,7 +221,7 @@ pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<()
         .execute(
             &st,
             &[
-                &rec.run_id,
+                &rec.run_id.as_str(),
                 &generation,
                 &rec.workflow_hash,
                 &rec.workflow_source,
@@ -236,7 +237,7 @@ pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<()
 /// One generation of a run's workflow, if stored.
 pub(crate) async fn generation(
     db: &Db,
-    run_id: &str,
+    run_id: &RunId,
     generation: u64,
 ) -> Result<Option<GenerationRecord>, StoreError> {
     let client = db.client().await?;
@@ -246,7 +247,7 @@ pub(crate) async fn generation(
         .map_err(|e| db.err(e))?;
     let generation = generation.min(i64::MAX as u64) as i64;
     let row = client
-        .query_opt(&st, &[&run_id, &generation])
+        .query_opt(&st, &[&run_id.as_str(), &generation])
         .await
         .map_err(|e| db.err(e))?;
     let Some(r) = row else {
@@ -257,7 +258,8 @@ pub(crate) async fn generation(
         let files: String = r.try_get(5)?;
         Ok::<_, tokio_postgres::Error>((
             GenerationRecord {
-                run_id: r.try_get(0)?,
+                // The row is the one asked for by its run id.
+                run_id: run_id.clone(),
                 generation: n as u64,
                 workflow_hash: r.try_get(2)?,
                 workflow_source: r.try_get(3)?,
@@ -331,7 +333,7 @@ fn tool_call_row(db: &Db, r: &Row) -> Result<ToolCallRecord, StoreError> {
         finished_ms: r.try_get(12).map_err(get)?,
         status: ToolCallStatus::from_row(&run_id, &r.try_get::<_, String>(13).map_err(get)?)?,
         error: json(14, "error")?,
-        run_id,
+        run_id: run_id_from_row(&run_id, "run_id", &run_id)?,
     })
 }
 
@@ -347,7 +349,7 @@ fn inbox_row(db: &Db, r: &Row) -> Result<InboxEntry, StoreError> {
         id: r.try_get::<_, i64>(0).map_err(get)? as u64,
         command,
         created_ms: r.try_get(3).map_err(get)?,
-        run_id,
+        run_id: run_id_from_row(&run_id, "run_id", &run_id)?,
     })
 }
 
@@ -361,7 +363,7 @@ fn process_row(db: &Db, r: &Row) -> Result<ProcessRecord, StoreError> {
         attempt: u32_column(db, r, 4, &run_id)?,
         pgid: u32_column(db, r, 5, &run_id)?,
         started_ms: r.try_get(6).map_err(get)?,
-        run_id,
+        run_id: run_id_from_row(&run_id, "run_id", &run_id)?,
     })
 }
 

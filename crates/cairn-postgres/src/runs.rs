@@ -3,7 +3,8 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
-use cairn_storage::{RecordStatus, RunFilter, RunRecord, StoreError};
+use cairn_events::RunId;
+use cairn_storage::{run_id_from_row, RecordStatus, RunFilter, RunRecord, StoreError};
 
 use crate::db::Db;
 use crate::records::{json_column, json_text};
@@ -72,7 +73,7 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
         .execute(
             &st,
             &[
-                &rec.run_id,
+                &rec.run_id.as_str(),
                 &rec.workflow,
                 &rec.workflow_path,
                 &rec.workflow_hash,
@@ -81,12 +82,12 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
                 &rec.status.as_str(),
                 &rec.created_ms,
                 &rec.updated_ms,
-                &rec.parent_run_id,
+                &rec.parent_run_id.as_deref(),
             ],
         )
         .await
         .map_err(|e| match e.code() {
-            Some(&SqlState::UNIQUE_VIOLATION) => StoreError::RunExists(rec.run_id.clone()),
+            Some(&SqlState::UNIQUE_VIOLATION) => StoreError::RunExists(rec.run_id.to_string()),
             _ => db.err(e),
         })?;
     Ok(())
@@ -138,7 +139,7 @@ pub(crate) async fn list(db: &Db, f: &RunFilter) -> Result<Vec<RunRecord>, Store
             &[
                 &f.status.map(RecordStatus::as_str),
                 &f.workflow,
-                &f.parent,
+                &f.parent.as_deref(),
                 &limit,
                 &offset,
             ],
@@ -149,32 +150,35 @@ pub(crate) async fn list(db: &Db, f: &RunFilter) -> Result<Vec<RunRecord>, Store
 }
 
 /// Ended runs last updated before `cutoff_ms`, oldest first.
-pub(crate) async fn gc_candidates(db: &Db, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn gc_candidates(db: &Db, cutoff_ms: i64) -> Result<Vec<RunId>, StoreError> {
     let client = db.client().await?;
     let rows = client
         .query(GC_CANDIDATES, &[&cutoff_ms])
         .await
         .map_err(|e| db.err(e))?;
     rows.iter()
-        .map(|r| r.try_get(0))
-        .collect::<Result<_, _>>()
-        .map_err(|e| db.err(e))
+        .map(|r| {
+            let id: &str = r.try_get(0).map_err(|e| db.err(e))?;
+            run_id_from_row(id, "run_id", id)
+        })
+        .collect()
 }
 
 /// Deletes those of `ids` still due, with everything kept about them, in
 /// one transaction; returns them in the order of `ids`.
 pub(crate) async fn delete_due(
     db: &Db,
-    ids: &[String],
+    ids: &[RunId],
     cutoff_ms: i64,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<RunId>, StoreError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    let texts: Vec<&str> = ids.iter().map(RunId::as_str).collect();
     let mut client = db.client().await?;
     let tx = client.transaction().await.map_err(|e| db.err(e))?;
     let due: Vec<String> = tx
-        .query(GC_STILL_DUE, &[&ids, &cutoff_ms])
+        .query(GC_STILL_DUE, &[&texts, &cutoff_ms])
         .await
         .map_err(|e| db.err(e))?
         .iter()
@@ -185,7 +189,11 @@ pub(crate) async fn delete_due(
         tx.execute(*sql, &[&due]).await.map_err(|e| db.err(e))?;
     }
     tx.commit().await.map_err(|e| db.err(e))?;
-    Ok(ids.iter().filter(|id| due.contains(id)).cloned().collect())
+    Ok(ids
+        .iter()
+        .filter(|id| due.iter().any(|d| *d == **id))
+        .cloned()
+        .collect())
 }
 
 fn run_row(db: &Db, r: &Row) -> Result<RunRecord, StoreError> {
@@ -201,7 +209,11 @@ fn run_row(db: &Db, r: &Row) -> Result<RunRecord, StoreError> {
         status: RecordStatus::from_row(&run_id, &r.try_get::<_, String>(6).map_err(get)?)?,
         created_ms: r.try_get(7).map_err(get)?,
         updated_ms: r.try_get(8).map_err(get)?,
-        parent_run_id: r.try_get(9).map_err(get)?,
-        run_id,
+        parent_run_id: r
+            .try_get::<_, Option<&str>>(9)
+            .map_err(get)?
+            .map(|p| run_id_from_row(&run_id, "parent_run_id", p))
+            .transpose()?,
+        run_id: run_id_from_row(&run_id, "run_id", &run_id)?,
     })
 }

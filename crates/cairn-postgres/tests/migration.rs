@@ -83,11 +83,20 @@ fn a_schema_3_stores_events_read_back_byte_for_byte() {
     scratch.sql_in(&schema, &sql);
 
     let b = scratch.open(&schema, PgOptions::default());
-    let read = b.read_events("r-1", &EventQuery::default()).unwrap();
+    let read = b
+        .read_events(
+            &cairn_events::RunId::parse("r-1").unwrap(),
+            &EventQuery::default(),
+        )
+        .unwrap();
     let got: Vec<&str> = read.iter().map(|e| &*e.json).collect();
     let want: Vec<String> = evs.iter().map(Event::to_json).collect();
     assert_eq!(got, want);
-    assert_eq!(b.last_seq("r-1").unwrap(), 4);
+    assert_eq!(
+        b.last_seq(&cairn_events::RunId::parse("r-1").unwrap())
+            .unwrap(),
+        4
+    );
     // The envelope is stored once, but for the row whose node id JSON escapes.
     let kept_whole = testing::query_i64(
         scratch.url,

@@ -26,7 +26,7 @@ fn ttl(ttl: Duration) -> PgOptions {
 
 fn record(run: &str) -> RunRecord {
     RunRecord {
-        run_id: run.into(),
+        run_id: cairn_events::RunId::parse(run).unwrap(),
         workflow: "wf".into(),
         workflow_path: "wf.yaml".into(),
         workflow_hash: "abc".into(),
@@ -120,7 +120,10 @@ fn processes_opening_a_new_schema_at_once_all_get_it_migrated_once() {
         opening.into_iter().map(|t| t.join().unwrap()).collect()
     });
     backends[0].create_run(&record("r")).unwrap();
-    assert!(backends[3].get_run("r").unwrap().is_some());
+    assert!(backends[3]
+        .get_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .is_some());
     // One version row, at the current version.
     s.sql_in(
         &schema,
@@ -190,15 +193,26 @@ fn backends_and_leases_can_be_dropped_inside_a_runtime() {
             .build()
             .unwrap(),
     ] {
-        let lease = a.try_lock_run("r").unwrap().expect("a free lease");
+        let lease = a
+            .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .expect("a free lease");
         rt.block_on(async {
             // Blocks this task's thread for the release; must not panic.
             drop(lease);
-            assert!(a.try_lock_run("r").unwrap().is_some(), "released");
+            assert!(
+                a.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+                    .unwrap()
+                    .is_some(),
+                "released"
+            );
         });
     }
     runtime().block_on(async move {
-        let _held = b.try_lock_run("s").unwrap().expect("a free lease");
+        let _held = b
+            .try_lock_run(&cairn_events::RunId::parse("s").unwrap())
+            .unwrap()
+            .expect("a free lease");
         drop(a);
         drop(b);
     });
@@ -211,12 +225,22 @@ fn a_crashed_holders_lease_expires_and_another_process_takes_it() {
     let lease_ttl = Duration::from_millis(900);
     let a = s.open(&schema, ttl(lease_ttl));
     let b = s.open(&schema, ttl(lease_ttl));
-    let held = a.try_lock_run("r").unwrap().expect("a free lease");
-    assert!(b.try_lock_run("r").unwrap().is_none(), "held by the other");
+    let held = a
+        .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .expect("a free lease");
+    assert!(
+        b.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_none(),
+        "held by the other"
+    );
     // The heartbeat keeps it well past the ttl.
     std::thread::sleep(lease_ttl * 2);
     assert!(
-        b.try_lock_run("r").unwrap().is_none(),
+        b.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_none(),
         "renewed while its holder lives"
     );
     // A crash: nothing is released and nothing renews any more.
@@ -224,11 +248,16 @@ fn a_crashed_holders_lease_expires_and_another_process_takes_it() {
     drop(a);
     let crashed = Instant::now();
     assert!(
-        b.try_lock_run("r").unwrap().is_none(),
+        b.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_none(),
         "a crashed holder's lease lasts its ttl"
     );
     let taken = loop {
-        if let Some(l) = b.try_lock_run("r").unwrap() {
+        if let Some(l) = b
+            .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+        {
             break l;
         }
         assert!(crashed.elapsed() < LONG, "the lease never expired");
@@ -240,7 +269,10 @@ fn a_crashed_holders_lease_expires_and_another_process_takes_it() {
         crashed.elapsed()
     );
     drop(taken);
-    assert!(b.try_lock_run("r").unwrap().is_some());
+    assert!(b
+        .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .is_some());
 }
 
 /// Plants a lease of run `run` held for an hour by `owner`, as a process
@@ -274,8 +306,16 @@ fn a_lease_of_a_process_that_died_on_this_machine_is_taken_at_once() {
     plant_lease(&s, &schema, "r", &common::lease_owner_of(pid));
 
     // Alive: refused, and said to be driven here.
-    assert!(b.try_lock_run("r").unwrap().is_none(), "its holder lives");
-    let seen = b.lease_holder("r").unwrap().expect("a live holder");
+    assert!(
+        b.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_none(),
+        "its holder lives"
+    );
+    let seen = b
+        .lease_holder(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .expect("a live holder");
     assert!(seen.alive_here, "{seen:?}");
     assert!(seen.holder.starts_with(&format!("pid {pid}")), "{seen:?}");
     assert!(
@@ -287,17 +327,32 @@ fn a_lease_of_a_process_that_died_on_this_machine_is_taken_at_once() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     assert_eq!(
-        b.lease_holder("r").unwrap(),
+        b.lease_holder(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
         None,
         "a dead holder is nobody"
     );
-    let lease = b.try_lock_run("r").unwrap().expect("taken over at once");
+    let lease = b
+        .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .expect("taken over at once");
     // Now B's: renewed as its own, and refused to others while B lives.
     let c = s.open(&schema, PgOptions::default());
-    assert!(c.try_lock_run("r").unwrap().is_none());
-    assert!(c.lease_holder("r").unwrap().is_some_and(|h| h.alive_here));
+    assert!(c
+        .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .is_none());
+    assert!(c
+        .lease_holder(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .is_some_and(|h| h.alive_here));
     drop(lease);
-    assert!(c.try_lock_run("r").unwrap().is_some(), "released by B");
+    assert!(
+        c.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_some(),
+        "released by B"
+    );
 }
 
 #[test]
@@ -313,7 +368,9 @@ fn a_reused_pid_is_not_taken_for_the_lease_holder() {
     let earlier: u64 = start.parse::<u64>().unwrap().saturating_sub(1);
     plant_lease(&s, &schema, "r", &format!("{head} start={earlier} {rest}"));
     assert!(
-        b.try_lock_run("r").unwrap().is_some(),
+        b.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_some(),
         "the pid's holder is gone"
     );
 }
@@ -333,8 +390,9 @@ fn a_lease_of_another_machine_or_an_unknown_holder_waits_for_its_expiry() {
     // An owner id that names nobody (an older Cairn's, say).
     plant_lease(&s, &schema, "unknown", "1234-00000000000000bb");
     for run in ["elsewhere", "unknown"] {
-        assert!(b.try_lock_run(run).unwrap().is_none(), "{run}");
-        let seen = b.lease_holder(run).unwrap().expect("held");
+        let id = cairn_events::RunId::parse(run).unwrap();
+        assert!(b.try_lock_run(&id).unwrap().is_none(), "{run}");
+        let seen = b.lease_holder(&id).unwrap().expect("held");
         assert!(!seen.alive_here, "{run}: {seen:?}");
         let left = seen.expires_in.expect("an expiry");
         assert!(
@@ -343,7 +401,10 @@ fn a_lease_of_another_machine_or_an_unknown_holder_waits_for_its_expiry() {
         );
     }
     assert_eq!(
-        b.lease_holder("elsewhere").unwrap().unwrap().holder,
+        b.lease_holder(&cairn_events::RunId::parse("elsewhere").unwrap())
+            .unwrap()
+            .unwrap()
+            .holder,
         "pid 999999 on build-3"
     );
     // Expired: taken, as ever.
@@ -351,9 +412,19 @@ fn a_lease_of_another_machine_or_an_unknown_holder_waits_for_its_expiry() {
         &schema,
         "UPDATE leases SET expires_at = clock_timestamp() - interval '1 second'",
     );
-    assert_eq!(b.lease_holder("elsewhere").unwrap(), None);
-    assert!(b.try_lock_run("elsewhere").unwrap().is_some());
-    assert!(b.try_lock_run("unknown").unwrap().is_some());
+    assert_eq!(
+        b.lease_holder(&cairn_events::RunId::parse("elsewhere").unwrap())
+            .unwrap(),
+        None
+    );
+    assert!(b
+        .try_lock_run(&cairn_events::RunId::parse("elsewhere").unwrap())
+        .unwrap()
+        .is_some());
+    assert!(b
+        .try_lock_run(&cairn_events::RunId::parse("unknown").unwrap())
+        .unwrap()
+        .is_some());
 }
 
 #[test]
@@ -377,7 +448,8 @@ fn of_processes_racing_for_a_dead_holders_lease_exactly_one_wins() {
                     let (barrier, run) = (&barrier, &run);
                     scope.spawn(move || {
                         barrier.wait();
-                        b.try_lock_run(run).unwrap()
+                        b.try_lock_run(&cairn_events::RunId::parse(run).unwrap())
+                            .unwrap()
                     })
                 })
                 .collect();
@@ -397,7 +469,10 @@ fn the_fence_refuses_writes_to_a_run_leased_by_another_process() {
     let a = s.open(&schema, ttl(Duration::from_secs(60)));
     let b = s.open(&schema, PgOptions::default());
     a.create_run(&record("r")).unwrap();
-    let a_lease = a.try_lock_run("r").unwrap().expect("a free lease");
+    let a_lease = a
+        .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .expect("a free lease");
     a.append(&[output("r", 1)]).unwrap();
     assert_eq!(busy_run(b.append(&[output("r", 2)]).unwrap_err()), "r");
 
@@ -410,29 +485,57 @@ fn the_fence_refuses_writes_to_a_run_leased_by_another_process() {
              WHERE run_id = 'r'",
         );
         // A's heartbeat may renew it in between: then again.
-        if let Some(l) = b.try_lock_run("r").unwrap() {
+        if let Some(l) = b
+            .try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+        {
             break l;
         }
         tries += 1;
         assert!(tries < 5, "the lapsed lease could not be taken");
     };
-    assert_eq!(b.last_seq("r").unwrap(), 1);
+    assert_eq!(
+        b.last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        1
+    );
 
     // A wakes up and writes: refused, and nothing of the batch is kept.
     let err = a.append(&[output("s", 1), output("r", 2)]).unwrap_err();
     assert_eq!(busy_run(err), "r");
-    assert_eq!(a.last_seq("s").unwrap(), 0);
-    assert_eq!(a.last_seq("r").unwrap(), 1);
+    assert_eq!(
+        a.last_seq(&cairn_events::RunId::parse("s").unwrap())
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        a.last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        1
+    );
     b.append(&[output("r", 2)]).unwrap();
 
     // A's stale lease, dropped, does not free B's.
     drop(a_lease);
     let c = s.open(&schema, PgOptions::default());
-    assert!(c.try_lock_run("r").unwrap().is_none(), "B still holds it");
+    assert!(
+        c.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_none(),
+        "B still holds it"
+    );
     drop(b_lease);
-    assert!(c.try_lock_run("r").unwrap().is_some(), "released by B");
+    assert!(
+        c.try_lock_run(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap()
+            .is_some(),
+        "released by B"
+    );
     let seqs: Vec<u64> = c
-        .read_events("r", &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse("r").unwrap(),
+            &EventQuery::default(),
+        )
         .unwrap()
         .iter()
         .map(|e| e.seq)
@@ -534,11 +637,20 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
     .unwrap();
     here.backend().create_run(&record("r")).unwrap();
     runtime().block_on(async {
-        let mut local = here.subscribe("r", 0).unwrap();
-        let mut remote = there.subscribe("r", 0).unwrap();
-        let log = here.run_log("r").unwrap();
+        let mut local = here
+            .subscribe(&cairn_events::RunId::parse("r").unwrap(), 0)
+            .unwrap();
+        let mut remote = there
+            .subscribe(&cairn_events::RunId::parse("r").unwrap(), 0)
+            .unwrap();
+        let log = here
+            .run_log(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap();
         assert!(
-            matches!(there.run_log("r"), Err(StoreError::LeaseHeld { .. })),
+            matches!(
+                there.run_log(&cairn_events::RunId::parse("r").unwrap()),
+                Err(StoreError::LeaseHeld { .. })
+            ),
             "the run is leased by the other journal"
         );
         let first = log.append_durable(Scope::run(), started()).await.unwrap();
@@ -572,12 +684,19 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
         }
         drop(log);
     });
-    let run = there.backend().get_run("r").unwrap().unwrap();
+    let run = there
+        .backend()
+        .get_run(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap()
+        .unwrap();
     assert_eq!(run.status.as_str(), "finished");
     // A dropped RunLog hands its lease to the writer, which gives it back
     // once what the log queued is written: soon after the drop, not at it.
     let deadline = std::time::Instant::now() + LONG;
-    while there.run_log("r").is_err() {
+    while there
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .is_err()
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "released once the log dropped"

@@ -457,7 +457,7 @@ async fn server() {
     journal
         .backend()
         .create_run(&RunRecord {
-            run_id: "bench".into(),
+            run_id: cairn_events::RunId::parse("bench").unwrap(),
             workflow: "bench".into(),
             workflow_path: "bench.yaml".into(),
             workflow_hash: "h".into(),
@@ -469,7 +469,9 @@ async fn server() {
             parent_run_id: None,
         })
         .unwrap();
-    let log = journal.run_log("bench").unwrap();
+    let log = journal
+        .run_log(&cairn_events::RunId::parse("bench").unwrap())
+        .unwrap();
     log.append_durable(
         Scope::run(),
         EventKind::RunStarted {
@@ -521,7 +523,9 @@ async fn server() {
     let probe = {
         let journal = journal.clone();
         tokio::spawn(async move {
-            let mut sub = journal.subscribe("bench", 1).unwrap();
+            let mut sub = journal
+                .subscribe(&cairn_events::RunId::parse("bench").unwrap(), 1)
+                .unwrap();
             let mut lat = Vec::new();
             while let Some(Ok(ev)) = sub.next().await {
                 if let Some(sent) = number_after(ev.json.as_bytes(), b"\"text\":\"t=") {

@@ -16,7 +16,7 @@ use cairn_api::{
     DecideBody, Decided, Health, ResumeBody, RunAccepted, RunDetail, RunList, RunMeta, RunSummary,
     StartBody,
 };
-use cairn_events::{ActivityFolder, Event, EventType, Metrics, RunState, RunStatus};
+use cairn_events::{ActivityFolder, Event, EventType, Metrics, RunId, RunState, RunStatus};
 use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -83,7 +83,7 @@ impl AppState {
     /// A watcher of the run's events after `after` (see [`crate::feed`]).
     pub async fn watch(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         after: u64,
         follow: bool,
     ) -> Result<crate::feed::Watcher, ApiError> {
@@ -159,10 +159,12 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
 }
 
-/// The run's row, or a 404 naming the run.
+/// The run's row, or a 404 naming the run: where a run id from a request
+/// (a path, a WebSocket message) is checked, a malformed one being a 400
+/// `invalid_run_id`.
 pub(crate) async fn existing_run(state: &AppState, run_id: &str) -> Result<RunRecord, ApiError> {
     let journal = state.journal().clone();
-    let id = run_id.to_string();
+    let id = RunId::parse(run_id)?;
     blocking(move || {
         journal
             .backend()
@@ -477,13 +479,26 @@ async fn list_runs(
         ));
     }
     let offset: usize = parse_param(&q, "offset", "a count")?.unwrap_or(0);
+    let parent = match q.get("parent").map(|p| RunId::parse(p)) {
+        // No run has a parent whose id is no run id.
+        Some(Err(_)) => {
+            return Ok(Json(RunList {
+                runs: Vec::new(),
+                limit,
+                offset,
+                next_offset: None,
+            }))
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
     let filter = RunFilter {
         status,
         workflow: q.get("workflow").cloned(),
         // One more than asked tells whether another page exists.
         limit: Some(limit + 1),
         offset: Some(offset),
-        parent: q.get("parent").cloned(),
+        parent,
     };
     let st = state.clone();
     let (runs, more) = blocking(move || {
@@ -546,7 +561,10 @@ async fn get_run(
     let v = blocking(move || {
         let mut v = st.with_state(&rec, |s| RunDetail::new(s, &run_meta(&rec)))?;
         let backend = st.journal().backend();
-        v.with_child_states(|child| Some(backend.get_run(child).ok()??.status.to_string()));
+        v.with_child_states(|child| {
+            let child = RunId::parse(child).ok()?;
+            Some(backend.get_run(&child).ok()??.status.to_string())
+        });
         Ok(v)
     })
     .await?;
@@ -643,7 +661,7 @@ fn tree_activity(
     let mut f = ActivityFolder::new().with_node_kinds(node_kinds(rec));
     for s in stored {
         let ev: Event = s.decode().map_err(|e| ActivityError::Decode {
-            run: rec.run_id.clone(),
+            run: rec.run_id.to_string(),
             seq: s.seq,
             message: e.to_string(),
         })?;
@@ -655,6 +673,7 @@ fn tree_activity(
         if depth >= MAX_ACTIVITY_DEPTH {
             continue;
         }
+        let child = child.and_then(|c| RunId::parse(&c).ok());
         if let Some(child) = child.and_then(|c| backend.get_run(&c).ok().flatten()) {
             tree_activity(backend, &child, depth + 1, out)?;
         }
@@ -694,7 +713,7 @@ async fn events_page(
             types.push(t);
         }
     }
-    existing_run(&state, &id).await?;
+    let run = existing_run(&state, &id).await?.run_id;
     let query = EventQuery {
         after,
         types,
@@ -702,7 +721,6 @@ async fn events_page(
         limit: Some(limit + 1),
     };
     let journal = state.journal().clone();
-    let run = id.clone();
     let mut events = blocking(move || Ok(journal.backend().read_events(&run, &query)?)).await?;
     let more = events.len() > limit;
     events.truncate(limit);

@@ -94,6 +94,14 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A run id from a request that names no run at all: the engine's refusal
+/// of it, so that it reads the same wherever it is found.
+impl From<cairn_events::InvalidRunId> for ApiError {
+    fn from(e: cairn_events::InvalidRunId) -> Self {
+        ApiError::from(EngineError::InvalidRunId(e))
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         if let EngineError::Store(s) = &e {
@@ -249,7 +257,6 @@ fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
         StoreError::RunNotFound(_) | StoreError::RecordNotFound { .. } => {
             (StatusCode::NOT_FOUND, "not_found")
         }
-        StoreError::InvalidRunId(_) => (StatusCode::BAD_REQUEST, "invalid_run_id"),
         StoreError::RunExists(_) | StoreError::LeaseHeld { .. } => {
             (StatusCode::CONFLICT, "conflict")
         }
@@ -489,11 +496,6 @@ mod tests {
                 },
                 404,
                 "not_found",
-            ),
-            (
-                || StoreError::InvalidRunId(".r".into()),
-                400,
-                "invalid_run_id",
             ),
             (|| StoreError::RunExists("r".into()), 409, "conflict"),
             (

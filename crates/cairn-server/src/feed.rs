@@ -24,6 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use cairn_events::RunId;
 use cairn_store::{Backend, EventQuery, Journal, StoreError, SubscribeError, Subscription};
 use tokio::sync::mpsc::{self, error::TryRecvError};
 use tokio::sync::{Notify, Semaphore};
@@ -70,7 +71,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Every watched run's hub.
 pub(crate) struct Feeds {
-    hubs: Mutex<HashMap<String, Arc<Hub>>>,
+    hubs: Mutex<HashMap<RunId, Arc<Hub>>>,
     closed: AtomicBool,
     reads: Semaphore,
 }
@@ -86,7 +87,7 @@ impl Default for Feeds {
 }
 
 struct Hub {
-    run_id: String,
+    run_id: RunId,
     state: Mutex<HubState>,
     /// Tells the hub's task that its last watcher left.
     stop: Notify,
@@ -163,7 +164,7 @@ impl Feeds {
     pub async fn watch(
         self: &Arc<Self>,
         journal: &Journal,
-        run_id: &str,
+        run_id: &RunId,
         after: u64,
         follow: bool,
         queue: usize,
@@ -195,7 +196,7 @@ impl Feeds {
         }
     }
 
-    fn held(self: &Arc<Self>, hubs: &HashMap<String, Arc<Hub>>, run_id: &str) -> Option<HubRef> {
+    fn held(self: &Arc<Self>, hubs: &HashMap<RunId, Arc<Hub>>, run_id: &RunId) -> Option<HubRef> {
         let hub = hubs.get(run_id)?;
         hub.holders.fetch_add(1, Ordering::SeqCst);
         Some(HubRef {
@@ -204,13 +205,17 @@ impl Feeds {
         })
     }
 
-    async fn hub(self: &Arc<Self>, journal: &Journal, run_id: &str) -> Result<HubRef, StoreError> {
+    async fn hub(
+        self: &Arc<Self>,
+        journal: &Journal,
+        run_id: &RunId,
+    ) -> Result<HubRef, StoreError> {
         if let Some(h) = self.held(&lock(&self.hubs), run_id) {
             return Ok(h);
         }
         // Start one, from the end of the run's committed log: watchers read
         // what came before from the store themselves.
-        let (j, run) = (journal.clone(), run_id.to_string());
+        let (j, run) = (journal.clone(), run_id.clone());
         let (sub, base) = tokio::task::spawn_blocking(move || {
             let base = j.backend().last_seq(&run)?;
             Ok::<_, StoreError>((j.subscribe(&run, base)?.stop_at_terminal(false), base))
@@ -223,7 +228,7 @@ impl Feeds {
             return Ok(h);
         }
         let hub = Arc::new(Hub {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             state: Mutex::new(HubState {
                 base,
                 window: VecDeque::with_capacity(64),
@@ -233,7 +238,7 @@ impl Feeds {
             stop: Notify::new(),
             holders: AtomicUsize::new(1),
         });
-        hubs.insert(run_id.to_string(), hub.clone());
+        hubs.insert(run_id.clone(), hub.clone());
         tokio::spawn(run_hub(self.clone(), hub.clone(), sub, journal.clone()));
         Ok(HubRef {
             feeds: self.clone(),
@@ -304,7 +309,7 @@ impl Hub {
     }
 
     /// Takes this hub (not a newer one of the same run) out of the map.
-    fn unregister(&self, hubs: &mut HashMap<String, Arc<Hub>>) {
+    fn unregister(&self, hubs: &mut HashMap<RunId, Arc<Hub>>) {
         if hubs
             .get(&self.run_id)
             .is_some_and(|h| std::ptr::eq(&**h, self))
@@ -550,9 +555,10 @@ mod tests {
     }
 
     fn run(j: &Journal, id: &str) -> RunLog {
+        let id = RunId::parse(id).unwrap();
         j.backend()
             .create_run(&RunRecord {
-                run_id: id.into(),
+                run_id: id.clone(),
                 workflow: "w".into(),
                 workflow_path: "w.yaml".into(),
                 workflow_hash: "h".into(),
@@ -564,7 +570,7 @@ mod tests {
                 parent_run_id: None,
             })
             .unwrap();
-        j.run_log(id).unwrap()
+        j.run_log(&id).unwrap()
     }
 
     fn out(log: &RunLog, n: usize) {
@@ -617,7 +623,10 @@ mod tests {
         // while the run keeps writing.
         let mut tasks = Vec::new();
         for after in [0, 1, 1200, 2500] {
-            let w = feeds.watch(&j, "r", after, false, 100_000).await.unwrap();
+            let w = feeds
+                .watch(&j, &RunId::parse("r").unwrap(), after, false, 100_000)
+                .await
+                .unwrap();
             tasks.push(tokio::spawn(async move {
                 let mut w = w;
                 (after, drain(&mut w).await)
@@ -643,8 +652,14 @@ mod tests {
         out(&log, 3);
         log.sync().await.unwrap();
         let feeds = Arc::new(Feeds::default());
-        let mut slow = feeds.watch(&j, "r", 0, false, 16).await.unwrap();
-        let fast = feeds.watch(&j, "r", 0, false, 64).await.unwrap();
+        let mut slow = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 0, false, 16)
+            .await
+            .unwrap();
+        let fast = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 0, false, 64)
+            .await
+            .unwrap();
         for _ in 0..3 {
             slow.next().await.unwrap().unwrap();
         }
@@ -680,18 +695,27 @@ mod tests {
         out(&log, 2500);
         log.sync().await.unwrap();
         let feeds = Arc::new(Feeds::default());
-        let mut live = feeds.watch(&j, "r", 2500, true, 16).await.unwrap();
+        let mut live = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 2500, true, 16)
+            .await
+            .unwrap();
         assert!(tokio::time::timeout(Duration::from_millis(50), live.next())
             .await
             .is_err());
-        let mut replaying = feeds.watch(&j, "r", 0, true, 16).await.unwrap();
+        let mut replaying = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 0, true, 16)
+            .await
+            .unwrap();
         assert_eq!(replaying.next().await.unwrap().unwrap().seq, 1);
         feeds.close();
         assert_eq!(drain(&mut live).await, (vec![], Some(Cut::Closed)));
         let (seqs, cut) = drain(&mut replaying).await;
         assert_eq!(cut, Some(Cut::Closed));
         assert!(seqs.len() < 2500, "stops at the next page, not the end");
-        let mut late = feeds.watch(&j, "r", 2500, true, 16).await.unwrap();
+        let mut late = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 2500, true, 16)
+            .await
+            .unwrap();
         assert_eq!(drain(&mut late).await, (vec![], Some(Cut::Closed)));
     }
 
@@ -703,9 +727,15 @@ mod tests {
         out(&log, 2);
         finish(&log).await;
         let feeds = Arc::new(Feeds::default());
-        let mut w = feeds.watch(&j, "r", 3, false, 16).await.unwrap();
+        let mut w = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 3, false, 16)
+            .await
+            .unwrap();
         assert_eq!(drain(&mut w).await, (vec![], None));
-        let mut w = feeds.watch(&j, "r", 3, true, 16).await.unwrap();
+        let mut w = feeds
+            .watch(&j, &RunId::parse("r").unwrap(), 3, true, 16)
+            .await
+            .unwrap();
         assert!(tokio::time::timeout(Duration::from_millis(300), w.next())
             .await
             .is_err());

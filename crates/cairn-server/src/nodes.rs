@@ -119,10 +119,15 @@ pub(crate) async fn tool_calls(
             ))
         })?,
     };
-    existing_run(&state, &id).await?;
+    let run = existing_run(&state, &id).await?.run_id;
     let journal = state.journal().clone();
-    let (run, path) = (id.clone(), node.clone());
-    let calls = blocking(move || Ok(journal.backend().tool_calls(&run, &path, iteration)?)).await?;
+    // A text that is no node path names no node of the run: it has no calls.
+    let calls = match cairn_events::NodePath::parse(&node) {
+        Ok(path) => {
+            blocking(move || Ok(journal.backend().tool_calls(&run, &path, iteration)?)).await?
+        }
+        Err(_) => Vec::new(),
+    };
     Ok(Json(ToolCalls {
         run_id: id,
         node_id: node,
@@ -200,7 +205,7 @@ nodes:
         value: 3
 "#;
         let rec = RunRecord {
-            run_id: "r".into(),
+            run_id: cairn_events::RunId::parse("r").unwrap(),
             workflow: "p".into(),
             workflow_path: "p.yaml".into(),
             workflow_hash: String::new(),

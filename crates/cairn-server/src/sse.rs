@@ -52,8 +52,8 @@ pub(crate) async fn stream(
         None => after_param,
     };
     let follow = parse_bool(&q, "follow")?;
-    existing_run(&state, &id).await?;
-    let feed = state.watch(&id, after, follow).await?;
+    let rec = existing_run(&state, &id).await?;
+    let feed = state.watch(&rec.run_id, after, follow).await?;
     let body = Body::from_stream(events(state, id, feed));
     Ok((
         [

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cairn_events::RunState;
+use cairn_events::{RunId, RunState};
 use cairn_store::{Backend, EventQuery, RunRecord, StoreError};
 
 /// Runs whose states are kept by default.
@@ -75,7 +75,7 @@ struct Slot {
 
 #[derive(Default)]
 struct Slots {
-    by_run: HashMap<String, Slot>,
+    by_run: HashMap<RunId, Slot>,
     clock: u64,
     bytes: usize,
 }
@@ -129,7 +129,7 @@ impl StateCache {
         if !fresh.is_empty() {
             for stored in &fresh {
                 let ev = stored.decode().map_err(|e| StateError::Decode {
-                    run: rec.run_id.clone(),
+                    run: rec.run_id.to_string(),
                     seq: stored.seq,
                     message: e.to_string(),
                 })?;
@@ -216,7 +216,7 @@ mod tests {
 
     fn record(id: &str, created_ms: i64) -> RunRecord {
         RunRecord {
-            run_id: id.into(),
+            run_id: RunId::parse(id).unwrap(),
             workflow: "w".into(),
             workflow_path: "w.yaml".into(),
             workflow_hash: "h".into(),
@@ -250,7 +250,7 @@ mod tests {
         let backend = journal.backend().clone();
         let rec = record("r1", 1);
         backend.create_run(&rec).unwrap();
-        let log = journal.run_log("r1").unwrap();
+        let log = journal.run_log(&rec.run_id).unwrap();
         log.append(Scope::run(), started());
         log.append(
             Scope::node("a", 0),
@@ -278,7 +278,7 @@ mod tests {
         let whole = RunState::from_events(
             "r1",
             &backend
-                .read_events("r1", &EventQuery::default())
+                .read_events(&rec.run_id, &EventQuery::default())
                 .unwrap()
                 .iter()
                 .map(|s| s.decode().unwrap())
@@ -308,7 +308,7 @@ mod tests {
             let id = format!("r{i}");
             let rec = record(&id, 1);
             backend.create_run(&rec).unwrap();
-            let log = journal.run_log(&id).unwrap();
+            let log = journal.run_log(&rec.run_id).unwrap();
             log.append(Scope::run(), started());
             log.sync_blocking().unwrap();
             cache.with_state(backend.as_ref(), &rec, |_| ()).unwrap();
@@ -317,7 +317,8 @@ mod tests {
         // A byte bound smaller than any state keeps only the latest.
         let tiny = StateCache::new(10, 1);
         for i in 0..5 {
-            let rec = backend.get_run(&format!("r{i}")).unwrap().unwrap();
+            let id = RunId::parse(&format!("r{i}")).unwrap();
+            let rec = backend.get_run(&id).unwrap().unwrap();
             tiny.with_state(backend.as_ref(), &rec, |_| ()).unwrap();
         }
         assert_eq!(tiny.len(), 1);

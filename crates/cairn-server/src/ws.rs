@@ -545,8 +545,8 @@ impl Session {
                 format!("already subscribed to run `{run_id}`; unsubscribe first"),
             ));
         }
-        existing_run(&state, &run_id).await?;
-        let feed = state.watch(&run_id, after_seq, follow).await?;
+        let rec = existing_run(&state, &run_id).await?;
+        let feed = state.watch(&rec.run_id, after_seq, follow).await?;
         let (stop, stopped) = oneshot::channel();
         let children = tree.then(|| self.children.clone());
         // Handed to the writer after the reply, so a client always
@@ -604,10 +604,9 @@ impl Session {
                 after_seq,
                 limit,
             } => {
-                existing_run(&state, &run_id).await?;
+                let run = existing_run(&state, &run_id).await?.run_id;
                 let limit = limit.unwrap_or(1000).clamp(1, 10_000);
                 let journal = state.journal().clone();
-                let run = run_id.clone();
                 let events = blocking(move || {
                     let q = cairn_store::EventQuery {
                         after: after_seq,

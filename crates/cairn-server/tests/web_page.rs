@@ -540,7 +540,10 @@ async fn a_runs_state_is_the_whole_fold_while_it_grows() {
         output(&log, &format!("n{i}"), "x");
         log.sync().await.unwrap();
         let served = c.run("grow").await.unwrap();
-        let whole = srv.engine.state("grow").unwrap();
+        let whole = srv
+            .engine
+            .state(&cairn_events::RunId::parse("grow").unwrap())
+            .unwrap();
         assert_eq!(served["lastSeq"], whole.last_seq);
         assert_eq!(served["nodes"].as_array().unwrap().len(), whole.nodes.len());
     }

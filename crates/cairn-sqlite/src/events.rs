@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-use cairn_events::{EventType, NodePath};
+use cairn_events::{EventType, NodePath, RunId};
 use cairn_storage::envelope::Envelope;
 use cairn_storage::{EventQuery, StoreError, StoredEvent};
 
@@ -193,7 +193,7 @@ impl Appender<'_> {
                 Some(r) => r.1,
                 None => {
                     let key = key_of_run(tx, &ev.run_id).map_err(self.err)?;
-                    runs.push((&ev.run_id, key));
+                    runs.push((ev.run_id.as_str(), key));
                     key
                 }
             };
@@ -217,7 +217,7 @@ impl Appender<'_> {
                 node_id: node,
             };
             let seq = i64::try_from(ev.seq).map_err(|_| StoreError::BadRow {
-                run: ev.run_id.clone(),
+                run: ev.run_id.to_string(),
                 detail: format!("seq {} is beyond what the store keeps", ev.seq),
             })?;
             ins.execute(params![
@@ -231,7 +231,7 @@ impl Appender<'_> {
             .map_err(|e| {
                 if crate::is_unique_violation(&e) {
                     StoreError::BadRow {
-                        run: ev.run_id.clone(),
+                        run: ev.run_id.to_string(),
                         detail: format!("seq {} is already stored", ev.seq),
                     }
                 } else {
@@ -269,7 +269,7 @@ fn type_code(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<i64> {
 }
 
 /// The statement and arguments that read a run's events as `q` selects them.
-pub(crate) fn query(run_id: &str, q: &EventQuery) -> (String, Vec<rusqlite::types::Value>) {
+pub(crate) fn query(run_id: &RunId, q: &EventQuery) -> (String, Vec<rusqlite::types::Value>) {
     // A type filter without the output stream can go through the partial
     // type index; SQLite only sees that if the query repeats the index's
     // condition, and without table statistics it would rather walk the
@@ -319,7 +319,7 @@ pub(crate) fn query(run_id: &str, q: &EventQuery) -> (String, Vec<rusqlite::type
 
 /// One row of [`query`]'s statement as the event it stores, its JSON
 /// rebuilt; a row that cannot be is [`StoreError::BadRow`].
-pub(crate) fn row(run_id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
+pub(crate) fn row(run_id: &RunId, r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     let seq = r.get::<_, i64>(0)? as u64;
     let bad = |detail: String| {
         rusqlite::Error::FromSqlConversionFailure(
@@ -352,7 +352,7 @@ pub(crate) fn row(run_id: &str, r: &rusqlite::Row<'_>) -> rusqlite::Result<Store
     };
     let json = env.json(body).map_err(|e| bad(e.to_string()))?;
     Ok(StoredEvent {
-        run_id: run_id.to_string(),
+        run_id: run_id.clone(),
         seq,
         type_name,
         node_id: node_id.map(NodePath::from),
@@ -473,7 +473,9 @@ mod tests {
 
         let b = SqliteBackend::open(&db).unwrap();
         for run in ["r-1", "r:2"] {
-            let read = b.read_events(run, &EventQuery::default()).unwrap();
+            let read = b
+                .read_events(&RunId::parse(run).unwrap(), &EventQuery::default())
+                .unwrap();
             let want: Vec<&[u8]> = rows.iter().filter(|r| r.0 == run).map(|r| r.5).collect();
             let got: Vec<&[u8]> = read.iter().map(|e| e.json.as_bytes()).collect();
             assert_eq!(got, want, "{run}");
@@ -489,13 +491,13 @@ mod tests {
                 );
             }
         }
-        assert_eq!(b.last_seq("r-1").unwrap(), 9);
+        assert_eq!(b.last_seq(&RunId::parse("r-1").unwrap()).unwrap(), 9);
         let by_type = EventQuery {
             types: vec![EventType::NodeStarted, EventType::RunStarted],
             ..EventQuery::default()
         };
         let seqs: Vec<u64> = b
-            .read_events("r-1", &by_type)
+            .read_events(&RunId::parse("r-1").unwrap(), &by_type)
             .unwrap()
             .iter()
             .map(|e| e.seq)
@@ -562,7 +564,9 @@ mod tests {
             .unwrap();
         drop(c);
         let b = SqliteBackend::open(&db).unwrap();
-        let read = b.read_events("a", &EventQuery::default()).unwrap();
+        let read = b
+            .read_events(&RunId::parse("a").unwrap(), &EventQuery::default())
+            .unwrap();
         assert_eq!(&*read[0].json, good);
     }
 
@@ -590,7 +594,7 @@ mod tests {
             ("UPDATE events SET body = '}', type = 999", "type code 999"),
         ] {
             c.execute_batch(damage).unwrap();
-            match b.read_events("r", &EventQuery::default()) {
+            match b.read_events(&RunId::parse("r").unwrap(), &EventQuery::default()) {
                 Err(StoreError::BadRow { run, detail }) => {
                     assert_eq!(run, "r");
                     assert!(detail.contains(says), "{damage}: {detail}");

@@ -27,11 +27,11 @@ use rusqlite::config::DbConfig;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use serde_json::Value;
 
-use cairn_events::RunCommand;
+use cairn_events::{NodePath, RunCommand, RunId};
 
 use cairn_storage::prelude::*;
 use cairn_storage::{
-    validate_run_id, EventQuery, GenerationRecord, InboxEntry, Listener, PinnedFile, ProcessRecord,
+    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, Listener, PinnedFile, ProcessRecord,
     RecordStatus, RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord,
     ToolCallStatus, Topic,
 };
@@ -748,9 +748,15 @@ const TOOL_CALLS: &str = "SELECT run_id, node_id, iteration, attempt, tool_seq, 
                           finished_ms, status, error FROM tool_calls WHERE run_id = ?1 AND \
                           node_id = ?2 AND iteration = ?3 ORDER BY attempt, tool_seq";
 
+/// A run id column read back (`run` names the row's run as stored).
+fn run_id_column(run: &str, col: &str, text: &str) -> rusqlite::Result<RunId> {
+    typed_column(run_id_from_row(run, col, text))
+}
+
 fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     let run_id: String = r.get(0)?;
     let input: String = r.get(5)?;
+    let parent: Option<String> = r.get(9)?;
     Ok(RunRecord {
         input: parse_json(&run_id, "input", &input)?,
         workflow: r.get(1)?,
@@ -760,8 +766,10 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         status: typed_column(RecordStatus::from_row(&run_id, &r.get::<_, String>(6)?))?,
         created_ms: r.get(7)?,
         updated_ms: r.get(8)?,
-        parent_run_id: r.get(9)?,
-        run_id,
+        parent_run_id: parent
+            .map(|p| run_id_column(&run_id, "parent_run_id", &p))
+            .transpose()?,
+        run_id: run_id_column(&run_id, "run_id", &run_id)?,
     })
 }
 
@@ -779,14 +787,15 @@ fn inbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InboxEntry> {
         id: r.get::<_, i64>(0)? as u64,
         command,
         created_ms: r.get(3)?,
-        run_id,
+        run_id: run_id_column(&run_id, "run_id", &run_id)?,
     })
 }
 
 fn process_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ProcessRecord> {
+    let run_id: String = r.get(1)?;
     Ok(ProcessRecord {
         id: r.get::<_, i64>(0)? as u64,
-        run_id: r.get(1)?,
+        run_id: run_id_column(&run_id, "run_id", &run_id)?,
         node_id: r.get(2)?,
         iteration: r.get(3)?,
         attempt: r.get(4)?,
@@ -819,7 +828,7 @@ fn tool_call_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ToolCallRecord> {
         error: error
             .map(|s| parse_json(&run_id, "error", &s))
             .transpose()?,
-        run_id,
+        run_id: run_id_column(&run_id, "run_id", &run_id)?,
     })
 }
 
@@ -875,7 +884,7 @@ impl EventLog for SqliteBackend {
                             r.2 = status;
                         }
                     }
-                    None => runs.push((&ev.run_id, ev.timestamp_ms, status)),
+                    None => runs.push((ev.run_id.as_str(), ev.timestamp_ms, status)),
                 }
             }
             let mut upd = tx
@@ -893,7 +902,7 @@ impl EventLog for SqliteBackend {
         Ok(())
     }
 
-    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
         let (sql, args) = events::query(run_id, q);
         self.read(|c| {
             let mut st = c.prepare_cached(&sql)?;
@@ -903,10 +912,10 @@ impl EventLog for SqliteBackend {
         })
     }
 
-    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
+    fn last_seq(&self, run_id: &RunId) -> Result<u64, StoreError> {
         self.read(|c| {
             c.prepare_cached(LAST_SEQ)?
-                .query_row([run_id], |r| r.get::<_, Option<i64>>(0))
+                .query_row([run_id.as_str()], |r| r.get::<_, Option<i64>>(0))
         })
         .map(|s| s.unwrap_or(0) as u64)
     }
@@ -941,14 +950,13 @@ impl EventLog for SqliteBackend {
 
 impl Runs for SqliteBackend {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
-        validate_run_id(&rec.run_id)?;
         self.write(|tx| {
             tx.execute(
                 "INSERT INTO runs (run_id, workflow, workflow_path, workflow_hash, input, \
                  status, created_ms, updated_ms, parent_run_id) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
-                    rec.run_id,
+                    rec.run_id.as_str(),
                     rec.workflow,
                     rec.workflow_path,
                     rec.workflow_hash,
@@ -956,29 +964,29 @@ impl Runs for SqliteBackend {
                     rec.status.as_str(),
                     rec.created_ms,
                     rec.updated_ms,
-                    rec.parent_run_id
+                    rec.parent_run_id.as_deref()
                 ],
             )
             .map_err(|e| {
                 if is_unique_violation(&e) {
-                    StoreError::RunExists(rec.run_id.clone())
+                    StoreError::RunExists(rec.run_id.to_string())
                 } else {
                     self.err(e)
                 }
             })?;
             tx.execute(
                 "INSERT INTO workflow_sources (run_id, source) VALUES (?1, ?2)",
-                params![rec.run_id, rec.workflow_source],
+                params![rec.run_id.as_str(), rec.workflow_source],
             )
             .map_err(|e| self.err(e))?;
             Ok(())
         })
     }
 
-    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
+    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError> {
         self.write(|tx| {
             let has_events = tx
-                .query_row(events::HAS_EVENTS, [run_id], |_| Ok(()))
+                .query_row(events::HAS_EVENTS, [run_id.as_str()], |_| Ok(()))
                 .optional()
                 .map_err(|e| self.err(e))?;
             if has_events.is_some() {
@@ -989,19 +997,20 @@ impl Runs for SqliteBackend {
                 "DELETE FROM generations WHERE run_id = ?1",
                 "DELETE FROM workflow_sources WHERE run_id = ?1",
             ] {
-                tx.execute(sql, [run_id]).map_err(|e| self.err(e))?;
+                tx.execute(sql, [run_id.as_str()])
+                    .map_err(|e| self.err(e))?;
             }
             let n = tx
-                .execute("DELETE FROM runs WHERE run_id = ?1", [run_id])
+                .execute("DELETE FROM runs WHERE run_id = ?1", [run_id.as_str()])
                 .map_err(|e| self.err(e))?;
             Ok(n > 0)
         })
     }
 
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+    fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
         self.read(|c| {
             c.prepare_cached(GET_RUN)?
-                .query_row([run_id], run_row)
+                .query_row([run_id.as_str()], run_row)
                 .optional()
         })
     }
@@ -1020,7 +1029,7 @@ impl Runs for SqliteBackend {
                     f.workflow,
                     limit,
                     offset,
-                    f.parent
+                    f.parent.as_deref()
                 ],
                 run_row,
             )?;
@@ -1028,10 +1037,13 @@ impl Runs for SqliteBackend {
         })
     }
 
-    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
-        let candidates: Vec<String> = self.read(|c| {
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<RunId>, StoreError> {
+        let candidates: Vec<RunId> = self.read(|c| {
             let mut st = c.prepare_cached(GC_CANDIDATES)?;
-            let rows = st.query_map([cutoff_ms], |r| r.get(0))?;
+            let rows = st.query_map([cutoff_ms], |r| {
+                let id: String = r.get(0)?;
+                run_id_column(&id, "run_id", &id)
+            })?;
             rows.collect()
         })?;
         // A run being resumed right now holds its lease: leave it alone. The
@@ -1049,7 +1061,9 @@ impl Runs for SqliteBackend {
             for id in ids {
                 // Re-check inside the transaction: the status may have moved on.
                 let still: bool = tx
-                    .query_row(GC_STILL_DUE, params![id, cutoff_ms], |r| r.get::<_, i64>(0))
+                    .query_row(GC_STILL_DUE, params![id.as_str(), cutoff_ms], |r| {
+                        r.get::<_, i64>(0)
+                    })
                     .map_err(|e| self.err(e))?
                     > 0;
                 if !still {
@@ -1063,7 +1077,7 @@ impl Runs for SqliteBackend {
                     "DELETE FROM workflow_sources WHERE run_id = ?1",
                     "DELETE FROM runs WHERE run_id = ?1",
                 ]) {
-                    tx.execute(sql, [&id]).map_err(|e| self.err(e))?;
+                    tx.execute(sql, [id.as_str()]).map_err(|e| self.err(e))?;
                 }
                 deleted.push(id);
             }
@@ -1081,7 +1095,7 @@ impl Generations for SqliteBackend {
                  UPDATE SET workflow_hash = excluded.workflow_hash, source = excluded.source, \
                  created_ms = excluded.created_ms, files = excluded.files",
                 params![
-                    rec.run_id,
+                    rec.run_id.as_str(),
                     rec.generation.min(i64::MAX as u64) as i64,
                     rec.workflow_hash,
                     rec.workflow_source,
@@ -1091,7 +1105,7 @@ impl Generations for SqliteBackend {
             )
             .map_err(|e| {
                 if is_fk_violation(&e) {
-                    StoreError::RunNotFound(rec.run_id.clone())
+                    StoreError::RunNotFound(rec.run_id.to_string())
                 } else {
                     self.err(e)
                 }
@@ -1102,16 +1116,17 @@ impl Generations for SqliteBackend {
 
     fn generation(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         generation: u64,
     ) -> Result<Option<GenerationRecord>, StoreError> {
         self.read(|c| {
             c.prepare_cached(GET_GENERATION)?
                 .query_row(
-                    params![run_id, generation.min(i64::MAX as u64) as i64],
+                    params![run_id.as_str(), generation.min(i64::MAX as u64) as i64],
                     |r| {
+                        let run: String = r.get(0)?;
                         Ok(GenerationRecord {
-                            run_id: r.get(0)?,
+                            run_id: run_id_column(&run, "run_id", &run)?,
                             generation: r.get::<_, i64>(1)? as u64,
                             workflow_hash: r.get(2)?,
                             workflow_source: r.get(3)?,
@@ -1134,8 +1149,7 @@ impl Generations for SqliteBackend {
 }
 
 impl Leases for SqliteBackend {
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
-        validate_run_id(run_id)?;
+    fn try_lock_run(&self, run_id: &RunId) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         std::fs::create_dir_all(&self.lock_dir).map_err(|e| StoreError::io(&self.lock_dir, e))?;
         let path = self.lock_dir.join(format!("{run_id}.lock"));
         let file = OpenOptions::new()
@@ -1174,7 +1188,7 @@ impl ToolCalls for SqliteBackend {
                  input = excluded.input, output = excluded.output, started_ms = excluded.started_ms, \
                  finished_ms = excluded.finished_ms, status = excluded.status, error = excluded.error",
                 params![
-                    rec.run_id,
+                    rec.run_id.as_str(),
                     rec.node_id,
                     rec.iteration,
                     rec.attempt,
@@ -1193,7 +1207,7 @@ impl ToolCalls for SqliteBackend {
             )
             .map_err(|e| {
                 if is_fk_violation(&e) {
-                    StoreError::RunNotFound(rec.run_id.clone())
+                    StoreError::RunNotFound(rec.run_id.to_string())
                 } else {
                     self.err(e)
                 }
@@ -1204,20 +1218,23 @@ impl ToolCalls for SqliteBackend {
 
     fn tool_calls(
         &self,
-        run_id: &str,
-        node_id: &str,
+        run_id: &RunId,
+        node_id: &NodePath,
         iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare_cached(TOOL_CALLS)?;
-            let rows = st.query_map(params![run_id, node_id, iteration], tool_call_row)?;
+            let rows = st.query_map(
+                params![run_id.as_str(), node_id.as_str(), iteration],
+                tool_call_row,
+            )?;
             rows.collect()
         })
     }
 }
 
 impl Inbox for SqliteBackend {
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
+    fn put_command(&self, run_id: &RunId, command: &RunCommand) -> Result<u64, StoreError> {
         let text = serde_json::to_string(command).map_err(|e| StoreError::BadRow {
             run: run_id.to_string(),
             detail: format!("command cannot be stored: {e}"),
@@ -1225,7 +1242,7 @@ impl Inbox for SqliteBackend {
         self.write(|tx| {
             tx.execute(
                 "INSERT INTO inbox (run_id, command, created_ms) VALUES (?1, ?2, ?3)",
-                params![run_id, text, now_ms()],
+                params![run_id.as_str(), text, now_ms()],
             )
             .map_err(|e| {
                 if is_fk_violation(&e) {
@@ -1238,13 +1255,13 @@ impl Inbox for SqliteBackend {
         })
     }
 
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
+    fn pending_commands(&self, run_id: &RunId) -> Result<Vec<InboxEntry>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare_cached(
                 "SELECT id, run_id, command, created_ms FROM inbox \
                  WHERE run_id = ?1 AND taken_ms IS NULL ORDER BY id",
             )?;
-            let rows = st.query_map([run_id], inbox_row)?;
+            let rows = st.query_map([run_id.as_str()], inbox_row)?;
             rows.collect()
         })
     }
@@ -1276,7 +1293,7 @@ impl Processes for SqliteBackend {
                 "INSERT INTO processes (run_id, node_id, iteration, attempt, pgid, started_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
-                    rec.run_id,
+                    rec.run_id.as_str(),
                     rec.node_id,
                     rec.iteration,
                     rec.attempt,
@@ -1286,7 +1303,7 @@ impl Processes for SqliteBackend {
             )
             .map_err(|e| {
                 if is_fk_violation(&e) {
-                    StoreError::RunNotFound(rec.run_id.clone())
+                    StoreError::RunNotFound(rec.run_id.to_string())
                 } else {
                     self.err(e)
                 }
@@ -1303,13 +1320,13 @@ impl Processes for SqliteBackend {
         })
     }
 
-    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
+    fn processes(&self, run_id: &RunId) -> Result<Vec<ProcessRecord>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare_cached(
                 "SELECT id, run_id, node_id, iteration, attempt, pgid, started_ms \
                  FROM processes WHERE run_id = ?1 ORDER BY id",
             )?;
-            let rows = st.query_map([run_id], process_row)?;
+            let rows = st.query_map([run_id.as_str()], process_row)?;
             rows.collect()
         })
     }
@@ -1387,7 +1404,7 @@ mod tests {
             q(&[], Some("a")),
         ]
         .iter()
-        .map(|q| events::query("r", q).0)
+        .map(|q| events::query(&RunId::parse("r").unwrap(), q).0)
         .collect();
         statements.extend(
             [
@@ -1433,7 +1450,11 @@ mod tests {
             }
         }
         // A type filter without the output stream uses the type index.
-        let sql = events::query("r", &q(&["NodeFinished", "RunStarted"], None)).0;
+        let sql = events::query(
+            &RunId::parse("r").unwrap(),
+            &q(&["NodeFinished", "RunStarted"], None),
+        )
+        .0;
         assert!(
             plan(&c, &sql).iter().any(|l| l.contains("events_by_type")),
             "{sql}"
@@ -1464,11 +1485,14 @@ mod tests {
             .unwrap();
         }
         let b = SqliteBackend::open(&db).unwrap();
-        let run = b.get_run("r").unwrap().expect("the run is kept");
+        let run = b
+            .get_run(&RunId::parse("r").unwrap())
+            .unwrap()
+            .expect("the run is kept");
         assert_eq!(run.workflow_source, "name: wf");
         assert_eq!(run.status.as_str(), "running");
         assert_eq!(b.list_runs(&RunFilter::default()).unwrap().len(), 1);
-        assert_eq!(b.last_seq("r").unwrap(), 1);
+        assert_eq!(b.last_seq(&RunId::parse("r").unwrap()).unwrap(), 1);
         let c = b.write.lock().unwrap();
         let cols: Vec<String> = c
             .prepare("SELECT name FROM pragma_table_info('runs')")
@@ -1502,7 +1526,7 @@ mod tests {
             .unwrap();
         }
         let b = SqliteBackend::open(&db).unwrap();
-        assert_eq!(b.last_seq("r").unwrap(), 1);
+        assert_eq!(b.last_seq(&RunId::parse("r").unwrap()).unwrap(), 1);
         let c = b.write.lock().unwrap();
         let v: i64 = c
             .query_row("PRAGMA user_version", [], |r| r.get(0))

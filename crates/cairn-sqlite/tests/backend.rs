@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cairn_events::{EventKind, RunCommand, Scope};
 use cairn_sqlite::SqliteBackend;
-use cairn_storage::conformance::{finished, node, output, record as run_record, started};
+use cairn_storage::conformance::{finished, node, output, record as run_record, rid, started};
 use cairn_storage::prelude::*;
 use cairn_storage::{RunFilter, StoreError, Topic};
 
@@ -99,7 +99,7 @@ fn missing_parent_directory_is_created() {
     b.create_run(&run_record("r", "pending", 1)).unwrap();
     drop(b);
     let b = SqliteBackend::open(&db).unwrap();
-    assert!(b.get_run("r").unwrap().is_some());
+    assert!(b.get_run(&rid("r")).unwrap().is_some());
 }
 
 /// Another process's notification reaches a listener (a second handle on
@@ -194,7 +194,7 @@ fn gc_deletes_only_finished_old_runs() {
     ];
     for (id, end) in runs.iter() {
         b.create_run(&run_record(id, "pending", 1)).unwrap();
-        let log = j.run_log(id).unwrap();
+        let log = j.run_log(&rid(id)).unwrap();
         log.append(Scope::run(), started());
         log.append(node("a"), output("hi"));
         if let Some(end) = end {
@@ -202,7 +202,7 @@ fn gc_deletes_only_finished_old_runs() {
         }
         log.sync_blocking().unwrap();
         b.put_command(
-            id,
+            &rid(id),
             &RunCommand::Cancel {
                 graceful: false,
                 reason: None,
@@ -212,11 +212,19 @@ fn gc_deletes_only_finished_old_runs() {
         .unwrap();
     }
     assert_eq!(
-        b.get_run("old-failed").unwrap().unwrap().status.as_str(),
+        b.get_run(&rid("old-failed"))
+            .unwrap()
+            .unwrap()
+            .status
+            .as_str(),
         "failed"
     );
     assert_eq!(
-        b.get_run("old-running").unwrap().unwrap().status.as_str(),
+        b.get_run(&rid("old-running"))
+            .unwrap()
+            .unwrap()
+            .status
+            .as_str(),
         "running"
     );
 
@@ -238,7 +246,7 @@ fn gc_deletes_only_finished_old_runs() {
     }
     // A run whose lease is held (being resumed) is left alone.
     let held = loop {
-        match b.try_lock_run("old-cancelled-leased").unwrap() {
+        match b.try_lock_run(&rid("old-cancelled-leased")).unwrap() {
             Some(l) => break l,
             None => std::thread::sleep(std::time::Duration::from_millis(10)),
         }
@@ -247,14 +255,14 @@ fn gc_deletes_only_finished_old_runs() {
     deleted.sort();
     assert_eq!(deleted, ["old-failed", "old-finished"]);
     for id in ["old-failed", "old-finished"] {
-        assert!(b.get_run(id).unwrap().is_none());
-        assert_eq!(b.last_seq(id).unwrap(), 0);
-        assert!(b.pending_commands(id).unwrap().is_empty());
+        assert!(b.get_run(&rid(id)).unwrap().is_none());
+        assert_eq!(b.last_seq(&rid(id)).unwrap(), 0);
+        assert!(b.pending_commands(&rid(id)).unwrap().is_empty());
     }
     for id in ["old-cancelled-leased", "old-running", "new-finished"] {
-        assert!(b.get_run(id).unwrap().is_some(), "{id}");
-        assert!(b.last_seq(id).unwrap() >= 2, "{id}");
-        assert_eq!(b.pending_commands(id).unwrap().len(), 1, "{id}");
+        assert!(b.get_run(&rid(id)).unwrap().is_some(), "{id}");
+        assert!(b.last_seq(&rid(id)).unwrap() >= 2, "{id}");
+        assert_eq!(b.pending_commands(&rid(id)).unwrap().len(), 1, "{id}");
     }
     drop(held);
     assert_eq!(
@@ -275,7 +283,7 @@ fn a_damaged_row_is_a_bad_row_of_its_run() {
             .unwrap();
     }
     for err in [
-        b.get_run("r").unwrap_err(),
+        b.get_run(&rid("r")).unwrap_err(),
         b.list_runs(&RunFilter::default()).unwrap_err(),
     ] {
         match &err {
@@ -285,6 +293,42 @@ fn a_damaged_row_is_a_bad_row_of_its_run() {
             }
             other => panic!("expected BadRow, got {other:?}"),
         }
+    }
+}
+
+/// A run id is checked where text becomes one: a row whose id is no run id
+/// (written by hand, or damaged) reads back as a bad row, never a panic.
+#[test]
+fn a_row_with_an_invalid_run_id_is_a_bad_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    b.create_run(&run_record("r", "running", 1)).unwrap();
+    let mut child = run_record("c", "running", 2);
+    child.parent_run_id = Some(rid("r"));
+    b.create_run(&child).unwrap();
+    {
+        let c = rusqlite::Connection::open(b.path()).unwrap();
+        c.execute_batch(
+            "PRAGMA foreign_keys = OFF; \
+             UPDATE runs SET parent_run_id = '../up' WHERE run_id = 'c'; \
+             UPDATE runs SET run_id = 'a b' WHERE run_id = 'r'; \
+             UPDATE workflow_sources SET run_id = 'a b' WHERE run_id = 'r';",
+        )
+        .unwrap();
+    }
+    match b.get_run(&rid("c")).unwrap_err() {
+        StoreError::BadRow { run, detail } => {
+            assert_eq!(run, "c");
+            assert!(detail.contains("parent_run_id"), "{detail}");
+        }
+        other => panic!("expected BadRow, got {other:?}"),
+    }
+    match b.list_runs(&RunFilter::default()).unwrap_err() {
+        StoreError::BadRow { run, detail } => {
+            assert!(run == "a b" || run == "c", "{run}");
+            assert!(detail.contains("run_id"), "{detail}");
+        }
+        other => panic!("expected BadRow, got {other:?}"),
     }
 }
 
@@ -318,5 +362,5 @@ fn a_new_store_is_a_wal_database_with_its_page_size() {
     let head = std::fs::read(&db).unwrap();
     assert_eq!(&head[18..20], &[2, 2]);
     let b = SqliteBackend::open(&db).unwrap();
-    assert!(b.get_run("r").unwrap().is_some());
+    assert!(b.get_run(&rid("r")).unwrap().is_some());
 }

@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use cairn_events::RunCommand;
+use cairn_events::{NodePath, RunCommand, RunId};
 
 use crate::error::StoreError;
 use crate::records::*;
@@ -23,14 +23,6 @@ use crate::records::*;
 /// The first 8 bytes of a digest in hex: enough to tell stores apart.
 pub fn hex_prefix(digest: &[u8]) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
-/// Checks that a run id is usable as a key and as a file name (the NDJSON
-/// mirror's directory and the run's lock file are named after it).
-pub fn validate_run_id(run_id: &str) -> Result<(), StoreError> {
-    cairn_events::RunId::parse(run_id)
-        .map(|_| ())
-        .map_err(|e| StoreError::InvalidRunId(e.0))
 }
 
 /// One registration for wake-ups of a [`Topic`]; dropping it unregisters.
@@ -62,9 +54,9 @@ pub trait EventLog {
     fn append(&self, batch: &[StoredEvent]) -> Result<(), StoreError>;
     /// A run's events in seq order, as the query selects them (every field
     /// applies; `limit` keeps the lowest seqs). An unknown run has none.
-    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError>;
     /// The highest committed seq of a run (0 when it has none).
-    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError>;
+    fn last_seq(&self, run_id: &RunId) -> Result<u64, StoreError>;
     /// Moves whatever the database keeps beside its main file (SQLite's
     /// write-ahead log) into it, so that the store's data is where a copy of
     /// the store would look for it. Best effort and brief: it gives up rather
@@ -80,16 +72,15 @@ pub trait EventLog {
 
 /// The runs' rows: what was started, with what, and where it stands.
 pub trait Runs {
-    /// Inserts a run row; `RunExists` if the id is taken, `InvalidRunId` if
-    /// [`validate_run_id`] refuses it.
+    /// Inserts a run row; `RunExists` if the id is taken.
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     /// Removes the row of a run whose start was cut short before its first
     /// event was written (a `create_run` followed by a failure), so no run
     /// stays `pending` with an empty log. A run with events is left alone.
     /// True when a row was removed.
-    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError>;
+    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError>;
     /// A run's row, if it exists.
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
+    fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError>;
     /// Runs matching the filter, newest first (by `created_ms`; of runs
     /// created in the same millisecond, the one created last comes first),
     /// `offset` skipped, at most `limit` kept.
@@ -98,7 +89,7 @@ pub trait Runs {
     /// `cutoff_ms` (their events, tool calls, inbox, process records,
     /// workflow generations and row) and returns their ids. A run whose lease is held (being resumed)
     /// is left alone.
-    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError>;
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<RunId>, StoreError>;
 }
 
 /// The texts a run's reloads adopted, with the files they pinned.
@@ -113,7 +104,7 @@ pub trait Generations {
     /// One generation of a run's workflow, if stored.
     fn generation(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         generation: u64,
     ) -> Result<Option<GenerationRecord>, StoreError>;
 }
@@ -121,10 +112,9 @@ pub trait Generations {
 /// Who drives a run: one lease per run across processes and machines.
 pub trait Leases {
     /// Takes the run's lease; `None` when another process (or another lease
-    /// in this process) holds it, `InvalidRunId` for an id
-    /// [`validate_run_id`] refuses. Dropping the lease, on any thread,
+    /// in this process) holds it. Dropping the lease, on any thread,
     /// releases it.
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError>;
+    fn try_lock_run(&self, run_id: &RunId) -> Result<Option<Box<dyn RunLease>>, StoreError>;
     /// Who holds the run's lease now, when the backend can tell: `None`
     /// when the lease is free, held by this backend, or would be taken at
     /// once by [`Leases::try_lock_run`] (its holder is known to be dead).
@@ -132,7 +122,7 @@ pub trait Leases {
     /// decides. The default tells nothing, which suits a lease the operating
     /// system drops when its holder dies (SQLite's lock): a held one
     /// belongs to a live process.
-    fn lease_holder(&self, run_id: &str) -> Result<Option<LeaseHolder>, StoreError> {
+    fn lease_holder(&self, run_id: &RunId) -> Result<Option<LeaseHolder>, StoreError> {
         let _ = run_id;
         Ok(None)
     }
@@ -146,8 +136,8 @@ pub trait ToolCalls {
     /// The tool calls of one node pass, by attempt then tool_seq.
     fn tool_calls(
         &self,
-        run_id: &str,
-        node_id: &str,
+        run_id: &RunId,
+        node_id: &NodePath,
         iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError>;
 }
@@ -157,9 +147,9 @@ pub trait ToolCalls {
 pub trait Inbox {
     /// Records a command in the run's inbox durably and returns its id;
     /// `RunNotFound` for an unknown run.
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError>;
+    fn put_command(&self, run_id: &RunId, command: &RunCommand) -> Result<u64, StoreError>;
     /// The run's commands not yet taken, oldest first.
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError>;
+    fn pending_commands(&self, run_id: &RunId) -> Result<Vec<InboxEntry>, StoreError>;
     /// Marks a command taken, with what became of it (`applied`, or why it
     /// was refused). Taking one twice keeps the first outcome.
     fn take_command(&self, id: u64, outcome: &str) -> Result<(), StoreError>;
@@ -173,7 +163,7 @@ pub trait Processes {
     /// Forgets a process group that ended.
     fn remove_process(&self, id: u64) -> Result<(), StoreError>;
     /// The process groups recorded for a run and not forgotten.
-    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError>;
+    fn processes(&self, run_id: &RunId) -> Result<Vec<ProcessRecord>, StoreError>;
 }
 
 /// Wake-ups between processes: "look again", nothing more.

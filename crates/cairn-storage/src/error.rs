@@ -47,9 +47,6 @@ pub enum StoreError {
         /// The id asked for.
         id: u64,
     },
-    /// A run id that cannot name a run (it is also a file name).
-    #[error("invalid run id `{0}`: use 1-128 letters, digits, `-`, `_`, `.` or `:`, not starting with `.`")]
-    InvalidRunId(String),
     /// The store could not be opened (connected to, created, migrated).
     #[error("cannot open the store {store}: {detail}")]
     Open {

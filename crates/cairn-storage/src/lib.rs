@@ -21,13 +21,14 @@ pub mod records;
 mod url;
 
 pub use backend::{
-    hex_prefix, validate_run_id, Backend, EventLog, Generations, Inbox, Leases, Listener,
-    Processes, RunLease, Runs, ToolCalls, Wakeups,
+    hex_prefix, Backend, EventLog, Generations, Inbox, Leases, Listener, Processes, RunLease, Runs,
+    ToolCalls, Wakeups,
 };
 pub use error::StoreError;
 pub use records::{
-    EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile, ProcessRecord, RecordStatus,
-    RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
+    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile,
+    ProcessRecord, RecordStatus, RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus,
+    Topic,
 };
 pub use url::{redact, BadStoreUrl, StoreUrl};
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cairn_events::{DecodeError, Event, NodePath, RunCommand, RunStatus};
+use cairn_events::{DecodeError, Event, NodePath, RunCommand, RunId, RunStatus};
 
 use crate::error::StoreError;
 
@@ -11,7 +11,7 @@ use crate::error::StoreError;
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     /// The run it belongs to.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its position in the run's log.
     pub seq: u64,
     /// The event's `type`.
@@ -28,7 +28,7 @@ impl StoredEvent {
     /// Serializes an event once, in the contract's field order.
     pub fn from_event(e: &Event) -> Self {
         StoredEvent {
-            run_id: e.run_id.to_string(),
+            run_id: e.run_id.clone(),
             seq: e.seq.get(),
             type_name: e.type_name().to_string(),
             node_id: e.scope.node_id.clone(),
@@ -68,7 +68,7 @@ pub struct EventQuery {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
     /// The run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The workflow's name.
     pub workflow: String,
     /// The workflow file's path as given when the run was started.
@@ -86,7 +86,19 @@ pub struct RunRecord {
     /// When the run's status or log last changed (Unix ms).
     pub updated_ms: i64,
     /// The run that delegated this one, if any.
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
+}
+
+/// A run id read back from a row's `column` (`run_id`, `parent_run_id`):
+/// [`StoreError::BadRow`] naming the row's run (`run`, the text its
+/// `run_id` holds) when the text is no run id, never a panic. A run id is
+/// checked where text becomes one; a row written by hand or damaged is
+/// such text.
+pub fn run_id_from_row(run: &str, column: &str, text: &str) -> Result<RunId, StoreError> {
+    RunId::parse(text).map_err(|e| StoreError::BadRow {
+        run: run.chars().take(cairn_events::MAX_RUN_ID_LEN + 8).collect(),
+        detail: format!("column `{column}` holds `{}`, not a run id", e.0),
+    })
 }
 
 /// Where a run's row says the run stands. Stored as text: `pending`,
@@ -164,7 +176,7 @@ impl std::fmt::Display for RecordStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationRecord {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// 1 for the first reload, then 2, 3, ...
     pub generation: u64,
     /// SHA-256 hex of `workflow_source`.
@@ -215,7 +227,7 @@ pub struct RunFilter {
     /// Skip this many runs first.
     pub offset: Option<usize>,
     /// Only the child runs of this run.
-    pub parent: Option<String>,
+    pub parent: Option<RunId>,
 }
 
 /// A command waiting in a run's inbox, as the store keeps it.
@@ -224,7 +236,7 @@ pub struct InboxEntry {
     /// Assigned by the store, increasing: the order commands are applied in.
     pub id: u64,
     /// The run it is for.
-    pub run_id: String,
+    pub run_id: RunId,
     /// What is asked.
     pub command: RunCommand,
     /// When it was recorded (Unix ms).
@@ -239,7 +251,7 @@ pub struct ProcessRecord {
     /// Assigned by the store on insert (ignored by `put_process`).
     pub id: u64,
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The node that started it.
     pub node_id: String,
     /// The node's loop pass.
@@ -276,7 +288,7 @@ impl Topic<'_> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCallRecord {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The node.
     pub node_id: String,
     /// The node's loop pass.

@@ -91,7 +91,7 @@ fn baseline(db: &Path, schema: Option<&str>) -> f64 {
                 .unwrap();
             for r in chunk {
                 st.execute(rusqlite::params![
-                    r.run_id,
+                    r.run_id.as_str(),
                     r.seq as i64,
                     r.type_name,
                     r.node_id.as_deref(),
@@ -114,7 +114,9 @@ fn journal_bulk(db: &Path, log_dir: Option<&Path>) -> f64 {
         },
     )
     .unwrap();
-    let log = j.run_log("bench").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("bench").unwrap())
+        .unwrap();
     let start = Instant::now();
     for i in 0..N {
         log.append(scope(), kind(i));
@@ -132,7 +134,9 @@ fn journal_durable(db: &Path) -> f64 {
         .build()
         .unwrap();
     let j = Journal::open_sqlite(db, JournalOptions::default()).unwrap();
-    let log = j.run_log("bench").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("bench").unwrap())
+        .unwrap();
     let start = Instant::now();
     rt.block_on(async {
         for i in 0..DURABLE_N {

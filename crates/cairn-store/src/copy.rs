@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 
-use cairn_events::{DecodeError, EventType};
+use cairn_events::{DecodeError, EventType, NodePath, RunId};
 use cairn_storage::{Backend, EventQuery, RunFilter, RunRecord, StoreError, StoredEvent};
 
 /// Events read (and appended, and read back) at a time.
@@ -199,7 +199,7 @@ pub struct RunCopy {
 /// and runs created in the same millisecond in the order they were created,
 /// so the destination lists them as the source does. Runs started while
 /// the list is read may be left out.
-pub fn all_runs(src: &dyn Backend) -> Result<Vec<String>, CopyError> {
+pub fn all_runs(src: &dyn Backend) -> Result<Vec<RunId>, CopyError> {
     let mut seen = HashSet::new();
     let mut ids = Vec::new();
     let mut offset = 0;
@@ -228,15 +228,15 @@ pub fn all_runs(src: &dyn Backend) -> Result<Vec<String>, CopyError> {
 
 /// The runs named and their child runs (and theirs), oldest first. An
 /// unknown run is refused before anything is copied.
-pub fn named_runs(src: &dyn Backend, named: &[String]) -> Result<Vec<String>, CopyError> {
+pub fn named_runs(src: &dyn Backend, named: &[RunId]) -> Result<Vec<RunId>, CopyError> {
     let mut seen = HashSet::new();
     // (created_ms, discovery order, id)
-    let mut found: Vec<(i64, usize, String)> = Vec::new();
+    let mut found: Vec<(i64, usize, RunId)> = Vec::new();
     let mut queue: VecDeque<RunRecord> = VecDeque::new();
     for id in named {
         let rec = src
             .get_run(id)?
-            .ok_or_else(|| CopyError::NoSuchRun(id.clone()))?;
+            .ok_or_else(|| CopyError::NoSuchRun(id.to_string()))?;
         if seen.insert(rec.run_id.clone()) {
             queue.push_back(rec);
         }
@@ -290,7 +290,7 @@ fn doing(what: impl Into<String>) -> impl FnOnce(StoreError) -> CopyError {
 struct RunCopier<'a> {
     src: &'a dyn Backend,
     dst: &'a dyn Backend,
-    id: &'a str,
+    id: &'a RunId,
     /// The source's record.
     rec: RunRecord,
     /// The source's last seq when the copy began (the lease keeps it).
@@ -307,7 +307,7 @@ struct RunCopier<'a> {
 pub fn copy_run(
     src: &dyn Backend,
     dst: &dyn Backend,
-    id: &str,
+    id: &RunId,
     skip_existing: bool,
     dst_lease: bool,
 ) -> Result<RunCopy, CopyError> {
@@ -444,7 +444,7 @@ impl RunCopier<'_> {
     /// The events, page by page: appended past `start`, and every page read
     /// back from the destination and compared, the part that was there
     /// already included. Returns the node passes the log names.
-    fn events(&mut self, start: u64) -> Result<BTreeSet<(String, u32)>, CopyError> {
+    fn events(&mut self, start: u64) -> Result<BTreeSet<(NodePath, u32)>, CopyError> {
         let (src, dst, id) = (self.src, self.dst, self.id);
         let mut passes = BTreeSet::new();
         let mut after = 0;
@@ -472,7 +472,7 @@ impl RunCopier<'_> {
                 if let (Some(node), Some(iteration)) =
                     (decoded.scope.node_id, decoded.scope.iteration)
                 {
-                    passes.insert((node.to_string(), iteration));
+                    passes.insert((node, iteration));
                 }
             }
             let split = page.partition_point(|e| e.seq <= start);
@@ -516,7 +516,7 @@ impl RunCopier<'_> {
 
     /// Tool calls of every node pass the log names, upserted where the
     /// destination does not hold them exactly.
-    fn tool_calls(&mut self, passes: &BTreeSet<(String, u32)>) -> Result<(), CopyError> {
+    fn tool_calls(&mut self, passes: &BTreeSet<(NodePath, u32)>) -> Result<(), CopyError> {
         let (src, dst, id) = (self.src, self.dst, self.id);
         for (node, iteration) in passes {
             let ours = src.tool_calls(id, node, *iteration)?;
@@ -656,7 +656,7 @@ impl RunCopier<'_> {
 /// A store's events of `run` after `after`, at most `n`.
 fn read_range(
     b: &dyn Backend,
-    run: &str,
+    run: &RunId,
     after: u64,
     n: usize,
 ) -> Result<Vec<StoredEvent>, StoreError> {

@@ -25,7 +25,7 @@ use tokio::sync::{broadcast, watch};
 use crate::mirror::{Mirrors, WrapWriter};
 use cairn_sqlite::SqliteBackend;
 use cairn_storage::prelude::*;
-use cairn_storage::{validate_run_id, EventQuery, RunLease, StoreError, StoredEvent, Topic};
+use cairn_storage::{EventQuery, RunLease, StoreError, StoredEvent, Topic};
 
 /// Most events one transaction commits; more wait for the next one.
 const MAX_BATCH: usize = 4096;
@@ -136,7 +136,7 @@ enum Msg {
     Event(StoredEvent, Arc<RunShared>),
     /// The run's `RunLog` was dropped: release its lease once everything
     /// queued before is committed, so no other process reads a stale last seq.
-    Release(Box<dyn RunLease>, Arc<RunShared>, String),
+    Release(Box<dyn RunLease>, Arc<RunShared>, RunId),
     Stop,
 }
 
@@ -144,14 +144,14 @@ enum Msg {
 /// and its writer thread, which each forget a run when they let go of it
 /// last.
 #[derive(Default)]
-struct Runs(Mutex<HashMap<String, Arc<RunShared>>>);
+struct Runs(Mutex<HashMap<RunId, Arc<RunShared>>>);
 
 impl Runs {
-    fn shared(&self, run_id: &str) -> Arc<RunShared> {
+    fn shared(&self, run_id: &RunId) -> Arc<RunShared> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(run_id.to_string())
+            .entry(run_id.clone())
             .or_insert_with(|| Arc::new(RunShared::new()))
             .clone()
     }
@@ -194,7 +194,7 @@ struct Inner {
 }
 
 impl Inner {
-    fn shared(&self, run_id: &str) -> Arc<RunShared> {
+    fn shared(&self, run_id: &RunId) -> Arc<RunShared> {
         self.runs.shared(run_id)
     }
 
@@ -295,8 +295,7 @@ impl Journal {
     /// another `RunLog` here holds it) and returns its sequencer, continuing
     /// from the store's last seq. The lease is released when the `RunLog` is
     /// dropped, after its queued events are committed.
-    pub fn run_log(&self, run_id: &str) -> Result<RunLog, StoreError> {
-        let id = RunId::parse(run_id).map_err(|e| StoreError::InvalidRunId(e.0))?;
+    pub fn run_log(&self, run_id: &RunId) -> Result<RunLog, StoreError> {
         let tx = self
             .inner
             .tx
@@ -322,7 +321,7 @@ impl Journal {
             }
         });
         Ok(RunLog {
-            run_id: id,
+            run_id: run_id.clone(),
             inner: self.inner.clone(),
             shared: Some(shared),
             tx,
@@ -339,7 +338,7 @@ impl Journal {
     /// no gap or duplicate at the switch-over (guarantee 3). Live events come
     /// straight from this process's writer when the run is written here;
     /// otherwise the subscription polls the store every ~100 ms.
-    pub fn subscribe(&self, run_id: &str, after: u64) -> Result<Subscription, StoreError> {
+    pub fn subscribe(&self, run_id: &RunId, after: u64) -> Result<Subscription, StoreError> {
         let shared = self.inner.shared(run_id);
         // Register for live events before reading the store: anything
         // committed from here on is either in the first read or in `rx`.
@@ -371,7 +370,7 @@ impl Journal {
         }
         Ok(Subscription {
             inner: self.inner.clone(),
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             shared: Some(shared),
             rx,
             buffer,
@@ -406,13 +405,12 @@ impl Journal {
     /// file renamed over the old one) and returns its path. Meant for runs
     /// not being written by this process: the writer keeps its own handle on
     /// the file it appends to.
-    pub fn export(&self, run_id: &str, log_dir: &Path) -> Result<PathBuf, StoreError> {
-        validate_run_id(run_id)?;
+    pub fn export(&self, run_id: &RunId, log_dir: &Path) -> Result<PathBuf, StoreError> {
         let backend = &self.inner.backend;
         if backend.get_run(run_id)?.is_none() && backend.last_seq(run_id)? == 0 {
             return Err(StoreError::RunNotFound(run_id.to_string()));
         }
-        let dir = log_dir.join(run_id);
+        let dir = log_dir.join(run_id.as_str());
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
         let path = dir.join("events.ndjson");
         let tmp = dir.join(format!("events.ndjson.tmp-{}", std::process::id()));
@@ -553,7 +551,7 @@ impl Writer {
     /// the database file and not only in the write-ahead log. The leases go
     /// first: whoever waits for one (a resume) does not wait for the
     /// checkpoint too.
-    fn release(&mut self, releases: Vec<(Box<dyn RunLease>, Arc<RunShared>, String)>) {
+    fn release(&mut self, releases: Vec<(Box<dyn RunLease>, Arc<RunShared>, RunId)>) {
         if releases.is_empty() {
             return;
         }
@@ -606,7 +604,7 @@ impl Writer {
         e: StoreError,
     ) {
         tracing::error!(error = %e, "committing {} events failed", batch.len());
-        type RunPart = (String, Vec<StoredEvent>, Vec<Arc<RunShared>>);
+        type RunPart = (RunId, Vec<StoredEvent>, Vec<Arc<RunShared>>);
         let mut by_run: Vec<RunPart> = Vec::new();
         for (ev, s) in batch.into_iter().zip(shared) {
             match by_run.iter_mut().find(|(r, _, _)| *r == ev.run_id) {
@@ -641,7 +639,7 @@ impl Writer {
             self.mirror(&events);
         }
         let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
-        let mut runs: Vec<String> = Vec::new();
+        let mut runs: Vec<RunId> = Vec::new();
         for (ev, shared) in events.into_iter().zip(shared) {
             let seq = ev.seq;
             if runs.last() != Some(&ev.run_id) && !runs.contains(&ev.run_id) {
@@ -673,7 +671,7 @@ impl Writer {
         /// One run's share of the batch: its seq range, its lines, and
         /// whether it ended the run.
         struct Lines<'a> {
-            run: &'a str,
+            run: &'a RunId,
             first: u64,
             last: u64,
             text: String,
@@ -681,7 +679,7 @@ impl Writer {
         }
         let mut runs: Vec<Lines<'_>> = Vec::new();
         for ev in events {
-            let l = match runs.iter_mut().position(|l| l.run == ev.run_id) {
+            let l = match runs.iter_mut().position(|l| *l.run == ev.run_id) {
                 Some(i) => &mut runs[i],
                 None => {
                     runs.push(Lines {
@@ -737,7 +735,7 @@ pub struct RunLog {
 
 impl RunLog {
     /// The run id.
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         &self.run_id
     }
 
@@ -845,7 +843,7 @@ impl Drop for RunLog {
             return;
         };
         if let Some(lease) = lease {
-            let msg = Msg::Release(lease, shared.clone(), self.run_id.to_string());
+            let msg = Msg::Release(lease, shared.clone(), self.run_id.clone());
             if let Err(mpsc::SendError(msg)) = self.tx.send(msg) {
                 // The writer is gone, so nothing of ours is queued: release now.
                 drop(msg);
@@ -899,7 +897,7 @@ pub enum SubscribeError {
 /// A run's events in seq order: replay from the store, then live.
 pub struct Subscription {
     inner: Arc<Inner>,
-    run_id: String,
+    run_id: RunId,
     shared: Option<Arc<RunShared>>,
     rx: broadcast::Receiver<Arc<StoredEvent>>,
     /// Events read from the store, not yet delivered.
@@ -1140,11 +1138,11 @@ impl Subscription {
 /// subscribers to it and does not write it: at each wake-up from the writing
 /// process (or every [`REMOTE_POLL_INTERVAL`] without one) it reads what was
 /// committed after `hwm` and publishes it. Ends once nobody listens.
-async fn remote_reader(inner: Arc<Inner>, run: String, shared: Arc<RunShared>, mut hwm: u64) {
+async fn remote_reader(inner: Arc<Inner>, run: RunId, shared: Arc<RunShared>, mut hwm: u64) {
     let mut listener = match inner.backend.listen(Topic::Events(&run)) {
         Ok(l) => Some(l),
         Err(e) => {
-            tracing::debug!(error = %e, run, "no wake-ups for this run's watchers; polling");
+            tracing::debug!(error = %e, run = %run, "no wake-ups for this run's watchers; polling");
             None
         }
     };
@@ -1179,11 +1177,11 @@ async fn remote_reader(inner: Arc<Inner>, run: String, shared: Arc<RunShared>, m
 
 /// Reads the run's events after `hwm` and publishes them; returns the new
 /// high-water mark. A failed read is tried again at the next wake-up.
-async fn publish_new(inner: &Arc<Inner>, run: &str, shared: &RunShared, mut hwm: u64) -> u64 {
+async fn publish_new(inner: &Arc<Inner>, run: &RunId, shared: &RunShared, mut hwm: u64) -> u64 {
     loop {
         let backend = inner.backend.clone();
         let (r, q) = (
-            run.to_string(),
+            run.clone(),
             EventQuery {
                 after: hwm,
                 limit: Some(PAGE),
@@ -1193,7 +1191,7 @@ async fn publish_new(inner: &Arc<Inner>, run: &str, shared: &RunShared, mut hwm:
         let page = match tokio::task::spawn_blocking(move || backend.read_events(&r, &q)).await {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, run, "reading new events for watchers failed; trying again at the next wake-up");
+                tracing::warn!(error = %e, run = %run, "reading new events for watchers failed; trying again at the next wake-up");
                 return hwm;
             }
             Err(_) => return hwm,

@@ -15,6 +15,7 @@ use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cairn_events::RunId;
 use cairn_storage::prelude::*;
 use cairn_storage::{EventQuery, StoredEvent};
 
@@ -50,7 +51,7 @@ struct Mirror {
 pub(crate) struct Mirrors {
     dir: PathBuf,
     wrap: Option<WrapWriter>,
-    files: HashMap<String, Mirror>,
+    files: HashMap<RunId, Mirror>,
 }
 
 impl Mirrors {
@@ -62,8 +63,8 @@ impl Mirrors {
         }
     }
 
-    fn path(&self, run: &str) -> PathBuf {
-        self.dir.join(run).join("events.ndjson")
+    fn path(&self, run: &RunId) -> PathBuf {
+        self.dir.join(run.as_str()).join("events.ndjson")
     }
 
     /// Appends the lines of a committed batch (`first..=last` of `run`,
@@ -72,14 +73,14 @@ impl Mirrors {
     pub(crate) fn append(
         &mut self,
         backend: &dyn Backend,
-        run: &str,
+        run: &RunId,
         first: u64,
         last: u64,
         text: &[u8],
     ) {
         let path = self.path(run);
         let wrap = self.wrap.clone();
-        let m = self.files.entry(run.to_string()).or_insert(Mirror {
+        let m = self.files.entry(run.clone()).or_insert(Mirror {
             out: None,
             written: 0,
             wanted: 0,
@@ -117,7 +118,7 @@ impl Mirrors {
     /// Forgets a run's mirror (its `RunLog` went, or it ended). A mirror left
     /// torn by a failed write gets one more repair first, so a run that ends
     /// right after a failure still leaves a whole file.
-    pub(crate) fn close(&mut self, backend: &dyn Backend, run: &str) {
+    pub(crate) fn close(&mut self, backend: &dyn Backend, run: &RunId) {
         let Some(mut m) = self.files.remove(run) else {
             return;
         };
@@ -134,7 +135,7 @@ impl Mirrors {
 
     /// Closes every mirror, as the writer stops.
     pub(crate) fn close_all(&mut self, backend: &dyn Backend) {
-        let runs: Vec<String> = self.files.keys().cloned().collect();
+        let runs: Vec<RunId> = self.files.keys().cloned().collect();
         for run in runs {
             self.close(backend, &run);
         }
@@ -162,7 +163,7 @@ fn store_err(e: crate::StoreError) -> io::Error {
 /// `run`: keeps its longest prefix of whole lines that ends in the store's
 /// line for that seq, cuts the rest (a torn line, or lines the store does not
 /// have) and writes the missing lines from the store.
-pub(crate) fn repair(backend: &dyn Backend, run: &str, path: &Path, upto: u64) -> io::Result<()> {
+pub(crate) fn repair(backend: &dyn Backend, run: &RunId, path: &Path, upto: u64) -> io::Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
     }
@@ -208,7 +209,7 @@ pub(crate) fn repair(backend: &dyn Backend, run: &str, path: &Path, upto: u64) -
 fn sound_prefix(
     f: &mut File,
     backend: &dyn Backend,
-    run: &str,
+    run: &RunId,
     upto: u64,
 ) -> io::Result<(u64, u64)> {
     let len = f.metadata()?.len();

@@ -176,7 +176,7 @@ pub fn aggregate_scores(
             let mut counted: Vec<String> = Vec::new();
             for stored in &events {
                 let ev = stored.decode().map_err(|e| StoreError::BadRow {
-                    run: run.run_id.clone(),
+                    run: run.run_id.to_string(),
                     detail: e.to_string(),
                 })?;
                 if let EventKind::WorkflowReloaded { generation, .. } = &ev.kind {

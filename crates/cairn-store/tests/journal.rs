@@ -23,7 +23,9 @@ async fn append_read_and_filter() {
     j.backend()
         .create_run(&run_record("r", "pending", 1))
         .unwrap();
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     let e1 = log.append_durable(Scope::run(), started()).await.unwrap();
     assert_eq!((e1.seq.get(), e1.run_id.as_str()), (1, "r"));
     log.append(
@@ -47,7 +49,12 @@ async fn append_read_and_filter() {
     log.sync().await.unwrap();
 
     let b = j.backend();
-    let all = b.read_events("r", &EventQuery::default()).unwrap();
+    let all = b
+        .read_events(
+            &cairn_events::RunId::parse("r").unwrap(),
+            &EventQuery::default(),
+        )
+        .unwrap();
     assert_eq!(seqs(&all), (1..=8).collect::<Vec<_>>());
     // Every stored line decodes to the event that was appended.
     assert_eq!(all[7].decode().unwrap(), last);
@@ -60,28 +67,54 @@ async fn append_read_and_filter() {
     };
     assert_eq!(
         seqs(
-            &b.read_events("r", &q(&["NodeOutput"], None, 0, None))
-                .unwrap()
+            &b.read_events(
+                &cairn_events::RunId::parse("r").unwrap(),
+                &q(&["NodeOutput"], None, 0, None)
+            )
+            .unwrap()
         ),
         [5, 7]
     );
     assert_eq!(
-        seqs(&b.read_events("r", &q(&[], Some("a"), 0, None)).unwrap()),
+        seqs(
+            &b.read_events(
+                &cairn_events::RunId::parse("r").unwrap(),
+                &q(&[], Some("a"), 0, None)
+            )
+            .unwrap()
+        ),
         [2, 4, 5, 7]
     );
     assert_eq!(
         seqs(
-            &b.read_events("r", &q(&["NodeStarted", "NodePending"], Some("b"), 0, None))
-                .unwrap()
+            &b.read_events(
+                &cairn_events::RunId::parse("r").unwrap(),
+                &q(&["NodeStarted", "NodePending"], Some("b"), 0, None)
+            )
+            .unwrap()
         ),
         [3, 6]
     );
     assert_eq!(
-        seqs(&b.read_events("r", &q(&[], None, 5, Some(2))).unwrap()),
+        seqs(
+            &b.read_events(
+                &cairn_events::RunId::parse("r").unwrap(),
+                &q(&[], None, 5, Some(2))
+            )
+            .unwrap()
+        ),
         [6, 7]
     );
-    assert_eq!(b.last_seq("r").unwrap(), 8);
-    assert_eq!(b.last_seq("other").unwrap(), 0);
+    assert_eq!(
+        b.last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        8
+    );
+    assert_eq!(
+        b.last_seq(&cairn_events::RunId::parse("other").unwrap())
+            .unwrap(),
+        0
+    );
     j.close();
 }
 
@@ -91,7 +124,9 @@ fn seq_continues_across_reopen_and_observer_sees_seq_order() {
     let db = dir.path().join("s.db");
     {
         let j = open(&db, None);
-        let log = j.run_log("r").unwrap();
+        let log = j
+            .run_log(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap();
         for i in 0..3 {
             log.append(node("a"), output(&i.to_string()));
         }
@@ -99,7 +134,10 @@ fn seq_continues_across_reopen_and_observer_sees_seq_order() {
         j.close();
     }
     let j = open(&db, None);
-    let log = Arc::new(j.run_log("r").unwrap());
+    let log = Arc::new(
+        j.run_log(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+    );
     assert_eq!(log.last_seq(), 3);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
@@ -121,7 +159,10 @@ fn seq_continues_across_reopen_and_observer_sees_seq_order() {
     assert_eq!(*seen.lock().unwrap(), (4..=1003).collect::<Vec<_>>());
     let all = j
         .backend()
-        .read_events("r", &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse("r").unwrap(),
+            &EventQuery::default(),
+        )
         .unwrap();
     assert_eq!(seqs(&all), (1..=1003).collect::<Vec<_>>());
     // Timestamps never go backwards within a run.
@@ -135,7 +176,9 @@ fn seq_continues_across_reopen_and_observer_sees_seq_order() {
 async fn appends_after_close_fail_their_waiters() {
     let dir = tempfile::tempdir().unwrap();
     let j = open(&dir.path().join("s.db"), None);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append_durable(Scope::run(), started()).await.unwrap();
     j.close();
     let err = log
@@ -144,8 +187,16 @@ async fn appends_after_close_fail_their_waiters() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Closed), "{err:?}");
     assert!(matches!(log.sync_blocking(), Err(StoreError::Closed)));
-    assert_eq!(j.backend().last_seq("r").unwrap(), 1);
-    assert!(matches!(j.run_log("x"), Err(StoreError::Closed)));
+    assert_eq!(
+        j.backend()
+            .last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        1
+    );
+    assert!(matches!(
+        j.run_log(&cairn_events::RunId::parse("x").unwrap()),
+        Err(StoreError::Closed)
+    ));
 }
 
 #[test]
@@ -154,7 +205,9 @@ fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
     let db = dir.path().join("s.db");
     let logs = dir.path().join("logs");
     let j = open(&db, Some(&logs));
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     for i in 0..500 {
         log.append(node("a"), output(&format!("line {i} \"quoted\" ünïcode\n")));
@@ -163,7 +216,7 @@ fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
     drop(log);
     // A resume appends to the same file.
     let log = loop {
-        match j.run_log("r") {
+        match j.run_log(&cairn_events::RunId::parse("r").unwrap()) {
             Ok(l) => break l,
             Err(StoreError::LeaseHeld { .. }) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
@@ -174,7 +227,10 @@ fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
 
     let from_store = || -> String {
         j.backend()
-            .read_events("r", &EventQuery::default())
+            .read_events(
+                &cairn_events::RunId::parse("r").unwrap(),
+                &EventQuery::default(),
+            )
             .unwrap()
             .iter()
             .map(|e| format!("{}\n", e.json))
@@ -188,13 +244,17 @@ fn ndjson_mirror_is_byte_identical_and_export_regenerates_it() {
     // Damage the mirror; export rewrites it from the store.
     std::fs::write(&mirror, "garbage\n").unwrap();
     let out = dir.path().join("exported");
-    let path = j.export("r", &out).unwrap();
+    let path = j
+        .export(&cairn_events::RunId::parse("r").unwrap(), &out)
+        .unwrap();
     assert_eq!(path, out.join("r/events.ndjson"));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
-    let path = j.export("r", &logs).unwrap();
+    let path = j
+        .export(&cairn_events::RunId::parse("r").unwrap(), &logs)
+        .unwrap();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
     assert!(matches!(
-        j.export("ghost", &out),
+        j.export(&cairn_events::RunId::parse("ghost").unwrap(), &out),
         Err(StoreError::RunNotFound(_))
     ));
     j.close();
@@ -226,7 +286,10 @@ async fn subscribe_replays_then_follows_live_without_seam() {
     let other = open(&db, None);
     for iter in 0..20u64 {
         let run = format!("r{iter}");
-        let log = Arc::new(j.run_log(&run).unwrap());
+        let log = Arc::new(
+            j.run_log(&cairn_events::RunId::parse(&run).unwrap())
+                .unwrap(),
+        );
         let total = 300 + iter * 37;
         let writer = {
             let log = log.clone();
@@ -245,10 +308,15 @@ async fn subscribe_replays_then_follows_live_without_seam() {
         for k in 0..6u64 {
             // Subscribe at different moments, from different points.
             tokio::time::sleep(Duration::from_micros(300 * k)).await;
-            let committed = j.backend().last_seq(&run).unwrap();
+            let committed = j
+                .backend()
+                .last_seq(&cairn_events::RunId::parse(&run).unwrap())
+                .unwrap();
             let after = (committed * k / 6).min(total - 1);
             let journal = if k % 3 == 2 { &other } else { &j };
-            let sub = journal.subscribe(&run, after).unwrap();
+            let sub = journal
+                .subscribe(&cairn_events::RunId::parse(&run).unwrap(), after)
+                .unwrap();
             subs.push(tokio::spawn(
                 async move { (after, drain(sub, after).await) },
             ));
@@ -262,7 +330,9 @@ async fn subscribe_replays_then_follows_live_without_seam() {
             assert_eq!(got.last().copied(), Some(total), "after {after}");
         }
         // Subscribing right after the terminal event ends at once.
-        let mut sub = j.subscribe(&run, total).unwrap();
+        let mut sub = j
+            .subscribe(&cairn_events::RunId::parse(&run).unwrap(), total)
+            .unwrap();
         assert!(sub.next().await.is_none());
     }
     j.close();
@@ -273,16 +343,21 @@ async fn subscribe_replays_then_follows_live_without_seam() {
 async fn subscription_continues_across_resume_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let j = open(&dir.path().join("s.db"), None);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     log.append(Scope::run(), finished());
     log.sync().await.unwrap();
-    let mut sub = j.subscribe("r", 0).unwrap().stop_at_terminal(false);
+    let mut sub = j
+        .subscribe(&cairn_events::RunId::parse("r").unwrap(), 0)
+        .unwrap()
+        .stop_at_terminal(false);
     assert_eq!(sub.next().await.unwrap().unwrap().seq, 1);
     assert_eq!(sub.next().await.unwrap().unwrap().seq, 2);
     drop(log);
     let log = loop {
-        match j.run_log("r") {
+        match j.run_log(&cairn_events::RunId::parse("r").unwrap()) {
             Ok(l) => break l,
             Err(StoreError::LeaseHeld { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
             Err(e) => panic!("{e}"),
@@ -302,9 +377,13 @@ async fn subscription_continues_across_resume_when_asked() {
 async fn lagging_subscriber_catches_up_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let j = open(&dir.path().join("s.db"), None);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append_durable(Scope::run(), started()).await.unwrap();
-    let mut sub = j.subscribe("r", 0).unwrap();
+    let mut sub = j
+        .subscribe(&cairn_events::RunId::parse("r").unwrap(), 0)
+        .unwrap();
     let mut all = j.subscribe_all();
     assert_eq!(sub.next().await.unwrap().unwrap().seq, 1);
     // Far more than the live channels keep, while the subscriber reads
@@ -336,9 +415,14 @@ async fn lagging_subscriber_catches_up_from_the_store() {
 async fn a_subscriber_falling_behind_again_and_again_sees_every_event_once() {
     let dir = tempfile::tempdir().unwrap();
     let j = open(&dir.path().join("s.db"), None);
-    let log = Arc::new(j.run_log("r").unwrap());
+    let log = Arc::new(
+        j.run_log(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+    );
     log.append_durable(Scope::run(), started()).await.unwrap();
-    let mut sub = j.subscribe("r", 0).unwrap();
+    let mut sub = j
+        .subscribe(&cairn_events::RunId::parse("r").unwrap(), 0)
+        .unwrap();
     let writer = {
         let log = log.clone();
         tokio::spawn(async move {
@@ -377,8 +461,13 @@ async fn finished_runs_are_forgotten() {
     let j = open(&dir.path().join("s.db"), None);
     for i in 0..60 {
         let run = format!("r{i}");
-        let log = j.run_log(&run).unwrap();
-        let sub = (i % 3 != 0).then(|| j.subscribe(&run, 0).unwrap());
+        let log = j
+            .run_log(&cairn_events::RunId::parse(&run).unwrap())
+            .unwrap();
+        let sub = (i % 3 != 0).then(|| {
+            j.subscribe(&cairn_events::RunId::parse(&run).unwrap(), 0)
+                .unwrap()
+        });
         log.append(Scope::run(), started());
         log.append_durable(Scope::run(), finished()).await.unwrap();
         if let Some(mut sub) = sub {
@@ -396,7 +485,9 @@ async fn finished_runs_are_forgotten() {
             drop(log);
         }
         // A watcher of a finished run, from the store alone.
-        let mut late = j.subscribe(&run, 1).unwrap();
+        let mut late = j
+            .subscribe(&cairn_events::RunId::parse(&run).unwrap(), 1)
+            .unwrap();
         assert_eq!(late.next().await.unwrap().unwrap().seq, 2);
         assert!(late.next().await.is_none());
     }
@@ -416,12 +507,21 @@ fn lease_is_exclusive_across_journals() {
     let db = dir.path().join("s.db");
     let a = open(&db, None);
     let b = open(&db, None);
-    let log = a.run_log("r").unwrap();
+    let log = a
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
-    assert!(matches!(b.run_log("r"), Err(StoreError::LeaseHeld { ref run }) if run == "r"));
-    assert!(matches!(a.run_log("r"), Err(StoreError::LeaseHeld { .. })));
+    assert!(
+        matches!(b.run_log(&cairn_events::RunId::parse("r").unwrap()), Err(StoreError::LeaseHeld { ref run }) if run == "r")
+    );
+    assert!(matches!(
+        a.run_log(&cairn_events::RunId::parse("r").unwrap()),
+        Err(StoreError::LeaseHeld { .. })
+    ));
     // Other runs and other writes are not blocked meanwhile.
-    let other = b.run_log("s").unwrap();
+    let other = b
+        .run_log(&cairn_events::RunId::parse("s").unwrap())
+        .unwrap();
     b.backend()
         .create_run(&run_record("s", "pending", 1))
         .unwrap();
@@ -429,7 +529,7 @@ fn lease_is_exclusive_across_journals() {
     drop(log);
     // The lease goes once the writer has committed what was queued before.
     let log = loop {
-        match b.run_log("r") {
+        match b.run_log(&cairn_events::RunId::parse("r").unwrap()) {
             Ok(l) => break l,
             Err(StoreError::LeaseHeld { .. }) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
@@ -449,7 +549,9 @@ fn child_holds_lease() {
         return;
     };
     let j = open(std::path::Path::new(&db), None);
-    let log = j.run_log("shared").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("shared").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     log.sync_blocking().unwrap();
     println!("LOCKED");
@@ -483,17 +585,24 @@ fn lease_is_held_by_another_process_until_it_dies() {
     }
     let j = open(&db, None);
     assert!(matches!(
-        j.run_log("shared"),
+        j.run_log(&cairn_events::RunId::parse("shared").unwrap()),
         Err(StoreError::LeaseHeld { .. })
     ));
     // Another process may still read and queue controls while it runs.
     j.backend()
         .create_run(&run_record("shared", "running", 1))
         .unwrap();
-    assert_eq!(j.backend().last_seq("shared").unwrap(), 1);
+    assert_eq!(
+        j.backend()
+            .last_seq(&cairn_events::RunId::parse("shared").unwrap())
+            .unwrap(),
+        1
+    );
     child.kill().unwrap(); // SIGKILL: the kernel releases the flock.
     child.wait().unwrap();
-    let log = j.run_log("shared").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("shared").unwrap())
+        .unwrap();
     assert_eq!(
         log.append(Scope::run(), started()).seq,
         cairn_events::Seq(2)
@@ -509,7 +618,9 @@ async fn subscribing_after_a_finished_runs_end_ends_at_once() {
     j.backend()
         .create_run(&run_record("r", "pending", 1))
         .unwrap();
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     log.append_durable(
         Scope::run(),
@@ -524,7 +635,9 @@ async fn subscribing_after_a_finished_runs_end_ends_at_once() {
     // Let the writer give the lease back, as a finished `cairn run` would.
     tokio::time::sleep(Duration::from_millis(50)).await;
     for after in [2, 5] {
-        let mut sub = j.subscribe("r", after).unwrap();
+        let mut sub = j
+            .subscribe(&cairn_events::RunId::parse("r").unwrap(), after)
+            .unwrap();
         let next = tokio::time::timeout(Duration::from_secs(5), sub.next())
             .await
             .expect("a subscription past a finished run's end must end, not hang");
@@ -575,8 +688,12 @@ fn closing_the_journal_moves_the_log_into_the_database_file() {
     let j = open(&db, None);
     // Hold a RunLog of another run so that dropping `r`'s is not this
     // process's last: only the close checkpoints here.
-    let other = j.run_log("other").unwrap();
-    let log = j.run_log("r").unwrap();
+    let other = j
+        .run_log(&cairn_events::RunId::parse("other").unwrap())
+        .unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     append_lines(&log, LARGE);
     log.sync_blocking().unwrap();
     assert!(wal_len(&db) >= cairn_sqlite::CHECKPOINT_FROM);
@@ -585,7 +702,12 @@ fn closing_the_journal_moves_the_log_into_the_database_file() {
     drop(other);
     j.close();
     // The backend (and its connections) is still alive through `j`.
-    assert_eq!(j.backend().last_seq("r").unwrap(), LARGE as u64);
+    assert_eq!(
+        j.backend()
+            .last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        LARGE as u64
+    );
     assert_eq!(wal_len(&db), 0);
     assert_eq!(events_in_main_file(&db), LARGE as i64);
 }
@@ -595,7 +717,9 @@ fn dropping_the_last_run_log_checkpoints_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cairn.db");
     let j = open(&db, None);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     append_lines(&log, LARGE);
     log.sync_blocking().unwrap();
     assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
@@ -618,7 +742,9 @@ fn a_short_runs_log_stays_in_the_wal_for_the_next_process() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cairn.db");
     let j = open(&db, None);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     for i in 0..300 {
         log.append(node("a"), output(&format!("line {i}")));
     }
@@ -633,10 +759,19 @@ fn a_short_runs_log_stays_in_the_wal_for_the_next_process() {
     assert_eq!(events_in_main_file(&db), 0, "the data is in the WAL");
     // The next process reads it back as part of the store.
     let again = open(&db, None);
-    assert_eq!(again.backend().last_seq("r").unwrap(), 300);
+    assert_eq!(
+        again
+            .backend()
+            .last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        300
+    );
     let evs = again
         .backend()
-        .read_events("r", &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse("r").unwrap(),
+            &EventQuery::default(),
+        )
         .unwrap();
     assert_eq!(seqs(&evs), (1..=300).collect::<Vec<_>>());
     again.close();
@@ -647,7 +782,9 @@ fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("cairn.db");
     let j = open(&db, None);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     append_lines(&log, LARGE);
     log.sync_blocking().unwrap();
     // Another process in the middle of a read transaction.

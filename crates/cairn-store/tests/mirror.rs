@@ -82,11 +82,14 @@ fn journal_with_budget(s: &Setup, budget: &Arc<AtomicI64>) -> Journal {
 }
 
 fn from_store(b: &Arc<dyn Backend>, run: &str) -> String {
-    b.read_events(run, &EventQuery::default())
-        .unwrap()
-        .iter()
-        .map(|e| format!("{}\n", e.json))
-        .collect()
+    b.read_events(
+        &cairn_events::RunId::parse(run).unwrap(),
+        &EventQuery::default(),
+    )
+    .unwrap()
+    .iter()
+    .map(|e| format!("{}\n", e.json))
+    .collect()
 }
 
 fn mirror_of(s: &Setup, run: &str) -> String {
@@ -95,7 +98,7 @@ fn mirror_of(s: &Setup, run: &str) -> String {
 
 fn take_log(j: &Journal, run: &str) -> RunLog {
     loop {
-        match j.run_log(run) {
+        match j.run_log(&cairn_events::RunId::parse(run).unwrap()) {
             Ok(l) => return l,
             Err(StoreError::LeaseHeld { .. }) => std::thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
@@ -115,7 +118,9 @@ fn a_write_that_stops_part_way_is_repaired_by_the_next_append() {
     let s = setup();
     let budget = Arc::new(AtomicI64::new(-1));
     let j = journal_with_budget(&s, &budget);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     write_lines(&log, 0, 100);
     // The disk fills up half-way through the next line (one event, so one
@@ -132,7 +137,11 @@ fn a_write_that_stops_part_way_is_repaired_by_the_next_append() {
     budget.store(-1, Ordering::SeqCst);
     write_lines(&log, 106, 3);
     let b = j.backend().clone();
-    assert_eq!(b.last_seq("r").unwrap(), 110);
+    assert_eq!(
+        b.last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        110
+    );
     assert_eq!(mirror_of(&s, "r"), from_store(&b, "r"));
     drop(log);
     j.close();
@@ -143,7 +152,9 @@ fn a_run_that_ends_right_after_a_failed_write_leaves_a_whole_mirror() {
     let s = setup();
     let budget = Arc::new(AtomicI64::new(-1));
     let j = journal_with_budget(&s, &budget);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     write_lines(&log, 0, 50);
     budget.store(25, Ordering::SeqCst);
@@ -223,7 +234,9 @@ fn a_mirror_missing_its_start_is_filled_from_the_store() {
     let s = setup();
     {
         let j = open(&s.db, None);
-        let log = j.run_log("r").unwrap();
+        let log = j
+            .run_log(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap();
         log.append(Scope::run(), started());
         write_lines(&log, 0, 20);
         drop(log);
@@ -242,7 +255,9 @@ fn a_failing_mirror_never_fails_the_run() {
     let s = setup();
     let budget = Arc::new(AtomicI64::new(0));
     let j = journal_with_budget(&s, &budget);
-    let log = j.run_log("r").unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
     log.append(Scope::run(), started());
     write_lines(&log, 0, 10);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -252,7 +267,12 @@ fn a_failing_mirror_never_fails_the_run() {
         .block_on(log.append_durable(Scope::run(), EventKind::RunCancelled { reason: None }))
         .unwrap();
     assert_eq!(ev.seq, cairn_events::Seq(12));
-    assert_eq!(j.backend().last_seq("r").unwrap(), 12);
+    assert_eq!(
+        j.backend()
+            .last_seq(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap(),
+        12
+    );
     drop(log);
     j.close();
     assert_eq!(mirror_of(&s, "r"), from_store(j.backend(), "r"));
@@ -265,7 +285,9 @@ fn lines_longer_than_a_read_chunk_are_repaired_too() {
     let big = |n: usize| "ü".repeat(n);
     {
         let j = open(&s.db, Some(&s.logs));
-        let log = j.run_log("r").unwrap();
+        let log = j
+            .run_log(&cairn_events::RunId::parse("r").unwrap())
+            .unwrap();
         log.append(Scope::run(), started());
         log.append(node("a"), output(&big(50_000)));
         log.append(node("a"), output(&big(90_000)));

@@ -62,7 +62,7 @@ pub fn scores_are_aggregated_per_generation(fresh: Factory<'_>) {
     r.workflow_hash = "old".into();
     b.create_run(&r).unwrap();
     b.put_generation(&GenerationRecord {
-        run_id: "s6".into(),
+        run_id: cairn_events::RunId::parse("s6").unwrap(),
         generation: 1,
         workflow_hash: "new".into(),
         workflow_source: "name: wf".into(),

@@ -202,7 +202,10 @@ pub fn events(dir: &std::path::Path, run: &str) -> Vec<cairn_events::Event> {
     use cairn_store::prelude::*;
     let b = cairn_store::SqliteBackend::open(&dir.join(".cairn/cairn.db")).expect("open the store");
     let evs: Vec<cairn_events::Event> = b
-        .read_events(run, &cairn_store::EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &cairn_store::EventQuery::default(),
+        )
         .unwrap()
         .iter()
         .map(|e| e.decode().unwrap())

@@ -60,7 +60,11 @@ impl Store {
     /// the run is begun (`cairn resume` starts it, `cairn run` refuses the id).
     pub fn run_exists(&self, run: &str) -> bool {
         self.try_open()
-            .and_then(|b| b.get_run(run).ok().flatten())
+            .and_then(|b| {
+                b.get_run(&cairn_events::RunId::parse(run).unwrap())
+                    .ok()
+                    .flatten()
+            })
             .is_some()
     }
 }

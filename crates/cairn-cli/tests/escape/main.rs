@@ -84,7 +84,10 @@ impl Env {
         let backend =
             SqliteBackend::open(&self.root.join(".cairn/cairn.db")).expect("open the store");
         backend
-            .read_events(run, &EventQuery::default())
+            .read_events(
+                &cairn_events::RunId::parse(run).unwrap(),
+                &EventQuery::default(),
+            )
             .expect("read events")
             .iter()
             .map(|s| serde_json::from_str(&s.json).unwrap())

@@ -186,7 +186,10 @@ fn started_of(root: &Path, run: &str, needle: &str) -> usize {
         return 0;
     };
     backend
-        .read_events(run, &EventQuery::default())
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &EventQuery::default(),
+        )
         .map(|evs| {
             evs.into_iter()
                 .filter(|e| e.json.to_string().contains(needle))

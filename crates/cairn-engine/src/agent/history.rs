@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use cairn_agent::AssistantMessage;
-use cairn_events::{ErrorInfo, Event, EventKind, EventType};
+use cairn_events::{ErrorInfo, Event, EventKind, EventType, NodePath, RunId};
 use cairn_store::{EventQuery, ToolCallRecord, ToolCallStatus};
 use serde_json::Value;
 
@@ -49,7 +49,7 @@ impl History {
         if ctx.attempt <= 1 {
             return Ok(History {
                 origin: ctx.attempt.max(1),
-                key_run: ctx.run_id.clone(),
+                key_run: ctx.run_id.to_string(),
                 ..History::default()
             });
         }
@@ -66,7 +66,7 @@ impl History {
                     ..EventQuery::default()
                 },
             )?;
-            let records = backend.tool_calls(&run_id, &node, iteration)?;
+            let records = backend.tool_calls(&run_id, &NodePath::from(&node), iteration)?;
             Ok::<_, cairn_store::StoreError>((events, records))
         })
         .await
@@ -103,7 +103,7 @@ impl History {
                     .await
                     .map_err(|e| NodeError::new("internal", e.to_string()))??
             }
-            _ => ctx.run_id.clone(),
+            _ => ctx.run_id.to_string(),
         };
         let steps = steps_of(finished, ours)?;
         let unanswered = started
@@ -290,8 +290,13 @@ fn key_run_of(
 ) -> Result<String, cairn_store::StoreError> {
     // Each step goes one fork back; a chain longer than this is a loop.
     for _ in 0..64 {
+        // The text comes from the run's own log; one that names no run has
+        // no log to look further back in.
+        let Ok(run) = RunId::parse(&from.run_id) else {
+            break;
+        };
         let first = backend.read_events(
-            &from.run_id,
+            &run,
             &EventQuery {
                 limit: Some(1),
                 ..EventQuery::default()

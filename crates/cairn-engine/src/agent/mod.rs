@@ -357,7 +357,7 @@ impl<'a> Agent<'a> {
         let mut text = render_text(ctx, &self.spec.prompt)?;
         if history.origin == ctx.attempt && ctx.attempt > 1 {
             let backend = ctx.services.journal.backend().clone();
-            let (run, node) = (ctx.run_id.clone(), ctx.node_id.to_string());
+            let (run, node) = (ctx.run_id.clone(), ctx.node_id.clone());
             let (iteration, attempt) = (ctx.iteration, ctx.attempt);
             let earlier = tokio::task::spawn_blocking(move || {
                 crate::earlier_side_effects(backend.as_ref(), &run, &node, iteration, attempt)

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use cairn_events::{
     CancelMechanism, ErrorInfo, Event, EventKind, Level, NodeStatus, RunState, RunStatus, Scope,
 };
-use cairn_events::{InboxReply, RunCommand};
+use cairn_events::{InboxReply, RunCommand, RunId};
 use cairn_store::{Listener, RunLog, Topic};
 use cairn_workflow::{
     Context, NodeKind, NodeSpec, OnFailure, OnInterrupt, RetryPolicy, Templates, Workflow,
@@ -136,7 +136,7 @@ enum Pause {
 }
 
 pub(crate) struct Driver {
-    run_id: String,
+    run_id: RunId,
     wf: Arc<Workflow>,
     templates: Arc<Templates>,
     log: Arc<RunLog>,
@@ -205,7 +205,7 @@ pub(crate) struct Driver {
 }
 
 pub(crate) struct DriverInit {
-    pub run_id: String,
+    pub run_id: RunId,
     pub wf: Arc<Workflow>,
     pub templates: Arc<Templates>,
     pub log: Arc<RunLog>,

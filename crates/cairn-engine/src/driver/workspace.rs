@@ -258,7 +258,7 @@ async fn retry_revert(
         .await
         .map_err(|e| ErrorInfo::new("store", e.to_string()))?;
     let (store, root, exclude) = ws.clone();
-    let (run, target) = (log.run_id().to_string(), snapshot.to_string());
+    let (run, target) = (log.run_id().clone(), snapshot.to_string());
     let planned = tokio::task::spawn_blocking(move || {
         let events = shell::history_events(backend.as_ref(), &run, Some(&failed.node))
             .map_err(|e| e.to_string())?;

@@ -202,7 +202,7 @@ const HISTORY_TYPES: [EventType; 8] = [
 /// `node` is given), in seq order.
 pub(crate) fn history_events(
     backend: &dyn cairn_store::Backend,
-    run_id: &str,
+    run_id: &cairn_events::RunId,
     node: Option<&str>,
 ) -> Result<Vec<cairn_events::Event>, crate::EngineError> {
     let rows = backend.read_events(

@@ -27,7 +27,10 @@ pub fn stored(engine: &Engine, run: &str) -> Vec<Event> {
     let events: Vec<Event> = engine
         .journal()
         .backend()
-        .read_events(run, &Default::default())
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &Default::default(),
+        )
         .unwrap()
         .iter()
         .map(|s| s.decode().unwrap())

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cairn_events::RunCommand;
+use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_store::prelude::*;
 use cairn_store::{
     EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError,
@@ -63,12 +63,12 @@ impl EventLog for Counting {
         r
     }
 
-    fn read_events(&self, run_id: &str, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.timed(|| self.inner.read_events(run_id, q))
     }
 
-    fn last_seq(&self, run_id: &str) -> Result<u64, StoreError> {
+    fn last_seq(&self, run_id: &RunId) -> Result<u64, StoreError> {
         self.last_seqs.fetch_add(1, Ordering::Relaxed);
         self.timed(|| self.inner.last_seq(run_id))
     }
@@ -83,11 +83,11 @@ impl Runs for Counting {
         self.inner.create_run(rec)
     }
 
-    fn discard_unstarted_run(&self, run_id: &str) -> Result<bool, StoreError> {
+    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError> {
         self.inner.discard_unstarted_run(run_id)
     }
 
-    fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+    fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
         self.inner.get_run(run_id)
     }
 
@@ -95,7 +95,7 @@ impl Runs for Counting {
         self.inner.list_runs(f)
     }
 
-    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+    fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<RunId>, StoreError> {
         self.inner.delete_finished_before(cutoff_ms)
     }
 }
@@ -107,7 +107,7 @@ impl Generations for Counting {
 
     fn generation(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         generation: u64,
     ) -> Result<Option<cairn_store::GenerationRecord>, StoreError> {
         self.inner.generation(run_id, generation)
@@ -115,7 +115,7 @@ impl Generations for Counting {
 }
 
 impl Leases for Counting {
-    fn try_lock_run(&self, run_id: &str) -> Result<Option<Box<dyn RunLease>>, StoreError> {
+    fn try_lock_run(&self, run_id: &RunId) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         self.inner.try_lock_run(run_id)
     }
 }
@@ -127,8 +127,8 @@ impl ToolCalls for Counting {
 
     fn tool_calls(
         &self,
-        run_id: &str,
-        node_id: &str,
+        run_id: &RunId,
+        node_id: &NodePath,
         iteration: u32,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
         self.inner.tool_calls(run_id, node_id, iteration)
@@ -136,11 +136,11 @@ impl ToolCalls for Counting {
 }
 
 impl Inbox for Counting {
-    fn put_command(&self, run_id: &str, command: &RunCommand) -> Result<u64, StoreError> {
+    fn put_command(&self, run_id: &RunId, command: &RunCommand) -> Result<u64, StoreError> {
         self.inner.put_command(run_id, command)
     }
 
-    fn pending_commands(&self, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
+    fn pending_commands(&self, run_id: &RunId) -> Result<Vec<InboxEntry>, StoreError> {
         self.inner.pending_commands(run_id)
     }
 
@@ -158,7 +158,7 @@ impl Processes for Counting {
         self.inner.remove_process(id)
     }
 
-    fn processes(&self, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
+    fn processes(&self, run_id: &RunId) -> Result<Vec<ProcessRecord>, StoreError> {
         self.inner.processes(run_id)
     }
 }

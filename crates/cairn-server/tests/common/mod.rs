@@ -99,7 +99,7 @@ impl TestServer {
         self.journal
             .backend()
             .create_run(&RunRecord {
-                run_id: run_id.into(),
+                run_id: cairn_events::RunId::parse(run_id).unwrap(),
                 workflow: "manual".into(),
                 workflow_path: "/dev/null".into(),
                 workflow_hash: "h".into(),
@@ -111,7 +111,10 @@ impl TestServer {
                 parent_run_id: None,
             })
             .unwrap();
-        let log = self.journal.run_log(run_id).unwrap();
+        let log = self
+            .journal
+            .run_log(&cairn_events::RunId::parse(run_id).unwrap())
+            .unwrap();
         log.append(
             Scope::run(),
             EventKind::RunStarted {
@@ -132,7 +135,10 @@ impl TestServer {
     pub fn stored(&self, run_id: &str) -> Vec<String> {
         self.journal
             .backend()
-            .read_events(run_id, &EventQuery::default())
+            .read_events(
+                &cairn_events::RunId::parse(run_id).unwrap(),
+                &EventQuery::default(),
+            )
             .unwrap()
             .into_iter()
             .map(|e| e.json.to_string())

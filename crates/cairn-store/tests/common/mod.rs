@@ -8,7 +8,7 @@ use cairn_store::{Journal, JournalOptions, RunRecord};
 
 pub fn run_record(run_id: &str, status: &str, created_ms: i64) -> RunRecord {
     RunRecord {
-        run_id: run_id.into(),
+        run_id: cairn_events::RunId::parse(run_id).unwrap(),
         workflow: "wf".into(),
         workflow_path: "wf.yaml".into(),
         workflow_hash: "abc".into(),
