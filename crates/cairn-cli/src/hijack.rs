@@ -19,7 +19,7 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
     let by = std::env::var("USER").ok();
     let asked = engine
         .send(
-            &a.run,
+            &run,
             RunCommand::Hijack {
                 node_id: a.node.clone(),
                 by,
@@ -88,7 +88,7 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
                     }
                 };
                 engine
-                    .answer(&a.run, request_id, Value::String(answer.into()), None)
+                    .answer(&run, request_id, Value::String(answer.into()), None)
                     .await?;
             }
             EventKind::InputRequested { request_id, .. }
@@ -122,7 +122,7 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
                     }
                 };
                 engine
-                    .answer(&a.run, request_id, Value::String(text), None)
+                    .answer(&run, request_id, Value::String(text), None)
                     .await?;
             }
             EventKind::RunHijacked { resumed, .. } if ours => {

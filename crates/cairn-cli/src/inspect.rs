@@ -172,7 +172,7 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         None => {
             let engine = store::engine(g, false)?;
             let rec = store::require_run(engine.journal(), &a.run)?;
-            let st = engine.state(&a.run)?;
+            let st = engine.state(&rec.run_id)?;
             let meta = RunMeta {
                 workflow: &rec.workflow,
                 status: rec.status.as_str(),

@@ -13,10 +13,10 @@ use crate::store;
 /// the plan and exits as the revert would (0, or 5 for conflicts).
 pub async fn revert(g: &Global, a: RevertArgs) -> anyhow::Result<u8> {
     let engine = store::engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let r = engine
         .revert(
-            &a.run,
+            &run,
             RevertRequest {
                 node: a.node,
                 iteration: a.iteration,

@@ -101,9 +101,9 @@ pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
     let session = Session::new(&engine, &run, &a.display, from)?;
     let opts = StartOptions {
         watch: a.watch,
-        ..session.start_options(&a.display, &a.run)
+        ..session.start_options(&a.display, &run)
     };
-    let handle = engine.resume(&a.run, opts).await;
+    let handle = engine.resume(&run, opts).await;
     session.drive(&engine, handle, &telemetry).await
 }
 
@@ -144,19 +144,17 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
         .as_deref()
         .map(|i| parse_input(Some(i)))
         .transpose()?;
-    if let Some(id) = &a.run_id {
-        check_run_id(id)?;
-    }
+    let run_id = a.run_id.as_deref().map(check_run_id).transpose()?;
     let (engine, telemetry) = store::driving_engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let from = store::require_run(engine.journal(), &a.run)?.run_id;
     let forked = engine
         .fork(
-            &a.run,
+            &from,
             cairn_engine::ForkRequest {
                 at: cairn_engine::ForkPoint::parse(&a.at),
                 input,
                 workflow: wf,
-                run_id: a.run_id.clone(),
+                run_id,
                 force: a.force,
                 dry_run: a.dry_run,
             },
@@ -292,10 +290,10 @@ impl Session {
         })
     }
 
-    fn start_options(&self, d: &DisplayArgs, run_id: &str) -> StartOptions {
+    fn start_options(&self, d: &DisplayArgs, run_id: &RunId) -> StartOptions {
         let appended = self.appended.clone();
         StartOptions {
-            run_id: Some(run_id.to_string()),
+            run_id: Some(run_id.clone()),
             max_concurrency: d.max_concurrency.map(|n| n as usize),
             exit_on_wait: d.exit_on_wait,
             observer: Some(Arc::new(move |e: &Event| {
@@ -497,7 +495,7 @@ async fn read_line(prompt: String) -> Option<String> {
 /// refused one says why), someone answers elsewhere, or stdin ends.
 async fn answer_inline(
     engine: &Engine,
-    run_id: &str,
+    run_id: &RunId,
     ask: &Ask,
     request_id: &str,
     schema: Option<&serde_json::Value>,
@@ -544,10 +542,10 @@ pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
     // A run no process drives is driven here to apply the command (and
     // may end): its trace is exported like any run's.
     let (engine, telemetry) = store::driving_engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let by = a.by.or_else(|| std::env::var("USER").ok());
     let value = parse_answer(&a.answer);
-    let r = engine.answer(&a.run, &a.request_id, value, by).await;
+    let r = engine.answer(&run, &a.request_id, value, by).await;
     engine.journal().close();
     telemetry.finish().await;
     r?;
@@ -560,9 +558,9 @@ pub async fn decide(g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result
     // A run no process drives is driven here to apply the command (and
     // may end): its trace is exported like any run's.
     let (engine, telemetry) = store::driving_engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let by = a.by.or_else(|| std::env::var("USER").ok());
-    let r = engine.decide(&a.run, &a.node, approved, a.note, by).await;
+    let r = engine.decide(&run, &a.node, approved, a.note, by).await;
     engine.journal().close();
     telemetry.finish().await;
     r?;
@@ -580,9 +578,9 @@ pub async fn cancel(g: &Global, a: CancelArgs) -> anyhow::Result<u8> {
     // A run no process drives is driven here to apply the command (and
     // may end): its trace is exported like any run's.
     let (engine, telemetry) = store::driving_engine(g, false)?;
-    store::require_run(engine.journal(), &a.run)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let by = std::env::var("USER").ok();
-    let r = engine.cancel(&a.run, a.graceful, a.reason, by).await;
+    let r = engine.cancel(&run, a.graceful, a.reason, by).await;
     engine.journal().close();
     telemetry.finish().await;
     r?;

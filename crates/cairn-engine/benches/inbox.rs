@@ -75,7 +75,7 @@ fn drive(dir: &Path, n: usize) {
     let outcome = runtime().block_on(async {
         let wf = cairn_workflow::load(&path).unwrap();
         let opts = StartOptions {
-            run_id: Some("bench".into()),
+            run_id: Some(cairn_events::RunId::parse("bench").unwrap()),
             ..StartOptions::default()
         };
         engine

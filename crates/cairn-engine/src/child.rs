@@ -342,7 +342,7 @@ impl NodeCtx {
         });
         (
             StartOptions {
-                run_id: Some(child.to_string()),
+                run_id: Some(child.clone()),
                 max_concurrency: None,
                 exit_on_wait: self.exit_on_wait,
                 observer: Some(observer),

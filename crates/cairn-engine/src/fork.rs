@@ -68,7 +68,7 @@ pub struct ForkRequest {
     /// reload at the point: `WorkflowReloaded`).
     pub workflow: Option<Workflow>,
     /// The fork's id; generated when absent.
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// Overwrite paths that something else changed since the run did.
     pub force: bool,
     /// Plan only: no files touched, no run made.
@@ -125,12 +125,8 @@ impl Engine {
     /// Makes a fork of `from` (see the module's documentation): restores
     /// the files, then writes the fork's record, its copied log and calls.
     /// The fork is not driven: [`Engine::resume`] it.
-    pub async fn fork(&self, from: &str, req: ForkRequest) -> Result<Forked, EngineError> {
-        let run_id = match &req.run_id {
-            Some(id) => RunId::parse(id)?,
-            None => crate::new_run_id(),
-        };
-        let from = &RunId::parse(from)?;
+    pub async fn fork(&self, from: &RunId, req: ForkRequest) -> Result<Forked, EngineError> {
+        let run_id = req.run_id.clone().unwrap_or_else(crate::new_run_id);
         let id = from.clone();
         let (rec, events) = self
             .blocking(move |e| {

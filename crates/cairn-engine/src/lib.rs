@@ -139,7 +139,7 @@ pub use touched::{Conflict, FilesPlan};
 #[derive(Default, Clone)]
 pub struct StartOptions {
     /// The run's id; generated when absent.
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// Most leaf nodes running at once (overrides the workflow's `concurrency`).
     pub max_concurrency: Option<usize>,
     /// Return [`RunOutcome::Waiting`] instead of waiting for a person.
@@ -216,7 +216,7 @@ pub const DEFAULT_MAX_DEPTH: u32 = 8;
 /// A run being driven by this engine.
 pub struct RunHandle {
     /// The run's id.
-    pub run_id: String,
+    pub run_id: RunId,
     join: tokio::task::JoinHandle<RunOutcome>,
 }
 
@@ -397,10 +397,7 @@ impl Engine {
             return Err(EngineError::ShuttingDown);
         }
         wf.validate_input(&input)?;
-        let run_id = match &opts.run_id {
-            Some(id) => RunId::parse(id)?,
-            None => new_run_id(),
-        };
+        let run_id = opts.run_id.clone().unwrap_or_else(new_run_id);
         // The files the workflow refers to, read now and kept with the
         // run: what it will use, whatever a node writes to them later
         // (`reload::pin`). A child takes them from its parent's.
@@ -574,10 +571,7 @@ impl Engine {
             }
             outcome
         });
-        RunHandle {
-            run_id: run_id.to_string(),
-            join,
-        }
+        RunHandle { run_id, join }
     }
 
     /// Starts watching the files of a run of `wf`; the receiver is its
@@ -595,11 +589,14 @@ impl Engine {
 
     /// Resumes a run that a crash, a shutdown or `--exit-on-wait` left
     /// unfinished. Finished nodes are never run again.
-    pub async fn resume(&self, run_id: &str, opts: StartOptions) -> Result<RunHandle, EngineError> {
+    pub async fn resume(
+        &self,
+        run_id: &RunId,
+        opts: StartOptions,
+    ) -> Result<RunHandle, EngineError> {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
-        let run_id = &RunId::parse(run_id)?;
         self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
@@ -692,7 +689,7 @@ impl Engine {
     /// whose lease is free (runs a crashed or stopped server was driving),
     /// so that their nodes go on and decisions sent to them take effect.
     /// Returns their ids.
-    pub async fn resume_interrupted(&self) -> Vec<String> {
+    pub async fn resume_interrupted(&self) -> Vec<RunId> {
         let runs = self
             .blocking(|e| {
                 let mut runs = Vec::new();
@@ -723,15 +720,14 @@ impl Engine {
                 .await
                 .is_ok()
             {
-                resumed.push(r.run_id.to_string());
+                resumed.push(r.run_id);
             }
         }
         resumed
     }
 
     /// Folds a run's log into its state (the one reducer).
-    pub fn state(&self, run_id: &str) -> Result<RunState, EngineError> {
-        let run_id = &RunId::parse(run_id)?;
+    pub fn state(&self, run_id: &RunId) -> Result<RunState, EngineError> {
         if self.backend().get_run(run_id)?.is_none() {
             return Err(EngineError::run_not_found(run_id));
         }
@@ -768,14 +764,8 @@ impl Engine {
     }
 
     /// Runs driven by this engine right now.
-    pub fn active_runs(&self) -> Vec<String> {
-        self.inner
-            .active
-            .lock()
-            .unwrap()
-            .iter()
-            .map(RunId::to_string)
-            .collect()
+    pub fn active_runs(&self) -> Vec<RunId> {
+        self.inner.active.lock().unwrap().iter().cloned().collect()
     }
 
     fn require_run(&self, run_id: &RunId) -> Result<RunRecord, EngineError> {
@@ -790,7 +780,7 @@ impl Engine {
         self.blocking(move |e| e.require_run(&id)).await
     }
 
-    fn is_active(&self, run_id: &str) -> bool {
+    fn is_active(&self, run_id: &RunId) -> bool {
         self.inner.active.lock().unwrap().contains(run_id)
     }
 
@@ -801,8 +791,7 @@ impl Engine {
     /// process drives the run, this engine takes its lease and applies the
     /// command with the run's own driver: it then stops at the next wait,
     /// or, with [`EngineOptions::adopt_idle_runs`], goes on driving the run.
-    pub async fn send(&self, run_id: &str, command: RunCommand) -> Result<Event, EngineError> {
-        let run_id = &RunId::parse(run_id)?;
+    pub async fn send(&self, run_id: &RunId, command: RunCommand) -> Result<Event, EngineError> {
         let (mut events, id) = self.post_command(run_id, &command).await?;
         let mut applier: Option<RunHandle> = None;
         let deadline = tokio::time::Instant::now() + COMMAND_WAIT;
@@ -1041,7 +1030,7 @@ impl Engine {
     /// decision is durable.
     pub async fn decide(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         node_id: &str,
         approved: bool,
         note: Option<String>,
@@ -1061,7 +1050,7 @@ impl Engine {
     /// Returns once `RunCancelRequested` is durable.
     pub async fn cancel(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         graceful: bool,
         reason: Option<String>,
         by: Option<String>,
@@ -1081,7 +1070,7 @@ impl Engine {
     /// Answers a question a node asked a person ([`Engine::send`]).
     pub async fn answer(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         request_id: &str,
         answer: Value,
         by: Option<String>,
@@ -1122,7 +1111,7 @@ impl Engine {
 /// A stored event of `run_id`, decoded. A row that does not decode is the
 /// run's damage, not the database file's: `BadRow` names the run.
 pub(crate) fn decode_row(
-    run_id: &str,
+    run_id: &RunId,
     stored: &cairn_store::StoredEvent,
 ) -> Result<Event, EngineError> {
     stored.decode().map_err(|e| {
@@ -1226,7 +1215,7 @@ fn process_start_ms(pid: u32) -> Option<i64> {
 
 /// Why a decision for `node_id` finds no gate waiting for it: the run
 /// never had the node, or the node stands elsewhere.
-pub(crate) fn not_waiting(run_id: &str, node_id: &str, state: &RunState) -> EngineError {
+pub(crate) fn not_waiting(run_id: &RunId, node_id: &str, state: &RunState) -> EngineError {
     let node = node_id.into();
     EngineError::for_run(run_id, |run| match state.latest(node_id) {
         None => EngineError::NodeNotFound { run, node },
@@ -1259,7 +1248,7 @@ pub fn earlier_side_effects(
 /// driver's refusal, or an error when the log ends or cannot be read), or
 /// nothing yet. An event that cannot be decoded is an error of its own.
 fn answer_in(
-    run_id: &str,
+    run_id: &RunId,
     command: &RunCommand,
     id: u64,
     next: Option<Result<Arc<cairn_store::StoredEvent>, cairn_store::SubscribeError>>,

@@ -79,8 +79,11 @@ impl Engine {
     /// for a node, pass or attempt without a snapshot. A restore that fails is
     /// logged (`RevertFinished` with `success: false`) and returned in
     /// [`Reverted::error`].
-    pub async fn revert(&self, run_id: &str, req: RevertRequest) -> Result<Reverted, EngineError> {
-        let run_id = &RunId::parse(run_id)?;
+    pub async fn revert(
+        &self,
+        run_id: &RunId,
+        req: RevertRequest,
+    ) -> Result<Reverted, EngineError> {
         self.require_run_off(run_id).await?;
         let log = match self.take_log(run_id).await {
             Ok(l) => Arc::new(l),
@@ -111,7 +114,7 @@ impl Engine {
             }
             None => None,
         };
-        let (iteration, attempt, snapshot) = pick(&state, &req)?;
+        let (iteration, attempt, snapshot) = pick(run_id, &state, &req)?;
         let (root, exclude) = self
             .inner
             .services
@@ -371,7 +374,11 @@ async fn open_revert_paths(
 }
 
 /// The pass, attempt and snapshot a request names.
-fn pick(state: &RunState, req: &RevertRequest) -> Result<(u32, u32, String), EngineError> {
+fn pick(
+    run_id: &RunId,
+    state: &RunState,
+    req: &RevertRequest,
+) -> Result<(u32, u32, String), EngineError> {
     let passes: Vec<_> = state
         .nodes
         .iter()
@@ -379,7 +386,7 @@ fn pick(state: &RunState, req: &RevertRequest) -> Result<(u32, u32, String), Eng
         .collect();
     let node = || cairn_events::NodePath::from(req.node.as_str());
     if passes.is_empty() {
-        return Err(EngineError::for_run(&state.run_id, |run| {
+        return Err(EngineError::for_run(run_id, |run| {
             refused(RevertRefusal::NodeNeverStarted { run, node: node() })
         }));
     }

@@ -90,7 +90,7 @@ nodes:
 
 async fn run(engine: &Engine, wf: cairn_workflow::Workflow, run_id: &str) -> RunOutcome {
     let opts = StartOptions {
-        run_id: Some(run_id.into()),
+        run_id: Some(cairn_events::RunId::parse(run_id).unwrap()),
         ..StartOptions::default()
     };
     engine
@@ -268,7 +268,9 @@ async fn limits_fail_the_node_with_their_own_kinds() {
         )
         .await;
         assert!(matches!(outcome, RunOutcome::Failed(_)), "{outcome:?}");
-        let st = engine.state(&run_id).unwrap();
+        let st = engine
+            .state(&cairn_events::RunId::parse(&run_id).unwrap())
+            .unwrap();
         assert_eq!(st.node("a", 0).unwrap().error().unwrap().kind, *kind);
     }
     // An answer that never matches the schema.
@@ -338,7 +340,7 @@ async fn an_agent_stopped_anywhere_repeats_nothing_it_finished() {
             // that every run ends.
             let stop = (sessions < 7).then_some(stop_at + 8 * (sessions - 1));
             let opts = StartOptions {
-                run_id: Some("crash".into()),
+                run_id: Some(cairn_events::RunId::parse("crash").unwrap()),
                 observer: Some(Arc::new(move |_: &Event| {
                     let mut n = s2.lock().unwrap();
                     *n += 1;
@@ -455,7 +457,7 @@ async fn an_agents_question_outlives_the_process_and_its_answer_reaches_the_mode
     );
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
     let opts = StartOptions {
-        run_id: Some("q".into()),
+        run_id: Some(cairn_events::RunId::parse("q").unwrap()),
         exit_on_wait: true,
         ..StartOptions::default()
     };
@@ -542,7 +544,7 @@ async fn parallel_questions_are_answered_each_by_its_own_answer() {
     );
     let engine = Engine::new(journal(dir.path()), EngineOptions::default());
     let opts = StartOptions {
-        run_id: Some("pq".into()),
+        run_id: Some(cairn_events::RunId::parse("pq").unwrap()),
         ..StartOptions::default()
     };
     let handle = engine.start(wf, json!({"task": "x"}), opts).await.unwrap();

@@ -59,7 +59,7 @@ async fn start_with(
         .load_workflow(dir.join(file).to_str().unwrap(), None)
         .unwrap();
     let opts = StartOptions {
-        run_id: Some(run.into()),
+        run_id: Some(cairn_events::RunId::parse(run).unwrap()),
         exit_on_wait,
         ..StartOptions::default()
     };
@@ -183,7 +183,7 @@ async fn cancelling_the_parent_cancels_its_child() {
         .load_workflow(d.join("parent.yaml").to_str().unwrap(), None)
         .unwrap();
     let opts = StartOptions {
-        run_id: Some("p3".into()),
+        run_id: Some(cairn_events::RunId::parse("p3").unwrap()),
         ..StartOptions::default()
     };
     let handle = engine.start(wf, json!({}), opts).await.unwrap();
@@ -198,7 +198,12 @@ async fn cancelling_the_parent_cancels_its_child() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     engine
-        .cancel("p3", false, Some("enough".into()), None)
+        .cancel(
+            &cairn_events::RunId::parse("p3").unwrap(),
+            false,
+            Some("enough".into()),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(handle.wait().await, RunOutcome::Cancelled);
@@ -261,7 +266,9 @@ nodes:
         depth += 1;
     }
     assert_eq!(depth, 3);
-    let st = engine.state(&run).unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse(&run).unwrap())
+        .unwrap();
     let err = st.node("again", 0).unwrap().attempts[0]
         .error
         .clone()
@@ -345,7 +352,7 @@ nodes:
         .load_workflow(d.join("parent.yaml").to_str().unwrap(), None)
         .unwrap();
     let opts = StartOptions {
-        run_id: Some("p6".into()),
+        run_id: Some(cairn_events::RunId::parse("p6").unwrap()),
         ..StartOptions::default()
     };
     let handle = engine.start(wf, json!({}), opts).await.unwrap();

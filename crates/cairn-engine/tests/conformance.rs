@@ -534,13 +534,15 @@ impl Commands {
         late: bool,
     ) -> bool {
         // A sender that hangs is a failure the check reports, with the log.
-        let answer =
-            match tokio::time::timeout(Duration::from_secs(60), engine.send(run, command.clone()))
-                .await
-            {
-                Ok(r) => r.map_err(|e| e.to_string()),
-                Err(_) => Err(format!("{HUNG}: no answer within 60 s")),
-            };
+        let answer = match tokio::time::timeout(
+            Duration::from_secs(60),
+            engine.send(&cairn_events::RunId::parse(run).unwrap(), command.clone()),
+        )
+        .await
+        {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("{HUNG}: no answer within 60 s")),
+        };
         let ok = answer.is_ok();
         self.sent.lock().unwrap().push(Sent {
             marker,
@@ -641,13 +643,17 @@ async fn resume(
     opts: &StartOptions,
 ) -> Result<cairn_engine::RunHandle, RunOutcome> {
     for _ in 0..500 {
-        match within(engine.resume(run_id, opts.clone())).await {
+        match within(engine.resume(&cairn_events::RunId::parse(run_id).unwrap(), opts.clone()))
+            .await
+        {
             Ok(h) => return Ok(h),
             Err(EngineError::LeaseHeld { .. }) => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(e) => {
-                let state = engine.state(run_id).unwrap();
+                let state = engine
+                    .state(&cairn_events::RunId::parse(run_id).unwrap())
+                    .unwrap();
                 return Err(ended(&state).unwrap_or_else(|| panic!("resume: {e}")));
             }
         }
@@ -708,7 +714,7 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
         })
     };
     let opts = StartOptions {
-        run_id: Some(run_id.to_string()),
+        run_id: Some(cairn_events::RunId::parse(run_id).unwrap()),
         max_concurrency: Some(case.concurrency),
         exit_on_wait: case.exit_on_wait,
         observer: Some(observer),
@@ -863,7 +869,9 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
                     outcome = RunOutcome::Cancelled;
                     break;
                 }
-                let state = engine.state(run_id).unwrap();
+                let state = engine
+                    .state(&cairn_events::RunId::parse(run_id).unwrap())
+                    .unwrap();
                 let waiting: Vec<String> = state
                     .nodes
                     .iter()
@@ -878,7 +886,10 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
                     let yes = decisions[&node];
                     if !commands.decide(&sender, run_id, &node, yes, false).await {
                         // An earlier denial may have failed the run.
-                        let ended = engine.state(run_id).unwrap().status;
+                        let ended = engine
+                            .state(&cairn_events::RunId::parse(run_id).unwrap())
+                            .unwrap()
+                            .status;
                         assert!(
                             ended.is_some_and(|s| s.is_terminal()),
                             "offline decision refused: {:?}",
@@ -893,7 +904,9 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
                 // A decision applied while nobody drove the run may have
                 // ended it already: a denied gate failed the run, or the
                 // last gate finished what was left.
-                let state = engine.state(run_id).unwrap();
+                let state = engine
+                    .state(&cairn_events::RunId::parse(run_id).unwrap())
+                    .unwrap();
                 if let Some(o) = ended(&state) {
                     outcome = o;
                     break;
@@ -1576,7 +1589,7 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
         return Err("folds of observer, store and mirror differ".into());
     }
     let engine_state = Engine::new(journal.clone(), EngineOptions::default())
-        .state(&ran.run_id)
+        .state(&cairn_events::RunId::parse(&ran.run_id).unwrap())
         .map_err(|e| e.to_string())?;
     if engine_state != from_store {
         return Err("Engine::state differs from a fresh fold of the store".into());

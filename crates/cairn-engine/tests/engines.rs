@@ -41,7 +41,7 @@ async fn start(
     run: &str,
 ) -> cairn_engine::RunHandle {
     let opts = StartOptions {
-        run_id: Some(run.into()),
+        run_id: Some(cairn_events::RunId::parse(run).unwrap()),
         ..StartOptions::default()
     };
     engine
@@ -301,7 +301,7 @@ async fn run_real(yaml: &str, run: &str) -> (serde_json::Value, Vec<(u64, u64)>)
     let outcome = start(&engine, wf, run).await.wait().await;
     assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
     let output = engine
-        .state(run)
+        .state(&cairn_events::RunId::parse(run).unwrap())
         .unwrap()
         .node("a", 0)
         .unwrap()
@@ -494,7 +494,7 @@ nodes:
     let wf = cairn_workflow::load(&d.join("wf.yaml")).unwrap();
     let engine = Engine::new(journal(d), EngineOptions::default());
     let opts = StartOptions {
-        run_id: Some("o1".into()),
+        run_id: Some(cairn_events::RunId::parse("o1").unwrap()),
         ..StartOptions::default()
     };
     let outcome = engine

@@ -64,7 +64,10 @@ async fn until(rx: &mut mpsc::UnboundedReceiver<Event>, f: impl Fn(&Event) -> bo
 /// Resumes a run on `engine` and waits for the session to end.
 async fn resume_to_end(engine: &Engine, run: &str) -> RunOutcome {
     engine
-        .resume(run, StartOptions::default())
+        .resume(
+            &cairn_events::RunId::parse(run).unwrap(),
+            StartOptions::default(),
+        )
         .await
         .unwrap()
         .wait()
@@ -112,7 +115,7 @@ async fn interrupt_and_resume(dir: &std::path::Path, yaml: &str) -> (Engine, Str
         .start(workflow(dir, yaml), json!({}), opts)
         .await
         .unwrap();
-    let run = h.run_id.clone();
+    let run = h.run_id.to_string();
     until(&mut rx, |e| {
         matches!(
             e.kind,

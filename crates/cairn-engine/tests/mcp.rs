@@ -65,7 +65,7 @@ async fn run(dir: &Path, yaml: &str, turns: &str, run_id: &str) -> (Engine, RunO
         .load_workflow(dir.join("wf.yaml").to_str().unwrap(), None)
         .unwrap();
     let opts = StartOptions {
-        run_id: Some(run_id.into()),
+        run_id: Some(cairn_events::RunId::parse(run_id).unwrap()),
         ..StartOptions::default()
     };
     let outcome = engine

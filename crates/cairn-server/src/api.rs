@@ -539,14 +539,14 @@ async fn start_run(
     let admitted = blocking(crate::descriptors::admit).await?;
     let wf = blocking(move || crate::workflows::load(dir.as_deref(), &name, max)).await?;
     let opts = StartOptions {
-        run_id: body.run_id,
+        run_id: body.run_id.as_deref().map(RunId::parse).transpose()?,
         max_concurrency: body.max_concurrency,
         ..StartOptions::default()
     };
     let input = body.input.unwrap_or_else(|| json!({}));
     let handle = state.engine().start(wf, input, opts).await?;
     drop(admitted);
-    let run_id = handle.run_id.clone();
+    let run_id = handle.run_id.to_string();
     // The run goes on in the engine; nobody here waits for its end.
     drop(handle);
     Ok((StatusCode::CREATED, Json(RunAccepted { run_id })).into_response())
@@ -739,10 +739,10 @@ async fn decide(
     Path((id, node)): Path<(String, String)>,
     JsonBody(body): JsonBody<DecideBody>,
 ) -> Result<Json<Decided>, ApiError> {
-    existing_run(&state, &id).await?;
+    let run = existing_run(&state, &id).await?.run_id;
     state
         .engine()
-        .decide(&id, &node, body.approved, body.note, body.by)
+        .decide(&run, &node, body.approved, body.note, body.by)
         .await?;
     Ok(Json(Decided {
         run_id: id,
@@ -756,10 +756,10 @@ async fn answer(
     Path((id, request_id)): Path<(String, String)>,
     JsonBody(body): JsonBody<AnswerBody>,
 ) -> Result<Json<Answered>, ApiError> {
-    existing_run(&state, &id).await?;
+    let run = existing_run(&state, &id).await?.run_id;
     state
         .engine()
-        .answer(&id, &request_id, body.value, body.by)
+        .answer(&run, &request_id, body.value, body.by)
         .await?;
     Ok(Json(Answered {
         run_id: id,
@@ -772,10 +772,10 @@ async fn cancel(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<CancelBody>,
 ) -> Result<Response, ApiError> {
-    existing_run(&state, &id).await?;
+    let run = existing_run(&state, &id).await?.run_id;
     state
         .engine()
-        .cancel(&id, body.graceful, body.reason, body.by)
+        .cancel(&run, body.graceful, body.reason, body.by)
         .await?;
     let mechanism = CancelMechanism::of(body.graceful);
     Ok((
@@ -800,13 +800,13 @@ async fn resume(
             "the server is stopping and resumes no runs",
         ));
     }
-    existing_run(&state, &id).await?;
+    let run = existing_run(&state, &id).await?.run_id;
     let opts = StartOptions {
         max_concurrency: body.max_concurrency,
         ..StartOptions::default()
     };
-    let handle = state.engine().resume(&id, opts).await?;
-    let run_id = handle.run_id.clone();
+    let handle = state.engine().resume(&run, opts).await?;
+    let run_id = handle.run_id.to_string();
     drop(handle);
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })).into_response())
 }

@@ -232,7 +232,8 @@ impl Server {
         let state = self.state;
         let resumed = state.engine().resume_interrupted().await;
         if !resumed.is_empty() {
-            tracing::info!(runs = ?resumed, "resumed interrupted runs");
+            let runs: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
+            tracing::info!(runs = ?runs, "resumed interrupted runs");
         }
         let metrics_task = tokio::spawn(api::fold_metrics(state.clone()));
         let takeover_task = state
@@ -274,7 +275,8 @@ async fn take_over(state: api::AppState, every: Duration) {
         }
         let resumed = state.engine().resume_interrupted().await;
         if !resumed.is_empty() {
-            tracing::info!(runs = ?resumed, "took over runs whose process stopped");
+            let runs: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
+            tracing::info!(runs = ?runs, "took over runs whose process stopped");
         }
     }
 }

@@ -663,8 +663,8 @@ impl Session {
                 graceful,
                 by,
             } => {
-                existing_run(&state, &run_id).await?;
-                state.engine().cancel(&run_id, graceful, reason, by).await?;
+                let run = existing_run(&state, &run_id).await?.run_id;
+                state.engine().cancel(&run, graceful, reason, by).await?;
                 Ok(reply(cairn_api::Cancelled {
                     run_id,
                     mechanism: cairn_api::CancelMechanism::of(graceful),
@@ -688,11 +688,8 @@ impl Session {
                 value,
                 by,
             } => {
-                existing_run(&state, &run_id).await?;
-                state
-                    .engine()
-                    .answer(&run_id, &request_id, value, by)
-                    .await?;
+                let run = existing_run(&state, &run_id).await?.run_id;
+                state.engine().answer(&run, &request_id, value, by).await?;
                 Ok(reply(cairn_api::Answered { run_id, request_id }))
             }
         }
@@ -707,10 +704,10 @@ async fn decide(
     note: Option<String>,
     by: Option<String>,
 ) -> Result<Value, ApiError> {
-    existing_run(state, &run_id).await?;
+    let run = existing_run(state, &run_id).await?.run_id;
     state
         .engine()
-        .decide(&run_id, &node_id, approved, note, by)
+        .decide(&run, &node_id, approved, note, by)
         .await?;
     Ok(reply(cairn_api::Decided {
         run_id,

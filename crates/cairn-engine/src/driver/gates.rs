@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use cairn_events::{EventKind, NodeState, NodeStatus, Question, RunStatus, Scope};
+use cairn_events::{EventKind, NodeState, NodeStatus, Question, RunId, RunStatus, Scope};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -294,7 +294,7 @@ impl Gates {
 /// asked, not answered yet, and the answer matches its schema. Returns the
 /// node pass that asked.
 pub(super) fn answerable(
-    run_id: &str,
+    run_id: &RunId,
     questions: &std::collections::BTreeMap<String, Question>,
     request_id: &str,
     answer: &Value,
@@ -532,15 +532,15 @@ mod tests {
         );
         let q = &state.questions;
         assert!(matches!(
-            answerable("r", q, "q-9", &json!(1)),
+            answerable(&RunId::parse("r").unwrap(), q, "q-9", &json!(1)),
             Err(EngineError::QuestionNotFound { .. })
         ));
         assert!(matches!(
-            answerable("r", q, "q-1", &json!("one")),
+            answerable(&RunId::parse("r").unwrap(), q, "q-1", &json!("one")),
             Err(EngineError::AnswerInvalid { .. })
         ));
         assert_eq!(
-            answerable("r", q, "q-1", &json!(1)).unwrap(),
+            answerable(&RunId::parse("r").unwrap(), q, "q-1", &json!(1)).unwrap(),
             ("ask".into(), 2)
         );
         apply(
@@ -553,7 +553,12 @@ mod tests {
             },
         );
         assert!(matches!(
-            answerable("r", &state.questions, "q-1", &json!(1)),
+            answerable(
+                &RunId::parse("r").unwrap(),
+                &state.questions,
+                "q-1",
+                &json!(1)
+            ),
             Err(EngineError::QuestionAnswered { .. })
         ));
     }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_events::{ErrorInfo, RunState};
+use cairn_events::{ErrorInfo, RunId, RunState};
 use cairn_store::{Backend, RunRecord};
 use cairn_workflow::{Problem, Workflow, WorkflowError};
 use serde_json::json;
@@ -437,7 +437,7 @@ fn text_of_generation(
 }
 
 /// What the store holds of `run_id` does not match its log.
-fn tampered(run_id: &str, problem: IntegrityProblem) -> EngineError {
+fn tampered(run_id: &RunId, problem: IntegrityProblem) -> EngineError {
     EngineError::for_run(run_id, |run| EngineError::Integrity { run, problem })
 }
 

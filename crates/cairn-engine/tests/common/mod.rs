@@ -55,7 +55,10 @@ pub async fn stop_and_resume(
     drop(engine);
     let engine = Engine::new(journal(dir), cairn_engine::EngineOptions::default());
     let outcome = engine
-        .resume(run, cairn_engine::StartOptions::default())
+        .resume(
+            &cairn_events::RunId::parse(run).unwrap(),
+            cairn_engine::StartOptions::default(),
+        )
         .await
         .unwrap()
         .wait()
@@ -65,6 +68,8 @@ pub async fn stop_and_resume(
 
 /// The error of a node's first attempt.
 pub fn first_error(engine: &Engine, run: &str, node: &str) -> cairn_events::ErrorInfo {
-    let st = engine.state(run).unwrap();
+    let st = engine
+        .state(&cairn_events::RunId::parse(run).unwrap())
+        .unwrap();
     (*st.node(node, 0).unwrap().attempts[0].error.clone().unwrap()).clone()
 }
