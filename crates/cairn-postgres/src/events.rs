@@ -370,14 +370,14 @@ fn event_row(db: &Db, run_id: &RunId, r: &Row) -> Result<StoredEvent, StoreError
 }
 
 /// The highest stored seq of a run, 0 when it has none.
-pub(crate) async fn last_seq(db: &Db, run_id: &str) -> Result<u64, StoreError> {
+pub(crate) async fn last_seq(db: &Db, run_id: &RunId) -> Result<u64, StoreError> {
     let client = db.client().await?;
     let st = client
         .prepare_cached(LAST_SEQ)
         .await
         .map_err(|e| db.err(e))?;
     let max: Option<i64> = client
-        .query_one(&st, &[&run_id])
+        .query_one(&st, &[&run_id.as_str()])
         .await
         .and_then(|r| r.try_get(0))
         .map_err(|e| db.err(e))?;

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use cairn_events::RunId;
 use cairn_storage::{RunLease, StoreError};
 
 use crate::db::Db;
@@ -82,7 +83,7 @@ pub(crate) struct Leases {
     /// This process, to judge other owners by.
     me: Holder,
     ttl: Duration,
-    held: Mutex<HashMap<String, Claim>>,
+    held: Mutex<HashMap<RunId, Claim>>,
     /// Tells apart successive leases of one run, so that a late heartbeat
     /// or release of an old one never touches a newer one.
     next_token: AtomicU64,
@@ -118,18 +119,18 @@ impl Leases {
         self.ttl.as_secs_f64()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Claim>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Claim>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Claims `run` locally; `None` if this process holds or is taking it.
-    fn reserve(&self, run: &str) -> Option<u64> {
+    fn reserve(&self, run: &RunId) -> Option<u64> {
         let mut held = self.lock();
         if held.contains_key(run) {
             return None;
         }
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        held.insert(run.to_string(), Claim { token, live: false });
+        held.insert(run.clone(), Claim { token, live: false });
         Some(token)
     }
 
@@ -147,7 +148,7 @@ impl Leases {
     }
 
     /// The leases to renew.
-    fn live(&self) -> Vec<(String, u64)> {
+    fn live(&self) -> Vec<(RunId, u64)> {
         self.lock()
             .iter()
             .filter(|(_, c)| c.live)
@@ -209,7 +210,7 @@ fn parse_owner(owner: &str) -> Holder {
 
 /// A run's lease; dropping it deletes its row.
 struct PgLease {
-    run_id: String,
+    run_id: RunId,
     token: u64,
     /// Weak, so that a lease kept past its backend (or leaked) does not keep
     /// the backend's runtime alive: its row then expires like a dead
@@ -231,13 +232,13 @@ impl Shared {
     /// `Backend::try_lock_run`.
     pub(crate) fn try_lock_run(
         self: &Arc<Self>,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Option<Box<dyn RunLease>>, StoreError> {
         let Some(token) = self.leases.reserve(run_id) else {
             return Ok(None);
         };
         let (db, leases) = (self.db.clone(), self.leases.clone());
-        let run = run_id.to_string();
+        let run = run_id.clone();
         let got = self
             .bridge
             .run(async move { take(&db, &leases, &run).await });
@@ -245,7 +246,7 @@ impl Shared {
             Ok(true) => {
                 self.leases.set_live(run_id, token, true);
                 Ok(Some(Box::new(PgLease {
-                    run_id: run_id.to_string(),
+                    run_id: run_id.clone(),
                     token,
                     home: Arc::downgrade(self),
                 })))
@@ -261,7 +262,7 @@ impl Shared {
     /// `try_lock_run` that follows the drop finds the run free in both
     /// places. If the delete fails the row expires by itself (nothing
     /// renews it any more).
-    fn release(&self, run_id: &str, token: u64) {
+    fn release(&self, run_id: &RunId, token: u64) {
         self.leases.set_live(run_id, token, false);
         let db = self.db.clone();
         let run = run_id.to_string();
@@ -278,7 +279,7 @@ impl Shared {
                 .map_err(|e| db.err(e))
         });
         if let Err(e) = done {
-            tracing::warn!(run = run_id, error = %e, "could not release the run's lease; it expires by itself");
+            tracing::warn!(run = %run_id, error = %e, "could not release the run's lease; it expires by itself");
         }
         self.leases.forget(run_id, token);
     }
@@ -287,9 +288,9 @@ impl Shared {
     /// holds it or its holder is seen dead (a `try_lock_run` takes it then).
     pub(crate) fn lease_holder(
         &self,
-        run_id: &str,
+        run_id: &RunId,
     ) -> Result<Option<cairn_storage::LeaseHolder>, StoreError> {
-        let (db, run) = (self.db.clone(), run_id.to_string());
+        let (db, run) = (self.db.clone(), run_id.clone());
         let Some((owner, left)) = self
             .bridge
             .run(async move { holder_row(&db, &run).await })?

@@ -5,7 +5,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
-use cairn_events::{RunCommand, RunId};
+use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
     run_id_from_row, GenerationRecord, InboxEntry, ProcessRecord, StoreError, ToolCallRecord,
     ToolCallStatus,
@@ -83,8 +83,8 @@ pub(crate) async fn put_tool_call(db: &Db, rec: &ToolCallRecord) -> Result<(), S
 /// The tool calls of one node pass, by attempt then tool_seq.
 pub(crate) async fn tool_calls(
     db: &Db,
-    run_id: &str,
-    node_id: &str,
+    run_id: &RunId,
+    node_id: &NodePath,
     iteration: u32,
 ) -> Result<Vec<ToolCallRecord>, StoreError> {
     let client = db.client().await?;
@@ -93,7 +93,10 @@ pub(crate) async fn tool_calls(
         .await
         .map_err(|e| db.err(e))?;
     let rows = client
-        .query(&st, &[&run_id, &node_id, &i64::from(iteration)])
+        .query(
+            &st,
+            &[&run_id.as_str(), &node_id.as_str(), &i64::from(iteration)],
+        )
         .await
         .map_err(|e| db.err(e))?;
     rows.iter().map(|r| tool_call_row(db, r)).collect()
@@ -102,7 +105,7 @@ pub(crate) async fn tool_calls(
 /// Records a command in a run's inbox; `NotFound` for an unknown run.
 pub(crate) async fn put_command(
     db: &Db,
-    run_id: &str,
+    run_id: &RunId,
     command: &RunCommand,
 ) -> Result<u64, StoreError> {
     let text = serde_json::to_string(command).map_err(|e| StoreError::BadRow {
@@ -115,7 +118,7 @@ pub(crate) async fn put_command(
         .await
         .map_err(|e| db.err(e))?;
     let id: i64 = client
-        .query_one(&st, &[&run_id, &text, &now_ms()])
+        .query_one(&st, &[&run_id.as_str(), &text, &now_ms()])
         .await
         .and_then(|r| r.try_get(0))
         .map_err(|e| no_run(db, e, run_id))?;
@@ -123,13 +126,19 @@ pub(crate) async fn put_command(
 }
 
 /// A run's commands not yet taken, oldest first.
-pub(crate) async fn pending_commands(db: &Db, run_id: &str) -> Result<Vec<InboxEntry>, StoreError> {
+pub(crate) async fn pending_commands(
+    db: &Db,
+    run_id: &RunId,
+) -> Result<Vec<InboxEntry>, StoreError> {
     let client = db.client().await?;
     let st = client
         .prepare_cached(PENDING_COMMANDS)
         .await
         .map_err(|e| db.err(e))?;
-    let rows = client.query(&st, &[&run_id]).await.map_err(|e| db.err(e))?;
+    let rows = client
+        .query(&st, &[&run_id.as_str()])
+        .await
+        .map_err(|e| db.err(e))?;
     rows.iter().map(|r| inbox_row(db, r)).collect()
 }
 
@@ -197,13 +206,16 @@ pub(crate) async fn remove_process(db: &Db, id: u64) -> Result<(), StoreError> {
 }
 
 /// The process groups recorded for a run, in insertion order.
-pub(crate) async fn processes(db: &Db, run_id: &str) -> Result<Vec<ProcessRecord>, StoreError> {
+pub(crate) async fn processes(db: &Db, run_id: &RunId) -> Result<Vec<ProcessRecord>, StoreError> {
     let client = db.client().await?;
     let st = client
         .prepare_cached(PROCESSES)
         .await
         .map_err(|e| db.err(e))?;
-    let rows = client.query(&st, &[&run_id]).await.map_err(|e| db.err(e))?;
+    let rows = client
+        .query(&st, &[&run_id.as_str()])
+        .await
+        .map_err(|e| db.err(e))?;
     rows.iter().map(|r| process_row(db, r)).collect()
 }
 

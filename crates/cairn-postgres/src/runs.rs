@@ -95,14 +95,14 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
 
 /// Removes a run's row when no event of it exists (its start was cut
 /// short); true when removed.
-pub(crate) async fn discard_unstarted(db: &Db, run_id: &str) -> Result<bool, StoreError> {
+pub(crate) async fn discard_unstarted(db: &Db, run_id: &RunId) -> Result<bool, StoreError> {
     let client = db.client().await?;
     let n = client
         .execute(
             "DELETE FROM runs WHERE run_id = $1 \
              AND NOT EXISTS (SELECT 1 FROM events \
              WHERE run = (SELECT run FROM event_runs WHERE run_id = $1))",
-            &[&run_id],
+            &[&run_id.as_str()],
         )
         .await
         .map_err(|e| db.err(e))?;
@@ -110,14 +110,14 @@ pub(crate) async fn discard_unstarted(db: &Db, run_id: &str) -> Result<bool, Sto
 }
 
 /// A run's row, if it exists.
-pub(crate) async fn get(db: &Db, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+pub(crate) async fn get(db: &Db, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
     let client = db.client().await?;
     let st = client
         .prepare_cached(GET_RUN)
         .await
         .map_err(|e| db.err(e))?;
     let row = client
-        .query_opt(&st, &[&run_id])
+        .query_opt(&st, &[&run_id.as_str()])
         .await
         .map_err(|e| db.err(e))?;
     row.map(|r| run_row(db, &r)).transpose()
