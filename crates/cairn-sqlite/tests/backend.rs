@@ -88,6 +88,79 @@ fn damaged_store_is_corrupt() {
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
 }
 
+/// Scribbles over page `page` (1-based) of the checkpointed store at `db`.
+fn scribble_page(db: &std::path::Path, page: i64) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    let size: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    drop(c);
+    let mut bytes = std::fs::read(db).unwrap();
+    let start = ((page - 1) * size) as usize;
+    for (i, b) in bytes[start..start + size as usize].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    std::fs::write(db, &bytes).unwrap();
+}
+
+/// A store of many runs, with its `runs` table's root page and one of its
+/// leaves, as SQLite numbers them.
+fn store_of_runs(db: &std::path::Path, runs: usize) -> (i64, i64) {
+    let b = SqliteBackend::open(db).unwrap();
+    for i in 0..runs {
+        b.create_run(&run_record(&format!("r{i}"), "pending", i as i64))
+            .unwrap();
+    }
+    drop(b);
+    let c = rusqlite::Connection::open(db).unwrap();
+    let root: i64 = c
+        .query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'runs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let size: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    drop(c);
+    // An interior page of a table (type 5) names its right-most child at
+    // bytes 8..12 of its header: the leaf of the last rows.
+    let bytes = std::fs::read(db).unwrap();
+    let at = ((root - 1) * size) as usize;
+    assert_eq!(bytes[at], 5, "the root of 300 runs is an interior page");
+    let leaf = u32::from_be_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as i64;
+    (root, leaf)
+}
+
+#[test]
+fn a_damaged_root_page_fails_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let (root, _) = store_of_runs(&db, 300);
+    scribble_page(&db, root);
+    let err = SqliteBackend::open(&db).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+}
+
+/// The open reads a table's first rows only (its cost must not grow with
+/// the store); a page damaged further in is reported when it is read, as
+/// corruption, never a panic or a wrong answer.
+#[test]
+fn a_damaged_leaf_is_corrupt_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    let (root, leaf) = store_of_runs(&db, 300);
+    assert_ne!(root, leaf, "300 runs take more than one page");
+    scribble_page(&db, leaf);
+    let b = match SqliteBackend::open(&db) {
+        Ok(b) => b,
+        // The first leaf may be the one damaged.
+        Err(StoreError::Corrupt { .. }) => return,
+        Err(e) => panic!("{e:?}"),
+    };
+    let err = b.list_runs(&RunFilter::default()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+}
+
 #[test]
 fn missing_parent_directory_is_created() {
     let dir = tempfile::tempdir().unwrap();
