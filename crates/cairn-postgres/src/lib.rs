@@ -36,9 +36,9 @@ use std::time::Duration;
 
 use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
-    Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox, InboxEntry, LeaseHolder,
-    Listener, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs, StoreError,
-    StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
+    AsyncReads, Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox, InboxEntry,
+    LeaseHolder, Listener, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs,
+    StoreError, StoreFuture, StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -192,6 +192,36 @@ impl EventLog for PgBackend {
     fn last_seq(&self, run_id: &RunId) -> Result<u64, StoreError> {
         let run = run_id.clone();
         self.run(move |db| async move { events::last_seq(&db, &run).await })
+    }
+}
+
+impl AsyncReads for PgBackend {
+    fn read_events_async(&self, run_id: &RunId, q: &EventQuery) -> StoreFuture<Vec<StoredEvent>> {
+        let (db, run, q) = (self.shared.db.clone(), run_id.clone(), q.clone());
+        self.shared
+            .bridge
+            .spawn(async move { events::read(&db, &run, &q).await })
+    }
+
+    fn last_seq_async(&self, run_id: &RunId) -> StoreFuture<u64> {
+        let (db, run) = (self.shared.db.clone(), run_id.clone());
+        self.shared
+            .bridge
+            .spawn(async move { events::last_seq(&db, &run).await })
+    }
+
+    fn get_run_async(&self, run_id: &RunId) -> StoreFuture<Option<RunRecord>> {
+        let (db, run) = (self.shared.db.clone(), run_id.clone());
+        self.shared
+            .bridge
+            .spawn(async move { runs::get(&db, &run).await })
+    }
+
+    fn list_runs_async(&self, f: &RunFilter) -> StoreFuture<Vec<RunRecord>> {
+        let (db, f) = (self.shared.db.clone(), f.clone());
+        self.shared
+            .bridge
+            .spawn(async move { runs::list(&db, &f).await })
     }
 }
 

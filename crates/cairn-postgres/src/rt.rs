@@ -1,6 +1,7 @@
-//! The bridge from the synchronous [`cairn_storage::Backend`] methods to the
-//! async PostgreSQL client: a small runtime of the backend's own, on which
-//! every query runs while the calling thread waits.
+//! The bridge from the [`cairn_storage::Backend`] methods to the async
+//! PostgreSQL client: a small runtime of the backend's own, on which every
+//! query runs, while a blocking method's calling thread waits or an
+//! [`cairn_storage::AsyncReads`] future is awaited.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -8,7 +9,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use tokio::runtime::{Handle, Runtime};
 
-use cairn_storage::StoreError;
+use cairn_storage::{StoreError, StoreFuture};
 
 /// Worker threads of the backend's runtime: the client only waits on
 /// sockets, so two are plenty, and the machine may have few cores.
@@ -66,6 +67,26 @@ impl Bridge {
             // The task was dropped unrun: the runtime is shutting down.
             Err(_) => Err(StoreError::Closed),
         }
+    }
+
+    /// Runs `fut` on the runtime and returns a future of its result that
+    /// any runtime can await without blocking a thread: the async callers'
+    /// path ([`cairn_storage::AsyncReads`]). The query's connections stay
+    /// on this runtime, whose tasks drive them, whatever runtime awaits.
+    pub(crate) fn spawn<T, F>(&self, fut: F) -> StoreFuture<T>
+    where
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let task = self.handle().spawn(fut);
+        Box::pin(async move {
+            match task.await {
+                Ok(out) => out,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The task was dropped unrun: the runtime is shutting down.
+                Err(_) => Err(StoreError::Closed),
+            }
+        })
     }
 }
 

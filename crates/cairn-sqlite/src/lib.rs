@@ -32,8 +32,8 @@ use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::prelude::*;
 use cairn_storage::{
     run_id_from_row, EventQuery, GenerationRecord, InboxEntry, Listener, PinnedFile, ProcessRecord,
-    RecordStatus, RunFilter, RunLease, RunRecord, StoreError, StoredEvent, ToolCallRecord,
-    ToolCallStatus, Topic,
+    RecordStatus, RunFilter, RunLease, RunRecord, StoreError, StoreFuture, StoredEvent,
+    ToolCallRecord, ToolCallStatus, Topic,
 };
 
 use crate::wake::WakeDir;
@@ -387,16 +387,24 @@ impl SqliteBackend {
 
     /// Runs `f` on a pooled read connection.
     fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
-        let conn = match self.readers.lock().unwrap().pop() {
-            Some(c) => c,
-            None => open_conn(&self.path, true)?,
-        };
-        let out = f(&conn).map_err(|e| self.err(e));
-        let mut pool = self.readers.lock().unwrap();
-        if pool.len() < READ_POOL_MAX {
-            pool.push(conn);
-        }
-        out
+        read_on(&self.path, &self.readers, f)
+    }
+
+    /// Runs `f` on a pooled read connection on tokio's blocking pool: the
+    /// blocking read of an [`AsyncReads`] method, off the caller's worker.
+    fn read_async<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> StoreFuture<T> {
+        let (path, readers) = (self.path.clone(), Arc::clone(&self.readers));
+        Box::pin(async move {
+            match tokio::task::spawn_blocking(move || read_on(&path, &readers, f)).await {
+                Ok(out) => out,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // The runtime is shutting down and dropped the task unrun.
+                Err(_) => Err(StoreError::Closed),
+            }
+        })
     }
 
     /// Runs `f` in a write transaction (taken at once, so that a busy
@@ -413,6 +421,72 @@ impl SqliteBackend {
         tx.commit().map_err(|e| self.err(e))?;
         Ok(out)
     }
+}
+
+/// Runs `f` on a read connection from `readers` (opening one when none is
+/// idle) and gives it back to the pool.
+fn read_on<T>(
+    path: &Path,
+    readers: &Mutex<Vec<Connection>>,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<T, StoreError> {
+    let conn = match readers.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        Some(c) => c,
+        None => open_conn(path, true)?,
+    };
+    let out = f(&conn).map_err(|e| map_err(path, e));
+    let mut pool = readers.lock().unwrap_or_else(|p| p.into_inner());
+    if pool.len() < READ_POOL_MAX {
+        pool.push(conn);
+    }
+    out
+}
+
+/// A run's events as `q` selects them.
+fn read_events_on(
+    c: &Connection,
+    run_id: &RunId,
+    q: &EventQuery,
+) -> rusqlite::Result<Vec<StoredEvent>> {
+    let (sql, args) = events::query(run_id, q);
+    let mut st = c.prepare_cached(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args), |r| events::row(run_id, r))?;
+    rows.collect()
+}
+
+/// A run's highest committed seq, 0 when it has none.
+fn last_seq_on(c: &Connection, run_id: &RunId) -> rusqlite::Result<u64> {
+    c.prepare_cached(LAST_SEQ)?
+        .query_row([run_id.as_str()], |r| r.get::<_, Option<i64>>(0))
+        .map(|s| s.unwrap_or(0) as u64)
+}
+
+/// A run's row.
+fn get_run_on(c: &Connection, run_id: &RunId) -> rusqlite::Result<Option<RunRecord>> {
+    c.prepare_cached(GET_RUN)?
+        .query_row([run_id.as_str()], run_row)
+        .optional()
+}
+
+/// The runs `f` selects, newest first.
+fn list_runs_on(c: &Connection, f: &RunFilter) -> rusqlite::Result<Vec<RunRecord>> {
+    let limit = f
+        .limit
+        .map(|l| l.min(i64::MAX as usize) as i64)
+        .unwrap_or(-1);
+    let offset = f.offset.unwrap_or(0).min(i64::MAX as usize) as i64;
+    let mut st = c.prepare_cached(LIST_RUNS)?;
+    let rows = st.query_map(
+        params![
+            f.status.map(RecordStatus::as_str),
+            f.workflow,
+            limit,
+            offset,
+            f.parent.as_deref()
+        ],
+        run_row,
+    )?;
+    rows.collect()
 }
 
 /// Opens the pool's first read connection on a thread of its own, beside
@@ -906,21 +980,11 @@ impl EventLog for SqliteBackend {
     }
 
     fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        let (sql, args) = events::query(run_id, q);
-        self.read(|c| {
-            let mut st = c.prepare_cached(&sql)?;
-            let rows =
-                st.query_map(rusqlite::params_from_iter(args), |r| events::row(run_id, r))?;
-            rows.collect()
-        })
+        self.read(|c| read_events_on(c, run_id, q))
     }
 
     fn last_seq(&self, run_id: &RunId) -> Result<u64, StoreError> {
-        self.read(|c| {
-            c.prepare_cached(LAST_SEQ)?
-                .query_row([run_id.as_str()], |r| r.get::<_, Option<i64>>(0))
-        })
-        .map(|s| s.unwrap_or(0) as u64)
+        self.read(|c| last_seq_on(c, run_id))
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
@@ -1011,33 +1075,11 @@ impl Runs for SqliteBackend {
     }
 
     fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
-        self.read(|c| {
-            c.prepare_cached(GET_RUN)?
-                .query_row([run_id.as_str()], run_row)
-                .optional()
-        })
+        self.read(|c| get_run_on(c, run_id))
     }
 
     fn list_runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-        let limit = f
-            .limit
-            .map(|l| l.min(i64::MAX as usize) as i64)
-            .unwrap_or(-1);
-        let offset = f.offset.unwrap_or(0).min(i64::MAX as usize) as i64;
-        self.read(|c| {
-            let mut st = c.prepare_cached(LIST_RUNS)?;
-            let rows = st.query_map(
-                params![
-                    f.status.map(RecordStatus::as_str),
-                    f.workflow,
-                    limit,
-                    offset,
-                    f.parent.as_deref()
-                ],
-                run_row,
-            )?;
-            rows.collect()
-        })
+        self.read(|c| list_runs_on(c, f))
     }
 
     fn delete_finished_before(&self, cutoff_ms: i64) -> Result<Vec<RunId>, StoreError> {
@@ -1086,6 +1128,28 @@ impl Runs for SqliteBackend {
             }
             Ok(deleted)
         })
+    }
+}
+
+impl AsyncReads for SqliteBackend {
+    fn read_events_async(&self, run_id: &RunId, q: &EventQuery) -> StoreFuture<Vec<StoredEvent>> {
+        let (run, q) = (run_id.clone(), q.clone());
+        self.read_async(move |c| read_events_on(c, &run, &q))
+    }
+
+    fn last_seq_async(&self, run_id: &RunId) -> StoreFuture<u64> {
+        let run = run_id.clone();
+        self.read_async(move |c| last_seq_on(c, &run))
+    }
+
+    fn get_run_async(&self, run_id: &RunId) -> StoreFuture<Option<RunRecord>> {
+        let run = run_id.clone();
+        self.read_async(move |c| get_run_on(c, &run))
+    }
+
+    fn list_runs_async(&self, f: &RunFilter) -> StoreFuture<Vec<RunRecord>> {
+        let f = f.clone();
+        self.read_async(move |c| list_runs_on(c, &f))
     }
 }
 

@@ -8,9 +8,13 @@
 //! implements. Callers bring the traits into scope with
 //! `use cairn_storage::prelude::*`.
 //!
-//! Every method is synchronous and may block on I/O: the journal calls them
-//! from its writer thread, and async code calls them on tokio's blocking
-//! pool, several threads at a time.
+//! The methods of those traits are synchronous and may block on I/O: the
+//! journal calls them from its writer thread. The reads that async code
+//! makes while it serves people (a run's row, a page of runs, a run's
+//! events, its last seq) are also futures, in [`AsyncReads`]: a backend
+//! whose client is async answers them without holding a thread while the
+//! database works, and one whose calls block runs them on tokio's blocking
+//! pool itself, so the caller need not know which it has.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -175,6 +179,26 @@ pub trait Wakeups {
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
 }
 
+/// What an [`AsyncReads`] method returns: a future that owns what it needs
+/// (it does not borrow the backend or the arguments), to be awaited on a
+/// tokio runtime.
+pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
+
+/// The reads of async callers (the server's handlers, the engine's waits),
+/// as futures. Each answers what its blocking twin in [`EventLog`] or
+/// [`Runs`] answers, with the same errors; the conformance suite holds the
+/// two together.
+pub trait AsyncReads {
+    /// [`EventLog::read_events`], awaited.
+    fn read_events_async(&self, run_id: &RunId, q: &EventQuery) -> StoreFuture<Vec<StoredEvent>>;
+    /// [`EventLog::last_seq`], awaited.
+    fn last_seq_async(&self, run_id: &RunId) -> StoreFuture<u64>;
+    /// [`Runs::get_run`], awaited.
+    fn get_run_async(&self, run_id: &RunId) -> StoreFuture<Option<RunRecord>>;
+    /// [`Runs::list_runs`], awaited.
+    fn list_runs_async(&self, f: &RunFilter) -> StoreFuture<Vec<RunRecord>>;
+}
+
 /// A database that keeps Cairn's runs: every concern, and who the store is.
 ///
 /// `cairn_storage::conformance` (feature `conformance`) checks an
@@ -182,6 +206,7 @@ pub trait Wakeups {
 pub trait Backend:
     EventLog
     + Runs
+    + AsyncReads
     + Generations
     + Leases
     + ToolCalls

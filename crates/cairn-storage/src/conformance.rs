@@ -83,6 +83,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "workflow_generations_are_kept_per_run",
         workflow_generations_are_kept_per_run,
     ),
+    (
+        "async_reads_answer_what_the_blocking_ones_do",
+        async_reads_answer_what_the_blocking_ones_do,
+    ),
 ];
 
 /// Runs every check on backends from `fresh`, panicking at the first one that
@@ -113,7 +117,8 @@ macro_rules! backend_conformance_tests {
             inbox_commands_are_kept_in_order_and_taken_once,
             process_records_are_kept_until_removed,
             wake_ups_reach_the_listeners_of_their_topic,
-            workflow_generations_are_kept_per_run
+            workflow_generations_are_kept_per_run,
+            async_reads_answer_what_the_blocking_ones_do
         );
     };
     (@tests $fresh:expr; $($check:ident),*) => {
@@ -1155,4 +1160,98 @@ pub fn wake_ups_reach_the_listeners_of_their_topic(fresh: Factory<'_>) {
         b.notify(Topic::Inbox("r"));
         b.notify(Topic::Inbox("nobody"));
     });
+}
+
+/// [`AsyncReads`]: each future answers what its blocking twin does, awaited
+/// on a runtime that is not the backend's own (as the server's is), many
+/// at once, and a future dropped unawaited leaves the backend as it was.
+pub fn async_reads_answer_what_the_blocking_ones_do(fresh: Factory<'_>) {
+    let b = fresh();
+    let mut child = record("kid", "pending", 20);
+    child.parent_run_id = Some(rid("r"));
+    b.create_run(&record("r", "pending", 10)).unwrap();
+    b.create_run(&child).unwrap();
+    let batch: Vec<StoredEvent> = (1..=40)
+        .map(|seq| {
+            let (scope, kind) = match seq {
+                1 => (Scope::run(), started()),
+                s if s % 3 == 0 => (node("a"), output(&format!("line {s}"))),
+                s => (node("b"), output(&format!("other {s}"))),
+            };
+            event("r", seq, 100 + seq as i64, scope, kind)
+        })
+        .collect();
+    b.append(&batch).unwrap();
+    let queries = [
+        EventQuery::default(),
+        query(5, &[], None, Some(7)),
+        query(0, &["RunStarted"], None, None),
+        query(0, &[], Some("a"), Some(3)),
+        query(40, &[], None, None),
+    ];
+    let filters = [
+        RunFilter::default(),
+        RunFilter {
+            parent: Some(rid("r")),
+            ..RunFilter::default()
+        },
+        RunFilter {
+            status: Some(RecordStatus::Run(RunStatus::Running)),
+            ..RunFilter::default()
+        },
+        RunFilter {
+            limit: Some(1),
+            offset: Some(1),
+            ..RunFilter::default()
+        },
+    ];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime of the caller's");
+    rt.block_on(async {
+        for q in &queries {
+            for run in ["r", "kid", "nobody"] {
+                assert_eq!(
+                    b.read_events_async(&rid(run), q).await.unwrap(),
+                    b.read_events(&rid(run), q).unwrap(),
+                    "{run} {q:?}"
+                );
+            }
+        }
+        for run in ["r", "kid", "nobody"] {
+            assert_eq!(
+                b.last_seq_async(&rid(run)).await.unwrap(),
+                b.last_seq(&rid(run)).unwrap()
+            );
+            assert_eq!(
+                b.get_run_async(&rid(run)).await.unwrap(),
+                b.get_run(&rid(run)).unwrap()
+            );
+        }
+        assert_eq!(b.last_seq_async(&rid("r")).await.unwrap(), 40);
+        for f in &filters {
+            assert_eq!(
+                b.list_runs_async(f).await.unwrap(),
+                b.list_runs(f).unwrap(),
+                "{f:?}"
+            );
+        }
+        // Many at once, as a server's handlers make them.
+        let many: Vec<_> = (0..64)
+            .map(|i| b.read_events_async(&rid("r"), &query(i % 40, &[], None, Some(5))))
+            .collect();
+        for (i, fut) in many.into_iter().enumerate() {
+            let got = fut.await.unwrap();
+            let first = (i % 40) as u64 + 1;
+            assert_eq!(seqs(&got), (first..(first + 5).min(41)).collect::<Vec<_>>());
+        }
+        // Made and dropped before it is awaited.
+        drop(b.get_run_async(&rid("r")));
+        drop(b.list_runs_async(&RunFilter::default()));
+    });
+    drop(rt);
+    assert_eq!(b.last_seq(&rid("r")).unwrap(), 40);
+    assert!(b.get_run(&rid("kid")).unwrap().is_some());
 }

@@ -21,8 +21,8 @@ pub mod records;
 mod url;
 
 pub use backend::{
-    hex_prefix, Backend, EventLog, Generations, Inbox, Leases, Listener, Processes, RunLease, Runs,
-    ToolCalls, Wakeups,
+    hex_prefix, AsyncReads, Backend, EventLog, Generations, Inbox, Leases, Listener, Processes,
+    RunLease, Runs, StoreFuture, ToolCalls, Wakeups,
 };
 pub use error::StoreError;
 pub use records::{
@@ -36,6 +36,7 @@ pub use url::{redact, BadStoreUrl, StoreUrl};
 /// methods can be called only where it is in scope.
 pub mod prelude {
     pub use crate::backend::{
-        Backend, EventLog, Generations, Inbox, Leases, Processes, Runs, ToolCalls, Wakeups,
+        AsyncReads, Backend, EventLog, Generations, Inbox, Leases, Processes, Runs, ToolCalls,
+        Wakeups,
     };
 }

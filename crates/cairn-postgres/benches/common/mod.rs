@@ -10,7 +10,7 @@ use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_store::prelude::*;
 use cairn_store::{
     EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError,
-    StoredEvent, ToolCallRecord, Topic,
+    StoreFuture, StoredEvent, ToolCallRecord, Topic,
 };
 
 /// A pass-through backend that counts what the journal asks of the store:
@@ -172,6 +172,28 @@ impl Wakeups for Counting {
 
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
         self.inner.listen(topic)
+    }
+}
+
+/// The journal's subscriptions read through the blocking methods; these
+/// are counted too (not timed: the time is the awaiting caller's).
+impl AsyncReads for Counting {
+    fn read_events_async(&self, run_id: &RunId, q: &EventQuery) -> StoreFuture<Vec<StoredEvent>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.read_events_async(run_id, q)
+    }
+
+    fn last_seq_async(&self, run_id: &RunId) -> StoreFuture<u64> {
+        self.last_seqs.fetch_add(1, Ordering::Relaxed);
+        self.inner.last_seq_async(run_id)
+    }
+
+    fn get_run_async(&self, run_id: &RunId) -> StoreFuture<Option<RunRecord>> {
+        self.inner.get_run_async(run_id)
+    }
+
+    fn list_runs_async(&self, f: &RunFilter) -> StoreFuture<Vec<RunRecord>> {
+        self.inner.list_runs_async(f)
     }
 }
 
