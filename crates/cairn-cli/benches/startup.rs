@@ -31,6 +31,9 @@ const WORKFLOW: &str = "name: one\nnodes:\n  - id: a\n    value: 1\n";
 /// The target of a one-node run's wall time.
 const TARGET_MS: f64 = 5.0;
 
+/// The runs of the crowded store.
+const CROWDED_RUNS: usize = 20_000;
+
 fn main() {
     let rounds = std::env::var("CAIRN_BENCH_ROUNDS")
         .ok()
@@ -46,12 +49,16 @@ fn main() {
     let existing = dir.path().join("existing").join("cairn.db");
     // The existing store: made by a first run, as a user's would be.
     run_once(&bin, dir.path(), &existing, &wf);
+    let crowded = dir.path().join("crowded").join("cairn.db");
+    fill(&crowded, CROWDED_RUNS);
+    run_once(&bin, dir.path(), &crowded, &wf);
 
     let cases = [
         "/bin/true",
         "cairn --version",
         "run, fresh store",
         "run, existing store",
+        "run, 20,000 runs",
     ];
     let mut times: Vec<Vec<Timing>> = vec![Vec::with_capacity(rounds); cases.len()];
     for round in 0..rounds {
@@ -62,6 +69,7 @@ fn main() {
         let fresh = dir.path().join(format!("fresh-{round}")).join("cairn.db");
         times[2].push(run_once(&bin, dir.path(), &fresh, &wf));
         times[3].push(run_once(&bin, dir.path(), &existing, &wf));
+        times[4].push(run_once(&bin, dir.path(), &crowded, &wf));
         // A fresh store is made once and measured once: not kept.
         let _ = std::fs::remove_dir_all(fresh.parent().expect("the store's folder"));
     }
@@ -124,6 +132,29 @@ fn run_once(bin: &Path, cwd: &Path, store: &Path, wf: &Path) -> Timing {
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     timed(c)
+}
+
+/// Makes a store of `runs` runs (rows only: their logs are not what is
+/// measured), as a store is after months of use.
+fn fill(store: &Path, runs: usize) {
+    use cairn_store::prelude::*;
+    let b = cairn_store::SqliteBackend::open(store).expect("the crowded store");
+    for i in 0..runs {
+        let run_id = cairn_events::RunId::parse(&format!("old-{i}")).expect("a run id");
+        b.create_run(&cairn_store::RunRecord {
+            run_id,
+            workflow: "one".into(),
+            workflow_path: "one.yaml".into(),
+            workflow_hash: format!("{i:064x}"),
+            workflow_source: WORKFLOW.into(),
+            input: serde_json::json!({}),
+            status: cairn_store::RecordStatus::Run(cairn_events::RunStatus::Finished),
+            created_ms: i as i64,
+            updated_ms: i as i64,
+            parent_run_id: None,
+        })
+        .expect("a run's row");
+    }
 }
 
 /// Runs a command to its end with its output discarded.
