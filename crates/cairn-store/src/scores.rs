@@ -13,7 +13,7 @@ use cairn_events::{EventKind, EventType};
 use serde::Serialize;
 
 use cairn_storage::prelude::*;
-use cairn_storage::{EventQuery, RunFilter, StoreError};
+use cairn_storage::{EventQuery, RunFilter, RunRecord, StoreError};
 
 /// Runs read per page of the run list.
 const PAGE: usize = 500;
@@ -143,23 +143,29 @@ struct Generation {
     accs: Accs,
 }
 
+/// workflow → (all generations, hash → generation).
+type ByWorkflow = BTreeMap<String, (Accs, BTreeMap<String, Generation>)>;
+
+impl Generation {
+    /// Counts a run in this generation once, from `began` (when the run,
+    /// or the reload that brought this text, began).
+    fn count_run(&mut self, began: i64) {
+        self.first_ms = if self.runs == 0 {
+            began
+        } else {
+            self.first_ms.min(began)
+        };
+        self.last_ms = self.last_ms.max(began);
+        self.runs += 1;
+    }
+}
+
 /// Aggregates the scores of the runs in `backend` that `filter` selects.
 pub fn aggregate_scores(
     backend: &dyn Backend,
     filter: &ScoreFilter,
 ) -> Result<ScoreReport, StoreError> {
-    // A reload mid-run starts a generation of its own: the scores after it
-    // are the new text's (its hash is stored with the generation).
-    let query = EventQuery {
-        types: vec![
-            EventType::ScorerFinished,
-            EventType::ScorerFailed,
-            EventType::WorkflowReloaded,
-        ],
-        ..EventQuery::default()
-    };
-    // workflow → (all generations, hash → generation)
-    let mut by_wf: BTreeMap<String, (Accs, BTreeMap<String, Generation>)> = BTreeMap::new();
+    let mut by_wf = ByWorkflow::new();
     let mut offset = 0;
     loop {
         let runs = backend.list_runs(&RunFilter {
@@ -170,67 +176,89 @@ pub fn aggregate_scores(
         })?;
         offset += runs.len();
         for run in &runs {
-            let events = backend.read_events(&run.run_id, &query)?;
-            // (hash, when it began) of the generation in force.
-            let mut current = (run.workflow_hash.clone(), run.created_ms);
-            let mut counted: Vec<String> = Vec::new();
-            for stored in &events {
-                let ev = stored.decode().map_err(|e| StoreError::BadRow {
-                    run: run.run_id.to_string(),
-                    detail: e.to_string(),
-                })?;
-                if let EventKind::WorkflowReloaded { generation, .. } = &ev.kind {
-                    if let Some(g) = backend.generation(&run.run_id, *generation)? {
-                        current = (g.workflow_hash, ev.timestamp_ms);
-                    }
-                    continue;
-                }
-                let Some(node) = ev.scope.node_id.as_deref() else {
-                    continue;
-                };
-                if filter.node.as_deref().is_some_and(|n| n != node) {
-                    continue;
-                }
-                let (id, name, score) = match &ev.kind {
-                    EventKind::ScorerFinished {
-                        scorer_id,
-                        scorer_name,
-                        score,
-                        ..
-                    } => (scorer_id, scorer_name, Some(*score)),
-                    EventKind::ScorerFailed {
-                        scorer_id,
-                        scorer_name,
-                        ..
-                    } => (scorer_id, scorer_name, None),
-                    _ => continue,
-                };
-                let (all, gens) = by_wf.entry(run.workflow.clone()).or_default();
-                let g = gens.entry(current.0.clone()).or_default();
-                if !counted.contains(&current.0) {
-                    counted.push(current.0.clone());
-                    g.first_ms = if g.runs == 0 {
-                        current.1
-                    } else {
-                        g.first_ms.min(current.1)
-                    };
-                    g.last_ms = g.last_ms.max(current.1);
-                    g.runs += 1;
-                }
-                for accs in [&mut *all, &mut g.accs] {
-                    let acc = accs.entry((node.to_string(), id.clone())).or_default();
-                    acc.name.clone_from(name);
-                    match score {
-                        Some(x) => acc.add(x),
-                        None => acc.failed += 1,
-                    }
-                }
-            }
+            add_run(backend, run, filter, &mut by_wf)?;
         }
         if runs.len() < PAGE {
             break;
         }
     }
+    Ok(report(by_wf))
+}
+
+/// Adds one run's scores to `by_wf`, each to the generation of the text
+/// that was in force when it was scored.
+fn add_run(
+    backend: &dyn Backend,
+    run: &RunRecord,
+    filter: &ScoreFilter,
+    by_wf: &mut ByWorkflow,
+) -> Result<(), StoreError> {
+    // A reload mid-run starts a generation of its own: the scores after it
+    // are the new text's (its hash is stored with the generation).
+    let query = EventQuery {
+        types: vec![
+            EventType::ScorerFinished,
+            EventType::ScorerFailed,
+            EventType::WorkflowReloaded,
+        ],
+        ..EventQuery::default()
+    };
+    let events = backend.read_events(&run.run_id, &query)?;
+    // (hash, when it began) of the generation in force.
+    let mut current = (run.workflow_hash.clone(), run.created_ms);
+    let mut counted: Vec<String> = Vec::new();
+    for stored in &events {
+        let ev = stored.decode().map_err(|e| StoreError::BadRow {
+            run: run.run_id.to_string(),
+            detail: e.to_string(),
+        })?;
+        if let EventKind::WorkflowReloaded { generation, .. } = &ev.kind {
+            if let Some(g) = backend.generation(&run.run_id, *generation)? {
+                current = (g.workflow_hash, ev.timestamp_ms);
+            }
+            continue;
+        }
+        let Some(node) = ev.scope.node_id.as_deref() else {
+            continue;
+        };
+        if filter.node.as_deref().is_some_and(|n| n != node) {
+            continue;
+        }
+        let (id, name, score) = match &ev.kind {
+            EventKind::ScorerFinished {
+                scorer_id,
+                scorer_name,
+                score,
+                ..
+            } => (scorer_id, scorer_name, Some(*score)),
+            EventKind::ScorerFailed {
+                scorer_id,
+                scorer_name,
+                ..
+            } => (scorer_id, scorer_name, None),
+            _ => continue,
+        };
+        let (all, gens) = by_wf.entry(run.workflow.clone()).or_default();
+        let g = gens.entry(current.0.clone()).or_default();
+        if !counted.contains(&current.0) {
+            counted.push(current.0.clone());
+            g.count_run(current.1);
+        }
+        for accs in [&mut *all, &mut g.accs] {
+            let acc = accs.entry((node.to_string(), id.clone())).or_default();
+            acc.name.clone_from(name);
+            match score {
+                Some(x) => acc.add(x),
+                None => acc.failed += 1,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The report of what [`add_run`] gathered: workflows by name, each
+/// generation newest first.
+fn report(by_wf: ByWorkflow) -> ScoreReport {
     let stats = |accs: &Accs| -> Vec<ScorerStats> {
         accs.iter().map(|((n, s), a)| a.stats(n, s)).collect()
     };
@@ -259,5 +287,5 @@ pub fn aggregate_scores(
             }
         })
         .collect();
-    Ok(ScoreReport { workflows })
+    ScoreReport { workflows }
 }
