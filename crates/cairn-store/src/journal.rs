@@ -1071,43 +1071,33 @@ impl Subscription {
     /// Whether the run's last stored event is terminal and at or before
     /// where this subscription starts, so nothing will ever follow.
     async fn ended_before_start(&self) -> bool {
-        let backend = self.inner.backend.clone();
-        let run = self.run_id.clone();
-        let last = self.last;
-        tokio::task::spawn_blocking(move || {
-            let Ok(end) = backend.last_seq(&run) else {
-                return false;
-            };
-            if end == 0 || end > last {
-                return false;
-            }
-            let q = EventQuery {
-                after: end - 1,
-                limit: Some(1),
-                ..Default::default()
-            };
-            backend
-                .read_events(&run, &q)
-                .ok()
-                .and_then(|p| p.into_iter().next())
-                .is_some_and(|e| e.is_terminal())
-        })
-        .await
-        .unwrap_or(false)
+        let backend = &self.inner.backend;
+        let Ok(end) = backend.last_seq_async(&self.run_id).await else {
+            return false;
+        };
+        if end == 0 || end > self.last {
+            return false;
+        }
+        let q = EventQuery {
+            after: end - 1,
+            limit: Some(1),
+            ..Default::default()
+        };
+        backend
+            .read_events_async(&self.run_id, &q)
+            .await
+            .ok()
+            .and_then(|p| p.into_iter().next())
+            .is_some_and(|e| e.is_terminal())
     }
 
     async fn fill(&mut self) -> Result<(), SubscribeError> {
-        let backend = self.inner.backend.clone();
-        let run = self.run_id.clone();
         let q = EventQuery {
             after: self.last,
             limit: Some(PAGE),
             ..Default::default()
         };
-        let page = tokio::task::spawn_blocking(move || backend.read_events(&run, &q))
-            .await
-            .map_err(|_| StoreError::Closed)
-            .and_then(|r| r);
+        let page = self.inner.backend.read_events_async(&self.run_id, &q).await;
         match page {
             Ok(p) => {
                 self.caught_up = p.len() < PAGE;
@@ -1179,22 +1169,17 @@ async fn remote_reader(inner: Arc<Inner>, run: RunId, shared: Arc<RunShared>, mu
 /// high-water mark. A failed read is tried again at the next wake-up.
 async fn publish_new(inner: &Arc<Inner>, run: &RunId, shared: &RunShared, mut hwm: u64) -> u64 {
     loop {
-        let backend = inner.backend.clone();
-        let (r, q) = (
-            run.clone(),
-            EventQuery {
-                after: hwm,
-                limit: Some(PAGE),
-                ..Default::default()
-            },
-        );
-        let page = match tokio::task::spawn_blocking(move || backend.read_events(&r, &q)).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
+        let q = EventQuery {
+            after: hwm,
+            limit: Some(PAGE),
+            ..Default::default()
+        };
+        let page = match inner.backend.read_events_async(run, &q).await {
+            Ok(p) => p,
+            Err(e) => {
                 tracing::warn!(error = %e, run = %run, "reading new events for watchers failed; trying again at the next wake-up");
                 return hwm;
             }
-            Err(_) => return hwm,
         };
         let short = page.len() < PAGE;
         for ev in page {

@@ -25,7 +25,7 @@ pub struct Counting {
     pub append_ns: AtomicU64,
     pub reads: AtomicU64,
     pub last_seqs: AtomicU64,
-    pub read_ns: AtomicU64,
+    pub read_ns: Arc<AtomicU64>,
     pub mute: bool,
 }
 
@@ -38,9 +38,19 @@ impl Counting {
             append_ns: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             last_seqs: AtomicU64::new(0),
-            read_ns: AtomicU64::new(0),
+            read_ns: Arc::new(AtomicU64::new(0)),
             mute: false,
         }
+    }
+
+    fn timed_async<T: Send + 'static>(&self, fut: StoreFuture<T>) -> StoreFuture<T> {
+        let read_ns = Arc::clone(&self.read_ns);
+        Box::pin(async move {
+            let t = Instant::now();
+            let out = fut.await;
+            read_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            out
+        })
     }
 
     fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -175,17 +185,17 @@ impl Wakeups for Counting {
     }
 }
 
-/// The journal's subscriptions read through the blocking methods; these
-/// are counted too (not timed: the time is the awaiting caller's).
+/// The journal's subscriptions read through these: counted and timed like
+/// the blocking reads.
 impl AsyncReads for Counting {
     fn read_events_async(&self, run_id: &RunId, q: &EventQuery) -> StoreFuture<Vec<StoredEvent>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_events_async(run_id, q)
+        self.timed_async(self.inner.read_events_async(run_id, q))
     }
 
     fn last_seq_async(&self, run_id: &RunId) -> StoreFuture<u64> {
         self.last_seqs.fetch_add(1, Ordering::Relaxed);
-        self.inner.last_seq_async(run_id)
+        self.timed_async(self.inner.last_seq_async(run_id))
     }
 
     fn get_run_async(&self, run_id: &RunId) -> StoreFuture<Option<RunRecord>> {
