@@ -4,6 +4,7 @@
 //! it only makes system calls and never allocates (another thread may have
 //! held the allocator's lock at the fork).
 
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::RawFd;
 use std::ptr::null;
@@ -391,6 +392,17 @@ unsafe fn read_only(path: *const libc::c_char) -> Result<(), i32> {
     Ok(())
 }
 
+/// Mounts a new filesystem of type `fstype` (its own name as its source) at
+/// `dst`; `data` empty passes no options.
+unsafe fn mount_new(fstype: &CStr, dst: &CStr, flags: libc::c_ulong, data: &CStr) -> libc::c_int {
+    let data = if data.is_empty() {
+        null()
+    } else {
+        data.as_ptr().cast()
+    };
+    libc::mount(fstype.as_ptr(), dst.as_ptr(), fstype.as_ptr(), flags, data)
+}
+
 unsafe fn run_op(op: &Op) -> Result<(), i32> {
     let ok = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(errno()) };
     match op {
@@ -439,35 +451,26 @@ unsafe fn run_op(op: &Op) -> Result<(), i32> {
             ))?;
             read_only(dst.as_ptr())
         }
-        Op::MaskDir(dst) => ok(libc::mount(
-            c"tmpfs".as_ptr(),
-            dst.as_ptr(),
-            c"tmpfs".as_ptr(),
+        Op::MaskDir(dst) => ok(mount_new(
+            c"tmpfs",
+            dst,
             libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            c"mode=0555,size=4k".as_ptr().cast(),
+            c"mode=0555,size=4k",
         )),
-        Op::Tmpfs { dst, flags, data } => ok(libc::mount(
-            c"tmpfs".as_ptr(),
-            dst.as_ptr(),
-            c"tmpfs".as_ptr(),
-            *flags,
-            data.as_ptr().cast(),
-        )),
-        Op::Proc(dst) => ok(libc::mount(
-            c"proc".as_ptr(),
-            dst.as_ptr(),
-            c"proc".as_ptr(),
+        Op::Tmpfs { dst, flags, data } => ok(mount_new(c"tmpfs", dst, *flags, data)),
+        Op::Proc(dst) => ok(mount_new(
+            c"proc",
+            dst,
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            null(),
+            c"",
         )),
         Op::Devpts(dst) => {
             // Optional: without it there are no pseudo-terminals, nothing else.
-            libc::mount(
-                c"devpts".as_ptr(),
-                dst.as_ptr(),
-                c"devpts".as_ptr(),
+            mount_new(
+                c"devpts",
+                dst,
                 libc::MS_NOSUID | libc::MS_NOEXEC,
-                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+                c"newinstance,ptmxmode=0666,mode=0620",
             );
             Ok(())
         }
