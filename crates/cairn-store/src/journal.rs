@@ -941,13 +941,8 @@ impl Subscription {
             // Live events already here?
             match self.try_live() {
                 Live::Event(ev) => {
-                    if let Some(ev) = self.take_live(ev) {
-                        return Some(Ok(ev));
-                    }
-                    if self.buffer.is_empty() {
-                        if let Err(e) = self.fill().await {
-                            return Some(Err(e));
-                        }
+                    if let Some(out) = self.on_live(ev).await {
+                        return Some(out);
                     }
                     continue;
                 }
@@ -1009,29 +1004,40 @@ impl Subscription {
                 ));
                 continue;
             }
-            let poll = POLL_INTERVAL;
-            let live = tokio::select! {
-                r = self.rx.recv() => Ok(r),
-                _ = tokio::time::sleep(poll) => Err(()),
-            };
-            match live {
-                Ok(Ok(ev)) => {
-                    if let Some(ev) = self.take_live(ev) {
-                        return Some(Ok(ev));
-                    }
-                    if self.buffer.is_empty() {
-                        if let Err(e) = self.fill().await {
-                            return Some(Err(e));
-                        }
-                    }
-                }
-                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                    if let Err(e) = self.fill().await {
-                        return Some(Err(e));
-                    }
-                }
-                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {}
+            if let Some(out) = self.wait_live().await {
+                return Some(out);
             }
+        }
+    }
+
+    /// A live event: delivered if it is the next, else the store is read
+    /// when nothing is buffered. `None`: look again.
+    async fn on_live(
+        &mut self,
+        ev: Arc<StoredEvent>,
+    ) -> Option<Result<Arc<StoredEvent>, SubscribeError>> {
+        if let Some(ev) = self.take_live(ev) {
+            return Some(Ok(ev));
+        }
+        if self.buffer.is_empty() {
+            if let Err(e) = self.fill().await {
+                return Some(Err(e));
+            }
+        }
+        None
+    }
+
+    /// Waits for the live feed, at most [`POLL_INTERVAL`]; what lagged is
+    /// read from the store. `None`: look again.
+    async fn wait_live(&mut self) -> Option<Result<Arc<StoredEvent>, SubscribeError>> {
+        let live = tokio::select! {
+            r = self.rx.recv() => Ok(r),
+            _ = tokio::time::sleep(POLL_INTERVAL) => Err(()),
+        };
+        match live {
+            Ok(Ok(ev)) => self.on_live(ev).await,
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => self.fill().await.err().map(Err),
+            Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => None,
         }
     }
 
