@@ -5,7 +5,10 @@
 use std::path::PathBuf;
 
 use async_trait::async_trait;
-use cairn_tools::process::{run_process, run_process_with_input, ProcessError, ProcessSpec};
+use cairn_tools::cairn_sandbox::ResourceLimits;
+use cairn_tools::process::{
+    run_process, run_process_with_input, ProcessError, ProcessOutcome, ProcessSpec,
+};
 use cairn_workflow::{NodeKind, NodeSpec, OutputFormat};
 use serde_json::{json, Value};
 
@@ -54,20 +57,15 @@ pub(crate) async fn run_command(
         ctx.unconfined_notice();
     }
     let cwd = match &spec.cwd {
-        Some(c) => {
-            let c = PathBuf::from(render(c)?);
-            if c.is_absolute() {
-                c
-            } else {
-                ctx.workflow.base_dir.join(c)
-            }
-        }
-        // The workflow's folder, unless the sandbox root is narrower.
-        None if confine.is_some() && !within(&ctx.workflow.base_dir, sandbox.root()) => {
-            sandbox.root().to_path_buf()
-        }
-        None => ctx.workflow.base_dir.clone(),
+        Some(c) => Some(render(c)?),
+        None => None,
     };
+    let cwd = working_dir(
+        cwd,
+        &ctx.workflow.base_dir,
+        confine.is_some(),
+        sandbox.root(),
+    );
     let mut env = Vec::with_capacity(spec.env.len());
     for (k, v) in &spec.env {
         env.push((k.clone(), render(v)?));
@@ -110,10 +108,43 @@ pub(crate) async fn run_command(
         }
         e => NodeError::new("spawn", e.to_string()),
     })?;
+    finished(outcome, &program, &sandbox.resources())
+}
+
+/// Where the command runs: its rendered `cwd` (relative to the workflow's
+/// folder), else the workflow's folder, unless a confining sandbox's root
+/// is narrower.
+fn working_dir(
+    cwd: Option<String>,
+    base_dir: &std::path::Path,
+    confined: bool,
+    root: &std::path::Path,
+) -> PathBuf {
+    match cwd {
+        Some(c) => {
+            let c = PathBuf::from(c);
+            if c.is_absolute() {
+                c
+            } else {
+                base_dir.join(c)
+            }
+        }
+        None if confined && !within(base_dir, root) => root.to_path_buf(),
+        None => base_dir.to_path_buf(),
+    }
+}
+
+/// The command's output, or why it counts as failed: stopped, over a
+/// resource limit, or a non-zero exit.
+fn finished(
+    outcome: ProcessOutcome,
+    program: &str,
+    resources: &ResourceLimits,
+) -> Result<String, NodeError> {
     if outcome.cancelled || outcome.timed_out {
         return Err(NodeError::cancelled(format!("`{program}` was stopped")));
     }
-    if let Some(limit) = outcome.resource_limit(&sandbox.resources()) {
+    if let Some(limit) = outcome.resource_limit(resources) {
         return Err(NodeError::new(
             "resource_limit",
             format!("`{program}` was stopped by a resource limit: {limit}"),
