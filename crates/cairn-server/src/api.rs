@@ -163,15 +163,13 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// (a path, a WebSocket message) is checked, a malformed one being a 400
 /// `invalid_run_id`.
 pub(crate) async fn existing_run(state: &AppState, run_id: &str) -> Result<RunRecord, ApiError> {
-    let journal = state.journal().clone();
     let id = RunId::parse(run_id)?;
-    blocking(move || {
-        journal
-            .backend()
-            .get_run(&id)?
-            .ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))
-    })
-    .await
+    state
+        .journal()
+        .backend()
+        .get_run_async(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no run `{id}`")))
 }
 
 /// Every route of the API: the router is built from this table, and a test
@@ -500,15 +498,12 @@ async fn list_runs(
         offset: Some(offset),
         parent,
     };
+    let mut runs = state.journal().backend().list_runs_async(&filter).await?;
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    // A summary may fold a run's log into its state: blocking work.
     let st = state.clone();
-    let (runs, more) = blocking(move || {
-        let mut runs = st.journal().backend().list_runs(&filter)?;
-        let more = runs.len() > limit;
-        runs.truncate(limit);
-        let runs: Vec<RunSummary> = runs.iter().map(|r| run_summary(&st, r)).collect();
-        Ok((runs, more))
-    })
-    .await?;
+    let runs = blocking(move || Ok(runs.iter().map(|r| run_summary(&st, r)).collect())).await?;
     Ok(Json(RunList {
         runs,
         limit,
@@ -720,8 +715,11 @@ async fn events_page(
         node: q.get("node").cloned(),
         limit: Some(limit + 1),
     };
-    let journal = state.journal().clone();
-    let mut events = blocking(move || Ok(journal.backend().read_events(&run, &query)?)).await?;
+    let mut events = state
+        .journal()
+        .backend()
+        .read_events_async(&run, &query)
+        .await?;
     let more = events.len() > limit;
     events.truncate(limit);
     // Each event is the store's text, byte for byte, not read again.

@@ -518,8 +518,6 @@ impl Watcher {
             limit: Some(PAGE + usize::from(peek)),
             ..Default::default()
         };
-        let backend = self.backend.clone();
-        let run = self.hub.hub.run_id.clone();
         let _turn = self
             .hub
             .feeds
@@ -527,9 +525,10 @@ impl Watcher {
             .acquire()
             .await
             .map_err(|_| StoreError::Closed)?;
-        let mut page = tokio::task::spawn_blocking(move || backend.read_events(&run, &q))
-            .await
-            .map_err(|_| StoreError::Closed)??;
+        let mut page = self
+            .backend
+            .read_events_async(&self.hub.hub.run_id, &q)
+            .await?;
         if peek && page.first().is_some_and(|e| e.seq == self.last) {
             self.last_terminal = page.remove(0).is_terminal();
         }

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::api::{blocking, existing_run, AppState};
+use crate::api::{existing_run, AppState};
 use crate::auth::{self, Check};
 use crate::error::ApiError;
 use crate::feed::{Cut, Watcher};
@@ -606,16 +606,16 @@ impl Session {
             } => {
                 let run = existing_run(&state, &run_id).await?.run_id;
                 let limit = limit.unwrap_or(1000).clamp(1, 10_000);
-                let journal = state.journal().clone();
-                let events = blocking(move || {
-                    let q = cairn_store::EventQuery {
-                        after: after_seq,
-                        limit: Some(limit),
-                        ..Default::default()
-                    };
-                    Ok(journal.backend().read_events(&run, &q)?)
-                })
-                .await?;
+                let q = cairn_store::EventQuery {
+                    after: after_seq,
+                    limit: Some(limit),
+                    ..Default::default()
+                };
+                let events = state
+                    .journal()
+                    .backend()
+                    .read_events_async(&run, &q)
+                    .await?;
                 let count = events.len();
                 let last = events.last().map_or(after_seq, |e| e.seq);
                 for e in &events {
