@@ -353,6 +353,14 @@ struct Session {
     tree_follow: bool,
 }
 
+/// What the session's loop does after a step.
+enum Step {
+    /// Read the next message.
+    Next,
+    /// Close the session.
+    Stop,
+}
+
 async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
     let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel::<Out>(CONTROL_QUEUE);
@@ -376,34 +384,10 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
                 break;
             }
             Some((child, tries)) = children_rx.recv(), if authed => {
-                if s.subs.contains_key(&child) {
-                    continue;
+                match s.follow_child(child, tries).await {
+                    Step::Next => continue,
+                    Step::Stop => break,
                 }
-                let follow = s.tree_follow;
-                match s.subscribe(child.clone(), 0, follow, true).await {
-                    Ok(_) => {
-                        let note = json!({"kind": "subscribed", "runId": child});
-                        if tx.send(Out::Text(note.to_string().into())).await.is_err() {
-                            break;
-                        }
-                        if let Some(w) = s.pending.take() {
-                            if tx.send(w).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    // `DelegationStarted` is committed before the child is
-                    // created: look again shortly.
-                    Err(e) if e.code == "not_found" && tries < CHILD_TRIES => {
-                        let again = s.children.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(CHILD_RETRY).await;
-                            let _ = again.send((child, tries + 1));
-                        });
-                    }
-                    Err(e) => tracing::debug!(child, error = ?e.body(), "cannot follow a child run"),
-                }
-                continue;
             }
             m = tokio::time::timeout(wait, stream.next()) => match m {
                 Err(_) => {
@@ -414,77 +398,12 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
                 Ok(Some(Ok(m))) => m,
             }
         };
-        let text = match msg {
-            Message::Text(t) => t,
-            Message::Binary(_) => {
-                let e = ApiError::bad_request("binary messages are not understood; send JSON text");
-                let _ = tx
-                    .send(Out::Text(
-                        reply_err(&Value::Null, &e)
-                            .as_str()
-                            .replace("bad_request", "bad_message")
-                            .into(),
-                    ))
-                    .await;
-                continue;
-            }
-            Message::Close(_) => break,
-            // The WebSocket layer answers pings itself.
-            Message::Ping(_) | Message::Pong(_) => continue,
+        let step = match s.text_of(msg).await {
+            Ok(text) => s.on_text(text.as_str(), &mut authed).await,
+            Err(step) => step,
         };
-        let (id, parsed) = parse(text.as_str());
-        let req = match parsed {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = tx.send(Out::Text(reply_err(&id, &e))).await;
-                if !authed {
-                    let _ = tx
-                        .send(Out::Close(
-                            CLOSE_POLICY,
-                            "authenticate first: {\"type\":\"auth\",\"token\":...}".into(),
-                        ))
-                        .await;
-                    break;
-                }
-                continue;
-            }
-        };
-        if !authed {
-            let ok = match (&req, state.token()) {
-                (Request::Auth { token }, Some(expected)) => {
-                    auth::ct_eq(token.as_bytes(), expected.as_bytes())
-                }
-                _ => false,
-            };
-            if ok {
-                authed = true;
-                let _ = tx
-                    .send(Out::Text(reply_ok(&id, json!({"authenticated": true}))))
-                    .await;
-                continue;
-            }
-            let e = ApiError::new(
-                axum::http::StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "send {\"type\":\"auth\",\"token\":...} with the right token first",
-            );
-            let _ = tx.send(Out::Text(reply_err(&id, &e))).await;
-            let _ = tx
-                .send(Out::Close(CLOSE_POLICY, "unauthorized".into()))
-                .await;
+        if let Step::Stop = step {
             break;
-        }
-        let out = match s.handle(req).await {
-            Ok(v) => reply_ok(&id, v),
-            Err(e) => reply_err(&id, &e),
-        };
-        if tx.send(Out::Text(out)).await.is_err() {
-            break;
-        }
-        if let Some(w) = s.pending.take() {
-            if tx.send(w).await.is_err() {
-                break;
-            }
         }
     }
     s.subs.clear();
@@ -494,6 +413,150 @@ async fn session(state: AppState, socket: WebSocket, mut authed: bool) {
     drop(s);
     drop(tx);
     let _ = writer.await;
+}
+
+impl Session {
+    /// Subscribes to a child run that a followed tree delegated to, and
+    /// says so; a child not created yet is looked for again shortly.
+    async fn follow_child(&mut self, child: String, tries: u32) -> Step {
+        if self.subs.contains_key(&child) {
+            return Step::Next;
+        }
+        let follow = self.tree_follow;
+        match self.subscribe(child.clone(), 0, follow, true).await {
+            Ok(_) => {
+                let note = json!({"kind": "subscribed", "runId": child});
+                if self
+                    .tx
+                    .send(Out::Text(note.to_string().into()))
+                    .await
+                    .is_err()
+                {
+                    return Step::Stop;
+                }
+                self.send_pending().await
+            }
+            // `DelegationStarted` is committed before the child is
+            // created: look again shortly.
+            Err(e) if e.code == "not_found" && tries < CHILD_TRIES => {
+                let again = self.children.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(CHILD_RETRY).await;
+                    let _ = again.send((child, tries + 1));
+                });
+                Step::Next
+            }
+            Err(e) => {
+                tracing::debug!(child, error = ?e.body(), "cannot follow a child run");
+                Step::Next
+            }
+        }
+    }
+
+    /// Sends what a request left to send after its reply (a watcher's
+    /// first frame).
+    async fn send_pending(&mut self) -> Step {
+        if let Some(w) = self.pending.take() {
+            if self.tx.send(w).await.is_err() {
+                return Step::Stop;
+            }
+        }
+        Step::Next
+    }
+
+    /// A message's text; what is not text is answered (binary) or ends the
+    /// session (close), or needs nothing (pings, which the WebSocket layer
+    /// answers). `&mut`: the session is not `Sync`, and its future must
+    /// be `Send`.
+    async fn text_of(&mut self, msg: Message) -> Result<axum::extract::ws::Utf8Bytes, Step> {
+        match msg {
+            Message::Text(t) => Ok(t),
+            Message::Binary(_) => {
+                let e = ApiError::bad_request("binary messages are not understood; send JSON text");
+                let _ = self
+                    .tx
+                    .send(Out::Text(
+                        reply_err(&Value::Null, &e)
+                            .as_str()
+                            .replace("bad_request", "bad_message")
+                            .into(),
+                    ))
+                    .await;
+                Err(Step::Next)
+            }
+            Message::Close(_) => Err(Step::Stop),
+            Message::Ping(_) | Message::Pong(_) => Err(Step::Next),
+        }
+    }
+
+    /// One request: parsed, authenticated first when it must be, handled,
+    /// answered.
+    async fn on_text(&mut self, text: &str, authed: &mut bool) -> Step {
+        let tx = self.tx.clone();
+        let (id, parsed) = parse(text);
+        let req = match parsed {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(Out::Text(reply_err(&id, &e))).await;
+                if !*authed {
+                    let _ = tx
+                        .send(Out::Close(
+                            CLOSE_POLICY,
+                            "authenticate first: {\"type\":\"auth\",\"token\":...}".into(),
+                        ))
+                        .await;
+                    return Step::Stop;
+                }
+                return Step::Next;
+            }
+        };
+        if !*authed {
+            return match self.authenticate(&id, &req).await {
+                Step::Next => {
+                    *authed = true;
+                    Step::Next
+                }
+                Step::Stop => Step::Stop,
+            };
+        }
+        let out = match self.handle(req).await {
+            Ok(v) => reply_ok(&id, v),
+            Err(e) => reply_err(&id, &e),
+        };
+        if tx.send(Out::Text(out)).await.is_err() {
+            return Step::Stop;
+        }
+        self.send_pending().await
+    }
+
+    /// The first request of a session that must authenticate: the right
+    /// token, or the session ends.
+    async fn authenticate(&mut self, id: &Value, req: &Request) -> Step {
+        let ok = match (req, self.state.token()) {
+            (Request::Auth { token }, Some(expected)) => {
+                auth::ct_eq(token.as_bytes(), expected.as_bytes())
+            }
+            _ => false,
+        };
+        if ok {
+            let _ = self
+                .tx
+                .send(Out::Text(reply_ok(id, json!({"authenticated": true}))))
+                .await;
+            return Step::Next;
+        }
+        let e = ApiError::new(
+            axum::http::StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send {\"type\":\"auth\",\"token\":...} with the right token first",
+        );
+        let _ = self.tx.send(Out::Text(reply_err(id, &e))).await;
+        let _ = self
+            .tx
+            .send(Out::Close(CLOSE_POLICY, "unauthorized".into()))
+            .await;
+        Step::Stop
+    }
 }
 
 /// Reads the request id first, so even a request that does not parse gets
