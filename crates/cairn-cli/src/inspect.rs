@@ -167,7 +167,8 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         Some(url) => {
             let client = cairn_client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
-            client.run(&a.run).await.map_err(client_error)?
+            let run = store::run_id(&a.run)?;
+            client.run(&run).await.map_err(client_error)?
         }
         None => {
             let engine = store::engine(g, false)?;
@@ -203,12 +204,8 @@ pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         Some(url) => {
             let client = cairn_client::Client::new(url, a.remote.token.clone())
                 .map_err(|e| bad_input(e.to_string()))?;
-            store::run_id(&a.run)?;
-            client
-                .activity(&a.run)
-                .await
-                .map_err(client_error)?
-                .activity
+            let run = store::run_id(&a.run)?;
+            client.activity(&run).await.map_err(client_error)?.activity
         }
         None => {
             let engine = store::engine(g, false)?;
@@ -540,10 +537,11 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
 async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
     let client = cairn_client::Client::new(url, a.remote.token.clone())
         .map_err(|e| bad_input(e.to_string()))?;
+    let run = store::run_id(&a.run)?;
     let stdout = std::io::stdout();
     if a.follow {
         let mut stream = client
-            .events(&a.run, a.since, false)
+            .events(&run, a.since, false)
             .await
             .map_err(client_error)?;
         while let Some(line) = stream.next_event().await {
@@ -565,7 +563,7 @@ async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
         limit: Some(5000),
     };
     loop {
-        let page = client.events_page(&a.run, &q).await.map_err(client_error)?;
+        let page = client.events_page(&run, &q).await.map_err(client_error)?;
         let mut out = stdout.lock();
         for e in &page.events {
             // The store's text, as the server sent it.

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use cairn_client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client, RunId};
 use cairn_events::{Event, EventKind};
 use serde_json::{json, Value};
 
@@ -77,8 +77,9 @@ impl Drop for Instances {
 /// Waits, asking `client`, until `run` waits for its approval.
 async fn waiting(client: &Client, run: &str) {
     let t0 = Instant::now();
+    let run = RunId::parse(run).unwrap();
     loop {
-        let state = client.run(run).await.unwrap();
+        let state = client.run(&run).await.unwrap();
         if state["status"] == "waiting-approval" {
             return;
         }
@@ -90,6 +91,7 @@ async fn waiting(client: &Client, run: &str) {
 /// What one watcher saw of one run, reconnecting to the next live instance
 /// when its own dies.
 async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
+    let id = RunId::parse(&run).unwrap();
     let mut seen: Vec<Value> = Vec::new();
     let mut at = first;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -99,7 +101,7 @@ async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
             "watcher of {run} never saw its end"
         );
         let after = seen.last().map_or(0, |v| v["seq"].as_u64().unwrap());
-        let mut stream = match clients[at].events(&run, after, false).await {
+        let mut stream = match clients[at].events(&id, after, false).await {
             Ok(s) => s,
             Err(_) => {
                 // This instance is gone: another one serves the same store.

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cairn_client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client, RunId};
 use serde_json::{json, Value};
 
 const WORKFLOW: &str = r#"
@@ -54,7 +54,8 @@ async fn killed_server_resumes_the_run_and_watchers_see_the_log_once() {
         .unwrap()["runId"]
         .as_str()
         .unwrap()
-        .to_string();
+        .parse::<RunId>()
+        .unwrap();
 
     // Watch until `hold` is running, then kill the server under the watcher.
     let mut seen: Vec<Value> = Vec::new();
@@ -161,7 +162,8 @@ async fn a_waiting_run_outlives_a_server_restart_and_takes_its_decision() {
         .unwrap()["runId"]
         .as_str()
         .unwrap()
-        .to_string();
+        .parse::<RunId>()
+        .unwrap();
     let mut stream = c.events(&run, 0, false).await.unwrap();
     while let Some(line) = stream.next_event().await {
         let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
@@ -212,7 +214,10 @@ async fn a_waiting_run_outlives_a_server_restart_and_takes_its_decision() {
             .unwrap();
         assert!(ok.is_object(), "{ok}");
         // The run goes on by itself to its end.
-        let mut stream = c.events(id, 0, false).await.unwrap();
+        let mut stream = c
+            .events(&RunId::parse(id).unwrap(), 0, false)
+            .await
+            .unwrap();
         let mut last = Value::Null;
         while let Some(line) = stream.next_event().await {
             last = serde_json::from_str(&line.unwrap()).unwrap();

@@ -7,9 +7,10 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), cairn_client::ClientError> {
 //! let client = cairn_client::Client::new("http://127.0.0.1:7700", None)?;
-//! let state = client.run("r1").await?;
+//! let run = cairn_client::RunId::parse("r1").expect("a valid run id");
+//! let state = client.run(&run).await?;
 //! println!("{}", state.status());
-//! let mut events = client.events("r1", 0, false).await?;
+//! let mut events = client.events(&run, 0, false).await?;
 //! while let Some(line) = events.next_event().await {
 //!     println!("{}", line?);
 //! }
@@ -23,6 +24,9 @@ use cairn_api::{
     EventsPage, Health, Plan, ResumeBody, RunAccepted, RunDetail, RunList, ScoreReport, Session,
     StartBody, ToolCalls,
 };
+/// The typed ids the methods take, so a caller needs no other crate to
+/// name a run or a node.
+pub use cairn_events::{NodePath, RunId};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderValue};
@@ -232,20 +236,20 @@ impl Client {
     }
 
     /// `GET /v1/runs/{id}`: the run's state.
-    pub async fn run(&self, run_id: &str) -> Result<RunDetail, ClientError> {
+    pub async fn run(&self, run_id: &RunId) -> Result<RunDetail, ClientError> {
         self.get(&format!("/v1/runs/{}", segment(run_id))).await
     }
 
     /// `GET /v1/runs/{id}/activity`: the run's Activity view, its child
     /// runs' entries after the delegations that started them.
-    pub async fn activity(&self, run_id: &str) -> Result<ActivityPage, ClientError> {
+    pub async fn activity(&self, run_id: &RunId) -> Result<ActivityPage, ClientError> {
         self.get(&format!("/v1/runs/{}/activity", segment(run_id)))
             .await
     }
 
     /// `GET /v1/runs/{id}/plan`: the nodes of the workflow the run was
     /// started with.
-    pub async fn plan(&self, run_id: &str) -> Result<Plan, ClientError> {
+    pub async fn plan(&self, run_id: &RunId) -> Result<Plan, ClientError> {
         self.get(&format!("/v1/runs/{}/plan", segment(run_id)))
             .await
     }
@@ -254,8 +258,8 @@ impl Client {
     /// calls with their arguments and results.
     pub async fn tool_calls(
         &self,
-        run_id: &str,
-        node: &str,
+        run_id: &RunId,
+        node: &NodePath,
         iteration: u32,
     ) -> Result<ToolCalls, ClientError> {
         self.get(&format!(
@@ -270,7 +274,7 @@ impl Client {
     /// the store's text.
     pub async fn events_page(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         q: &EventsQuery,
     ) -> Result<EventsPage, ClientError> {
         let mut query = Query::default();
@@ -292,8 +296,8 @@ impl Client {
     /// `POST /v1/runs/{id}/approvals/{node}`: approves or denies a node.
     pub async fn decide(
         &self,
-        run_id: &str,
-        node: &str,
+        run_id: &RunId,
+        node: &NodePath,
         body: &DecideBody,
     ) -> Result<Decided, ClientError> {
         let path = format!("/v1/runs/{}/approvals/{}", segment(run_id), segment(node));
@@ -303,7 +307,7 @@ impl Client {
     /// `POST /v1/runs/{id}/inputs/{requestId}`: answers a question.
     pub async fn answer(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         request_id: &str,
         body: &AnswerBody,
     ) -> Result<Answered, ClientError> {
@@ -316,7 +320,11 @@ impl Client {
     }
 
     /// `POST /v1/runs/{id}/cancel`.
-    pub async fn cancel(&self, run_id: &str, body: &CancelBody) -> Result<Cancelled, ClientError> {
+    pub async fn cancel(
+        &self,
+        run_id: &RunId,
+        body: &CancelBody,
+    ) -> Result<Cancelled, ClientError> {
         self.post(&format!("/v1/runs/{}/cancel", segment(run_id)), body)
             .await
     }
@@ -324,7 +332,7 @@ impl Client {
     /// `POST /v1/runs/{id}/resume`.
     pub async fn resume(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         body: &ResumeBody,
     ) -> Result<RunAccepted, ClientError> {
         self.post(&format!("/v1/runs/{}/resume", segment(run_id)), body)
@@ -348,13 +356,13 @@ impl Client {
     /// goes on across resumes; without, it ends after the terminal event.
     pub async fn events(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         after: u64,
         follow: bool,
     ) -> Result<EventStream, ClientError> {
         let mut s = EventStream {
             client: self.clone(),
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             follow,
             last_seq: after,
             body: None,
@@ -406,7 +414,7 @@ pub struct RunsQuery {
     /// Only runs of this workflow (by name).
     pub workflow: Option<String>,
     /// Only the child runs of this run.
-    pub parent: Option<String>,
+    pub parent: Option<RunId>,
     /// Runs per page (1 to 1000; the server's default is 50).
     pub limit: Option<usize>,
     /// Runs to skip.
@@ -420,7 +428,8 @@ pub struct EventsQuery {
     pub after: u64,
     /// Only events of these types (the contract's names).
     pub types: Vec<String>,
-    /// Only events of this node (its path).
+    /// Only events of this node (its path). A filter, not a name: text
+    /// that is no node path matches no event, as in the store's query.
     pub node: Option<String>,
     /// Events per page (1 to 10,000; the server's default is 1000).
     pub limit: Option<usize>,
@@ -465,7 +474,7 @@ fn encode(s: &str, keep: &[u8]) -> String {
 /// from the last seq received, so the caller sees every event once.
 pub struct EventStream {
     client: Client,
-    run_id: String,
+    run_id: RunId,
     follow: bool,
     last_seq: u64,
     body: Option<Incoming>,

@@ -59,7 +59,7 @@ async fn start_gated(srv: &TestServer, token: Option<&str>) -> String {
     eventually_async(|| {
         let c = c.clone();
         let run = run.clone();
-        async move { c.run(&run).await.unwrap()["status"] == "waiting-approval" }
+        async move { c.run(&run_id(&run)).await.unwrap()["status"] == "waiting-approval" }
     })
     .await;
     run
@@ -217,7 +217,7 @@ async fn pages_elsewhere_can_neither_start_runs_nor_decide_gates() {
         }
         let c = srv.client();
         assert_eq!(
-            c.run(&run).await.unwrap()["status"],
+            c.run(&run_id(&run)).await.unwrap()["status"],
             "waiting-approval",
             "nothing refused reached the run"
         );
@@ -426,7 +426,7 @@ async fn the_cli_client_passes_every_check() {
     eventually_async(|| {
         let c = c.clone();
         let run = run.clone();
-        async move { c.run(&run).await.unwrap()["status"] == "waiting-approval" }
+        async move { c.run(&run_id(&run)).await.unwrap()["status"] == "waiting-approval" }
     })
     .await;
     c.post_json(&format!("/v1/runs/{run}/cancel"), &json!({}))

@@ -23,7 +23,7 @@ nodes:
 "#;
 
 async fn status_of(c: &cairn_client::Client, run: &str) -> String {
-    c.run(run).await.unwrap()["status"]
+    c.run(&run_id(run)).await.unwrap()["status"]
         .as_str()
         .unwrap_or("")
         .to_string()
@@ -65,8 +65,8 @@ async fn start_watch_reconnect_and_approve_over_http() {
 
     // One watcher reads the whole run; another drops after three events and
     // comes back with Last-Event-ID.
-    let whole = tokio::spawn(collect(c.events(&run, 0, false).await.unwrap()));
-    let mut partial = c.events(&run, 0, false).await.unwrap();
+    let whole = tokio::spawn(collect(c.events(&run_id(&run), 0, false).await.unwrap()));
+    let mut partial = c.events(&run_id(&run), 0, false).await.unwrap();
     let mut pieces = Vec::new();
     for _ in 0..3 {
         pieces.push(partial.next_event().await.unwrap().unwrap());
@@ -75,7 +75,7 @@ async fn start_watch_reconnect_and_approve_over_http() {
     drop(partial);
 
     wait_status(&c, &run, "waiting-approval").await;
-    let state = c.run(&run).await.unwrap();
+    let state = c.run(&run_id(&run)).await.unwrap();
     let gate = state["nodes"]
         .as_array()
         .unwrap()
@@ -92,7 +92,7 @@ async fn start_watch_reconnect_and_approve_over_http() {
         .unwrap();
     assert_eq!(decided["approved"], true);
 
-    let rest = collect(c.events(&run, resume_from, false).await.unwrap()).await;
+    let rest = collect(c.events(&run_id(&run), resume_from, false).await.unwrap()).await;
     pieces.extend(rest);
     let whole = whole.await.unwrap();
     let stored = srv.stored(&run);
@@ -109,7 +109,7 @@ async fn start_watch_reconnect_and_approve_over_http() {
         "a reconnecting watcher sees every event once"
     );
 
-    let state = c.run(&run).await.unwrap();
+    let state = c.run(&run_id(&run)).await.unwrap();
     assert_eq!(state["status"], "finished");
     assert_eq!(state["progress"], 1.0);
     let gate = state["nodes"]
@@ -195,7 +195,9 @@ async fn cancel_over_http_ends_the_run_and_its_watchers() {
         .await
         .unwrap();
     assert_eq!(run["runId"], "slow-1");
-    let watcher = tokio::spawn(collect(c.events("slow-1", 0, false).await.unwrap()));
+    let watcher = tokio::spawn(collect(
+        c.events(&run_id("slow-1"), 0, false).await.unwrap(),
+    ));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !srv
         .stored("slow-1")
@@ -404,7 +406,7 @@ async fn a_question_is_answered_over_http_and_a_wrong_answer_refused() {
         .unwrap();
     let run = started["runId"].as_str().unwrap().to_string();
     wait_status(&c, &run, "waiting-input").await;
-    let state = c.run(&run).await.unwrap();
+    let state = c.run(&run_id(&run)).await.unwrap();
     let rid = state["questions"]
         .as_object()
         .unwrap()
@@ -428,5 +430,5 @@ async fn a_question_is_answered_over_http_and_a_wrong_answer_refused() {
         .unwrap();
     assert_eq!(ok["requestId"], rid.as_str());
     wait_status(&c, &run, "finished").await;
-    assert_eq!(c.run(&run).await.unwrap()["output"], "main");
+    assert_eq!(c.run(&run_id(&run)).await.unwrap()["output"], "main");
 }

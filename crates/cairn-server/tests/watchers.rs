@@ -298,7 +298,11 @@ async fn a_slow_sse_watcher_is_cut_off_and_resumes_from_its_last_seq() {
     assert_eq!(data["error"]["lastSeq"], last);
 
     // Reconnecting from there yields the rest, once.
-    let mut rest = srv.client().events("busy", last, false).await.unwrap();
+    let mut rest = srv
+        .client()
+        .events(&run_id("busy"), last, false)
+        .await
+        .unwrap();
     let mut next = last;
     while let Some(line) = rest.next_event().await {
         let v: Value = serde_json::from_str(&line.unwrap()).unwrap();

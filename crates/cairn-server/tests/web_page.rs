@@ -305,7 +305,7 @@ async fn pages_of_other_sites_cannot_act_with_the_session_cookie() {
     // The gate is waiting before anyone tries to act on it, so that the
     // end of the test tells an untouched run from one still starting.
     let t0 = std::time::Instant::now();
-    while c.run(&run).await.unwrap()["status"] != "waiting-approval" {
+    while c.run(&run_id(&run)).await.unwrap()["status"] != "waiting-approval" {
         assert!(
             t0.elapsed() < std::time::Duration::from_secs(60),
             "the gate never waited"
@@ -380,7 +380,10 @@ async fn pages_of_other_sites_cannot_act_with_the_session_cookie() {
     assert_eq!(s, 403);
 
     // The run is untouched; the page's own origin, with the cookie, decides.
-    assert_eq!(c.run(&run).await.unwrap()["status"], "waiting-approval");
+    assert_eq!(
+        c.run(&run_id(&run)).await.unwrap()["status"],
+        "waiting-approval"
+    );
     let own = format!("Origin: http://{a}");
     let (s, _, body) = exchange(
         a,
@@ -437,11 +440,11 @@ async fn the_plan_tool_calls_and_run_list_numbers_are_served() {
         .unwrap()
         .to_string();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while c.run(&run).await.unwrap()["status"] != "finished" {
+    while c.run(&run_id(&run)).await.unwrap()["status"] != "finished" {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{}",
-            c.run(&run).await.unwrap()
+            c.run(&run_id(&run)).await.unwrap()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -518,7 +521,7 @@ async fn the_plan_tool_calls_and_run_list_numbers_are_served() {
         json!({"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "reasoning": 0})
     );
     assert!(entry.get("costUsd").is_none());
-    let state = c.run(&run).await.unwrap();
+    let state = c.run(&run_id(&run)).await.unwrap();
     assert_eq!(state["progress"], entry["progress"]);
 
     // `parent` filters (it used to be refused as unknown).
@@ -539,7 +542,7 @@ async fn a_runs_state_is_the_whole_fold_while_it_grows() {
     for i in 0..5 {
         output(&log, &format!("n{i}"), "x");
         log.sync().await.unwrap();
-        let served = c.run("grow").await.unwrap();
+        let served = c.run(&run_id("grow")).await.unwrap();
         let whole = srv
             .engine
             .state(&cairn_events::RunId::parse("grow").unwrap())
@@ -548,7 +551,7 @@ async fn a_runs_state_is_the_whole_fold_while_it_grows() {
         assert_eq!(served["nodes"].as_array().unwrap().len(), whole.nodes.len());
     }
     finish(&log).await;
-    let served = c.run("grow").await.unwrap();
+    let served = c.run(&run_id("grow")).await.unwrap();
     assert_eq!(served["status"], "finished");
     srv.stop().await;
 }

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_client::{wait_healthy, Client};
+use cairn_client::{wait_healthy, Client, RunId};
 use serde_json::{json, Value};
 
 /// The workflow every run of a wave runs.
@@ -209,7 +209,11 @@ pub async fn wave(url: &str, runs: usize, starts: usize) -> Wave {
 /// type of the last one (or what went wrong: an error, or an event out of
 /// order, missing or seen twice).
 async fn follow(client: &Client, run: String) -> (String, usize, String) {
-    let mut stream = match client.events(&run, 0, false).await {
+    let id = match RunId::parse(&run) {
+        Ok(id) => id,
+        Err(e) => return (run, 0, format!("run id: {e}")),
+    };
+    let mut stream = match client.events(&id, 0, false).await {
         Ok(s) => s,
         Err(e) => return (run, 0, format!("stream: {e}")),
     };

@@ -12,6 +12,12 @@ use cairn_store::{EventQuery, Journal, JournalOptions, RunLog, RunRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// A run id the test names or the server answered with; the client takes
+/// typed ids.
+pub fn run_id(text: &str) -> cairn_client::RunId {
+    cairn_client::RunId::parse(text).unwrap()
+}
+
 pub struct TestServer {
     pub dir: tempfile::TempDir,
     pub journal: Journal,
