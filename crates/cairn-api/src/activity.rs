@@ -92,13 +92,16 @@ impl From<cairn_events::Activity> for ActivityEntry {
         } = a;
         ActivityEntry {
             id,
-            run_id,
+            run_id: run_id.to_string(),
             node_id: node_id.map(|n| n.to_string()),
             iteration,
             previous_activity_id,
             delegated_by: delegated_by.map(|d| {
                 let cairn_events::DelegatedBy { run_id, node_id } = d;
-                DelegatedBy { run_id, node_id }
+                DelegatedBy {
+                    run_id: run_id.to_string(),
+                    node_id,
+                }
             }),
             kind: kind.to_string(),
             title,
@@ -108,7 +111,7 @@ impl From<cairn_events::Activity> for ActivityEntry {
             seq,
             updated_seq,
             error,
-            child_run_id,
+            child_run_id: child_run_id.map(String::from),
         }
     }
 }

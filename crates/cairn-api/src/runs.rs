@@ -215,7 +215,7 @@ mod tests {
     /// the state already has, which keep their place.
     #[test]
     fn a_run_detail_is_the_state_then_what_the_api_adds() {
-        let mut st = RunState::new("r1");
+        let mut st = RunState::new(cairn_events::RunId::parse("r1").unwrap());
         let fresh = RunDetail::new(&st, &meta("pending", Some("p1")));
         let keys: Vec<&String> = fresh.as_value().as_object().unwrap().keys().collect();
         let tail = &keys[keys.len() - 5..];
@@ -255,7 +255,7 @@ mod tests {
     /// A list's run, field for field in the order the API has always sent.
     #[test]
     fn a_run_summary_keeps_its_wire_order() {
-        let st = RunState::new("r1");
+        let st = RunState::new(cairn_events::RunId::parse("r1").unwrap());
         let s = RunSummary::new("r1", &meta("running", Some("p1")), 1, 2).with_state(&st);
         assert_eq!(
             serde_json::to_string(&s).unwrap(),

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cairn_api::*;
-use cairn_events::{Event, RunState, RunStatus, TokenTotals};
+use cairn_events::{Event, RunId, RunState, RunStatus, TokenTotals};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -211,7 +211,7 @@ fn tokens() -> TokenTotals {
 /// from contract events (its nodes) and set in part by hand (what would
 /// take a long log to reach).
 fn rich_state(ended: RunStatus) -> RunState {
-    let mut st = RunState::new("r1");
+    let mut st = RunState::new(RunId::parse("r1").unwrap());
     let lines = [
         r#"{"type":"NodePending","runId":"r1","seq":1,"timestampMs":10,"nodeId":"a","iteration":0,"layerIndex":0}"#,
         r#"{"type":"NodeStarted","runId":"r1","seq":2,"timestampMs":11,"nodeId":"a","iteration":0,"attempt":1}"#,
@@ -251,11 +251,11 @@ fn rich_state(ended: RunStatus) -> RunState {
             answered_by: Some("ana".into()),
         },
     );
-    st.parent_run_id = Some("p1".into());
+    st.parent_run_id = Some(RunId::parse("p1").unwrap());
     st.parent_node_id = Some("delegate".into());
     st.depth = 1;
     st.children.push(cairn_events::ChildRun {
-        run_id: "c1".into(),
+        run_id: RunId::parse("c1").unwrap(),
         node_id: "b".into(),
         iteration: 0,
         agent: "workflow".into(),
@@ -264,7 +264,7 @@ fn rich_state(ended: RunStatus) -> RunState {
     });
     st.generation = 2;
     st.forked_from = Some(cairn_events::ForkedFrom {
-        run_id: "f1".into(),
+        run_id: RunId::parse("f1").unwrap(),
         seq: 3,
     });
     st.hijack_requested.insert("b".into());
@@ -458,7 +458,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "GET /v1/runs/{id} 200",
             to_json(RunDetail::new(
-                &RunState::new("r0"),
+                &RunState::new(RunId::parse("r0").unwrap()),
                 &RunMeta {
                     workflow: "w",
                     status: "pending",

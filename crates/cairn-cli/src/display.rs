@@ -11,7 +11,7 @@ use std::io::Write;
 
 use cairn_engine::RunOutcome;
 use cairn_events::{
-    Event, EventKind, NodeCounts, NodeState, NodeStatus, NodeTiming, RunState, TokenTotals,
+    Event, EventKind, NodeCounts, NodeState, NodeStatus, NodeTiming, RunId, RunState, TokenTotals,
 };
 use cairn_store::StoredEvent;
 
@@ -121,7 +121,7 @@ struct Summary {
 pub struct Progress {
     mode: Mode,
     color: bool,
-    run_id: String,
+    run_id: RunId,
     /// Events at or below this seq update the table but print nothing
     /// (a resume's earlier history).
     quiet_until: u64,
@@ -152,14 +152,14 @@ pub struct Progress {
 
 impl Progress {
     /// A display for one run; events up to `quiet_until` only build state.
-    pub fn new(mode: Mode, run_id: &str, quiet_until: u64) -> Progress {
+    pub fn new(mode: Mode, run_id: &RunId, quiet_until: u64) -> Progress {
         let color = mode == Mode::Tty && std::env::var_os("NO_COLOR").is_none();
         Progress {
             mode,
             color,
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             quiet_until,
-            state: RunState::new(run_id),
+            state: RunState::new(run_id.clone()),
             changed: HashMap::new(),
             pending_only: 0,
             forgotten: 0,
@@ -1037,7 +1037,7 @@ mod tests {
     /// Feeds events to a plain display that writes into a buffer.
     fn plain_display() -> (Progress, Arc<Mutex<Vec<u8>>>) {
         let buf = Arc::new(Mutex::new(Vec::new()));
-        let mut p = Progress::new(Mode::Plain, "r1", 0);
+        let mut p = Progress::new(Mode::Plain, &RunId::parse("r1").unwrap(), 0);
         p.out = Out::Buffer(buf.clone());
         (p, buf)
     }

@@ -236,7 +236,7 @@ impl NodeCtx {
             ),
         };
         self.emit(EventKind::DelegationFinished {
-            child_run_id: spec.run_id.to_string(),
+            child_run_id: spec.run_id.clone(),
             status: status.into(),
         });
         // The child ended because this attempt was stopped: the attempt
@@ -252,7 +252,7 @@ impl NodeCtx {
 
     async fn delegation_started(&self, spec: &ChildSpec) -> Result<(), NodeError> {
         self.emit_durable(EventKind::DelegationStarted {
-            child_run_id: spec.run_id.to_string(),
+            child_run_id: spec.run_id.clone(),
             agent: spec.agent.clone(),
             workflow: spec.path.clone(),
         })

@@ -351,7 +351,7 @@ fn copy_of(
             parent_node_id: None,
             depth: 0,
             forked_from: Some(ForkedFrom {
-                run_id: from.to_string(),
+                run_id: from.clone(),
                 seq,
             }),
         },

@@ -441,13 +441,13 @@ impl Engine {
             workflow_hash: wf.hash.clone(),
             input: Some(input),
             resumed: false,
-            parent_run_id: parent.as_ref().map(|p| p.run_id.to_string()),
+            parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
             parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
             depth: parent.as_ref().map_or(0, |p| p.depth),
             forked_from: None,
         };
         let (log, ev) = self.first_event(log, started, exists).await?;
-        let mut state = RunState::new(&run_id);
+        let mut state = RunState::new(run_id.clone());
         state.apply(&ev);
         Ok(self.spawn_driver(
             run_id,
@@ -736,7 +736,7 @@ impl Engine {
 
     fn fold(&self, run_id: &RunId) -> Result<RunState, EngineError> {
         let events = self.backend().read_events(run_id, &EventQuery::default())?;
-        let mut state = RunState::new(run_id);
+        let mut state = RunState::new(run_id.clone());
         // One event decoded at a time: a large run's log is never held
         // decoded whole.
         for stored in &events {

@@ -1577,14 +1577,15 @@ fn check(case: &Case, dir: &Path, journal: &Journal, ran: &Ran) -> Result<(), St
     }
     // Guarantee 4: the reducer over the store, the mirror and the observed
     // events agree, and `Engine::state` is that fold.
+    let run_id = cairn_events::RunId::parse(&ran.run_id).unwrap();
     let from_observed = if ran.observed.len() == evs.len() {
-        RunState::from_events(&ran.run_id, ran.observed.iter())
+        RunState::from_events(&run_id, ran.observed.iter())
     } else {
-        RunState::from_events(&ran.run_id, evs.iter())
+        RunState::from_events(&run_id, evs.iter())
     };
-    let from_store = RunState::from_events(&ran.run_id, evs.iter());
+    let from_store = RunState::from_events(&run_id, evs.iter());
     let from_mirror_evs: Vec<Event> = lines.iter().map(|l| Event::from_json(l).unwrap()).collect();
-    let from_mirror = RunState::from_events(&ran.run_id, from_mirror_evs.iter());
+    let from_mirror = RunState::from_events(&run_id, from_mirror_evs.iter());
     if from_observed != from_store || from_store != from_mirror {
         return Err("folds of observer, store and mirror differ".into());
     }

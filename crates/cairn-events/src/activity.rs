@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::event::{ErrorInfo, Event, EventKind, OutputStream, ToolStatus};
-use crate::ids::NodePath;
+use crate::ids::{NodePath, RunId};
 
 /// The parent run and node of a child run, so a child's activity can be shown
 /// under the delegation that started it.
@@ -23,7 +23,7 @@ use crate::ids::NodePath;
 #[serde(rename_all = "camelCase")]
 pub struct DelegatedBy {
     /// The parent run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The parent's node that delegated.
     pub node_id: String,
 }
@@ -36,7 +36,7 @@ pub struct Activity {
     /// across recomputations of the view, so clients can key on it.
     pub id: String,
     /// The run the entry belongs to.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The node the entry belongs to; absent for run-level entries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<NodePath>,
@@ -73,7 +73,7 @@ pub struct Activity {
     /// The child run a `delegation` entry started: its entries follow it
     /// in a tree's view.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub child_run_id: Option<String>,
+    pub child_run_id: Option<RunId>,
 }
 
 /// The Activity view of a whole log.
@@ -118,7 +118,7 @@ pub struct ActivityFolder {
     /// Open questions by request id (an agent asks several at once).
     questions: HashMap<String, usize>,
     /// Open delegations by child run id.
-    delegations: HashMap<String, usize>,
+    delegations: HashMap<RunId, usize>,
 }
 
 impl ActivityFolder {
@@ -180,7 +180,7 @@ impl ActivityFolder {
         let previous_activity_id = self.entries.last().map(|a| a.id.clone());
         self.entries.push(Activity {
             id: format!("{}-{}", ev.run_id, seq),
-            run_id: ev.run_id.to_string(),
+            run_id: ev.run_id.clone(),
             node_id: ev.scope.node_id.clone(),
             iteration: ev
                 .scope
@@ -549,15 +549,21 @@ impl ActivityFolder {
         }
     }
 
-    fn delegation_started(&mut self, ev: &Event, child_run_id: &str, agent: &str, workflow: &str) {
+    fn delegation_started(
+        &mut self,
+        ev: &Event,
+        child_run_id: &RunId,
+        agent: &str,
+        workflow: &str,
+    ) {
         // Taken up again after a crash: the same entry goes on.
         if self.delegations.contains_key(child_run_id) {
             return;
         }
         let title = format!("Delegated to {agent} ({workflow}, run {child_run_id})");
         let idx = self.push(ev, "delegation", title, "running");
-        self.entries[idx].child_run_id = Some(child_run_id.to_string());
-        self.delegations.insert(child_run_id.to_string(), idx);
+        self.entries[idx].child_run_id = Some(child_run_id.clone());
+        self.delegations.insert(child_run_id.clone(), idx);
     }
 
     fn delegation_finished(&mut self, ev: &Event, child_run_id: &str, status: &str) {
@@ -662,7 +668,7 @@ mod tests {
                 workflow_hash: "h".into(),
                 input: None,
                 resumed: false,
-                parent_run_id: parent.map(|p| p.0.to_string()),
+                parent_run_id: parent.map(|p| RunId::parse(p.0).unwrap()),
                 parent_node_id: parent.map(|p| p.1.to_string()),
                 depth: parent.map_or(0, |_| 1),
                 forked_from: None,
@@ -925,7 +931,7 @@ mod tests {
                 4,
                 a("w", 1),
                 EventKind::DelegationStarted {
-                    child_run_id: "c1".into(),
+                    child_run_id: RunId::parse("c1").unwrap(),
                     agent: "coder".into(),
                     workflow: "coder.yaml".into(),
                 },
@@ -941,7 +947,7 @@ mod tests {
         let story = activity(&log);
         assert!(story.iter().all(|a| a.delegated_by
             == Some(DelegatedBy {
-                run_id: "parent".into(),
+                run_id: RunId::parse("parent").unwrap(),
                 node_id: "agent".into()
             })));
         assert_eq!(story[1].kind, "command");

@@ -17,7 +17,7 @@ use crate::ids::{NodePath, RunId, Seq};
 #[serde(rename_all = "camelCase")]
 pub struct ForkedFrom {
     /// The run forked.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The last of its events the fork's log copies.
     pub seq: u64,
 }
@@ -327,7 +327,7 @@ pub enum EventKind {
         input: Option<Value>,
         resumed: bool,
         #[serde(default)]
-        parent_run_id: Option<String>,
+        parent_run_id: Option<RunId>,
         #[serde(default)]
         parent_node_id: Option<String>,
         depth: u32,
@@ -556,12 +556,12 @@ pub enum EventKind {
         error: Option<ErrorInfo>,
     },
     DelegationStarted {
-        child_run_id: String,
+        child_run_id: RunId,
         agent: String,
         workflow: String,
     },
     DelegationFinished {
-        child_run_id: String,
+        child_run_id: RunId,
         status: String,
     },
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::event::{ErrorInfo, Event, EventKind, OutputStream, RunStatus, TokenTotals};
-use crate::ids::NodePath;
+use crate::ids::{NodePath, RunId};
 use crate::output::Output;
 
 /// Where a node stands.
@@ -287,15 +287,18 @@ impl NodeState {
 ///
 /// ```
 /// use cairn_events::{Event, EventKind, RunId, RunState, Scope, Seq};
-/// let mut state = RunState::new("r1");
-/// state.apply(&Event { run_id: RunId::parse("r1").unwrap(), seq: Seq(1), timestamp_ms: 10,
+/// let run = RunId::parse("r1").unwrap();
+/// let mut state = RunState::new(run.clone());
+/// state.apply(&Event { run_id: run, seq: Seq(1), timestamp_ms: 10,
 ///     scope: Scope::node("a", 0), kind: EventKind::NodePending { layer_index: Some(0) } });
 /// assert_eq!(state.node("a", 0).unwrap().status.as_str(), "pending");
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+///
+/// No `Default`: a state always belongs to a run ([`RunState::new`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunState {
-    pub run_id: String,
+    pub run_id: RunId,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workflow: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -334,7 +337,7 @@ pub struct RunState {
     pub questions: BTreeMap<String, Question>,
     /// The run that started this one as a child (`workflow` node, delegate).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
     /// The parent's node that started it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_node_id: Option<String>,
@@ -389,7 +392,7 @@ fn generation_zero(n: &u64) -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct ChildRun {
     /// The child's run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The parent's node that started it.
     pub node_id: NodePath,
     /// That node's loop pass.
@@ -474,16 +477,46 @@ impl Eq for dyn NodeKey + '_ {}
 
 impl RunState {
     /// The state of a run with no events yet.
-    pub fn new(run_id: impl Into<String>) -> Self {
+    pub fn new(run_id: RunId) -> Self {
         RunState {
-            run_id: run_id.into(),
-            ..RunState::default()
+            run_id,
+            workflow: Default::default(),
+            workflow_hash: Default::default(),
+            input: Default::default(),
+            status: Default::default(),
+            started_ms: Default::default(),
+            resumed_ms: Default::default(),
+            ended_ms: Default::default(),
+            output: Default::default(),
+            error: Default::default(),
+            cancel_requested: Default::default(),
+            resumes: Default::default(),
+            last_seq: Default::default(),
+            frame_no: Default::default(),
+            mounted: Default::default(),
+            tokens: Default::default(),
+            cost_usd: Default::default(),
+            tool_calls: Default::default(),
+            nodes: Default::default(),
+            questions: Default::default(),
+            parent_run_id: Default::default(),
+            parent_node_id: Default::default(),
+            depth: Default::default(),
+            children: Default::default(),
+            open_layers: Default::default(),
+            open_chapters: Default::default(),
+            generation: Default::default(),
+            generation_hash: Default::default(),
+            forked_from: Default::default(),
+            hijack_requested: Default::default(),
+            open_revert: Default::default(),
+            index: Default::default(),
         }
     }
 
     /// Folds a whole log.
-    pub fn from_events<'a>(run_id: &str, events: impl IntoIterator<Item = &'a Event>) -> Self {
-        let mut s = RunState::new(run_id);
+    pub fn from_events<'a>(run_id: &RunId, events: impl IntoIterator<Item = &'a Event>) -> Self {
+        let mut s = RunState::new(run_id.clone());
         for e in events {
             s.apply(e);
         }
@@ -778,7 +811,7 @@ impl RunState {
     /// Where a child or a fork comes from (`RunStarted`).
     fn lineage(
         &mut self,
-        parent_run_id: &Option<String>,
+        parent_run_id: &Option<RunId>,
         parent_node_id: &Option<String>,
         depth: u32,
         forked_from: &Option<crate::event::ForkedFrom>,
@@ -1076,14 +1109,20 @@ impl RunState {
         }
     }
 
-    fn delegation_started(&mut self, ev: &Event, child_run_id: &str, agent: &str, workflow: &str) {
+    fn delegation_started(
+        &mut self,
+        ev: &Event,
+        child_run_id: &RunId,
+        agent: &str,
+        workflow: &str,
+    ) {
         // An attempt that takes a delegation up again after a crash
         // logs it again: one entry per child.
-        let known = self.children.iter().any(|c| c.run_id == child_run_id);
+        let known = self.children.iter().any(|c| &c.run_id == child_run_id);
         if let (false, Some(node), Some(iteration)) = (known, &ev.scope.node_id, ev.scope.iteration)
         {
             self.children.push(ChildRun {
-                run_id: child_run_id.to_string(),
+                run_id: child_run_id.clone(),
                 node_id: node.clone(),
                 iteration,
                 agent: agent.to_string(),
@@ -1188,7 +1227,7 @@ mod tests {
     #[test]
     fn retry_then_finish() {
         let s = RunState::from_events(
-            "r",
+            &RunId::parse("r").unwrap(),
             &[
                 ev(
                     1,
@@ -1249,7 +1288,7 @@ mod tests {
     #[test]
     fn open_attempt_is_found() {
         let s = RunState::from_events(
-            "r",
+            &RunId::parse("r").unwrap(),
             &[
                 ev(
                     1,
@@ -1284,11 +1323,11 @@ mod tests {
                 },
             )
         };
-        let first = RunState::from_events("r", &[started(1, false)]);
+        let first = RunState::from_events(&RunId::parse("r").unwrap(), &[started(1, false)]);
         assert_eq!(first.session_started_ms(), Some(10));
         assert_eq!(first.resumed_ms, None);
         let again = RunState::from_events(
-            "r",
+            &RunId::parse("r").unwrap(),
             &[started(1, false), started(2, true), started(3, true)],
         );
         assert_eq!(again.started_ms, Some(10));

@@ -128,8 +128,9 @@ fn child_started(
         }
         if parent_run_id.as_deref() != Some(parent_id) {
             return Err(format!(
-                "child `{child_run_id}` seq {}: parentRunId {parent_run_id:?}, expected `{parent_id}`",
-                c.seq
+                "child `{child_run_id}` seq {}: parentRunId {:?}, expected `{parent_id}`",
+                c.seq,
+                parent_run_id.as_deref(),
             ));
         }
         let node = ev.scope.node_id.as_ref().map(|n| n.as_str());

@@ -40,10 +40,7 @@ fn parent_of(
             ..
         } = ev.kind
         {
-            // The log's text; one that names no run is no parent.
-            return Ok(parent_run_id
-                .and_then(|p| RunId::parse(&p).ok())
-                .map(|p| (p, parent_node_id)));
+            return Ok(parent_run_id.map(|p| (p, parent_node_id)));
         }
     }
     Ok(backend
@@ -244,7 +241,7 @@ mod tests {
                 workflow_hash: "h".into(),
                 input: None,
                 resumed: false,
-                parent_run_id: parent.map(|p| p.0.to_string()),
+                parent_run_id: parent.map(|p| RunId::parse(p.0).unwrap()),
                 parent_node_id: parent.map(|p| p.1.to_string()),
                 depth: 0,
                 forked_from: None,
@@ -256,7 +253,7 @@ mod tests {
             events.push((
                 scope,
                 EventKind::DelegationStarted {
-                    child_run_id: c.into(),
+                    child_run_id: RunId::parse(c).unwrap(),
                     agent: "workflow".into(),
                     workflow: "c.yaml".into(),
                 },

@@ -668,7 +668,6 @@ fn tree_activity(
         if depth >= MAX_ACTIVITY_DEPTH {
             continue;
         }
-        let child = child.and_then(|c| RunId::parse(&c).ok());
         if let Some(child) = child.and_then(|c| backend.get_run(&c).ok().flatten()) {
             tree_activity(backend, &child, depth + 1, out)?;
         }

@@ -116,7 +116,7 @@ impl StateCache {
         let mut guard = folded.lock().unwrap_or_else(|p| p.into_inner());
         if guard.created_ms != rec.created_ms {
             *guard = Folded {
-                state: RunState::new(&rec.run_id),
+                state: RunState::new(rec.run_id.clone()),
                 created_ms: rec.created_ms,
                 bytes: 0,
             };
@@ -152,7 +152,7 @@ impl StateCache {
             .entry(rec.run_id.clone())
             .or_insert_with(|| Slot {
                 folded: Arc::new(Mutex::new(Folded {
-                    state: RunState::new(&rec.run_id),
+                    state: RunState::new(rec.run_id.clone()),
                     created_ms: rec.created_ms,
                     bytes: 0,
                 })),
@@ -276,7 +276,7 @@ mod tests {
             .unwrap();
         assert_eq!((seq, status), (3, NodeStatus::Running));
         let whole = RunState::from_events(
-            "r1",
+            &rec.run_id,
             &backend
                 .read_events(&rec.run_id, &EventQuery::default())
                 .unwrap()

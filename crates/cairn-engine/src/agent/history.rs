@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use cairn_agent::AssistantMessage;
-use cairn_events::{ErrorInfo, Event, EventKind, EventType, NodePath, RunId};
+use cairn_events::{ErrorInfo, Event, EventKind, EventType, NodePath};
 use cairn_store::{EventQuery, ToolCallRecord, ToolCallStatus};
 use serde_json::Value;
 
@@ -290,13 +290,8 @@ fn key_run_of(
 ) -> Result<String, cairn_store::StoreError> {
     // Each step goes one fork back; a chain longer than this is a loop.
     for _ in 0..64 {
-        // The text comes from the run's own log; one that names no run has
-        // no log to look further back in.
-        let Ok(run) = RunId::parse(&from.run_id) else {
-            break;
-        };
         let first = backend.read_events(
-            &run,
+            &from.run_id,
             &EventQuery {
                 limit: Some(1),
                 ..EventQuery::default()
@@ -311,10 +306,10 @@ fn key_run_of(
             });
         match earlier {
             Some(f) if seq <= f.seq => from = f,
-            _ => return Ok(from.run_id),
+            _ => return Ok(from.run_id.to_string()),
         }
     }
-    Ok(from.run_id)
+    Ok(from.run_id.to_string())
 }
 
 /// How a recorded call ended: `None` when it started and never finished

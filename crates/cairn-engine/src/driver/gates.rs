@@ -422,7 +422,7 @@ mod tests {
     #[test]
     fn a_gate_the_log_shows_waiting_or_decided_is_not_opened_again() {
         let k = key("gate");
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         let scope = Scope::node(k.0.clone(), 0);
         apply(&mut state, scope.clone(), EventKind::NodeWaitingApproval {});
         let mut gates = Gates::new(RunStatus::WaitingApproval);
@@ -468,7 +468,7 @@ mod tests {
         assert_eq!(gates.waiting_count(), 1);
 
         // Asked before a crash: the new attempt waits for the same answer.
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         let scope = Scope::node(k.0.clone(), 0);
         apply(
             &mut state,
@@ -520,7 +520,7 @@ mod tests {
 
     #[test]
     fn an_answer_must_be_to_an_open_question_and_match_its_schema() {
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         apply(
             &mut state,
             Scope::node("ask", 2),

@@ -452,7 +452,7 @@ nodes:
         let plan = plan_of(SCORED);
         let a = key("a");
         let inst = &plan.insts[&a];
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         finished(&mut state, &a);
         let mut scoring = Scoring::default();
         assert!(scoring.holds(inst, || state.node("a", 0)));
@@ -499,7 +499,7 @@ nodes:
         let plan = plan_of(SCORED);
         let a = key("a");
         let inst = &plan.insts[&a];
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         finished(&mut state, &a);
         let scope = scope_of(inst);
         apply(
@@ -548,7 +548,7 @@ nodes:
         let plan = plan_of(SCORED);
         let a = key("a");
         let inst = &plan.insts[&a];
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         finished(&mut state, &a);
         let mut scoring = Scoring::default();
         let halted = scoring.start(inst, state.node("a", 0), MayScore::Halted);
@@ -568,7 +568,7 @@ nodes:
         let plan = plan_of(SCORED);
         let a = key("a");
         let inst = &plan.insts[&a];
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(RunId::parse("r").unwrap());
         finished(&mut state, &a);
         let mut scoring = Scoring::default();
         scoring.start(inst, state.node("a", 0), MayScore::Yes);

@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn the_summary_counts_ends_and_names_the_slowest_first() {
-        let mut state = RunState::new("r");
+        let mut state = RunState::new(cairn_events::RunId::parse("r").unwrap());
         let push = testing::apply;
         for (i, d) in [5u64, 50, 7].into_iter().enumerate() {
             let scope = Scope::node(format!("n{i}").as_str(), 0).with_attempt(1);

@@ -526,7 +526,7 @@ fn a_child_run_hangs_from_the_parent_attempt_that_started_it() {
             1_020,
             att("sub", 1),
             EventKind::DelegationStarted {
-                child_run_id: "p.c1".into(),
+                child_run_id: cairn_events::RunId::parse("p.c1").unwrap(),
                 agent: "workflow".into(),
                 workflow: "child.yaml".into(),
             },
