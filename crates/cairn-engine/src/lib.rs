@@ -1127,7 +1127,7 @@ pub(crate) fn decode_row(
 /// process. Called by a resume, when no process
 /// of the run may legitimately be alive: whoever drove it before is dead.
 /// Returns how many were killed.
-pub(crate) fn kill_leftovers(run_id: &str, store_tag: &str) -> usize {
+pub(crate) fn kill_leftovers(run_id: &RunId, store_tag: &str) -> usize {
     let run = format!("{RUN_ENV}={run_id}");
     let store = format!("{}={store_tag}", cairn_tools::STORE_ENV);
     let me = std::process::id();
@@ -1175,7 +1175,7 @@ pub(crate) fn kill_leftovers(run_id: &str, store_tag: &str) -> usize {
 /// between the spawn and the record.
 pub(crate) fn is_recorded_leader(
     rec: &cairn_store::ProcessRecord,
-    run_id: &str,
+    run_id: &RunId,
     store_tag: &str,
 ) -> bool {
     let pid = rec.pgid;
@@ -1362,13 +1362,29 @@ mod tests {
         let now = crate::node::now_ms();
         let pid = child.id();
         // No marks in its environment: recognised by its start time.
-        assert!(is_recorded_leader(&record(pid, now), "r", "s"));
+        assert!(is_recorded_leader(
+            &record(pid, now),
+            &RunId::parse("r").unwrap(),
+            "s"
+        ));
         // The same pid recorded an hour ago (or on another machine) is
         // someone else.
-        assert!(!is_recorded_leader(&record(pid, now - 3_600_000), "r", "s"));
+        assert!(!is_recorded_leader(
+            &record(pid, now - 3_600_000),
+            &RunId::parse("r").unwrap(),
+            "s"
+        ));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(!is_recorded_leader(&record(pid, now), "r", "s"));
-        assert!(!is_recorded_leader(&record(u32::MAX - 1, now), "r", "s"));
+        assert!(!is_recorded_leader(
+            &record(pid, now),
+            &RunId::parse("r").unwrap(),
+            "s"
+        ));
+        assert!(!is_recorded_leader(
+            &record(u32::MAX - 1, now),
+            &RunId::parse("r").unwrap(),
+            "s"
+        ));
     }
 }

@@ -67,7 +67,7 @@ impl Services {
     /// The variables that mark a process as `run_id`'s in this store, so
     /// that a resume after a crash can find and kill what the dead engine
     /// left running, and nothing else.
-    pub fn process_env(&self, run_id: &str) -> [(String, String); 2] {
+    pub fn process_env(&self, run_id: &cairn_events::RunId) -> [(String, String); 2] {
         [
             (cairn_tools::RUN_ENV.to_string(), run_id.to_string()),
             (cairn_tools::STORE_ENV.to_string(), self.store_tag.clone()),

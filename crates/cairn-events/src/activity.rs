@@ -566,7 +566,7 @@ impl ActivityFolder {
         self.delegations.insert(child_run_id.clone(), idx);
     }
 
-    fn delegation_finished(&mut self, ev: &Event, child_run_id: &str, status: &str) {
+    fn delegation_finished(&mut self, ev: &Event, child_run_id: &RunId, status: &str) {
         if let Some(idx) = self.delegations.remove(child_run_id) {
             let st = match status {
                 "finished" | "success" => "success",

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Event, EventKind};
+use crate::{Event, EventKind, RunId};
 
 /// Checks a parent's log against its children's logs (by child run id).
 /// Returns the first rule broken.
@@ -23,9 +23,9 @@ pub fn check_tree(parent: &[Event], children: &BTreeMap<String, Vec<Event>>) -> 
         })
         .ok_or("the parent's log has no RunStarted")?;
     let parent_id = parent.first().map(|e| e.run_id.as_str()).unwrap_or("");
-    let log_of = |child_run_id: &str, ev: &Event, what: &str| {
+    let log_of = |child_run_id: &RunId, ev: &Event, what: &str| {
         children
-            .get(child_run_id)
+            .get(child_run_id.as_str())
             .ok_or_else(|| format!("seq {}: {what} `{child_run_id}` has no log", ev.seq))
     };
     for ev in parent {
@@ -106,7 +106,7 @@ pub fn check_tree(parent: &[Event], children: &BTreeMap<String, Vec<Event>>) -> 
 /// level below it (each of its `RunStarted`, resumes too, says so).
 fn child_started(
     ev: &Event,
-    child_run_id: &str,
+    child_run_id: &RunId,
     child: &[Event],
     parent_id: &str,
     parent_depth: u32,
@@ -160,7 +160,7 @@ fn child_started(
 /// the status that event says.
 fn child_ended(
     ev: &Event,
-    child_run_id: &str,
+    child_run_id: &RunId,
     child: &[Event],
     status: &str,
 ) -> Result<(), String> {

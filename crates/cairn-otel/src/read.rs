@@ -117,7 +117,7 @@ pub fn lineage(backend: &dyn Backend, run_id: &RunId) -> Result<Lineage, StoreEr
         }
     }
     Ok(Lineage {
-        root_run_id: root.to_string(),
+        root_run_id: root,
         parent: Some(span),
     })
 }
@@ -286,7 +286,7 @@ mod tests {
         assert_eq!(
             lin,
             Lineage {
-                root_run_id: "r".into(),
+                root_run_id: RunId::parse("r").unwrap(),
                 parent: Some(ParentSpan::Attempt {
                     run_id: "r.c".into(),
                     node_id: "sub".into(),
@@ -297,7 +297,7 @@ mod tests {
         );
         assert_eq!(
             lineage(&b, &RunId::parse("r").unwrap()).unwrap(),
-            Lineage::root("r")
+            Lineage::root(&RunId::parse("r").unwrap())
         );
 
         // The whole tree from its root: one trace, each run under the

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use cairn_events::{CancelMechanism, ErrorInfo, Event, EventKind, ToolStatus};
+use cairn_events::{CancelMechanism, ErrorInfo, Event, EventKind, RunId, ToolStatus};
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{span, status, Span, Status};
 
@@ -31,16 +31,16 @@ pub const MAX_SPANS_PER_RUN: usize = 100_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lineage {
     /// The id of the tree's first run: it names the trace.
-    pub root_run_id: String,
+    pub root_run_id: RunId,
     /// The span the run span hangs from; `None` for a root run.
     pub parent: Option<ParentSpan>,
 }
 
 impl Lineage {
     /// The lineage of a run that has no parent.
-    pub fn root(run_id: &str) -> Lineage {
+    pub fn root(run_id: &RunId) -> Lineage {
         Lineage {
-            root_run_id: run_id.to_string(),
+            root_run_id: run_id.clone(),
             parent: None,
         }
     }
@@ -105,7 +105,7 @@ pub enum ParentSpan {
 ///         resumed: false, parent_run_id: None, parent_node_id: None, depth: 0, forked_from: None }),
 ///     ev(2, 1_500, EventKind::RunFinished { output: None, duration_ms: 500 }),
 /// ];
-/// let spans = build_spans(&log, &Lineage::root("r"));
+/// let spans = build_spans(&log, &Lineage::root(&RunId::parse("r").unwrap()));
 /// assert_eq!(spans.len(), 1);
 /// assert_eq!(spans[0].name, "run w");
 /// assert_eq!(spans[0].end_time_unix_nano - spans[0].start_time_unix_nano, 500_000_000);
@@ -342,7 +342,7 @@ pub struct TraceBuilder {
     tools: HashMap<(usize, u32), usize>,
     retry_delay: HashMap<(String, u32), u64>,
     /// The attempt that first delegated to each child run, by the child's id.
-    delegations: HashMap<String, AttemptKey>,
+    delegations: HashMap<RunId, AttemptKey>,
     run_status: Option<String>,
     sessions: u64,
     dropped_spans: u64,
@@ -382,7 +382,7 @@ impl TraceBuilder {
 
     /// The lineage of a child run of this one, from the `DelegationStarted`
     /// that named it (or this run's span, when none did).
-    pub fn child_lineage(&self, child_run_id: &str) -> Lineage {
+    pub fn child_lineage(&self, child_run_id: &RunId) -> Lineage {
         let run_id = self.run_id.clone().unwrap_or_default();
         Lineage {
             root_run_id: self.lineage.root_run_id.clone(),
@@ -962,11 +962,17 @@ impl TraceBuilder {
 
     /// The first attempt that named the child started it; a later one
     /// that took up an interrupted call only waits.
-    fn delegation_started(&mut self, ev: &Event, child_run_id: &str, agent: &str, workflow: &str) {
+    fn delegation_started(
+        &mut self,
+        ev: &Event,
+        child_run_id: &RunId,
+        agent: &str,
+        workflow: &str,
+    ) {
         if self.delegations.len() < MAX_SPANS_PER_RUN {
             if let (Some((node, iteration)), Some(attempt)) = (ev.node_key(), ev.scope.attempt) {
                 self.delegations
-                    .entry(child_run_id.to_string())
+                    .entry(child_run_id.clone())
                     .or_insert_with(|| (node.to_string(), iteration, attempt));
             }
         }

@@ -1,5 +1,5 @@
 use super::*;
-use cairn_events::{NodeCounts, Scope, Seq, TokenTotals};
+use cairn_events::{NodeCounts, RunId, Scope, Seq, TokenTotals};
 
 /// A run's log being written by hand.
 struct Log {
@@ -298,7 +298,7 @@ fn agent_run() -> Log {
 #[test]
 fn a_run_gives_run_attempt_model_and_tool_spans_with_their_parents() {
     let log = agent_run();
-    let spans = build_spans(&log.events, &Lineage::root("r"));
+    let spans = build_spans(&log.events, &Lineage::root(&RunId::parse("r").unwrap()));
     let run = &spans[0];
     assert_eq!(run.name, "run wf");
     assert!(run.parent_span_id.is_empty());
@@ -378,7 +378,10 @@ fn a_run_gives_run_attempt_model_and_tool_spans_with_their_parents() {
     assert!(spans.iter().all(|s| flag(s, "cairn.incomplete").is_none()));
 
     // The same log gives the same spans, ids included.
-    assert_eq!(build_spans(&log.events, &Lineage::root("r")), spans);
+    assert_eq!(
+        build_spans(&log.events, &Lineage::root(&RunId::parse("r").unwrap())),
+        spans
+    );
 }
 
 #[test]
@@ -399,7 +402,7 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
             },
         );
     // What an export at the crash would have sent.
-    let before = build_spans(&l.events, &Lineage::root("r"));
+    let before = build_spans(&l.events, &Lineage::root(&RunId::parse("r").unwrap()));
     assert_eq!(before.len(), 2);
     assert_eq!(flag(&before[0], "cairn.incomplete"), Some(true));
     assert_eq!(text(&before[0], "cairn.run.status"), Some("running"));
@@ -446,7 +449,7 @@ fn a_resumed_run_is_one_run_span_with_stable_ids() {
                 duration_ms: 60_101,
             },
         );
-    let after = build_spans(&l.events, &Lineage::root("r"));
+    let after = build_spans(&l.events, &Lineage::root(&RunId::parse("r").unwrap()));
     let runs: Vec<&Span> = after
         .iter()
         .filter(|s| s.name.starts_with("run "))
@@ -498,7 +501,7 @@ fn a_waiting_run_ends_at_its_last_event_with_its_status_unset() {
                 status: cairn_events::RunStatus::WaitingApproval,
             },
         );
-    let spans = build_spans(&l.events, &Lineage::root("r"));
+    let spans = build_spans(&l.events, &Lineage::root(&RunId::parse("r").unwrap()));
     let (run, gate) = (&spans[0], &spans[1]);
     assert_eq!(run.status, None);
     assert_eq!(flag(run, "cairn.incomplete"), Some(true));
@@ -531,18 +534,18 @@ fn a_child_run_hangs_from_the_parent_attempt_that_started_it() {
                 workflow: "child.yaml".into(),
             },
         );
-    let mut b = TraceBuilder::new(Lineage::root("p"));
+    let mut b = TraceBuilder::new(Lineage::root(&RunId::parse("p").unwrap()));
     for ev in &parent.events {
         b.push(ev);
     }
-    let lineage = b.child_lineage("p.c1");
+    let lineage = b.child_lineage(&RunId::parse("p.c1").unwrap());
     let parent_spans = b.finish();
     let attempt = named(&parent_spans, "node sub")[0];
     assert_eq!(attempt.events[0].name, "delegation started");
     assert_eq!(
         lineage,
         Lineage {
-            root_run_id: "p".into(),
+            root_run_id: RunId::parse("p").unwrap(),
             parent: Some(ParentSpan::Attempt {
                 run_id: "p".into(),
                 node_id: "sub".into(),
@@ -572,11 +575,11 @@ fn a_child_run_hangs_from_the_parent_attempt_that_started_it() {
 fn b_lineage_without_delegation() -> Lineage {
     let mut parent = Log::new("p");
     parent.started(1_000, false);
-    let mut b = TraceBuilder::new(Lineage::root("p"));
+    let mut b = TraceBuilder::new(Lineage::root(&RunId::parse("p").unwrap()));
     for ev in &parent.events {
         b.push(ev);
     }
-    b.child_lineage("p.other")
+    b.child_lineage(&RunId::parse("p.other").unwrap())
 }
 
 #[test]
@@ -614,7 +617,7 @@ fn hostile_logs_stay_bounded() {
         scope: Scope::run(),
         kind: EventKind::RunCancelled { reason: None },
     });
-    let spans = build_spans(&l.events, &Lineage::root("r"));
+    let spans = build_spans(&l.events, &Lineage::root(&RunId::parse("r").unwrap()));
     let n = &spans[1];
     assert_eq!(n.events.len(), MAX_EVENTS_PER_SPAN);
     assert_eq!(n.dropped_events_count, 10);
@@ -664,7 +667,7 @@ fn hostile_logs_stay_bounded() {
             },
         );
     }
-    let spans = build_spans(&many.events, &Lineage::root("m"));
+    let spans = build_spans(&many.events, &Lineage::root(&RunId::parse("m").unwrap()));
     assert_eq!(spans.len(), MAX_SPANS_PER_RUN);
     assert_eq!(int(&spans[0], "cairn.spans_dropped"), Some(7));
 }
@@ -713,7 +716,7 @@ fn nodes_inside_groups_hang_from_the_group_attempt() {
     l.at(9, att("review", 1), fin(3));
     l.at(10, att("top", 1), EventKind::NodeStarted { snapshot: None });
     l.at(11, att("top", 1), fin(1));
-    let spans = build_spans(&l.events, &Lineage::root("r"));
+    let spans = build_spans(&l.events, &Lineage::root(&RunId::parse("r").unwrap()));
     let id = |name: &str| named(&spans, name)[0].span_id.clone();
     let run = id("run wf");
     assert_eq!(
