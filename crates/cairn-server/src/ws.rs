@@ -643,19 +643,7 @@ impl Session {
                     "not subscribed to run `{run_id}`"
                 ))),
             },
-            Request::SubscribeAll {} => {
-                if self.all.as_ref().is_some_and(|h| !h.is_finished()) {
-                    return Err(ApiError::new(
-                        axum::http::StatusCode::CONFLICT,
-                        "already_subscribed",
-                        "already subscribed to every run",
-                    ));
-                }
-                let rx = state.journal().subscribe_all();
-                let tx = self.tx.clone();
-                self.all = Some(tokio::spawn(forward_all(rx, tx)));
-                Ok(json!({}))
-            }
+            Request::SubscribeAll {} => self.subscribe_all(),
             Request::UnsubscribeAll {} => {
                 if let Some(h) = self.all.take() {
                     h.abort();
@@ -666,35 +654,7 @@ impl Session {
                 run_id,
                 after_seq,
                 limit,
-            } => {
-                let run = existing_run(&state, &run_id).await?.run_id;
-                let limit = limit.unwrap_or(1000).clamp(1, 10_000);
-                let q = cairn_store::EventQuery {
-                    after: after_seq,
-                    limit: Some(limit),
-                    ..Default::default()
-                };
-                let events = state
-                    .journal()
-                    .backend()
-                    .read_events_async(&run, &q)
-                    .await?;
-                let count = events.len();
-                let last = events.last().map_or(after_seq, |e| e.seq);
-                for e in &events {
-                    if self
-                        .tx
-                        .send(Out::Text(ws_event_text(&e.json).into()))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-                Ok(
-                    json!({"runId": run_id, "count": count, "lastSeq": last, "more": count == limit}),
-                )
-            }
+            } => self.replay(run_id, after_seq, limit).await,
             Request::ListRuns {
                 status,
                 workflow,
@@ -702,22 +662,17 @@ impl Session {
                 limit,
                 offset,
             } => {
-                let mut q = HashMap::new();
-                if let Some(s) = status {
-                    q.insert("status".to_string(), s);
-                }
-                if let Some(w) = workflow {
-                    q.insert("workflow".to_string(), w);
-                }
-                if let Some(p) = parent {
-                    q.insert("parent".to_string(), p);
-                }
-                if let Some(l) = limit {
-                    q.insert("limit".to_string(), l.to_string());
-                }
-                if let Some(o) = offset {
-                    q.insert("offset".to_string(), o.to_string());
-                }
+                let q = [
+                    ("status", status),
+                    ("workflow", workflow),
+                    ("parent", parent),
+                    ("limit", limit.map(|l| l.to_string())),
+                    ("offset", offset.map(|o| o.to_string())),
+                ];
+                let q: HashMap<String, String> = q
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((k.to_string(), v?)))
+                    .collect();
                 crate::api::list_runs_value(&state, q).await
             }
             Request::Cancel {
@@ -756,6 +711,58 @@ impl Session {
                 Ok(reply(cairn_api::Answered { run_id, request_id }))
             }
         }
+    }
+}
+
+impl Session {
+    /// Forwards every run's events to this session, once.
+    fn subscribe_all(&mut self) -> Result<Value, ApiError> {
+        if self.all.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "already_subscribed",
+                "already subscribed to every run",
+            ));
+        }
+        let rx = self.state.journal().subscribe_all();
+        let tx = self.tx.clone();
+        self.all = Some(tokio::spawn(forward_all(rx, tx)));
+        Ok(json!({}))
+    }
+
+    /// Sends a page of a run's stored events, then says where it ended.
+    async fn replay(
+        &mut self,
+        run_id: String,
+        after_seq: u64,
+        limit: Option<usize>,
+    ) -> Result<Value, ApiError> {
+        let state = self.state.clone();
+        let run = existing_run(&state, &run_id).await?.run_id;
+        let limit = limit.unwrap_or(1000).clamp(1, 10_000);
+        let q = cairn_store::EventQuery {
+            after: after_seq,
+            limit: Some(limit),
+            ..Default::default()
+        };
+        let events = state
+            .journal()
+            .backend()
+            .read_events_async(&run, &q)
+            .await?;
+        let count = events.len();
+        let last = events.last().map_or(after_seq, |e| e.seq);
+        for e in &events {
+            if self
+                .tx
+                .send(Out::Text(ws_event_text(&e.json).into()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        Ok(json!({"runId": run_id, "count": count, "lastSeq": last, "more": count == limit}))
     }
 }
 
