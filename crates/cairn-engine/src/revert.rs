@@ -8,6 +8,7 @@
 //! is refused (its nodes are using the files). The run may have ended: a
 //! revert changes files, not the run.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cairn_events::{OpenRevert, RunId, RunState, Scope};
@@ -120,32 +121,14 @@ impl Engine {
             .services
             .workspace(&wf)
             .map_err(|e| EngineError::Workspace(*e.info))?;
-        // What the run changed since the attempt started, read after the
-        // open revert (if any) was finished: it is part of the history.
-        let id = run_id.clone();
-        let events = self
-            .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
-            .await?;
         let key = AttemptKey {
             node: req.node.clone(),
             iteration,
             attempt,
         };
-        let (target, force) = (snapshot.clone(), req.force);
-        let (store_c, root_c, exclude_c) = (store.clone(), root.clone(), exclude.clone());
-        let planned = tokio::task::spawn_blocking(move || {
-            let history = History::of(&events, false);
-            let point = Point::After(history.starts.get(&key).copied().unwrap_or(0));
-            shell::plan_files(
-                &store_c, &root_c, &exclude_c, &history, &point, &target, force,
-            )
-        })
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-        .map_err(|source| EngineError::Files {
-            task: FilesTask::RevertPlan,
-            source,
-        })?;
+        let planned = self
+            .plan_revert(run_id, key, &snapshot, req.force, (&store, &root, &exclude))
+            .await?;
         let mut out = Reverted {
             node: req.node.clone(),
             iteration,
@@ -179,6 +162,37 @@ impl Engine {
         }
         out.applied = true;
         Ok(out)
+    }
+
+    /// What restoring `snapshot` over the run's files would write and
+    /// remove, from the run's history since attempt `key` started.
+    async fn plan_revert(
+        &self,
+        run_id: &RunId,
+        key: AttemptKey,
+        snapshot: &str,
+        force: bool,
+        (store, root, exclude): (&Arc<SnapshotStore>, &Path, &[PathBuf]),
+    ) -> Result<shell::Planned, EngineError> {
+        // What the run changed since the attempt started, read after the
+        // open revert (if any) was finished: it is part of the history.
+        let id = run_id.clone();
+        let events = self
+            .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
+            .await?;
+        let target = snapshot.to_string();
+        let (store, root, exclude) = (store.clone(), root.to_path_buf(), exclude.to_vec());
+        tokio::task::spawn_blocking(move || {
+            let history = History::of(&events, false);
+            let point = Point::After(history.starts.get(&key).copied().unwrap_or(0));
+            shell::plan_files(&store, &root, &exclude, &history, &point, &target, force)
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .map_err(|source| EngineError::Files {
+            task: FilesTask::RevertPlan,
+            source,
+        })
     }
 
     /// Runs a revert that a killed process left open to its end, so the
