@@ -184,26 +184,7 @@ impl Progress {
     pub fn on_event(&mut self, stored: &StoredEvent) -> Option<Ask> {
         self.last_seq = self.last_seq.max(stored.seq);
         let loud = stored.seq > self.quiet_until;
-        if loud && self.mode == Mode::Json {
-            let mut out = self.out.lock();
-            let _ = out.write_all(stored.json.as_bytes());
-            let _ = out.write_all(b"\n");
-            let _ = out.flush();
-        }
-        let ev = match stored.decode() {
-            Ok(ev) => ev,
-            Err(e) => {
-                // The run goes on; only this display misses the event.
-                if !self.warned {
-                    self.warned = true;
-                    eprintln!(
-                        "warning: run {}: cannot show event {} ({e}); `cairn logs --json` has it",
-                        self.run_id, stored.seq
-                    );
-                }
-                return None;
-            }
-        };
+        let ev = self.decoded(stored, loud)?;
         self.dirty = true;
         let before = self.node_of(&ev).map(|n| n.status);
         if before.is_none() && ev.node_key().is_some() && !self.takes_new_pass(&ev.kind) {
@@ -214,56 +195,8 @@ impl Progress {
             self.compact();
         }
         let loud_plain = loud && self.mode == Mode::Plain;
-        match &ev.kind {
-            EventKind::RunStarted {
-                workflow, resumed, ..
-            } if loud_plain => {
-                let line = format!(
-                    "run {} {} workflow {}",
-                    self.run_id,
-                    if *resumed { "resumed:" } else { "started:" },
-                    workflow
-                );
-                self.plain(&line);
-            }
-            EventKind::RunSummary {
-                duration_ms,
-                nodes,
-                tokens,
-                cost_usd,
-                timings,
-            } => {
-                self.summary = Some(Summary {
-                    duration_ms: *duration_ms,
-                    nodes: nodes.clone(),
-                    tokens: tokens.clone(),
-                    cost_usd: *cost_usd,
-                    timings: timings.clone(),
-                })
-            }
-            EventKind::ApprovalRequested { message } => {
-                if let Some(node) = &ev.scope.node_id {
-                    return Some(Ask {
-                        node_id: node.to_string(),
-                        message: message.clone().unwrap_or_default(),
-                        question: None,
-                    });
-                }
-            }
-            EventKind::InputRequested {
-                request_id,
-                prompt,
-                schema,
-            } => {
-                if let Some(node) = &ev.scope.node_id {
-                    return Some(Ask {
-                        node_id: node.to_string(),
-                        message: prompt.clone(),
-                        question: Some((request_id.clone(), schema.clone())),
-                    });
-                }
-            }
-            _ => {}
+        if let Some(ask) = self.on_run_event(&ev, loud_plain) {
+            return Some(ask);
         }
         if loud {
             if let Some(line) = crate::reload::reload_line(&ev.kind) {
@@ -305,6 +238,86 @@ impl Progress {
             }
         }
         None
+    }
+
+    /// The event, echoed first in JSON mode; `None` (said once) when it
+    /// does not decode: the run goes on, only this display misses it.
+    fn decoded(&mut self, stored: &StoredEvent, loud: bool) -> Option<Event> {
+        if loud && self.mode == Mode::Json {
+            let mut out = self.out.lock();
+            let _ = out.write_all(stored.json.as_bytes());
+            let _ = out.write_all(b"\n");
+            let _ = out.flush();
+        }
+        match stored.decode() {
+            Ok(ev) => Some(ev),
+            Err(e) => {
+                if !self.warned {
+                    self.warned = true;
+                    eprintln!(
+                        "warning: run {}: cannot show event {} ({e}); `cairn logs --json` has it",
+                        self.run_id, stored.seq
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// What the display does with the run's start, its summary and a
+    /// person's gates: an approval or a question to ask about.
+    fn on_run_event(&mut self, ev: &Event, loud_plain: bool) -> Option<Ask> {
+        match &ev.kind {
+            EventKind::RunStarted {
+                workflow, resumed, ..
+            } if loud_plain => {
+                let line = format!(
+                    "run {} {} workflow {}",
+                    self.run_id,
+                    if *resumed { "resumed:" } else { "started:" },
+                    workflow
+                );
+                self.plain(&line);
+                None
+            }
+            EventKind::RunSummary {
+                duration_ms,
+                nodes,
+                tokens,
+                cost_usd,
+                timings,
+            } => {
+                self.summary = Some(Summary {
+                    duration_ms: *duration_ms,
+                    nodes: nodes.clone(),
+                    tokens: tokens.clone(),
+                    cost_usd: *cost_usd,
+                    timings: timings.clone(),
+                });
+                None
+            }
+            EventKind::ApprovalRequested { message } => {
+                let node = ev.scope.node_id.as_ref()?;
+                Some(Ask {
+                    node_id: node.to_string(),
+                    message: message.clone().unwrap_or_default(),
+                    question: None,
+                })
+            }
+            EventKind::InputRequested {
+                request_id,
+                prompt,
+                schema,
+            } => {
+                let node = ev.scope.node_id.as_ref()?;
+                Some(Ask {
+                    node_id: node.to_string(),
+                    message: prompt.clone(),
+                    question: Some((request_id.clone(), schema.clone())),
+                })
+            }
+            _ => None,
+        }
     }
 
     /// Whether an event about a node pass the display does not hold
