@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use cairn_agent::testing::{FakeProvider, Recorded, Reply};
 use cairn_events::{Event, EventKind};
-use cairn_store::EventQuery;
 use serde_json::json;
 
 const KILLS: usize = 10;
@@ -60,18 +59,10 @@ fn script(r: &Recorded) -> Reply {
 }
 
 fn events(store: &Store, run: &str) -> Vec<Event> {
-    let Some(backend) = store.try_open() else {
-        return Vec::new();
-    };
-    backend
-        .read_events(
-            &cairn_events::RunId::parse(run).unwrap(),
-            &EventQuery::default(),
-        )
+    store
+        .try_open()
+        .map(|b| common::store::decoded_events(&*b, run))
         .unwrap_or_default()
-        .iter()
-        .map(|s| s.decode().expect("stored events decode"))
-        .collect()
 }
 
 #[test]

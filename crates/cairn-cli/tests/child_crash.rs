@@ -14,19 +14,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use cairn_events::{check_tree, Event, EventKind};
-use cairn_store::{Backend, EventQuery, RunFilter};
+use cairn_store::{Backend, RunFilter};
 
 const KILLS: usize = 12;
 
 fn events(b: &dyn Backend, run: &str) -> Vec<Event> {
-    b.read_events(
-        &cairn_events::RunId::parse(run).unwrap(),
-        &EventQuery::default(),
-    )
-    .unwrap_or_default()
-    .iter()
-    .map(|s| s.decode().expect("stored events decode"))
-    .collect()
+    common::store::decoded_events(b, run)
 }
 
 fn children(b: &dyn Backend, run: &str) -> Vec<String> {

@@ -68,3 +68,16 @@ impl Store {
             .is_some()
     }
 }
+
+/// Run `run`'s events in `b`, decoded; none when it has none or the store
+/// cannot be read (a `cairn` process may still be making it).
+pub fn decoded_events(b: &dyn Backend, run: &str) -> Vec<cairn_events::Event> {
+    b.read_events(
+        &cairn_events::RunId::parse(run).unwrap(),
+        &cairn_store::EventQuery::default(),
+    )
+    .unwrap_or_default()
+    .iter()
+    .map(|s| s.decode().expect("stored events decode"))
+    .collect()
+}
