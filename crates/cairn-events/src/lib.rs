@@ -29,7 +29,7 @@ pub use ids::{
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
 pub use reducer::{
-    AgentProgress, AttemptSnapshot, AttemptState, ChildRun, Decision, NodeNotes, NodeState,
-    NodeStatus, OpenRevert, Question, RunState, ScoreState,
+    AgentProgress, AttemptSnapshot, AttemptState, AttemptStatus, ChildRun, Decision, NodeNotes,
+    NodeState, NodeStatus, OpenRevert, Question, RunState, ScoreState,
 };
 pub use tree::check_tree;

@@ -4,9 +4,7 @@
 //! resumes one, reads state through [`RunState::apply`]; nothing keeps a second
 //! copy of the truth.
 
-use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -55,7 +53,34 @@ impl NodeStatus {
     }
 }
 
-/// How one attempt of a node went.
+/// Where one attempt of a node stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttemptStatus {
+    /// Started, not ended (or ended by a crash the log does not show).
+    Running,
+    /// Ended with an output.
+    Finished,
+    /// Ended with an error.
+    Failed,
+    /// Stopped by a cancel.
+    Cancelled,
+}
+
+impl AttemptStatus {
+    /// The status as shown to people and in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Running => "running",
+            AttemptStatus::Finished => "finished",
+            AttemptStatus::Failed => "failed",
+            AttemptStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// How one attempt of a node went. A run keeps one per attempt of every
+/// node pass, so it is kept to 48 bytes (its status a byte, not a string).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptState {
@@ -64,7 +89,7 @@ pub struct AttemptState {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<i64>,
     /// `running`, `finished`, `failed` or `cancelled`.
-    pub status: &'static str,
+    pub status: AttemptStatus,
     /// Boxed: most attempts have none, and a run keeps every attempt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<Box<ErrorInfo>>,
@@ -278,7 +303,7 @@ impl NodeState {
     pub fn open_attempt(&self) -> Option<u32> {
         self.attempts
             .last()
-            .filter(|a| a.status == "running")
+            .filter(|a| a.status == AttemptStatus::Running)
             .map(|a| a.attempt)
     }
 }
@@ -374,11 +399,9 @@ pub struct RunState {
     /// A revert started and not finished (see [`OpenRevert`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub open_revert: Option<Box<OpenRevert>>,
-    /// aHash, randomly keyed as std's SipHash is, but several times
-    /// faster on long keys: paths run to hundreds of bytes inside nested
-    /// groups, and the engine looks each node up several times.
+    /// Where each node pass is in `nodes`.
     #[serde(skip)]
-    index: HashMap<(NodePath, u32), usize, ahash::RandomState>,
+    index: NodeIndex,
 }
 
 /// Serde's test for leaving out the generation of a run never reloaded.
@@ -428,52 +451,81 @@ pub struct Question {
     pub answered_by: Option<String>,
 }
 
-/// A node key as borrowed parts, so that a lookup by `(&str, u32)` needs no
-/// `String` (the engine looks nodes up several times per node).
-trait NodeKey {
-    fn id(&self) -> &str;
-    fn iteration(&self) -> u32;
+/// Where each node pass of a run state is in its `nodes`, by path and
+/// pass: a table of places hashed by the pass they point at, which holds no
+/// copy of the keys. A map from keys to places took about 43 bytes per node
+/// pass with its room, this about 7, and a run of 100,000 nodes keeps an
+/// entry for every pass.
+#[derive(Clone, Default)]
+struct NodeIndex {
+    table: hashbrown::HashTable<u32>,
+    /// aHash, randomly keyed as std's SipHash is, but several times
+    /// faster on long keys: paths run to hundreds of bytes inside nested
+    /// groups, and the engine looks each node up several times.
+    hasher: ahash::RandomState,
 }
 
-impl NodeKey for (NodePath, u32) {
-    fn id(&self) -> &str {
-        &self.0
+impl NodeIndex {
+    fn hash(hasher: &ahash::RandomState, id: &str, iteration: u32) -> u64 {
+        hasher.hash_one((id, iteration))
     }
-    fn iteration(&self) -> u32 {
-        self.1
+
+    /// The place of pass `iteration` of `id` in `nodes`.
+    fn get(&self, nodes: &[NodeState], id: &str, iteration: u32) -> Option<usize> {
+        let h = Self::hash(&self.hasher, id, iteration);
+        self.table
+            .find(h, |&i| {
+                let n = &nodes[i as usize];
+                n.iteration == iteration && n.node_id.as_str() == id
+            })
+            .map(|&i| i as usize)
+    }
+
+    /// Indexes `nodes[i]`, a pass not indexed yet.
+    fn insert(&mut self, nodes: &[NodeState], i: usize) {
+        let n = &nodes[i];
+        let hasher = &self.hasher;
+        let h = Self::hash(hasher, n.node_id.as_str(), n.iteration);
+        let place = u32::try_from(i).expect("fewer than 2^32 node passes");
+        self.table
+            .insert_unique(h, place, |&j| Self::rehash(hasher, nodes, j));
+    }
+
+    /// Makes room for `additional` more passes of `nodes`.
+    fn reserve(&mut self, nodes: &[NodeState], additional: usize) {
+        let hasher = &self.hasher;
+        self.table
+            .reserve(additional, |&j| Self::rehash(hasher, nodes, j));
+    }
+
+    /// Indexes `nodes` afresh.
+    fn rebuild(&mut self, nodes: &[NodeState]) {
+        self.table = hashbrown::HashTable::with_capacity(nodes.len());
+        for i in 0..nodes.len() {
+            self.insert(nodes, i);
+        }
+    }
+
+    fn rehash(hasher: &ahash::RandomState, nodes: &[NodeState], place: u32) -> u64 {
+        let n = &nodes[place as usize];
+        Self::hash(hasher, n.node_id.as_str(), n.iteration)
     }
 }
 
-impl NodeKey for (&str, u32) {
-    fn id(&self) -> &str {
-        self.0
-    }
-    fn iteration(&self) -> u32 {
-        self.1
+// Derived from `nodes`, which the state compares (and shows) itself.
+impl PartialEq for NodeIndex {
+    fn eq(&self, _: &NodeIndex) -> bool {
+        true
     }
 }
 
-impl<'a> Borrow<dyn NodeKey + 'a> for (NodePath, u32) {
-    fn borrow(&self) -> &(dyn NodeKey + 'a) {
-        self
+impl std::fmt::Debug for NodeIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeIndex")
+            .field("len", &self.table.len())
+            .finish()
     }
 }
-
-// Hashes as `(NodePath, u32)` does: the str, then the u32.
-impl Hash for dyn NodeKey + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id().hash(state);
-        self.iteration().hash(state);
-    }
-}
-
-impl PartialEq for dyn NodeKey + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.id() == other.id() && self.iteration() == other.iteration()
-    }
-}
-
-impl Eq for dyn NodeKey + '_ {}
 
 impl RunState {
     /// The state of a run with no events yet.
@@ -526,15 +578,15 @@ impl RunState {
     /// One node pass, if the log has mentioned it.
     pub fn node(&self, node_id: &str, iteration: u32) -> Option<&NodeState> {
         self.index
-            .get(&(node_id, iteration) as &dyn NodeKey)
-            .map(|&i| &self.nodes[i])
+            .get(&self.nodes, node_id, iteration)
+            .map(|i| &self.nodes[i])
     }
 
     /// Forgets the output of one node pass, for a holder of a run's live
     /// state that will not read it again (the log still has it; a fold of
     /// the log gives it back).
     pub fn drop_output(&mut self, node_id: &str, iteration: u32) {
-        if let Some(&i) = self.index.get(&(node_id, iteration) as &dyn NodeKey) {
+        if let Some(i) = self.index.get(&self.nodes, node_id, iteration) {
             self.nodes[i].output = None;
         }
     }
@@ -552,10 +604,7 @@ impl RunState {
             return 0;
         }
         self.nodes.shrink_to_fit();
-        self.index = HashMap::with_capacity_and_hasher(self.nodes.len(), Default::default());
-        for (i, n) in self.nodes.iter().enumerate() {
-            self.index.insert((n.node_id.clone(), n.iteration), i);
-        }
+        self.index.rebuild(&self.nodes);
         before - self.nodes.len()
     }
 
@@ -564,7 +613,7 @@ impl RunState {
     /// (the old and new lists are both alive while it grows).
     pub fn reserve_nodes(&mut self, additional: usize) {
         self.nodes.reserve_exact(additional);
-        self.index.reserve(additional);
+        self.index.reserve(&self.nodes, additional);
     }
 
     /// The latest pass of a node (highest iteration).
@@ -615,16 +664,16 @@ impl RunState {
 
     fn node_mut(&mut self, ev: &Event) -> Option<&mut NodeState> {
         let (id, it) = ev.node_key()?;
-        let idx = match self.index.get(&(id, it) as &dyn NodeKey) {
-            Some(&i) => i,
+        let idx = match self.index.get(&self.nodes, id, it) {
+            Some(i) => i,
             None => {
                 // The event's path is shared, not copied: the engine's
                 // plan holds the same text.
                 let path = ev.scope.node_id.clone()?;
-                self.nodes
-                    .push(NodeState::new(path.clone(), it, ev.seq.get()));
-                self.index.insert((path, it), self.nodes.len() - 1);
-                self.nodes.len() - 1
+                self.nodes.push(NodeState::new(path, it, ev.seq.get()));
+                let i = self.nodes.len() - 1;
+                self.index.insert(&self.nodes, i);
+                i
             }
         };
         let n = &mut self.nodes[idx];
@@ -895,7 +944,7 @@ impl RunState {
             attempt,
             started_ms: ev.timestamp_ms,
             ended_ms: None,
-            status: "running",
+            status: AttemptStatus::Running,
             error: None,
             tool_calls: 0,
         });
@@ -906,7 +955,7 @@ impl RunState {
             n.status = NodeStatus::Finished;
             n.output = output.clone();
             n.duration_ms = Some(duration_ms);
-            close_attempt(n, ev.timestamp_ms, "finished", None);
+            close_attempt(n, ev.timestamp_ms, AttemptStatus::Finished, None);
         }
     }
 
@@ -918,7 +967,12 @@ impl RunState {
                 NodeStatus::Failed
             };
             n.notes_mut().error = Some(error.clone());
-            close_attempt(n, ev.timestamp_ms, "failed", Some(Box::new(error.clone())));
+            close_attempt(
+                n,
+                ev.timestamp_ms,
+                AttemptStatus::Failed,
+                Some(Box::new(error.clone())),
+            );
             if !will_retry {
                 n.duration_ms = Some(total_duration(n));
             }
@@ -945,7 +999,7 @@ impl RunState {
             if reason.is_some() || n.notes.is_some() {
                 n.notes_mut().reason = reason.clone();
             }
-            close_attempt(n, ev.timestamp_ms, "cancelled", None);
+            close_attempt(n, ev.timestamp_ms, AttemptStatus::Cancelled, None);
         }
     }
 }
@@ -1192,9 +1246,9 @@ impl RunState {
     }
 }
 
-fn close_attempt(n: &mut NodeState, ts: i64, status: &'static str, error: Option<Box<ErrorInfo>>) {
+fn close_attempt(n: &mut NodeState, ts: i64, status: AttemptStatus, error: Option<Box<ErrorInfo>>) {
     if let Some(a) = n.attempts.last_mut() {
-        if a.status == "running" {
+        if a.status == AttemptStatus::Running {
             a.status = status;
             a.ended_ms = Some(ts);
             a.error = error;
@@ -1276,7 +1330,7 @@ mod tests {
         assert_eq!(n.status, NodeStatus::Finished);
         assert_eq!(n.attempt, 2);
         assert_eq!(n.attempts.len(), 2);
-        assert_eq!(n.attempts[0].status, "failed");
+        assert_eq!(n.attempts[0].status, AttemptStatus::Failed);
         assert_eq!(
             n.output.as_ref().map(Output::to_value),
             Some(Value::from(3))
