@@ -57,9 +57,7 @@ pub(crate) fn plan_of(rec: &RunRecord) -> Vec<PlanNode> {
             children: None,
         };
         match &n.kind {
-            NodeKind::Loop { max_iterations, .. } => {
-                v.max_iterations = Some(*max_iterations);
-            }
+            NodeKind::Loop(l) => v.max_iterations = Some(l.max_iterations),
             NodeKind::Tool { tool, .. } => v.tool = Some(tool.clone()),
             NodeKind::Command(_)
             | NodeKind::Value(_)

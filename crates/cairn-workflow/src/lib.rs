@@ -18,8 +18,8 @@ pub use cairn_models::{
 pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};
 pub use kinds::{
-    docs_table, has_markup, kind_named, AgentSpec, Group, KindDef, NodeKind, AGENT_ENGINES,
-    AGENT_TOOLS, KINDS, WRITING_TOOLS,
+    docs_table, has_markup, kind_named, AgentSpec, ForEachSpec, Group, KindDef, LoopSpec, NodeKind,
+    AGENT_ENGINES, AGENT_TOOLS, KINDS, WRITING_TOOLS,
 };
 pub use limits::{check_depth, json_depth, DepthError};
 pub use model::*;

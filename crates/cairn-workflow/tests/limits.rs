@@ -212,8 +212,8 @@ fn values_nest_up_to_the_limit() {
     );
     let wf = parsed(&text).unwrap();
     assert_eq!(
-        cairn_workflow::json_depth(match &wf.nodes[0].kind {
-            cairn_workflow::NodeKind::Value(v) => v,
+        cairn_workflow::json_depth(&match &wf.nodes[0].kind {
+            cairn_workflow::NodeKind::Value(v) => v.to_value(),
             _ => unreachable!(),
         }),
         MAX_VALUE_DEPTH

@@ -78,7 +78,7 @@ fn full_example_parses_with_every_field() {
     assert_eq!(wf.nodes[1].needs, ["log"]);
     assert_eq!(
         wf.nodes[1].kind,
-        NodeKind::Value(json!({"entries": "{{ nodes.log.output | length }}"}))
+        NodeKind::Value(json!({"entries": "{{ nodes.log.output | length }}"}).into())
     );
     assert_eq!(
         wf.nodes[2].kind,
@@ -93,29 +93,21 @@ fn full_example_parses_with_every_field() {
     assert_eq!(publish.on_failure, OnFailure::Fail);
 
     match &wf.nodes[4].kind {
-        NodeKind::Loop {
-            until,
-            max_iterations,
-            nodes,
-        } => {
-            assert_eq!(until, "nodes['review.check'].output.ok");
-            assert_eq!(*max_iterations, 5);
-            assert_eq!(nodes.len(), 2);
-            assert_eq!(nodes[1].needs, ["fix"]);
-            assert_eq!(nodes[1].output, OutputFormat::Json);
-            assert_eq!(nodes[0].line, 44, "line of `- id: fix`");
+        NodeKind::Loop(l) => {
+            assert_eq!(l.until, "nodes['review.check'].output.ok");
+            assert_eq!(l.max_iterations, 5);
+            assert_eq!(l.nodes.len(), 2);
+            assert_eq!(l.nodes[1].needs, ["fix"]);
+            assert_eq!(l.nodes[1].output, OutputFormat::Json);
+            assert_eq!(l.nodes[0].line, 44, "line of `- id: fix`");
         }
         other => panic!("expected a loop, got {other:?}"),
     }
     match &wf.nodes[5].kind {
-        NodeKind::ForEach {
-            list,
-            as_name,
-            nodes,
-        } => {
-            assert_eq!(list, "nodes.log.output");
-            assert_eq!(as_name.as_deref(), Some("line"));
-            assert_eq!(nodes[0].id, "show");
+        NodeKind::ForEach(f) => {
+            assert_eq!(f.list, "nodes.log.output");
+            assert_eq!(f.as_name.as_deref(), Some("line"));
+            assert_eq!(f.nodes[0].id, "show");
         }
         other => panic!("expected for_each, got {other:?}"),
     }
@@ -149,14 +141,14 @@ fn tool_nodes_example_parses() {
         wf.nodes[0].kind,
         NodeKind::Tool {
             tool: "grep".into(),
-            args: json!({"pattern": "TODO", "path": "src"})
+            args: Box::new(json!({"pattern": "TODO", "path": "src"}))
         }
     );
     assert_eq!(
         wf.nodes[1].kind,
         NodeKind::Tool {
             tool: "bash".into(),
-            args: json!({"argv": ["cargo", "build"], "timeout": "10m"})
+            args: Box::new(json!({"argv": ["cargo", "build"], "timeout": "10m"}))
         }
     );
 }
@@ -181,7 +173,7 @@ fn json_files_are_accepted() {
     assert_eq!(wf.nodes.len(), 2);
     assert_eq!(
         wf.nodes[0].kind,
-        NodeKind::Value(json!({"n": 1, "s": "{{ input.x }}"}))
+        NodeKind::Value(json!({"n": 1, "s": "{{ input.x }}"}).into())
     );
     assert_eq!(wf.nodes[1].line, 5);
     assert_eq!(wf.base_dir, dir.path());

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use cairn_events::{EventKind, NodeStatus};
+use cairn_events::{EventKind, NodeStatus, Output};
 use serde_json::Value;
 
 use super::context::node_ctx_entry;
@@ -627,12 +627,15 @@ impl Driver {
     /// round it starts in and takes no slot: a chain of them shares one
     /// commit instead of paying one per node. Its `NodeFinished` still
     /// commits with (never before) anything that follows from it.
-    fn finish_value(&mut self, key: &Key, inst: &Inst, attempt: u32, v: &Value) {
+    fn finish_value(&mut self, key: &Key, inst: &Inst, attempt: u32, v: &Output) {
         let t0 = Instant::now();
         let rendered = if self.is_templated(inst) {
             let ctx = self.context_for(inst, inst.key.1);
-            self.templates.render_value_in(v, &ctx)
+            self.templates
+                .render_value_in(&v.value(), &ctx)
+                .map(Output::from)
         } else {
+            // The spec's own output, shared by every instance of it.
             Ok(v.clone())
         };
         match rendered {
@@ -642,7 +645,7 @@ impl Driver {
                     scope,
                     EventKind::NodeFinished {
                         duration_ms: t0.elapsed().as_millis() as u64,
-                        output: Some(output.into()),
+                        output: Some(output),
                         cached: None,
                         snapshot: None,
                     },

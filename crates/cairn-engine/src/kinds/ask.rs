@@ -19,6 +19,7 @@ impl NodeRunner for AskNode {
             .templates
             .render_string(prompt, &ctx.vars)
             .map_err(|e| NodeError::fatal("template", e.to_string()))?;
-        ctx.ask_person(prompt, schema.clone(), None).await
+        ctx.ask_person(prompt, schema.as_deref().cloned(), None)
+            .await
     }
 }

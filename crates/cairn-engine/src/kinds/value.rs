@@ -17,6 +17,6 @@ impl NodeRunner for ValueNode {
         let NodeKind::Value(v) = &spec.kind else {
             unreachable!("runner_for maps only value nodes here")
         };
-        ctx.render_value(v)
+        ctx.render_value(&v.value())
     }
 }

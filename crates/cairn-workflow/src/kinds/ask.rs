@@ -27,5 +27,8 @@ fn parse(cx: &mut Cx, v: &Node, f: &Fields<'_>, field: &str) -> Option<NodeKind>
         Some((_, sch)) => Some(cx.json_schema(sch, &join(field, "schema"))?),
         None => None,
     };
-    Some(NodeKind::Ask { prompt, schema })
+    Some(NodeKind::Ask {
+        prompt,
+        schema: schema.map(Box::new),
+    })
 }

@@ -1,6 +1,6 @@
 //! `for_each`: mounts its body once for each element of a list.
 
-use super::{KindDef, NodeKind};
+use super::{ForEachSpec, KindDef, NodeKind};
 use crate::parse::{join, Cx, Fields};
 use crate::yaml::Node;
 
@@ -74,11 +74,11 @@ fn parse(cx: &mut Cx, v: &Node, f: &Fields<'_>, field: &str) -> Option<NodeKind>
     if !as_ok {
         return None;
     }
-    Some(NodeKind::ForEach {
+    Some(NodeKind::ForEach(Box::new(ForEachSpec {
         list: list?,
         as_name,
         nodes,
-    })
+    })))
 }
 
 fn is_identifier(s: &str) -> bool {

@@ -1,7 +1,7 @@
 //! `loop`: repeats its body until an expression holds, at most so many
 //! passes.
 
-use super::{KindDef, NodeKind};
+use super::{KindDef, LoopSpec, NodeKind};
 use crate::parse::{join, Cx, Fields};
 use crate::yaml::Node;
 
@@ -63,9 +63,9 @@ fn parse(cx: &mut Cx, v: &Node, _: &Fields<'_>, field: &str) -> Option<NodeKind>
             Vec::new()
         }
     };
-    Some(NodeKind::Loop {
+    Some(NodeKind::Loop(Box::new(LoopSpec {
         until: until?,
         max_iterations: max_iterations?,
         nodes,
-    })
+    })))
 }

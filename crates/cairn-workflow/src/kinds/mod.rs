@@ -89,45 +89,37 @@ pub struct KindDef {
 pub(crate) type ParseFn = fn(&mut Cx, &Node, &Fields<'_>, &str) -> Option<NodeKind>;
 
 /// The kind of a node and its kind-specific settings.
+///
+/// A node's kind is inline in its [`NodeSpec`], and a workflow of 100,000
+/// nodes holds as many: every variant is kept to a few words (settings
+/// larger than that are boxed), so that a kind is 40 bytes, not the 104
+/// a value node's `Value` inline made it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeKind {
     /// Runs an argv (templates) without a shell.
     Command(Vec<String>),
-    /// Its rendered value is the output.
-    Value(serde_json::Value),
+    /// Its rendered value is the output: kept as the output it is when it
+    /// has no templates (shared by every instance, not copied per node).
+    Value(cairn_events::Output),
     /// Waits for a person; the string is the message template.
     Approval(String),
-    /// Repeats `nodes` until `until` holds, at most `max_iterations` passes.
-    Loop {
-        /// Expression checked after each pass.
-        until: String,
-        /// Upper bound on passes.
-        max_iterations: u32,
-        /// The body.
-        nodes: Vec<NodeSpec>,
-    },
-    /// Mounts `nodes` once per element of the list `list` yields.
-    ForEach {
-        /// Expression yielding the list.
-        list: String,
-        /// Name the element is bound to besides `item`.
-        as_name: Option<String>,
-        /// The body.
-        nodes: Vec<NodeSpec>,
-    },
+    /// Repeats a body until a condition holds.
+    Loop(Box<LoopSpec>),
+    /// Mounts a body once per element of a list.
+    ForEach(Box<ForEachSpec>),
     /// Calls one sandboxed tool.
     Tool {
         /// The tool's name.
         tool: String,
         /// Arguments; strings inside are templates.
-        args: serde_json::Value,
+        args: Box<serde_json::Value>,
     },
     /// Asks a person a question and waits for the answer.
     Ask {
         /// The question (template).
         prompt: String,
         /// JSON Schema the answer must match.
-        schema: Option<serde_json::Value>,
+        schema: Option<Box<serde_json::Value>>,
     },
     /// Runs an agent loop (boxed: it is the largest kind).
     Agent(Box<AgentSpec>),
@@ -136,8 +128,30 @@ pub enum NodeKind {
         /// The child's file, relative to this workflow's folder.
         path: String,
         /// The child's input; strings inside are templates.
-        input: Option<serde_json::Value>,
+        input: Option<Box<serde_json::Value>>,
     },
+}
+
+/// A `loop`'s settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopSpec {
+    /// Expression checked after each pass.
+    pub until: String,
+    /// Upper bound on passes.
+    pub max_iterations: u32,
+    /// The body.
+    pub nodes: Vec<NodeSpec>,
+}
+
+/// A `for_each`'s settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForEachSpec {
+    /// Expression yielding the list.
+    pub list: String,
+    /// Name the element is bound to besides `item`.
+    pub as_name: Option<String>,
+    /// The body.
+    pub nodes: Vec<NodeSpec>,
 }
 
 impl NodeKind {
@@ -170,7 +184,8 @@ impl NodeKind {
     /// The body of a group node, to change in place; `None` for leaves.
     pub fn children_mut(&mut self) -> Option<&mut Vec<NodeSpec>> {
         match self {
-            NodeKind::Loop { nodes, .. } | NodeKind::ForEach { nodes, .. } => Some(nodes),
+            NodeKind::Loop(l) => Some(&mut l.nodes),
+            NodeKind::ForEach(f) => Some(&mut f.nodes),
             NodeKind::Command(_)
             | NodeKind::Value(_)
             | NodeKind::Approval(_)
@@ -185,23 +200,15 @@ impl NodeKind {
     /// groups only; `None` for a leaf.
     pub fn group(&self) -> Option<Group<'_>> {
         match self {
-            NodeKind::Loop {
-                until,
-                max_iterations,
-                nodes,
-            } => Some(Group::Loop {
-                until,
-                max_iterations: *max_iterations,
-                nodes,
+            NodeKind::Loop(l) => Some(Group::Loop {
+                until: &l.until,
+                max_iterations: l.max_iterations,
+                nodes: &l.nodes,
             }),
-            NodeKind::ForEach {
-                list,
-                as_name,
-                nodes,
-            } => Some(Group::ForEach {
-                list,
-                as_name: as_name.as_deref(),
-                nodes,
+            NodeKind::ForEach(f) => Some(Group::ForEach {
+                list: &f.list,
+                as_name: f.as_name.as_deref(),
+                nodes: &f.nodes,
             }),
             NodeKind::Command(_)
             | NodeKind::Value(_)
@@ -239,12 +246,12 @@ impl NodeKind {
     pub fn uses_templates(&self) -> bool {
         match self {
             NodeKind::Command(argv) => command::uses_templates(argv),
-            NodeKind::Value(v) => value_has_markup(v),
+            NodeKind::Value(v) => output_has_markup(v),
             NodeKind::Approval(message) => has_markup(message),
             NodeKind::Tool { args, .. } => value_has_markup(args),
             NodeKind::Ask { prompt, .. } => has_markup(prompt),
             NodeKind::Agent(_) => true,
-            NodeKind::Workflow { input, .. } => input.as_ref().is_some_and(value_has_markup),
+            NodeKind::Workflow { input, .. } => input.as_deref().is_some_and(value_has_markup),
             NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
         }
     }
@@ -321,6 +328,18 @@ fn value_has_markup(v: &serde_json::Value) -> bool {
         serde_json::Value::Null | serde_json::Value::Bool(_) | serde_json::Value::Number(_) => {
             false
         }
+    }
+}
+
+/// Whether any string inside a value node's value holds template markup.
+/// Most values are kept as JSON text, and markup in a string shows in its
+/// text as it is (JSON escapes none of `{`, `%` and `#`): a text without
+/// any is answered without parsing it, one with some is parsed, since the
+/// markup may be in an object's key, which is not rendered.
+fn output_has_markup(v: &cairn_events::Output) -> bool {
+    match v.as_text() {
+        Some(text) if !has_markup(text) => false,
+        _ => value_has_markup(&v.value()),
     }
 }
 
@@ -420,6 +439,15 @@ pub fn docs_table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kind_fits_40_bytes() {
+        // Inline in every node of a file: a larger variant makes every
+        // node of a 100,000-node workflow larger (the kind took 104 bytes
+        // with a value inline, and its node 168).
+        assert!(std::mem::size_of::<NodeKind>() <= 40);
+        assert!(std::mem::size_of::<NodeSpec>() <= 104);
+    }
 
     #[test]
     fn keys_and_fields_are_unique() {

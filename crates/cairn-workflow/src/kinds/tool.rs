@@ -50,7 +50,10 @@ fn parse(cx: &mut Cx, v: &Node, f: &Fields<'_>, field: &str) -> Option<NodeKind>
         }
         None => serde_json::Value::Object(Default::default()),
     };
-    Some(NodeKind::Tool { tool, args })
+    Some(NodeKind::Tool {
+        tool,
+        args: Box::new(args),
+    })
 }
 
 /// Whether calling `tool` may change files: the built-in tools that write.

@@ -28,5 +28,5 @@ fn parse(cx: &mut Cx, v: &Node, _: &Fields<'_>, field: &str) -> Option<NodeKind>
         return None;
     }
     cx.check_templates_in(v, &kf);
-    Some(NodeKind::Value(v.to_json()))
+    Some(NodeKind::Value(v.to_json().into()))
 }

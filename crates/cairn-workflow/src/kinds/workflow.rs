@@ -30,7 +30,10 @@ fn parse(cx: &mut Cx, v: &Node, f: &Fields<'_>, field: &str) -> Option<NodeKind>
         }
         None => None,
     };
-    Some(NodeKind::Workflow { path, input })
+    Some(NodeKind::Workflow {
+        path,
+        input: input.map(Box::new),
+    })
 }
 
 /// The path of a child workflow (`workflow:` and each agent delegate): a
