@@ -56,19 +56,13 @@ pub struct Inst {
     pub key: Key,
     pub spec: SpecRef,
     /// The instances this one waits for (its `needs`, resolved in its group).
-    /// A boxed slice rather than a vector: 8 bytes less puts an instance in
-    /// a smaller allocation (128 bytes rather than 160 with its `Arc`), one
-    /// per node of the plan.
-    pub needs: Box<[Key]>,
-    /// The group instance this node belongs to, if any.
-    pub parent: Option<Key>,
+    pub needs: Needs,
     /// Depth in the mounted graph.
     pub layer: u32,
-    /// Names that only exist inside a group instance (`item`, the `as` name, `index`, `iteration`).
+    /// Names that only exist inside a group instance (`item`, the `as` name,
+    /// `index`, `iteration`), the group instance itself and the path prefix
+    /// of its members; shared by the group's members.
     pub vars: Arc<GroupVars>,
-    /// The path prefix of its siblings, so templates can name a sibling by
-    /// its plain id; shared by the group's members.
-    pub prefix: Arc<str>,
     /// Mounted inside a loop's pass (at any depth), so that the passes of
     /// a loop in it are told apart by path.
     pub in_loop: bool,
@@ -79,6 +73,17 @@ pub struct Inst {
 }
 
 impl Inst {
+    /// The path prefix of its siblings, so templates can name a sibling by
+    /// its plain id.
+    pub fn prefix(&self) -> &str {
+        &self.vars.prefix
+    }
+
+    /// The group instance this node belongs to, if any.
+    pub fn parent(&self) -> Option<&Key> {
+        self.vars.group.as_ref()
+    }
+
     /// The path prefix of a group instance's children. A loop inside a
     /// loop's pass names that pass (`review.inner@2.`): its own passes count
     /// from 0 again on every outer pass, so the iteration alone would give
@@ -88,6 +93,36 @@ impl Inst {
             Some(Group::Loop { .. }) if self.in_loop => format!("{}@{}.", self.key.0, self.key.1),
             Some(Group::Loop { .. } | Group::ForEach { .. }) | None => format!("{}.", self.key.0),
         }
+    }
+}
+
+/// The instances one instance waits for. Most wait for one, which is held
+/// inline: a boxed slice of one key is an allocation of 32 bytes per node,
+/// and the inline key keeps an instance with its `Arc` in 96 bytes (a test
+/// holds both sizes).
+#[derive(Debug, Clone)]
+pub enum Needs {
+    /// One instance.
+    One(Key),
+    /// None, or two or more.
+    Many(Box<[Key]>),
+}
+
+impl std::ops::Deref for Needs {
+    type Target = [Key];
+    fn deref(&self) -> &[Key] {
+        match self {
+            Needs::One(k) => std::slice::from_ref(k),
+            Needs::Many(ks) => ks,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Needs {
+    type Item = &'a Key;
+    type IntoIter = std::slice::Iter<'a, Key>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
     }
 }
 
@@ -105,6 +140,14 @@ pub struct GroupVars {
     /// The innermost loop pass at or above this group (`iteration`).
     pass: Option<u32>,
     bind: Bind,
+    /// The group instance whose members these are (its loop or
+    /// `for_each`; none at the top level): every member's parent, held once
+    /// for them all rather than by each (an instance with its `Arc` fits 96
+    /// bytes then).
+    group: Option<Key>,
+    /// The path prefix of the group's members (`review.`, `each[2].`;
+    /// empty at the top level).
+    prefix: Box<str>,
 }
 
 #[derive(Debug, Default)]
@@ -122,21 +165,27 @@ enum Bind {
 }
 
 impl GroupVars {
-    /// The names of a loop's pass inside `outer`.
-    pub fn pass(outer: &Arc<GroupVars>, pass: u32) -> GroupVars {
+    /// The names of the pass `pass` of the loop `group` inside `outer`,
+    /// whose members' paths begin with `prefix`.
+    pub fn pass(outer: &Arc<GroupVars>, pass: u32, group: &Key, prefix: String) -> GroupVars {
         GroupVars {
             outer_element: outer.element_or_outer(),
             pass: Some(pass),
             bind: Bind::None,
+            group: Some(group.clone()),
+            prefix: prefix.into(),
         }
     }
 
-    /// The names of one `for_each` element inside `outer`.
+    /// The names of element `index` of the `for_each` `group` inside
+    /// `outer`, whose members' paths begin with `prefix`.
     pub fn element(
         outer: &Arc<GroupVars>,
         list: Arc<Vec<Value>>,
         index: usize,
         as_name: Option<Arc<str>>,
+        group: &Key,
+        prefix: String,
     ) -> GroupVars {
         GroupVars {
             outer_element: outer.element_or_outer(),
@@ -146,6 +195,8 @@ impl GroupVars {
                 index,
                 as_name,
             },
+            group: Some(group.clone()),
+            prefix: prefix.into(),
         }
     }
 
@@ -208,12 +259,84 @@ pub struct Plan {
     /// (the frame's XML after every group start) looks nothing up.
     pub order: Vec<Arc<Inst>>,
     /// Shared, so that the driver's look-ups take an instance without copying its paths.
-    pub insts: KeyMap<Arc<Inst>>,
+    pub insts: Insts,
     /// SHA-256 hex of the canonical XML.
     pub xml_hash: String,
     /// Where the XML's hash stood before every `MARK_EVERY`th instance, so
     /// that a change hashes again only from the mark before it.
     marks: Vec<Mark>,
+}
+
+/// The mounted instances by key: a table of the instances alone, each
+/// found by the key it holds, rather than a map that holds a copy of every
+/// key beside it (about 12 bytes per instance with the table's room
+/// instead of 43).
+#[derive(Default)]
+pub struct Insts {
+    table: hashbrown::HashTable<Arc<Inst>>,
+    /// aHash, keyed per process (see [`KeyMap`]).
+    hasher: ahash::RandomState,
+}
+
+impl Insts {
+    fn hash(hasher: &ahash::RandomState, key: &Key) -> u64 {
+        hasher.hash_one(key)
+    }
+
+    /// The instance `key`.
+    pub fn get(&self, key: &Key) -> Option<&Arc<Inst>> {
+        let h = Self::hash(&self.hasher, key);
+        self.table.find(h, |i| i.key == *key)
+    }
+
+    /// Whether `key` is mounted.
+    pub fn contains_key(&self, key: &Key) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Adds `inst`, or replaces the instance of its key, which it gives back.
+    pub fn insert(&mut self, inst: Arc<Inst>) -> Option<Arc<Inst>> {
+        let hasher = &self.hasher;
+        let h = Self::hash(hasher, &inst.key);
+        let entry = self
+            .table
+            .entry(h, |i| i.key == inst.key, |i| Self::hash(hasher, &i.key));
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(mut e) => {
+                Some(std::mem::replace(e.get_mut(), inst))
+            }
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert(inst);
+                None
+            }
+        }
+    }
+
+    /// Takes the instance `key` out.
+    pub fn remove(&mut self, key: &Key) -> Option<Arc<Inst>> {
+        let h = Self::hash(&self.hasher, key);
+        let found = self.table.find_entry(h, |i| i.key == *key).ok()?;
+        Some(found.remove().0)
+    }
+
+    /// Adds every instance of `other`.
+    pub fn extend(&mut self, other: Insts) {
+        for inst in other.table {
+            self.insert(inst);
+        }
+    }
+
+    /// Every instance, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Inst>> {
+        self.table.iter()
+    }
+}
+
+impl std::ops::Index<&Key> for Insts {
+    type Output = Arc<Inst>;
+    fn index(&self, key: &Key) -> &Arc<Inst> {
+        self.get(key).expect("a mounted instance")
+    }
 }
 
 /// The hash of the XML before the instance at `order[index]`: the digest's
@@ -271,26 +394,23 @@ impl std::fmt::Debug for SpecRef {
     }
 }
 
-/// The workflow's spec nodes as `SpecRef`s.
-#[derive(Debug)]
+/// The workflow's spec nodes. A mounted instance takes a [`SpecRef`] of
+/// its spec as it is mounted: the tree keeps none of its own (a list of
+/// every top-level node's would cost 16 bytes per node for the run).
+#[derive(Debug, Clone)]
 pub struct SpecTree {
-    pub roots: Vec<SpecRef>,
+    wf: Arc<Workflow>,
 }
 
 impl SpecTree {
     /// The tree of a workflow's nodes.
     pub fn new(wf: &Arc<Workflow>) -> SpecTree {
-        SpecTree {
-            roots: wf.nodes.iter().map(|n| SpecRef::new(wf, n)).collect(),
-        }
+        SpecTree { wf: wf.clone() }
     }
 
-    /// The children of a group spec.
-    pub fn children(&self, spec: &SpecRef) -> Vec<SpecRef> {
-        spec.kind
-            .children()
-            .map(|kids| kids.iter().map(|n| SpecRef::new(&spec.wf, n)).collect())
-            .unwrap_or_default()
+    /// The children of a group spec (none for a leaf).
+    pub fn children<'a>(&self, spec: &'a SpecRef) -> &'a [NodeSpec] {
+        spec.kind.children().unwrap_or_default()
     }
 }
 
@@ -304,10 +424,9 @@ pub fn render(tree: &SpecTree, workflow: &str, shape: &Shape, paths: &mut Paths)
         plan: &mut plan,
     };
     cx.group(
-        &tree.roots,
-        Arc::from(""),
+        &tree.wf,
+        &tree.wf.nodes,
         0,
-        None,
         0,
         false,
         Arc::new(GroupVars::default()),
@@ -347,7 +466,7 @@ pub fn rerender_group(
             ..(*inst).clone()
         });
         plan.order[at] = inst.clone();
-        plan.insts.insert(group.clone(), inst.clone());
+        plan.insts.insert(inst.clone());
     }
     // Its old subtree follows it in mount order: every instance whose
     // parent is the group or in the subtree already.
@@ -356,7 +475,7 @@ pub fn rerender_group(
         let mut inside: std::collections::HashSet<&Key, ahash::RandomState> = Default::default();
         inside.insert(group);
         while let Some(i) = plan.order.get(end) {
-            match i.parent.as_ref() {
+            match i.parent() {
                 Some(p) if inside.contains(p) => {
                     inside.insert(&i.key);
                     end += 1;
@@ -404,56 +523,62 @@ struct Mount<'a> {
 }
 
 impl Mount<'_> {
-    #[allow(clippy::too_many_arguments)]
+    /// Mounts `specs`, siblings in `wf`, as members of one group instance
+    /// (the top level, a loop's pass, an element of a `for_each`), which
+    /// `vars` names.
     fn group(
         &mut self,
-        specs: &[SpecRef],
-        prefix: Arc<str>,
+        wf: &Arc<Workflow>,
+        specs: &[NodeSpec],
         iteration: u32,
-        parent: Option<&Key>,
         base_layer: u32,
         in_loop: bool,
         vars: Arc<GroupVars>,
     ) {
-        let depths = depths(specs);
+        let prefix = &*vars.prefix;
+        let index: HashMap<&str, usize, ahash::RandomState> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.as_str(), i))
+            .collect();
+        let depths = depths(specs, &index);
         // Every sibling's path first, so that `needs` share them.
         let mut text = String::with_capacity(prefix.len() + 16);
-        let keys: HashMap<&str, NodePath> = specs
+        let paths: Vec<NodePath> = specs
             .iter()
             .map(|spec| {
                 text.clear();
-                text.push_str(&prefix);
+                text.push_str(prefix);
                 text.push_str(&spec.id);
-                (spec.id.as_str(), self.paths.intern(&text))
+                self.paths.intern(&text)
             })
             .collect();
-        for (spec, depth) in specs.iter().zip(depths) {
-            let key: Key = (keys[spec.id.as_str()].clone(), iteration);
+        for ((spec, depth), path) in specs.iter().zip(depths).zip(&paths) {
+            let key: Key = (path.clone(), iteration);
             let layer = base_layer + depth;
-            let needs: Box<[Key]> = spec
-                .needs
-                .iter()
-                .map(|n| match keys.get(n.as_str()) {
-                    Some(p) => (p.clone(), iteration),
-                    None => (self.paths.intern(&format!("{prefix}{n}")), iteration),
-                })
-                .collect();
+            let mut need = |n: &String| match index.get(n.as_str()) {
+                Some(&j) => (paths[j].clone(), iteration),
+                None => (self.paths.intern(&format!("{prefix}{n}")), iteration),
+            };
+            let needs = match spec.needs.as_slice() {
+                [n] => Needs::One(need(n)),
+                many => Needs::Many(many.iter().map(need).collect()),
+            };
             let started = self.shape.started_groups.contains(&key);
+            let spec = SpecRef::new(wf, spec);
             let inst = Arc::new(Inst {
                 key: key.clone(),
                 spec: spec.clone(),
                 needs,
-                parent: parent.cloned(),
                 layer,
                 vars: vars.clone(),
-                prefix: prefix.clone(),
                 in_loop,
                 started,
             });
             self.plan.order.push(inst.clone());
-            self.plan.insts.insert(key.clone(), inst);
+            self.plan.insts.insert(inst);
             if started {
-                self.children(&key, spec, layer, in_loop, &vars);
+                self.children(&key, &spec, layer, in_loop, &vars);
             }
         }
     }
@@ -472,38 +597,24 @@ impl Mount<'_> {
         match spec.kind.group() {
             Some(Group::Loop { .. }) => {
                 let pass = self.shape.loop_pass.get(key).copied().unwrap_or(0);
-                let v = GroupVars::pass(vars, pass);
-                let child_prefix: Arc<str> = if in_loop {
-                    format!("{}@{iteration}.", key.0).into()
+                let child_prefix = if in_loop {
+                    format!("{}@{iteration}.", key.0)
                 } else {
-                    format!("{}.", key.0).into()
+                    format!("{}.", key.0)
                 };
+                let v = GroupVars::pass(vars, pass, key, child_prefix);
                 let kids = self.tree.children(spec);
-                self.group(
-                    &kids,
-                    child_prefix,
-                    pass,
-                    Some(key),
-                    layer + 1,
-                    true,
-                    Arc::new(v),
-                );
+                self.group(&spec.wf, kids, pass, layer + 1, true, Arc::new(v));
             }
             Some(Group::ForEach { as_name, .. }) => {
                 if let Some(list) = self.shape.lists.get(key).cloned() {
                     let kids = self.tree.children(spec);
                     let as_name: Option<Arc<str>> = as_name.map(Arc::from);
                     for i in 0..list.len() {
-                        let v = GroupVars::element(vars, list.clone(), i, as_name.clone());
-                        self.group(
-                            &kids,
-                            format!("{}[{i}].", key.0).into(),
-                            iteration,
-                            Some(key),
-                            layer + 1,
-                            in_loop,
-                            Arc::new(v),
-                        );
+                        let prefix = format!("{}[{i}].", key.0);
+                        let v =
+                            GroupVars::element(vars, list.clone(), i, as_name.clone(), key, prefix);
+                        self.group(&spec.wf, kids, iteration, layer + 1, in_loop, Arc::new(v));
                     }
                 }
             }
@@ -513,14 +624,25 @@ impl Mount<'_> {
 }
 
 /// Depth of each sibling within its group: 0 without needs, else one more than
-/// the deepest need. Iterative (Kahn's order) so a chain of thousands of nodes
-/// needs no deep recursion; the workflow was validated acyclic.
-fn depths(specs: &[SpecRef]) -> Vec<u32> {
-    let index: HashMap<&str, usize> = specs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.as_str(), i))
-        .collect();
+/// the deepest need. `index` gives a sibling's place by its id. Most files
+/// list a node after its needs, and one pass in their order settles every
+/// depth then; otherwise Kahn's order (iterative, so a chain of thousands
+/// of nodes needs no deep recursion; the workflow was validated acyclic).
+fn depths(specs: &[NodeSpec], index: &HashMap<&str, usize, ahash::RandomState>) -> Vec<u32> {
+    let mut depth = vec![0u32; specs.len()];
+    let in_order = specs.iter().enumerate().all(|(i, s)| {
+        s.needs.iter().all(|n| match index.get(n.as_str()) {
+            Some(&j) if j < i => {
+                depth[i] = depth[i].max(depth[j] + 1);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        })
+    });
+    if in_order {
+        return depth;
+    }
     let mut indegree = vec![0usize; specs.len()];
     let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); specs.len()];
     for (i, s) in specs.iter().enumerate() {
@@ -531,7 +653,7 @@ fn depths(specs: &[SpecRef]) -> Vec<u32> {
             }
         }
     }
-    let mut depth = vec![0u32; specs.len()];
+    depth.fill(0);
     let mut queue: std::collections::VecDeque<usize> =
         (0..specs.len()).filter(|&i| indegree[i] == 0).collect();
     while let Some(j) = queue.pop_front() {
@@ -585,7 +707,7 @@ fn hash_from(plan: &mut Plan, workflow: &str, changed: usize) {
             xml.clear();
         }
         while let Some(top) = open.last() {
-            if inst.parent.as_ref() == Some(&top.key) {
+            if inst.parent() == Some(&top.key) {
                 break;
             }
             xml.push_str("</node>");
@@ -607,7 +729,7 @@ fn hash_from(plan: &mut Plan, workflow: &str, changed: usize) {
 /// One instance's element, open (`>`) when it is a started group.
 fn write_node(xml: &mut String, inst: &Inst) {
     let key = &inst.key;
-    let base = inst.parent.as_ref().map_or(0, |p| p.0.len());
+    let base = inst.parent().map_or(0, |p| p.0.len());
     xml.push_str("<node id=\"");
     esc_into(xml, key.0.get(base..).unwrap_or(&key.0));
     // Pushed piece by piece: `write!` costs several times as much.
@@ -663,9 +785,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_instance_and_its_arc_fit_128_bytes() {
-        // One per node of the plan: 160 bytes of allocation past 128.
-        assert!(std::mem::size_of::<Inst>() + 2 * std::mem::size_of::<usize>() <= 128);
+    fn an_instance_and_its_arc_fit_96_bytes() {
+        // One per node of the plan: 112 bytes of allocation past 96.
+        assert!(std::mem::size_of::<Inst>() + 2 * std::mem::size_of::<usize>() <= 96);
+        // A single need inline costs nothing beside a boxed slice's place.
+        assert_eq!(std::mem::size_of::<Needs>(), std::mem::size_of::<Key>());
     }
 
     const NESTED: &str = r#"
@@ -799,8 +923,8 @@ nodes:
                 let keys = |p: &Plan| p.order.iter().map(|i| i.key.clone()).collect::<Vec<Key>>();
                 assert_eq!(keys(&plan), keys(&full), "order after changing {g:?}");
                 assert_eq!(plan.xml_hash, full.xml_hash, "hash after changing {g:?}");
-                let mut a: Vec<&Key> = plan.insts.keys().collect();
-                let mut b: Vec<&Key> = full.insts.keys().collect();
+                let mut a: Vec<&Key> = plan.insts.iter().map(|i| &i.key).collect();
+                let mut b: Vec<&Key> = full.insts.iter().map(|i| &i.key).collect();
                 a.sort();
                 b.sort();
                 assert_eq!(a, b);
@@ -817,13 +941,55 @@ nodes:
                     .count();
                 let went = before
                     .iter()
-                    .filter(|k| !full.insts.contains_key(*k))
+                    .filter(|k| !full.insts.contains_key(k))
                     .count();
                 assert_eq!((change.added.len(), change.removed.len()), (appeared, went));
                 steps += 1;
             }
         }
         assert!(steps > 10, "only {steps} changes were checked");
+    }
+
+    /// Each instance's layer by path, for a workflow of `nodes` listed in
+    /// that order (`(id, needs)`).
+    fn layers(nodes: &[(&str, &[&str])]) -> Vec<(String, u32)> {
+        let mut y = String::from("name: layers\nnodes:\n");
+        for (id, needs) in nodes {
+            y.push_str(&format!("  - id: {id}\n    value: 1\n"));
+            if !needs.is_empty() {
+                y.push_str(&format!("    needs: [{}]\n", needs.join(", ")));
+            }
+        }
+        let wf = Arc::new(cairn_workflow::parse(&y, std::path::Path::new("/w.yaml")).unwrap());
+        let plan = render(
+            &SpecTree::new(&wf),
+            "layers",
+            &Shape::default(),
+            &mut Paths::default(),
+        );
+        let mut out: Vec<(String, u32)> = plan
+            .order
+            .iter()
+            .map(|i| (i.key.0.to_string(), i.layer))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn layers_do_not_depend_on_the_order_siblings_are_listed_in() {
+        let a: (&str, &[&str]) = ("a", &[]);
+        let b: (&str, &[&str]) = ("b", &["a"]);
+        let c: (&str, &[&str]) = ("c", &["a", "b"]);
+        let d: (&str, &[&str]) = ("d", &["c"]);
+        let want: Vec<(String, u32)> = [("a", 0), ("b", 1), ("c", 2), ("d", 3)]
+            .iter()
+            .map(|&(p, l)| (p.to_string(), l))
+            .collect();
+        // Needs listed first (one pass), and after their dependents.
+        assert_eq!(layers(&[a, b, c, d]), want);
+        assert_eq!(layers(&[d, c, b, a]), want);
+        assert_eq!(layers(&[b, d, a, c]), want);
     }
 
     /// The frame's hash is over these bytes: the in-place escape must write

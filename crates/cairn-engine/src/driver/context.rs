@@ -44,14 +44,14 @@ impl Driver {
     /// `until` the pass that just ended.
     pub(super) fn context_for(&self, inst: &Inst, iteration: u32) -> Context {
         let vars = self.small_vars(iteration, &inst.vars);
-        Context::scoped_nodes(vars, "nodes", self.nodes_ctx.shared(), &inst.prefix)
+        Context::scoped_nodes(vars, "nodes", self.nodes_ctx.shared(), inst.prefix())
     }
 
     /// Whether an instance's spec has templates (looked at once per spec
     /// of a group; a top-level spec has one instance, and a map of every
     /// node of a 100,000-node file would outweigh looking again).
     pub(super) fn is_templated(&mut self, inst: &Inst) -> bool {
-        if inst.parent.is_none() {
+        if inst.parent().is_none() {
             return uses_templates(&inst.spec);
         }
         *self
@@ -77,10 +77,10 @@ impl Driver {
                 .iter()
                 .map(|(k, e)| (k.to_string(), e.to_json()))
                 .collect();
-            if !inst.prefix.is_empty() {
+            if !inst.prefix().is_empty() {
                 // Siblings inside a group are known by their plain id too.
                 for (k, e) in all {
-                    if let Some(rest) = k.strip_prefix(&*inst.prefix) {
+                    if let Some(rest) = k.strip_prefix(inst.prefix()) {
                         if !rest.contains(['.', '[']) {
                             nodes.insert(rest.to_string(), e.to_json());
                         }
@@ -106,31 +106,81 @@ impl Driver {
 ///
 /// Renders in the driver hold the map only while they run, so an update
 /// finds it unshared and changes it in place. An entry shares its path and
-/// its output with the run state: a few dozen bytes of its own.
+/// its output with the run state: a few dozen bytes of its own, about 84
+/// with the map's room (8 MB for a run of 100,000 nodes). So it is kept
+/// only once the run's definition has something that reads it
+/// ([`reads_nodes`]): until then it stays empty, and nothing looks.
 #[derive(Debug, Default)]
-pub(super) struct NodesCtx(Arc<NodeEntries>);
+pub(super) struct NodesCtx {
+    map: Arc<NodeEntries>,
+    /// Whether the definition reads `nodes`, so that the map is kept.
+    kept: bool,
+}
 
 impl NodesCtx {
+    /// Keeps the map from now on when `wf` reads it, filled with the
+    /// nodes of `state` that ended (at a run's start or resume, and after
+    /// a reload to a definition that reads it where the old one did not).
+    pub(super) fn follow(&mut self, wf: &Workflow, state: &RunState) {
+        if self.kept || !reads_nodes(wf) {
+            return;
+        }
+        self.kept = true;
+        for n in &state.nodes {
+            if n.status.is_done() {
+                self.insert(&n.node_id, node_ctx_entry(n));
+            }
+        }
+    }
+
     /// Sets the entry of `path`, giving back the one it replaces (an
-    /// earlier pass of the same node, in a loop).
+    /// earlier pass of the same node, in a loop); nothing when the map is
+    /// not kept.
     pub(super) fn insert(&mut self, path: &NodePath, entry: NodeEntry) -> Option<NodeEntry> {
-        Arc::make_mut(&mut self.0).insert(path.shared_text(), entry)
+        if !self.kept {
+            return None;
+        }
+        Arc::make_mut(&mut self.map).insert(path.shared_text(), entry)
     }
 
     /// Makes room for `additional` more paths at once: the map of a large
     /// frame would otherwise grow by doubling, the old and new tables both
     /// alive while it does, and end up to twice as large as needed.
     pub(super) fn reserve(&mut self, additional: usize) {
-        Arc::make_mut(&mut self.0).reserve_exact(additional);
+        if self.kept {
+            Arc::make_mut(&mut self.map).reserve_exact(additional);
+        }
     }
 
     pub(super) fn shared(&self) -> Arc<NodeEntries> {
-        self.0.clone()
+        self.map.clone()
     }
 
     pub(super) fn map(&self) -> &NodeEntries {
-        &self.0
+        &self.map
     }
+}
+
+/// Whether a render of the run can read `nodes`: the workflow's `output`,
+/// a node whose own settings have templates (a condition, a group's
+/// expression, an agent's prompts: what [`uses_templates`] says, which is
+/// also what decides whether an attempt's context holds `nodes`), or a
+/// scorer (its context holds every node's).
+pub(super) fn reads_nodes(wf: &Workflow) -> bool {
+    if wf.output.is_some() {
+        return true;
+    }
+    // A stack rather than recursion: groups nest as deep as a file goes.
+    let mut bodies: Vec<&[NodeSpec]> = vec![&wf.nodes];
+    while let Some(nodes) = bodies.pop() {
+        for spec in nodes {
+            if uses_templates(spec) || !spec.scorers.is_empty() {
+                return true;
+            }
+            bodies.extend(spec.kind.children());
+        }
+    }
+    false
 }
 
 pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
@@ -150,4 +200,54 @@ pub(super) fn uses_templates(spec: &NodeSpec) -> bool {
         || spec.env.values().any(|v| has(v))
         || spec.cwd.as_deref().is_some_and(has)
         || spec.kind.uses_templates()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(yaml: &str) -> Workflow {
+        cairn_workflow::parse(yaml, std::path::Path::new("/w.yaml")).unwrap()
+    }
+
+    const PLAIN: &str = "name: p\nnodes:\n  - id: a\n    value: {x: 1}\n  - id: b\n    needs: [a]\n    value: [2, \"b\"]\n";
+
+    #[test]
+    fn only_a_definition_that_reads_nodes_keeps_their_map() {
+        assert!(!reads_nodes(&parsed(PLAIN)));
+        let readers = [
+            "name: p\nnodes:\n  - id: a\n    value: \"{{ input.x }}\"\n",
+            "name: p\nnodes:\n  - id: a\n    value: 1\n  - id: b\n    needs: [a]\n    if: \"nodes.a.output == 1\"\n    value: 2\n",
+            "name: p\noutput: \"{{ nodes.a.output }}\"\nnodes:\n  - id: a\n    value: 1\n",
+            "name: p\nnodes:\n  - id: a\n    value: 1\n    scorers:\n      - id: s\n        command: [\"./score.sh\"]\n",
+            "name: p\nnodes:\n  - id: l\n    loop:\n      until: \"true\"\n      max_iterations: 2\n      nodes:\n        - id: x\n          value: 1\n",
+        ];
+        for yaml in readers {
+            assert!(reads_nodes(&parsed(yaml)), "{yaml}");
+        }
+
+        // A state with an ended node: the map takes it only when kept.
+        let mut state = RunState::new("r");
+        let ended = |kind| Event {
+            run_id: "r".into(),
+            seq: cairn_events::Seq(1),
+            timestamp_ms: 1,
+            scope: Scope::node("a", 0),
+            kind,
+        };
+        state.apply(&ended(EventKind::NodeSkipped {
+            reason: "test".into(),
+        }));
+        let mut ctx = NodesCtx::default();
+        ctx.follow(&parsed(PLAIN), &state);
+        ctx.reserve(10);
+        assert!(ctx
+            .insert(&NodePath::from("b"), node_ctx_entry(&state.nodes[0]))
+            .is_none());
+        assert!(ctx.map().is_empty());
+        ctx.follow(&parsed(readers[0]), &state);
+        assert_eq!(ctx.map().len(), 1, "the ended node, once kept");
+        ctx.insert(&NodePath::from("b"), node_ctx_entry(&state.nodes[0]));
+        assert_eq!(ctx.map().len(), 2);
+    }
 }

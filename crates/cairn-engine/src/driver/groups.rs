@@ -120,7 +120,7 @@ impl Driver {
                 let mut members: Vec<(&str, Option<Output>)> = Vec::with_capacity(children.len());
                 for i in 0..len {
                     members.clear();
-                    for c in &children {
+                    for c in children {
                         let path = format!("{}[{i}].{}", key.0, c.id);
                         let o = self.state.node(&path, key.1).and_then(|n| n.output.clone());
                         members.push((c.id.as_str(), o));

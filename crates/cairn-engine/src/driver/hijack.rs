@@ -67,8 +67,8 @@ impl Driver {
                 .plan()
                 .insts
                 .iter()
-                .find(|(k, _)| k.0 == node_id)
-                .map(|(_, i)| &i.spec.kind);
+                .find(|i| i.key.0 == node_id)
+                .map(|i| &i.spec.kind);
             let why = refusal(kind, self.mode == Mode::Apply);
             return Err(EngineError::NotHijackable {
                 node: node_id.into(),

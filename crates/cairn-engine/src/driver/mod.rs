@@ -71,7 +71,7 @@ mod workspace;
 
 pub(crate) use workspace::{restore_paths, revert_files, Snapshotter};
 
-use context::{node_ctx_entry, NodesCtx};
+use context::NodesCtx;
 use inbox::wait_for;
 
 /// The scope of an instance's node-scoped events: its path and pass, and
@@ -405,11 +405,7 @@ impl Driver {
     /// Takes up the run from its state: the templates' context from what
     /// ended, the plan mounted, and after a resume what was open.
     fn take_up(&mut self, resumed: bool) {
-        for n in &self.state.nodes {
-            if n.status.is_done() {
-                self.nodes_ctx.insert(&n.node_id, node_ctx_entry(n));
-            }
-        }
+        self.nodes_ctx.follow(&self.wf, &self.state);
         if resumed {
             let now_ms = crate::node::now_ms();
             let state = &self.state;

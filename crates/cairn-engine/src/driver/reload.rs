@@ -182,6 +182,8 @@ impl Driver {
         self.wf = wf;
         // Keyed by the address of a spec of the old definition.
         self.templated.clear();
+        // A definition that reads `nodes` where the old one did not.
+        self.nodes_ctx.follow(&self.wf, &self.state);
         // What was derived from the old plan is derived again from the new
         // one by its frame: needs, group members, layer and chapter totals,
         // and which pending nodes to look at.

@@ -54,7 +54,8 @@ pub(super) struct Scheduler {
     paths: Paths,
     plan: Plan,
     frame_no: u64,
-    dependents: KeyMap<Vec<Key>>,
+    /// The instances waiting for each instance's end.
+    dependents: Dependents,
     /// How many of each mounted instance's needs have not ended, so that a
     /// join is looked at in full once, not once per finished need; only
     /// for instances waiting for two or more. One waiting for a single need
@@ -226,27 +227,24 @@ impl Scheduler {
     /// with unmet needs is queued when the last of them ends.
     pub(super) fn mounted(
         &mut self,
-        inst: &Inst,
+        inst: &Arc<Inst>,
         status: NodeStatus,
         done: bool,
-        need_ended: impl Fn(&Key, &KeyMap<Arc<Inst>>) -> bool,
+        need_ended: impl Fn(&Key, &plan::Insts) -> bool,
     ) {
         let key = &inst.key;
         let mut unmet = 0;
-        for dep in &inst.needs {
+        for (i, dep) in inst.needs.iter().enumerate() {
             if need_ended(dep, &self.plan.insts) {
                 continue;
             }
             unmet += 1;
-            let deps = self.dependents.entry(dep.clone()).or_default();
-            // Most nodes have one dependent: no room for four.
-            deps.reserve_exact(1);
-            deps.push(key.clone());
+            self.dependents.add(inst, i);
         }
         if unmet > 1 {
             self.unmet.insert(key.clone(), unmet);
         }
-        if let Some(parent) = &inst.parent {
+        if let Some(parent) = inst.parent() {
             if !done {
                 *self.group_remaining.entry(parent.clone()).or_default() += 1;
             }
@@ -366,28 +364,37 @@ impl Scheduler {
     pub(super) fn ended(&mut self, inst: &Inst) -> Option<Key> {
         // An ended node's dependents and a ready node's count are not
         // needed again: dropped, so a long run's maps hold only what waits.
-        if let Some(deps) = self.dependents.remove(&inst.key) {
-            shrink_drained(&mut self.dependents);
-            for d in deps {
-                if let Some(n) = self.unmet.get_mut(&d) {
-                    *n = n.saturating_sub(1);
-                    let left = *n;
-                    if left <= 1 {
-                        // Down to one need: no longer counted (see `unmet`).
-                        self.unmet.remove(&d);
-                        shrink_drained(&mut self.unmet);
-                    }
-                    if left > 0 {
-                        continue;
-                    }
+        match self.dependents.take(&inst.key) {
+            Some(Waiting::One { dependent, .. }) => self.need_ended(dependent.key.clone()),
+            Some(Waiting::Many(many)) => {
+                for d in many.1 {
+                    self.need_ended(d);
                 }
-                self.check_queue.push_back(d);
             }
+            None => {}
         }
-        let parent = inst.parent.as_ref()?;
+        let parent = inst.parent()?;
         let r = self.group_remaining.get_mut(parent)?;
         *r = r.saturating_sub(1);
         (*r == 0).then(|| parent.clone())
+    }
+
+    /// One of the dependent `d`'s needs ended: it is queued for a look
+    /// when that was the last.
+    fn need_ended(&mut self, d: Key) {
+        if let Some(n) = self.unmet.get_mut(&d) {
+            *n = n.saturating_sub(1);
+            let left = *n;
+            if left <= 1 {
+                // Down to one need: no longer counted (see `unmet`).
+                self.unmet.remove(&d);
+                shrink_drained(&mut self.unmet);
+            }
+            if left > 0 {
+                return;
+            }
+        }
+        self.check_queue.push_back(d);
     }
 
     /// Whether the group instance `key` has started (its members are
@@ -428,6 +435,97 @@ impl Scheduler {
     /// How many members of the group `key`'s pass have not ended.
     pub(super) fn remaining(&self, key: &Key) -> usize {
         self.group_remaining.get(key).copied().unwrap_or(0)
+    }
+}
+
+/// The instances waiting for one instance's end. Most instances have one
+/// dependent, which is held with the place of the need it waits for: the
+/// need's key is read from the dependent, so an entry is 16 bytes and the
+/// table holds no copy of the key (a map of keys to vectors took about 95
+/// bytes per node of a chain, with the vector's own allocation).
+enum Waiting {
+    /// One dependent, waiting for its `need`th need.
+    One { dependent: Arc<Inst>, need: u32 },
+    /// Two or more, waiting for the need `.0` (boxed: rare, and the
+    /// entry stays small).
+    Many(Box<(Key, Vec<Key>)>),
+}
+
+impl Waiting {
+    /// The instance they wait for.
+    fn need(&self) -> &Key {
+        match self {
+            Waiting::One { dependent, need } => &dependent.needs[*need as usize],
+            Waiting::Many(many) => &many.0,
+        }
+    }
+}
+
+/// Every [`Waiting`] entry, found by the key of the instance waited for.
+#[derive(Default)]
+struct Dependents {
+    table: hashbrown::HashTable<Waiting>,
+    /// aHash, keyed per process (see [`KeyMap`]).
+    hasher: ahash::RandomState,
+}
+
+impl Dependents {
+    fn hash(hasher: &ahash::RandomState, key: &Key) -> u64 {
+        hasher.hash_one(key)
+    }
+
+    /// `dependent` waits for its need at place `need`.
+    fn add(&mut self, dependent: &Arc<Inst>, need: usize) {
+        let key = &dependent.needs[need];
+        let hasher = &self.hasher;
+        let entry = self.table.entry(
+            Self::hash(hasher, key),
+            |w| w.need() == key,
+            |w| Self::hash(hasher, w.need()),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert(Waiting::One {
+                    dependent: dependent.clone(),
+                    need: u32::try_from(need).expect("fewer than 2^32 needs"),
+                });
+            }
+            hashbrown::hash_table::Entry::Occupied(mut e) => {
+                let w = e.get_mut();
+                match w {
+                    Waiting::One {
+                        dependent: first, ..
+                    } => {
+                        let first = first.key.clone();
+                        *w = Waiting::Many(Box::new((
+                            key.clone(),
+                            vec![first, dependent.key.clone()],
+                        )));
+                    }
+                    Waiting::Many(many) => many.1.push(dependent.key.clone()),
+                }
+            }
+        }
+    }
+
+    /// Takes what waits for `key`, giving back most of the table's room
+    /// once it has drained (see [`shrink_drained`]).
+    fn take(&mut self, key: &Key) -> Option<Waiting> {
+        let found = self
+            .table
+            .find_entry(Self::hash(&self.hasher, key), |w| w.need() == key)
+            .ok()?;
+        let (waiting, _) = found.remove();
+        let table = &mut self.table;
+        if table.capacity() > SHRINK_FROM && table.len() < table.capacity() / 4 {
+            let hasher = &self.hasher;
+            table.shrink_to(table.len() * 2, |w| Self::hash(hasher, w.need()));
+        }
+        Some(waiting)
+    }
+
+    fn clear(&mut self) {
+        self.table.clear();
     }
 }
 
@@ -925,9 +1023,7 @@ nodes:
         s.next_pass(&l1);
         assert_eq!(s.loop_pass(&l1), 1);
         s.render("loops").unwrap();
-        let tree = SpecTree {
-            roots: s.tree().roots.clone(),
-        };
+        let tree = s.tree().clone();
         let frame = s.remount(tree, "loops", |k| *k == l2);
         assert!(s.group_started(&l1) && !s.group_started(&l2));
         assert_eq!(s.loop_pass(&l1), 1);

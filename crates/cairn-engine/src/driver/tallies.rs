@@ -16,9 +16,9 @@ use cairn_events::{EventKind, NodeCounts, NodeStatus, NodeTiming, RunState, Toke
 const MAX_TIMINGS: usize = 20;
 
 /// One layer's or chapter's counts. A chain of 100,000 nodes has as many
-/// layers, so a tally is kept small: counts as `u32`, its start as
-/// milliseconds from the tallies' epoch.
-#[derive(Default, Debug, Clone, Copy)]
+/// layers, so a tally is kept small (32 bytes): counts as `u32`, its start
+/// as milliseconds from the tallies' epoch, [`NOT_STARTED`] before it.
+#[derive(Debug, Clone, Copy)]
 struct Tally {
     total: u32,
     succeeded: u32,
@@ -27,8 +27,26 @@ struct Tally {
     cancelled: u32,
     open: bool,
     /// When its first node started, in ms after [`Tallies::epoch`]
-    /// (negative for a layer reopened after a resume).
-    started_ms: Option<i64>,
+    /// (negative for a layer reopened after a resume); [`NOT_STARTED`]
+    /// before (an `Option` would take 8 bytes more).
+    started_ms: i64,
+}
+
+/// A tally's start before its first node started.
+const NOT_STARTED: i64 = i64::MIN;
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            total: 0,
+            succeeded: 0,
+            failed: 0,
+            skipped: 0,
+            cancelled: 0,
+            open: false,
+            started_ms: NOT_STARTED,
+        }
+    }
 }
 
 impl Tally {
@@ -95,7 +113,7 @@ impl Tallies {
         for (&layer, &started_ms) in open_layers {
             let t = self.layer(layer);
             t.open = true;
-            t.started_ms = Some(since_epoch - (now_ms - started_ms).max(0));
+            t.started_ms = since_epoch - (now_ms - started_ms).max(0);
         }
         for chapter in open_chapters {
             self.chapters.entry(chapter.clone()).or_default().open = true;
@@ -137,7 +155,7 @@ impl Tallies {
         let t = self.layer(layer);
         if !t.open {
             t.open = true;
-            t.started_ms = Some(now);
+            t.started_ms = now;
             events.push(EventKind::LayerStarted {
                 layer_index: layer,
                 node_count: u64::from(t.total),
@@ -171,7 +189,11 @@ impl Tallies {
             t.open = false;
             events.push(EventKind::LayerFinished {
                 layer_index: layer,
-                duration_ms: t.started_ms.map_or(0, |s| (now - s).max(0) as u64),
+                duration_ms: if t.started_ms == NOT_STARTED {
+                    0
+                } else {
+                    (now - t.started_ms).max(0) as u64
+                },
                 succeeded: t.succeeded.into(),
                 failed: t.failed.into(),
                 skipped: t.skipped.into(),
@@ -273,6 +295,12 @@ mod tests {
     use super::*;
     use crate::driver::testing;
     use cairn_events::Scope;
+
+    #[test]
+    fn a_tally_fits_32_bytes() {
+        // One per layer, and a chain has a layer per node.
+        assert!(std::mem::size_of::<Tally>() <= 32);
+    }
 
     fn names(events: &[EventKind]) -> Vec<&'static str> {
         events.iter().map(|e| e.type_name()).collect()
