@@ -6,6 +6,9 @@
 use super::scheduler::Frame;
 use super::*;
 
+/// Instances a frame adds from which room is made for them at once.
+const LARGE_FRAME: usize = 1024;
+
 impl Driver {
     /// Waits for the log, blocking, once a render (or a join's edges) has
     /// appended a backlog's worth of events: a frame that mounts 100,000
@@ -47,8 +50,15 @@ impl Driver {
             removed,
         } = frame;
         self.emit(Scope::run(), event);
-        self.state.reserve_nodes(added.len());
-        self.nodes_ctx.reserve(added.len());
+        // Room for a large frame at once (growing by doubling would leave
+        // up to twice what it needs); a small one, such as a loop's next
+        // pass, grows the lists as they fill, rather than by exactly its
+        // size every time: a loop of 100,000 passes reallocated the run
+        // state's list of node passes at nearly every one.
+        if added.len() >= LARGE_FRAME {
+            self.state.reserve_nodes(added.len());
+            self.nodes_ctx.reserve(added.len());
+        }
         // Counted once every instance is in its layer's total, so that a
         // layer still open from before a resume is not closed half-counted.
         let mut done_already = Vec::new();
