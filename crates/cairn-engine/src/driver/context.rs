@@ -227,9 +227,10 @@ mod tests {
         }
 
         // A state with an ended node: the map takes it only when kept.
-        let mut state = RunState::new("r");
+        let r = cairn_events::RunId::parse("r").unwrap();
+        let mut state = RunState::new(r.clone());
         let ended = |kind| Event {
-            run_id: "r".into(),
+            run_id: r.clone(),
             seq: cairn_events::Seq(1),
             timestamp_ms: 1,
             scope: Scope::node("a", 0),
