@@ -42,8 +42,7 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
     )?;
     out.flush()?;
     let mut sub = engine.journal().subscribe(&run, asked.seq.get())?;
-    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<Option<String>>();
-    let mut reader: Option<std::thread::JoinHandle<()>> = None;
+    let mut terminal = Terminal::default();
     let code = loop {
         let Some(next) = sub.next().await else {
             break crate::EXIT_FAILED;
@@ -57,70 +56,20 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
                 status,
                 error,
                 ..
-            } if ours => {
-                let err = error
-                    .as_ref()
-                    .map(|e| format!(": {}", e.message))
-                    .unwrap_or_default();
-                writeln!(out, "  {tool_name}: {}{err}", status_word(status))?;
-            }
+            } if ours => writeln!(out, "  {tool_name}: {}", tool_outcome(status, error))?,
             EventKind::InputRequested {
                 request_id, schema, ..
             } if ours && request_id.starts_with("h-") && handoff(schema.as_ref()).is_some() => {
-                // An external CLI's own session: the person works in it
-                // here, and leaving it hands it back.
                 let (argv, cwd) = handoff(schema.as_ref()).unwrap_or_default();
-                writeln!(
-                    out,
-                    "the agent's session is yours: {} (in {cwd}); leave it to hand it back",
-                    argv.join(" ")
-                )?;
-                out.flush()?;
-                let status = std::process::Command::new(&argv[0])
-                    .args(&argv[1..])
-                    .current_dir(&cwd)
-                    .status();
-                let answer = match status {
-                    Ok(_) => "/back",
-                    Err(e) => {
-                        writeln!(out, "cannot start {}: {e}; ending the hijack", argv[0])?;
-                        "/back"
-                    }
-                };
+                hand_over(&mut out, &argv, &cwd)?;
                 engine
-                    .answer(&run, request_id, Value::String(answer.into()), None)
+                    .answer(&run, request_id, Value::String("/back".into()), None)
                     .await?;
             }
             EventKind::InputRequested { request_id, .. }
                 if ours && request_id.starts_with("h-") =>
             {
-                write!(out, "you> ")?;
-                out.flush()?;
-                // One line from the terminal, read off the async workers.
-                if reader.is_none() {
-                    let tx = lines_tx.clone();
-                    reader = Some(std::thread::spawn(move || {
-                        let stdin = std::io::stdin();
-                        for line in stdin.lock().lines() {
-                            if tx.send(line.ok()).is_err() {
-                                return;
-                            }
-                        }
-                        let _ = tx.send(None);
-                    }));
-                }
-                // End of input hands the conversation back.
-                let text = match lines.recv().await.flatten() {
-                    Some(l) if !l.trim().is_empty() => l,
-                    Some(_) => {
-                        writeln!(out, "(an empty line is not a turn; /back hands it back)")?;
-                        "/back".to_string()
-                    }
-                    None => {
-                        writeln!(out, "/back")?;
-                        "/back".to_string()
-                    }
-                };
+                let text = terminal.turn(&mut out).await?;
                 engine
                     .answer(&run, request_id, Value::String(text), None)
                     .await?;
@@ -156,8 +105,81 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
     engine.journal().close();
     // The reader thread may be blocked on the terminal: it ends with the
     // process.
-    drop(reader);
+    drop(terminal);
     Ok(code)
+}
+
+/// An external CLI's own session, handed over: the person works in it
+/// here, and leaving it (or its failing to start) hands it back.
+fn hand_over(out: &mut impl Write, argv: &[String], cwd: &str) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "the agent's session is yours: {} (in {cwd}); leave it to hand it back",
+        argv.join(" ")
+    )?;
+    out.flush()?;
+    let Some((program, args)) = argv.split_first() else {
+        return writeln!(out, "the hand-over names no program; ending the hijack");
+    };
+    if let Err(e) = std::process::Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .status()
+    {
+        writeln!(out, "cannot start {program}: {e}; ending the hijack")?;
+    }
+    Ok(())
+}
+
+/// The person's terminal: lines read on a thread of their own, off the
+/// async workers, started at the first turn.
+#[derive(Default)]
+struct Terminal {
+    lines: Option<tokio::sync::mpsc::UnboundedReceiver<Option<String>>>,
+}
+
+impl Terminal {
+    /// Asks for and reads one turn. An empty line or the end of input
+    /// hands the conversation back (`/back`).
+    async fn turn(&mut self, out: &mut impl Write) -> std::io::Result<String> {
+        write!(out, "you> ")?;
+        out.flush()?;
+        let lines = self.lines.get_or_insert_with(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            std::thread::spawn(move || {
+                let stdin = std::io::stdin();
+                for line in stdin.lock().lines() {
+                    if tx.send(line.ok()).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send(None);
+            });
+            rx
+        });
+        Ok(match lines.recv().await.flatten() {
+            Some(l) if !l.trim().is_empty() => l,
+            Some(_) => {
+                writeln!(out, "(an empty line is not a turn; /back hands it back)")?;
+                "/back".to_string()
+            }
+            None => {
+                writeln!(out, "/back")?;
+                "/back".to_string()
+            }
+        })
+    }
+}
+
+/// How a tool call ended, with its error's message when it failed.
+fn tool_outcome(
+    status: &cairn_events::ToolStatus,
+    error: &Option<cairn_events::ErrorInfo>,
+) -> String {
+    match error {
+        Some(e) => format!("{}: {}", status_word(status), e.message),
+        None => status_word(status),
+    }
 }
 
 /// The command and folder a hand-over question names (`x-cairn-handoff`).
