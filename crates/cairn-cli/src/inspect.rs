@@ -42,44 +42,12 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         limit: Some(a.limit),
         ..Default::default()
     })?;
-    // What each run spent on models, from its latest summary (a run
-    // still going has none yet).
-    let spent: Vec<Option<(u64, u64, Option<f64>)>> = runs
-        .iter()
-        .map(|r| {
-            let q = cairn_store::EventQuery {
-                types: vec![EventType::RunSummary],
-                ..Default::default()
-            };
-            let last = j.backend().read_events(&r.run_id, &q).ok()?.pop()?;
-            match last.decode().ok()?.kind {
-                cairn_events::EventKind::RunSummary {
-                    tokens, cost_usd, ..
-                } => Some((tokens.input, tokens.output, cost_usd)),
-                _ => None,
-            }
-        })
-        .collect();
+    let spent: Vec<Spent> = runs.iter().map(|r| spent_of(&j, &r.run_id)).collect();
     j.close();
     let mut out = std::io::stdout().lock();
     if a.json {
         for (r, spent) in runs.iter().zip(&spent) {
-            let mut v = json!({
-                "runId": r.run_id,
-                "workflow": r.workflow,
-                "status": r.status.as_str(),
-                "createdMs": r.created_ms,
-                "updatedMs": r.updated_ms,
-                "workflowPath": r.workflow_path,
-                "parentRunId": r.parent_run_id,
-            });
-            if let Some((i, o, c)) = spent.filter(|(i, o, _)| i + o > 0) {
-                v["tokens"] = json!({"input": i, "output": o});
-                if let Some(c) = c {
-                    v["costUsd"] = json!(c);
-                }
-            }
-            writeln!(out, "{v}")?;
+            writeln!(out, "{}", run_json(r, spent))?;
         }
         return Ok(crate::EXIT_OK);
     }
@@ -126,6 +94,46 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         )?;
     }
     Ok(crate::EXIT_OK)
+}
+
+/// What a run spent on models: input and output tokens, and the cost
+/// when known.
+type Spent = Option<(u64, u64, Option<f64>)>;
+
+/// What a run spent, from its latest summary (a run still going has none
+/// yet).
+fn spent_of(j: &cairn_store::Journal, run: &cairn_events::RunId) -> Spent {
+    let q = cairn_store::EventQuery {
+        types: vec![EventType::RunSummary],
+        ..Default::default()
+    };
+    let last = j.backend().read_events(run, &q).ok()?.pop()?;
+    match last.decode().ok()?.kind {
+        cairn_events::EventKind::RunSummary {
+            tokens, cost_usd, ..
+        } => Some((tokens.input, tokens.output, cost_usd)),
+        _ => None,
+    }
+}
+
+/// A run's line of `cairn runs --json`.
+fn run_json(r: &cairn_store::RunRecord, spent: &Spent) -> serde_json::Value {
+    let mut v = json!({
+        "runId": r.run_id,
+        "workflow": r.workflow,
+        "status": r.status.as_str(),
+        "createdMs": r.created_ms,
+        "updatedMs": r.updated_ms,
+        "workflowPath": r.workflow_path,
+        "parentRunId": r.parent_run_id,
+    });
+    if let Some((i, o, c)) = spent.filter(|(i, o, _)| i + o > 0) {
+        v["tokens"] = json!({"input": i, "output": o});
+        if let Some(c) = c {
+            v["costUsd"] = json!(c);
+        }
+    }
+    v
 }
 
 /// The listed runs as a tree: each run, then its children (newest first,
@@ -713,6 +721,19 @@ pub async fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
     Ok(crate::EXIT_OK)
 }
 
+/// A timeout flag's duration, above zero; bad input naming `flag` and
+/// `examples` otherwise.
+fn timeout_flag(flag: &str, text: &str, examples: &str) -> anyhow::Result<std::time::Duration> {
+    cairn_workflow::parse_duration(text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            bad_input(format!(
+                "{flag} `{text}`: write a duration above zero, e.g. {examples}"
+            ))
+        })
+}
+
 /// `cairn serve`.
 pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
     // Each run holds a few descriptors: the default soft limit (often
@@ -735,24 +756,9 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
             )));
         }
     }
-    let header_read_timeout = cairn_workflow::parse_duration(&a.header_timeout)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            bad_input(format!(
-                "--header-timeout `{}`: write a duration above zero, e.g. 500ms, 10s, 1m",
-                a.header_timeout
-            ))
-        })?;
-    let body_read_timeout = cairn_workflow::parse_duration(&a.body_timeout)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            bad_input(format!(
-                "--body-timeout `{}`: write a duration above zero, e.g. 5s, 30s, 2m",
-                a.body_timeout
-            ))
-        })?;
+    let header_read_timeout =
+        timeout_flag("--header-timeout", &a.header_timeout, "500ms, 10s, 1m")?;
+    let body_read_timeout = timeout_flag("--body-timeout", &a.body_timeout, "5s, 30s, 2m")?;
     let checked = cairn_server::ServeConfig {
         addr,
         allowed_hosts: a.allow_hosts.clone(),
