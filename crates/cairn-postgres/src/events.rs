@@ -8,7 +8,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use cairn_events::{NodePath, RunId};
-use cairn_storage::envelope::Envelope;
+use cairn_storage::envelope::{self, Envelope};
 use cairn_storage::{EventQuery, StoreError, StoredEvent};
 
 use crate::db::Db;
@@ -350,23 +350,8 @@ fn event_row(db: &Db, run_id: &RunId, r: &Row) -> Result<StoredEvent, StoreError
     .map_err(|e| db.err(e))?;
     let type_name =
         type_name.ok_or_else(|| bad(format!("type code {code} names no event type")))?;
-    let json = Envelope {
-        type_name: &type_name,
-        run_id,
-        seq,
-        timestamp_ms,
-        node_id: node_id.as_deref(),
-    }
-    .json(body)
-    .map_err(|e| bad(e.to_string()))?;
-    Ok(StoredEvent {
-        run_id: run_id.clone(),
-        seq,
-        type_name,
-        node_id: node_id.map(NodePath::from),
-        timestamp_ms,
-        json: json.into(),
-    })
+    envelope::stored_event(run_id, seq, type_name, node_id, timestamp_ms, body)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// The highest stored seq of a run, 0 when it has none.

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use cairn_events::{EventType, NodePath, RunId};
-use cairn_storage::envelope::Envelope;
+use cairn_storage::envelope::{self, Envelope};
 use cairn_storage::{EventQuery, StoreError, StoredEvent};
 
 use crate::BadColumn;
@@ -343,22 +343,8 @@ pub(crate) fn row(run_id: &RunId, r: &rusqlite::Row<'_>) -> rusqlite::Result<Sto
         }
         other => return Err(bad(format!("its text is {:?}", other.data_type()))),
     };
-    let env = Envelope {
-        type_name: &type_name,
-        run_id,
-        seq,
-        timestamp_ms,
-        node_id: node_id.as_deref(),
-    };
-    let json = env.json(body).map_err(|e| bad(e.to_string()))?;
-    Ok(StoredEvent {
-        run_id: run_id.clone(),
-        seq,
-        type_name,
-        node_id: node_id.map(NodePath::from),
-        timestamp_ms,
-        json: json.into(),
-    })
+    envelope::stored_event(run_id, seq, type_name, node_id, timestamp_ms, body)
+        .map_err(|e| bad(e.to_string()))
 }
 
 #[cfg(test)]

@@ -39,6 +39,35 @@ pub struct Envelope<'a> {
     pub node_id: Option<&'a str>,
 }
 
+/// The event a backend reads back from one row: its envelope's columns and
+/// its stored body, the JSON rebuilt by [`Envelope::json`]. Both backends
+/// read their rows through this, so a row means the same on either.
+pub fn stored_event(
+    run_id: &cairn_events::RunId,
+    seq: u64,
+    type_name: String,
+    node_id: Option<String>,
+    timestamp_ms: i64,
+    body: &str,
+) -> Result<crate::StoredEvent, BadBody> {
+    let json = Envelope {
+        type_name: &type_name,
+        run_id,
+        seq,
+        timestamp_ms,
+        node_id: node_id.as_deref(),
+    }
+    .json(body)?;
+    Ok(crate::StoredEvent {
+        run_id: run_id.clone(),
+        seq,
+        type_name,
+        node_id: node_id.map(cairn_events::NodePath::from),
+        timestamp_ms,
+        json: json.into(),
+    })
+}
+
 /// A stored body that is neither form [`Envelope::body`] writes: the row
 /// was damaged or written by something else.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
