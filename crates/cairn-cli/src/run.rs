@@ -71,7 +71,7 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
         }
     }
     let run_id = given.unwrap_or_else(cairn_engine::new_run_id);
-    let session = Session::new(&engine, &run_id, &a.display, 0)?;
+    let session = Session::new(&engine, &run_id, &a.display, None)?;
     let opts = StartOptions {
         watch: a.watch,
         ..session.start_options(&a.display, &run_id)
@@ -98,7 +98,7 @@ pub async fn resume(g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
         wait_for_lease(&engine, &run).await?;
     }
     let from = engine.journal().backend().last_seq(&run)?;
-    let session = Session::new(&engine, &run, &a.display, from)?;
+    let session = Session::new(&engine, &run, &a.display, Some(from))?;
     let opts = StartOptions {
         watch: a.watch,
         ..session.start_options(&a.display, &run)
@@ -184,7 +184,7 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
         );
     }
     let from = engine.journal().backend().last_seq(&forked.run_id)?;
-    let session = Session::new(&engine, &forked.run_id, &a.display, from)?;
+    let session = Session::new(&engine, &forked.run_id, &a.display, Some(from))?;
     let opts = StartOptions {
         watch: a.watch,
         ..session.start_options(&a.display, &forked.run_id)
@@ -264,7 +264,15 @@ struct Session {
 }
 
 impl Session {
-    fn new(engine: &Engine, run_id: &RunId, d: &DisplayArgs, from: u64) -> anyhow::Result<Session> {
+    /// A session over a run this process is about to start (`from` is
+    /// `None`) or to resume (`from` is the last seq stored, after which
+    /// progress is shown).
+    fn new(
+        engine: &Engine,
+        run_id: &RunId,
+        d: &DisplayArgs,
+        from: Option<u64>,
+    ) -> anyhow::Result<Session> {
         let tty = std::io::stdout().is_terminal();
         let mode = if d.json {
             Mode::Json
@@ -275,10 +283,12 @@ impl Session {
         };
         let ask = !d.exit_on_wait && tty && std::io::stdin().is_terminal();
         // Subscribed before the run starts: nothing committed can be missed.
-        let sub = engine
-            .journal()
-            .subscribe(run_id, 0)?
-            .stop_at_terminal(false);
+        let sub = match from {
+            None => engine.journal().subscribe_to_new(run_id),
+            Some(_) => engine.journal().subscribe(run_id, 0)?,
+        }
+        .stop_at_terminal(false);
+        let from = from.unwrap_or(0);
         Ok(Session {
             run_id: run_id.clone(),
             ask,

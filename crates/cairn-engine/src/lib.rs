@@ -432,10 +432,6 @@ impl Engine {
         // A child whose record a crash left without its `RunStarted` is
         // started in that record.
         let exists = parent.as_ref().is_some_and(|p| p.record_exists);
-        let log = Arc::new(self.open_new_run(rec, pinned, exists).await?);
-        if let Some(obs) = opts.observer.clone() {
-            log.set_observer(Box::new(move |e| obs(e)));
-        }
         let started = EventKind::RunStarted {
             workflow: wf.name.clone(),
             workflow_hash: wf.hash.clone(),
@@ -446,7 +442,19 @@ impl Engine {
             depth: parent.as_ref().map_or(0, |p| p.depth),
             forked_from: None,
         };
-        let (log, ev) = self.first_event(log, started, exists).await?;
+        let start = cairn_store::RunStart {
+            run_id: run_id.clone(),
+            record: (!exists).then_some(rec),
+            pinned,
+            scope: Scope::run(),
+            first: started,
+            observer: opts
+                .observer
+                .clone()
+                .map(|obs| Box::new(move |e: &Event| obs(e)) as Box<dyn Fn(&Event) + Send + Sync>),
+        };
+        let (log, ev) = self.blocking(move |e| e.journal().start_run(start)).await?;
+        let log = Arc::new(log);
         let mut state = RunState::new(run_id.clone());
         state.apply(&ev);
         Ok(self.spawn_driver(
@@ -459,61 +467,6 @@ impl Engine {
             false,
             None,
         ))
-    }
-
-    /// Writes a new run's record (unless it `exists`) and the text of its
-    /// pinned files, and takes its log. A start cut short (out of
-    /// descriptors for the run's lock, the store refusing the record's
-    /// files) takes its new row back with it: no run stays `pending` with
-    /// an empty log.
-    async fn open_new_run(
-        &self,
-        rec: RunRecord,
-        pinned: Option<cairn_store::GenerationRecord>,
-        exists: bool,
-    ) -> Result<cairn_store::RunLog, EngineError> {
-        let log = self
-            .blocking(move |e| {
-                if !exists {
-                    e.backend().create_run(&rec)?;
-                }
-                let opened = (|| {
-                    if let Some(g) = &pinned {
-                        e.backend().put_generation(g)?;
-                    }
-                    e.journal().run_log(&rec.run_id)
-                })();
-                opened.inspect_err(|_| {
-                    if !exists {
-                        let _ = e.backend().discard_unstarted_run(&rec.run_id);
-                    }
-                })
-            })
-            .await?;
-        Ok(log)
-    }
-
-    /// Appends a new run's `RunStarted` and waits for it to be durable;
-    /// when the store refuses it, the run's new record goes with it.
-    async fn first_event(
-        &self,
-        log: Arc<cairn_store::RunLog>,
-        started: EventKind,
-        exists: bool,
-    ) -> Result<(Arc<cairn_store::RunLog>, Event), EngineError> {
-        match log.append_durable(Scope::run(), started).await {
-            Ok(ev) => Ok((log, ev)),
-            Err(err) => {
-                let run = log.run_id().clone();
-                drop(log);
-                if !exists {
-                    let _ = self
-                        .blocking(move |e| e.backend().discard_unstarted_run(&run))
-                        .await;
-                }
-                Err(err.into())
-            }
-        }
     }
 
     #[allow(clippy::too_many_arguments)]

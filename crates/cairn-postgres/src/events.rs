@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use cairn_events::{NodePath, RunId};
 use cairn_storage::envelope::{self, Envelope};
-use cairn_storage::{EventQuery, StoreError, StoredEvent};
+use cairn_storage::{EventQuery, GenerationRecord, RunRecord, StoreError, StoredEvent};
 
 use crate::db::Db;
 use crate::lease;
@@ -228,7 +228,20 @@ async fn try_append(
     updates: &RunUpdates<'_>,
 ) -> Result<(), Failed> {
     let tx = client.transaction().await?;
-    if let Some(run) = lease::fenced_run(&tx, owner, &updates.runs).await? {
+    write_batch(&tx, owner, cols, updates).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Writes a batch in `tx`: the lease fence first, then the rows of the
+/// events and their runs.
+async fn write_batch(
+    tx: &deadpool_postgres::Transaction<'_>,
+    owner: &str,
+    cols: &Columns<'_>,
+    updates: &RunUpdates<'_>,
+) -> Result<(), Failed> {
+    if let Some(run) = lease::fenced_run(tx, owner, &updates.runs).await? {
         return Err(Failed::Refused(StoreError::LeaseHeld { run }));
     }
     let ensure = tx.prepare_cached(ENSURE_KEYS).await?;
@@ -257,6 +270,68 @@ async fn try_append(
         &[&updates.runs, &updates.timestamps, &updates.statuses],
     )
     .await?;
+    Ok(())
+}
+
+/// A run's start in one transaction (see `Runs::start_run`): its row, its
+/// pinned files and its first event, fenced by the run's lease as an
+/// append is.
+pub(crate) async fn start_run(
+    db: &Db,
+    owner: &str,
+    record: Option<&RunRecord>,
+    pinned: Option<&GenerationRecord>,
+    first: &StoredEvent,
+) -> Result<(), StoreError> {
+    let batch = std::slice::from_ref(first);
+    let cols = Columns::of(batch)?;
+    let updates = RunUpdates::of(batch);
+    let mut client = db.client().await?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let e = match try_start(&mut client, owner, record, pinned, &cols, &updates).await {
+            Ok(()) => return Ok(()),
+            Err(Failed::Refused(e)) => return Err(e),
+            Err(Failed::Pg(e)) => e,
+        };
+        let table = e.as_db_error().and_then(|d| d.table()).unwrap_or_default();
+        match e.code() {
+            Some(&SqlState::UNIQUE_VIOLATION) if table == "runs" => {
+                return Err(StoreError::RunExists(first.run_id.to_string()))
+            }
+            Some(&SqlState::UNIQUE_VIOLATION) => {
+                return Err(duplicate(&client, batch, &cols, &e).await)
+            }
+            Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+                return Err(StoreError::RunNotFound(first.run_id.to_string()))
+            }
+            Some(&SqlState::T_R_DEADLOCK_DETECTED) | Some(&SqlState::T_R_SERIALIZATION_FAILURE)
+                if tries < APPEND_TRIES =>
+            {
+                tracing::debug!(error = %e, "a run's start aborted by the server; trying again");
+            }
+            _ => return Err(db.err(e)),
+        }
+    }
+}
+
+async fn try_start(
+    client: &mut deadpool_postgres::Object,
+    owner: &str,
+    record: Option<&RunRecord>,
+    pinned: Option<&GenerationRecord>,
+    cols: &Columns<'_>,
+    updates: &RunUpdates<'_>,
+) -> Result<(), Failed> {
+    let tx = client.transaction().await?;
+    if let Some(rec) = record {
+        crate::runs::insert(&tx, rec).await?;
+    }
+    if let Some(g) = pinned {
+        crate::records::insert_generation(&tx, g).await?;
+    }
+    write_batch(&tx, owner, cols, updates).await?;
     tx.commit().await?;
     Ok(())
 }

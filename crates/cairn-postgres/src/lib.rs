@@ -37,7 +37,7 @@ use std::time::Duration;
 use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
     AsyncReads, Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox, InboxEntry,
-    LeaseHolder, Listener, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs,
+    LeaseHolder, Listener, NewRun, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs,
     StoreError, StoreFuture, StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
@@ -231,9 +231,14 @@ impl Runs for PgBackend {
         self.run(move |db| async move { runs::create(&db, &rec).await })
     }
 
-    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError> {
-        let run = run_id.clone();
-        self.run(move |db| async move { runs::discard_unstarted(&db, &run).await })
+    fn start_run(&self, start: &NewRun<'_>) -> Result<(), StoreError> {
+        let record = start.record.cloned();
+        let pinned = start.pinned.cloned();
+        let first = start.first.clone();
+        let owner = self.shared.leases.owner().to_string();
+        self.run(move |db| async move {
+            events::start_run(&db, &owner, record.as_ref(), pinned.as_ref(), &first).await
+        })
     }
 
     fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {

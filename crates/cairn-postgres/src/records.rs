@@ -227,23 +227,41 @@ pub(crate) async fn put_generation(db: &Db, rec: &GenerationRecord) -> Result<()
         .prepare_cached(PUT_GENERATION)
         .await
         .map_err(|e| db.err(e))?;
-    let generation = rec.generation.min(i64::MAX as u64) as i64;
-    let files = cairn_storage::PinnedFile::encode_all(&rec.files);
-    client
-        .execute(
-            &st,
-            &[
-                &rec.run_id.as_str(),
-                &generation,
-                &rec.workflow_hash,
-                &rec.workflow_source,
-                &rec.created_ms,
-                &files,
-            ],
-        )
+    execute_generation(&**client, &st, rec)
         .await
         .map_err(|e| no_run(db, e, &rec.run_id))?;
     Ok(())
+}
+
+/// Stores a generation in `tx` (a run's start, see `events::start_run`).
+pub(crate) async fn insert_generation(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rec: &GenerationRecord,
+) -> Result<u64, tokio_postgres::Error> {
+    let st = tx.prepare_cached(PUT_GENERATION).await?;
+    execute_generation(&**tx, &st, rec).await
+}
+
+/// Runs `PUT_GENERATION` (prepared as `st`) with the record's values.
+async fn execute_generation<C: tokio_postgres::GenericClient>(
+    c: &C,
+    st: &tokio_postgres::Statement,
+    rec: &GenerationRecord,
+) -> Result<u64, tokio_postgres::Error> {
+    let generation = rec.generation.min(i64::MAX as u64) as i64;
+    let files = cairn_storage::PinnedFile::encode_all(&rec.files);
+    c.execute(
+        st,
+        &[
+            &rec.run_id.as_str(),
+            &generation,
+            &rec.workflow_hash,
+            &rec.workflow_source,
+            &rec.created_ms,
+            &files,
+        ],
+    )
+    .await
 }
 
 /// One generation of a run's workflow, if stored.

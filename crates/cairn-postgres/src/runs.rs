@@ -68,23 +68,7 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
         .prepare_cached(CREATE_RUN)
         .await
         .map_err(|e| db.err(e))?;
-    let input = json_text(&rec.input);
-    client
-        .execute(
-            &st,
-            &[
-                &rec.run_id.as_str(),
-                &rec.workflow,
-                &rec.workflow_path,
-                &rec.workflow_hash,
-                &rec.workflow_source,
-                &input,
-                &rec.status.as_str(),
-                &rec.created_ms,
-                &rec.updated_ms,
-                &rec.parent_run_id.as_deref(),
-            ],
-        )
+    execute_insert(&**client, &st, rec)
         .await
         .map_err(|e| match e.code() {
             Some(&SqlState::UNIQUE_VIOLATION) => StoreError::RunExists(rec.run_id.to_string()),
@@ -93,20 +77,39 @@ pub(crate) async fn create(db: &Db, rec: &RunRecord) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Removes a run's row when no event of it exists (its start was cut
-/// short); true when removed.
-pub(crate) async fn discard_unstarted(db: &Db, run_id: &RunId) -> Result<bool, StoreError> {
-    let client = db.client().await?;
-    let n = client
-        .execute(
-            "DELETE FROM runs WHERE run_id = $1 \
-             AND NOT EXISTS (SELECT 1 FROM events \
-             WHERE run = (SELECT run FROM event_runs WHERE run_id = $1))",
-            &[&run_id.as_str()],
-        )
-        .await
-        .map_err(|e| db.err(e))?;
-    Ok(n > 0)
+/// Inserts a run's row in `tx` (a run's start, see `events::start_run`).
+pub(crate) async fn insert(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rec: &RunRecord,
+) -> Result<u64, tokio_postgres::Error> {
+    let st = tx.prepare_cached(CREATE_RUN).await?;
+    execute_insert(&**tx, &st, rec).await
+}
+
+/// Runs `CREATE_RUN` (prepared as `st`) with the record's values.
+async fn execute_insert<C: tokio_postgres::GenericClient>(
+    c: &C,
+    st: &tokio_postgres::Statement,
+    rec: &RunRecord,
+) -> Result<u64, tokio_postgres::Error> {
+    let input = json_text(&rec.input);
+    let parent = rec.parent_run_id.as_ref().map(|p| p.as_str());
+    c.execute(
+        st,
+        &[
+            &rec.run_id.as_str(),
+            &rec.workflow,
+            &rec.workflow_path,
+            &rec.workflow_hash,
+            &rec.workflow_source,
+            &input,
+            &rec.status.as_str(),
+            &rec.created_ms,
+            &rec.updated_ms,
+            &parent,
+        ],
+    )
+    .await
 }
 
 /// A run's row, if it exists.

@@ -69,13 +69,6 @@ macro_rules! run_key {
 pub(crate) const LAST_SEQ: &str =
     concat!("SELECT max(seq) FROM events WHERE run = ", run_key!("?1"));
 
-/// A row when a run has any event, none otherwise.
-pub(crate) const HAS_EVENTS: &str = concat!(
-    "SELECT 1 FROM events WHERE run = ",
-    run_key!("?1"),
-    " LIMIT 1"
-);
-
 /// The statements that remove a run's events and key, in this order.
 pub(crate) const DELETE_RUN: [&str; 2] = [
     concat!("DELETE FROM events WHERE run = ", run_key!("?1")),

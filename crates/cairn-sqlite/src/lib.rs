@@ -31,9 +31,9 @@ use cairn_events::{NodePath, RunCommand, RunId};
 
 use cairn_storage::prelude::*;
 use cairn_storage::{
-    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, Listener, PinnedFile, ProcessRecord,
-    RecordStatus, RunFilter, RunLease, RunRecord, StoreError, StoreFuture, StoredEvent,
-    ToolCallRecord, ToolCallStatus, Topic,
+    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, Listener, NewRun, PinnedFile,
+    ProcessRecord, RecordStatus, RunFilter, RunLease, RunRecord, StoreError, StoreFuture,
+    StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 
 use crate::wake::WakeDir;
@@ -420,6 +420,114 @@ impl SqliteBackend {
         let out = f(&tx)?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(out)
+    }
+
+    /// Stores a batch of events in `tx` and keeps each run's row in step
+    /// (see [`EventLog::append`]); returns the event types it gave new codes,
+    /// to be learned once the transaction commits.
+    fn append_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        batch: &[StoredEvent],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let err = |e| self.err(e);
+        let appender = events::Appender {
+            types: &self.types,
+            err: &err,
+        };
+        let learned = appender.insert(tx, batch)?;
+        // (run, latest ts, latest status) per run of the batch, in order
+        // of first appearance; batches rarely hold more than a few runs.
+        let mut runs: Vec<(&str, i64, Option<String>)> = Vec::new();
+        for ev in batch {
+            let status = status_of(ev);
+            match runs.iter_mut().find(|r| r.0 == ev.run_id) {
+                Some(r) => {
+                    r.1 = r.1.max(ev.timestamp_ms);
+                    if status.is_some() {
+                        r.2 = status;
+                    }
+                }
+                None => runs.push((ev.run_id.as_str(), ev.timestamp_ms, status)),
+            }
+        }
+        let mut upd = tx
+            .prepare_cached(UPDATE_RUN_AFTER_APPEND)
+            .map_err(|e| self.err(e))?;
+        // Only a status change touches the run's row; `updated_ms` is read
+        // from the latest event otherwise (see `updated_ms!`).
+        for (run, ts, status) in runs.into_iter().filter(|r| r.2.is_some()) {
+            upd.execute(params![run, ts, status])
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(learned)
+    }
+
+    /// Inserts a run's row and its workflow text in `tx`.
+    fn insert_run(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        rec: &RunRecord,
+    ) -> Result<(), StoreError> {
+        tx.prepare_cached(
+            "INSERT INTO runs (run_id, workflow, workflow_path, workflow_hash, input, \
+             status, created_ms, updated_ms, parent_run_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                rec.run_id.as_str(),
+                rec.workflow,
+                rec.workflow_path,
+                rec.workflow_hash,
+                json_text(&rec.input),
+                rec.status.as_str(),
+                rec.created_ms,
+                rec.updated_ms,
+                rec.parent_run_id.as_deref()
+            ])
+        })
+        .map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::RunExists(rec.run_id.to_string())
+            } else {
+                self.err(e)
+            }
+        })?;
+        tx.prepare_cached("INSERT INTO workflow_sources (run_id, source) VALUES (?1, ?2)")
+            .and_then(|mut st| st.execute(params![rec.run_id.as_str(), rec.workflow_source]))
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Stores (or replaces) a generation of a run's workflow in `tx`.
+    fn insert_generation(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        rec: &GenerationRecord,
+    ) -> Result<(), StoreError> {
+        tx.execute(
+            "INSERT INTO generations (run_id, generation, workflow_hash, source, created_ms, \
+             files) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id, generation) DO \
+             UPDATE SET workflow_hash = excluded.workflow_hash, source = excluded.source, \
+             created_ms = excluded.created_ms, files = excluded.files",
+            params![
+                rec.run_id.as_str(),
+                rec.generation.min(i64::MAX as u64) as i64,
+                rec.workflow_hash,
+                rec.workflow_source,
+                rec.created_ms,
+                crate::PinnedFile::encode_all(&rec.files)
+            ],
+        )
+        .map_err(|e| {
+            if is_fk_violation(&e) {
+                StoreError::RunNotFound(rec.run_id.to_string())
+            } else {
+                self.err(e)
+            }
+        })?;
+        Ok(())
     }
 }
 
@@ -942,39 +1050,7 @@ impl EventLog for SqliteBackend {
         if batch.is_empty() {
             return Ok(());
         }
-        let err = |e| self.err(e);
-        let appender = events::Appender {
-            types: &self.types,
-            err: &err,
-        };
-        let learned = self.write(|tx| {
-            let learned = appender.insert(tx, batch)?;
-            // (run, latest ts, latest status) per run of the batch, in order
-            // of first appearance; batches rarely hold more than a few runs.
-            let mut runs: Vec<(&str, i64, Option<String>)> = Vec::new();
-            for ev in batch {
-                let status = status_of(ev);
-                match runs.iter_mut().find(|r| r.0 == ev.run_id) {
-                    Some(r) => {
-                        r.1 = r.1.max(ev.timestamp_ms);
-                        if status.is_some() {
-                            r.2 = status;
-                        }
-                    }
-                    None => runs.push((ev.run_id.as_str(), ev.timestamp_ms, status)),
-                }
-            }
-            let mut upd = tx
-                .prepare_cached(UPDATE_RUN_AFTER_APPEND)
-                .map_err(|e| self.err(e))?;
-            // Only a status change touches the run's row; `updated_ms` is read
-            // from the latest event otherwise (see `updated_ms!`).
-            for (run, ts, status) in runs.into_iter().filter(|r| r.2.is_some()) {
-                upd.execute(params![run, ts, status])
-                    .map_err(|e| self.err(e))?;
-            }
-            Ok(learned)
-        })?;
+        let learned = self.write(|tx| self.append_in(tx, batch))?;
         self.types.learn(learned);
         Ok(())
     }
@@ -1017,61 +1093,21 @@ impl EventLog for SqliteBackend {
 
 impl Runs for SqliteBackend {
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO runs (run_id, workflow, workflow_path, workflow_hash, input, \
-                 status, created_ms, updated_ms, parent_run_id) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    rec.run_id.as_str(),
-                    rec.workflow,
-                    rec.workflow_path,
-                    rec.workflow_hash,
-                    json_text(&rec.input),
-                    rec.status.as_str(),
-                    rec.created_ms,
-                    rec.updated_ms,
-                    rec.parent_run_id.as_deref()
-                ],
-            )
-            .map_err(|e| {
-                if is_unique_violation(&e) {
-                    StoreError::RunExists(rec.run_id.to_string())
-                } else {
-                    self.err(e)
-                }
-            })?;
-            tx.execute(
-                "INSERT INTO workflow_sources (run_id, source) VALUES (?1, ?2)",
-                params![rec.run_id.as_str(), rec.workflow_source],
-            )
-            .map_err(|e| self.err(e))?;
-            Ok(())
-        })
+        self.write(|tx| self.insert_run(tx, rec))
     }
 
-    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError> {
-        self.write(|tx| {
-            let has_events = tx
-                .query_row(events::HAS_EVENTS, [run_id.as_str()], |_| Ok(()))
-                .optional()
-                .map_err(|e| self.err(e))?;
-            if has_events.is_some() {
-                return Ok(false);
+    fn start_run(&self, start: &NewRun<'_>) -> Result<(), StoreError> {
+        let learned = self.write(|tx| {
+            if let Some(rec) = start.record {
+                self.insert_run(tx, rec)?;
             }
-            // What a start may have written before its first event.
-            for sql in [
-                "DELETE FROM generations WHERE run_id = ?1",
-                "DELETE FROM workflow_sources WHERE run_id = ?1",
-            ] {
-                tx.execute(sql, [run_id.as_str()])
-                    .map_err(|e| self.err(e))?;
+            if let Some(g) = start.pinned {
+                self.insert_generation(tx, g)?;
             }
-            let n = tx
-                .execute("DELETE FROM runs WHERE run_id = ?1", [run_id.as_str()])
-                .map_err(|e| self.err(e))?;
-            Ok(n > 0)
-        })
+            self.append_in(tx, std::slice::from_ref(start.first))
+        })?;
+        self.types.learn(learned);
+        Ok(())
     }
 
     fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
@@ -1155,30 +1191,7 @@ impl AsyncReads for SqliteBackend {
 
 impl Generations for SqliteBackend {
     fn put_generation(&self, rec: &GenerationRecord) -> Result<(), StoreError> {
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO generations (run_id, generation, workflow_hash, source, created_ms, \
-                 files) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id, generation) DO \
-                 UPDATE SET workflow_hash = excluded.workflow_hash, source = excluded.source, \
-                 created_ms = excluded.created_ms, files = excluded.files",
-                params![
-                    rec.run_id.as_str(),
-                    rec.generation.min(i64::MAX as u64) as i64,
-                    rec.workflow_hash,
-                    rec.workflow_source,
-                    rec.created_ms,
-                    crate::PinnedFile::encode_all(&rec.files)
-                ],
-            )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::RunNotFound(rec.run_id.to_string())
-                } else {
-                    self.err(e)
-                }
-            })?;
-            Ok(())
-        })
+        self.write(|tx| self.insert_generation(tx, rec))
     }
 
     fn generation(
@@ -1476,7 +1489,6 @@ mod tests {
         statements.extend(
             [
                 LAST_SEQ,
-                events::HAS_EVENTS,
                 events::DELETE_RUN[0],
                 events::DELETE_RUN[1],
                 UPDATE_RUN_AFTER_APPEND,

@@ -78,11 +78,13 @@ pub trait EventLog {
 pub trait Runs {
     /// Inserts a run row; `RunExists` if the id is taken.
     fn create_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
-    /// Removes the row of a run whose start was cut short before its first
-    /// event was written (a `create_run` followed by a failure), so no run
-    /// stays `pending` with an empty log. A run with events is left alone.
-    /// True when a row was removed.
-    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError>;
+    /// Starts a run: its row (`RunExists` if the id is taken), its pinned
+    /// files and its first event, in one transaction, so that a crash or a
+    /// refusal leaves either all of them or nothing. A run's start is one
+    /// commit instead of three, which is most of a short run's writes. On a
+    /// backend with leases the caller holds the run's lease (the event is
+    /// fenced as an append is).
+    fn start_run(&self, start: &NewRun<'_>) -> Result<(), StoreError>;
     /// A run's row, if it exists.
     fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError>;
     /// Runs matching the filter, newest first (by `created_ms`; of runs

@@ -23,8 +23,8 @@ use serde_json::json;
 
 use crate::prelude::*;
 use crate::{
-    EventQuery, GenerationRecord, ProcessRecord, RecordStatus, RunFilter, RunRecord, StoreError,
-    StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
+    EventQuery, GenerationRecord, NewRun, ProcessRecord, RecordStatus, RunFilter, RunRecord,
+    StoreError, StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 
 /// Makes a fresh, empty backend each call.
@@ -53,8 +53,8 @@ pub const CHECKS: &[(&str, Check)] = &[
         finished_runs_are_deleted_before_a_cutoff,
     ),
     (
-        "unstarted_runs_are_discarded_and_started_ones_kept",
-        unstarted_runs_are_discarded_and_started_ones_kept,
+        "runs_start_whole_or_not_at_all",
+        runs_start_whole_or_not_at_all,
     ),
     (
         "leases_are_exclusive_until_dropped",
@@ -108,7 +108,7 @@ macro_rules! backend_conformance_tests {
             run_status_follows_lifecycle_events,
             runs_are_created_got_and_listed,
             finished_runs_are_deleted_before_a_cutoff,
-            unstarted_runs_are_discarded_and_started_ones_kept,
+            runs_start_whole_or_not_at_all,
             leases_are_exclusive_until_dropped,
             tool_calls_are_kept_by_key,
             bad_rows_are_refused,
@@ -682,22 +682,66 @@ pub fn finished_runs_are_deleted_before_a_cutoff(fresh: Factory<'_>) {
     assert_eq!(b.delete_finished_before(10_000).unwrap(), ["new-finished"]);
 }
 
-/// `discard_unstarted_run` removes a row without events (a start cut
-/// short) and leaves a run with events, and unknown ids, alone.
-pub fn unstarted_runs_are_discarded_and_started_ones_kept(fresh: Factory<'_>) {
+/// `start_run` writes a run's row, its pinned files and its first event in
+/// one transaction: all of them, or (the id taken, the event refused, the
+/// row missing) none.
+pub fn runs_start_whole_or_not_at_all(fresh: Factory<'_>) {
     let b = fresh();
-    b.create_run(&record("cut-short", "pending", 1)).unwrap();
-    b.create_run(&record("started", "pending", 1)).unwrap();
-    b.append(&[event("started", 1, 1, Scope::run(), started())])
+    let pinned = GenerationRecord {
+        run_id: rid("r"),
+        generation: 0,
+        workflow_hash: "hash".into(),
+        workflow_source: "name: r".into(),
+        files: vec![crate::PinnedFile {
+            path: "/w/child.yaml".into(),
+            hash: "hash of child".into(),
+            text: "name: child".into(),
+        }],
+        created_ms: 1,
+    };
+    let start = |run: &str, rec: Option<&RunRecord>, pinned, seq| {
+        let _lease = b.try_lock_run(&rid(run)).unwrap().expect("a free lease");
+        let first = event(run, seq, 5, Scope::run(), started());
+        b.start_run(&NewRun {
+            record: rec,
+            pinned,
+            first: &first,
+        })
+    };
+    start("r", Some(&record("r", "pending", 1)), Some(&pinned), 1).unwrap();
+    assert_eq!(status_of(&*b, "r"), "running");
+    let evs = b.read_events(&rid("r"), &EventQuery::default()).unwrap();
+    assert_eq!(seqs(&evs), [1]);
+    assert_eq!(evs[0].type_name, "RunStarted");
+    assert_eq!(b.generation(&rid("r"), 0).unwrap(), Some(pinned.clone()));
+
+    // The id is taken: refused, and the run is as it was.
+    let err = start("r", Some(&record("r", "pending", 2)), None, 2).unwrap_err();
+    assert!(matches!(err, StoreError::RunExists(_)), "{err:?}");
+    assert_eq!(b.last_seq(&rid("r")).unwrap(), 1);
+
+    // The first event cannot be stored (its seq is taken): the row goes
+    // with it.
+    b.append(&[event("s", 1, 1, Scope::run(), started())])
         .unwrap();
-    assert!(b.discard_unstarted_run(&rid("cut-short")).unwrap());
-    assert!(b.get_run(&rid("cut-short")).unwrap().is_none());
-    assert!(!b.discard_unstarted_run(&rid("started")).unwrap());
-    assert!(b.get_run(&rid("started")).unwrap().is_some());
-    assert_eq!(b.last_seq(&rid("started")).unwrap(), 1);
-    assert!(!b.discard_unstarted_run(&rid("never-made")).unwrap());
-    // The id is free again: a new start with it is not refused.
-    b.create_run(&record("cut-short", "pending", 2)).unwrap();
+    let err = start("s", Some(&record("s", "pending", 1)), None, 1).unwrap_err();
+    assert!(matches!(err, StoreError::BadRow { .. }), "{err:?}");
+    assert!(b.get_run(&rid("s")).unwrap().is_none());
+
+    // Pinned files of a run without a row: refused, and no event is kept.
+    let orphan = GenerationRecord {
+        run_id: rid("u"),
+        ..pinned.clone()
+    };
+    let err = start("u", None, Some(&orphan), 1).unwrap_err();
+    assert!(matches!(err, StoreError::RunNotFound(_)), "{err:?}");
+    assert_eq!(b.last_seq(&rid("u")).unwrap(), 0);
+
+    // A row that exists already gets its first event.
+    b.create_run(&record("t", "pending", 1)).unwrap();
+    start("t", None, None, 1).unwrap();
+    assert_eq!(status_of(&*b, "t"), "running");
+    assert_eq!(b.last_seq(&rid("t")).unwrap(), 1);
 }
 
 /// A run's lease is exclusive, per run, and released when dropped, on any

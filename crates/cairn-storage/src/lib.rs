@@ -26,7 +26,7 @@ pub use backend::{
 };
 pub use error::StoreError;
 pub use records::{
-    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, PinnedFile,
+    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, NewRun, PinnedFile,
     ProcessRecord, RecordStatus, RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus,
     Topic,
 };

@@ -191,6 +191,22 @@ pub struct GenerationRecord {
     pub created_ms: i64,
 }
 
+/// What [`Runs::start_run`](crate::Runs::start_run) writes for a new run, in
+/// one transaction: nothing of it when any part fails, so that no run is
+/// left with a row and an empty log.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRun<'a> {
+    /// The run's row; `None` when it exists already (a child whose row a
+    /// crash left without its first event).
+    pub record: Option<&'a RunRecord>,
+    /// The run's generation 0 with the files it pinned, when it pinned any.
+    pub pinned: Option<&'a GenerationRecord>,
+    /// The run's first event (`RunStarted`), stored as
+    /// [`EventLog::append`](crate::EventLog::append) stores it: the row's
+    /// status and `updated_ms` follow it.
+    pub first: &'a StoredEvent,
+}
+
 /// A file a run's workflow refers to, read once and kept with the
 /// generation that uses it ([`GenerationRecord::files`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

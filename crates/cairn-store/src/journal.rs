@@ -25,7 +25,9 @@ use tokio::sync::{broadcast, watch};
 use crate::mirror::{Mirrors, WrapWriter};
 use cairn_sqlite::SqliteBackend;
 use cairn_storage::prelude::*;
-use cairn_storage::{EventQuery, RunLease, StoreError, StoredEvent, Topic};
+use cairn_storage::{
+    EventQuery, GenerationRecord, NewRun, RunLease, RunRecord, StoreError, StoredEvent, Topic,
+};
 
 /// Most events one transaction commits; more wait for the next one.
 const MAX_BATCH: usize = 4096;
@@ -134,6 +136,9 @@ impl RunShared {
 
 enum Msg {
     Event(StoredEvent, Arc<RunShared>),
+    /// A run's first event, committed already with the run's row
+    /// ([`Journal::start_run`]): to be mirrored and published only.
+    Started(StoredEvent, Arc<RunShared>),
     /// The run's `RunLog` was dropped: release its lease once everything
     /// queued before is committed, so no other process reads a stale last seq.
     Release(Box<dyn RunLease>, Arc<RunShared>, RunId),
@@ -334,6 +339,83 @@ impl Journal {
         })
     }
 
+    /// Starts a new run: takes its lease, then writes its row, its pinned
+    /// files and its first event (`first`, given seq 1 and the time now) in
+    /// one transaction ([`Runs::start_run`]), and returns its sequencer with
+    /// the event, durable. A refusal (`RunExists`, a full disk) leaves
+    /// nothing behind, not even the lease. `observer` becomes the log's
+    /// callback (see [`RunLog::set_observer`]) and sees the first event too.
+    ///
+    /// One commit, where a row, a lease and an append made three, each a
+    /// round trip to the writer thread: most of what a short run writes.
+    pub fn start_run(&self, start: RunStart) -> Result<(RunLog, Event), StoreError> {
+        let run_id = start.run_id;
+        let tx = self
+            .inner
+            .tx
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let backend = &self.inner.backend;
+        let lease = backend
+            .try_lock_run(&run_id)?
+            .ok_or_else(|| StoreError::LeaseHeld {
+                run: run_id.to_string(),
+            })?;
+        // A row that exists already (a child a crash left without its first
+        // event) may, in principle, have events: continue after them.
+        let last = match start.record {
+            Some(_) => 0,
+            None => backend.last_seq(&run_id)?,
+        };
+        let ev = Event {
+            run_id: run_id.clone(),
+            seq: cairn_events::Seq(last + 1),
+            timestamp_ms: now_ms(),
+            scope: start.scope,
+            kind: start.first,
+        };
+        let stored = StoredEvent::from_event(&ev);
+        backend.start_run(&NewRun {
+            record: start.record.as_ref(),
+            pinned: start.pinned.as_ref(),
+            first: &stored,
+        })?;
+        let shared = self.inner.shared(&run_id);
+        shared.owners.fetch_add(1, Ordering::SeqCst);
+        self.inner.logs.fetch_add(1, Ordering::SeqCst);
+        shared.update(|c| {
+            *c = Committed {
+                seq: ev.seq.get(),
+                failure: None,
+            }
+        });
+        // The writer mirrors and publishes it before anything appended
+        // later: the queue is in order.
+        if tx.send(Msg::Started(stored, shared.clone())).is_err() {
+            shared.update(|c| {
+                c.failure.get_or_insert(Failure::Closed);
+            });
+        }
+        if let Some(obs) = &start.observer {
+            obs(&ev);
+        }
+        let log = RunLog {
+            run_id,
+            inner: self.inner.clone(),
+            shared: Some(shared),
+            tx,
+            lease: Mutex::new(Some(lease)),
+            seq: Mutex::new(Sequencer {
+                last_seq: ev.seq.get(),
+                last_ts: ev.timestamp_ms,
+                observer: start.observer,
+            }),
+        };
+        Ok((log, ev))
+    }
+
     /// Events of a run after `after`: first from the store, then live, with
     /// no gap or duplicate at the switch-over (guarantee 3). Live events come
     /// straight from this process's writer when the run is written here;
@@ -381,6 +463,29 @@ impl Journal {
             done: false,
             end_checked: false,
         })
+    }
+
+    /// A subscription to a run that this process is about to start with
+    /// [`Journal::start_run`], from its first event. Its log is empty until
+    /// then, so, unlike [`Journal::subscribe`], nothing is read from the
+    /// store: every event comes live. (Should the id turn out to be taken,
+    /// the start is refused and the subscription has nothing to give.)
+    pub fn subscribe_to_new(&self, run_id: &RunId) -> Subscription {
+        let shared = self.inner.shared(run_id);
+        let rx = shared.live.subscribe();
+        Subscription {
+            inner: self.inner.clone(),
+            run_id: run_id.clone(),
+            shared: Some(shared),
+            rx,
+            buffer: VecDeque::new(),
+            last: 0,
+            last_terminal: false,
+            caught_up: true,
+            stop_at_terminal: true,
+            done: false,
+            end_checked: false,
+        }
     }
 
     /// How many runs this process keeps state for (a live channel, the
@@ -486,6 +591,12 @@ impl Writer {
             loop {
                 match msg.take() {
                     Some(Msg::Event(e, s)) => events.push((e, s)),
+                    Some(Msg::Started(e, s)) => {
+                        // What was queued before it is committed and
+                        // published first, so every feed keeps commit order.
+                        self.commit(std::mem::take(&mut events));
+                        self.publish(vec![e], vec![s]);
+                    }
                     Some(Msg::Release(l, s, r)) => releases.push((l, s, r)),
                     Some(Msg::Stop) => stopping = true,
                     None => {}
@@ -508,6 +619,10 @@ impl Writer {
                 for m in rest {
                     match m {
                         Msg::Event(e, s) => events.push((e, s)),
+                        Msg::Started(e, s) => {
+                            self.commit(std::mem::take(&mut events));
+                            self.publish(vec![e], vec![s]);
+                        }
                         Msg::Release(l, s, r) => releases.push((l, s, r)),
                         Msg::Stop => {}
                     }
@@ -533,6 +648,9 @@ impl Writer {
                 Msg::Event(_, s) => s.update(|c| {
                     c.failure.get_or_insert(Failure::Closed);
                 }),
+                // Committed already; only its mirror line and live
+                // subscribers miss it, and they read the store.
+                Msg::Started(..) => {}
                 Msg::Release(l, s, run_id) => {
                     drop(l);
                     s.owners.fetch_sub(1, Ordering::SeqCst);
@@ -709,10 +827,28 @@ impl Writer {
     }
 }
 
-/// The in-process callback of a run's log.
-type Observer = Box<dyn Fn(&Event) + Send + Sync>;
+/// The in-process callback of a run's log: every event, in seq order,
+/// synchronously from the append (see [`RunLog::set_observer`]).
+pub type Observer = Box<dyn Fn(&Event) + Send + Sync>;
 /// An event waiting for the writer, with its run's shared state.
 type Queued = (StoredEvent, Arc<RunShared>);
+
+/// A new run's start, for [`Journal::start_run`].
+pub struct RunStart {
+    /// The run.
+    pub run_id: RunId,
+    /// The run's row (with the same `run_id`); `None` when it exists
+    /// already (a child whose row a crash left without its first event).
+    pub record: Option<RunRecord>,
+    /// Generation 0 with the files the run pinned, when it pinned any.
+    pub pinned: Option<GenerationRecord>,
+    /// The first event's scope.
+    pub scope: Scope,
+    /// The first event (`RunStarted`).
+    pub first: EventKind,
+    /// The log's in-process callback, from the first event on.
+    pub observer: Option<Observer>,
+}
 
 struct Sequencer {
     last_seq: u64,

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 pub use cairn_sqlite::SqliteBackend;
 pub use cairn_storage::*;
-pub use journal::{Journal, JournalOptions, RunLog, SubscribeError, Subscription};
+pub use journal::{
+    Journal, JournalOptions, Observer, RunLog, RunStart, SubscribeError, Subscription,
+};
 pub use scores::{
     aggregate_scores, GenerationScores, ScoreFilter, ScoreReport, ScorerStats, WorkflowScores,
 };

@@ -667,15 +667,24 @@ fn wal_len(db: &std::path::Path) -> u64 {
     std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0)
 }
 
-/// Appends `n` output lines of about 1.5 KB to `log`: 3,000 of them grow the
-/// write-ahead log past [`cairn_sqlite::CHECKPOINT_FROM`], the size from
-/// which a process that stops writing moves it into the database file, and
-/// stay under the 1,000 pages at which SQLite checkpoints on its own.
-fn append_lines(log: &cairn_store::RunLog, n: usize) {
+/// Appends `n` output lines of about 1.5 KB to `log` (a log of the store
+/// `db`): 3,000 of them grow the write-ahead log past
+/// [`cairn_sqlite::CHECKPOINT_FROM`], the size from which a process that
+/// stops writing moves it into the database file, and stay under the 1,000
+/// pages at which SQLite checkpoints on its own. They must go in a few
+/// large commits for that: the log holds every page a commit changed, so
+/// lines committed a few at a time (as a fast writer on an idle machine
+/// commits them) outgrow it, and SQLite's own checkpoint would do what the
+/// tests check the journal does. Holding the database's write lock while
+/// appending makes the writer wait and then take the lines in one batch.
+fn append_lines(db: &std::path::Path, log: &cairn_store::RunLog, n: usize) {
+    let lock = rusqlite::Connection::open(db).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
     let pad = "x".repeat(1500);
     for i in 0..n {
         log.append(node("a"), output(&format!("line {i} {pad}")));
     }
+    lock.execute_batch("COMMIT").unwrap();
 }
 
 /// Lines of [`append_lines`] that grow the log past the checkpoint's size.
@@ -694,7 +703,7 @@ fn closing_the_journal_moves_the_log_into_the_database_file() {
     let log = j
         .run_log(&cairn_events::RunId::parse("r").unwrap())
         .unwrap();
-    append_lines(&log, LARGE);
+    append_lines(&db, &log, LARGE);
     log.sync_blocking().unwrap();
     assert!(wal_len(&db) >= cairn_sqlite::CHECKPOINT_FROM);
     assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
@@ -720,7 +729,7 @@ fn dropping_the_last_run_log_checkpoints_the_store() {
     let log = j
         .run_log(&cairn_events::RunId::parse("r").unwrap())
         .unwrap();
-    append_lines(&log, LARGE);
+    append_lines(&db, &log, LARGE);
     log.sync_blocking().unwrap();
     assert_eq!(events_in_main_file(&db), 0, "the data is still in the WAL");
     drop(log);
@@ -785,7 +794,7 @@ fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
     let log = j
         .run_log(&cairn_events::RunId::parse("r").unwrap())
         .unwrap();
-    append_lines(&log, LARGE);
+    append_lines(&db, &log, LARGE);
     log.sync_blocking().unwrap();
     // Another process in the middle of a read transaction.
     let reader = rusqlite::Connection::open(&db).unwrap();

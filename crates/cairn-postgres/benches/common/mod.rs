@@ -9,8 +9,8 @@ use std::time::Instant;
 use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_store::prelude::*;
 use cairn_store::{
-    EventQuery, InboxEntry, Listener, ProcessRecord, RunFilter, RunLease, RunRecord, StoreError,
-    StoreFuture, StoredEvent, ToolCallRecord, Topic,
+    EventQuery, InboxEntry, Listener, NewRun, ProcessRecord, RunFilter, RunLease, RunRecord,
+    StoreError, StoreFuture, StoredEvent, ToolCallRecord, Topic,
 };
 
 /// A pass-through backend that counts what the journal asks of the store:
@@ -93,8 +93,14 @@ impl Runs for Counting {
         self.inner.create_run(rec)
     }
 
-    fn discard_unstarted_run(&self, run_id: &RunId) -> Result<bool, StoreError> {
-        self.inner.discard_unstarted_run(run_id)
+    fn start_run(&self, start: &NewRun<'_>) -> Result<(), StoreError> {
+        let t = Instant::now();
+        let r = self.inner.start_run(start);
+        self.append_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.events.fetch_add(1, Ordering::Relaxed);
+        r
     }
 
     fn get_run(&self, run_id: &RunId) -> Result<Option<RunRecord>, StoreError> {
