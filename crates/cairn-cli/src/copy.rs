@@ -23,6 +23,8 @@ fn open(
     let opts = cairn_store::OpenOptions {
         create,
         lease_ttl: Some(crate::store::lease_ttl(g)?),
+        // Reads are a copy's bulk, made in one go: nothing to make ahead.
+        reads_first: false,
     };
     match cairn_store::open(place, &opts) {
         Err(StoreError::Missing { .. }) => {

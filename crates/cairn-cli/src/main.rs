@@ -91,10 +91,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -121,6 +118,21 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// The async runtime of a command. `cairn serve` drives many runs and
+/// serves many clients: a worker per core. Every other command drives at
+/// most one run, whose store writer is a thread of its own and whose
+/// display is the main thread's: a worker less than the cores (at least
+/// one) leaves the writer a core of its own. On two cores that is one
+/// worker, which also spares a short command a thread's start and end.
+fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if !matches!(command, Command::Serve(_)) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        b.worker_threads(cores.saturating_sub(1).max(1));
+    }
+    b.enable_all().build()
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {

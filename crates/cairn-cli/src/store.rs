@@ -13,6 +13,12 @@ use crate::trace::{Report, Telemetry};
 /// Opens the store, creating it when `create` is set; otherwise a missing
 /// store is bad input.
 pub fn open(g: &Global, create: bool) -> anyhow::Result<Journal> {
+    open_for(g, create, true)
+}
+
+/// [`open`], saying whether the command reads the store first (see
+/// `cairn_store::OpenOptions::reads_first`).
+fn open_for(g: &Global, create: bool, reads_first: bool) -> anyhow::Result<Journal> {
     let opts = JournalOptions {
         log_dir: if g.no_log { None } else { Some(g.log_dir()) },
     };
@@ -21,6 +27,7 @@ pub fn open(g: &Global, create: bool) -> anyhow::Result<Journal> {
         &cairn_store::OpenOptions {
             create,
             lease_ttl: Some(lease_ttl(g)?),
+            reads_first,
         },
     )?;
     Ok(Journal::open(backend, opts)?)
@@ -63,7 +70,9 @@ pub fn snapshot_dir(g: &Global) -> Option<std::path::PathBuf> {
 /// journal.
 pub fn driving_engine(g: &Global, create: bool) -> anyhow::Result<(Engine, Telemetry)> {
     let client = crate::trace::otlp_client()?;
-    let journal = open(g, create)?;
+    // A new run (`create`) is written before anything is read: its store
+    // needs no read connection made ahead.
+    let journal = open_for(g, create, !create)?;
     let telemetry = Telemetry::start(client, &journal, Report::AtEnd);
     let opts = EngineOptions {
         on_run_stopped: telemetry.hook(),

@@ -357,7 +357,6 @@ impl SqliteBackend {
         let wake = WakeDir::new(&path, dir.join("wake"));
         make_kept(&path, &dir);
         let readers = Arc::new(Mutex::new(Vec::new()));
-        warm_readers(&path, &readers);
 
         Ok(SqliteBackend {
             wake,
@@ -367,6 +366,18 @@ impl SqliteBackend {
             readers,
             types: events::TypeCodes::default(),
         })
+    }
+
+    /// Opens the pool's first read connection on a thread of its own,
+    /// beside whatever the caller does next: for a caller about to read
+    /// (most commands read right after they open the store), since opening a
+    /// connection (SQLite reads and parses the schema) is a good part of a
+    /// short command's time. A caller that writes first (starting a run)
+    /// leaves it: the connection would cost a thread and the schema's parse
+    /// for nothing. Best effort: a reader that finds the pool empty opens
+    /// its own.
+    pub fn warm_readers(&self) {
+        warm_readers(&self.path, &self.readers);
     }
 
     /// The database file.
@@ -597,11 +608,7 @@ fn list_runs_on(c: &Connection, f: &RunFilter) -> rusqlite::Result<Vec<RunRecord
     rows.collect()
 }
 
-/// Opens the pool's first read connection on a thread of its own, beside
-/// whatever the caller does next: nearly every command reads right after it
-/// opens the store, and opening a connection (SQLite reads and parses the
-/// schema) is a good part of a short command's time. Best effort: a reader
-/// that finds the pool empty opens its own, as before.
+/// See [`SqliteBackend::warm_readers`].
 fn warm_readers(path: &Path, pool: &Arc<Mutex<Vec<Connection>>>) {
     let path = path.to_path_buf();
     let pool = Arc::clone(pool);

@@ -39,6 +39,11 @@ pub struct OpenOptions {
     /// How long a PostgreSQL lease lasts unless renewed (the backend's
     /// default when `None`). SQLite's leases last as long as their process.
     pub lease_ttl: Option<Duration>,
+    /// The caller reads the store right after opening it (most commands, a
+    /// server): SQLite then opens a read connection beside what the caller
+    /// does next (see `SqliteBackend::warm_readers`). A caller that writes
+    /// first, such as `cairn run` starting its run, leaves it off.
+    pub reads_first: bool,
 }
 
 /// Opens the store at `url`: the one place where an address becomes a
@@ -60,7 +65,11 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Backend>, Stor
                     store: url.to_string(),
                 });
             }
-            Ok(Arc::new(SqliteBackend::open(path)?))
+            let backend = SqliteBackend::open(path)?;
+            if opts.reads_first {
+                backend.warm_readers();
+            }
+            Ok(Arc::new(backend))
         }
         StoreUrl::Postgres(text) => {
             let mut pg = cairn_postgres::PgOptions::default();

@@ -422,6 +422,17 @@ impl Driver {
     /// then spawns what started. The run's outcome when it ended.
     async fn round(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> Option<RunOutcome> {
         self.settle(to_spawn).await;
+        // With nothing to start, the run may end in this round: its end is
+        // then committed with the round's events, one commit and one wait
+        // instead of two (a run of value nodes is its start and this). The
+        // order holds: what the end follows is durable before the end is
+        // reported, in the same transaction. Not when the engine shuts down,
+        // where the end is an interruption that does not wait for the log.
+        if to_spawn.is_empty() && self.store_error.is_none() && !self.ending.shutting_down() {
+            if let Some(outcome) = self.maybe_end().await {
+                return Some(outcome);
+            }
+        }
         if let Err(e) = self.log.sync().await {
             self.store_error = Some(e.to_string());
         }
