@@ -1,5 +1,6 @@
 //! A run's Activity view: `GET /v1/runs/{id}/activity`, `cairn activity`.
 
+use cairn_events::RunId;
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/runs/{id}/activity`: the run's entries, each child run's right
@@ -8,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct ActivityPage {
     /// The run asked about.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its entries, in order.
     pub activity: Vec<ActivityEntry>,
 }
@@ -22,7 +23,7 @@ pub struct ActivityEntry {
     /// clients can key on it.
     pub id: String,
     /// The run the entry belongs to.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The node the entry belongs to; absent for run-level entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
@@ -56,7 +57,7 @@ pub struct ActivityEntry {
     pub error: Option<String>,
     /// The child run a `delegation` entry started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub child_run_id: Option<String>,
+    pub child_run_id: Option<RunId>,
 }
 
 /// The parent run and node of a child run's entry.
@@ -64,7 +65,7 @@ pub struct ActivityEntry {
 #[serde(rename_all = "camelCase")]
 pub struct DelegatedBy {
     /// The parent run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The parent's node that delegated.
     pub node_id: String,
 }
@@ -92,16 +93,13 @@ impl From<cairn_events::Activity> for ActivityEntry {
         } = a;
         ActivityEntry {
             id,
-            run_id: run_id.to_string(),
+            run_id,
             node_id: node_id.map(|n| n.to_string()),
             iteration,
             previous_activity_id,
             delegated_by: delegated_by.map(|d| {
                 let cairn_events::DelegatedBy { run_id, node_id } = d;
-                DelegatedBy {
-                    run_id: run_id.to_string(),
-                    node_id,
-                }
+                DelegatedBy { run_id, node_id }
             }),
             kind: kind.to_string(),
             title,
@@ -111,7 +109,7 @@ impl From<cairn_events::Activity> for ActivityEntry {
             seq,
             updated_seq,
             error,
-            child_run_id: child_run_id.map(String::from),
+            child_run_id,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! set. The type names are part of what a malformed body's error says
 //! (`expected struct StartBody`), so they stay as they are.
 
+use cairn_events::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -119,7 +120,7 @@ pub struct LoginBody {
 #[serde(rename_all = "camelCase")]
 pub struct RunAccepted {
     /// Its id.
-    pub run_id: String,
+    pub run_id: RunId,
 }
 
 /// `POST /v1/runs/{id}/approvals/{node}`: the decision taken.
@@ -127,7 +128,7 @@ pub struct RunAccepted {
 #[serde(rename_all = "camelCase")]
 pub struct Decided {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The node decided on.
     pub node_id: String,
     /// The decision.
@@ -139,7 +140,7 @@ pub struct Decided {
 #[serde(rename_all = "camelCase")]
 pub struct Answered {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The question answered.
     pub request_id: String,
 }
@@ -149,7 +150,7 @@ pub struct Answered {
 #[serde(rename_all = "camelCase")]
 pub struct Cancelled {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// How it is being cancelled.
     pub mechanism: CancelMechanism,
 }

@@ -2,6 +2,7 @@
 //! (`GET /v1/runs/{id}/plan`) and one node's tool calls
 //! (`GET /v1/runs/{id}/nodes/{node}/tool-calls`).
 
+use cairn_events::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -11,7 +12,7 @@ use serde_json::Value;
 #[serde(rename_all = "camelCase")]
 pub struct Plan {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its workflow's name.
     pub workflow: String,
     /// In file order, each group followed by its members; empty when the
@@ -60,7 +61,7 @@ pub struct PlanNode {
 #[serde(rename_all = "camelCase")]
 pub struct ToolCalls {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The node's path.
     pub node_id: String,
     /// The loop pass asked about.

@@ -1,7 +1,7 @@
 //! Runs: the list (`GET /v1/runs`) and one run's state (`GET /v1/runs/{id}`,
 //! `cairn status --json`).
 
-use cairn_events::{RunState, TokenTotals};
+use cairn_events::{RunId, RunState, TokenTotals};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -27,7 +27,7 @@ pub struct RunList {
 #[serde(rename_all = "camelCase")]
 pub struct RunSummary {
     /// The run's id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its workflow's name.
     pub workflow: String,
     /// The store's status of the run (`pending` before its first event).
@@ -38,7 +38,7 @@ pub struct RunSummary {
     pub updated_ms: i64,
     /// The run that started it, for a child run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
     /// Finished, failed and skipped nodes over the nodes mounted so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<f64>,
@@ -59,14 +59,14 @@ pub struct RunSummary {
 impl RunSummary {
     /// A run known only by its record (see [`RunMeta`]): what a list shows
     /// when its log cannot be read.
-    pub fn new(run_id: &str, meta: &RunMeta<'_>, created_ms: i64, updated_ms: i64) -> Self {
+    pub fn new(run_id: &RunId, meta: &RunMeta<'_>, created_ms: i64, updated_ms: i64) -> Self {
         RunSummary {
-            run_id: run_id.to_string(),
+            run_id: run_id.clone(),
             workflow: meta.workflow.to_string(),
             status: meta.status.to_string(),
             created_ms,
             updated_ms,
-            parent_run_id: meta.parent_run_id.map(str::to_string),
+            parent_run_id: meta.parent_run_id.cloned(),
             progress: None,
             tokens: None,
             started_ms: None,
@@ -95,7 +95,7 @@ pub struct RunMeta<'a> {
     /// The store's status: what the run shows before its log has one.
     pub status: &'a str,
     /// The run that started it, for a child run.
-    pub parent_run_id: Option<&'a str>,
+    pub parent_run_id: Option<&'a RunId>,
 }
 
 /// A run's state as `GET /v1/runs/{id}` answers it and `cairn status
@@ -122,7 +122,7 @@ impl RunDetail {
             v["status"] = json!(meta.status);
         }
         if let Some(p) = meta.parent_run_id {
-            v["parentRunId"] = json!(p);
+            v["parentRunId"] = json!(p.as_str());
         }
         RunDetail(v)
     }
@@ -130,16 +130,17 @@ impl RunDetail {
     /// Gives each child run listed in the state (`children`) the status its
     /// own record has now (`state`), as `status_of` finds it: the parent's
     /// log says how a child ended, not how one that runs is doing (waiting
-    /// for a person, say). A child `status_of` does not find is left as is.
-    pub fn with_child_states(&mut self, mut status_of: impl FnMut(&str) -> Option<String>) {
+    /// for a person, say). A child `status_of` does not find, or whose id
+    /// is no run id, is left as is.
+    pub fn with_child_states(&mut self, mut status_of: impl FnMut(&RunId) -> Option<String>) {
         let Some(children) = self.0.get_mut("children").and_then(Value::as_array_mut) else {
             return;
         };
         for c in children {
-            let Some(id) = c["runId"].as_str() else {
+            let Some(id) = c["runId"].as_str().and_then(|t| RunId::parse(t).ok()) else {
                 continue;
             };
-            if let Some(status) = status_of(id) {
+            if let Some(status) = status_of(&id) {
                 c["state"] = json!(status);
             }
         }
@@ -203,7 +204,7 @@ fn state_value(st: &RunState) -> Value {
 mod tests {
     use super::*;
 
-    fn meta<'a>(status: &'a str, parent: Option<&'a str>) -> RunMeta<'a> {
+    fn meta<'a>(status: &'a str, parent: Option<&'a RunId>) -> RunMeta<'a> {
         RunMeta {
             workflow: "w",
             status,
@@ -216,7 +217,8 @@ mod tests {
     #[test]
     fn a_run_detail_is_the_state_then_what_the_api_adds() {
         let mut st = RunState::new(cairn_events::RunId::parse("r1").unwrap());
-        let fresh = RunDetail::new(&st, &meta("pending", Some("p1")));
+        let p1 = RunId::parse("p1").unwrap();
+        let fresh = RunDetail::new(&st, &meta("pending", Some(&p1)));
         let keys: Vec<&String> = fresh.as_value().as_object().unwrap().keys().collect();
         let tail = &keys[keys.len() - 5..];
         assert_eq!(
@@ -239,14 +241,15 @@ mod tests {
     fn child_runs_get_their_own_status_where_known() {
         let mut v = RunDetail::from(json!({
             "runId": "r1",
-            "children": [{"runId": "c1", "status": "finished"}, {"runId": "c2"}, {}]
+            "children": [{"runId": "c1", "status": "finished"}, {"runId": "c2"}, {"runId": "../x"}, {}]
         }));
-        v.with_child_states(|id| (id == "c2").then(|| "waiting-approval".to_string()));
+        v.with_child_states(|id| (id.as_str() != "c1").then(|| "waiting-approval".to_string()));
         assert_eq!(
             v["children"],
             json!([
                 {"runId": "c1", "status": "finished"},
                 {"runId": "c2", "state": "waiting-approval"},
+                {"runId": "../x"},
                 {}
             ])
         );
@@ -256,7 +259,8 @@ mod tests {
     #[test]
     fn a_run_summary_keeps_its_wire_order() {
         let st = RunState::new(cairn_events::RunId::parse("r1").unwrap());
-        let s = RunSummary::new("r1", &meta("running", Some("p1")), 1, 2).with_state(&st);
+        let (r1, p1) = (RunId::parse("r1").unwrap(), RunId::parse("p1").unwrap());
+        let s = RunSummary::new(&r1, &meta("running", Some(&p1)), 1, 2).with_state(&st);
         assert_eq!(
             serde_json::to_string(&s).unwrap(),
             r#"{"runId":"r1","workflow":"w","status":"running","createdMs":1,"updatedMs":2,"parentRunId":"p1","progress":0.0,"tokens":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"reasoning":0}}"#

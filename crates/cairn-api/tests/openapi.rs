@@ -295,12 +295,12 @@ fn entry(full: bool) -> ActivityEntry {
     let some = |s: &str| full.then(|| s.to_string());
     ActivityEntry {
         id: "r1-3".into(),
-        run_id: "r1".into(),
+        run_id: rid("r1"),
         node_id: some("a"),
         iteration: full.then_some(0),
         previous_activity_id: some("r1-1"),
         delegated_by: full.then(|| DelegatedBy {
-            run_id: "p1".into(),
+            run_id: rid("p1"),
             node_id: "delegate".into(),
         }),
         kind: "command".into(),
@@ -311,7 +311,7 @@ fn entry(full: bool) -> ActivityEntry {
         seq: 3,
         updated_seq: 4,
         error: some("exit 1"),
-        child_run_id: some("c1"),
+        child_run_id: Some(rid("c1")),
     }
 }
 
@@ -351,12 +351,12 @@ fn tool_call(full: bool) -> ToolCall {
 
 fn summary(full: bool) -> RunSummary {
     RunSummary {
-        run_id: "r1".into(),
+        run_id: rid("r1"),
         workflow: "w".into(),
         status: "running".into(),
         created_ms: 1,
         updated_ms: 2,
-        parent_run_id: full.then(|| "p1".into()),
+        parent_run_id: full.then(|| rid("p1")),
         progress: full.then_some(0.5),
         tokens: full.then(tokens),
         started_ms: full.then_some(1),
@@ -371,10 +371,11 @@ fn event(text: &str) -> Box<RawValue> {
 
 /// Samples of every documented body, by `METHOD path status`.
 fn samples() -> Vec<(&'static str, Value)> {
+    let p1 = rid("p1");
     let meta = RunMeta {
         workflow: "w",
         status: "running",
-        parent_run_id: Some("p1"),
+        parent_run_id: Some(&p1),
     };
     let mut detail = RunDetail::new(&rich_state(RunStatus::Finished), &meta);
     detail.with_child_states(|_| Some("waiting-approval".into()));
@@ -446,9 +447,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         ),
         (
             "POST /v1/runs 201",
-            to_json(RunAccepted {
-                run_id: "r1".into(),
-            }),
+            to_json(RunAccepted { run_id: rid("r1") }),
         ),
         ("GET /v1/runs/{id} 200", to_json(&detail)),
         (
@@ -469,14 +468,14 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "GET /v1/runs/{id}/activity 200",
             to_json(ActivityPage {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 activity: vec![entry(true), entry(false)],
             }),
         ),
         (
             "GET /v1/runs/{id}/plan 200",
             to_json(Plan {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 workflow: "w".into(),
                 nodes: vec![plan_node(true), plan_node(false)],
             }),
@@ -484,7 +483,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "GET /v1/runs/{id}/nodes/{node}/tool-calls 200",
             to_json(ToolCalls {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 node_id: "a".into(),
                 iteration: 0,
                 tool_calls: vec![tool_call(true), tool_call(false)],
@@ -493,7 +492,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "GET /v1/runs/{id}/events 200",
             to_json(EventsPage {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 events,
                 next_after: Some(2),
             }),
@@ -501,7 +500,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "GET /v1/runs/{id}/events 200",
             to_json(EventsPage {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 events: vec![],
                 next_after: None,
             }),
@@ -525,7 +524,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "POST /v1/runs/{id}/approvals/{node} 200",
             to_json(Decided {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 node_id: "gate".into(),
                 approved: true,
             }),
@@ -540,7 +539,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "POST /v1/runs/{id}/inputs/{requestId} 200",
             to_json(Answered {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 request_id: "q1".into(),
             }),
         ),
@@ -555,14 +554,14 @@ fn samples() -> Vec<(&'static str, Value)> {
         (
             "POST /v1/runs/{id}/cancel 202",
             to_json(Cancelled {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 mechanism: CancelMechanism::Graceful,
             }),
         ),
         (
             "POST /v1/runs/{id}/cancel 202",
             to_json(Cancelled {
-                run_id: "r1".into(),
+                run_id: rid("r1"),
                 mechanism: CancelMechanism::Immediate,
             }),
         ),
@@ -574,9 +573,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         ),
         (
             "POST /v1/runs/{id}/resume 202",
-            to_json(RunAccepted {
-                run_id: "r1".into(),
-            }),
+            to_json(RunAccepted { run_id: rid("r1") }),
         ),
         (
             "GET /v1/scores 200",
@@ -696,4 +693,9 @@ fn the_checker_catches_what_it_is_for() {
     c.documented(loc, &mut documented, &mut BTreeSet::new());
     let unsent: Vec<&String> = documented.difference(&c.seen).collect();
     assert_eq!(unsent, ["/components/schemas/S/properties/b"]);
+}
+
+/// A run id of the examples.
+fn rid(text: &str) -> cairn_events::RunId {
+    cairn_events::RunId::parse(text).unwrap()
 }

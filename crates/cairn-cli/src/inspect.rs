@@ -185,14 +185,11 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             let meta = RunMeta {
                 workflow: &rec.workflow,
                 status: rec.status.as_str(),
-                parent_run_id: rec.parent_run_id.as_deref(),
+                parent_run_id: rec.parent_run_id.as_ref(),
             };
             let mut v = RunDetail::new(&st, &meta);
             let backend = engine.journal().backend();
-            v.with_child_states(|child| {
-                let child = cairn_events::RunId::parse(child).ok()?;
-                Some(backend.get_run(&child).ok()??.status.to_string())
-            });
+            v.with_child_states(|child| Some(backend.get_run(child).ok()??.status.to_string()));
             engine.journal().close();
             v
         }
@@ -237,7 +234,7 @@ fn render_activity(entries: &[ActivityEntry]) -> String {
     let t0 = entries.iter().map(|e| e.started_ms).min().unwrap_or(0);
     let mut out = String::new();
     // How deep each child run is, from its parent's depth.
-    let mut depth: std::collections::HashMap<String, usize> = Default::default();
+    let mut depth: std::collections::HashMap<cairn_events::RunId, usize> = Default::default();
     for e in entries {
         let started = e.started_ms;
         let indent = match &e.delegated_by {

@@ -435,7 +435,7 @@ pub(crate) fn run_meta(rec: &RunRecord) -> RunMeta<'_> {
     RunMeta {
         workflow: &rec.workflow,
         status: rec.status.as_str(),
-        parent_run_id: rec.parent_run_id.as_deref(),
+        parent_run_id: rec.parent_run_id.as_ref(),
     }
 }
 
@@ -541,7 +541,7 @@ async fn start_run(
     let input = body.input.unwrap_or_else(|| json!({}));
     let handle = state.engine().start(wf, input, opts).await?;
     drop(admitted);
-    let run_id = handle.run_id.to_string();
+    let run_id = handle.run_id.clone();
     // The run goes on in the engine; nobody here waits for its end.
     drop(handle);
     Ok((StatusCode::CREATED, Json(RunAccepted { run_id })).into_response())
@@ -597,6 +597,7 @@ async fn activity(
     Path(id): Path<String>,
 ) -> Result<Json<ActivityPage>, ApiError> {
     let rec = existing_run(&state, &id).await?;
+    let run_id = rec.run_id.clone();
     let journal = state.journal().clone();
     let entries = blocking(move || {
         run_activity(journal.backend().as_ref(), &rec).map_err(|e| match e {
@@ -606,7 +607,7 @@ async fn activity(
     })
     .await?;
     Ok(Json(ActivityPage {
-        run_id: id,
+        run_id,
         activity: entries.into_iter().map(ActivityEntry::from).collect(),
     }))
 }
@@ -723,7 +724,7 @@ async fn events_page(
     events.truncate(limit);
     // Each event is the store's text, byte for byte, not read again.
     let next_after = more.then(|| events.last().map_or(after, |e| e.seq));
-    let body = cairn_api::events_page_json(&id, events.iter().map(|e| &*e.json), next_after);
+    let body = cairn_api::events_page_json(&run, events.iter().map(|e| &*e.json), next_after);
     Ok((
         [(header::CONTENT_TYPE, "application/json")],
         Body::from(body),
@@ -742,7 +743,7 @@ async fn decide(
         .decide(&run, &node, body.approved, body.note, body.by)
         .await?;
     Ok(Json(Decided {
-        run_id: id,
+        run_id: run,
         node_id: node,
         approved: body.approved,
     }))
@@ -759,7 +760,7 @@ async fn answer(
         .answer(&run, &request_id, body.value, body.by)
         .await?;
     Ok(Json(Answered {
-        run_id: id,
+        run_id: run,
         request_id,
     }))
 }
@@ -778,7 +779,7 @@ async fn cancel(
     Ok((
         StatusCode::ACCEPTED,
         Json(Cancelled {
-            run_id: id,
+            run_id: run,
             mechanism,
         }),
     )
@@ -803,7 +804,7 @@ async fn resume(
         ..StartOptions::default()
     };
     let handle = state.engine().resume(&run, opts).await?;
-    let run_id = handle.run_id.to_string();
+    let run_id = handle.run_id.clone();
     drop(handle);
     Ok((StatusCode::ACCEPTED, Json(RunAccepted { run_id })).into_response())
 }

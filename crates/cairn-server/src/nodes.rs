@@ -89,11 +89,11 @@ pub(crate) async fn plan(
     Path(id): Path<String>,
 ) -> Result<Json<Plan>, ApiError> {
     let rec = existing_run(&state, &id).await?;
-    let workflow = rec.workflow.clone();
+    let (run_id, workflow) = (rec.run_id.clone(), rec.workflow.clone());
     // Parsing a workflow of 100,000 nodes takes a while: off the async threads.
     let nodes = blocking(move || Ok(plan_of(&rec))).await?;
     Ok(Json(Plan {
-        run_id: id,
+        run_id,
         workflow,
         nodes,
     }))
@@ -122,12 +122,13 @@ pub(crate) async fn tool_calls(
     // A text that is no node path names no node of the run: it has no calls.
     let calls = match cairn_events::NodePath::parse(&node) {
         Ok(path) => {
+            let run = run.clone();
             blocking(move || Ok(journal.backend().tool_calls(&run, &path, iteration)?)).await?
         }
         Err(_) => Vec::new(),
     };
     Ok(Json(ToolCalls {
-        run_id: id,
+        run_id: run,
         node_id: node,
         iteration,
         tool_calls: calls.into_iter().map(tool_call).collect(),

@@ -684,7 +684,7 @@ impl Session {
                 let run = existing_run(&state, &run_id).await?.run_id;
                 state.engine().cancel(&run, graceful, reason, by).await?;
                 Ok(reply(cairn_api::Cancelled {
-                    run_id,
+                    run_id: run,
                     mechanism: cairn_api::CancelMechanism::of(graceful),
                 }))
             }
@@ -708,7 +708,10 @@ impl Session {
             } => {
                 let run = existing_run(&state, &run_id).await?.run_id;
                 state.engine().answer(&run, &request_id, value, by).await?;
-                Ok(reply(cairn_api::Answered { run_id, request_id }))
+                Ok(reply(cairn_api::Answered {
+                    run_id: run,
+                    request_id,
+                }))
             }
         }
     }
@@ -780,7 +783,7 @@ async fn decide(
         .decide(&run, &node_id, approved, note, by)
         .await?;
     Ok(reply(cairn_api::Decided {
-        run_id,
+        run_id: run,
         node_id,
         approved,
     }))
