@@ -80,7 +80,7 @@ fn delegating_attempt(
             }
             if let (Some((node, iteration)), Some(attempt)) = (ev.node_key(), ev.scope.attempt) {
                 return Ok(Some(ParentSpan::Attempt {
-                    run_id: parent.to_string(),
+                    run_id: parent.clone(),
                     node_id: node.to_string(),
                     iteration,
                     attempt,
@@ -102,7 +102,7 @@ pub fn lineage(backend: &dyn Backend, run_id: &RunId) -> Result<Lineage, StoreEr
     };
     let span =
         delegating_attempt(backend, &parent, node.as_deref(), run_id)?.unwrap_or(ParentSpan::Run {
-            run_id: parent.to_string(),
+            run_id: parent.clone(),
         });
     let mut seen = HashSet::from([run_id.clone(), parent.clone()]);
     let mut root = parent;
@@ -288,7 +288,7 @@ mod tests {
             Lineage {
                 root_run_id: RunId::parse("r").unwrap(),
                 parent: Some(ParentSpan::Attempt {
-                    run_id: "r.c".into(),
+                    run_id: RunId::parse("r.c").unwrap(),
                     node_id: "sub".into(),
                     iteration: 0,
                     attempt: 1,
@@ -332,6 +332,11 @@ mod tests {
         store_run(&b, "b", Some(("a", "n")), None);
         let lin = lineage(&b, &RunId::parse("a").unwrap()).unwrap();
         assert_eq!(lin.root_run_id, "b");
-        assert_eq!(lin.parent, Some(ParentSpan::Run { run_id: "b".into() }));
+        assert_eq!(
+            lin.parent,
+            Some(ParentSpan::Run {
+                run_id: RunId::parse("b").unwrap()
+            })
+        );
     }
 }

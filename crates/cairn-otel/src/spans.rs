@@ -77,7 +77,7 @@ pub enum ParentSpan {
     /// `DelegationStarted` names the child).
     Attempt {
         /// The parent run.
-        run_id: String,
+        run_id: RunId,
         /// The node instance that delegated.
         node_id: String,
         /// Its loop pass.
@@ -89,7 +89,7 @@ pub enum ParentSpan {
     /// started the child.
     Run {
         /// The parent run.
-        run_id: String,
+        run_id: RunId,
     },
 }
 
@@ -324,7 +324,7 @@ type AttemptKey = (String, u32, u32);
 pub struct TraceBuilder {
     lineage: Lineage,
     trace_id: [u8; 16],
-    run_id: Option<String>,
+    run_id: Option<RunId>,
     /// Index 0 is the run span once the first event came.
     accs: Vec<Acc>,
     attempts: HashMap<AttemptKey, usize>,
@@ -380,10 +380,20 @@ impl TraceBuilder {
         self.unreadable_events += 1;
     }
 
+    /// The run's id as span keys carry it; empty before the first event.
+    fn run_id_text(&self) -> &str {
+        self.run_id.as_ref().map_or("", RunId::as_str)
+    }
+
     /// The lineage of a child run of this one, from the `DelegationStarted`
     /// that named it (or this run's span, when none did).
     pub fn child_lineage(&self, child_run_id: &RunId) -> Lineage {
-        let run_id = self.run_id.clone().unwrap_or_default();
+        // A builder that has seen no event has no run of its own: the
+        // child hangs from the root's run span.
+        let run_id = self
+            .run_id
+            .clone()
+            .unwrap_or_else(|| self.lineage.root_run_id.clone());
         Lineage {
             root_run_id: self.lineage.root_run_id.clone(),
             parent: Some(match self.delegations.get(child_run_id) {
@@ -429,7 +439,7 @@ impl TraceBuilder {
         if !create {
             return None;
         }
-        let run_id = self.run_id.clone().unwrap_or_default();
+        let run_id = self.run_id_text().to_string();
         let id = span_id(
             self.root(),
             &SpanKey::Attempt {
@@ -497,7 +507,7 @@ impl TraceBuilder {
         starts: bool,
     ) -> Option<usize> {
         let (node, iteration, attempt) = self.accs[a].attempt_key.clone()?;
-        let run_id = self.run_id.clone().unwrap_or_default();
+        let run_id = self.run_id_text().to_string();
         let key = match level {
             Level::Model => SpanKey::ModelCall {
                 run_id: &run_id,
@@ -577,7 +587,7 @@ impl TraceBuilder {
     /// are ignored (and counted).
     pub fn push(&mut self, ev: &Event) {
         match &self.run_id {
-            None => self.run_id = Some(ev.run_id.to_string()),
+            None => self.run_id = Some(ev.run_id.clone()),
             Some(r) if *r != ev.run_id => {
                 self.foreign_events += 1;
                 return;

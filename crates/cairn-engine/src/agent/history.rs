@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::node::{NodeCtx, NodeError};
 
 /// The conversation an attempt takes up, as the log left it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct History {
     /// The attempt that began the conversation: this one, unless the
     /// attempts before it were interrupted by a crash (then the first of
@@ -32,7 +32,7 @@ pub(super) struct History {
     /// The run whose id the conversation's calls are keyed by: this one,
     /// or for a conversation a fork took up, the run it was begun in (the
     /// fork's log and rows are copies, keys and all).
-    pub key_run: String,
+    pub key_run: cairn_events::RunId,
     /// The request ids of the questions a hijack of this node asked the
     /// person (`h-…`): where a replay of the conversation finds that a
     /// person took it, and at which step.
@@ -49,8 +49,13 @@ impl History {
         if ctx.attempt <= 1 {
             return Ok(History {
                 origin: ctx.attempt.max(1),
-                key_run: ctx.run_id.to_string(),
-                ..History::default()
+                steps: Vec::new(),
+                unanswered: None,
+                calls: HashMap::new(),
+                spent_usd: 0.0,
+                key_run: ctx.run_id.clone(),
+                hijack_asked: HashSet::new(),
+                hijacks_ended: 0,
             });
         }
         let backend = ctx.services.journal.backend().clone();
@@ -103,7 +108,7 @@ impl History {
                     .await
                     .map_err(|e| NodeError::new("internal", e.to_string()))??
             }
-            _ => ctx.run_id.to_string(),
+            _ => ctx.run_id.clone(),
         };
         let steps = steps_of(finished, ours)?;
         let unanswered = started
@@ -287,7 +292,7 @@ fn key_run_of(
     backend: &dyn cairn_store::Backend,
     mut from: cairn_events::ForkedFrom,
     seq: u64,
-) -> Result<String, cairn_store::StoreError> {
+) -> Result<cairn_events::RunId, cairn_store::StoreError> {
     // Each step goes one fork back; a chain longer than this is a loop.
     for _ in 0..64 {
         let first = backend.read_events(
@@ -306,10 +311,10 @@ fn key_run_of(
             });
         match earlier {
             Some(f) if seq <= f.seq => from = f,
-            _ => return Ok(from.run_id.to_string()),
+            _ => return Ok(from.run_id),
         }
     }
-    Ok(from.run_id.to_string())
+    Ok(from.run_id)
 }
 
 /// How a recorded call ended: `None` when it started and never finished

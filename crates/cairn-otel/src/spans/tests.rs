@@ -547,7 +547,7 @@ fn a_child_run_hangs_from_the_parent_attempt_that_started_it() {
         Lineage {
             root_run_id: RunId::parse("p").unwrap(),
             parent: Some(ParentSpan::Attempt {
-                run_id: "p".into(),
+                run_id: RunId::parse("p").unwrap(),
                 node_id: "sub".into(),
                 iteration: 0,
                 attempt: 1,
