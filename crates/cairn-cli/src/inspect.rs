@@ -284,6 +284,15 @@ fn client_error(e: ClientError) -> anyhow::Error {
 /// The state for people: a header, then one line per node pass.
 fn render_status(v: &Value) -> String {
     let mut out = String::new();
+    status_header(v, &mut out);
+    status_relations(v, &mut out);
+    status_nodes(v, &mut out);
+    out
+}
+
+/// What `cairn status` says of the run itself: its id, workflow, status,
+/// times, progress, error, output and tokens.
+fn status_header(v: &Value, out: &mut String) {
     let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
     out.push_str(&format!("run       {}\n", s("runId")));
     out.push_str(&format!("workflow  {}\n", s("workflow")));
@@ -344,6 +353,12 @@ fn render_status(v: &Value) -> String {
             .unwrap_or_default();
         out.push_str(&format!("tokens    {tin} in, {tout} out{cost}\n"));
     }
+}
+
+/// The questions that wait for an answer, the parent of a child run and
+/// the children of a parent.
+fn status_relations(v: &Value, out: &mut String) {
+    let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
     if let Some(qs) = v["questions"].as_object() {
         for (rid, q) in qs.iter().filter(|(_, q)| q["answer"].is_null()) {
             out.push_str(&format!(
@@ -356,15 +371,13 @@ fn render_status(v: &Value) -> String {
     }
     if let Some(p) = v["parentRunId"].as_str() {
         out.push_str(&format!(
-            "parent    {p} (node {})
-",
+            "parent    {p} (node {})\n",
             v["parentNodeId"].as_str().unwrap_or("?")
         ));
     }
     for c in v["children"].as_array().map_or(&[][..], |c| c) {
         out.push_str(&format!(
-            "child     {}  {:<16}  {} ({}) from {}
-",
+            "child     {}  {:<16}  {} ({}) from {}\n",
             c["runId"].as_str().unwrap_or("?"),
             c["state"].as_str().or(c["status"].as_str()).unwrap_or("?"),
             c["agent"].as_str().unwrap_or("?"),
@@ -372,9 +385,13 @@ fn render_status(v: &Value) -> String {
             c["nodeId"].as_str().unwrap_or("?"),
         ));
     }
+}
+
+/// The table of nodes, one line each (nothing when the run has none).
+fn status_nodes(v: &Value, out: &mut String) {
     let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
     if nodes.is_empty() {
-        return out;
+        return;
     }
     let label = |n: &Value| {
         let id = n["nodeId"].as_str().unwrap_or("?");
@@ -395,59 +412,67 @@ fn render_status(v: &Value) -> String {
         "NODE", "STATUS", "ATTEMPTS", "DURATION"
     ));
     for n in &nodes {
-        let attempts = n["attempts"].as_array().map_or(0, |a| a.len());
-        let dur = n["durationMs"]
-            .as_u64()
-            .or_else(|| {
-                // A node that did not finish: the time its attempts took.
-                let a = n["attempts"].as_array()?;
-                let start = a.first()?["startedMs"].as_i64()?;
-                let end = a.last()?["endedMs"].as_i64()?;
-                Some(end.saturating_sub(start).max(0) as u64)
-            })
-            .map(duration_ms)
-            .unwrap_or_default();
-        let tail = if let Some(e) = n.get("error").filter(|e| !e.is_null()) {
-            format!(
-                "{}: {}",
-                e["kind"].as_str().unwrap_or(""),
-                e["message"].as_str().unwrap_or("")
-            )
-        } else if let Some(o) = n.get("output").filter(|o| !o.is_null()) {
-            short_value(o, 60)
-        } else if let Some(r) = n["reason"].as_str() {
-            r.to_string()
-        } else if let Some(m) = n["approvalMessage"].as_str() {
-            m.to_string()
-        } else {
-            String::new()
-        };
-        let mut tail = short_value(&Value::String(tail), 100);
-        if let Some(a) = n.get("agent").filter(|a| a.is_object()) {
-            let tokens =
-                a["inputTokens"].as_u64().unwrap_or(0) + a["outputTokens"].as_u64().unwrap_or(0);
-            let cost = a["costUsd"]
-                .as_f64()
-                .map(|c| format!(" ${c:.4}"))
-                .unwrap_or_default();
-            tail = format!(
-                "[step {}, {} tool calls, {tokens} tokens{cost}] {tail}",
-                a["step"].as_u64().unwrap_or(0),
-                a["toolCalls"].as_u64().unwrap_or(0)
-            );
-        }
         let line = format!(
             "{:<w$}  {:<16}  {:>8}  {:>9}  {}",
             label(n),
             n["status"].as_str().unwrap_or("?"),
-            attempts,
-            dur,
-            tail
+            n["attempts"].as_array().map_or(0, |a| a.len()),
+            node_duration(n),
+            node_tail(n)
         );
         out.push_str(line.trim_end());
         out.push('\n');
     }
-    out
+}
+
+/// How long a node took: its duration, or for a node that did not
+/// finish, the time its attempts took.
+fn node_duration(n: &Value) -> String {
+    n["durationMs"]
+        .as_u64()
+        .or_else(|| {
+            let a = n["attempts"].as_array()?;
+            let start = a.first()?["startedMs"].as_i64()?;
+            let end = a.last()?["endedMs"].as_i64()?;
+            Some(end.saturating_sub(start).max(0) as u64)
+        })
+        .map(duration_ms)
+        .unwrap_or_default()
+}
+
+/// A node's last column: its error, output, reason or approval message,
+/// after what its agent did.
+fn node_tail(n: &Value) -> String {
+    let tail = if let Some(e) = n.get("error").filter(|e| !e.is_null()) {
+        format!(
+            "{}: {}",
+            e["kind"].as_str().unwrap_or(""),
+            e["message"].as_str().unwrap_or("")
+        )
+    } else if let Some(o) = n.get("output").filter(|o| !o.is_null()) {
+        short_value(o, 60)
+    } else if let Some(r) = n["reason"].as_str() {
+        r.to_string()
+    } else if let Some(m) = n["approvalMessage"].as_str() {
+        m.to_string()
+    } else {
+        String::new()
+    };
+    let mut tail = short_value(&Value::String(tail), 100);
+    if let Some(a) = n.get("agent").filter(|a| a.is_object()) {
+        let tokens =
+            a["inputTokens"].as_u64().unwrap_or(0) + a["outputTokens"].as_u64().unwrap_or(0);
+        let cost = a["costUsd"]
+            .as_f64()
+            .map(|c| format!(" ${c:.4}"))
+            .unwrap_or_default();
+        tail = format!(
+            "[step {}, {} tool calls, {tokens} tokens{cost}] {tail}",
+            a["step"].as_u64().unwrap_or(0),
+            a["toolCalls"].as_u64().unwrap_or(0)
+        );
+    }
+    tail
 }
 
 /// Reads `--type` values: event types of the contract's catalog.
