@@ -284,7 +284,16 @@ pub(crate) fn query(run_id: &RunId, q: &EventQuery) -> (String, Vec<rusqlite::ty
         run_id.to_string().into(),
         (q.after.min(i64::MAX as u64) as i64).into(),
     ];
-    if !q.types.is_empty() {
+    if let [one] = q.types.as_slice() {
+        // One type: an equality, so the type index is walked in seq order
+        // and a page stops at its limit. A list of types is a union of
+        // ranges that SQLite merges with a sort of everything after `after`.
+        args.push(one.as_str().to_string().into());
+        sql.push_str(&format!(
+            " AND e.type = (SELECT type FROM event_types WHERE name = ?{})",
+            args.len()
+        ));
+    } else if !q.types.is_empty() {
         sql.push_str(" AND e.type IN (SELECT type FROM event_types WHERE name IN (");
         for (i, t) in q.types.iter().enumerate() {
             if i > 0 {
