@@ -34,7 +34,7 @@ const NODES: u64 = 10;
 /// node `n{i % NODES}`.
 fn event(run: &RunId, i: u64) -> StoredEvent {
     let node = format!("n{}", i % NODES);
-    let kind = if i % 10 == 0 {
+    let kind = if i.is_multiple_of(10) {
         EventKind::NodeHeartbeat {
             elapsed_ms: i,
             timeout_ms: Some(600_000),
