@@ -193,6 +193,34 @@ impl From<tokio_postgres::Error> for Failed {
 /// Commits `batch` in one transaction, unless a run of it is leased by
 /// another owner than `owner` (see [`lease::fenced_run`]).
 pub(crate) async fn append(db: &Db, owner: &str, batch: &[StoredEvent]) -> Result<(), StoreError> {
+    write(db, owner, None, None, batch).await
+}
+
+/// A run's start in one transaction (see `Runs::start_run`): its row, its
+/// pinned files and its first event, fenced by the run's lease as an
+/// append is.
+pub(crate) async fn start_run(
+    db: &Db,
+    owner: &str,
+    record: Option<&RunRecord>,
+    pinned: Option<&GenerationRecord>,
+    first: &StoredEvent,
+) -> Result<(), StoreError> {
+    write(db, owner, record, pinned, std::slice::from_ref(first)).await
+}
+
+/// Commits a new run's `record` and `pinned` files when given, then
+/// `batch`, in one transaction, tried again when the server aborts it for
+/// a deadlock. A row of a run that exists is `RunExists`, pinned files of
+/// a run without a row `RunNotFound` (both only in a start: an append
+/// writes neither).
+async fn write(
+    db: &Db,
+    owner: &str,
+    record: Option<&RunRecord>,
+    pinned: Option<&GenerationRecord>,
+    batch: &[StoredEvent],
+) -> Result<(), StoreError> {
     if batch.is_empty() {
         return Ok(());
     }
@@ -202,32 +230,48 @@ pub(crate) async fn append(db: &Db, owner: &str, batch: &[StoredEvent]) -> Resul
     let mut tries = 0;
     loop {
         tries += 1;
-        let e = match try_append(&mut client, owner, &cols, &updates).await {
+        let e = match try_write(&mut client, owner, record, pinned, &cols, &updates).await {
             Ok(()) => return Ok(()),
             Err(Failed::Refused(e)) => return Err(e),
             Err(Failed::Pg(e)) => e,
         };
+        let table = e.as_db_error().and_then(|d| d.table()).unwrap_or_default();
         match e.code() {
+            Some(&SqlState::UNIQUE_VIOLATION) if table == "runs" => {
+                return Err(StoreError::RunExists(batch[0].run_id.to_string()))
+            }
             Some(&SqlState::UNIQUE_VIOLATION) => {
                 return Err(duplicate(&client, batch, &cols, &e).await)
+            }
+            Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+                return Err(StoreError::RunNotFound(batch[0].run_id.to_string()))
             }
             Some(&SqlState::T_R_DEADLOCK_DETECTED) | Some(&SqlState::T_R_SERIALIZATION_FAILURE)
                 if tries < APPEND_TRIES =>
             {
-                tracing::debug!(error = %e, "append aborted by the server; trying again");
+                tracing::debug!(error = %e, "a write aborted by the server; trying again");
             }
             _ => return Err(db.err(e)),
         }
     }
 }
 
-async fn try_append(
+/// One try of [`write`].
+async fn try_write(
     client: &mut deadpool_postgres::Object,
     owner: &str,
+    record: Option<&RunRecord>,
+    pinned: Option<&GenerationRecord>,
     cols: &Columns<'_>,
     updates: &RunUpdates<'_>,
 ) -> Result<(), Failed> {
     let tx = client.transaction().await?;
+    if let Some(rec) = record {
+        crate::runs::insert(&tx, rec).await?;
+    }
+    if let Some(g) = pinned {
+        crate::records::insert_generation(&tx, g).await?;
+    }
     write_batch(&tx, owner, cols, updates).await?;
     tx.commit().await?;
     Ok(())
@@ -270,69 +314,6 @@ async fn write_batch(
         &[&updates.runs, &updates.timestamps, &updates.statuses],
     )
     .await?;
-    Ok(())
-}
-
-/// A run's start in one transaction (see `Runs::start_run`): its row, its
-/// pinned files and its first event, fenced by the run's lease as an
-/// append is.
-pub(crate) async fn start_run(
-    db: &Db,
-    owner: &str,
-    record: Option<&RunRecord>,
-    pinned: Option<&GenerationRecord>,
-    first: &StoredEvent,
-) -> Result<(), StoreError> {
-    let batch = std::slice::from_ref(first);
-    let cols = Columns::of(batch)?;
-    let updates = RunUpdates::of(batch);
-    let mut client = db.client().await?;
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let e = match try_start(&mut client, owner, record, pinned, &cols, &updates).await {
-            Ok(()) => return Ok(()),
-            Err(Failed::Refused(e)) => return Err(e),
-            Err(Failed::Pg(e)) => e,
-        };
-        let table = e.as_db_error().and_then(|d| d.table()).unwrap_or_default();
-        match e.code() {
-            Some(&SqlState::UNIQUE_VIOLATION) if table == "runs" => {
-                return Err(StoreError::RunExists(first.run_id.to_string()))
-            }
-            Some(&SqlState::UNIQUE_VIOLATION) => {
-                return Err(duplicate(&client, batch, &cols, &e).await)
-            }
-            Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
-                return Err(StoreError::RunNotFound(first.run_id.to_string()))
-            }
-            Some(&SqlState::T_R_DEADLOCK_DETECTED) | Some(&SqlState::T_R_SERIALIZATION_FAILURE)
-                if tries < APPEND_TRIES =>
-            {
-                tracing::debug!(error = %e, "a run's start aborted by the server; trying again");
-            }
-            _ => return Err(db.err(e)),
-        }
-    }
-}
-
-async fn try_start(
-    client: &mut deadpool_postgres::Object,
-    owner: &str,
-    record: Option<&RunRecord>,
-    pinned: Option<&GenerationRecord>,
-    cols: &Columns<'_>,
-    updates: &RunUpdates<'_>,
-) -> Result<(), Failed> {
-    let tx = client.transaction().await?;
-    if let Some(rec) = record {
-        crate::runs::insert(&tx, rec).await?;
-    }
-    if let Some(g) = pinned {
-        crate::records::insert_generation(&tx, g).await?;
-    }
-    write_batch(&tx, owner, cols, updates).await?;
-    tx.commit().await?;
     Ok(())
 }
 

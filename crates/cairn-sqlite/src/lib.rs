@@ -396,6 +396,18 @@ impl SqliteBackend {
         map_err(&self.path, e)
     }
 
+    /// [`SqliteBackend::err`], except that a row naming a run that has no
+    /// row of its own (a foreign key) is `RunNotFound` for `run`.
+    fn or_no_run<'a>(&'a self, run: &'a RunId) -> impl Fn(rusqlite::Error) -> StoreError + 'a {
+        move |e| {
+            if is_fk_violation(&e) {
+                StoreError::RunNotFound(run.to_string())
+            } else {
+                self.err(e)
+            }
+        }
+    }
+
     /// Runs `f` on a pooled read connection.
     fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
         read_on(&self.path, &self.readers, f)
@@ -531,13 +543,7 @@ impl SqliteBackend {
                 crate::PinnedFile::encode_all(&rec.files)
             ],
         )
-        .map_err(|e| {
-            if is_fk_violation(&e) {
-                StoreError::RunNotFound(rec.run_id.to_string())
-            } else {
-                self.err(e)
-            }
-        })?;
+        .map_err(self.or_no_run(&rec.run_id))?;
         Ok(())
     }
 }
@@ -1292,13 +1298,7 @@ impl ToolCalls for SqliteBackend {
                     rec.error.as_ref().map(json_text)
                 ],
             )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::RunNotFound(rec.run_id.to_string())
-                } else {
-                    self.err(e)
-                }
-            })?;
+            .map_err(self.or_no_run(&rec.run_id))?;
             Ok(())
         })
     }
@@ -1331,13 +1331,7 @@ impl Inbox for SqliteBackend {
                 "INSERT INTO inbox (run_id, command, created_ms) VALUES (?1, ?2, ?3)",
                 params![run_id.as_str(), text, now_ms()],
             )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::RunNotFound(run_id.to_string())
-                } else {
-                    self.err(e)
-                }
-            })?;
+            .map_err(self.or_no_run(run_id))?;
             Ok(tx.last_insert_rowid() as u64)
         })
     }
@@ -1388,13 +1382,7 @@ impl Processes for SqliteBackend {
                     rec.started_ms
                 ],
             )
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    StoreError::RunNotFound(rec.run_id.to_string())
-                } else {
-                    self.err(e)
-                }
-            })?;
+            .map_err(self.or_no_run(&rec.run_id))?;
             Ok(tx.last_insert_rowid() as u64)
         })
     }

@@ -301,42 +301,9 @@ impl Journal {
     /// from the store's last seq. The lease is released when the `RunLog` is
     /// dropped, after its queued events are committed.
     pub fn run_log(&self, run_id: &RunId) -> Result<RunLog, StoreError> {
-        let tx = self
-            .inner
-            .tx
-            .lock()
-            .unwrap()
-            .clone()
-            .ok_or(StoreError::Closed)?;
-        let lease =
-            self.inner
-                .backend
-                .try_lock_run(run_id)?
-                .ok_or_else(|| StoreError::LeaseHeld {
-                    run: run_id.to_string(),
-                })?;
+        let (tx, lease) = self.take_run(run_id)?;
         let last = self.inner.backend.last_seq(run_id)?;
-        let shared = self.inner.shared(run_id);
-        shared.owners.fetch_add(1, Ordering::SeqCst);
-        self.inner.logs.fetch_add(1, Ordering::SeqCst);
-        shared.update(|c| {
-            *c = Committed {
-                seq: last,
-                failure: None,
-            }
-        });
-        Ok(RunLog {
-            run_id: run_id.clone(),
-            inner: self.inner.clone(),
-            shared: Some(shared),
-            tx,
-            lease: Mutex::new(Some(lease)),
-            seq: Mutex::new(Sequencer {
-                last_seq: last,
-                last_ts: 0,
-                observer: None,
-            }),
-        })
+        Ok(self.log_after(run_id.clone(), tx, lease, last, 0, None))
     }
 
     /// Starts a new run: takes its lease, then writes its row, its pinned
@@ -350,19 +317,8 @@ impl Journal {
     /// round trip to the writer thread: most of what a short run writes.
     pub fn start_run(&self, start: RunStart) -> Result<(RunLog, Event), StoreError> {
         let run_id = start.run_id;
-        let tx = self
-            .inner
-            .tx
-            .lock()
-            .unwrap()
-            .clone()
-            .ok_or(StoreError::Closed)?;
+        let (tx, lease) = self.take_run(&run_id)?;
         let backend = &self.inner.backend;
-        let lease = backend
-            .try_lock_run(&run_id)?
-            .ok_or_else(|| StoreError::LeaseHeld {
-                run: run_id.to_string(),
-            })?;
         // A row that exists already (a child a crash left without its first
         // event) may, in principle, have events: continue after them.
         let last = match start.record {
@@ -382,38 +338,87 @@ impl Journal {
             pinned: start.pinned.as_ref(),
             first: &stored,
         })?;
+        let log = self.log_after(
+            run_id,
+            tx,
+            lease,
+            ev.seq.get(),
+            ev.timestamp_ms,
+            start.observer,
+        );
+        // The writer mirrors and publishes it before anything appended
+        // later: the queue is in order.
+        if log
+            .tx
+            .send(Msg::Started(stored, log.shared().clone()))
+            .is_err()
+        {
+            log.shared().update(|c| {
+                c.failure.get_or_insert(Failure::Closed);
+            });
+        }
+        if let Some(obs) = &log.lock().observer {
+            obs(&ev);
+        }
+        Ok((log, ev))
+    }
+
+    /// The writer's queue and the run's lease ([`StoreError::LeaseHeld`]
+    /// when another process, or another `RunLog` here, holds it): what
+    /// every `RunLog` holds.
+    fn take_run(
+        &self,
+        run_id: &RunId,
+    ) -> Result<(mpsc::Sender<Msg>, Box<dyn RunLease>), StoreError> {
+        let tx = self
+            .inner
+            .tx
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let lease =
+            self.inner
+                .backend
+                .try_lock_run(run_id)?
+                .ok_or_else(|| StoreError::LeaseHeld {
+                    run: run_id.to_string(),
+                })?;
+        Ok((tx, lease))
+    }
+
+    /// A run's log over its lease, whose events up to `last` (the latest
+    /// stamped `last_ts`) are committed.
+    fn log_after(
+        &self,
+        run_id: RunId,
+        tx: mpsc::Sender<Msg>,
+        lease: Box<dyn RunLease>,
+        last: u64,
+        last_ts: i64,
+        observer: Option<Observer>,
+    ) -> RunLog {
         let shared = self.inner.shared(&run_id);
         shared.owners.fetch_add(1, Ordering::SeqCst);
         self.inner.logs.fetch_add(1, Ordering::SeqCst);
         shared.update(|c| {
             *c = Committed {
-                seq: ev.seq.get(),
+                seq: last,
                 failure: None,
             }
         });
-        // The writer mirrors and publishes it before anything appended
-        // later: the queue is in order.
-        if tx.send(Msg::Started(stored, shared.clone())).is_err() {
-            shared.update(|c| {
-                c.failure.get_or_insert(Failure::Closed);
-            });
-        }
-        if let Some(obs) = &start.observer {
-            obs(&ev);
-        }
-        let log = RunLog {
+        RunLog {
             run_id,
             inner: self.inner.clone(),
             shared: Some(shared),
             tx,
             lease: Mutex::new(Some(lease)),
             seq: Mutex::new(Sequencer {
-                last_seq: ev.seq.get(),
-                last_ts: ev.timestamp_ms,
-                observer: start.observer,
+                last_seq: last,
+                last_ts,
+                observer,
             }),
-        };
-        Ok((log, ev))
+        }
     }
 
     /// Events of a run after `after`: first from the store, then live, with
