@@ -307,14 +307,16 @@ impl Journal {
     }
 
     /// Starts a new run: takes its lease, then writes its row, its pinned
-    /// files and its first event (`first`, given seq 1 and the time now) in
-    /// one transaction ([`Runs::start_run`]), and returns its sequencer with
-    /// the event, durable. A refusal (`RunExists`, a full disk) leaves
-    /// nothing behind, not even the lease. `observer` becomes the log's
-    /// callback (see [`RunLog::set_observer`]) and sees the first event too.
+    /// files and its first event (`first`, stamped now, seq 1 after a row
+    /// made here) in one transaction ([`Runs::start_run`]), and returns its
+    /// sequencer with the event, durable. A refusal (`RunExists`, a full
+    /// disk) leaves nothing behind, not even the lease. `observer` becomes
+    /// the log's callback (see [`RunLog::set_observer`]) and sees the first
+    /// event too.
     ///
-    /// One commit, where a row, a lease and an append made three, each a
-    /// round trip to the writer thread: most of what a short run writes.
+    /// One commit, made on the caller's thread, where the row, the store's
+    /// last seq and an append through the writer made three round trips:
+    /// most of what a short run wrote.
     pub fn start_run(&self, start: RunStart) -> Result<(RunLog, Event), StoreError> {
         let run_id = start.run_id;
         let (tx, lease) = self.take_run(&run_id)?;
