@@ -810,3 +810,87 @@ fn a_reader_in_another_connection_does_not_fail_or_block_the_close() {
     assert_eq!(events_in_main_file(&db), LARGE as i64);
     reader.execute_batch("COMMIT").unwrap();
 }
+
+/// A run started through the journal: its row, its first event and what
+/// follows reach the store, the in-process callback, a subscription made
+/// before the start (which reads nothing) and the NDJSON mirror, each in
+/// seq order, the first event included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_run_reaches_every_watcher_from_its_first_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    let j = open(&dir.path().join("s.db"), Some(&logs));
+    let run = cairn_events::RunId::parse("r").unwrap();
+    let sub = j.subscribe_to_new(&run);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen_by = seen.clone();
+    let (log, first) = j
+        .start_run(cairn_store::RunStart {
+            run_id: run.clone(),
+            record: Some(run_record("r", "pending", 1)),
+            pinned: None,
+            scope: Scope::run(),
+            first: started(),
+            observer: Some(Box::new(move |e: &Event| {
+                seen_by.lock().unwrap().push(e.seq.get())
+            })),
+        })
+        .unwrap();
+    assert_eq!(first.seq.get(), 1);
+    // Durable when start_run returns: nothing waits for the writer.
+    assert_eq!(j.backend().last_seq(&run).unwrap(), 1);
+    assert_eq!(
+        j.backend().get_run(&run).unwrap().unwrap().status.as_str(),
+        "running"
+    );
+    log.append(node("a"), output("one"));
+    log.append(Scope::run(), finished());
+    log.sync().await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), [1, 2, 3]);
+    assert_eq!(drain(sub, 0).await, [1, 2, 3]);
+    drop(log);
+    j.close();
+    let mirror = std::fs::read_to_string(logs.join("r/events.ndjson")).unwrap();
+    let types: Vec<&str> = mirror
+        .lines()
+        .map(|l| {
+            l.split('"')
+                .nth(3)
+                .expect("every line begins with its type")
+        })
+        .collect();
+    assert_eq!(types, ["RunStarted", "NodeOutput", "RunFinished"]);
+}
+
+/// A start the store refuses (the id is taken) leaves the run as it was
+/// and its lease free.
+#[test]
+fn a_refused_start_keeps_nothing_not_even_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let run = cairn_events::RunId::parse("taken").unwrap();
+    j.backend()
+        .create_run(&run_record("taken", "pending", 1))
+        .unwrap();
+    let refused = j.start_run(cairn_store::RunStart {
+        run_id: run.clone(),
+        record: Some(run_record("taken", "pending", 2)),
+        pinned: None,
+        scope: Scope::run(),
+        first: started(),
+        observer: None,
+    });
+    assert!(
+        matches!(refused, Err(StoreError::RunExists(_))),
+        "{refused:?}"
+    );
+    assert_eq!(j.backend().last_seq(&run).unwrap(), 0);
+    assert_eq!(
+        j.backend().get_run(&run).unwrap().unwrap().created_ms,
+        1,
+        "the row is the first start's"
+    );
+    // The lease went with the refusal: the run can be taken at once.
+    drop(j.run_log(&run).expect("the lease is free"));
+    j.close();
+}
