@@ -348,6 +348,9 @@ pub struct TemplateError {
     pub message: String,
     /// 1-based line inside the template, when known.
     pub line: Option<usize>,
+    /// 1-based column (in characters) inside the template of the `{{` whose
+    /// expression failed, when known.
+    pub column: Option<usize>,
     /// The template or expression text.
     pub source_text: String,
 }
@@ -355,8 +358,10 @@ pub struct TemplateError {
 impl fmt::Display for TemplateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.message)?;
-        if let Some(l) = self.line {
-            write!(f, " (line {l} of the template)")?;
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, " (line {l}, column {c} of the template)")?,
+            (Some(l), None) => write!(f, " (line {l} of the template)")?,
+            _ => {}
         }
         write!(f, " in `{}`", self.source_text)
     }
@@ -381,6 +386,7 @@ impl TemplateError {
         TemplateError {
             message,
             line: err.line(),
+            column: None,
             source_text: source.to_string(),
         }
     }
@@ -389,8 +395,28 @@ impl TemplateError {
         TemplateError {
             message: message.into(),
             line: None,
+            column: None,
             source_text: source.to_string(),
         }
+    }
+
+    fn at(message: impl Into<String>, source: &str, line: usize, column: usize) -> Self {
+        TemplateError {
+            message: message.into(),
+            line: Some(line),
+            column: Some(column),
+            source_text: source.to_string(),
+        }
+    }
+
+    /// This error of the expression of the `{{` at `line` and `column`,
+    /// placed in `template`: its line counted from the template's start.
+    fn in_template(mut self, template: &str, line: usize, column: usize) -> Self {
+        let inner = self.line.unwrap_or(1);
+        self.line = Some(line + inner - 1);
+        self.column = Some(column);
+        self.source_text = template.to_string();
+        self
     }
 }
 
@@ -406,23 +432,149 @@ impl fmt::Debug for Templates {
     }
 }
 
-/// The expression inside a string that is exactly one `{{ expr }}`, if it is one.
-fn single_expression(template: &str) -> Option<&str> {
-    let t = template.trim();
-    let inner = t.strip_prefix("{{")?.strip_suffix("}}")?;
-    // Whitespace-control markers (`{{- x -}}`) do not change the value.
-    let inner = inner.strip_prefix(['-', '+']).unwrap_or(inner);
-    let inner = inner.strip_suffix(['-', '+']).unwrap_or(inner);
-    if inner.contains("}}") || inner.contains("{{") || inner.contains("{%") || inner.contains("{#")
-    {
-        return None;
+/// One part of a template string: literal text, or the expression inside a
+/// `{{ … }}`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Piece<'a> {
+    /// Text copied as it is.
+    Text(&'a str),
+    /// An expression, and where its `{{` is in the template (1-based line
+    /// and column) for its errors.
+    Expr {
+        expr: &'a str,
+        line: usize,
+        column: usize,
+    },
+}
+
+/// Cuts a template string into text and `{{ … }}` expressions.
+///
+/// Only `{{ … }}` is template syntax: `{%`, `%}`, `{#` and `#}` are text,
+/// so shell code such as `${#N}`, `{%s}` or `$((…))` in a command passes
+/// through untouched. Inside an expression, a `}}` in a string literal or
+/// closing a nested map (`{{ {'a': {'b': 1}} }}`) does not end it.
+/// `{{-` and `-}}` trim the whitespace before and after, as in Jinja.
+fn pieces(template: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    let mut offset = 0;
+    let mut trim_next = false;
+    while let Some(open) = rest.find("{{") {
+        let mut text = &rest[..open];
+        if trim_next {
+            text = text.trim_start();
+        }
+        let after = &rest[open + 2..];
+        let (trim_before, body_start) = match after.as_bytes().first() {
+            Some(b'-') => (true, 1),
+            Some(b'+') => (false, 1),
+            _ => (false, 0),
+        };
+        if trim_before {
+            text = text.trim_end();
+        }
+        if !text.is_empty() {
+            out.push(Piece::Text(text));
+        }
+        let (line, column) = line_col(template, offset + open);
+        let body = &after[body_start..];
+        let Some((len, trim_after, marker)) = expression_end(body) else {
+            return Err(TemplateError::at(
+                format!("`{{{{` at line {line}, column {column} is never closed by `}}}}`"),
+                template,
+                line,
+                column,
+            ));
+        };
+        let expr = &body[..len];
+        if expr.trim().is_empty() {
+            return Err(TemplateError::at(
+                "empty expression in `{{ }}`",
+                template,
+                line,
+                column,
+            ));
+        }
+        out.push(Piece::Expr { expr, line, column });
+        let consumed = open + 2 + body_start + len + marker;
+        offset += consumed;
+        rest = &rest[consumed..];
+        trim_next = trim_after;
     }
-    let inner = inner.trim();
-    if inner.is_empty() {
-        None
-    } else {
-        Some(inner)
+    let text = if trim_next { rest.trim_start() } else { rest };
+    if !text.is_empty() {
+        out.push(Piece::Text(text));
     }
+    Ok(out)
+}
+
+/// Where the expression that starts `body` ends: its length, whether its
+/// end marker trims the whitespace after it (`-}}`), and the marker's
+/// length. `None` when nothing closes it.
+fn expression_end(body: &str) -> Option<(usize, bool, usize)> {
+    let bytes = body.as_bytes();
+    let mut depth = 0usize;
+    let mut quote: Option<u8> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if let Some(q) = quote {
+            if b == b'\\' {
+                i += 2;
+                continue;
+            }
+            if b == q {
+                quote = None;
+            }
+            i += 1;
+            continue;
+        }
+        if depth == 0 {
+            let rest = &bytes[i..];
+            if rest.starts_with(b"}}") {
+                return Some((i, false, 2));
+            }
+            if rest.starts_with(b"-}}") {
+                return Some((i, true, 3));
+            }
+            if rest.starts_with(b"+}}") {
+                return Some((i, false, 3));
+            }
+        }
+        match b {
+            b'\'' | b'"' => quote = Some(b),
+            b'{' | b'[' | b'(' => depth += 1,
+            b'}' | b']' | b')' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `s`.
+fn line_col(s: &str, offset: usize) -> (usize, usize) {
+    let before = &s[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// The expression inside a string that is exactly one `{{ expr }}`
+/// (whitespace around allowed), if it is one.
+fn single_expression(template: &str) -> Option<(&str, usize, usize)> {
+    let pieces = pieces(template).ok()?;
+    let mut found = None;
+    for p in pieces {
+        match p {
+            Piece::Text(t) if t.trim().is_empty() => {}
+            Piece::Expr { expr, line, column } if found.is_none() => {
+                found = Some((expr.trim(), line, column))
+            }
+            _ => return None,
+        }
+    }
+    found
 }
 
 fn to_json(v: &Value, source: &str) -> Result<serde_json::Value, TemplateError> {
@@ -482,19 +634,16 @@ impl Templates {
         template: &str,
         ctx: &serde_json::Value,
     ) -> Result<serde_json::Value, TemplateError> {
-        if let Some(expr) = single_expression(template) {
-            // Fall through to string rendering when the inside is not a plain expression
-            // (it might use syntax only templates accept); the template path reports errors.
-            if self.env.compile_expression(expr).is_ok() {
-                return self
-                    .eval(expr, ctx)
-                    .map_err(|e| TemplateError::new(e.message, template));
-            }
-        }
-        if !template.contains("{{") && !template.contains("{%") && !template.contains("{#") {
+        if !template.contains("{{") {
             return Ok(serde_json::Value::String(template.to_string()));
         }
-        self.render_string(template, ctx)
+        let ctx = Value::from_serialize(ctx);
+        if let Some((expr, line, column)) = single_expression(template) {
+            return self
+                .eval_value(expr, ctx)
+                .map_err(|e| e.in_template(template, line, column));
+        }
+        self.render_pieces(template, ctx)
             .map(serde_json::Value::String)
     }
 
@@ -504,12 +653,7 @@ impl Templates {
         template: &str,
         ctx: &serde_json::Value,
     ) -> Result<String, TemplateError> {
-        let tmpl = self
-            .env
-            .template_from_str(template)
-            .map_err(|e| TemplateError::from_jinja(e, template))?;
-        tmpl.render(Value::from_serialize(ctx))
-            .map_err(|e| TemplateError::from_jinja(e, template))
+        self.render_pieces(template, Value::from_serialize(ctx))
     }
 
     /// [`Templates::render`] against a shared [`Context`] (no copy of the context).
@@ -518,28 +662,56 @@ impl Templates {
         template: &str,
         ctx: &Context,
     ) -> Result<serde_json::Value, TemplateError> {
-        if let Some(expr) = single_expression(template) {
-            if self.env.compile_expression(expr).is_ok() {
-                return self
-                    .eval_in(expr, ctx)
-                    .map_err(|e| TemplateError::new(e.message, template));
-            }
-        }
-        if !template.contains("{{") && !template.contains("{%") && !template.contains("{#") {
+        if !template.contains("{{") {
             return Ok(serde_json::Value::String(template.to_string()));
         }
-        self.render_string_in(template, ctx)
+        if let Some((expr, line, column)) = single_expression(template) {
+            return self
+                .eval_value(expr, ctx.0.clone())
+                .map_err(|e| e.in_template(template, line, column));
+        }
+        self.render_pieces(template, ctx.0.clone())
             .map(serde_json::Value::String)
     }
 
     /// [`Templates::render_string`] against a shared [`Context`].
     pub fn render_string_in(&self, template: &str, ctx: &Context) -> Result<String, TemplateError> {
-        let tmpl = self
-            .env
-            .template_from_str(template)
-            .map_err(|e| TemplateError::from_jinja(e, template))?;
-        tmpl.render(ctx.0.clone())
-            .map_err(|e| TemplateError::from_jinja(e, template))
+        self.render_pieces(template, ctx.0.clone())
+    }
+
+    /// The text of `template` with each `{{ … }}` replaced by its
+    /// expression's value as Jinja prints it.
+    fn render_pieces(&self, template: &str, ctx: Value) -> Result<String, TemplateError> {
+        use std::fmt::Write as _;
+        let mut out = String::with_capacity(template.len());
+        for piece in pieces(template)? {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Expr { expr, line, column } => {
+                    let v = self
+                        .eval_raw_value(expr, ctx.clone())
+                        .map_err(|e| e.in_template(template, line, column))?;
+                    if v.is_undefined() {
+                        return Err(TemplateError::at(
+                            format!("undefined value: `{}`", expr.trim()),
+                            template,
+                            line,
+                            column,
+                        ));
+                    }
+                    write!(out, "{v}").map_err(|e| {
+                        TemplateError::at(e.to_string(), template, line, column)
+                    })?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// An expression's JSON value; an undefined one is an error.
+    fn eval_value(&self, expr: &str, ctx: Value) -> Result<serde_json::Value, TemplateError> {
+        let v = self.eval_raw_value(expr, ctx)?;
+        to_json(&v, expr)
     }
 
     /// [`Templates::render_value`] against a shared [`Context`].
@@ -662,12 +834,17 @@ impl Templates {
             .map_err(|e| TemplateError::from_jinja(e, expr))
     }
 
-    /// Checks a template's syntax only.
+    /// Checks a template's syntax only: each `{{ … }}` closes and holds an
+    /// expression that parses.
     pub fn check_template(&self, template: &str) -> Result<(), TemplateError> {
-        self.env
-            .template_from_str(template)
-            .map(|_| ())
-            .map_err(|e| TemplateError::from_jinja(e, template))
+        for piece in pieces(template)? {
+            if let Piece::Expr { expr, line, column } = piece {
+                self.env
+                    .compile_expression(expr)
+                    .map_err(|e| TemplateError::from_jinja(e, expr).in_template(template, line, column))?;
+            }
+        }
+        Ok(())
     }
 
     /// Checks an expression's syntax only.

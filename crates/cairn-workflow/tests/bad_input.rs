@@ -326,7 +326,7 @@ fn templates_and_expressions_must_parse() {
         "template does not parse",
     );
     one(
-        &format!("{HEAD}  - id: a\n    command: [\"x\"]\n    env: {{ A: \"{{% if %}}\" }}\n"),
+        &format!("{HEAD}  - id: a\n    command: [\"x\"]\n    env: {{ A: \"{{{{ a b }}}}\" }}\n"),
         5,
         15,
         Some("nodes[0].env.A"),

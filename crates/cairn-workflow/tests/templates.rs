@@ -157,9 +157,11 @@ fn errors_carry_the_line_and_the_source() {
     assert!(e.message.contains("syntax error"), "{e}");
     assert!(t.check_expr("").is_err());
     t.check_expr("nodes['review.check'].output.ok").unwrap();
+    // Only `{{ … }}` is template syntax: Jinja's blocks and comments are text.
     t.check_template("{% for x in xs %}{{ x }}{% endfor %}")
         .unwrap();
-    assert!(t.check_template("{% for x in xs %}").is_err());
+    t.check_template("{% for x in xs %}").unwrap();
+    assert!(t.check_template("a {{ x").is_err());
 }
 
 #[test]
@@ -184,8 +186,8 @@ fn shared_context_matches_copied_context() {
         "{{ input }}",
         "{{ input.tags[-1] }}",
         "{{ input | tojson }}",
-        "{% for k, v in nodes | dictsort %}{{ k }}={{ v.attempt }};{% endfor %}",
-        "{% for l in nodes.log.output %}{{ loop.index }}:{{ l }} {% endfor %}",
+        "{{ nodes | dictsort | map(attribute='0') | join(';') }}",
+        "{{ nodes.log.output | join(' ') }}",
         "{{ 'log' in nodes }}/{{ 'nope' in nodes }}",
         "{{ nodes.log.output | join('+') }} {{ input.tags | list }}",
         "{{ index }}: {{ line }}",
@@ -263,7 +265,7 @@ fn scoped_context_matches_copied_context_with_siblings() {
         "{{ nodes['per[0].show'].output }}",
         "{{ iteration }} {{ item }} {{ input.n + 1 }}",
         "{{ 'fix' in nodes }}/{{ 'deep.x' in nodes }}/{{ 'nope' in nodes }}",
-        "{% for k in nodes | sort %}{{ k }};{% endfor %}",
+        "{{ nodes | sort | join(';') }}",
     ] {
         assert_eq!(
             t.render_in(tpl, &scoped).unwrap(),
@@ -320,8 +322,8 @@ fn node_entries_read_as_the_json_map() {
         "{{ nodes.fix | tojson }}",
         "{{ nodes.log }}",
         "{{ 'fix' in nodes }}/{{ 'nope' in nodes }}",
-        "{% for k in nodes %}{{ k }};{% endfor %}",
-        "{% for k, v in nodes['review.fix'] | items %}{{ k }}={{ v }};{% endfor %}",
+        "{{ nodes | list | join(';') }}",
+        "{{ nodes['review.fix'] | items | list }}",
     ] {
         assert_eq!(
             t.render_in(tpl, &entry_ctx).unwrap(),
@@ -331,4 +333,63 @@ fn node_entries_read_as_the_json_map() {
     }
     assert!(t.eval_in("nodes.nope", &entry_ctx).is_err());
     assert!(t.eval_in("nodes.fix.nope", &entry_ctx).is_err());
+}
+
+/// Only `{{ … }}` is template syntax: shell code with `{%`, `{#`, `%}` and
+/// `#}` passes through a template as it was written.
+#[test]
+fn shell_text_passes_through_untouched() {
+    let t = Templates::new();
+    let c = ctx();
+    for text in [
+        "echo ${#N}",
+        "printf '{%s}' x",
+        "echo $((1 + 2)) {# not a comment #} {% not a block %}",
+        "awk '{ print $1 }'",
+        "a } b }} c",
+        "{#}",
+    ] {
+        t.check_template(text).unwrap();
+        assert_eq!(t.render_string(text, &c).unwrap(), text);
+        assert_eq!(t.render(text, &c).unwrap(), json!(text));
+    }
+    assert_eq!(
+        t.render_string("n=${#N}; echo {{ input.repo }} {%s}", &c)
+            .unwrap(),
+        "n=${#N}; echo /src/app {%s}"
+    );
+    // A `}}` inside a string literal or closing a nested map is part of
+    // the expression.
+    assert_eq!(t.render("{{ '}}' }}", &c).unwrap(), json!("}}"));
+    assert_eq!(
+        t.render("{{ {'a': {'b': 1}} }}", &c).unwrap(),
+        json!({"a": {"b": 1}})
+    );
+    assert_eq!(
+        t.render_string("x {{ \"a\\\"}}\" }} y", &c).unwrap(),
+        "x a\"}} y"
+    );
+    // Whitespace control trims around the expression.
+    assert_eq!(
+        t.render_string("a   {{- input.n -}}   b", &c).unwrap(),
+        "a3b"
+    );
+    // Whitespace around one expression keeps its native value.
+    assert_eq!(t.render("  {{ input.n }}\n", &c).unwrap(), json!(3));
+}
+
+/// A template error names the line and column of the `{{` it is in.
+#[test]
+fn an_unclosed_or_empty_expression_is_refused_with_its_place() {
+    let t = Templates::new();
+    let e = t.check_template("ok\n  x {{ input.repo").unwrap_err();
+    assert_eq!((e.line, e.column), (Some(2), Some(5)), "{e}");
+    assert!(e.message.contains("never closed"), "{e}");
+    let e = t.check_template("a {{ }} b").unwrap_err();
+    assert!(e.message.contains("empty"), "{e}");
+    let e = t
+        .render_string("one\ntwo {{ nodes.log.outptu }}", &ctx())
+        .unwrap_err();
+    assert_eq!((e.line, e.column), (Some(2), Some(5)), "{e}");
+    assert!(e.to_string().contains("line 2, column 5"), "{e}");
 }

@@ -194,7 +194,7 @@ pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
 
 pub(super) fn uses_templates(spec: &NodeSpec) -> bool {
     fn has(s: &str) -> bool {
-        s.contains("{{") || s.contains("{%") || s.contains("{#")
+        cairn_workflow::has_markup(s)
     }
     spec.if_.is_some()
         || spec.env.values().any(|v| has(v))

@@ -314,9 +314,10 @@ impl<'a> Group<'a> {
     }
 }
 
-/// Whether a string holds template markup (`{{`, `{%`, `{#`).
+/// Whether a string holds template markup: only `{{` opens any (see
+/// [`crate::Templates`]).
 pub fn has_markup(s: &str) -> bool {
-    s.contains("{{") || s.contains("{%") || s.contains("{#")
+    s.contains("{{")
 }
 
 /// Whether any string inside a JSON value holds template markup.

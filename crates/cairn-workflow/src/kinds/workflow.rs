@@ -45,7 +45,7 @@ pub(crate) fn child_path(cx: &mut Cx, node: &Node, field: &str) -> Option<String
         cx.at(node.pos, Some(field), "the workflow path is empty");
         return None;
     }
-    if path.contains("{{") || path.contains("{%") {
+    if super::has_markup(&path) {
         cx.at_hint(
             node.pos,
             Some(field),
