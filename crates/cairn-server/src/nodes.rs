@@ -65,7 +65,8 @@ pub(crate) fn plan_of(rec: &RunRecord) -> Vec<PlanNode> {
             | NodeKind::ForEach { .. }
             | NodeKind::Ask { .. }
             | NodeKind::Agent(_)
-            | NodeKind::Workflow { .. } => {}
+            | NodeKind::Workflow { .. }
+            | NodeKind::Switch(_) => {}
         }
         if let Some(children) = n.kind.children() {
             v.children = Some(

@@ -8,6 +8,7 @@ mod kinds;
 pub mod limits;
 mod model;
 mod parse;
+pub mod refs;
 mod templates;
 mod yaml;
 
@@ -19,9 +20,11 @@ pub use duration::parse_duration;
 pub use error::{InputError, InputViolation, Problem, WorkflowError};
 pub use kinds::{
     docs_table, has_markup, kind_named, AgentSpec, ForEachSpec, Group, KindDef, LoopSpec, NodeKind,
-    AGENT_ENGINES, AGENT_TOOLS, KINDS, WRITING_TOOLS,
+    SwitchSpec, AGENT_ENGINES, AGENT_TOOLS, KINDS, WRITING_TOOLS,
 };
 pub use limits::{check_depth, json_depth, DepthError};
 pub use model::*;
 pub use parse::{field_names, load, load_data, load_tree, parse, parse_data, read_file};
-pub use templates::{Context, NodeEntries, NodeEntry, TemplateError, Templates};
+pub use templates::{
+    Context, NeedsEnded, NodeEntries, NodeEntry, TemplateError, Templates, STATUS_FUNCTIONS,
+};

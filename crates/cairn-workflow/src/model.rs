@@ -185,6 +185,12 @@ impl std::ops::Deref for NodeSpec {
 pub struct NodeSettings {
     /// Expression; false skips the node.
     pub if_: Option<String>,
+    /// The `if` calls a status function (`success()`, `failure()`,
+    /// `cancelled()`, `always()`): the node is a handler, asked once its
+    /// needs all ended however they ended, even while the run stops
+    /// (WORKFLOW.md, "Failure handlers"). Without one, the `if` is asked
+    /// only when every need finished.
+    pub handler: bool,
     /// Timeline grouping name (the events' `chapter`).
     pub stage: Option<String>,
     /// Node timeout (falls back to the workflow default in the engine).

@@ -70,6 +70,62 @@ impl Context {
     }
 }
 
+/// The status functions an `if` may call (WORKFLOW.md, "Failure
+/// handlers").
+pub const STATUS_FUNCTIONS: &[&str] = &["success", "failure", "cancelled", "always"];
+
+/// How a node's needs ended, as the status functions of its `if` tell it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NeedsEnded {
+    /// `success()`: every need finished.
+    pub success: bool,
+    /// `failure()`: a need failed, or did not finish because something
+    /// before it failed.
+    pub failure: bool,
+    /// `cancelled()`: the run is being cancelled, or a need was.
+    pub cancelled: bool,
+}
+
+impl Context {
+    /// This context with the status functions (`always()` is true).
+    pub fn with_status(&self, status: NeedsEnded) -> Context {
+        Context(Value::from_object(WithStatus {
+            base: self.0.clone(),
+            status,
+        }))
+    }
+}
+
+/// A context with the status functions beside its names.
+#[derive(Debug)]
+struct WithStatus {
+    base: Value,
+    status: NeedsEnded,
+}
+
+impl Object for WithStatus {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let holds = match key.as_str()? {
+            "success" => self.status.success,
+            "failure" => self.status.failure,
+            "cancelled" => self.status.cancelled,
+            "always" => true,
+            _ => return self.base.get_item(key).ok().filter(|v| !v.is_undefined()),
+        };
+        Some(Value::from_function(move || holds))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut keys: Vec<Value> = self
+            .base
+            .try_iter()
+            .map(|i| i.collect())
+            .unwrap_or_default();
+        keys.extend(STATUS_FUNCTIONS.iter().map(|f| Value::from(*f)));
+        Enumerator::Values(keys)
+    }
+}
+
 /// One ended node instance as templates see it under `nodes`.
 #[derive(Debug, Clone)]
 pub struct NodeEntry {
@@ -79,6 +135,8 @@ pub struct NodeEntry {
     pub status: &'static str,
     /// Its latest attempt.
     pub attempt: u32,
+    /// Why it failed (templates see `{kind, message}`, or none).
+    pub error: Option<Box<cairn_events::ErrorInfo>>,
     /// Which pass of the node this is (templates see the latest). Not
     /// shown to templates: the engine uses it to let go of the output of
     /// the pass an entry replaces.
@@ -93,8 +151,14 @@ impl NodeEntry {
             "output": self.output.to_value(),
             "status": self.status,
             "attempt": self.attempt,
+            "error": self.error.as_deref().map(error_json),
         })
     }
+}
+
+/// A node's error as templates read it.
+fn error_json(e: &cairn_events::ErrorInfo) -> serde_json::Value {
+    serde_json::json!({ "kind": e.kind, "message": e.message })
 }
 
 /// Every ended node instance by path, in the order they first ended (so
@@ -162,12 +226,16 @@ impl Object for NodeEntry {
             "output" => lazy(&self.output.value(), &[]),
             "status" => Some(Value::from(self.status)),
             "attempt" => Some(Value::from(self.attempt)),
+            "error" => Some(match self.error.as_deref() {
+                Some(e) => Value::from_serialize(error_json(e)),
+                None => Value::from(()),
+            }),
             _ => None,
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["output", "status", "attempt"])
+        Enumerator::Str(&["output", "status", "attempt", "error"])
     }
 }
 
@@ -699,9 +767,8 @@ impl Templates {
                             column,
                         ));
                     }
-                    write!(out, "{v}").map_err(|e| {
-                        TemplateError::at(e.to_string(), template, line, column)
-                    })?;
+                    write!(out, "{v}")
+                        .map_err(|e| TemplateError::at(e.to_string(), template, line, column))?;
                 }
             }
         }
@@ -839,12 +906,18 @@ impl Templates {
     pub fn check_template(&self, template: &str) -> Result<(), TemplateError> {
         for piece in pieces(template)? {
             if let Piece::Expr { expr, line, column } = piece {
-                self.env
-                    .compile_expression(expr)
-                    .map_err(|e| TemplateError::from_jinja(e, expr).in_template(template, line, column))?;
+                self.env.compile_expression(expr).map_err(|e| {
+                    TemplateError::from_jinja(e, expr).in_template(template, line, column)
+                })?;
             }
         }
         Ok(())
+    }
+
+    /// Whether an expression calls a status function
+    /// ([`STATUS_FUNCTIONS`]); false when it does not parse.
+    pub fn calls_status(&self, expr: &str) -> bool {
+        crate::refs::references(expr).is_ok_and(|r| STATUS_FUNCTIONS.iter().any(|f| r.calls(f)))
     }
 
     /// Checks an expression's syntax only.

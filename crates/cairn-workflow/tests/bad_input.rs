@@ -496,3 +496,39 @@ fn child_workflows_delegates_mcp_servers_and_engines_are_checked() {
         "{s}"
     );
 }
+
+#[test]
+fn a_switch_names_its_branches_and_they_need_it() {
+    one(
+        &format!(
+            "{HEAD}  - id: route\n    switch: {{ on: \"input.k\", cases: {{ bug: [fxi] }} }}\n  - id: fix\n    needs: [route]\n    value: 1\n"
+        ),
+        3,
+        5,
+        Some("nodes[0].switch.cases.bug"),
+        "`fxi` is not a node in this group",
+    );
+    one(
+        &format!(
+            "{HEAD}  - id: route\n    switch: {{ on: \"input.k\", cases: {{ bug: [fix] }} }}\n  - id: fix\n    value: 1\n"
+        ),
+        5,
+        5,
+        Some("nodes[0].switch.cases.bug"),
+        "`fix` is in a branch of switch `route` but does not need it",
+    );
+    one(
+        &format!("{HEAD}  - id: route\n    switch: {{ on: \"input.k\", cases: {{}} }}\n"),
+        4,
+        37,
+        Some("nodes[0].switch.cases"),
+        "at least one case",
+    );
+    one(
+        &format!("{HEAD}  - id: route\n    switch: {{ cases: {{ a: [] }} }}\n"),
+        4,
+        13,
+        Some("nodes[0].switch.on"),
+        "missing required field `on`",
+    );
+}

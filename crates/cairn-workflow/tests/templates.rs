@@ -288,10 +288,11 @@ fn node_entries_read_as_the_json_map() {
     use std::sync::Arc;
     let t = Templates::new();
     let nodes = json!({
-        "log": { "output": ["a", "b"], "status": "finished", "attempt": 1 },
-        "fix": { "output": "top", "status": "finished", "attempt": 1 },
-        "review.fix": { "output": { "n": 3, "deep": [1, { "x": 2 }] }, "status": "failed", "attempt": 2 },
-        "per[0].show": { "output": null, "status": "skipped", "attempt": 0 },
+        "log": { "output": ["a", "b"], "status": "finished", "attempt": 1, "error": null },
+        "fix": { "output": "top", "status": "finished", "attempt": 1, "error": null },
+        "review.fix": { "output": { "n": 3, "deep": [1, { "x": 2 }] }, "status": "failed", "attempt": 2,
+                        "error": { "kind": "exit", "message": "exit code 1" } },
+        "per[0].show": { "output": null, "status": "skipped", "attempt": 0, "error": null },
     });
     let mut entries = NodeEntries::new();
     for (k, v) in nodes.as_object().unwrap() {
@@ -306,6 +307,12 @@ fn node_entries_read_as_the_json_map() {
                 output: v["output"].clone().into(),
                 status,
                 attempt: v["attempt"].as_u64().unwrap() as u32,
+                error: v["error"].as_object().map(|e| {
+                    Box::new(cairn_events::ErrorInfo::new(
+                        e["kind"].as_str().unwrap(),
+                        e["message"].as_str().unwrap(),
+                    ))
+                }),
                 iteration: 0,
             },
         );
@@ -319,6 +326,7 @@ fn node_entries_read_as_the_json_map() {
         "{{ nodes.fix.attempt }} {{ nodes.fix.status }}",
         "{{ nodes.log.output | join('+') }}",
         "{{ nodes['per[0].show'].output is none }}",
+        "{{ nodes['review.fix'].error.message }} {{ nodes.fix.error is none }}",
         "{{ nodes.fix | tojson }}",
         "{{ nodes.log }}",
         "{{ 'fix' in nodes }}/{{ 'nope' in nodes }}",
@@ -392,4 +400,31 @@ fn an_unclosed_or_empty_expression_is_refused_with_its_place() {
         .unwrap_err();
     assert_eq!((e.line, e.column), (Some(2), Some(5)), "{e}");
     assert!(e.to_string().contains("line 2, column 5"), "{e}");
+}
+
+/// An `if` that calls a status function is a handler's; its context
+/// answers the calls.
+#[test]
+fn status_functions_answer_how_the_needs_ended() {
+    use cairn_workflow::{Context, NeedsEnded};
+    let t = Templates::new();
+    assert!(t.calls_status("failure()"));
+    assert!(t.calls_status("always() and input.n > 1"));
+    assert!(t.calls_status("not success()"));
+    assert!(!t.calls_status("nodes.a.status == 'failed'"));
+    assert!(!t.calls_status("failure"));
+    assert!(!t.calls_status("a =="));
+    let c = Context::new(std::sync::Arc::new(ctx()));
+    let failed = c.with_status(NeedsEnded {
+        failure: true,
+        ..NeedsEnded::default()
+    });
+    assert!(t.eval_bool_in("failure()", &failed).unwrap());
+    assert!(!t.eval_bool_in("success()", &failed).unwrap());
+    assert!(!t.eval_bool_in("cancelled()", &failed).unwrap());
+    assert!(t.eval_bool_in("always()", &failed).unwrap());
+    assert!(t
+        .eval_bool_in("failure() and input.n == 3", &failed)
+        .unwrap());
+    assert!(t.eval_bool_in("success()", &c).is_err());
 }

@@ -188,6 +188,7 @@ pub(super) fn node_ctx_entry(n: &cairn_events::NodeState) -> NodeEntry {
         output: n.output.clone().unwrap_or_else(|| Value::Null.into()),
         status: n.status.as_str(),
         attempt: n.attempt,
+        error: n.error().map(|e| Box::new(e.clone())),
         iteration: n.iteration,
     }
 }

@@ -53,6 +53,11 @@ impl Ending {
         self.stopping() || self.shutdown_grace.is_some()
     }
 
+    /// The run fails (and no cancel came first).
+    pub(super) fn failing(&self) -> bool {
+        self.failing.is_some() && self.cancelling.is_none()
+    }
+
     /// A cancel is under way.
     pub(super) fn is_cancelling(&self) -> bool {
         self.cancelling.is_some()
@@ -191,7 +196,15 @@ impl Driver {
             return None;
         }
         if stopping {
-            self.cancel_leftovers();
+            // The nodes that will not run are cancelled first; the failure
+            // handlers that this lets be asked run before the run ends.
+            let held = self.cancel_leftovers(self.mode == Mode::Apply);
+            if held > 0 {
+                if self.sched.has_checks() || self.sched.has_ready() {
+                    return None;
+                }
+                self.cancel_leftovers(true);
+            }
         }
         let not_done: Vec<Key> = self
             .sched
@@ -215,16 +228,27 @@ impl Driver {
     }
 
     /// The run stops: every node not done is cancelled (an attempt a stop
-    /// left open closed as interrupted first).
-    fn cancel_leftovers(&mut self) {
+    /// left open closed as interrupted first), but for failure handlers
+    /// unless `handlers_too`. Returns how many handlers it left.
+    fn cancel_leftovers(&mut self, handlers_too: bool) -> usize {
         self.attempts.forget_retries();
         self.sched.stop();
         let reason = self.ending.leftover_reason();
+        let mut held = 0;
         for key in self.plan_keys() {
             let Some(n) = self.state.node(&key.0, key.1).cloned() else {
                 continue;
             };
             if n.status.is_done() {
+                continue;
+            }
+            if !handlers_too
+                && self
+                    .sched
+                    .inst(&key)
+                    .is_some_and(|i| self.sched.is_handler(i))
+            {
+                held += 1;
                 continue;
             }
             let open = n.open_attempt();
@@ -252,6 +276,7 @@ impl Driver {
             );
             self.node_done(&key);
         }
+        held
     }
 
     /// Commits the run's summary, its last status and its terminal event,

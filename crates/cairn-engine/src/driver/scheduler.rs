@@ -19,7 +19,7 @@ use super::{Driver, Mode, ROUND_SLICE};
 use crate::node::NodeError;
 use crate::plan::{self, Inst, Key, KeyMap, KeySet, Paths, Plan, Shape, SpecTree};
 use cairn_events::Scope;
-use cairn_workflow::NodeKind;
+use cairn_workflow::{NeedsEnded, NodeKind, SwitchSpec};
 use std::time::Instant;
 
 /// A new frame of the plan, to commit.
@@ -261,6 +261,7 @@ impl Scheduler {
         &self,
         key: &Key,
         status: impl Fn(&Key) -> Option<NodeStatus>,
+        chosen: impl Fn(&Key) -> Option<String>,
         stopping: bool,
     ) -> Check {
         let Some(inst) = self.plan.insts.get(key) else {
@@ -282,16 +283,71 @@ impl Scheduler {
                 _ => return Check::Wait,
             }
         }
-        if stopping {
+        // A node in a branch a switch did not choose is skipped, handler
+        // or not: the branch decides first.
+        if let Some(reason) = self.branch_not_taken(inst, &chosen) {
+            if stopping {
+                return Check::Wait;
+            }
+            return Check::Blocked(reason);
+        }
+        // A handler's `if` is asked however its needs ended, and while the
+        // run stops: that is what it is for.
+        let handler = self.is_handler(inst);
+        if stopping && !handler {
             return Check::Wait;
         }
-        if let Some((dep, s)) = blocked_by {
+        if let Some((dep, s)) = blocked_by.filter(|_| !handler) {
             return Check::Blocked(format!("dependency `{dep}` {}", s.as_str()));
         }
         match &inst.spec.if_ {
             Some(cond) => Check::Condition(inst.clone(), cond.clone()),
             None => Check::Ready,
         }
+    }
+
+    /// Why `inst` is skipped when a switch it needs chose a branch that
+    /// does not list it (`chosen` is a finished switch's label).
+    fn branch_not_taken(
+        &self,
+        inst: &Inst,
+        chosen: &impl Fn(&Key) -> Option<String>,
+    ) -> Option<String> {
+        for dep in &inst.needs {
+            let Some(sw) = self.plan.insts.get(dep) else {
+                continue;
+            };
+            let NodeKind::Switch(spec) = &sw.spec.kind else {
+                continue;
+            };
+            if !spec.lists(&inst.spec.id) {
+                continue;
+            }
+            let label = chosen(dep)?;
+            if !spec.branch(&label).contains(&inst.spec.id) {
+                return Some(format!("branch {} chose {label}", sw.spec.id));
+            }
+        }
+        None
+    }
+
+    /// Whether `inst` is a failure handler (its `if` calls a status
+    /// function) or inside one: it may start while the run stops.
+    pub(super) fn is_handler(&self, inst: &Inst) -> bool {
+        if inst.spec.handler {
+            return true;
+        }
+        let mut parent = inst.parent();
+        while let Some(p) = parent {
+            let Some(group) = self.plan.insts.get(p) else {
+                return false;
+            };
+            if group.spec.handler {
+                return true;
+            }
+            parent = group.parent();
+        }
+        false
     }
 
     /// The next instance to look at.
@@ -350,6 +406,21 @@ impl Scheduler {
             self.queued.remove(key);
         }
         taken
+    }
+
+    /// The failure handlers (and members of their groups) that may start,
+    /// taken, in order.
+    pub(super) fn take_ready_handlers(&mut self) -> Vec<Key> {
+        let handlers: KeySet = self
+            .ready
+            .iter()
+            .filter(|k| self.plan.insts.get(k).is_some_and(|i| self.is_handler(i)))
+            .cloned()
+            .collect();
+        if handlers.is_empty() {
+            return Vec::new();
+        }
+        self.take_ready_if(|k| handlers.contains(k))
     }
 
     /// The run stops: nothing more starts.
@@ -577,6 +648,15 @@ impl Driver {
         let verdict = self.sched.check(
             key,
             |k| state.node(&k.0, k.1).map(|n| n.status),
+            |k| {
+                let n = state.node(&k.0, k.1)?;
+                if n.status != NodeStatus::Finished {
+                    return None;
+                }
+                n.output
+                    .as_ref()
+                    .and_then(|o| o.to_value().as_str().map(str::to_string))
+            },
             self.ending.stopping(),
         );
         match verdict {
@@ -587,12 +667,16 @@ impl Driver {
         }
     }
 
-    /// A node whose needs finished starts if its condition holds.
+    /// A node whose needs finished (a handler's: ended) starts if its
+    /// condition holds.
     fn check_condition(&mut self, key: &Key, inst: &Inst, cond: &str) {
         // Each context is dropped before anything updates `nodes`, which
         // would otherwise copy the whole map.
         let holds = {
-            let ctx = self.context_for(inst, inst.key.1);
+            let mut ctx = self.context_for(inst, inst.key.1);
+            if inst.spec.handler {
+                ctx = ctx.with_status(self.needs_ended(inst));
+            }
             self.templates.eval_bool_in(cond, &ctx)
         };
         match holds {
@@ -605,6 +689,48 @@ impl Driver {
                 self.fail_attempt(key, inst, 1, err);
             }
         }
+    }
+
+    /// How `inst`'s needs ended, for the status functions of its `if`.
+    fn needs_ended(&self, inst: &Inst) -> NeedsEnded {
+        let status = |k: &Key| self.status_of(k);
+        NeedsEnded {
+            success: inst
+                .needs
+                .iter()
+                .all(|d| status(d) == Some(NodeStatus::Finished)),
+            failure: inst.needs.iter().any(|d| self.ended_by_failure(d)),
+            cancelled: self.ending.is_cancelling()
+                || inst
+                    .needs
+                    .iter()
+                    .any(|d| status(d) == Some(NodeStatus::Cancelled)),
+        }
+    }
+
+    /// Whether `key` failed, or did not finish because something before it
+    /// failed: skipped or cancelled with a need that ended so, or cancelled
+    /// by the run's failure. A handler after a chain hears of a failure at
+    /// its start, as GitHub Actions' `failure()` does.
+    fn ended_by_failure(&self, key: &Key) -> bool {
+        let mut seen = KeySet::default();
+        let mut todo = vec![key.clone()];
+        while let Some(k) = todo.pop() {
+            if !seen.insert(k.clone()) {
+                continue;
+            }
+            match self.status_of(&k) {
+                Some(NodeStatus::Failed) => return true,
+                Some(NodeStatus::Cancelled) if self.ending.failing() => return true,
+                Some(NodeStatus::Skipped | NodeStatus::Cancelled) => {
+                    if let Some(inst) = self.sched.inst(&k) {
+                        todo.extend(inst.needs.iter().cloned());
+                    }
+                }
+                _ => {}
+            }
+        }
+        false
     }
 
     fn skip(&mut self, key: &Key, reason: String) {
@@ -626,7 +752,13 @@ impl Driver {
     /// by the caller once those events are durable. Returns false when it
     /// stopped early with nodes still ready.
     pub(super) fn start_ready(&mut self, to_spawn: &mut Vec<(Key, u32)>) -> bool {
-        if self.ending.halted() {
+        if self.ending.shutting_down() {
+            return true;
+        }
+        if self.ending.stopping() {
+            if self.mode != Mode::Apply {
+                self.start_handlers(to_spawn);
+            }
             return true;
         }
         if self.mode == Mode::Apply {
@@ -660,6 +792,28 @@ impl Driver {
         true
     }
 
+    /// The run stops: of what may start, only failure handlers (and the
+    /// members of their groups) do, whatever the concurrency.
+    fn start_handlers(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
+        if self.run_cancel.is_cancelled() {
+            // The stop cancelled what ran then; the handlers that start
+            // now run under a token of their own, or they would be
+            // cancelled as they start. A later immediate cancel stops them.
+            self.run_cancel = tokio_util::sync::CancellationToken::new();
+        }
+        for key in self.sched.take_ready_handlers() {
+            let Some(inst) = self.sched.inst(&key).cloned() else {
+                continue;
+            };
+            if let Some(attempt) = self.attempts.take_resumed(&key) {
+                to_spawn.push((key, attempt));
+                continue;
+            }
+            let attempt = self.state.node(&key.0, key.1).map_or(0, |n| n.attempt) + 1;
+            self.start(key, &inst, attempt, to_spawn);
+        }
+    }
+
     /// A driver that only applies commands continues the attempts a resume
     /// took up (gates), and starts nothing new.
     fn continue_resumed(&mut self, to_spawn: &mut Vec<(Key, u32)>) {
@@ -682,7 +836,7 @@ impl Driver {
         to_spawn: &mut Vec<(Key, u32)>,
     ) -> usize {
         let is_group = inst.spec.kind.children().is_some();
-        let leaf = !is_group && !matches!(inst.spec.kind, NodeKind::Value(_));
+        let leaf = !is_group && !matches!(inst.spec.kind, NodeKind::Value(_) | NodeKind::Switch(_));
         if leaf && self.changes_files(inst) {
             // Starts once the root's snapshot is taken (`snapshotted`).
             self.begin_snapshot(key, attempt);
@@ -701,6 +855,10 @@ impl Driver {
         }
         if let NodeKind::Value(v) = &inst.spec.kind {
             self.finish_value(&key, inst, attempt, v);
+            return 0;
+        }
+        if let NodeKind::Switch(sw) = &inst.spec.kind {
+            self.resolve_switch(&key, inst, attempt, sw);
             return 0;
         }
         to_spawn.push((key, attempt));
@@ -757,6 +915,44 @@ impl Driver {
         }
     }
 
+    /// A switch touches nothing outside the log either: its expression
+    /// chooses a label in the round it starts in, `BranchResolved` says
+    /// which, and the label is its output. The nodes of the other branches
+    /// are skipped as they are looked at ([`Scheduler::check`]).
+    fn resolve_switch(&mut self, key: &Key, inst: &Inst, attempt: u32, sw: &SwitchSpec) {
+        let t0 = Instant::now();
+        let value = {
+            let ctx = self.context_for(inst, inst.key.1);
+            self.templates.eval_in(&sw.on, &ctx)
+        };
+        let chosen = value
+            .map_err(|e| NodeError::fatal("template", format!("switch.on: {e}")))
+            .and_then(|v| crate::kinds::switch::choose(sw, &v));
+        let scope = self.node_scope(key).with_attempt(attempt);
+        match chosen {
+            Ok(label) => {
+                self.emit(
+                    scope.clone(),
+                    EventKind::BranchResolved {
+                        chosen: label.clone(),
+                        candidates: sw.labels(),
+                    },
+                );
+                self.emit(
+                    scope,
+                    EventKind::NodeFinished {
+                        duration_ms: t0.elapsed().as_millis() as u64,
+                        output: Some(Output::from(Value::String(label))),
+                        cached: None,
+                        snapshot: None,
+                    },
+                );
+                self.node_done(key);
+            }
+            Err(e) => self.fail_attempt(key, inst, attempt, e),
+        }
+    }
+
     /// The edges into a node that starts its first attempt.
     pub(super) fn traverse_edges(&mut self, key: &Key, inst: &Inst) {
         for dep in &inst.needs {
@@ -801,7 +997,12 @@ impl Driver {
         let Some(parent) = self.sched.ended(&inst) else {
             return;
         };
-        if self.status_of(&parent) == Some(NodeStatus::Running) && !self.ending.stopping() {
+        let goes_on = !self.ending.stopping()
+            || self
+                .sched
+                .inst(&parent)
+                .is_some_and(|g| self.sched.is_handler(g));
+        if self.status_of(&parent) == Some(NodeStatus::Running) && goes_on {
             self.finish_group_pass(&parent);
         }
     }
@@ -880,6 +1081,7 @@ nodes:
             s.check(
                 &key(k),
                 |k| Some(st.get(k).copied().unwrap_or(NodeStatus::Pending)),
+                |_| None,
                 false,
             )
         };
@@ -908,6 +1110,7 @@ nodes:
         let stopping = s.check(
             &key("c"),
             |k| Some(status.get(k).copied().unwrap_or(NodeStatus::Pending)),
+            |_| None,
             true,
         );
         assert!(matches!(stopping, Check::Wait));
@@ -924,12 +1127,90 @@ nodes:
         let verdict = s.check(
             &key("b"),
             |k| Some(status.get(k).copied().unwrap_or(NodeStatus::Pending)),
+            |_| None,
             false,
         );
         match verdict {
             Check::Blocked(reason) => assert_eq!(reason, "dependency `a` failed"),
             other => panic!("{other:?}"),
         }
+    }
+
+    const BRANCHES: &str = r#"
+name: branches
+nodes:
+  - id: a
+    value: bug
+  - id: route
+    needs: [a]
+    switch:
+      on: "nodes.a.output"
+      cases: { bug: [fix], feature: [plan] }
+  - id: fix
+    needs: [route]
+    value: 1
+  - id: plan
+    needs: [route]
+    value: 2
+  - id: notify
+    needs: [a]
+    if: "failure()"
+    value: 3
+"#;
+
+    #[test]
+    fn a_switch_skips_the_branches_it_did_not_choose() {
+        let mut s = scheduler(BRANCHES);
+        let frame = s.render("branches").unwrap();
+        let status = HashMap::from([
+            (key("a"), NodeStatus::Finished),
+            (key("route"), NodeStatus::Finished),
+        ]);
+        mount(&mut s, &frame, &status);
+        let look = |k: &str| {
+            s.check(
+                &key(k),
+                |k| Some(status.get(k).copied().unwrap_or(NodeStatus::Pending)),
+                |k| (k == &key("route")).then(|| "bug".to_string()),
+                false,
+            )
+        };
+        assert!(matches!(look("fix"), Check::Ready));
+        match look("plan") {
+            Check::Blocked(reason) => assert_eq!(reason, "branch route chose bug"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_handler_is_asked_however_its_needs_ended_and_while_the_run_stops() {
+        let mut s = scheduler(BRANCHES);
+        let frame = s.render("branches").unwrap();
+        let status = HashMap::from([(key("a"), NodeStatus::Failed)]);
+        mount(&mut s, &frame, &status);
+        let inst = s.inst(&key("notify")).unwrap().clone();
+        assert!(s.is_handler(&inst));
+        assert!(!s.is_handler(s.inst(&key("fix")).unwrap()));
+        for stopping in [false, true] {
+            let verdict = s.check(
+                &key("notify"),
+                |k| Some(status.get(k).copied().unwrap_or(NodeStatus::Pending)),
+                |_| None,
+                stopping,
+            );
+            match verdict {
+                Check::Condition(_, cond) => assert_eq!(cond, "failure()"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // A plain dependent waits for the run's end while it stops.
+        let verdict = s.check(
+            &key("route"),
+            |k| Some(status.get(k).copied().unwrap_or(NodeStatus::Pending)),
+            |_| None,
+            true,
+        );
+        assert!(matches!(verdict, Check::Wait));
     }
 
     #[test]

@@ -186,13 +186,14 @@ impl Driver {
             revert_failed,
         } = s;
         self.attempts.end(&key);
-        if self.ending.halted() {
-            // It never started: the run's end (or the resume) deals with it.
-            return;
-        }
         let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
             return;
         };
+        let handler_goes_on = self.ending.stopping() && self.sched.is_handler(&inst);
+        if self.ending.halted() && !(handler_goes_on && !self.ending.shutting_down()) {
+            // It never started: the run's end (or the resume) deals with it.
+            return;
+        }
         if let Some(w) = warning {
             self.warn(
                 "snapshot",

@@ -10,6 +10,7 @@ mod agent;
 mod approval;
 mod ask;
 mod command;
+pub(crate) mod switch;
 mod tool;
 mod value;
 mod workflow;
@@ -31,6 +32,7 @@ pub fn runner_for(kind: &NodeKind) -> Option<&'static dyn NodeRunner> {
         NodeKind::Ask { .. } => Some(&ask::AskNode),
         NodeKind::Agent(_) => Some(&agent::AgentNode),
         NodeKind::Workflow { .. } => Some(&workflow::WorkflowNode),
+        NodeKind::Switch(_) => Some(&switch::SwitchNode),
         NodeKind::Loop { .. } | NodeKind::ForEach { .. } => None,
     }
 }

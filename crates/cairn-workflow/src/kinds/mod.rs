@@ -24,6 +24,7 @@ mod ask;
 mod command;
 mod for_each;
 mod r#loop;
+mod switch;
 mod tool;
 mod value;
 mod workflow;
@@ -43,6 +44,7 @@ pub static KINDS: &[&KindDef] = &[
     &ask::DEF,
     &agent::DEF,
     &workflow::DEF,
+    &switch::DEF,
 ];
 
 /// What is known of a node kind before any node of it is read: the one
@@ -130,6 +132,68 @@ pub enum NodeKind {
         /// The child's input; strings inside are templates.
         input: Option<Box<serde_json::Value>>,
     },
+    /// Chooses one of named branches.
+    Switch(Box<SwitchSpec>),
+}
+
+/// A `switch`'s settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwitchSpec {
+    /// The expression whose value names the case.
+    pub on: String,
+    /// Each case's label and the sibling ids its branch enables, in the
+    /// order written.
+    pub cases: Vec<(String, Vec<String>)>,
+    /// The ids enabled when no case matches; without it, no match fails
+    /// the node.
+    pub default: Option<Vec<String>>,
+}
+
+impl SwitchSpec {
+    /// The label `value` chooses: the case whose label is the value (a
+    /// string, or a number or boolean as written), else `default` when
+    /// there is one.
+    pub fn choose(&self, value: &serde_json::Value) -> Option<&str> {
+        let text = match value {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(_) | serde_json::Value::Bool(_) => value.to_string(),
+            _ => String::new(),
+        };
+        self.cases
+            .iter()
+            .find(|(label, _)| *label == text)
+            .map(|(label, _)| label.as_str())
+            .or_else(|| self.default.as_ref().map(|_| "default"))
+    }
+
+    /// Every label, `default` last when there is one.
+    pub fn labels(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.cases.iter().map(|(l, _)| l.clone()).collect();
+        if self.default.is_some() {
+            out.push("default".into());
+        }
+        out
+    }
+
+    /// The ids the branch `label` enables.
+    pub fn branch(&self, label: &str) -> &[String] {
+        if label == "default" {
+            return self.default.as_deref().unwrap_or_default();
+        }
+        self.cases
+            .iter()
+            .find(|(l, _)| l == label)
+            .map_or(&[], |(_, ids)| ids.as_slice())
+    }
+
+    /// Whether any branch lists `id`.
+    pub fn lists(&self, id: &str) -> bool {
+        self.cases
+            .iter()
+            .map(|(_, ids)| ids)
+            .chain(self.default.as_ref())
+            .any(|ids| ids.iter().any(|i| i == id))
+    }
 }
 
 /// A `loop`'s settings.
@@ -167,6 +231,7 @@ impl NodeKind {
             NodeKind::Ask { .. } => &ask::DEF,
             NodeKind::Agent(_) => &agent::DEF,
             NodeKind::Workflow { .. } => &workflow::DEF,
+            NodeKind::Switch(_) => &switch::DEF,
         }
     }
 
@@ -192,7 +257,8 @@ impl NodeKind {
             | NodeKind::Tool { .. }
             | NodeKind::Ask { .. }
             | NodeKind::Agent(_)
-            | NodeKind::Workflow { .. } => None,
+            | NodeKind::Workflow { .. }
+            | NodeKind::Switch(_) => None,
         }
     }
 
@@ -216,7 +282,8 @@ impl NodeKind {
             | NodeKind::Tool { .. }
             | NodeKind::Ask { .. }
             | NodeKind::Agent(_)
-            | NodeKind::Workflow { .. } => None,
+            | NodeKind::Workflow { .. }
+            | NodeKind::Switch(_) => None,
         }
     }
 
@@ -235,6 +302,7 @@ impl NodeKind {
             | NodeKind::Approval(_)
             | NodeKind::Ask { .. }
             | NodeKind::Workflow { .. }
+            | NodeKind::Switch(_)
             | NodeKind::Loop { .. }
             | NodeKind::ForEach { .. } => self.def().changes_files,
         }
@@ -252,7 +320,7 @@ impl NodeKind {
             NodeKind::Ask { prompt, .. } => has_markup(prompt),
             NodeKind::Agent(_) => true,
             NodeKind::Workflow { input, .. } => input.as_deref().is_some_and(value_has_markup),
-            NodeKind::Loop { .. } | NodeKind::ForEach { .. } => true,
+            NodeKind::Loop { .. } | NodeKind::ForEach { .. } | NodeKind::Switch(_) => true,
         }
     }
 
@@ -267,6 +335,7 @@ impl NodeKind {
             | NodeKind::Approval(_)
             | NodeKind::Tool { .. }
             | NodeKind::Ask { .. }
+            | NodeKind::Switch(_)
             | NodeKind::Loop { .. }
             | NodeKind::ForEach { .. } => Vec::new(),
         }
@@ -469,9 +538,15 @@ mod tests {
     #[test]
     fn each_example_reads_back_into_its_kind() {
         for d in KINDS {
+            // Nodes after `a` for an example that names its siblings (a
+            // switch's branches).
             let text = format!(
-                "name: t\nmodels: {{m: {{provider: scripted, script: m.yaml}}}}\nnodes:\n  - {{id: a, {}}}\n",
-                d.example
+                "name: t\nmodels: {{m: {{provider: scripted, script: m.yaml}}}}\nnodes:\n  - {{id: a, {}}}\n\
+                 {}",
+                d.example,
+                ["fix", "plan", "triage"]
+                    .map(|id| format!("  - {{id: {id}, needs: [a], value: 1}}\n"))
+                    .concat()
             );
             let wf = crate::parse(&text, std::path::Path::new("/w/t.yaml"))
                 .unwrap_or_else(|e| panic!("example of `{}`: {e}", d.key));

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{closest, is_node_id, join, Cx, Fields, COMMON_NODE_FIELDS, NODE_SANDBOX_FIELDS};
 use crate::error::Problem;
-use crate::kinds::{self, KindDef};
+use crate::kinds::{self, KindDef, NodeKind};
 use crate::model::*;
 use crate::yaml::{self, Node, Pos, Streamed, Yaml};
 
@@ -103,6 +103,7 @@ impl Cx {
     fn siblings(&mut self, field: &str, partials: &[Partial], specs: &[NodeSpec]) {
         let first = self.unique_ids(field, partials, specs);
         self.needs_are_siblings(field, partials, specs, &first);
+        self.switch_branches(field, partials, specs, &first);
         // Cycles: depth-first search in file order; each cycle is reported once, at the
         // node where the search first entered it.
         // A duplicated id leads to its last node here (the duplicate is reported above).
@@ -210,6 +211,59 @@ impl Cx {
                         format!("`{need}` is not a node in this group"),
                         hint,
                     );
+                }
+            }
+        }
+    }
+
+    /// Reports each node a `switch` lists that is no sibling, or that does
+    /// not have the switch in its `needs` (it would start before the
+    /// branch is chosen).
+    fn switch_branches(
+        &mut self,
+        field: &str,
+        partials: &[Partial],
+        specs: &[NodeSpec],
+        first: &HashMap<&str, usize>,
+    ) {
+        for (i, p) in partials.iter().enumerate() {
+            let Names::Spec(si) = p.names else { continue };
+            let spec = &specs[si];
+            let NodeKind::Switch(sw) = &spec.kind else {
+                continue;
+            };
+            let branches = sw
+                .cases
+                .iter()
+                .map(|(l, ids)| (format!("cases.{l}"), ids))
+                .chain(sw.default.iter().map(|ids| ("default".to_string(), ids)));
+            for (where_, ids) in branches {
+                let f = format!("{field}[{i}].switch.{where_}");
+                for id in ids {
+                    match first.get(id.as_str()) {
+                        None => {
+                            let hint = closest(id, partials.iter().filter_map(|p| p.id(specs)))
+                                .map(|c| format!("did you mean `{c}`?"));
+                            self.at_hint(
+                                p.pos,
+                                Some(&f),
+                                format!("`{id}` is not a node in this group"),
+                                hint,
+                            );
+                        }
+                        Some(&j) if !partials[j].needs(specs).contains(&spec.id) => {
+                            self.at_hint(
+                                partials[j].pos,
+                                Some(&f),
+                                format!(
+                                    "`{id}` is in a branch of switch `{}` but does not need it",
+                                    spec.id
+                                ),
+                                Some(format!("add `{}` to the `needs` of `{id}`", spec.id)),
+                            );
+                        }
+                        Some(_) => {}
+                    }
                 }
             }
         }
@@ -418,6 +472,9 @@ impl Cx {
         let if_ = f
             .get("if")
             .and_then(|(_, v)| self.expr(v, &join(field, "if")));
+        let handler = if_
+            .as_deref()
+            .is_some_and(|e| self.templates.calls_status(e));
         let stage = f
             .get("stage")
             .and_then(|(_, v)| self.string(v, &join(field, "stage")));
@@ -473,6 +530,7 @@ impl Cx {
         };
         NodeSettings {
             if_,
+            handler,
             stage,
             timeout,
             retry,
