@@ -2,6 +2,7 @@
 //!
 //! This crate runs nothing; the engine schedules and renders against run state.
 
+mod check;
 mod duration;
 mod error;
 mod kinds;

@@ -275,6 +275,7 @@ fn parse_text(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
         problems: Vec::new(),
         templates: Templates::new(),
         last_settings: None,
+        sites: Vec::new(),
     };
     if source.len() as u64 > MAX_FILE_BYTES {
         cx.at(
@@ -303,6 +304,10 @@ fn parse_text(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
     };
     let wf = cx.workflow(&root, source, path);
     drop(root);
+    if let Some(wf) = wf.as_ref().filter(|_| cx.problems.is_empty()) {
+        let sites = std::mem::take(&mut cx.sites);
+        cx.check_references(wf, &sites);
+    }
     if cx.problems.is_empty() {
         Ok(wf.expect("a workflow without problems is complete"))
     } else {
@@ -320,6 +325,9 @@ pub(crate) struct Cx {
     /// The settings of the last node read, shared with the next node whose
     /// settings are equal (siblings mostly repeat each other's).
     last_settings: Option<std::sync::Arc<NodeSettings>>,
+    /// Every template and expression met, for the reference check once
+    /// the whole tree is known ([`crate::check`]).
+    sites: Vec<crate::check::Site>,
 }
 
 /// A mapping's entries by key, as [`Cx::fields`] checked them: each
@@ -671,6 +679,14 @@ impl Cx {
     }
 
     pub(crate) fn check_template_at(&mut self, s: &str, pos: Pos, field: &str) {
+        if crate::has_markup(s) {
+            self.sites.push(crate::check::Site {
+                pos,
+                field: field.into(),
+                text: s.into(),
+                expr: false,
+            });
+        }
         if let Err(e) = self.templates.check_template(s) {
             let msg = match e.line {
                 Some(l) if s.contains('\n') => {
@@ -688,6 +704,12 @@ impl Cx {
     /// An expression; booleans and numbers written bare are accepted as their literal.
     pub(crate) fn expr(&mut self, node: &Node, field: &str) -> Option<String> {
         let s = self.text(node, field)?;
+        self.sites.push(crate::check::Site {
+            pos: node.pos,
+            field: field.into(),
+            text: s.as_str().into(),
+            expr: true,
+        });
         if let Err(e) = self.templates.check_expr(&s) {
             self.at(
                 node.pos,

@@ -620,6 +620,21 @@ fn expression_end(body: &str) -> Option<(usize, bool, usize)> {
     None
 }
 
+/// The expressions of a template string's `{{ … }}`, or `None` when it
+/// does not parse.
+pub(crate) fn expressions(template: &str) -> Option<Vec<String>> {
+    Some(
+        pieces(template)
+            .ok()?
+            .into_iter()
+            .filter_map(|p| match p {
+                Piece::Expr { expr, .. } => Some(expr.to_string()),
+                Piece::Text(_) => None,
+            })
+            .collect(),
+    )
+}
+
 /// The 1-based line and column (in characters) of byte `offset` in `s`.
 fn line_col(s: &str, offset: usize) -> (usize, usize) {
     let before = &s[..offset];

@@ -532,3 +532,132 @@ fn a_switch_names_its_branches_and_they_need_it() {
         "missing required field `on`",
     );
 }
+
+/// What templates refer to is checked before anything runs: each mistake
+/// a person makes is one problem at its string, with a hint.
+#[test]
+fn template_references_are_checked_statically() {
+    const SCHEMA: &str =
+        "name: t\ninput:\n  type: object\n  properties: { name: { type: string } }\nnodes:\n";
+    let cases: &[(&str, usize, &str, &str, &str)] = &[
+        (
+            "  - id: a\n    value: { n: 1 }\n  - id: b\n    needs: [a]\n    value: \"{{ nodes.aa.output }}\"\n",
+            10,
+            "nodes[1].value",
+            "no node `aa` here",
+            "did you mean `a`?",
+        ),
+        (
+            "  - id: a\n    value: { n: 1 }\n  - id: b\n    needs: [a]\n    value: \"{{ nodes.a.outptu }}\"\n",
+            10,
+            "nodes[1].value",
+            "a node has no field `outptu`",
+            "did you mean `output`?",
+        ),
+        (
+            "  - id: a\n    value: { n: 1 }\n  - id: b\n    needs: [a]\n    value: \"{{ nodes.a.output.m }}\"\n",
+            10,
+            "nodes[1].value",
+            "the output of `a` has no `m`",
+            "did you mean `n`?",
+        ),
+        (
+            "  - id: a\n    value: 1\n  - id: b\n    command: [echo, \"{{ input.nme }}\"]\n",
+            9,
+            "nodes[1].command[1]",
+            "the input schema has no property `nme`",
+            "did you mean `name`?",
+        ),
+        (
+            "  - id: a\n    value: 1\n  - id: b\n    command: [echo, \"{{ nodes.a.output }}\"]\n",
+            9,
+            "nodes[1].command[1]",
+            "`nodes.a` is read by `b`, which does not wait for `a`",
+            "add `a` to the `needs` of `b`",
+        ),
+        (
+            "  - id: a\n    value: 1\n  - id: b\n    needs: [a]\n    if: \"nodes.a.output > 0 and itme\"\n    value: 2\n",
+            10,
+            "nodes[1].if",
+            "unknown name `itme`",
+            "names in scope here",
+        ),
+        (
+            "  - id: a\n    value: 1\n  - id: b\n    needs: [a]\n    if: \"failure\"\n    value: 2\n",
+            10,
+            "nodes[1].if",
+            "unknown name `failure`",
+            "call it: `failure()`",
+        ),
+        (
+            "  - id: a\n    value: \"{{ always() }}\"\n",
+            7,
+            "nodes[0].value",
+            "unknown function `always()`",
+            "status functions belong in a node's `if`",
+        ),
+        (
+            "  - id: a\n    value: 1\n  - id: each\n    for_each: \"[1, 2]\"\n    nodes:\n      - id: show\n        value: \"{{ nodes.a.output }} {{ item }}\"\n",
+            12,
+            "nodes[1].nodes[0].value",
+            "`nodes.a` is read by `each`, which does not wait for `a`",
+            "add `a` to the `needs` of `each`",
+        ),
+    ];
+    for (body, line, field, message, hint) in cases {
+        let text = format!("{SCHEMA}{body}");
+        let ps = problems(&text);
+        assert_eq!(ps.len(), 1, "{body}: expected one problem, got {ps:#?}");
+        let p = &ps[0];
+        assert_eq!(p.line, Some(*line), "{p}");
+        assert_eq!(p.field.as_deref(), Some(*field), "{p}");
+        assert!(p.message.contains(message), "`{p}` lacks `{message}`");
+        let h = p.hint.as_deref().unwrap_or_default();
+        assert!(h.contains(hint), "`{p}`: hint `{h}` lacks `{hint}`");
+    }
+}
+
+/// What resolves is not reported: reads through dependencies, a group's
+/// `until` reading its members, members reading each other and the
+/// group's names, full paths, handlers, and the workflow's output.
+#[test]
+fn references_that_resolve_pass() {
+    let text = r#"name: t
+input: { type: object, properties: { n: { type: integer } } }
+output: "{{ nodes.last.output }}"
+nodes:
+  - id: a
+    value: { n: 1 }
+  - id: b
+    needs: [a]
+    value: "{{ nodes.a.output.n }}"
+  - id: review
+    needs: [b]
+    loop:
+      until: "nodes.check.output.ok and iteration > 0"
+      max_iterations: 3
+      nodes:
+        - id: fix
+          value: "{{ nodes.a.output.n + input.n }} {{ iteration }}"
+        - id: check
+          needs: [fix]
+          value: { ok: "{{ nodes.fix.status == 'finished' }}" }
+  - id: each
+    needs: [review]
+    for_each: "nodes.b.output | string | list"
+    as: ch
+    nodes:
+      - id: show
+        value: "{{ index }} {{ item }} {{ ch }} {{ nodes['review.check'].output.ok }}"
+  - id: last
+    needs: [each]
+    if: "always() and nodes.each.status != 'skipped' and run.id and workflow.name"
+    value: "{{ nodes.a.error is none }} {{ range(2) | list }}"
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.yaml");
+    std::fs::write(&path, text).unwrap();
+    if let Err(e) = load(&path) {
+        panic!("{e}");
+    }
+}
