@@ -189,8 +189,16 @@ impl Driver {
         let Some(inst) = self.sched.plan().insts.get(&key).cloned() else {
             return;
         };
-        let handler_goes_on = self.ending.stopping() && self.sched.is_handler(&inst);
-        if self.ending.halted() && !(handler_goes_on && !self.ending.shutting_down()) {
+        // While the run stops only a failure handler starts; while the
+        // engine shuts down, nothing.
+        let starts = if self.ending.shutting_down() {
+            false
+        } else if self.ending.stopping() {
+            self.sched.is_handler(&inst)
+        } else {
+            true
+        };
+        if !starts {
             // It never started: the run's end (or the resume) deals with it.
             return;
         }
