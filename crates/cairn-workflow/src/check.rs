@@ -160,12 +160,16 @@ impl Cx {
                     None => continue,
                 }
             };
+            let before = self.problem_count();
             for expr in exprs {
                 let Ok(refs) = references(&expr) else {
                     continue;
                 };
                 self.check_site(wf, site, &refs, inputs.as_deref());
             }
+            // One site that names a node twice (`nodes.x is defined and
+            // nodes.x.output`) is told once.
+            self.dedup_problems_since(before);
         }
     }
 
@@ -356,12 +360,18 @@ impl Cx {
                 return Some(n);
             }
         }
-        for &(siblings, at) in place.chain.iter().rev() {
+        for (level, &(siblings, at)) in place.chain.iter().enumerate().rev() {
             let anchor = &siblings[at];
             let Some(n) = siblings.iter().find(|n| n.id == id) else {
                 continue;
             };
-            if n.id != anchor.id && !needs_closure(siblings, anchor).contains(id) {
+            // In a loop's body, a sibling the reader does not wait for is
+            // read as the previous pass left it (`nodes.x is defined`).
+            let in_loop = level > 0 && {
+                let (outer, j) = place.chain[level - 1];
+                matches!(outer[j].kind, NodeKind::Loop(_))
+            };
+            if n.id != anchor.id && !in_loop && !needs_closure(siblings, anchor).contains(id) {
                 self.at_hint(
                     site.pos,
                     Some(&site.field),

@@ -389,6 +389,25 @@ impl Cx {
         self.at_hint(pos, field, message, None);
     }
 
+    /// How many problems were found so far.
+    pub(crate) fn problem_count(&self) -> usize {
+        self.problems.len()
+    }
+
+    /// Drops the repeats among the problems found since `from`.
+    pub(crate) fn dedup_problems_since(&mut self, from: usize) {
+        let mut seen = HashSet::new();
+        let mut i = from;
+        while i < self.problems.len() {
+            let p = &self.problems[i];
+            if seen.insert((p.field.clone(), p.message.clone())) {
+                i += 1;
+            } else {
+                self.problems.remove(i);
+            }
+        }
+    }
+
     pub(crate) fn at_hint(
         &mut self,
         pos: Pos,

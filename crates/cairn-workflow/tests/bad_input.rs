@@ -661,3 +661,24 @@ nodes:
         panic!("{e}");
     }
 }
+
+/// In a loop's body a member may read a sibling it does not wait for: it
+/// reads what the previous pass left. Outside loops that is an error, said
+/// once however often the site names the node.
+#[test]
+fn a_loop_member_reads_the_previous_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.yaml");
+    std::fs::write(
+        &path,
+        "name: t\nnodes:\n  - id: l\n    loop:\n      until: \"iteration >= 3\"\n      max_iterations: 5\n      nodes:\n        - id: step\n          value: \"{{ (nodes.check.output if nodes.check is defined else 0) + 1 }}\"\n        - id: check\n          needs: [step]\n          value: \"{{ nodes.step.output }}\"\n",
+    )
+    .unwrap();
+    if let Err(e) = load(&path) {
+        panic!("{e}");
+    }
+    let ps = problems(
+        "name: t\nnodes:\n  - id: step\n    value: \"{{ nodes.check.output if nodes.check is defined else 0 }}\"\n  - id: check\n    value: 1\n",
+    );
+    assert_eq!(ps.len(), 1, "{ps:#?}");
+}
