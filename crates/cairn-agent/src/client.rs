@@ -85,6 +85,9 @@ pub fn client_for(
 /// default). A local OpenAI-compatible server often needs none: with a
 /// `base_url` and no variable set, the key is empty.
 fn key(config: &ModelConfig) -> Result<String, ModelError> {
+    if let Some(k) = &config.api_key {
+        return Ok(k.0.clone());
+    }
     let var = config
         .api_key_env
         .as_deref()

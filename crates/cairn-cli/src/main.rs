@@ -239,7 +239,8 @@ fn engine_exit_code(e: &cairn_engine::EngineError) -> u8 {
         | EngineError::NoSnapshots
         | EngineError::SnapshotsUnavailable { .. }
         | EngineError::Workspace(_)
-        | EngineError::Files { .. } => EXIT_BAD_INPUT,
+        | EngineError::Files { .. }
+        | EngineError::Secret { .. } => EXIT_BAD_INPUT,
         EngineError::Store(se) => store_exit_code(se),
         EngineError::ShuttingDown | EngineError::Integrity { .. } => EXIT_FAILED,
     }

@@ -76,6 +76,17 @@ pub enum EngineError {
         /// The question's request id.
         request: String,
     },
+    /// A secret the workflow declares could not be read: the run does not
+    /// start (or resume).
+    #[error("secret `{name}` ({from}) cannot be read: {reason}")]
+    Secret {
+        /// The secret's name.
+        name: String,
+        /// Where it comes from, as the workflow says.
+        from: String,
+        /// Why it could not be read (never its value).
+        reason: String,
+    },
     /// A second answer to a question.
     #[error("question `{request}` of run `{run}` was answered already")]
     QuestionAnswered {

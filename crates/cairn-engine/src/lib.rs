@@ -37,6 +37,7 @@ mod plan;
 mod reload;
 mod revert;
 mod scorer;
+pub mod secrets;
 mod services;
 mod touched;
 
@@ -397,6 +398,7 @@ impl Engine {
             return Err(EngineError::ShuttingDown);
         }
         wf.validate_input(&input)?;
+        let secrets = secrets::resolve_for(&wf).await?;
         let run_id = opts.run_id.clone().unwrap_or_else(new_run_id);
         // The files the workflow refers to, read now and kept with the
         // run: what it will use, whatever a node writes to them later
@@ -454,6 +456,7 @@ impl Engine {
                 .map(|obs| Box::new(move |e: &Event| obs(e)) as Box<dyn Fn(&Event) + Send + Sync>),
         };
         let (log, ev) = self.blocking(move |e| e.journal().start_run(start)).await?;
+        log.set_redactor(secrets.redactor());
         let log = Arc::new(log);
         let mut state = RunState::new(run_id.clone());
         state.apply(&ev);
@@ -466,6 +469,7 @@ impl Engine {
             Mode::Drive,
             false,
             None,
+            secrets,
         ))
     }
 
@@ -480,6 +484,7 @@ impl Engine {
         mode: Mode,
         resumed: bool,
         cancel_requested: Option<String>,
+        secrets: Arc<secrets::Secrets>,
     ) -> RunHandle {
         self.inner.active.lock().unwrap().insert(run_id.clone());
         let watched = (opts.watch || self.inner.watch_all)
@@ -499,6 +504,7 @@ impl Engine {
             exit_on_wait: opts.exit_on_wait,
             cancel_requested,
             reloads,
+            secrets,
         });
         let inner = self.inner.clone();
         let id = run_id.clone();
@@ -603,6 +609,14 @@ impl Engine {
         // A crash between the run's record and its first event left a log
         // with nothing in it: the run starts now, with its stored input.
         let fresh = state.last_seq == 0;
+        // Read again on every resume (a rotated token is picked up, a
+        // removed one stops the resume before anything runs); a driver
+        // that only applies commands runs no process and needs none.
+        let secrets = match mode {
+            Mode::Drive => secrets::resolve_for(&wf).await?,
+            Mode::Apply => Arc::default(),
+        };
+        log.set_redactor(secrets.redactor());
         if mode == Mode::Drive {
             let ev = log
                 .append_durable(
@@ -635,6 +649,7 @@ impl Engine {
             mode,
             true,
             cancel_requested,
+            secrets,
         ))
     }
 

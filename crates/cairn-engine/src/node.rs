@@ -160,6 +160,25 @@ pub(crate) fn hijack_request_id(
     format!("h-{}", &q[2..])
 }
 
+/// `sandbox` with `extra` added to the variables its `bash` calls get (the
+/// workflow's `env`, the node's secrets); the same sandbox when there are
+/// none.
+fn with_process_env(
+    sandbox: Arc<cairn_tools::Sandbox>,
+    extra: &[(String, String)],
+) -> Result<Arc<cairn_tools::Sandbox>, NodeError> {
+    if extra.is_empty() {
+        return Ok(sandbox);
+    }
+    let mut env = sandbox.env().to_vec();
+    env.extend(extra.iter().cloned());
+    let derived = sandbox
+        .derive(sandbox.limits())
+        .map_err(|e| NodeError::fatal("sandbox", e.to_string()))?
+        .with_env(env);
+    Ok(Arc::new(derived))
+}
+
 /// Everything a node attempt can see and do.
 pub struct NodeCtx {
     pub run_id: RunId,
@@ -203,6 +222,11 @@ pub struct NodeCtx {
     /// Raised when a person asks to take the conversation (`cairn
     /// hijack`); an agent looks at it at each step boundary.
     pub(crate) hijack: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Variables every process of the attempt gets besides its own: the
+    /// workflow's `env` and the secrets the node names.
+    pub(crate) process_env: Vec<(String, String)>,
+    /// The run's secrets (a model's `api_key_secret`).
+    pub(crate) secrets: Arc<crate::secrets::Secrets>,
     tool_seq: AtomicU32,
 }
 
@@ -246,6 +270,8 @@ impl NodeCtx {
             step_snapshots: None,
             forked_from: None,
             hijack: None,
+            process_env: Vec::new(),
+            secrets: Arc::default(),
             tool_seq: AtomicU32::new(0),
         }
     }
@@ -429,6 +455,7 @@ impl NodeCtx {
             self.timeout,
             node_sandbox,
         )?;
+        let sandbox = with_process_env(sandbox, &self.process_env)?;
         let limit = sandbox.limits().max_output_bytes;
         let as_recorded = key.is_some();
         let bash = spec.name == "bash";
@@ -488,6 +515,12 @@ impl NodeCtx {
             cairn_tools::idempotency_key(&self.run_id, &self.node_id, self.iteration, tool_seq)
         });
         let started = now_ms();
+        // The row is written beside the log, not through it: masked here,
+        // as the log masks events. The result is masked before anyone
+        // (a model included) reads it.
+        let redactor = self.log.redactor();
+        let mut input = input;
+        redactor.value(&mut input);
         let mut record = ToolCallRecord {
             run_id: self.run_id.clone(),
             node_id: self.node_id.to_string(),
@@ -518,12 +551,16 @@ impl NodeCtx {
         let duration_ms = t0.elapsed().as_millis() as u64;
         record.finished_ms = Some(now_ms());
         let result = match result {
-            Ok(v) => {
+            Ok(mut v) => {
+                redactor.value(&mut v);
                 record.output = Some(cut_json(&v, call.output_limit));
                 record.status = ToolCallStatus::Success;
                 Ok(v)
             }
-            Err(info) => {
+            Err(mut info) => {
+                if let Some(m) = redactor.text(&info.message) {
+                    info.message = m;
+                }
                 // A call cut short by a cancel or a stop did not fail on its
                 // own: its row says so, and an agent that takes up the
                 // conversation treats it as a call that may not have ended.

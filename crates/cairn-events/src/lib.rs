@@ -12,6 +12,7 @@ mod event;
 mod ids;
 mod metrics;
 mod output;
+mod redact;
 mod reducer;
 mod tree;
 
@@ -28,6 +29,7 @@ pub use ids::{
 };
 pub use metrics::{Histogram, Metrics, DURATION_BUCKETS};
 pub use output::{Output, OUTPUT_TEXT_MAX};
+pub use redact::{Redactor, MASK, MIN_SECRET_LEN};
 pub use reducer::{
     AgentProgress, AttemptSnapshot, AttemptState, AttemptStatus, ChildRun, Decision, NodeNotes,
     NodeState, NodeStatus, OpenRevert, Question, RunState, ScoreState,

@@ -20,6 +20,17 @@ pub use retry::{Backoff, RetryPolicy, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_MAX_DEL
 
 use std::time::Duration;
 
+/// An API key held in memory (a secret's value): compared, cloned, never
+/// shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(***)")
+    }
+}
+
 /// One named model (`models.<name>`), as the file gives it: what the file
 /// leaves out stays `None`, and the provider's client applies its default
 /// (an external agent CLI has defaults of its own).
@@ -33,6 +44,12 @@ pub struct ModelConfig {
     /// The environment variable holding the key (default: the provider's,
     /// [`Provider::key_env`]).
     pub api_key_env: Option<String>,
+    /// The declared secret holding the key (`api_key_secret`), which
+    /// the engine reads into [`ModelConfig::api_key`].
+    pub api_key_secret: Option<String>,
+    /// The key itself, when the engine was given it (a secret's value);
+    /// before any environment variable.
+    pub api_key: Option<ApiKey>,
     /// A server that speaks the provider's wire format (default: the
     /// provider's own, [`Provider::base_url`]).
     pub base_url: Option<String>,
@@ -60,6 +77,8 @@ impl ModelConfig {
             provider,
             model: model.into(),
             api_key_env: None,
+            api_key_secret: None,
+            api_key: None,
             base_url: None,
             max_tokens: None,
             temperature: None,

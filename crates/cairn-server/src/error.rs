@@ -177,6 +177,7 @@ fn engine_status(e: &EngineError) -> (StatusCode, &'static str) {
     match e {
         EngineError::Workflow(_) => (StatusCode::BAD_REQUEST, "invalid_workflow"),
         EngineError::Input(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
+        EngineError::Secret { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "secret_unreadable"),
         EngineError::Store(s) => store_status(s),
         EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         EngineError::InvalidRunId(_) => (StatusCode::BAD_REQUEST, "invalid_run_id"),

@@ -419,6 +419,7 @@ impl Journal {
                 last_seq: last,
                 last_ts,
                 observer,
+                redactor: Default::default(),
             }),
         }
     }
@@ -861,6 +862,9 @@ struct Sequencer {
     last_seq: u64,
     last_ts: i64,
     observer: Option<Observer>,
+    /// The run's secret values, masked in every event before it is
+    /// sequenced (so before the store, the mirror and any subscriber).
+    redactor: cairn_events::Redactor,
 }
 
 /// A run's sequencer: the one place its events get their `seq`. Send + Sync;
@@ -887,6 +891,18 @@ impl RunLog {
         self.lock().last_seq
     }
 
+    /// Masks `redactor`'s values in every event appended from now on
+    /// (WORKFLOW.md, "Secrets and environment").
+    pub fn set_redactor(&self, redactor: cairn_events::Redactor) {
+        self.lock().redactor = redactor;
+    }
+
+    /// The values this log masks, for records written beside its events
+    /// (tool calls).
+    pub fn redactor(&self) -> cairn_events::Redactor {
+        self.lock().redactor.clone()
+    }
+
     fn shared(&self) -> &Arc<RunShared> {
         self.shared.as_ref().expect("a live RunLog keeps its run")
     }
@@ -902,6 +918,7 @@ impl RunLog {
     /// lock, which is what keeps one order everywhere).
     pub fn append(&self, scope: Scope, kind: EventKind) -> Event {
         let mut s = self.lock();
+        let kind = s.redactor.event(kind);
         s.last_seq += 1;
         // Timestamps never go backwards within a run, whatever the clock does.
         s.last_ts = s.last_ts.max(now_ms());

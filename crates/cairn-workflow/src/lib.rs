@@ -14,7 +14,7 @@ mod templates;
 mod yaml;
 
 pub use cairn_models::{
-    Backoff, ModelConfig, Price, ProviderKind, RetryPolicy, DEFAULT_RETRY_DELAY,
+    ApiKey, Backoff, ModelConfig, Price, ProviderKind, RetryPolicy, DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_MAX_DELAY,
 };
 pub use duration::parse_duration;

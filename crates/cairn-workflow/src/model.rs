@@ -31,6 +31,12 @@ pub struct Workflow {
     pub max_cost_usd: Option<f64>,
     /// The MCP servers agents may use, by name (`mcp_servers:`).
     pub mcp_servers: BTreeMap<String, McpServerDef>,
+    /// Plain variables for every command, tool process and agent CLI
+    /// (`env:`); a node's `env` adds to them.
+    pub env: BTreeMap<String, String>,
+    /// The secrets a run may use and where each comes from (`secrets:`).
+    /// Their values are read when a run starts or resumes, never kept.
+    pub secrets: BTreeMap<String, SecretSource>,
     /// The file's path, made absolute.
     pub path: PathBuf,
     /// The file's folder: default cwd for commands and default sandbox root.
@@ -47,6 +53,29 @@ pub struct Workflow {
     /// run pins them (and for runs started before files were pinned, which
     /// read the disk).
     pub pinned: Option<std::sync::Arc<BTreeMap<PathBuf, String>>>,
+}
+
+/// Where a secret's value comes from (`secrets.<NAME>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// The engine's environment variable of this name.
+    Env(String),
+    /// A file's text, one trailing newline dropped; relative to the
+    /// workflow's folder.
+    File(String),
+    /// A command's standard output, one trailing newline dropped: an argv,
+    /// run without a shell (a password manager's CLI).
+    Command(Vec<String>),
+}
+
+impl std::fmt::Display for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretSource::Env(v) => write!(f, "environment variable `{v}`"),
+            SecretSource::File(p) => write!(f, "file `{p}`"),
+            SecretSource::Command(argv) => write!(f, "command `{}`", argv.join(" ")),
+        }
+    }
 }
 
 /// An MCP server agents may use (`mcp_servers.<name>`).
@@ -216,6 +245,9 @@ pub struct NodeSettings {
     pub sandbox: NodeSandbox,
     /// What grades the node's output once it finished (`scorers:`).
     pub scorers: Vec<ScorerSpec>,
+    /// The declared secrets this node's processes get as environment
+    /// variables (`secrets: [NAME]`).
+    pub secrets: Vec<String>,
 }
 
 /// One scorer of a node (`scorers[i]`): a command or a model that grades

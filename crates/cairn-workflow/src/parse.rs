@@ -17,6 +17,7 @@ use crate::yaml::{self, Node, Pos, Streamed, Yaml};
 mod models;
 mod node;
 mod scorers;
+mod secrets;
 
 pub(crate) use models::unknown_model_hint;
 
@@ -32,6 +33,8 @@ const TOP_FIELDS: &[&str] = &[
     "models",
     "max_cost_usd",
     "mcp_servers",
+    "env",
+    "secrets",
 ];
 const MCP_FIELDS: &[&str] = &["command", "url", "headers_env", "env", "timeout"];
 /// The keys every node may have, whatever its kind.
@@ -46,6 +49,7 @@ pub(crate) const COMMON_NODE_FIELDS: &[&str] = &[
     "on_interrupt",
     "on_retry",
     "scorers",
+    "secrets",
 ];
 const RETRY_FIELDS: &[&str] = &["attempts", "backoff", "delay", "max_delay"];
 const DEFAULTS_FIELDS: &[&str] = &["timeout", "retry"];
@@ -873,6 +877,17 @@ impl Cx {
         crate::kinds::check_models(self, &nodes, "nodes", &models);
         self.scorer_models(&nodes, "nodes", &models);
         crate::kinds::check_mcp_tools(self, &nodes, "nodes", &mcp_servers);
+        let env = match f.get("env") {
+            Some((_, v)) => self.workflow_env(v),
+            None => BTreeMap::new(),
+        };
+        let secrets = match f.get("secrets") {
+            Some((_, v)) => self.secrets(v),
+            None => BTreeMap::new(),
+        };
+        self.check_secret_uses(&nodes, "nodes", &secrets);
+        let models_pos = f.get("models").map_or(root.pos, |(k, _)| k.pos);
+        self.check_model_secrets(&models, &secrets, models_pos);
 
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let base_dir = abs
@@ -891,6 +906,8 @@ impl Cx {
             models,
             max_cost_usd,
             mcp_servers,
+            env,
+            secrets,
             path: abs,
             base_dir,
             source: String::new(),

@@ -18,6 +18,19 @@ pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Arc<dyn ModelCli
         )
     })?;
     let script = script(&ctx.workflow, name, def)?;
+    let mut keyed;
+    let def = match def
+        .api_key_secret
+        .as_deref()
+        .and_then(|s| ctx.secrets.get(s))
+    {
+        Some(key) => {
+            keyed = def.clone();
+            keyed.api_key = Some(cairn_workflow::ApiKey(key.to_string()));
+            &keyed
+        }
+        None => def,
+    };
     cairn_agent::client_for(def, script).map_err(|e| NodeError {
         info: Box::new(ErrorInfo::new(
             e.kind.as_str(),

@@ -308,6 +308,8 @@ impl Driver {
         ctx.forked_from = self.state.forked_from.clone();
         ctx.hijack = self.hijack_flag(key, inst);
         ctx.step_snapshots = self.end_snapshot_of(inst);
+        ctx.process_env = self.secrets.process_env(&self.wf, &inst.spec);
+        ctx.secrets = self.secrets.clone();
         ctx
     }
 

@@ -235,9 +235,14 @@ impl Gates {
         }
     }
 
-    /// Attempts waiting at an approval.
-    pub(super) fn approvals(&self) -> impl Iterator<Item = &Key> {
-        self.waiting.keys()
+    /// Attempts that wait at an approval or for an answer: safe points,
+    /// since the log holds what they wait for and a resume asks again.
+    pub(super) fn at_people(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self.waiting.keys().cloned().collect();
+        keys.extend(self.asking.values().map(|(k, _)| k.clone()));
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 
     /// Attempts that wait for a person at a gate or through a child run:

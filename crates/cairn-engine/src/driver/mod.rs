@@ -182,6 +182,9 @@ pub(crate) struct Driver {
     mcp: Arc<crate::mcp::McpPool>,
     /// Stops every attempt and scorer of the run.
     run_cancel: CancellationToken,
+    /// The run's secrets: given to the processes of the nodes that name
+    /// them (the log masks them already).
+    secrets: Arc<crate::secrets::Secrets>,
 
     // The channels.
     msg_tx: mpsc::UnboundedSender<Msg>,
@@ -220,6 +223,8 @@ pub(crate) struct DriverInit {
     pub cancel_requested: Option<String>,
     /// The watcher of the run's files, for a watched run.
     pub reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
+    /// The run's secrets, read as it started or resumed.
+    pub secrets: Arc<crate::secrets::Secrets>,
 }
 
 impl Driver {
@@ -283,6 +288,7 @@ impl Driver {
             store_error: None,
             synced_at: 0,
             wf: init.wf,
+            secrets: init.secrets,
         }
     }
 
@@ -568,8 +574,11 @@ impl Driver {
             tokio::time::sleep(grace).await;
             token.cancel();
         });
-        for key in self.gates.approvals() {
-            self.attempts.stop(key);
+        // Waiting for a person is a safe point already: those attempts
+        // stop now, not after the grace (a question, like an approval,
+        // is in the log, and the resume asks again).
+        for key in self.gates.at_people() {
+            self.attempts.stop(&key);
         }
     }
 

@@ -66,7 +66,9 @@ pub(crate) async fn run_command(
         confine.is_some(),
         sandbox.root(),
     );
-    let mut env = Vec::with_capacity(spec.env.len());
+    // The workflow's `env` and the node's secrets, then the node's own
+    // `env` on top (a later variable of the same name wins).
+    let mut env = ctx.process_env.clone();
     for (k, v) in &spec.env {
         env.push((k.clone(), render(v)?));
     }

@@ -10,6 +10,7 @@ pub(super) const MODEL_FIELDS: &[&str] = &[
     "provider",
     "model",
     "api_key_env",
+    "api_key_secret",
     "base_url",
     "max_tokens",
     "temperature",
@@ -80,6 +81,7 @@ impl Cx {
                 .and_then(|(_, v)| cx.string(v, &join(field, key)))
         };
         let api_key_env = opt_string(self, "api_key_env");
+        let api_key_secret = opt_string(self, "api_key_secret");
         let base_url = opt_string(self, "base_url");
         if let (Some(url), Some((_, v))) = (&base_url, f.get("base_url")) {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -113,6 +115,8 @@ impl Cx {
             provider,
             model,
             api_key_env,
+            api_key_secret,
+            api_key: None,
             base_url,
             max_tokens,
             temperature,

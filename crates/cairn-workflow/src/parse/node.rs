@@ -528,6 +528,10 @@ impl Cx {
             Some((_, v)) => self.scorers(v, &join(field, "scorers")),
             None => Vec::new(),
         };
+        let secrets = match f.get("secrets") {
+            Some((_, v)) => self.node_secrets(v, &join(field, "secrets")),
+            None => Vec::new(),
+        };
         NodeSettings {
             if_,
             handler,
@@ -543,6 +547,7 @@ impl Cx {
             max_output_bytes,
             sandbox,
             scorers,
+            secrets,
         }
     }
 

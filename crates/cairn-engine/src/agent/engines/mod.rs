@@ -235,13 +235,23 @@ fn command(
     // the CLI's usual variable): only these reach the CLI of the engine's
     // environment.
     let (key_var, url_var) = cli.provider_vars();
-    let from = call
+    let secret = call
         .model
-        .and_then(|m| m.api_key_env.clone())
-        .unwrap_or_else(|| key_var.to_string());
-    if let Ok(v) = std::env::var(&from) {
-        env.push((key_var.into(), v));
+        .and_then(|m| m.api_key_secret.as_deref())
+        .and_then(|s| ctx.secrets.get(s));
+    if let Some(v) = secret {
+        env.push((key_var.into(), v.to_string()));
+    } else {
+        let from = call
+            .model
+            .and_then(|m| m.api_key_env.clone())
+            .unwrap_or_else(|| key_var.to_string());
+        if let Ok(v) = std::env::var(&from) {
+            env.push((key_var.into(), v));
+        }
     }
+    // The workflow's `env` and the secrets the node names.
+    env.extend(ctx.process_env.iter().cloned());
     if let Some(url) = call.model.and_then(|m| m.base_url.clone()) {
         env.push((url_var.into(), url));
     }
