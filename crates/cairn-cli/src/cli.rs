@@ -21,6 +21,8 @@ pub struct Cli {
 pub struct Global {
     /// The store: a SQLite database file, or a PostgreSQL database as a
     /// `postgres://user@host:port/db` URL (shared by many machines).
+    /// Without it, the `.cairn/cairn.db` of the nearest folder at or above
+    /// this one that has one, else `.cairn/cairn.db` here.
     #[arg(
         long,
         global = true,
@@ -48,6 +50,27 @@ pub struct Global {
     /// Do not write the NDJSON mirror (the store keeps every event anyway).
     #[arg(long, global = true)]
     pub no_log: bool,
+}
+
+/// The store of the nearest `.cairn` folder at or above `dir` (as git finds
+/// `.git`), when one holds a store: `cairn status` in a project's
+/// subfolder reads the project's runs. `None` when none does: the default,
+/// `.cairn/cairn.db` here, stands (and a command that starts a run creates
+/// it).
+pub fn nearest_store(dir: &std::path::Path) -> Option<PathBuf> {
+    let default = std::path::Path::new(".cairn/cairn.db");
+    dir.ancestors()
+        .map(|d| d.join(default))
+        .find(|candidate| candidate.is_file())
+        .map(|found| relative_to(&found, dir))
+}
+
+/// `path` as a path relative to `dir` when it is beneath it (a store found
+/// here keeps printing as `.cairn/cairn.db`), else as it is.
+fn relative_to(path: &std::path::Path, dir: &std::path::Path) -> PathBuf {
+    path.strip_prefix(dir)
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// `--store`, `--from` and `--to`: a store's address, read by the one parser
@@ -138,6 +161,28 @@ pub enum Command {
     Serve(ServeArgs),
     /// Show which walls of the process sandbox this machine supports.
     Doctor,
+    /// Start a project here: a starter workflow and `.cairn/` in .gitignore.
+    Init(InitArgs),
+    /// Print the shell completion script (e.g. `cairn completions bash >
+    /// ~/.local/share/bash-completion/completions/cairn`).
+    Completions(CompletionsArgs),
+    /// Print the man page (`cairn man > cairn.1; man ./cairn.1`).
+    Man,
+}
+
+/// `cairn init`.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The starter workflow's file.
+    #[arg(default_value = "workflow.yaml")]
+    pub file: PathBuf,
+}
+
+/// `cairn completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
 }
 
 /// How a run's progress is shown (shared by `run` and `resume`).
@@ -212,10 +257,11 @@ pub struct DecideArgs {
 pub struct AnswerArgs {
     /// The run's id.
     pub run: String,
-    /// The question's request id (`cairn status` and the log show it).
-    pub request_id: String,
-    /// The answer: JSON, or else taken as text.
-    pub answer: String,
+    /// `[QUESTION] ANSWER`: the question (its request id or its node's
+    /// path; not needed when the run, its child runs included, has one open
+    /// question), then the answer: JSON, or else taken as text.
+    #[arg(num_args = 1..=2, required = true, value_names = ["QUESTION", "ANSWER"])]
+    pub args: Vec<String>,
     /// Who answers [default: $USER].
     #[arg(long)]
     pub by: Option<String>,
@@ -366,6 +412,15 @@ pub struct LogsArgs {
     /// The stored JSON lines, byte for byte (NDJSON).
     #[arg(long)]
     pub json: bool,
+    /// With --follow, how long to wait for a run that has not started yet
+    /// (or a store not made yet) before giving up with exit 4.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "60s",
+        requires = "follow"
+    )]
+    pub timeout: String,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }

@@ -8,7 +8,7 @@ use anyhow::Context;
 use cairn_api::{ActivityEntry, RunDetail, RunMeta};
 use cairn_client::{ClientError, EventsQuery};
 use cairn_events::{Event, EventType};
-use cairn_store::{EventQuery, RecordStatus, RunFilter, SubscribeError};
+use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, SubscribeError};
 use serde_json::{json, Value};
 
 use crate::bad_input;
@@ -171,6 +171,8 @@ fn tree_order(runs: &[cairn_store::RunRecord]) -> Vec<(usize, usize)> {
 /// `cairn status`: the run's state as the server's `GET /v1/runs/{id}`
 /// shows it, whether read from a server or from the store here.
 pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
+    // Said under the table of a run that has not ended: who drives it.
+    let mut driver_note = None;
     let v = match &a.remote.server {
         Some(url) => {
             let client = cairn_client::Client::new(url, a.remote.token.clone())
@@ -190,6 +192,16 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
             let mut v = RunDetail::new(&st, &meta);
             let backend = engine.journal().backend();
             v.with_child_states(|child| Some(backend.get_run(child).ok()??.status.to_string()));
+            if !st.status.is_some_and(|s| s.is_terminal()) {
+                let mut note = String::new();
+                let gates = crate::people::open_gates(&engine, &rec.run_id)?;
+                if !gates.is_empty() {
+                    note.push_str(&crate::people::describe(&rec.run_id, &gates));
+                    note.push('\n');
+                }
+                note.push_str(&driver_line(backend.as_ref(), &rec.run_id));
+                driver_note = Some(note);
+            }
             engine.journal().close();
             v
         }
@@ -198,8 +210,24 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render_status(v.as_value()));
+        if let Some(note) = driver_note {
+            println!("\n{note}");
+        }
     }
     Ok(crate::EXIT_OK)
+}
+
+/// Who drives a run that has not ended: a process holding its lease, or
+/// nobody, and then how to go on.
+fn driver_line(backend: &dyn cairn_store::Backend, run: &cairn_events::RunId) -> String {
+    match backend.lease_holder(run) {
+        Ok(Some(held)) => format!("driven by {}", held.holder),
+        Ok(None) => format!(
+            "no process drives this run (the one that did stopped or died): \
+             `cairn resume {run}` continues it"
+        ),
+        Err(e) => format!("who drives this run is unknown: {e}"),
+    }
 }
 
 /// `cairn activity`: the run's Activity view, one line per entry (a child
@@ -516,8 +544,13 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
     if let Some(url) = a.remote.server.clone() {
         return logs_from_server(&url, &a).await;
     }
-    let j = store::open(g, false)?;
-    let run = store::require_run(&j, &a.run)?.run_id;
+    let (j, run) = if a.follow {
+        wait_for_run(g, &a).await?
+    } else {
+        let j = store::open(g, false)?;
+        let run = store::require_run(&j, &a.run)?.run_id;
+        (j, run)
+    };
     let stdout = std::io::stdout();
     if !a.follow {
         let mut q = EventQuery {
@@ -564,12 +597,85 @@ pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
     Ok(crate::EXIT_OK)
 }
 
+/// `--timeout` of `logs --follow`, checked.
+fn follow_timeout(a: &LogsArgs) -> anyhow::Result<Duration> {
+    cairn_workflow::parse_duration(&a.timeout).map_err(|_| {
+        bad_input(format!(
+            "--timeout `{}`: write a duration, e.g. 30s or 5m",
+            a.timeout
+        ))
+    })
+}
+
+/// Polls until `ready` finds the run, saying once on stderr that it waits;
+/// bad input when `--timeout` passes first.
+async fn poll_for_run<T, F, Fut>(a: &LogsArgs, mut ready: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let timeout = follow_timeout(a)?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut said = false;
+    loop {
+        if let Some(found) = ready().await? {
+            return Ok(found);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(bad_input(format!(
+                "no run `{}` started within {} (--timeout)",
+                a.run, a.timeout
+            )));
+        }
+        if !said {
+            eprintln!(
+                "waiting for run `{}` to start (--timeout {})…",
+                a.run, a.timeout
+            );
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The store and the run to follow, once the run exists: `logs --follow`
+/// started before the run (in a script, beside the `cairn run` that makes
+/// it) waits for it instead of failing.
+async fn wait_for_run(g: &Global, a: &LogsArgs) -> anyhow::Result<(Journal, cairn_events::RunId)> {
+    let id = store::run_id(&a.run)?;
+    poll_for_run(a, || {
+        let id = id.clone();
+        async move {
+            if !g.store_exists() {
+                return Ok(None);
+            }
+            let j = store::open(g, false)?;
+            match j.backend().get_run(&id)? {
+                Some(rec) => Ok(Some((j, rec.run_id))),
+                None => {
+                    j.close();
+                    Ok(None)
+                }
+            }
+        }
+    })
+    .await
+}
+
 async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
     let client = cairn_client::Client::new(url, a.remote.token.clone())
         .map_err(|e| bad_input(e.to_string()))?;
     let run = store::run_id(&a.run)?;
     let stdout = std::io::stdout();
     if a.follow {
+        poll_for_run(a, || async {
+            match client.run(&run).await {
+                Ok(_) => Ok(Some(())),
+                Err(ClientError::Status { status: 404, .. }) => Ok(None),
+                Err(e) => Err(client_error(e)),
+            }
+        })
+        .await?;
         let mut stream = client
             .events(&run, a.since, false)
             .await

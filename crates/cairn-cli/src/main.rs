@@ -13,6 +13,8 @@ mod doctor;
 mod format;
 mod hijack;
 mod inspect;
+mod people;
+mod project;
 mod reload;
 mod revert;
 mod run;
@@ -21,8 +23,6 @@ mod store;
 mod trace;
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 use cli::{Cli, Command, StoreCommand};
 
@@ -68,6 +68,22 @@ pub fn bad_input(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(BadInput(msg.into()))
 }
 
+/// The command line, with the store found the way git finds `.git` when
+/// neither `--store` nor `CAIRN_STORE` names one.
+fn parse_cli() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().try_get_matches()?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    if matches.value_source("store") == Some(clap::parser::ValueSource::DefaultValue) {
+        if let Ok(here) = std::env::current_dir() {
+            if let Some(found) = cli::nearest_store(&here) {
+                cli.global.store = cairn_store::StoreUrl::Sqlite(found);
+            }
+        }
+    }
+    Ok(cli)
+}
+
 fn main() -> ExitCode {
     // Before the runtime starts its threads: arenas made earlier stay.
     cairn_engine::limit_malloc_arenas();
@@ -77,7 +93,7 @@ fn main() -> ExitCode {
     if let Err(e) = cairn_sandbox::make_non_dumpable() {
         eprintln!("warning: cannot mark the engine non-dumpable: {e}");
     }
-    let cli = match Cli::try_parse() {
+    let cli = match parse_cli() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -160,6 +176,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Store(StoreCommand::Copy(a)) => copy::copy(&g, a),
         Command::Serve(a) => inspect::serve(&g, a).await,
         Command::Doctor => Ok(doctor::doctor()),
+        Command::Init(a) => project::init(a),
+        Command::Completions(a) => project::completions(a),
+        Command::Man => project::man(),
     }
 }
 

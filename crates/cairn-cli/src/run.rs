@@ -512,14 +512,8 @@ async fn answer_inline(
     by: Option<String>,
 ) {
     let choices = schema
-        .and_then(|s| s["enum"].as_array())
-        .map(|e| {
-            let items: Vec<String> = e
-                .iter()
-                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
-                .collect();
-            format!(" [{}]", items.join("/"))
-        })
+        .and_then(crate::people::constraints)
+        .map(|c| format!(" ({c})"))
         .unwrap_or_default();
     loop {
         let open = engine.state(run_id).ok().is_some_and(|s| {
@@ -554,13 +548,85 @@ pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
     let (engine, telemetry) = store::driving_engine(g, false)?;
     let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let by = a.by.or_else(|| std::env::var("USER").ok());
-    let value = parse_answer(&a.answer);
-    let r = engine.answer(&run, &a.request_id, value, by).await;
+    let (which, answer) = match a.args.as_slice() {
+        [answer] => (None, answer),
+        [which, answer] => (Some(which.as_str()), answer),
+        _ => unreachable!("clap takes one or two"),
+    };
+    let target = match question_to_answer(&engine, &run, which) {
+        Ok(t) => t,
+        Err(e) => {
+            engine.journal().close();
+            return Err(e);
+        }
+    };
+    let rid = target.request_id().unwrap_or_default().to_string();
+    let r = engine
+        .answer(&target.run, &rid, parse_answer(answer), by)
+        .await;
     engine.journal().close();
     telemetry.finish().await;
     r?;
-    println!("answered {} of run {}", a.request_id, a.run);
+    if target.run == run {
+        println!("answered {rid} ({}) of run {run}", target.node);
+    } else {
+        println!(
+            "answered {rid} ({}) of child run {} of run {run}",
+            target.node, target.run
+        );
+    }
     Ok(crate::EXIT_OK)
+}
+
+/// The open question `which` names in `run` or its child runs (its
+/// request id or node path), or the only one when `which` is `None`.
+fn question_to_answer(
+    engine: &Engine,
+    run: &RunId,
+    which: Option<&str>,
+) -> anyhow::Result<crate::people::Open> {
+    let open: Vec<crate::people::Open> = crate::people::open_gates(engine, run)?
+        .into_iter()
+        .filter(|g| g.request_id().is_some())
+        .collect();
+    let list = |gates: &[crate::people::Open]| {
+        gates
+            .iter()
+            .map(|g| {
+                format!(
+                    "\n  {} ({}{})",
+                    g.request_id().unwrap_or_default(),
+                    g.node,
+                    if &g.run == run {
+                        String::new()
+                    } else {
+                        format!(" in child run {}", g.run)
+                    }
+                )
+            })
+            .collect::<String>()
+    };
+    let found: Vec<crate::people::Open> = match which {
+        None => open.clone(),
+        Some(w) => open.iter().filter(|g| g.is_named(w)).cloned().collect(),
+    };
+    match (found.len(), which) {
+        (1, _) => Ok(found.into_iter().next().expect("one")),
+        (0, None) => Err(bad_input(format!("run {run} has no open question"))),
+        (0, Some(w)) if open.is_empty() => Err(bad_input(format!(
+            "run {run} has no open question (`{w}` names none)"
+        ))),
+        (0, Some(w)) => Err(bad_input(format!(
+            "no open question of run {run} is `{w}`; its open questions:{}",
+            list(&open)
+        ))),
+        _ => Err(bad_input(format!(
+            "run {run} has {} open questions; name one (its request id or node): \
+             cairn answer {run} <question> <answer>{}",
+            found.len(),
+            list(&found)
+        ))),
+    }
 }
 
 /// `cairn approve` and `cairn deny`.
@@ -570,17 +636,30 @@ pub async fn decide(g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result
     let (engine, telemetry) = store::driving_engine(g, false)?;
     let run = store::require_run(engine.journal(), &a.run)?.run_id;
     let by = a.by.or_else(|| std::env::var("USER").ok());
-    let r = engine.decide(&run, &a.node, approved, a.note, by).await;
+    // The run's own approval, else one of its child runs' of that node.
+    let target = approval_run(&engine, &run, &a.node).unwrap_or_else(|| run.clone());
+    let r = engine.decide(&target, &a.node, approved, a.note, by).await;
     engine.journal().close();
     telemetry.finish().await;
     r?;
-    println!(
-        "{} {} of run {}",
-        if approved { "approved" } else { "denied" },
-        a.node,
-        a.run
-    );
+    let verb = if approved { "approved" } else { "denied" };
+    if target == run {
+        println!("{verb} {} of run {run}", a.node);
+    } else {
+        println!("{verb} {} of child run {target} of run {run}", a.node);
+    }
     Ok(crate::EXIT_OK)
+}
+
+/// The run of `run`'s tree (itself first, then its child runs) whose node
+/// `node` waits for approval; `None` when none does (the decision then
+/// goes to `run`, which says why it cannot be taken).
+fn approval_run(engine: &Engine, run: &RunId, node: &str) -> Option<RunId> {
+    crate::people::open_gates(engine, run)
+        .ok()?
+        .into_iter()
+        .find(|g| g.node == node && g.request_id().is_none())
+        .map(|g| g.run)
 }
 
 /// `cairn cancel`.

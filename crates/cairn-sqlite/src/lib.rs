@@ -31,12 +31,14 @@ use cairn_events::{NodePath, RunCommand, RunId};
 
 use cairn_storage::prelude::*;
 use cairn_storage::{
-    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, Listener, NewRun, PinnedFile,
-    ProcessRecord, RecordStatus, RunFilter, RunLease, RunRecord, StoreError, StoreFuture,
-    StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
+    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, Listener, NewRun,
+    PinnedFile, ProcessRecord, RecordStatus, RunFilter, RunLease, RunRecord, StoreError,
+    StoreFuture, StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 
 use crate::wake::WakeDir;
+
+mod locks;
 
 mod events;
 mod wake;
@@ -1265,6 +1267,29 @@ impl Leases for SqliteBackend {
         } else {
             Err(StoreError::io(&path, err))
         }
+    }
+
+    /// The process holding the run's lock, from the kernel's table of
+    /// locks (`/proc/locks`), without touching the lock: asking must not
+    /// take the run from under a resume that is starting. A lock lasts
+    /// exactly as long as its holder, so the holder is alive here.
+    fn lease_holder(&self, run_id: &RunId) -> Result<Option<LeaseHolder>, StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let path = self.lock_dir.join(format!("{run_id}.lock"));
+        let inode = match std::fs::metadata(&path) {
+            Ok(m) => m.ino(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io(&path, e)),
+        };
+        let Ok(table) = std::fs::read_to_string("/proc/locks") else {
+            return Ok(None);
+        };
+        let holder = locks::flock_holder(&table, inode).filter(|&pid| pid != std::process::id());
+        Ok(holder.map(|pid| LeaseHolder {
+            holder: format!("pid {pid} on this machine"),
+            expires_in: None,
+            alive_here: true,
+        }))
     }
 }
 
