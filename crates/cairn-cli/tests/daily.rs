@@ -198,10 +198,13 @@ fn status_names_the_process_that_drives_a_run() {
     )
     .unwrap();
     let mut run = cairn_session(dir.path(), &["run", "slow.yaml", "--run-id", "d1"]);
+    // The mirror exists once the run has started (the store is whole).
+    let started = dir.path().join(".cairn/logs/d1/events.ndjson");
     wait_until("the command to start", || {
-        events(dir.path(), "d1")
-            .iter()
-            .any(|e| e.kind.type_name() == "NodeStarted")
+        started.exists()
+            && events(dir.path(), "d1")
+                .iter()
+                .any(|e| e.kind.type_name() == "NodeStarted")
     });
     let st = cairn(dir.path(), &["status", "d1"]);
     let shown = text(&st);

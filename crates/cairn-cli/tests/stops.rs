@@ -44,9 +44,29 @@ fn sigterm_of_a_run_waiting_for_people_exits_without_the_grace_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("asks.yaml"), ASKS).unwrap();
     let mut run = cairn_session(dir.path(), &["run", "asks.yaml", "--run-id", "w1"]);
-    wait_until("the question and the approval", || {
-        dir.path().join(".cairn/cairn.db").exists() && waits_for_both(dir.path(), "w1")
-    });
+    let t0 = Instant::now();
+    // The mirror is written once the run has started, so the store is
+    // whole by then: opening it earlier could race the run's creating it.
+    let started = dir.path().join(".cairn/logs/w1/events.ndjson");
+    while !(started.exists() && waits_for_both(dir.path(), "w1")) {
+        if t0.elapsed() > Duration::from_secs(60) || run.try_wait().unwrap().is_some() {
+            let _ = run.kill();
+            let types: Vec<&str> = if started.exists() {
+                events(dir.path(), "w1")
+                    .iter()
+                    .map(|e| e.kind.type_name())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            panic!(
+                "the run did not wait for both (exited: {:?}); its events: {types:?}; its stderr: {}",
+                run.try_wait().unwrap(),
+                sessions_err(dir.path())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let took = term_and_time(&mut run);
     assert!(
         took < Duration::from_secs(4),
