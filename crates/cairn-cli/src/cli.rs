@@ -50,6 +50,17 @@ pub struct Global {
     /// Do not write the NDJSON mirror (the store keeps every event anyway).
     #[arg(long, global = true)]
     pub no_log: bool,
+    /// Work through a `cairn serve` at this URL instead of a store: the
+    /// commands that read or act on runs.
+    #[arg(long, global = true, env = "CAIRN_SERVER", value_name = "URL")]
+    pub server: Option<String>,
+    /// Bearer token for --server.
+    #[arg(long, global = true, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A profile of the config files (`~/.config/cairn/config.toml`,
+    /// `.cairn.toml` in the project): its store or server and token.
+    #[arg(long, global = true, env = "CAIRN_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 /// The store of the nearest `.cairn` folder at or above `dir` (as git finds
@@ -160,7 +171,7 @@ pub enum Command {
     /// Serve the HTTP API (runs, live events, metrics).
     Serve(ServeArgs),
     /// Show which walls of the process sandbox this machine supports.
-    Doctor,
+    Doctor(DoctorArgs),
     /// Start a project here: a starter workflow and `.cairn/` in .gitignore.
     Init(InitArgs),
     /// Print the shell completion script (e.g. `cairn completions bash >
@@ -168,6 +179,15 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the man page (`cairn man > cairn.1; man ./cairn.1`).
     Man,
+}
+
+/// `cairn doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The checks as one JSON object (`{"sandboxOk", "checks": [{"name",
+    /// "ok", "required", "detail"}]}`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `cairn init`.
@@ -250,6 +270,10 @@ pub struct DecideArgs {
     /// Who decides [default: $USER].
     #[arg(long)]
     pub by: Option<String>,
+    /// The decision taken as one JSON object (`{"runId", "nodeId",
+    /// "approved"}`, as the API's).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `cairn answer`.
@@ -262,6 +286,10 @@ pub struct AnswerArgs {
     /// question), then the answer: JSON, or else taken as text.
     #[arg(num_args = 1..=2, required = true, value_names = ["QUESTION", "ANSWER"])]
     pub args: Vec<String>,
+    /// The answer taken as one JSON object (`{"runId", "requestId"}`, as
+    /// the API's).
+    #[arg(long)]
+    pub json: bool,
     /// Who answers [default: $USER].
     #[arg(long)]
     pub by: Option<String>,
@@ -278,6 +306,10 @@ pub struct CancelArgs {
     /// Why, kept in the log.
     #[arg(long)]
     pub reason: Option<String>,
+    /// The request taken as one JSON object (`{"runId", "cancelRequested":
+    /// true}`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `cairn fork`.
@@ -361,7 +393,8 @@ pub struct RunsArgs {
     /// At most this many runs.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub limit: usize,
-    /// One JSON object per line instead of a table.
+    /// The list as one JSON object (`{"runs": [...]}`, as the API's
+    /// `GET /v1/runs`) instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -388,8 +421,6 @@ pub struct StatusArgs {
     /// The state as JSON.
     #[arg(long)]
     pub json: bool,
-    #[command(flatten)]
-    pub remote: RemoteArgs,
 }
 
 /// `cairn logs`.
@@ -421,19 +452,6 @@ pub struct LogsArgs {
         requires = "follow"
     )]
     pub timeout: String,
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-}
-
-/// Where `status` and `logs` read from when not from the local store.
-#[derive(Debug, Args)]
-pub struct RemoteArgs {
-    /// Read from a `cairn serve` at this URL instead of the store.
-    #[arg(long, value_name = "URL")]
-    pub server: Option<String>,
-    /// Bearer token for --server.
-    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
 }
 
 /// `cairn validate` and `cairn graph`.
@@ -441,6 +459,11 @@ pub struct RemoteArgs {
 pub struct FileArgs {
     /// The workflow file.
     pub file: PathBuf,
+    /// `validate`: the verdict as one JSON object (`{"ok": true,
+    /// "workflow", "nodes", "childWorkflows"}`, or `{"ok": false,
+    /// "problems": [...]}`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `cairn export`.

@@ -7,9 +7,11 @@ use std::time::Duration;
 use anyhow::Context;
 use cairn_api::{ActivityEntry, RunDetail, RunMeta};
 use cairn_client::{ClientError, EventsQuery};
+
+use crate::remote::client_error;
 use cairn_events::{Event, EventType};
 use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, SubscribeError};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::bad_input;
 use crate::cli::{ExportArgs, FileArgs, GcArgs, Global, LogsArgs, RunsArgs, ServeArgs, StatusArgs};
@@ -17,7 +19,7 @@ use crate::format::{datetime_ms, duration_ms, event_line, short_value};
 use crate::store;
 
 /// `cairn runs`.
-pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
+pub async fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
     let status = match &a.status {
         Some(s) => match RecordStatus::parse(s) {
             Some(st @ (RecordStatus::Pending | RecordStatus::Run(_))) => Some(st),
@@ -29,33 +31,76 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         },
         None => None,
     };
+    let list = match &g.server {
+        Some(url) => {
+            let client = crate::remote::client(url, g)?;
+            let q = cairn_client::RunsQuery {
+                status: a.status.clone(),
+                limit: Some(a.limit),
+                ..Default::default()
+            };
+            client.runs(&q).await.map_err(client_error)?
+        }
+        None => local_runs(g, status, a.limit)?,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&list)?);
+        return Ok(crate::EXIT_OK);
+    }
+    print!("{}", render_runs(&list.runs));
+    Ok(crate::EXIT_OK)
+}
+
+/// The runs of the store, as the API lists them.
+fn local_runs(
+    g: &Global,
+    status: Option<RecordStatus>,
+    limit: usize,
+) -> anyhow::Result<cairn_api::RunList> {
+    let mut list = cairn_api::RunList {
+        runs: Vec::new(),
+        limit,
+        offset: 0,
+        next_offset: None,
+    };
     if !g.store_exists() {
         // No store yet means no runs: nothing to list, nothing to create.
-        if !a.json {
-            println!("no runs");
-        }
-        return Ok(crate::EXIT_OK);
+        return Ok(list);
     }
     let j = store::open(g, false)?;
     let runs = j.backend().list_runs(&RunFilter {
         status,
-        limit: Some(a.limit),
+        limit: Some(limit),
         ..Default::default()
     })?;
-    let spent: Vec<Spent> = runs.iter().map(|r| spent_of(&j, &r.run_id)).collect();
-    j.close();
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        for (r, spent) in runs.iter().zip(&spent) {
-            writeln!(out, "{}", run_json(r, spent))?;
+    for r in &runs {
+        let meta = RunMeta {
+            workflow: &r.workflow,
+            status: r.status.as_str(),
+            parent_run_id: r.parent_run_id.as_ref(),
+        };
+        let mut summary = cairn_api::RunSummary::new(&r.run_id, &meta, r.created_ms, r.updated_ms);
+        if let Some((input, output, cost)) = spent_of(&j, &r.run_id) {
+            summary.tokens = Some(cairn_events::TokenTotals {
+                input,
+                output,
+                ..Default::default()
+            });
+            summary.cost_usd = cost;
         }
-        return Ok(crate::EXIT_OK);
+        list.runs.push(summary);
     }
+    j.close();
+    Ok(list)
+}
+
+/// The runs as a table, child runs indented under their parents.
+fn render_runs(runs: &[cairn_api::RunSummary]) -> String {
     if runs.is_empty() {
-        writeln!(out, "no runs")?;
-        return Ok(crate::EXIT_OK);
+        return "no runs\n".into();
     }
-    let order = tree_order(&runs);
+    let mut out = String::new();
+    let order = tree_order(runs);
     let id_w = order
         .iter()
         .map(|&(i, depth)| runs[i].run_id.len() + 2 * depth)
@@ -68,32 +113,30 @@ pub fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
         .max()
         .unwrap_or(8)
         .max(8);
-    writeln!(
-        out,
-        "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  UPDATED",
+    out.push_str(&format!(
+        "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  UPDATED\n",
         "RUN", "WORKFLOW", "STATUS", "CREATED"
-    )?;
-    for i in order {
-        let (r, spent) = (&runs[i.0], &spent[i.0]);
-        let indent = "  ".repeat(i.1);
-        let spent = match spent {
-            Some((i, o, c)) if i + o > 0 => {
-                let cost = c.map(|c| format!(" ${c:.4}")).unwrap_or_default();
-                format!("  {} tokens{cost}", i + o)
+    ));
+    for (i, depth) in order {
+        let r = &runs[i];
+        let indent = "  ".repeat(depth);
+        let spent = match &r.tokens {
+            Some(t) if t.input + t.output > 0 => {
+                let cost = r.cost_usd.map(|c| format!(" ${c:.4}")).unwrap_or_default();
+                format!("  {} tokens{cost}", t.input + t.output)
             }
             _ => String::new(),
         };
-        writeln!(
-            out,
-            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}{spent}",
+        out.push_str(&format!(
+            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}{spent}\n",
             format!("{indent}{}", r.run_id),
             r.workflow,
             r.status,
             datetime_ms(r.created_ms),
             datetime_ms(r.updated_ms)
-        )?;
+        ));
     }
-    Ok(crate::EXIT_OK)
+    out
 }
 
 /// What a run spent on models: input and output tokens, and the cost
@@ -116,30 +159,10 @@ fn spent_of(j: &cairn_store::Journal, run: &cairn_events::RunId) -> Spent {
     }
 }
 
-/// A run's line of `cairn runs --json`.
-fn run_json(r: &cairn_store::RunRecord, spent: &Spent) -> serde_json::Value {
-    let mut v = json!({
-        "runId": r.run_id,
-        "workflow": r.workflow,
-        "status": r.status.as_str(),
-        "createdMs": r.created_ms,
-        "updatedMs": r.updated_ms,
-        "workflowPath": r.workflow_path,
-        "parentRunId": r.parent_run_id,
-    });
-    if let Some((i, o, c)) = spent.filter(|(i, o, _)| i + o > 0) {
-        v["tokens"] = json!({"input": i, "output": o});
-        if let Some(c) = c {
-            v["costUsd"] = json!(c);
-        }
-    }
-    v
-}
-
 /// The listed runs as a tree: each run, then its children (newest first,
 /// as listed) indented one level deeper; a run whose parent is not in the
 /// list stands at the top. Indexes into `runs`, with depths.
-fn tree_order(runs: &[cairn_store::RunRecord]) -> Vec<(usize, usize)> {
+fn tree_order(runs: &[cairn_api::RunSummary]) -> Vec<(usize, usize)> {
     use std::collections::HashMap;
     let at: HashMap<&str, usize> = runs
         .iter()
@@ -173,10 +196,9 @@ fn tree_order(runs: &[cairn_store::RunRecord]) -> Vec<(usize, usize)> {
 pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
     // Said under the table of a run that has not ended: who drives it.
     let mut driver_note = None;
-    let v = match &a.remote.server {
+    let v = match &g.server {
         Some(url) => {
-            let client = cairn_client::Client::new(url, a.remote.token.clone())
-                .map_err(|e| bad_input(e.to_string()))?;
+            let client = crate::remote::client(url, g)?;
             let run = store::run_id(&a.run)?;
             client.run(&run).await.map_err(client_error)?
         }
@@ -233,10 +255,9 @@ fn driver_line(backend: &dyn cairn_store::Backend, run: &cairn_events::RunId) ->
 /// `cairn activity`: the run's Activity view, one line per entry (a child
 /// run's entries indented under the delegation), or the entries as JSON.
 pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
-    let entries: Vec<ActivityEntry> = match &a.remote.server {
+    let entries: Vec<ActivityEntry> = match &g.server {
         Some(url) => {
-            let client = cairn_client::Client::new(url, a.remote.token.clone())
-                .map_err(|e| bad_input(e.to_string()))?;
+            let client = crate::remote::client(url, g)?;
             let run = store::run_id(&a.run)?;
             client.activity(&run).await.map_err(client_error)?.activity
         }
@@ -249,7 +270,12 @@ pub async fn activity(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         }
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+        // One object, as the API's `GET /v1/runs/{id}/activity`.
+        let page = cairn_api::ActivityPage {
+            run_id: store::run_id(&a.run)?,
+            activity: entries,
+        };
+        println!("{}", serde_json::to_string_pretty(&page)?);
     } else {
         print!("{}", render_activity(&entries));
     }
@@ -296,17 +322,6 @@ fn render_activity(entries: &[ActivityEntry]) -> String {
         }
     }
     out
-}
-
-/// A server's "not found" or "bad request" is bad input like a local one.
-fn client_error(e: ClientError) -> anyhow::Error {
-    match &e {
-        ClientError::Status { status, .. } if (400..500).contains(status) => {
-            bad_input(e.to_string())
-        }
-        ClientError::Url { .. } => bad_input(e.to_string()),
-        _ => anyhow::Error::new(e),
-    }
 }
 
 /// The state for people: a header, then one line per node pass.
@@ -541,8 +556,8 @@ fn print_event(out: &mut impl Write, json: &str, as_json: bool) -> anyhow::Resul
 /// `cairn logs`.
 pub async fn logs(g: &Global, a: LogsArgs) -> anyhow::Result<u8> {
     let types = event_types(&a.types)?;
-    if let Some(url) = a.remote.server.clone() {
-        return logs_from_server(&url, &a).await;
+    if let Some(url) = g.server.clone() {
+        return logs_from_server(&url, g.token.clone(), &a).await;
     }
     let (j, run) = if a.follow {
         wait_for_run(g, &a).await?
@@ -662,9 +677,8 @@ async fn wait_for_run(g: &Global, a: &LogsArgs) -> anyhow::Result<(Journal, cair
     .await
 }
 
-async fn logs_from_server(url: &str, a: &LogsArgs) -> anyhow::Result<u8> {
-    let client = cairn_client::Client::new(url, a.remote.token.clone())
-        .map_err(|e| bad_input(e.to_string()))?;
+async fn logs_from_server(url: &str, token: Option<String>, a: &LogsArgs) -> anyhow::Result<u8> {
+    let client = cairn_client::Client::new(url, token).map_err(|e| bad_input(e.to_string()))?;
     let run = store::run_id(&a.run)?;
     let stdout = std::io::stdout();
     if a.follow {
@@ -737,12 +751,43 @@ pub fn validate(a: FileArgs) -> anyhow::Result<u8> {
                 1 => ", 1 child workflow".to_string(),
                 n => format!(", {n} child workflows"),
             };
-            println!("ok: {} ({} nodes{also})", wf.name, count_nodes(&wf.nodes));
+            if a.json {
+                let v = serde_json::json!({
+                    "ok": true,
+                    "workflow": wf.name,
+                    "nodes": count_nodes(&wf.nodes),
+                    "childWorkflows": children,
+                });
+                println!("{v}");
+            } else {
+                println!("ok: {} ({} nodes{also})", wf.name, count_nodes(&wf.nodes));
+            }
             Ok(crate::EXIT_OK)
         }
         Err(e) => {
-            for p in &e.problems {
-                eprintln!("error: {p}");
+            if a.json {
+                let problems: Vec<Value> = e
+                    .problems
+                    .iter()
+                    .map(|p| {
+                        serde_json::json!({
+                            "file": p.file.display().to_string(),
+                            "line": p.line,
+                            "column": p.column,
+                            "field": p.field,
+                            "message": p.message,
+                            "hint": p.hint,
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({ "ok": false, "problems": problems })
+                );
+            } else {
+                for p in &e.problems {
+                    eprintln!("error: {p}");
+                }
             }
             Ok(crate::EXIT_BAD_INPUT)
         }
@@ -751,6 +796,11 @@ pub fn validate(a: FileArgs) -> anyhow::Result<u8> {
 
 /// `cairn graph`.
 pub fn graph(a: FileArgs) -> anyhow::Result<u8> {
+    if a.json {
+        return Err(bad_input(
+            "`cairn graph` prints Mermaid; --json is `validate`'s",
+        ));
+    }
     if !a.file.is_file() {
         return Err(bad_input(format!(
             "{}: no such workflow file",

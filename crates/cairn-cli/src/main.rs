@@ -7,6 +7,7 @@
 //! before the store is even opened.
 
 mod cli;
+mod config;
 mod copy;
 mod display;
 mod doctor;
@@ -16,6 +17,7 @@ mod inspect;
 mod people;
 mod project;
 mod reload;
+mod remote;
 mod revert;
 mod run;
 mod scores;
@@ -74,7 +76,19 @@ fn parse_cli() -> Result<Cli, clap::Error> {
     use clap::{CommandFactory, FromArgMatches};
     let matches = Cli::command().try_get_matches()?;
     let mut cli = Cli::from_arg_matches(&matches)?;
-    if matches.value_source("store") == Some(clap::parser::ValueSource::DefaultValue) {
+    let store_given =
+        matches.value_source("store") != Some(clap::parser::ValueSource::DefaultValue);
+    if let Err(e) = config::apply(&mut cli.global, store_given) {
+        // A config file or profile that cannot be used: bad input, said
+        // as clap says a bad flag.
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::ValueValidation,
+            format!("{e}\n"),
+        ));
+    }
+    if !store_given
+        && matches!(cli.global.store, cairn_store::StoreUrl::Sqlite(ref p) if p == std::path::Path::new(".cairn/cairn.db"))
+    {
         if let Ok(here) = std::env::current_dir() {
             if let Some(found) = cli::nearest_store(&here) {
                 cli.global.store = cairn_store::StoreUrl::Sqlite(found);
@@ -153,6 +167,9 @@ fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let g = cli.global;
+    if let Some(url) = g.server.clone() {
+        return dispatch_remote(&url, g, cli.command).await;
+    }
     match cli.command {
         Command::Run(a) => run::run(&g, a).await,
         Command::Resume(a) => run::resume(&g, a).await,
@@ -163,8 +180,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Revert(a) => revert::revert(&g, a).await,
         Command::Fork(a) => run::fork(&g, a).await,
         Command::Hijack(a) => hijack::hijack(&g, a).await,
-        Command::Runs(a) => inspect::runs(&g, a),
-        Command::Scores(a) => scores::scores(&g, a),
+        Command::Runs(a) => inspect::runs(&g, a).await,
+        Command::Scores(a) => scores::scores(&g, a).await,
         Command::Status(a) => inspect::status(&g, a).await,
         Command::Logs(a) => inspect::logs(&g, a).await,
         Command::Activity(a) => inspect::activity(&g, a).await,
@@ -175,10 +192,43 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Gc(a) => inspect::gc(&g, a).await,
         Command::Store(StoreCommand::Copy(a)) => copy::copy(&g, a),
         Command::Serve(a) => inspect::serve(&g, a).await,
-        Command::Doctor => Ok(doctor::doctor()),
+        Command::Doctor(a) => Ok(doctor::doctor(a.json)),
         Command::Init(a) => project::init(a),
         Command::Completions(a) => project::completions(a),
         Command::Man => project::man(),
+    }
+}
+
+/// A command with a server to work through: those that read or act on
+/// runs go to it; those that need the files of a store here say so; the
+/// rest (checking a file, this machine's walls) do not need either.
+async fn dispatch_remote(url: &str, g: cli::Global, command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Approve(a) => remote::decide(url, &g, a, true).await,
+        Command::Deny(a) => remote::decide(url, &g, a, false).await,
+        Command::Answer(a) => remote::answer(url, &g, a).await,
+        Command::Cancel(a) => remote::cancel(url, &g, a).await,
+        Command::Resume(a) => remote::resume(url, &g, a).await,
+        Command::Runs(a) => inspect::runs(&g, a).await,
+        Command::Scores(a) => scores::scores(&g, a).await,
+        Command::Status(a) => inspect::status(&g, a).await,
+        Command::Logs(a) => inspect::logs(&g, a).await,
+        Command::Activity(a) => inspect::activity(&g, a).await,
+        Command::Validate(a) => inspect::validate(a),
+        Command::Graph(a) => inspect::graph(a),
+        Command::Doctor(a) => Ok(doctor::doctor(a.json)),
+        Command::Init(a) => project::init(a),
+        Command::Completions(a) => project::completions(a),
+        Command::Man => project::man(),
+        Command::Run(_) => Err(remote::store_only("run")),
+        Command::Revert(_) => Err(remote::store_only("revert")),
+        Command::Fork(_) => Err(remote::store_only("fork")),
+        Command::Hijack(_) => Err(remote::store_only("hijack")),
+        Command::Export(_) => Err(remote::store_only("export")),
+        Command::Trace(_) => Err(remote::store_only("trace")),
+        Command::Gc(_) => Err(remote::store_only("gc")),
+        Command::Store(_) => Err(remote::store_only("store copy")),
+        Command::Serve(_) => Err(remote::store_only("serve")),
     }
 }
 

@@ -567,7 +567,13 @@ pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
     engine.journal().close();
     telemetry.finish().await;
     r?;
-    if target.run == run {
+    if a.json {
+        let done = cairn_api::Answered {
+            run_id: target.run,
+            request_id: rid,
+        };
+        println!("{}", serde_json::to_string(&done)?);
+    } else if target.run == run {
         println!("answered {rid} ({}) of run {run}", target.node);
     } else {
         println!(
@@ -643,7 +649,14 @@ pub async fn decide(g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result
     telemetry.finish().await;
     r?;
     let verb = if approved { "approved" } else { "denied" };
-    if target == run {
+    if a.json {
+        let d = cairn_api::Decided {
+            run_id: target,
+            node_id: a.node,
+            approved,
+        };
+        println!("{}", serde_json::to_string(&d)?);
+    } else if target == run {
         println!("{verb} {} of run {run}", a.node);
     } else {
         println!("{verb} {} of child run {target} of run {run}", a.node);
@@ -673,6 +686,13 @@ pub async fn cancel(g: &Global, a: CancelArgs) -> anyhow::Result<u8> {
     engine.journal().close();
     telemetry.finish().await;
     r?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "runId": run, "cancelRequested": true })
+        );
+        return Ok(crate::EXIT_OK);
+    }
     println!(
         "cancel{} requested for run {}",
         if a.graceful { " (graceful)" } else { "" },

@@ -3,15 +3,21 @@
 
 use std::io::Write;
 
-use cairn_store::{aggregate_scores, ScoreFilter, ScoreReport, ScorerStats};
+use cairn_api::{ScoreReport, ScorerStats};
+use cairn_store::{aggregate_scores, ScoreFilter};
 
 use crate::cli::{Global, ScoresArgs};
 use crate::format::datetime_ms;
 use crate::store;
 
 /// `cairn scores`.
-pub fn scores(g: &Global, a: ScoresArgs) -> anyhow::Result<u8> {
-    let report = if g.store_exists() {
+pub async fn scores(g: &Global, a: ScoresArgs) -> anyhow::Result<u8> {
+    let report = if let Some(url) = &g.server {
+        crate::remote::client(url, g)?
+            .scores(a.workflow.as_deref(), a.node.as_deref())
+            .await
+            .map_err(crate::remote::client_error)?
+    } else if g.store_exists() {
         let j = store::open(g, false)?;
         let filter = ScoreFilter {
             workflow: a.workflow.clone(),
@@ -19,7 +25,9 @@ pub fn scores(g: &Global, a: ScoresArgs) -> anyhow::Result<u8> {
         };
         let report = aggregate_scores(j.backend().as_ref(), &filter);
         j.close();
-        report?
+        // The store's report is the API's, field for field (`GET
+        // /v1/scores` serves it): read as the API's, one type to show.
+        serde_json::from_value(serde_json::to_value(report?)?)?
     } else {
         // No store yet means no runs, so no scores.
         ScoreReport::default()

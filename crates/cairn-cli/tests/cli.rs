@@ -209,14 +209,17 @@ fn hello_finishes_and_logs_json_is_the_mirror_byte_for_byte() {
 
     let runs = env.run(&["runs", "--json"]);
     assert_code(&runs, 0);
-    let first: Value = serde_json::from_str(text(&runs.stdout).lines().next().unwrap()).unwrap();
+    let list: Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let first = &list["runs"][0];
     assert_eq!(first["runId"], "h1");
     assert_eq!(first["status"], "finished");
 
     // The Activity view: the same entries as JSON and as lines, chained.
     let act = env.run(&["activity", "h1", "--json"]);
     assert_code(&act, 0);
-    let entries: Vec<Value> = serde_json::from_slice(&act.stdout).unwrap();
+    let page: Value = serde_json::from_slice(&act.stdout).unwrap();
+    assert_eq!(page["runId"], "h1");
+    let entries: Vec<Value> = serde_json::from_value(page["activity"].clone()).unwrap();
     assert!(entries.len() >= 3, "{entries:?}");
     assert_eq!(entries[0]["kind"], "run");
     for pair in entries.windows(2) {

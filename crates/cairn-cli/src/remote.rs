@@ -1,0 +1,165 @@
+//! The commands that act on runs, through a `cairn serve` (`--server`, or
+//! a profile's `server`) instead of a store: the same arguments, the same
+//! exit codes (a server's 4xx is bad input, 4; no answer from it is 1).
+
+use cairn_api::{AnswerBody, CancelBody, DecideBody, ResumeBody};
+use cairn_client::{Client, ClientError};
+use cairn_events::{NodePath, RunId};
+use serde_json::Value;
+
+use crate::bad_input;
+use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, Global, ResumeArgs};
+
+/// The client of the server at `url`, with the token of `g`.
+pub fn client(url: &str, g: &Global) -> anyhow::Result<Client> {
+    Client::new(url, g.token.clone()).map_err(|e| bad_input(e.to_string()))
+}
+
+/// A server's "not found" or "bad request" is bad input like a local one.
+pub fn client_error(e: ClientError) -> anyhow::Error {
+    match &e {
+        ClientError::Status { status, .. } if (400..500).contains(status) => {
+            bad_input(e.to_string())
+        }
+        ClientError::Url { .. } => bad_input(e.to_string()),
+        _ => anyhow::Error::new(e),
+    }
+}
+
+fn by(given: Option<String>) -> Option<String> {
+    given.or_else(|| std::env::var("USER").ok())
+}
+
+/// `cairn approve` / `deny` through a server.
+pub async fn decide(url: &str, g: &Global, a: DecideArgs, approved: bool) -> anyhow::Result<u8> {
+    let c = client(url, g)?;
+    let run = crate::store::run_id(&a.run)?;
+    let node =
+        NodePath::parse(&a.node).map_err(|e| bad_input(format!("node `{}`: {e}", a.node)))?;
+    let body = DecideBody {
+        approved,
+        note: a.note,
+        by: by(a.by),
+    };
+    let d = c.decide(&run, &node, &body).await.map_err(client_error)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&d)?);
+        return Ok(crate::EXIT_OK);
+    }
+    let verb = if d.approved { "approved" } else { "denied" };
+    println!("{verb} {} of run {}", d.node_id, d.run_id);
+    Ok(crate::EXIT_OK)
+}
+
+/// `cairn answer` through a server: the question named (request id or
+/// node), or the run's only open one.
+pub async fn answer(url: &str, g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
+    let c = client(url, g)?;
+    let run = crate::store::run_id(&a.run)?;
+    let (which, answer) = match a.args.as_slice() {
+        [answer] => (None, answer),
+        [which, answer] => (Some(which.as_str()), answer),
+        _ => unreachable!("clap takes one or two"),
+    };
+    let detail = c.run(&run).await.map_err(client_error)?;
+    let open = open_questions(detail.as_value());
+    let found: Vec<&(String, String)> = match which {
+        None => open.iter().collect(),
+        Some(w) => open
+            .iter()
+            .filter(|(rid, node)| rid == w || node == w)
+            .collect(),
+    };
+    let rid = match found.as_slice() {
+        [(rid, _)] => rid.clone(),
+        [] => {
+            return Err(bad_input(match which {
+                Some(w) => format!("no open question of run {run} is `{w}`"),
+                None => format!("run {run} has no open question"),
+            }))
+        }
+        many => {
+            let list: String = many
+                .iter()
+                .map(|(rid, node)| format!("\n  {rid} ({node})"))
+                .collect();
+            return Err(bad_input(format!(
+                "run {run} has {} open questions; name one (its request id or node):{list}",
+                many.len()
+            )));
+        }
+    };
+    let body = AnswerBody {
+        value: crate::run::parse_answer(answer),
+        by: by(a.by),
+    };
+    let done = c.answer(&run, &rid, &body).await.map_err(client_error)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&done)?);
+        return Ok(crate::EXIT_OK);
+    }
+    println!("answered {} of run {}", done.request_id, done.run_id);
+    Ok(crate::EXIT_OK)
+}
+
+/// The open questions of a run as `GET /v1/runs/{id}` shows them: request
+/// id and node.
+fn open_questions(detail: &Value) -> Vec<(String, String)> {
+    let Some(qs) = detail["questions"].as_object() else {
+        return Vec::new();
+    };
+    qs.iter()
+        .filter(|(_, q)| q.get("answer").is_none_or(Value::is_null))
+        .map(|(rid, q)| (rid.clone(), q["nodeId"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+/// `cairn cancel` through a server.
+pub async fn cancel(url: &str, g: &Global, a: CancelArgs) -> anyhow::Result<u8> {
+    let c = client(url, g)?;
+    let run = crate::store::run_id(&a.run)?;
+    let body = CancelBody {
+        graceful: a.graceful,
+        reason: a.reason,
+        by: by(None),
+    };
+    c.cancel(&run, &body).await.map_err(client_error)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "runId": run, "cancelRequested": true })
+        );
+    } else {
+        println!("cancel of run {run} requested");
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// `cairn resume` through a server: the server drives the run; this
+/// process says so and returns (`cairn logs --follow` watches it).
+pub async fn resume(url: &str, g: &Global, a: ResumeArgs) -> anyhow::Result<u8> {
+    if a.watch {
+        return Err(bad_input(
+            "--watch reloads files on this machine; a server's runs reload with `cairn serve --watch`",
+        ));
+    }
+    let c = client(url, g)?;
+    let run: RunId = crate::store::run_id(&a.run)?;
+    let body = ResumeBody {
+        max_concurrency: None,
+    };
+    let accepted = c.resume(&run, &body).await.map_err(client_error)?;
+    println!(
+        "run {} resumed on {url}; watch it with: cairn logs {} --follow --server {url}",
+        accepted.run_id, accepted.run_id
+    );
+    Ok(crate::EXIT_OK)
+}
+
+/// A command that works on a store only, given a server.
+pub fn store_only(command: &str) -> anyhow::Error {
+    bad_input(format!(
+        "`cairn {command}` works on a store, not through a server; \
+         drop --server (or CAIRN_SERVER, or the profile's server) and give --store"
+    ))
+}

@@ -1,0 +1,165 @@
+//! The CLI against a server: a profile in `.cairn.toml` names the server
+//! and where its token comes from; `runs`, `answer`, `approve`, `status`
+//! and `scores` go through it; what needs a store says so; and every
+//! command's `--json` is one object of a documented shape.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn cli(dir: &Path, args: &[&str], token: Option<&str>) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    c.current_dir(dir)
+        .args(args)
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_SERVER")
+        .env_remove("CAIRN_TOKEN")
+        .env_remove("CAIRN_PROFILE")
+        .env("XDG_CONFIG_HOME", dir.join("no-user-config"))
+        .stdin(Stdio::null());
+    match token {
+        Some(t) => c.env("CAIRN_TEST_PROD_TOKEN", t),
+        None => c.env_remove("CAIRN_TEST_PROD_TOKEN"),
+    };
+    c.output().expect("run cairn")
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+const ASKS: &str = r#"
+name: asks
+nodes:
+  - id: branch
+    ask: "Which branch?"
+    schema: { type: string, enum: [main, release] }
+  - id: gate
+    needs: [branch]
+    approval: "Ship {{ nodes.branch.output }}?"
+"#;
+
+#[test]
+fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
+    let srv = tempfile::tempdir().unwrap();
+    std::fs::write(srv.path().join("asks.yaml"), ASKS).unwrap();
+    expect_code(
+        &cairn(
+            srv.path(),
+            &["run", "asks.yaml", "--run-id", "r1", "--exit-on-wait"],
+        ),
+        3,
+    );
+    let port = free_port();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(srv.path())
+        .args(["--store", ".cairn/cairn.db", "serve", "--addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--workflows", "."])
+        .env("CAIRN_TOKEN", "s3cret-token")
+        .env_remove("CAIRN_LOG_DIR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the server", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let here = tempfile::tempdir().unwrap();
+    std::fs::write(
+        here.path().join(".cairn.toml"),
+        format!(
+            "profile = \"prod\"\n[profiles.prod]\nserver = \"http://127.0.0.1:{port}\"\ntoken_env = \"CAIRN_TEST_PROD_TOKEN\"\n"
+        ),
+    )
+    .unwrap();
+    let tok = Some("s3cret-token");
+
+    let runs = cli(here.path(), &["runs", "--json"], tok);
+    expect_code(&runs, 0);
+    assert_eq!(json(&runs)["runs"][0]["runId"], "r1");
+    // The one open question needs no id; the answer's JSON is the API's.
+    wait_until("the server's resume of r1", || {
+        let st = cli(here.path(), &["status", "r1", "--json"], tok);
+        json(&st)["questions"]
+            .as_object()
+            .is_some_and(|q| !q.is_empty())
+    });
+    let ans = cli(here.path(), &["answer", "r1", "release", "--json"], tok);
+    expect_code(&ans, 0);
+    assert_eq!(json(&ans)["runId"], "r1");
+    wait_until("the gate", || {
+        let st = cli(here.path(), &["status", "r1", "--json"], tok);
+        json(&st)["status"] == "waiting-approval"
+    });
+    let dec = cli(here.path(), &["approve", "r1", "gate", "--json"], tok);
+    expect_code(&dec, 0);
+    assert_eq!(
+        json(&dec),
+        serde_json::json!({"runId": "r1", "nodeId": "gate", "approved": true})
+    );
+    wait_until("the end", || {
+        let st = cli(here.path(), &["status", "r1", "--json"], tok);
+        json(&st)["status"] == "finished"
+    });
+    expect_code(&cli(here.path(), &["scores", "--json"], tok), 0);
+
+    // What needs a store says so; a bad token, a missing token variable
+    // and an unknown profile are bad input.
+    let fork = cli(here.path(), &["fork", "r1", "--at", "3"], tok);
+    expect_code(&fork, 4);
+    assert!(String::from_utf8_lossy(&fork.stderr).contains("works on a store"));
+    expect_code(&cli(here.path(), &["runs"], Some("wrong")), 4);
+    let unset = cli(here.path(), &["runs"], None);
+    expect_code(&unset, 4);
+    assert!(String::from_utf8_lossy(&unset.stderr).contains("CAIRN_TEST_PROD_TOKEN"));
+    expect_code(&cli(here.path(), &["--profile", "nope", "runs"], tok), 4);
+    // The command line wins over the profile: a store here.
+    let local = cli(
+        here.path(),
+        &["--store", ".cairn/cairn.db", "runs", "--json"],
+        tok,
+    );
+    expect_code(&local, 0);
+    assert_eq!(json(&local)["runs"], serde_json::json!([]));
+
+    // SAFETY: signalling the server this test started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut server);
+}
+
+#[test]
+fn validate_and_doctor_say_it_as_one_object() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ok.yaml"), ASKS).unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "name: bad\nnodes:\n  - id: a\n    value: \"{{ nodes.b.output }}\"\n",
+    )
+    .unwrap();
+    let ok = cli(dir.path(), &["validate", "ok.yaml", "--json"], None);
+    expect_code(&ok, 0);
+    assert_eq!(
+        json(&ok),
+        serde_json::json!({"ok": true, "workflow": "asks", "nodes": 2, "childWorkflows": 0})
+    );
+    let bad = cli(dir.path(), &["validate", "bad.yaml", "--json"], None);
+    expect_code(&bad, 4);
+    let v = json(&bad);
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["problems"][0]["line"], 4);
+    assert_eq!(v["problems"][0]["field"], "nodes[0].value");
+    let doc = cli(dir.path(), &["doctor", "--json"], None);
+    let v = json(&doc);
+    assert!(v["sandboxOk"].is_boolean() && v["checks"].as_array().is_some_and(|c| !c.is_empty()));
+}
