@@ -13,7 +13,7 @@
 //! `needs`, directly or through its dependencies, or the read would see
 //! nothing at run time.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::kinds::NodeKind;
 use crate::model::{NodeSpec, Workflow};
@@ -41,13 +41,13 @@ const GLOBAL_FUNCTIONS: &[&str] = &["range", "dict", "namespace", "debug"];
 
 /// Where a site is: the chain of nodes from the top down to its node,
 /// each as (its siblings, its index among them), and the rest of its field.
-struct Place<'w> {
+struct Place<'w, 'f> {
     chain: Vec<(&'w [NodeSpec], usize)>,
-    rest: &'w str,
+    rest: &'f str,
 }
 
 /// The node list and index path a field names (`nodes[2].loop.nodes[0]…`).
-fn place<'w>(wf: &'w Workflow, field: &'w str) -> Option<Place<'w>> {
+fn place<'w, 'f>(wf: &'w Workflow, field: &'f str) -> Option<Place<'w, 'f>> {
     let mut rest = field.strip_prefix("nodes[")?;
     let mut list: &'w [NodeSpec] = &wf.nodes;
     let mut chain = Vec::new();
@@ -72,28 +72,58 @@ fn place<'w>(wf: &'w Workflow, field: &'w str) -> Option<Place<'w>> {
     }
 }
 
-/// Every node `spec` waits for in `siblings`, directly or through its
-/// dependencies.
-fn needs_closure<'a>(siblings: &'a [NodeSpec], spec: &'a NodeSpec) -> HashSet<&'a str> {
-    let mut out = HashSet::new();
+/// Each node list's ids, made once per list: a 100,000-node list is
+/// looked up once per reference, and a scan per lookup made checking it
+/// take minutes.
+#[derive(Default)]
+struct Indexes<'w> {
+    by_list: HashMap<usize, HashMap<&'w str, usize>>,
+}
+
+impl<'w> Indexes<'w> {
+    fn of(&mut self, list: &'w [NodeSpec]) -> &HashMap<&'w str, usize> {
+        self.by_list
+            .entry(list.as_ptr() as usize)
+            .or_insert_with(|| {
+                list.iter()
+                    .enumerate()
+                    .map(|(i, n)| (n.id.as_str(), i))
+                    .collect()
+            })
+    }
+}
+
+/// Whether `spec` waits for `target` among `siblings`, directly or through
+/// its dependencies. The search stops at `target`: a node reading its
+/// direct need (the usual case) costs one look.
+fn waits_for(
+    siblings: &[NodeSpec],
+    index: &HashMap<&str, usize>,
+    spec: &NodeSpec,
+    target: &str,
+) -> bool {
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut todo: Vec<&str> = spec.needs.iter().map(String::as_str).collect();
     while let Some(id) = todo.pop() {
-        if !out.insert(id) {
+        if id == target {
+            return true;
+        }
+        if !seen.insert(id) {
             continue;
         }
-        if let Some(n) = siblings.iter().find(|n| n.id == id) {
-            todo.extend(n.needs.iter().map(String::as_str));
+        if let Some(&i) = index.get(id) {
+            todo.extend(siblings[i].needs.iter().map(String::as_str));
         }
     }
-    out
+    false
 }
 
 /// A node found by its full path from the top (`review.fix`).
-fn by_path<'w>(wf: &'w Workflow, path: &str) -> Option<&'w NodeSpec> {
-    let mut list: &[NodeSpec] = &wf.nodes;
+fn by_path<'w>(wf: &'w Workflow, path: &str, index: &mut Indexes<'w>) -> Option<&'w NodeSpec> {
+    let mut list: &'w [NodeSpec] = &wf.nodes;
     let mut found = None;
     for part in path.split('.') {
-        let n = list.iter().find(|n| n.id == part)?;
+        let n = &list[*index.of(list).get(part)?];
         list = n.kind.children().unwrap_or_default();
         found = Some(n);
     }
@@ -135,9 +165,16 @@ fn input_fields(wf: &Workflow) -> Option<Vec<String>> {
     Some(props.keys().cloned().collect())
 }
 
+/// A `did you mean` among `candidates`; only the first
+/// [`MAX_HINT_CANDIDATES`] are compared, so that a file of 100,000 nodes
+/// with as many wrong names cannot make the check quadratic.
 fn hint_for<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    closest(word, candidates).map(|c| format!("did you mean `{c}`?"))
+    closest(word, candidates.into_iter().take(MAX_HINT_CANDIDATES))
+        .map(|c| format!("did you mean `{c}`?"))
 }
+
+/// How many names a `did you mean` compares at most.
+const MAX_HINT_CANDIDATES: usize = 200;
 
 fn key_of(step: Option<&Step>) -> Option<&str> {
     match step {
@@ -151,6 +188,7 @@ impl Cx {
     /// resolve.
     pub(crate) fn check_references(&mut self, wf: &Workflow, sites: &[Site]) {
         let inputs = input_fields(wf);
+        let mut index = Indexes::default();
         for site in sites {
             let exprs: Vec<String> = if site.expr {
                 vec![site.text.to_string()]
@@ -165,7 +203,7 @@ impl Cx {
                 let Ok(refs) = references(&expr) else {
                     continue;
                 };
-                self.check_site(wf, site, &refs, inputs.as_deref());
+                self.check_site(wf, site, &refs, inputs.as_deref(), &mut index);
             }
             // One site that names a node twice (`nodes.x is defined and
             // nodes.x.output`) is told once.
@@ -173,12 +211,13 @@ impl Cx {
         }
     }
 
-    fn check_site(
+    fn check_site<'w>(
         &mut self,
-        wf: &Workflow,
+        wf: &'w Workflow,
         site: &Site,
         refs: &crate::refs::Refs,
         inputs: Option<&[String]>,
+        index: &mut Indexes<'w>,
     ) {
         let place = place(wf, &site.field);
         if site.field.contains(".scorers[") || site.field.starts_with("models") {
@@ -212,7 +251,7 @@ impl Cx {
         let names = scope_names(place.as_ref());
         for r in &refs.reads {
             match r.root.as_str() {
-                "nodes" => self.check_node_ref(wf, site, place.as_ref(), r),
+                "nodes" => self.check_node_ref(wf, site, place.as_ref(), r, index),
                 "input" => {
                     if let (Some(fields), Some(k)) = (inputs, key_of(r.path.first())) {
                         if !fields.iter().any(|f| f == k) {
@@ -269,12 +308,13 @@ impl Cx {
 
     /// `nodes.<id>…`: the node exists where the reader can see it, is
     /// among its needs, and the fields read exist.
-    fn check_node_ref(
+    fn check_node_ref<'w>(
         &mut self,
-        wf: &Workflow,
+        wf: &'w Workflow,
         site: &Site,
-        place: Option<&Place<'_>>,
+        place: Option<&Place<'w, '_>>,
         r: &Reference,
+        index: &mut Indexes<'w>,
     ) {
         let Some(id) = key_of(r.path.first()) else {
             return;
@@ -285,7 +325,7 @@ impl Cx {
             return;
         }
         let target = if id.contains('.') {
-            match by_path(wf, id) {
+            match by_path(wf, id, index) {
                 Some(n) => n,
                 None => {
                     self.at_hint(
@@ -300,7 +340,7 @@ impl Cx {
                 }
             }
         } else {
-            match self.visible(wf, site, place, id) {
+            match self.visible(wf, site, place, id, index) {
                 Some(n) => n,
                 None => return,
             }
@@ -341,13 +381,14 @@ impl Cx {
         &mut self,
         wf: &'w Workflow,
         site: &Site,
-        place: Option<&Place<'w>>,
+        place: Option<&Place<'w, '_>>,
         id: &str,
+        index: &mut Indexes<'w>,
     ) -> Option<&'w NodeSpec> {
         let Some(place) = place else {
             // The workflow's `output`: any top-level node, read at the end.
-            if let Some(n) = wf.nodes.iter().find(|n| n.id == id) {
-                return Some(n);
+            if let Some(&i) = index.of(&wf.nodes).get(id) {
+                return Some(&wf.nodes[i]);
             }
             self.no_such_node(site, id, wf.nodes.iter().map(|n| n.id.as_str()));
             return None;
@@ -356,22 +397,24 @@ impl Cx {
         let own = &list[i];
         // A group's own expressions (`until`) read its members.
         if let Some(children) = own.kind.children() {
-            if let Some(n) = children.iter().find(|n| n.id == id) {
-                return Some(n);
+            if let Some(&c) = index.of(children).get(id) {
+                return Some(&children[c]);
             }
         }
         for (level, &(siblings, at)) in place.chain.iter().enumerate().rev() {
             let anchor = &siblings[at];
-            let Some(n) = siblings.iter().find(|n| n.id == id) else {
+            let ids = index.of(siblings);
+            let Some(&found) = ids.get(id) else {
                 continue;
             };
+            let n = &siblings[found];
             // In a loop's body, a sibling the reader does not wait for is
             // read as the previous pass left it (`nodes.x is defined`).
             let in_loop = level > 0 && {
                 let (outer, j) = place.chain[level - 1];
                 matches!(outer[j].kind, NodeKind::Loop(_))
             };
-            if n.id != anchor.id && !in_loop && !needs_closure(siblings, anchor).contains(id) {
+            if n.id != anchor.id && !in_loop && !waits_for(siblings, ids, anchor, id) {
                 self.at_hint(
                     site.pos,
                     Some(&site.field),
@@ -387,11 +430,12 @@ impl Cx {
             }
             return Some(n);
         }
-        let visible: BTreeSet<&str> = place
+        // Nearest lists first: the likeliest meant are the reader's siblings.
+        let visible = place
             .chain
             .iter()
-            .flat_map(|(s, _)| s.iter().map(|n| n.id.as_str()))
-            .collect();
+            .rev()
+            .flat_map(|(s, _)| s.iter().map(|n| n.id.as_str()));
         self.no_such_node(site, id, visible);
         None
     }
@@ -414,7 +458,7 @@ impl Cx {
 /// The names a template may read at `place` besides `nodes`, `input`,
 /// `run` and `workflow`: `iteration` everywhere, and inside a `for_each`'s
 /// body `item`, `index` and its `as` name.
-fn scope_names(place: Option<&Place<'_>>) -> BTreeSet<String> {
+fn scope_names(place: Option<&Place<'_, '_>>) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = ["input", "nodes", "iteration", "run", "workflow"]
         .into_iter()
         .map(String::from)

@@ -306,3 +306,29 @@ fn a_file_past_the_size_limit_is_refused_before_it_is_read() {
     assert!(msg.contains("67108865 bytes"), "{msg}");
     assert!(msg.contains("64 MiB"), "{msg}");
 }
+
+/// What templates refer to is checked with each list's ids looked up, not
+/// scanned: a 50,000-node chain whose every node reads its need checks in
+/// one pass (a scan per reference made this take hours), and as many
+/// wrong names each get their problem with a bounded `did you mean`.
+#[test]
+fn the_reference_check_of_a_large_chain_stays_linear() {
+    let n = 50_000;
+    let mut ok = String::from("name: chain\nnodes:\n  - id: n0\n    value: 0\n");
+    let mut bad = ok.clone();
+    for i in 1..n {
+        ok.push_str(&format!(
+            "  - id: n{i}\n    needs: [n{}]\n    value: \"{{{{ nodes.n{}.output }}}}\"\n",
+            i - 1,
+            i - 1
+        ));
+        bad.push_str(&format!(
+            "  - id: n{i}\n    needs: [n{}]\n    value: \"{{{{ nodes.x{i}.output }}}}\"\n",
+            i - 1
+        ));
+    }
+    let wf = cairn_workflow::parse(&ok, std::path::Path::new("/w/chain.yaml")).unwrap();
+    assert_eq!(wf.nodes.len(), n);
+    let e = cairn_workflow::parse(&bad, std::path::Path::new("/w/chain.yaml")).unwrap_err();
+    assert_eq!(e.problems.len(), n - 1);
+}
