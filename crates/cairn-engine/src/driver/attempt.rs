@@ -63,6 +63,11 @@ impl Attempts {
         self.running.len()
     }
 
+    /// The attempts that run.
+    pub(super) fn running_keys(&self) -> impl Iterator<Item = &Key> {
+        self.running.keys()
+    }
+
     /// The attempt of `key` continues where a stop left it (a gate), as
     /// attempt `attempt`, without a new start.
     pub(super) fn resume(&mut self, key: Key, attempt: u32) {

@@ -577,7 +577,20 @@ impl Driver {
         // Waiting for a person is a safe point already: those attempts
         // stop now, not after the grace (a question, like an approval,
         // is in the log, and the resume asks again).
-        for key in self.gates.at_people() {
+        // An `ask` or `approval` attempt is one whichever step it is at:
+        // a resumed one may not have said again what it waits for yet.
+        let mut at_people = self.gates.at_people();
+        at_people.extend(
+            self.attempts
+                .running_keys()
+                .filter(|k| {
+                    self.sched.inst(k).is_some_and(|i| {
+                        matches!(i.spec.kind, NodeKind::Ask { .. } | NodeKind::Approval(_))
+                    })
+                })
+                .cloned(),
+        );
+        for key in at_people {
             self.attempts.stop(&key);
         }
     }
