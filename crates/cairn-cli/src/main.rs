@@ -167,10 +167,14 @@ fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let g = cli.global;
-    if let Some(url) = g.server.clone() {
-        return dispatch_remote(&url, g, cli.command).await;
-    }
-    match cli.command {
+    let command = match g.server.clone() {
+        Some(url) => match through_server(&url, &g, cli.command).await {
+            Ok(done) => return done,
+            Err(command) => command,
+        },
+        None => cli.command,
+    };
+    match command {
         Command::Run(a) => run::run(&g, a).await,
         Command::Resume(a) => run::resume(&g, a).await,
         Command::Approve(a) => run::decide(&g, a, true).await,
@@ -199,27 +203,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
-/// A command with a server to work through: those that read or act on
-/// runs go to it; those that need the files of a store here say so; the
-/// rest (checking a file, this machine's walls) do not need either.
-async fn dispatch_remote(url: &str, g: cli::Global, command: Command) -> anyhow::Result<u8> {
-    match command {
-        Command::Approve(a) => remote::decide(url, &g, a, true).await,
-        Command::Deny(a) => remote::decide(url, &g, a, false).await,
-        Command::Answer(a) => remote::answer(url, &g, a).await,
-        Command::Cancel(a) => remote::cancel(url, &g, a).await,
-        Command::Resume(a) => remote::resume(url, &g, a).await,
-        Command::Runs(a) => inspect::runs(&g, a).await,
-        Command::Scores(a) => scores::scores(&g, a).await,
-        Command::Status(a) => inspect::status(&g, a).await,
-        Command::Logs(a) => inspect::logs(&g, a).await,
-        Command::Activity(a) => inspect::activity(&g, a).await,
-        Command::Validate(a) => inspect::validate(a),
-        Command::Graph(a) => inspect::graph(a),
-        Command::Doctor(a) => Ok(doctor::doctor(a.json)),
-        Command::Init(a) => project::init(a),
-        Command::Completions(a) => project::completions(a),
-        Command::Man => project::man(),
+/// A command with a server to work through: those that act on runs go to
+/// it, and those that need the files of a store here say so (`Ok`). The
+/// rest come back (`Err`) to run as without a server: the reading commands
+/// ask the server themselves, and checking a file or this machine's walls
+/// needs neither.
+async fn through_server(
+    url: &str,
+    g: &cli::Global,
+    command: Command,
+) -> Result<anyhow::Result<u8>, Command> {
+    Ok(match command {
+        Command::Approve(a) => remote::decide(url, g, a, true).await,
+        Command::Deny(a) => remote::decide(url, g, a, false).await,
+        Command::Answer(a) => remote::answer(url, g, a).await,
+        Command::Cancel(a) => remote::cancel(url, g, a).await,
+        Command::Resume(a) => remote::resume(url, g, a).await,
         Command::Run(_) => Err(remote::store_only("run")),
         Command::Revert(_) => Err(remote::store_only("revert")),
         Command::Fork(_) => Err(remote::store_only("fork")),
@@ -229,7 +228,18 @@ async fn dispatch_remote(url: &str, g: cli::Global, command: Command) -> anyhow:
         Command::Gc(_) => Err(remote::store_only("gc")),
         Command::Store(_) => Err(remote::store_only("store copy")),
         Command::Serve(_) => Err(remote::store_only("serve")),
-    }
+        other @ (Command::Runs(_)
+        | Command::Scores(_)
+        | Command::Status(_)
+        | Command::Logs(_)
+        | Command::Activity(_)
+        | Command::Validate(_)
+        | Command::Graph(_)
+        | Command::Doctor(_)
+        | Command::Init(_)
+        | Command::Completions(_)
+        | Command::Man) => return Err(other),
+    })
 }
 
 /// The message of an error with its causes, without repeating a cause the
