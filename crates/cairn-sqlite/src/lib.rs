@@ -249,6 +249,18 @@ impl SqliteBackend {
         };
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
 
+        // Making a store (or bringing it up to date) is several steps that
+        // SQLite does not all wait for: switching an empty file to WAL takes
+        // an exclusive lock without calling the busy handler, so a
+        // `cairn status` reading the file in that instant made the
+        // `cairn run` creating it fail with "locked". Every process that
+        // finds the store unfinished does those steps one at a time, under
+        // a lock on the folder, and looks again once it holds it.
+        let _setup = if needs_setup(&path)? {
+            Some(SetupLock::take(&dir)?)
+        } else {
+            None
+        };
         let existing_len = check_header(&path)?;
         let conn = open_conn(&path, false)?;
         let corrupt = |detail: String| StoreError::Corrupt {
@@ -647,6 +659,60 @@ fn probe_tables(conn: &Connection, tables: &[String]) -> rusqlite::Result<()> {
 
 /// Rejects a file that exists but does not start like a SQLite database,
 /// before SQLite touches it. Returns the file's length (0 when missing).
+/// Whether the file at `path` may still need the steps that make a store:
+/// missing, empty, not yet in WAL mode, or stamped with an older schema in
+/// its first page. The stamp there can lag behind the log (the schema's
+/// commit may not have been moved into the file yet), which only means a
+/// finished store is sometimes opened under the lock for nothing.
+fn needs_setup(path: &Path) -> Result<bool, StoreError> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(StoreError::io(path, e)),
+    };
+    let mut head = [0u8; 100];
+    let mut got = 0;
+    while got < head.len() {
+        match f.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StoreError::io(path, e)),
+        }
+    }
+    if got < head.len() {
+        // Empty, or a header being written: the lock's holder finishes it.
+        // A short file that is not a store is refused once the lock is held.
+        return Ok(true);
+    }
+    // Bytes 18 and 19 are 2 in WAL mode; 60..64 hold `user_version`.
+    let wal = head[18] == 2 && head[19] == 2;
+    let version = i64::from(i32::from_be_bytes([head[60], head[61], head[62], head[63]]));
+    Ok(!wal || version < SCHEMA_VERSION)
+}
+
+/// An exclusive `flock` on the store's folder, held while a store is made or
+/// migrated, so two processes never do it at once; released when dropped
+/// (or when the process dies, so a crash never leaves it taken).
+struct SetupLock(#[allow(dead_code)] File);
+
+impl SetupLock {
+    fn take(dir: &Path) -> Result<SetupLock, StoreError> {
+        let file = File::open(dir).map_err(|e| StoreError::io(dir, e))?;
+        loop {
+            // SAFETY: `file` owns an open descriptor for the whole call.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(SetupLock(file));
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(StoreError::io(dir, err));
+            }
+        }
+    }
+}
+
 fn check_header(path: &Path) -> Result<u64, StoreError> {
     let mut f = match File::open(path) {
         Ok(f) => f,
@@ -1483,6 +1549,36 @@ mod tests {
             .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
             .unwrap();
         rows.collect::<Result<_, _>>().unwrap()
+    }
+
+    /// A first `cairn run` and a `cairn status` polling for it open a new
+    /// store in the same instant; neither may fail for it ("locked") nor
+    /// find it half made.
+    #[test]
+    fn processes_opening_a_new_store_at_once_all_succeed() {
+        for round in 0..40 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(".cairn/cairn.db");
+            let start = Arc::new(std::sync::Barrier::new(6));
+            let openers: Vec<_> = (0..6)
+                .map(|_| {
+                    let (path, start) = (path.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        SqliteBackend::open(&path).map(|b| b.path.clone())
+                    })
+                })
+                .collect();
+            for o in openers {
+                let opened = o.join().unwrap();
+                assert!(opened.is_ok(), "round {round}: {opened:?}");
+            }
+            let c = Connection::open(&path).unwrap();
+            let v: i64 = c
+                .query_row("PRAGMA user_version", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(v, SCHEMA_VERSION);
+        }
     }
 
     #[test]
