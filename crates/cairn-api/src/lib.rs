@@ -31,7 +31,7 @@ pub use bodies::{
 };
 pub use error::{ErrorBody, ErrorInfo, InputViolation, ProblemLocation};
 pub use events::{events_page_json, EventsPage};
-pub use nodes::{Plan, PlanNode, ToolCall, ToolCalls};
+pub use nodes::{Plan, PlanCase, PlanNode, ToolCall, ToolCalls};
 pub use runs::{RunDetail, RunList, RunMeta, RunSummary};
 pub use scores::{GenerationScores, ScoreReport, ScorerStats, WorkflowScores};
 

@@ -53,6 +53,26 @@ pub struct PlanNode {
     /// A group's members' paths, in file order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub children: Option<Vec<String>>,
+    /// A failure handler's `if`: it runs once its needs ended, however
+    /// they ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
+    /// A switch's branches, in the order written, the default last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases: Option<Vec<PlanCase>>,
+}
+
+/// One branch of a switch in a [`PlanNode`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanCase {
+    /// What `on` must equal (`default` for the default branch).
+    pub label: String,
+    /// Paths of the siblings the branch enables.
+    pub nodes: Vec<String>,
+    /// The branch taken when no label matches.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
 }
 
 /// `GET /v1/runs/{id}/nodes/{node}/tool-calls`: the tool calls of one node

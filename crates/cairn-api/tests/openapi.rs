@@ -329,6 +329,21 @@ fn plan_node(full: bool) -> PlanNode {
         max_iterations: full.then_some(3),
         tool: some("read"),
         children: full.then(|| vec!["g.x.y".into()]),
+        handler: some("failure()"),
+        cases: full.then(|| {
+            vec![
+                PlanCase {
+                    label: "bug".into(),
+                    nodes: vec!["g.fix".into()],
+                    default: false,
+                },
+                PlanCase {
+                    label: "default".into(),
+                    nodes: vec!["g.triage".into()],
+                    default: true,
+                },
+            ]
+        }),
     }
 }
 

@@ -1206,3 +1206,127 @@ async fn a_run_of_10000_nodes_and_100000_events_renders_with_a_bounded_dom() {
     );
     b.close().await;
 }
+
+/// A switch and two failure handlers: `route` chooses `fix`, which fails,
+/// so `notify` (on failure) runs, `plan` and `triage` are skipped, and
+/// `report` (always) runs last.
+const ROUTE: &str = r#"
+name: route
+nodes:
+  - id: route
+    switch:
+      on: "'bug'"
+      cases: {bug: [fix], feature: [plan]}
+      default: [triage]
+  - {id: fix, needs: [route], command: ["sh", "-c", "exit 3"]}
+  - {id: plan, needs: [route], value: 1}
+  - {id: triage, needs: [route], value: 2}
+  - {id: notify, needs: [fix], if: "failure()", value: "fix failed"}
+  - {id: report, needs: [fix, plan, triage], if: "always()", value: "done"}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_and_its_handlers_show_in_the_graph_and_the_node_panel() {
+    let _one = ONE_BROWSER.lock().await;
+    let Some(b) = Browser::start("browser switch", 1400, 1000).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("route.yaml"), ROUTE).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _server = serve(d, port, None);
+    wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+    let api = Client::new(&url, None).unwrap();
+    let run = api
+        .start(&cairn_api::StartBody {
+            workflow: "route".into(),
+            input: None,
+            run_id: Some("sw1".into()),
+            max_concurrency: None,
+        })
+        .await
+        .unwrap()
+        .run_id;
+    assert_eq!(run.as_str(), "sw1");
+
+    b.c.goto(&format!("{url}/#/runs/sw1")).await.unwrap();
+    b.wait("`report` finished", &node_is("report", "finished"))
+        .await;
+    for (id, status) in [
+        ("route", "finished"),
+        ("fix", "failed"),
+        ("plan", "skipped"),
+        ("triage", "skipped"),
+        ("notify", "finished"),
+    ] {
+        b.wait(&format!("`{id}` {status}"), &node_is(id, status))
+            .await;
+    }
+    // The switch's box says what it chose; the handlers' say when they run.
+    let meta = |path: &str| {
+        format!("return document.querySelector('.gnode[data-path=\"{path}\"] .meta').textContent")
+    };
+    assert_eq!(b.js(&meta("route")).await, "switch · chose bug");
+    let notify = b.js(&meta("notify")).await;
+    assert!(
+        notify.as_str().unwrap().starts_with("if failure() · value"),
+        "{notify}"
+    );
+    // Its edges carry the cases' labels; the handlers' edges are dashed.
+    let labels = b
+        .js("return [...document.querySelectorAll('.edge-labels text')].map((t) => t.textContent).sort()")
+        .await;
+    assert_eq!(labels, json!(["bug", "default", "feature"]));
+    let dashed = b
+        .js("return document.querySelector('.edge.handler').getAttribute('d')")
+        .await;
+    // notify's one need and report's three.
+    assert_eq!(dashed.as_str().unwrap().matches('M').count(), 4, "{dashed}");
+    b.shot("switch-and-handlers").await;
+
+    // The panels say the branches, the choice and the skip's reason.
+    b.find(".gnode[data-path=\"route\"]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.wait(
+        "the switch's panel",
+        "const p = document.querySelector('.node-panel'); return p && p.textContent.includes('Chose')",
+    )
+    .await;
+    let panel = b.find(".node-panel").await.text().await.unwrap();
+    for want in [
+        "Branches",
+        "bug → fix",
+        "feature → plan",
+        "default → triage",
+        "Chose",
+    ] {
+        assert!(panel.contains(want), "{want:?} not in the panel:\n{panel}");
+    }
+    b.find(".gnode[data-path=\"plan\"]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.wait(
+        "the skipped node's panel",
+        "const p = document.querySelector('.node-panel'); return p && p.textContent.includes('Reason')",
+    )
+    .await;
+    let panel = b.find(".node-panel").await.text().await.unwrap();
+    assert!(panel.contains("branch"), "{panel}");
+    b.find(".gnode[data-path=\"notify\"]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.wait(
+        "the handler's panel",
+        "const p = document.querySelector('.node-panel'); return p && p.textContent.includes('Runs if')",
+    )
+    .await;
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use cairn_api::{Plan, PlanNode, ToolCall, ToolCalls};
+use cairn_api::{Plan, PlanCase, PlanNode, ToolCall, ToolCalls};
 use cairn_store::RunRecord;
 use cairn_workflow::{NodeKind, NodeSpec};
 
@@ -55,18 +55,39 @@ pub(crate) fn plan_of(rec: &RunRecord) -> Vec<PlanNode> {
             max_iterations: None,
             tool: None,
             children: None,
+            handler: n.handler.then(|| n.if_.clone()).flatten(),
+            cases: None,
         };
         match &n.kind {
             NodeKind::Loop(l) => v.max_iterations = Some(l.max_iterations),
             NodeKind::Tool { tool, .. } => v.tool = Some(tool.clone()),
+            NodeKind::Switch(s) => {
+                let paths = |ids: &[String]| ids.iter().map(|id| format!("{prefix}{id}")).collect();
+                let mut cases: Vec<PlanCase> = s
+                    .cases
+                    .iter()
+                    .map(|(label, ids)| PlanCase {
+                        label: label.clone(),
+                        nodes: paths(ids),
+                        default: false,
+                    })
+                    .collect();
+                if let Some(ids) = &s.default {
+                    cases.push(PlanCase {
+                        label: "default".into(),
+                        nodes: paths(ids),
+                        default: true,
+                    });
+                }
+                v.cases = Some(cases);
+            }
             NodeKind::Command(_)
             | NodeKind::Value(_)
             | NodeKind::Approval(_)
             | NodeKind::ForEach { .. }
             | NodeKind::Ask { .. }
             | NodeKind::Agent(_)
-            | NodeKind::Workflow { .. }
-            | NodeKind::Switch(_) => {}
+            | NodeKind::Workflow { .. } => {}
         }
         if let Some(children) = n.kind.children() {
             v.children = Some(
@@ -233,5 +254,62 @@ nodes:
             ..rec
         };
         assert!(plan_of(&broken).is_empty());
+    }
+
+    #[test]
+    fn the_plan_names_a_switchs_branches_and_the_handlers() {
+        let src = r#"
+name: p
+nodes:
+  - id: g
+    loop:
+      until: "true"
+      max_iterations: 2
+      nodes:
+        - id: route
+          switch:
+            on: "'bug'"
+            cases: {bug: [fix], feature: [plan, fix]}
+            default: [triage]
+        - {id: fix, needs: [route], value: 1}
+        - {id: plan, needs: [route], value: 2}
+        - {id: triage, needs: [route], value: 3}
+        - {id: notify, needs: [fix], if: "failure()", value: 4}
+        - {id: plain, needs: [fix], if: "nodes.fix.output == 1", value: 5}
+"#;
+        let rec = RunRecord {
+            run_id: cairn_events::RunId::parse("r").unwrap(),
+            workflow: "p".into(),
+            workflow_path: "p.yaml".into(),
+            workflow_hash: String::new(),
+            workflow_source: src.into(),
+            input: json!({}),
+            status: cairn_events::RunStatus::Running.into(),
+            created_ms: 0,
+            updated_ms: 0,
+            parent_run_id: None,
+        };
+        let plan = serde_json::to_value(plan_of(&rec)).unwrap();
+        let by = |path: &str| {
+            plan.as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["path"] == path)
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(by("g.route")["kind"], "switch");
+        assert_eq!(
+            by("g.route")["cases"],
+            json!([
+                {"label": "bug", "nodes": ["g.fix"]},
+                {"label": "feature", "nodes": ["g.plan", "g.fix"]},
+                {"label": "default", "nodes": ["g.triage"], "default": true},
+            ])
+        );
+        assert_eq!(by("g.notify")["handler"], "failure()");
+        // An ordinary `if` is no handler.
+        assert!(by("g.plain").get("handler").is_none());
+        assert!(by("g.fix").get("cases").is_none());
     }
 }

@@ -26,6 +26,12 @@ const MAX_EDGES = 3000;
 const PRIORITY = ['waiting-approval', 'waiting-input', 'running', 'retrying', 'failed', 'pending',
   'cancelled', 'skipped', 'finished'];
 
+/** The labels of the cases of switch `from` that enable `to`, or '' (not a switch's edge). */
+function caseLabels(from, to) {
+  if (!from || !from.cases) return '';
+  return from.cases.filter((c) => c.nodes.includes(to)).map((c) => c.label).join(', ');
+}
+
 /** A plan from the nodes a run's state knows, for runs whose workflow cannot be read. */
 function fallbackPlan(model) {
   const seen = new Map();
@@ -85,7 +91,11 @@ export class Graph {
     this.edges = svg('svg', { class: 'edges', 'aria-hidden': 'true' });
     this.edgePath = svg('path', { class: 'edge' });
     this.edgeHot = svg('path', { class: 'edge hot' });
-    this.edges.append(this.edgePath, this.edgeHot);
+    // A handler's edges are dashed: it runs however its needs ended.
+    this.edgeHandler = svg('path', { class: 'edge handler' });
+    // A switch's edges carry the labels of the cases that take them.
+    this.edgeLabels = svg('g', { class: 'edge-labels' });
+    this.edges.append(this.edgePath, this.edgeHandler, this.edgeHot, this.edgeLabels);
     this.layer = h('div', { class: 'boxes' });
     this.canvas = h('div', { class: 'canvas' }, this.edges, this.layer);
     this.view = h('div', { class: 'graph-view', tabindex: '0', role: 'region', 'aria-label': 'Workflow graph' }, this.canvas);
@@ -322,6 +332,8 @@ export class Graph {
   drawEdges(visible) {
     let d = '';
     let hot = '';
+    let dashed = '';
+    const labels = [];
     let n = 0;
     const sel = this.selected;
     for (const i of visible) {
@@ -329,7 +341,8 @@ export class Graph {
       const it = this.items.get(b.path);
       const prefix = it.parent === undefined ? '' : `${it.parent}.`;
       for (const need of it.needs || []) {
-        const j = this.boxOf.get(need.startsWith(prefix) ? need : prefix + need);
+        const from = need.startsWith(prefix) ? need : prefix + need;
+        const j = this.boxOf.get(from);
         if (j === undefined || n++ > MAX_EDGES) continue;
         const a = this.boxes[j];
         const x1 = a.x + a.w;
@@ -339,11 +352,20 @@ export class Graph {
         const mx = (x1 + x2) / 2;
         const seg = `M${x1},${y1}C${mx},${y1} ${mx},${y2} ${x2},${y2}`;
         if (sel && (sel === b.path || sel === a.path)) hot += seg;
+        else if (it.handler) dashed += seg;
         else d += seg;
+        const cases = caseLabels(this.items.get(from), b.path);
+        if (cases) {
+          const text = svg('text', { class: 'edge-label', x: mx, y: (y1 + y2) / 2 - 4, 'text-anchor': 'middle' });
+          text.textContent = cases;
+          labels.push(text);
+        }
       }
     }
     this.edgePath.setAttribute('d', d);
+    this.edgeHandler.setAttribute('d', dashed);
     this.edgeHot.setAttribute('d', hot);
+    this.edgeLabels.replaceChildren(...labels);
   }
 
   /** One box's element. */
@@ -385,7 +407,9 @@ export class Graph {
     const status = st.status === 'none' ? 'not started' : statusText(st.status);
     let meta = `${it.kind.replace('_', ' ')} · ${status}`;
     if (st.total > 1) meta = `${it.kind} · ${st.done}/${st.total} done`;
+    else if (it.cases && st.node && typeof st.node.output === 'string') meta = `switch · chose ${st.node.output}`;
     else if (st.node && st.node.durationMs !== undefined) meta += ` · ${fmtDuration(st.node.durationMs)}`;
+    if (it.handler && st.total <= 1) meta = `if ${it.handler} · ${meta}`;
     el.className = `gnode s-${st.status}${this.selected === path ? ' selected' : ''}`;
     el.replaceChildren(
       h('span', { class: 'dot', 'aria-hidden': 'true' }),

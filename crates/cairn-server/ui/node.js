@@ -100,6 +100,11 @@ export class NodePanel {
       }
     }
     if (it && it.needs && it.needs.length) rows.push(['Needs', it.needs.join(', ')]);
+    if (it && it.handler) rows.push(['Runs if', it.handler]);
+    if (it && it.cases) {
+      rows.push(['Branches', it.cases.map((c) => `${c.label} → ${c.nodes.map((p) => p.split('.').pop()).join(', ')}`).join('; ')]);
+      if (n && typeof n.output === 'string') rows.push(['Chose', n.output]);
+    }
     const extra = [];
     if (n && n.status === 'waiting-approval') {
       extra.push(h('p', { class: 'callout' }, 'Waiting for approval: decide in “Waiting for you” above.'));

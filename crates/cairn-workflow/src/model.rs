@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{InputError, InputViolation};
-use crate::kinds::{Group, NodeKind};
+use crate::kinds::{Group, NodeKind, SwitchSpec};
 use cairn_models::{ModelConfig, RetryPolicy};
 
 /// A parsed and validated workflow file.
@@ -500,11 +500,43 @@ fn mermaid_group(out: &mut String, nodes: &[NodeSpec], prefix: &str, depth: usiz
             }
         }
     }
+    // Looked up per edge: a list of 100,000 nodes has few switches.
+    let switches: std::collections::HashMap<&str, &SwitchSpec> = nodes
+        .iter()
+        .filter_map(|s| match &s.kind {
+            NodeKind::Switch(sw) => Some((s.id.as_str(), &**sw)),
+            _ => None,
+        })
+        .collect();
     for n in nodes {
         let id = mermaid_id(&format!("{prefix}{}", n.id));
         for need in &n.needs {
             let from = mermaid_id(&format!("{prefix}{need}"));
-            out.push_str(&format!("{indent}{from} --> {id}\n"));
+            // A switch's edge says which cases take it; a handler's is
+            // dotted and says when it runs.
+            let mut labels: Vec<&str> = Vec::new();
+            if let Some(sw) = switches.get(need.as_str()) {
+                labels.extend(
+                    sw.cases
+                        .iter()
+                        .filter(|(_, ids)| ids.contains(&n.id))
+                        .map(|(label, _)| label.as_str()),
+                );
+                if sw.default.as_ref().is_some_and(|ids| ids.contains(&n.id)) {
+                    labels.push("default");
+                }
+            }
+            let handler = n.handler.then_some(n.if_.as_deref()).flatten();
+            if let Some(cond) = handler {
+                labels.push(cond);
+            }
+            let arrow = if handler.is_some() { "-.->" } else { "-->" };
+            if labels.is_empty() {
+                out.push_str(&format!("{indent}{from} {arrow} {id}\n"));
+            } else {
+                let label = mermaid_label(&labels.join(", "));
+                out.push_str(&format!("{indent}{from} {arrow}|\"{label}\"| {id}\n"));
+            }
         }
     }
 }

@@ -215,3 +215,25 @@ fn mermaid_has_groups_and_edges() {
         m.matches("\n    end\n").count()
     );
 }
+
+#[test]
+fn mermaid_labels_a_switchs_branches_and_dots_a_handlers_edges() {
+    let wf = cairn_workflow::parse(
+        r#"
+name: r
+nodes:
+  - id: route
+    switch: {on: "'bug'", cases: {bug: [fix], feature: [plan, fix]}, default: [triage]}
+  - {id: fix, needs: [route], value: 1}
+  - {id: plan, needs: [route], value: 2}
+  - {id: triage, needs: [route], value: 3}
+  - {id: notify, needs: [fix], if: "failure()", value: 4}
+"#,
+        std::path::Path::new("r.yaml"),
+    )
+    .unwrap();
+    let m = wf.mermaid();
+    assert!(m.contains("route -->|\"bug, feature\"| fix\n"), "{m}");
+    assert!(m.contains("route -->|\"default\"| triage\n"), "{m}");
+    assert!(m.contains("fix -.->|\"failure()\"| notify\n"), "{m}");
+}

@@ -450,6 +450,12 @@ impl Driver {
         for (key, attempt) in to_spawn.drain(..) {
             self.spawn_attempt(key, attempt);
         }
+        if self.ending.shutting_down() {
+            // The shutdown began while this round was being decided: what it
+            // queued for a person stops like what waited already (else it
+            // would wait out the grace).
+            self.stop_waits_for_people();
+        }
         self.spawn_scorers();
         self.maybe_end().await
     }
@@ -574,11 +580,15 @@ impl Driver {
             tokio::time::sleep(grace).await;
             token.cancel();
         });
-        // Waiting for a person is a safe point already: those attempts
-        // stop now, not after the grace (a question, like an approval,
-        // is in the log, and the resume asks again).
-        // An `ask` or `approval` attempt is one whichever step it is at:
-        // a resumed one may not have said again what it waits for yet.
+        self.stop_waits_for_people();
+    }
+
+    /// Stops the attempts that wait for a person. Waiting for a person is a
+    /// safe point already: those attempts stop now, not after the grace (a
+    /// question, like an approval, is in the log, and the resume asks
+    /// again). An `ask` or `approval` attempt is one whichever step it is
+    /// at: a resumed one may not have said again what it waits for yet.
+    fn stop_waits_for_people(&mut self) {
         let mut at_people = self.gates.at_people();
         at_people.extend(
             self.attempts
