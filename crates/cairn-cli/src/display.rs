@@ -148,6 +148,8 @@ pub struct Progress {
     /// An undecodable event was reported already.
     warned: bool,
     out: Out,
+    /// The server that drives the run, when not this process.
+    server: Option<String>,
 }
 
 impl Progress {
@@ -171,7 +173,23 @@ impl Progress {
             dirty: true,
             warned: false,
             out: Out::Stdout(std::io::stdout()),
+            server: None,
         }
+    }
+
+    /// The run is driven by the `cairn serve` at `url`: the commands the
+    /// display suggests go through it, and a wait needs no resume there.
+    pub fn through_server(mut self, url: &str) -> Progress {
+        self.server = Some(url.to_string());
+        self
+    }
+
+    /// ` --server URL` when the run is a server's, for the commands shown.
+    fn via(&self) -> String {
+        self.server
+            .as_deref()
+            .map(|u| format!(" --server {u}"))
+            .unwrap_or_default()
     }
 
     /// The highest seq seen.
@@ -710,6 +728,7 @@ impl Progress {
                 ));
             }
             RunOutcome::Waiting => {
+                let via = self.via();
                 lines.push(format!("? run {id} is waiting for a person"));
                 let waiting = self
                     .state
@@ -718,7 +737,7 @@ impl Progress {
                     .filter(|n| n.status == NodeStatus::WaitingApproval);
                 for n in waiting {
                     lines.push(format!(
-                        "  decide: cairn approve {id} {n}   (or: cairn deny {id} {n})",
+                        "  decide: cairn approve {id} {n}{via}   (or: cairn deny {id} {n}{via})",
                         n = n.node_id
                     ));
                 }
@@ -729,12 +748,23 @@ impl Progress {
                     .filter(|(_, q)| q.answer.is_none())
                 {
                     lines.push(format!(
-                        "  answer: cairn answer {id} {rid} '<answer>'   ({}: {})",
+                        "  answer: cairn answer {id} {rid} '<answer>'{via}   ({}: {})",
                         q.node_id,
                         truncate(&q.prompt, 80)
                     ));
                 }
-                lines.push(format!("  then:   cairn resume {id}"));
+                if self.server.is_some() {
+                    // The server keeps the run and goes on once answered.
+                    lines.push(format!("  then:   cairn logs {id} --follow{via}"));
+                } else {
+                    lines.push(format!("  then:   cairn resume {id}"));
+                }
+            }
+            RunOutcome::Interrupted if self.server.is_some() => {
+                lines.push(format!(
+                    "the server stopped before run {id} ended; it goes on when the server starts again (`cairn logs {id} --follow{}`)",
+                    self.via()
+                ));
             }
             RunOutcome::Interrupted => {
                 lines.push(format!(
@@ -777,9 +807,10 @@ impl Progress {
 
     /// Tells people (on stderr) that the run waits for someone elsewhere.
     pub fn note_waiting_elsewhere(&self, ask: &Ask) {
+        let via = self.via();
         if let Some((rid, _)) = &ask.question {
             eprintln!(
-                "{n} asks: {m}\n  answer from another shell: cairn answer {id} {rid} '<answer>'",
+                "{n} asks: {m}\n  answer from another shell: cairn answer {id} {rid} '<answer>'{via}",
                 n = ask.node_id,
                 m = short_value(&serde_json::Value::String(ask.message.clone()), 200),
                 id = self.run_id
@@ -787,7 +818,7 @@ impl Progress {
             return;
         }
         eprintln!(
-            "waiting for approval of {n}: {m}\n  decide from another shell: cairn approve {id} {n}   (or: cairn deny {id} {n})",
+            "waiting for approval of {n}: {m}\n  decide from another shell: cairn approve {id} {n}{via}   (or: cairn deny {id} {n}{via})",
             n = ask.node_id,
             m = short_value(&serde_json::Value::String(ask.message.clone()), 200),
             id = self.run_id

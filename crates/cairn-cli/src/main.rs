@@ -219,7 +219,7 @@ async fn through_server(
         Command::Answer(a) => remote::answer(url, g, a).await,
         Command::Cancel(a) => remote::cancel(url, g, a).await,
         Command::Resume(a) => remote::resume(url, g, a).await,
-        Command::Run(_) => Err(remote::store_only("run")),
+        Command::Run(a) => remote::run(url, g, a).await,
         Command::Revert(_) => Err(remote::store_only("revert")),
         Command::Fork(_) => Err(remote::store_only("fork")),
         Command::Hijack(_) => Err(remote::store_only("hijack")),

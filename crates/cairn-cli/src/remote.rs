@@ -2,13 +2,18 @@
 //! a profile's `server`) instead of a store: the same arguments, the same
 //! exit codes (a server's 4xx is bad input, 4; no answer from it is 1).
 
-use cairn_api::{AnswerBody, CancelBody, DecideBody, ResumeBody};
+use std::io::IsTerminal;
+
+use cairn_api::{AnswerBody, CancelBody, DecideBody, ResumeBody, StartBody};
 use cairn_client::{Client, ClientError};
-use cairn_events::{NodePath, RunId};
+use cairn_engine::RunOutcome;
+use cairn_events::{Event, EventKind, NodePath, RunId, RunStatus};
+use cairn_store::StoredEvent;
 use serde_json::Value;
 
 use crate::bad_input;
-use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, Global, ResumeArgs};
+use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, Global, ResumeArgs, RunArgs};
+use crate::display::{Mode, Progress};
 
 /// The client of the server at `url`, with the token of `g`.
 pub fn client(url: &str, g: &Global) -> anyhow::Result<Client> {
@@ -154,6 +159,91 @@ pub async fn resume(url: &str, g: &Global, a: ResumeArgs) -> anyhow::Result<u8> 
         accepted.run_id, accepted.run_id
     );
     Ok(crate::EXIT_OK)
+}
+
+/// `cairn run` through a server: the server starts the workflow of its
+/// `--workflows` folder named by FILE (the server runs only what its
+/// operator put there, never a file a client sends), and this process
+/// shows the run's events as they come, exiting as a local run would: 0
+/// finished, 1 failed, 2 cancelled, 3 waiting for a person (with
+/// `--exit-on-wait`) or the server stopped first. The run is the server's:
+/// stopping this process stops only the watching.
+pub async fn run(url: &str, g: &Global, a: RunArgs) -> anyhow::Result<u8> {
+    if a.watch {
+        return Err(bad_input(
+            "--watch reloads files on this machine; a server's runs reload with `cairn serve --watch`",
+        ));
+    }
+    let c = client(url, g)?;
+    let input = crate::run::parse_input(a.input.as_deref())?;
+    let run_id = a
+        .run_id
+        .as_deref()
+        .map(crate::run::check_run_id)
+        .transpose()?;
+    let body = StartBody {
+        workflow: a.file.to_string_lossy().into_owned(),
+        input: Some(input),
+        run_id: run_id.map(|r| r.to_string()),
+        max_concurrency: a.display.max_concurrency.map(|n| n as usize),
+    };
+    let accepted = c.start(&body).await.map_err(client_error)?;
+    let run = accepted.run_id;
+    let mode = if a.display.json {
+        Mode::Json
+    } else if std::io::stdout().is_terminal() {
+        Mode::Tty
+    } else {
+        Mode::Plain
+    };
+    let mut progress = Progress::new(mode, &run, 0).through_server(url);
+    let mut told_waiting = std::collections::HashSet::new();
+    let mut stream = c.events(&run, 0, false).await.map_err(client_error)?;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let outcome = loop {
+        let line = tokio::select! {
+            line = stream.next_event() => line,
+            _ = tick.tick() => {
+                progress.tick(crate::display::now_ms());
+                continue;
+            }
+        };
+        let Some(line) = line else {
+            // The stream ended before the run did: the server stopped.
+            break RunOutcome::Interrupted;
+        };
+        let line = line.map_err(client_error)?;
+        let event = Event::from_json(&line).map_err(|e| {
+            anyhow::anyhow!("the server sent an event Cairn cannot read ({e}): {line}")
+        })?;
+        let stored = StoredEvent {
+            run_id: event.run_id.clone(),
+            seq: event.seq.get(),
+            type_name: event.type_name().to_string(),
+            node_id: event.scope.node_id.clone(),
+            timestamp_ms: event.timestamp_ms,
+            json: line.into(),
+        };
+        if let Some(ask) = progress.on_event(&stored) {
+            if !a.display.exit_on_wait && told_waiting.insert(ask.node_id.clone()) {
+                progress.note_waiting_elsewhere(&ask);
+            }
+        }
+        match event.kind {
+            EventKind::RunFinished { output, .. } => break RunOutcome::Finished(output),
+            EventKind::RunFailed { error } => break RunOutcome::Failed(error),
+            EventKind::RunCancelled { .. } => break RunOutcome::Cancelled,
+            EventKind::RunStatusChanged {
+                status: RunStatus::WaitingApproval | RunStatus::WaitingInput,
+            } if a.display.exit_on_wait => {
+                break RunOutcome::Waiting;
+            }
+            _ => {}
+        }
+    };
+    progress.finish(&outcome);
+    Ok(outcome.exit_code() as u8)
 }
 
 /// A command that works on a store only, given a server.

@@ -28,7 +28,7 @@ const REDRAW: Duration = Duration::from_millis(100);
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reads `--input`: inline JSON, or `@file`.
-fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
+pub(crate) fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
     let Some(arg) = arg else {
         return Ok(Value::Object(Default::default()));
     };
@@ -44,7 +44,7 @@ fn parse_input(arg: Option<&str>) -> anyhow::Result<Value> {
 }
 
 /// The one run-id rule, checked before the store is touched.
-fn check_run_id(id: &str) -> anyhow::Result<RunId> {
+pub(crate) fn check_run_id(id: &str) -> anyhow::Result<RunId> {
     RunId::parse(id).map_err(|e| bad_input(format!("--run-id: {e}")))
 }
 

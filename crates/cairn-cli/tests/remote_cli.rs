@@ -1,6 +1,6 @@
 //! The CLI against a server: a profile in `.cairn.toml` names the server
-//! and where its token comes from; `runs`, `answer`, `approve`, `status`
-//! and `scores` go through it; what needs a store says so; and every
+//! and where its token comes from; `run`, `runs`, `answer`, `approve`,
+//! `status` and `scores` go through it; what needs a store says so; and every
 //! command's `--json` is one object of a documented shape.
 
 mod common;
@@ -53,6 +53,16 @@ nodes:
 fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
     let srv = tempfile::tempdir().unwrap();
     std::fs::write(srv.path().join("asks.yaml"), ASKS).unwrap();
+    std::fs::write(
+        srv.path().join("done.yaml"),
+        "name: done\nnodes:\n  - id: ship\n    value: shipped\noutput: \"{{ nodes.ship.output }}\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        srv.path().join("broken.yaml"),
+        "name: broken\nnodes:\n  - id: boom\n    command: [\"false\"]\n",
+    )
+    .unwrap();
     expect_code(
         &cairn(
             srv.path(),
@@ -113,6 +123,57 @@ fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
         json(&st)["status"] == "finished"
     });
     expect_code(&cli(here.path(), &["scores", "--json"], tok), 0);
+
+    // `cairn run` through the server: it starts a workflow of the server's
+    // folder by name and shows the run to its end, with a local run's
+    // exit codes; the commands it suggests go through the server too.
+    let url = format!("http://127.0.0.1:{port}");
+    let done = cli(here.path(), &["run", "done", "--run-id", "r3"], tok);
+    expect_code(&done, 0);
+    let said = String::from_utf8_lossy(&done.stdout);
+    assert!(said.contains("run r3 finished"), "{said}");
+    assert!(said.contains("output: shipped"), "{said}");
+    let lines = cli(here.path(), &["run", "done.yaml", "--json"], tok);
+    expect_code(&lines, 0);
+    let events: Vec<Value> = String::from_utf8_lossy(&lines.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.first().unwrap()["type"], "RunStarted");
+    assert_eq!(events.last().unwrap()["type"], "RunFinished");
+    let failed = cli(here.path(), &["run", "broken"], tok);
+    expect_code(&failed, 1);
+    assert!(String::from_utf8_lossy(&failed.stdout).contains("failed"));
+    let waits = cli(
+        here.path(),
+        &["run", "asks", "--run-id", "r4", "--exit-on-wait"],
+        tok,
+    );
+    expect_code(&waits, 3);
+    let said = String::from_utf8_lossy(&waits.stdout);
+    assert!(
+        said.contains("cairn answer r4 ") && said.contains(&format!("--server {url}")),
+        "{said}"
+    );
+    // The run stays the server's: answered, it goes on without a resume.
+    expect_code(&cli(here.path(), &["answer", "r4", "main"], tok), 0);
+    wait_until("r4's gate", || {
+        let st = cli(here.path(), &["status", "r4", "--json"], tok);
+        json(&st)["status"] == "waiting-approval"
+    });
+    // The server runs only the workflows of its folder; bad flags and an
+    // id in use are bad input.
+    for bad in [
+        &["run", "../asks.yaml"][..],
+        &["run", "/etc/passwd"],
+        &["run", "nope"],
+        &["run", "done", "--watch"],
+        &["run", "done", "--input", "{"],
+        &["run", "done", "--run-id", "r3"],
+    ] {
+        let out = cli(here.path(), bad, tok);
+        expect_code(&out, 4);
+    }
 
     // What needs a store says so; a bad token, a missing token variable
     // and an unknown profile are bad input.

@@ -31,7 +31,18 @@ fn every_byte(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
         if ft.is_dir() {
             every_byte(&path, out);
         } else if ft.is_file() {
-            out.push((path.display().to_string(), std::fs::read(&path).unwrap()));
+            let bytes = std::fs::read(&path).unwrap();
+            // Snapshot objects are zlib streams: read what they hold too.
+            let mut inflated = Vec::new();
+            if std::io::Read::read_to_end(
+                &mut flate2::read::ZlibDecoder::new(&bytes[..]),
+                &mut inflated,
+            )
+            .is_ok()
+            {
+                out.push((format!("{} (inflated)", path.display()), inflated));
+            }
+            out.push((path.display().to_string(), bytes));
         }
     }
 }
@@ -68,6 +79,12 @@ nodes:
   - id: unnamed
     needs: [tool]
     command: ["sh", "-c", "echo token=${TOKEN:-unset}"]
+  # A node that writes its secret into the root: the snapshots taken around
+  # it leave that file out.
+  - id: write
+    needs: [unnamed]
+    secrets: [TOKEN]
+    command: ["sh", "-c", "printf 'token=%s\n' \"$TOKEN\" > .npmrc; echo kept > notes.txt"]
 "#;
 
 #[test]
@@ -108,6 +125,16 @@ fn secrets_reach_their_nodes_and_nothing_cairn_writes() {
     let mirror = std::fs::read_to_string(dir.path().join(".cairn/logs/s1/events.ndjson")).unwrap();
     assert!(mirror.contains("refused ***"), "{mirror}");
     assert_eq!(output("unnamed")["output"], "token=unset");
+    // The node's file is its own, as written; the snapshots kept the rest.
+    let npmrc = std::fs::read_to_string(dir.path().join("work/.npmrc")).unwrap();
+    assert_eq!(npmrc, format!("token={FROM_ENV}\n"));
+    assert_eq!(output("write")["status"], "finished");
+    let mut objects = Vec::new();
+    every_byte(&dir.path().join(".cairn/snapshots"), &mut objects);
+    assert!(
+        objects.iter().any(|(_, b)| contains(b, "kept\n")),
+        "the snapshot after `write` keeps notes.txt"
+    );
     // Not one byte Cairn wrote holds a value.
     let mut files = Vec::new();
     every_byte(&dir.path().join(".cairn"), &mut files);

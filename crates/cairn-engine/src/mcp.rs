@@ -7,7 +7,11 @@
 //!
 //! stdio servers run in the workflow's sandbox (root, hidden store, limits)
 //! with its network setting: shut by the kernel, open, or a host list
-//! served by the filtering proxy, as for every process of the run.
+//! served by the filtering proxy, as for every process of the run. Their
+//! environment is the workflow's `env`, the secrets of the node that needs
+//! them and what the server declares: a node that names other secrets (or
+//! none) gets a server of its own, so no node reaches a secret through a
+//! server another node started.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +34,23 @@ pub(crate) struct McpPool {
     wf: Arc<Workflow>,
     services: Arc<Services>,
     log: Arc<RunLog>,
-    slots: Mutex<HashMap<String, Slot>>,
+    /// By [`slot_key`]: a server started for a node that names secrets is
+    /// that node's (and its like's), never shared with a node that does not.
+    slots: Mutex<HashMap<String, (String, Slot)>>,
+}
+
+/// A started server's key: its name, and the names of the variables the
+/// node gives its processes (the workflow's `env` and the node's secrets).
+fn slot_key(server: &str, env: &[(String, String)]) -> String {
+    let mut names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut key = server.to_string();
+    for n in names {
+        key.push('\0');
+        key.push_str(n);
+    }
+    key
 }
 
 impl McpPool {
@@ -43,14 +63,22 @@ impl McpPool {
         }
     }
 
-    /// The connection to `server`, started on first use. A server that
-    /// hung up since is started again.
-    pub(crate) async fn connect(&self, server: &str) -> Result<Arc<Connection>, String> {
+    /// The connection to `server` for a node whose processes get `env`
+    /// (the workflow's `env`, then the secrets the node names), started on
+    /// first use. A stdio server gets those variables like the node's
+    /// commands do, so it is shared only by nodes that give the same ones.
+    /// A server that hung up since is started again.
+    pub(crate) async fn connect(
+        &self,
+        server: &str,
+        env: &[(String, String)],
+    ) -> Result<Arc<Connection>, String> {
+        let key = slot_key(server, env);
         let slot = {
             let mut slots = self.slots.lock().await;
             let stale = slots
-                .get(server)
-                .and_then(|s| s.get())
+                .get(&key)
+                .and_then(|(_, s)| s.get())
                 .is_some_and(|r| r.as_ref().is_ok_and(|c| c.is_closed()));
             if stale {
                 self.log.append(
@@ -60,14 +88,22 @@ impl McpPool {
                         reason: Some("the server hung up; starting it again".into()),
                     },
                 );
-                slots.remove(server);
+                slots.remove(&key);
             }
-            slots.entry(server.to_string()).or_default().clone()
+            slots
+                .entry(key)
+                .or_insert_with(|| (server.to_string(), Slot::default()))
+                .1
+                .clone()
         };
-        slot.get_or_init(|| self.start(server)).await.clone()
+        slot.get_or_init(|| self.start(server, env)).await.clone()
     }
 
-    async fn start(&self, server: &str) -> Result<Arc<Connection>, String> {
+    async fn start(
+        &self,
+        server: &str,
+        node_env: &[(String, String)],
+    ) -> Result<Arc<Connection>, String> {
         let Some(def) = self.wf.mcp_servers.get(server) else {
             return Err(format!("the workflow declares no MCP server `{server}`"));
         };
@@ -83,7 +119,7 @@ impl McpPool {
                 args,
             },
         );
-        let result = self.open(server, def).await;
+        let result = self.open(server, def, node_env).await;
         match &result {
             Ok(conn) => self.log.append(
                 Scope::run(),
@@ -104,7 +140,12 @@ impl McpPool {
         result.map(Arc::new)
     }
 
-    async fn open(&self, server: &str, def: &McpServerDef) -> Result<Connection, String> {
+    async fn open(
+        &self,
+        server: &str,
+        def: &McpServerDef,
+        node_env: &[(String, String)],
+    ) -> Result<Connection, String> {
         match &def.transport {
             McpTransport::Http { url, headers_env } => {
                 let mut headers = Vec::new();
@@ -118,13 +159,19 @@ impl McpPool {
                     .await
                     .map_err(|e| e.to_string())
             }
-            McpTransport::Stdio { command, env } => {
+            McpTransport::Stdio {
+                command,
+                env: env_decl,
+            } => {
                 let sandbox = self
                     .services
                     .sandbox_for(&self.wf, None, None, &NodeSandbox::default())
                     .map_err(|e| e.info.message)?;
-                let mut env: Vec<(String, String)> =
-                    env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                // The workflow's `env` and the node's secrets, then what
+                // the server declares (which wins, as a node's `env` does
+                // over the workflow's).
+                let mut env: Vec<(String, String)> = node_env.to_vec();
+                env.extend(env_decl.iter().map(|(k, v)| (k.clone(), v.clone())));
                 // So that a resume after a crash finds what the dead engine
                 // left running.
                 env.extend(self.services.process_env(self.log.run_id()));
@@ -132,7 +179,8 @@ impl McpPool {
                     argv: command.clone(),
                     cwd: sandbox.root().to_path_buf(),
                     env,
-                    // Only what the server declares, never the engine's secrets.
+                    // Only what the server and the node give it, never the
+                    // engine's own environment.
                     clear_env: true,
                     timeout: None,
                     max_output_bytes: 0,
@@ -180,7 +228,7 @@ impl McpPool {
 
     /// Stops every server that was started, logging why.
     pub(crate) async fn close(&self, reason: &str) {
-        let slots: Vec<(String, Slot)> = self.slots.lock().await.drain().collect();
+        let slots: Vec<(String, Slot)> = self.slots.lock().await.drain().map(|(_, v)| v).collect();
         for (server, slot) in slots {
             let Some(Ok(conn)) = slot.get().cloned() else {
                 continue;

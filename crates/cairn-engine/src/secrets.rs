@@ -72,6 +72,19 @@ impl Secrets {
         self.values.get(name).map(String::as_str)
     }
 
+    /// The values a workspace snapshot must not keep: a file that holds
+    /// one is left out of it (as the redactor, values too short to tell
+    /// apart from ordinary text are not looked for).
+    pub fn to_withhold(&self) -> Arc<Vec<Vec<u8>>> {
+        Arc::new(
+            self.values
+                .values()
+                .filter(|v| v.len() >= cairn_events::MIN_SECRET_LEN)
+                .map(|v| v.as_bytes().to_vec())
+                .collect(),
+        )
+    }
+
     /// What masks the values in a run's records.
     pub fn redactor(&self) -> Redactor {
         self.redactor.clone()

@@ -429,3 +429,93 @@ nodes:
         );
     }
 }
+
+/// A stdio server gets the workflow's `env` and the secrets of the node
+/// that needs it, as that node's commands do; a node that names no secret
+/// gets a server of its own, without them; the secret's value is masked in
+/// every stored result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_gets_the_secrets_of_the_node_that_needs_it_and_no_other() {
+    let (servers, node) = need_servers!();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("token.txt"), "tok-7f3a9c2e51\n").unwrap();
+    let everything =
+        servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let yaml = format!(
+        r#"
+name: mcp-secrets
+models:
+  s: {{ provider: scripted, script: turns.yaml }}
+env:
+  PLAIN_SETTING: plain-value
+secrets:
+  DEPLOY_TOKEN: {{ file: token.txt }}
+mcp_servers:
+  everything:
+    command: ["{node}", "{everything}", "stdio"]
+sandbox:
+  network: false
+  read_only: ["{servers}"]
+nodes:
+  - id: a
+    secrets: [DEPLOY_TOKEN]
+    agent:
+      model: s
+      prompt: Show the environment.
+      tools: ["everything.get-env"]
+  - id: b
+    needs: [a]
+    agent:
+      model: s
+      prompt: Show the environment.
+      tools: ["everything.get-env"]
+"#,
+        node = node.display(),
+        everything = everything.display(),
+        servers = servers.display(),
+    );
+    let turns = r#"
+turns:
+  - tool_calls:
+      - { name: everything__get-env, args: {} }
+  - text: Seen.
+"#;
+    let (engine, outcome) = run(d, &yaml, turns, "ms1").await;
+    assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+    let result_of = |node: &str| -> String {
+        engine
+            .journal()
+            .backend()
+            .tool_calls(
+                &cairn_events::RunId::parse("ms1").unwrap(),
+                &cairn_events::NodePath::from(node),
+                0,
+            )
+            .unwrap()
+            .into_iter()
+            .map(|r| r.output.unwrap_or(Value::Null).to_string())
+            .collect()
+    };
+    let a = result_of("a");
+    let b = result_of("b");
+    // The server of `a` had the secret (masked once stored) and the env.
+    assert!(a.contains("DEPLOY_TOKEN"), "{a}");
+    assert!(a.contains("***"), "{a}");
+    assert!(a.contains("plain-value"), "{a}");
+    // `b` names no secret: its server never had it.
+    assert!(!b.contains("DEPLOY_TOKEN"), "{b}");
+    assert!(b.contains("plain-value"), "{b}");
+    // The value is nowhere in the store's events.
+    let evs = stored(&engine, "ms1");
+    for e in &evs {
+        assert!(!e.to_json().contains("tok-7f3a9c2e51"), "{}", e.to_json());
+    }
+    assert_eq!(
+        evs.iter()
+            .filter(|e| matches!(e.kind, EventKind::McpServerStarting { .. }))
+            .count(),
+        2,
+        "one server per set of secrets"
+    );
+}

@@ -135,6 +135,13 @@ pub enum SkipReason {
     },
     /// A socket, a FIFO or a device.
     NotAFile,
+    /// It holds one of the values the snapshot was told to withhold (a
+    /// run's secrets, which Cairn never keeps): left out. A restore does
+    /// not know those values: to it the path is one the snapshot does not
+    /// have (a full [`SnapshotStore::restore`] removes it; a run's reverts
+    /// put back only the paths its attempts changed, with
+    /// [`SnapshotStore::restore_paths`]).
+    HoldsSecret,
 }
 
 /// A path a snapshot left out.
@@ -247,6 +254,19 @@ impl SnapshotStore {
     /// Takes a snapshot of `root`, leaving out the paths in `exclude` (and
     /// what is under them).
     pub fn snapshot(&self, root: &Path, exclude: &[PathBuf]) -> Result<Snapshot, SnapshotError> {
+        self.snapshot_withholding(root, exclude, &[])
+    }
+
+    /// [`SnapshotStore::snapshot`], leaving out as well every file and
+    /// link that holds one of the values in `withhold` (a run's secrets):
+    /// they are listed as [`SkipReason::HoldsSecret`], and no byte of them
+    /// reaches the repository.
+    pub fn snapshot_withholding(
+        &self,
+        root: &Path,
+        exclude: &[PathBuf],
+        withhold: &[Vec<u8>],
+    ) -> Result<Snapshot, SnapshotError> {
         let root = canonical(root)?;
         let _lock = self.lock(&root)?;
         let dir = open_root(&root)?;
@@ -255,6 +275,7 @@ impl SnapshotStore {
         let skip = walk::Skip {
             exclude: &exclude,
             stage: stage.as_deref(),
+            withhold,
         };
         let cache = self.cache_of(&root);
         let mut cache = cache.lock().unwrap();
@@ -331,6 +352,7 @@ impl SnapshotStore {
         let skip = walk::Skip {
             exclude: &exclude,
             stage: None,
+            withhold: &[],
         };
         let cache = self.cache_of(&root);
         let mut cache = cache.lock().unwrap();
@@ -352,6 +374,7 @@ impl SnapshotStore {
         let skip = walk::Skip {
             exclude: &exclude,
             stage: stage.as_deref(),
+            withhold: &[],
         };
         // What was written is checked, not assumed: a walk of the root now
         // must give the snapshot's own id (or, for some paths, what the
@@ -472,6 +495,7 @@ impl SnapshotStore {
             skip: walk::Skip {
                 exclude: skip.exclude,
                 stage: skip.stage,
+                withhold: skip.withhold,
             },
             total_bytes: 0,
             trust_before_ns: now_ns - RACY.as_nanos() as i64,

@@ -45,6 +45,18 @@ pub struct Skip<'a> {
     pub exclude: &'a HashSet<Vec<u8>>,
     /// The recorded stage folder's name (at the root), while it exists.
     pub stage: Option<&'a [u8]>,
+    /// Values no kept file or link may hold (a run's secrets): a file that
+    /// holds one is left out, as [`SkipReason::HoldsSecret`].
+    pub withhold: &'a [Vec<u8>],
+}
+
+impl Skip<'_> {
+    /// Whether `bytes` hold one of the withheld values.
+    fn withholds(&self, bytes: &[u8]) -> bool {
+        self.withhold
+            .iter()
+            .any(|v| !v.is_empty() && memchr::memmem::find(bytes, v).is_some())
+    }
 }
 
 impl Skip<'_> {
@@ -195,6 +207,11 @@ impl Walk<'_> {
                 let id = match self.cache.get(rel, &stat) {
                     Some(id) => id,
                     None => match dir.read_link(name) {
+                        Ok(target) if self.skip.withholds(&target) => {
+                            self.cache.forget(rel);
+                            self.skip(rel.to_vec(), SkipReason::HoldsSecret);
+                            return Ok(Step::Done(None));
+                        }
                         Ok(target) => self.store_blob(rel, stat, &target)?,
                         Err(e) if gone(&e) => return Ok(Step::Done(None)),
                         // EINVAL: not a link any more.
@@ -255,6 +272,12 @@ impl Walk<'_> {
         if bytes.len() as u64 > self.opts.max_file_bytes {
             // Grew past the limit while we read it.
             self.skip(rel.to_vec(), SkipReason::TooLarge { bytes: st.size });
+            return Ok(Step::Done(None));
+        }
+        if self.skip.withholds(&bytes) {
+            // Never stored, never remembered: the next walk reads it again.
+            self.cache.forget(rel);
+            self.skip(rel.to_vec(), SkipReason::HoldsSecret);
             return Ok(Step::Done(None));
         }
         let mode = if opened.mode & 0o111 != 0 {

@@ -675,3 +675,102 @@ fn fifos_sockets_and_devices_in_the_root_do_not_block_a_walk() {
     assert_eq!(files, 1);
     assert_eq!(skipped, if dev { 3 } else { 2 });
 }
+
+/// Every object of the repository at `dir`, inflated.
+fn inflated_objects(dir: &Path) -> Vec<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let raw = fs::read(&p).unwrap();
+                let mut text = Vec::new();
+                if flate2::read::ZlibDecoder::new(&raw[..])
+                    .read_to_end(&mut text)
+                    .is_ok()
+                {
+                    out.push(text);
+                } else {
+                    out.push(raw);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn files_and_links_that_hold_a_withheld_value_are_left_out_and_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("conf")).unwrap();
+    let secret = b"tok-51c0ffee9d".to_vec();
+    fs::write(
+        root.join("conf/.npmrc"),
+        b"//registry/:_authToken=tok-51c0ffee9d\n",
+    )
+    .unwrap();
+    fs::write(root.join("plain.txt"), "nothing to hide").unwrap();
+    symlink("tok-51c0ffee9d", root.join("link")).unwrap();
+    let s = store(tmp.path());
+    let snap = s
+        .snapshot_withholding(&root, &[], std::slice::from_ref(&secret))
+        .unwrap();
+    let mut held: Vec<(String, SkipReason)> = snap
+        .skipped
+        .iter()
+        .map(|k| (k.path.clone(), k.why.clone()))
+        .collect();
+    held.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        held,
+        vec![
+            ("conf/.npmrc".to_string(), SkipReason::HoldsSecret),
+            ("link".to_string(), SkipReason::HoldsSecret),
+        ]
+    );
+    let listed: Vec<String> = s
+        .list(snap.id)
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(listed, vec!["plain.txt".to_string()]);
+    // No object of the repository holds the value, stored or compressed.
+    let objects = inflated_objects(&tmp.path().join("snapshots"));
+    assert!(!objects.is_empty());
+    for o in &objects {
+        assert!(
+            memchr_find(o, &secret).is_none(),
+            "an object holds the secret: {}",
+            String::from_utf8_lossy(o)
+        );
+    }
+    // A second snapshot reads the file again (it was never remembered) and
+    // leaves it out again.
+    let again = s
+        .snapshot_withholding(&root, &[], std::slice::from_ref(&secret))
+        .unwrap();
+    assert_eq!(again.id, snap.id);
+    assert_eq!(again.skipped.len(), 2);
+    // Putting a path back leaves what was withheld as it is.
+    fs::write(root.join("plain.txt"), "changed").unwrap();
+    s.restore_paths(&root, snap.id, &[b"plain.txt".to_vec()], &[])
+        .unwrap();
+    assert_eq!(
+        fs::read_to_string(root.join("plain.txt")).unwrap(),
+        "nothing to hide"
+    );
+    assert_eq!(
+        fs::read(root.join("conf/.npmrc")).unwrap(),
+        b"//registry/:_authToken=tok-51c0ffee9d\n"
+    );
+}
+
+fn memchr_find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}

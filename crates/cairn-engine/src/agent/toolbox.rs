@@ -453,7 +453,7 @@ async fn add_mcp_tools(
         .as_ref()
         .ok_or_else(|| NodeError::fatal("mcp", "MCP servers are not available here"))?;
     let conn = pool
-        .connect(server)
+        .connect(server, &ctx.process_env)
         .await
         .map_err(|e| NodeError::new("mcp", format!("MCP server `{server}`: {e}")))?;
     let mut found = false;

@@ -40,16 +40,23 @@ pub(crate) struct Snapshotter {
     store: Arc<SnapshotStore>,
     root: PathBuf,
     exclude: Vec<PathBuf>,
+    /// The run's secrets: a file that holds one is never kept.
+    withhold: Arc<Vec<Vec<u8>>>,
 }
 
 impl Snapshotter {
     /// A snapshot of the root now, or `None` when it cannot be taken (the
     /// attempt's own `NodeStarted` already told why, when it could not).
     pub(crate) async fn take(&self) -> Option<String> {
-        take_snapshot(self.store.clone(), self.root.clone(), self.exclude.clone())
-            .await
-            .ok()
-            .map(|id| id.to_string())
+        take_snapshot(
+            self.store.clone(),
+            self.root.clone(),
+            self.exclude.clone(),
+            self.withhold.clone(),
+        )
+        .await
+        .ok()
+        .map(|id| id.to_string())
     }
 }
 
@@ -91,6 +98,7 @@ impl Driver {
             store,
             root,
             exclude,
+            withhold: self.secrets.to_withhold(),
         })
     }
 
@@ -122,6 +130,7 @@ impl Driver {
         let log = self.log.clone();
         let scope = self.node_scope(&key);
         let backend = self.services.journal.backend().clone();
+        let withhold = self.secrets.to_withhold();
         tokio::spawn(async move {
             let mut revert_failed = None;
             match revert {
@@ -144,7 +153,7 @@ impl Driver {
                 }
                 None => {}
             }
-            let (snapshot, warning) = match take_snapshot(store, root, exclude).await {
+            let (snapshot, warning) = match take_snapshot(store, root, exclude, withhold).await {
                 Ok(id) => (Some(id.to_string()), None),
                 Err(e) => (None, Some(e)),
             };
@@ -236,8 +245,13 @@ async fn take_snapshot(
     store: Arc<SnapshotStore>,
     root: PathBuf,
     exclude: Vec<PathBuf>,
+    withhold: Arc<Vec<Vec<u8>>>,
 ) -> Result<ObjectId, String> {
-    match tokio::task::spawn_blocking(move || store.snapshot(&root, &exclude)).await {
+    match tokio::task::spawn_blocking(move || {
+        store.snapshot_withholding(&root, &exclude, &withhold)
+    })
+    .await
+    {
         Ok(Ok(s)) => Ok(s.id),
         Ok(Err(e)) => Err(e.to_string()),
         Err(e) => Err(format!("the snapshot's task died: {e}")),
