@@ -200,7 +200,24 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
         Some(url) => {
             let client = crate::remote::client(url, g)?;
             let run = store::run_id(&a.run)?;
-            client.run(&run).await.map_err(client_error)?
+            let v = client.run(&run).await.map_err(client_error)?;
+            let ended = matches!(
+                v.as_value()["status"].as_str(),
+                Some("finished" | "failed" | "cancelled")
+            );
+            if !ended && !a.json {
+                let gates = crate::people::open_gates_remote(&client, &run)
+                    .await
+                    .map_err(client_error)?;
+                if !gates.is_empty() {
+                    let mut note = crate::people::describe(&run, &gates);
+                    note.push_str(&format!(
+                        "(through {url}: the server drives the run and goes on once answered)"
+                    ));
+                    driver_note = Some(note);
+                }
+            }
+            v
         }
         None => {
             let engine = store::engine(g, false)?;

@@ -4,6 +4,8 @@
 //! question asked inside a child workflow is answered on the parent).
 
 use cairn_engine::Engine;
+
+use crate::bad_input;
 use cairn_events::{NodeStatus, RunId};
 use cairn_store::RunFilter;
 use serde_json::Value;
@@ -91,6 +93,118 @@ pub fn open_gates(engine: &Engine, run: &RunId) -> anyhow::Result<Vec<Open>> {
     }
     Ok(out)
 }
+
+/// The open question of `open` (the gates of `run`'s tree) that `which`
+/// names (its request id or node path), or the only one when `which` is
+/// `None`; bad input that lists them otherwise.
+pub fn pick_question(run: &RunId, open: Vec<Open>, which: Option<&str>) -> anyhow::Result<Open> {
+    let open: Vec<Open> = open
+        .into_iter()
+        .filter(|g| g.request_id().is_some())
+        .collect();
+    let list = |gates: &[Open]| {
+        gates
+            .iter()
+            .map(|g| {
+                format!(
+                    "\n  {} ({}{})",
+                    g.request_id().unwrap_or_default(),
+                    g.node,
+                    if &g.run == run {
+                        String::new()
+                    } else {
+                        format!(" in child run {}", g.run)
+                    }
+                )
+            })
+            .collect::<String>()
+    };
+    let found: Vec<Open> = match which {
+        None => open.clone(),
+        Some(w) => open.iter().filter(|g| g.is_named(w)).cloned().collect(),
+    };
+    match (found.len(), which) {
+        (1, _) => Ok(found.into_iter().next().expect("one")),
+        (0, None) => Err(bad_input(format!("run {run} has no open question"))),
+        (0, Some(w)) if open.is_empty() => Err(bad_input(format!(
+            "run {run} has no open question (`{w}` names none)"
+        ))),
+        (0, Some(w)) => Err(bad_input(format!(
+            "no open question of run {run} is `{w}`; its open questions:{}",
+            list(&open)
+        ))),
+        _ => Err(bad_input(format!(
+            "run {run} has {} open questions; name one (its request id or node): \
+             cairn answer {run} <question> <answer>{}",
+            found.len(),
+            list(&found)
+        ))),
+    }
+}
+
+/// Every open gate of `run` and of its child runs that have not ended, as
+/// a server's `GET /v1/runs/{id}` tells them, the run's own first. At most
+/// [`MAX_TREE_RUNS`] runs are asked.
+pub async fn open_gates_remote(
+    client: &cairn_client::Client,
+    run: &RunId,
+) -> Result<Vec<Open>, cairn_client::ClientError> {
+    let mut out = Vec::new();
+    let mut todo = std::collections::VecDeque::from([run.clone()]);
+    let mut seen = std::collections::HashSet::new();
+    while let Some(r) = todo.pop_front() {
+        if !seen.insert(r.clone()) || seen.len() > MAX_TREE_RUNS {
+            continue;
+        }
+        let detail = client.run(&r).await?;
+        let v = detail.as_value();
+        if let Some(qs) = v["questions"].as_object() {
+            for (rid, q) in qs {
+                if q.get("answer").is_some_and(|a| !a.is_null()) {
+                    continue;
+                }
+                out.push(Open {
+                    run: r.clone(),
+                    node: q["nodeId"].as_str().unwrap_or_default().to_string(),
+                    gate: Gate::Question {
+                        request_id: rid.clone(),
+                        prompt: q["prompt"].as_str().unwrap_or_default().to_string(),
+                        schema: q.get("schema").filter(|s| !s.is_null()).cloned(),
+                    },
+                });
+            }
+        }
+        for n in v["nodes"].as_array().into_iter().flatten() {
+            if n["status"] == "waiting-approval" {
+                out.push(Open {
+                    run: r.clone(),
+                    node: n["nodeId"].as_str().unwrap_or_default().to_string(),
+                    gate: Gate::Approval {
+                        message: n["approvalMessage"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                    },
+                });
+            }
+        }
+        for c in v["children"].as_array().into_iter().flatten() {
+            // `state` is the child's own record now; `status` what the
+            // parent's log says of its end.
+            let status = c["state"].as_str().or(c["status"].as_str()).unwrap_or("");
+            if matches!(status, "finished" | "failed" | "cancelled") {
+                continue;
+            }
+            if let Some(id) = c["runId"].as_str().and_then(|t| RunId::parse(t).ok()) {
+                todo.push_back(id);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Most runs of a tree a remote command asks the server about.
+const MAX_TREE_RUNS: usize = 256;
 
 /// What an answer may be, from its schema, for people: the choices of an
 /// `enum`, else the type and its bounds (`integer from 1 to 5`).

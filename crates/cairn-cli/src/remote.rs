@@ -9,7 +9,6 @@ use cairn_client::{Client, ClientError};
 use cairn_engine::RunOutcome;
 use cairn_events::{Event, EventKind, NodePath, RunId, RunStatus};
 use cairn_store::StoredEvent;
-use serde_json::Value;
 
 use crate::bad_input;
 use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, Global, ResumeArgs, RunArgs};
@@ -41,23 +40,38 @@ pub async fn decide(url: &str, g: &Global, a: DecideArgs, approved: bool) -> any
     let run = crate::store::run_id(&a.run)?;
     let node =
         NodePath::parse(&a.node).map_err(|e| bad_input(format!("node `{}`: {e}", a.node)))?;
+    // The run's own approval, else one of its child runs' of that node;
+    // else the run, whose answer says why it cannot be decided.
+    let target = crate::people::open_gates_remote(&c, &run)
+        .await
+        .map_err(client_error)?
+        .into_iter()
+        .find(|g| g.node == a.node && g.request_id().is_none())
+        .map_or_else(|| run.clone(), |g| g.run);
     let body = DecideBody {
         approved,
         note: a.note,
         by: by(a.by),
     };
-    let d = c.decide(&run, &node, &body).await.map_err(client_error)?;
+    let d = c
+        .decide(&target, &node, &body)
+        .await
+        .map_err(client_error)?;
     if a.json {
         println!("{}", serde_json::to_string(&d)?);
         return Ok(crate::EXIT_OK);
     }
     let verb = if d.approved { "approved" } else { "denied" };
-    println!("{verb} {} of run {}", d.node_id, d.run_id);
+    if target == run {
+        println!("{verb} {} of run {run}", d.node_id);
+    } else {
+        println!("{verb} {} of child run {target} of run {run}", d.node_id);
+    }
     Ok(crate::EXIT_OK)
 }
 
 /// `cairn answer` through a server: the question named (request id or
-/// node), or the run's only open one.
+/// node), or the only open one, of the run or of one of its child runs.
 pub async fn answer(url: &str, g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
     let c = client(url, g)?;
     let run = crate::store::run_id(&a.run)?;
@@ -66,57 +80,30 @@ pub async fn answer(url: &str, g: &Global, a: AnswerArgs) -> anyhow::Result<u8> 
         [which, answer] => (Some(which.as_str()), answer),
         _ => unreachable!("clap takes one or two"),
     };
-    let detail = c.run(&run).await.map_err(client_error)?;
-    let open = open_questions(detail.as_value());
-    let found: Vec<&(String, String)> = match which {
-        None => open.iter().collect(),
-        Some(w) => open
-            .iter()
-            .filter(|(rid, node)| rid == w || node == w)
-            .collect(),
-    };
-    let rid = match found.as_slice() {
-        [(rid, _)] => rid.clone(),
-        [] => {
-            return Err(bad_input(match which {
-                Some(w) => format!("no open question of run {run} is `{w}`"),
-                None => format!("run {run} has no open question"),
-            }))
-        }
-        many => {
-            let list: String = many
-                .iter()
-                .map(|(rid, node)| format!("\n  {rid} ({node})"))
-                .collect();
-            return Err(bad_input(format!(
-                "run {run} has {} open questions; name one (its request id or node):{list}",
-                many.len()
-            )));
-        }
-    };
+    let open = crate::people::open_gates_remote(&c, &run)
+        .await
+        .map_err(client_error)?;
+    let target = crate::people::pick_question(&run, open, which)?;
+    let rid = target.request_id().unwrap_or_default().to_string();
     let body = AnswerBody {
         value: crate::run::parse_answer(answer),
         by: by(a.by),
     };
-    let done = c.answer(&run, &rid, &body).await.map_err(client_error)?;
+    let done = c
+        .answer(&target.run, &rid, &body)
+        .await
+        .map_err(client_error)?;
     if a.json {
         println!("{}", serde_json::to_string(&done)?);
-        return Ok(crate::EXIT_OK);
+    } else if target.run == run {
+        println!("answered {rid} ({}) of run {run}", target.node);
+    } else {
+        println!(
+            "answered {rid} ({}) of child run {} of run {run}",
+            target.node, target.run
+        );
     }
-    println!("answered {} of run {}", done.request_id, done.run_id);
     Ok(crate::EXIT_OK)
-}
-
-/// The open questions of a run as `GET /v1/runs/{id}` shows them: request
-/// id and node.
-fn open_questions(detail: &Value) -> Vec<(String, String)> {
-    let Some(qs) = detail["questions"].as_object() else {
-        return Vec::new();
-    };
-    qs.iter()
-        .filter(|(_, q)| q.get("answer").is_none_or(Value::is_null))
-        .map(|(rid, q)| (rid.clone(), q["nodeId"].as_str().unwrap_or("").to_string()))
-        .collect()
 }
 
 /// `cairn cancel` through a server.

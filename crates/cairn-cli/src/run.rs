@@ -591,48 +591,7 @@ fn question_to_answer(
     run: &RunId,
     which: Option<&str>,
 ) -> anyhow::Result<crate::people::Open> {
-    let open: Vec<crate::people::Open> = crate::people::open_gates(engine, run)?
-        .into_iter()
-        .filter(|g| g.request_id().is_some())
-        .collect();
-    let list = |gates: &[crate::people::Open]| {
-        gates
-            .iter()
-            .map(|g| {
-                format!(
-                    "\n  {} ({}{})",
-                    g.request_id().unwrap_or_default(),
-                    g.node,
-                    if &g.run == run {
-                        String::new()
-                    } else {
-                        format!(" in child run {}", g.run)
-                    }
-                )
-            })
-            .collect::<String>()
-    };
-    let found: Vec<crate::people::Open> = match which {
-        None => open.clone(),
-        Some(w) => open.iter().filter(|g| g.is_named(w)).cloned().collect(),
-    };
-    match (found.len(), which) {
-        (1, _) => Ok(found.into_iter().next().expect("one")),
-        (0, None) => Err(bad_input(format!("run {run} has no open question"))),
-        (0, Some(w)) if open.is_empty() => Err(bad_input(format!(
-            "run {run} has no open question (`{w}` names none)"
-        ))),
-        (0, Some(w)) => Err(bad_input(format!(
-            "no open question of run {run} is `{w}`; its open questions:{}",
-            list(&open)
-        ))),
-        _ => Err(bad_input(format!(
-            "run {run} has {} open questions; name one (its request id or node): \
-             cairn answer {run} <question> <answer>{}",
-            found.len(),
-            list(&found)
-        ))),
-    }
+    crate::people::pick_question(run, crate::people::open_gates(engine, run)?, which)
 }
 
 /// `cairn approve` and `cairn deny`.

@@ -59,6 +59,16 @@ fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
     )
     .unwrap();
     std::fs::write(
+        srv.path().join("parent.yaml"),
+        "name: parent\nnodes:\n  - id: child\n    workflow: child.yaml\n  - id: gate\n    approval: \"Go on?\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        srv.path().join("child.yaml"),
+        "name: child\nnodes:\n  - id: pick\n    ask: \"Which size?\"\n    schema: { type: integer, minimum: 1, maximum: 5 }\n  - id: big_gate\n    needs: [pick]\n    approval: \"Size {{ nodes.pick.output }} ok?\"\n",
+    )
+    .unwrap();
+    std::fs::write(
         srv.path().join("broken.yaml"),
         "name: broken\nnodes:\n  - id: boom\n    command: [\"false\"]\n",
     )
@@ -161,6 +171,42 @@ fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
         let st = cli(here.path(), &["status", "r4", "--json"], tok);
         json(&st)["status"] == "waiting-approval"
     });
+    // A question and an approval inside a child run, answered and decided
+    // on the parent through the server, with no id copied.
+    let parent = cli(
+        here.path(),
+        &["run", "parent", "--run-id", "p1", "--exit-on-wait"],
+        tok,
+    );
+    expect_code(&parent, 3);
+    wait_until("the child's question", || {
+        let st = cli(here.path(), &["status", "p1"], tok);
+        String::from_utf8_lossy(&st.stdout).contains("pick (in child run p1.")
+    });
+    let shown = cli(here.path(), &["status", "p1"], tok);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(shown.contains("gate waits for approval: Go on?"), "{shown}");
+    assert!(shown.contains("integer from 1 to 5"), "{shown}");
+    let ok = cli(here.path(), &["answer", "p1", "3"], tok);
+    expect_code(&ok, 0);
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).contains("of child run p1."),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    wait_until("the child's gate", || {
+        let st = cli(here.path(), &["status", "p1"], tok);
+        String::from_utf8_lossy(&st.stdout).contains("big_gate (in child run")
+    });
+    let ok = cli(here.path(), &["approve", "p1", "big_gate"], tok);
+    expect_code(&ok, 0);
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("of child run"));
+    expect_code(&cli(here.path(), &["approve", "p1", "gate"], tok), 0);
+    wait_until("p1's end", || {
+        let st = cli(here.path(), &["status", "p1", "--json"], tok);
+        json(&st)["status"] == "finished"
+    });
+
     // The server runs only the workflows of its folder; bad flags and an
     // id in use are bad input.
     for bad in [
