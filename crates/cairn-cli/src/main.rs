@@ -151,18 +151,43 @@ fn main() -> ExitCode {
 }
 
 /// The async runtime of a command. `cairn serve` drives many runs and
-/// serves many clients: a worker per core. Every other command drives at
-/// most one run, whose store writer is a thread of its own and whose
-/// display is the main thread's: a worker less than the cores (at least
-/// one) leaves the writer a core of its own. On two cores that is one
-/// worker, which also spares a short command a thread's start and end.
+/// serves many clients: a worker per core. A command that drives a run of
+/// unknown size (`resume`, `fork`, `hijack`, `run` of a large workflow)
+/// gets a worker less than the cores (at least one): the run's driver
+/// there, the display on the main thread, and the store's writer (a thread
+/// of its own) a core of its own. Everything else, `run` of a small
+/// workflow included, runs on the main thread alone: starting and
+/// stopping a worker and handing each step between two threads was a
+/// twentieth of a one-node run's time, more than a small run gains from a
+/// second thread (a 20,000-node chain on one thread takes a fifth longer).
 fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = match command {
+        Command::Serve(_) => None,
+        Command::Resume(_) | Command::Fork(_) | Command::Hijack(_) => Some(worker_count()),
+        Command::Run(a) if !is_small_workflow(&a.file) => Some(worker_count()),
+        _ => return tokio::runtime::Builder::new_current_thread().enable_all().build(),
+    };
     let mut b = tokio::runtime::Builder::new_multi_thread();
-    if !matches!(command, Command::Serve(_)) {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        b.worker_threads(cores.saturating_sub(1).max(1));
+    if let Some(n) = workers {
+        b.worker_threads(n);
     }
     b.enable_all().build()
+}
+
+/// A worker less than the cores, at least one.
+fn worker_count() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(1).max(1)
+}
+
+/// Workflow files up to this size (a few hundred nodes) run on one thread.
+const SMALL_WORKFLOW_BYTES: u64 = 64 << 10;
+
+/// Whether `file` is a workflow small enough for one thread. A file that
+/// is not there (a server's workflow, by name) or cannot be read is not:
+/// the command then says why, on the usual runtime.
+fn is_small_workflow(file: &std::path::Path) -> bool {
+    std::fs::metadata(file).is_ok_and(|m| m.len() <= SMALL_WORKFLOW_BYTES)
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
