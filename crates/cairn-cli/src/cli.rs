@@ -70,10 +70,31 @@ pub struct Global {
 /// it).
 pub fn nearest_store(dir: &std::path::Path) -> Option<PathBuf> {
     let default = std::path::Path::new(".cairn/cairn.db");
-    dir.ancestors()
+    searched(dir)
         .map(|d| d.join(default))
         .find(|candidate| candidate.is_file())
         .map(|found| relative_to(&found, dir))
+}
+
+/// `dir` and the folders above it that an upward search looks in: up to,
+/// not into, a folder of `CAIRN_CEILING_DIRECTORIES` (absolute paths
+/// separated by `:`, as git's `GIT_CEILING_DIRECTORIES`), so that a store
+/// or a `.cairn.toml` someone left in `/tmp` or a home folder is not taken
+/// for a project's. `dir` itself is always looked in.
+pub fn searched(dir: &std::path::Path) -> impl Iterator<Item = &std::path::Path> {
+    let ceilings: Vec<PathBuf> = std::env::var_os("CAIRN_CEILING_DIRECTORIES")
+        .map(|v| {
+            std::env::split_paths(&v)
+                .filter(|p| p.is_absolute())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut first = true;
+    dir.ancestors().take_while(move |d| {
+        let go = first || !ceilings.iter().any(|c| c.as_path() == *d);
+        first = false;
+        go
+    })
 }
 
 /// `path` as a path relative to `dir` when it is beneath it (a store found

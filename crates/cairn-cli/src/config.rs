@@ -75,7 +75,7 @@ fn user_file() -> Option<PathBuf> {
 
 /// The nearest `.cairn.toml` at or above `dir`.
 fn project_file(dir: &Path) -> Option<PathBuf> {
-    dir.ancestors()
+    crate::cli::searched(dir)
         .map(|d| d.join(".cairn.toml"))
         .find(|p| p.is_file())
 }

@@ -165,7 +165,11 @@ fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
         Command::Serve(_) => None,
         Command::Resume(_) | Command::Fork(_) | Command::Hijack(_) => Some(worker_count()),
         Command::Run(a) if !is_small_workflow(&a.file) => Some(worker_count()),
-        _ => return tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        _ => {
+            return tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
     };
     let mut b = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = workers {

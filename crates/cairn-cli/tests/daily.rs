@@ -52,6 +52,28 @@ fn the_store_is_found_in_the_nearest_folder_upward() {
     // A folder outside the project has none: its own default, missing.
     let elsewhere = tempfile::tempdir().unwrap();
     expect_code(&cairn_here(elsewhere.path(), &["status", "up1"]), 4);
+    // The search goes up to, not into, a ceiling folder (as git's
+    // GIT_CEILING_DIRECTORIES): a store above it is not the project's.
+    let ceiling = dir.path().join("src");
+    let capped = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(&deep)
+        .args(["status", "up1"])
+        .env_remove("CAIRN_STORE")
+        .env("CAIRN_CEILING_DIRECTORIES", &ceiling)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    expect_code(&capped, 4);
+    // A ceiling that is the folder itself still lets it be looked in.
+    let at_home = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir.path())
+        .args(["status", "up1"])
+        .env_remove("CAIRN_STORE")
+        .env("CAIRN_CEILING_DIRECTORIES", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    expect_code(&at_home, 0);
 }
 
 const ASKS: &str = r#"
