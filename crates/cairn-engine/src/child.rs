@@ -417,7 +417,16 @@ impl NodeCtx {
                             // The child stopped to wait for a person
                             // (`--exit-on-wait`): so does this attempt, until
                             // the parent's driver stops it; the resume takes
-                            // the child up again.
+                            // the child up again. The driver learns that the
+                            // child waits from the statuses the child sent
+                            // before it ended, which `select!` may not have
+                            // taken yet (it picks among ready branches at
+                            // random): passed on now, or the parent would
+                            // never stop to wait (1 run in 300 hung so).
+                            while let Ok(status) = statuses.try_recv() {
+                                let key = (self.node_id.clone(), self.iteration);
+                                let _ = self.asks.send(Ask::Child { key, status });
+                            }
                             self.cancel.cancelled().await;
                             return Err(NodeError::cancelled("the run stops to wait for a person"));
                         }

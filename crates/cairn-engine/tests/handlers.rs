@@ -2,25 +2,11 @@
 //! `always()`) on a real SQLite store, through real child processes.
 
 mod common;
+use common::setup;
 
-use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
+use cairn_engine::{RunOutcome, StartOptions};
 use cairn_events::RunState;
-use cairn_store::{Journal, JournalOptions};
 use serde_json::json;
-
-fn setup(dir: &std::path::Path, yaml: &str) -> (Engine, cairn_workflow::Workflow) {
-    let journal = Journal::open_sqlite(
-        &dir.join("cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join("logs")),
-        },
-    )
-    .unwrap();
-    let path = dir.join("wf.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let wf = cairn_workflow::load(&path).unwrap_or_else(|e| panic!("{e}"));
-    (Engine::new(journal, EngineOptions::default()), wf)
-}
 
 async fn run(yaml: &str) -> (RunOutcome, RunState) {
     let dir = tempfile::tempdir().unwrap();

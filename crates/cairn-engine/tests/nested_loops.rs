@@ -1,6 +1,8 @@
 //! Loops in loops: every pass of an inner loop, in every pass of the outer
 //! one, is its own node instance, also across a stop and a resume.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
@@ -37,17 +39,7 @@ nodes:
 "#;
 
 fn setup(dir: &std::path::Path) -> (Engine, cairn_workflow::Workflow) {
-    let journal = Journal::open_sqlite(
-        &dir.join("cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join("logs")),
-        },
-    )
-    .unwrap();
-    let path = dir.join("wf.yaml");
-    std::fs::write(&path, WORKFLOW).unwrap();
-    let wf = cairn_workflow::load(&path).unwrap();
-    (Engine::new(journal, EngineOptions::default()), wf)
+    common::setup(dir, WORKFLOW)
 }
 
 fn waiting_opts() -> StartOptions {

@@ -1,25 +1,13 @@
 //! End-to-end runs of small workflows on a real SQLite store.
 
+mod common;
+use common::setup;
+
 use std::sync::{Arc, Mutex};
 
-use cairn_engine::{Engine, EngineOptions, RunOutcome, StartOptions};
+use cairn_engine::{RunOutcome, StartOptions};
 use cairn_events::{Event, EventKind};
-use cairn_store::{Journal, JournalOptions};
 use serde_json::json;
-
-fn setup(dir: &std::path::Path, yaml: &str) -> (Engine, cairn_workflow::Workflow) {
-    let journal = Journal::open_sqlite(
-        &dir.join("cairn.db"),
-        JournalOptions {
-            log_dir: Some(dir.join("logs")),
-        },
-    )
-    .unwrap();
-    let path = dir.join("wf.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let wf = cairn_workflow::load(&path).unwrap();
-    (Engine::new(journal, EngineOptions::default()), wf)
-}
 
 fn collector() -> (Arc<Mutex<Vec<Event>>>, StartOptions) {
     let events = Arc::new(Mutex::new(Vec::new()));

@@ -20,6 +20,26 @@ pub fn journal(dir: &Path) -> Journal {
     .unwrap()
 }
 
+/// An engine over a SQLite store in `dir` (`cairn.db`, its mirror in
+/// `logs`), and `yaml` written to `dir/wf.yaml` and loaded from there (so
+/// that files it names are found beside it).
+pub fn setup(dir: &Path, yaml: &str) -> (Engine, cairn_workflow::Workflow) {
+    let journal = Journal::open_sqlite(
+        &dir.join("cairn.db"),
+        JournalOptions {
+            log_dir: Some(dir.join("logs")),
+        },
+    )
+    .unwrap();
+    let path = dir.join("wf.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let wf = cairn_workflow::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    (
+        Engine::new(journal, cairn_engine::EngineOptions::default()),
+        wf,
+    )
+}
+
 /// A run's stored events, which must keep the contract's rules
 /// ([`cairn_events::check_log`]; a log still being written is a prefix
 /// that keeps them too).
