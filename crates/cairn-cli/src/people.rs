@@ -142,6 +142,28 @@ pub fn pick_question(run: &RunId, open: Vec<Open>, which: Option<&str>) -> anyho
     }
 }
 
+/// Says that `target` (a question of `run`'s tree) was answered: the
+/// API's `{"runId", "requestId"}` with `json`, else a line that names the
+/// child run when the question was one of a child's.
+pub fn report_answered(run: &RunId, target: &Open, json: bool) -> anyhow::Result<()> {
+    let rid = target.request_id().unwrap_or_default();
+    if json {
+        let done = cairn_api::Answered {
+            run_id: target.run.clone(),
+            request_id: rid.to_string(),
+        };
+        println!("{}", serde_json::to_string(&done)?);
+    } else if &target.run == run {
+        println!("answered {rid} ({}) of run {run}", target.node);
+    } else {
+        println!(
+            "answered {rid} ({}) of child run {} of run {run}",
+            target.node, target.run
+        );
+    }
+    Ok(())
+}
+
 /// Every open gate of `run` and of its child runs that have not ended, as
 /// a server's `GET /v1/runs/{id}` tells them, the run's own first. At most
 /// [`MAX_TREE_RUNS`] runs are asked.

@@ -89,20 +89,10 @@ pub async fn answer(url: &str, g: &Global, a: AnswerArgs) -> anyhow::Result<u8> 
         value: crate::run::parse_answer(answer),
         by: by(a.by),
     };
-    let done = c
-        .answer(&target.run, &rid, &body)
+    c.answer(&target.run, &rid, &body)
         .await
         .map_err(client_error)?;
-    if a.json {
-        println!("{}", serde_json::to_string(&done)?);
-    } else if target.run == run {
-        println!("answered {rid} ({}) of run {run}", target.node);
-    } else {
-        println!(
-            "answered {rid} ({}) of child run {} of run {run}",
-            target.node, target.run
-        );
-    }
+    crate::people::report_answered(&run, &target, a.json)?;
     Ok(crate::EXIT_OK)
 }
 

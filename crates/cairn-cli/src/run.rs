@@ -567,20 +567,7 @@ pub async fn answer(g: &Global, a: AnswerArgs) -> anyhow::Result<u8> {
     engine.journal().close();
     telemetry.finish().await;
     r?;
-    if a.json {
-        let done = cairn_api::Answered {
-            run_id: target.run,
-            request_id: rid,
-        };
-        println!("{}", serde_json::to_string(&done)?);
-    } else if target.run == run {
-        println!("answered {rid} ({}) of run {run}", target.node);
-    } else {
-        println!(
-            "answered {rid} ({}) of child run {} of run {run}",
-            target.node, target.run
-        );
-    }
+    crate::people::report_answered(&run, &target, a.json)?;
     Ok(crate::EXIT_OK)
 }
 

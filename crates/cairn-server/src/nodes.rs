@@ -199,6 +199,22 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
+    /// A run's record with `src` as its workflow text.
+    fn record(src: &str) -> RunRecord {
+        RunRecord {
+            run_id: cairn_events::RunId::parse("r").unwrap(),
+            workflow: "p".into(),
+            workflow_path: "p.yaml".into(),
+            workflow_hash: String::new(),
+            workflow_source: src.into(),
+            input: json!({}),
+            status: cairn_events::RunStatus::Running.into(),
+            created_ms: 0,
+            updated_ms: 0,
+            parent_run_id: None,
+        }
+    }
+
     #[test]
     fn the_plan_lists_groups_then_their_members_with_needs_as_paths() {
         let src = r#"
@@ -225,18 +241,7 @@ nodes:
       - id: z
         value: 3
 "#;
-        let rec = RunRecord {
-            run_id: cairn_events::RunId::parse("r").unwrap(),
-            workflow: "p".into(),
-            workflow_path: "p.yaml".into(),
-            workflow_hash: String::new(),
-            workflow_source: src.into(),
-            input: json!({}),
-            status: cairn_events::RunStatus::Running.into(),
-            created_ms: 0,
-            updated_ms: 0,
-            parent_run_id: None,
-        };
+        let rec = record(src);
         let plan = serde_json::to_value(plan_of(&rec)).unwrap();
         let plan: &Vec<Value> = plan.as_array().unwrap();
         let paths: Vec<&str> = plan.iter().map(|n| n["path"].as_str().unwrap()).collect();
@@ -277,18 +282,7 @@ nodes:
         - {id: notify, needs: [fix], if: "failure()", value: 4}
         - {id: plain, needs: [fix], if: "nodes.fix.output == 1", value: 5}
 "#;
-        let rec = RunRecord {
-            run_id: cairn_events::RunId::parse("r").unwrap(),
-            workflow: "p".into(),
-            workflow_path: "p.yaml".into(),
-            workflow_hash: String::new(),
-            workflow_source: src.into(),
-            input: json!({}),
-            status: cairn_events::RunStatus::Running.into(),
-            created_ms: 0,
-            updated_ms: 0,
-            parent_run_id: None,
-        };
+        let rec = record(src);
         let plan = serde_json::to_value(plan_of(&rec)).unwrap();
         let by = |path: &str| {
             plan.as_array()
