@@ -135,6 +135,24 @@ fn secrets_reach_their_nodes_and_nothing_cairn_writes() {
         objects.iter().any(|(_, b)| contains(b, "kept\n")),
         "the snapshot after `write` keeps notes.txt"
     );
+    // A revert of `write` snapshots the root as it is now: the file with
+    // the secret is left out of that snapshot too, and left alone.
+    let reverted = cairn(dir.path(), &["revert", "s1", "write"]);
+    assert_eq!(
+        reverted.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&reverted.stdout),
+        String::from_utf8_lossy(&reverted.stderr)
+    );
+    assert!(
+        !dir.path().join("work/notes.txt").exists(),
+        "the revert removes what `write` made"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("work/.npmrc")).unwrap(),
+        format!("token={FROM_ENV}\n")
+    );
     // Not one byte Cairn wrote holds a value.
     let mut files = Vec::new();
     every_byte(&dir.path().join(".cairn"), &mut files);

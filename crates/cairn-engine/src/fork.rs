@@ -241,16 +241,20 @@ impl Engine {
         // The original's whole log: its changes after the point, up to
         // now, are what is put back.
         let (force, dry_run) = (req.force, req.dry_run);
+        // The fork's secrets (those of the workflow it runs): files that
+        // hold one are never read into the snapshot of the root now.
+        let withhold = crate::secrets::resolve_for(runs).await?.to_withhold();
         let history = History::of(events, false);
         let done = tokio::task::spawn_blocking(move || {
             let point = Point::After(point_seq);
-            let planned =
-                shell::plan_files(&store, &root, &exclude, &history, &point, &snap, force)?;
+            let planned = shell::plan_files(
+                &store, &root, &exclude, &history, &point, &snap, force, &withhold,
+            )?;
             if dry_run || planned.plan.refused() {
                 return Ok((planned.plan, None));
             }
             let paths = planned.plan.paths();
-            let done = shell::restore(&store, &root, &exclude, &snap, &paths)?;
+            let done = shell::restore(&store, &root, &exclude, &snap, &paths, &withhold)?;
             Ok::<_, cairn_snapshot::SnapshotError>((planned.plan, Some(done)))
         })
         .await

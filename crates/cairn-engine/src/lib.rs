@@ -637,7 +637,8 @@ impl Engine {
             // A revert a killed process left half-way is run to its end
             // before any node touches the files again.
             if let Some(open) = state.open_revert.take() {
-                self.finish_revert(&log, &wf, &open).await;
+                self.finish_revert(&log, &wf, &open, &secrets.to_withhold())
+                    .await;
             }
         }
         Ok(self.spawn_driver(

@@ -103,6 +103,10 @@ impl Engine {
             })
             .await?;
         let store = self.snapshot_store()?;
+        // The run's secrets: files that hold one are never read into the
+        // snapshot of the root as it is now (a secret that cannot be read
+        // stops the revert, as it stops a resume).
+        let withhold = crate::secrets::resolve_for(&wf).await?.to_withhold();
         let finished_open = match &state.open_revert {
             Some(open) if req.dry_run => {
                 return Err(refused(RevertRefusal::OpenRevert {
@@ -110,7 +114,7 @@ impl Engine {
                 }))
             }
             Some(open) => {
-                self.finish_revert(&log, &wf, open).await;
+                self.finish_revert(&log, &wf, open, &withhold).await;
                 Some(open.node_id.to_string())
             }
             None => None,
@@ -127,7 +131,14 @@ impl Engine {
             attempt,
         };
         let planned = self
-            .plan_revert(run_id, key, &snapshot, req.force, (&store, &root, &exclude))
+            .plan_revert(
+                run_id,
+                key,
+                &snapshot,
+                req.force,
+                (&store, &root, &exclude),
+                withhold.clone(),
+            )
             .await?;
         let mut out = Reverted {
             node: req.node.clone(),
@@ -147,7 +158,8 @@ impl Engine {
         }
         let scope = Scope::node(req.node, iteration).with_attempt(attempt);
         let paths = out.plan.paths();
-        match revert_files(&log, scope, &store, &root, &exclude, &snapshot, paths).await {
+        let ws = (&store, root.as_path(), exclude.as_slice());
+        match revert_files(&log, scope, ws, &snapshot, paths, &withhold).await {
             Ok(d) => {
                 out.before = d.before.to_string();
                 out.written = d.written;
@@ -173,6 +185,7 @@ impl Engine {
         snapshot: &str,
         force: bool,
         (store, root, exclude): (&Arc<SnapshotStore>, &Path, &[PathBuf]),
+        withhold: Arc<Vec<Vec<u8>>>,
     ) -> Result<shell::Planned, EngineError> {
         // What the run changed since the attempt started, read after the
         // open revert (if any) was finished: it is part of the history.
@@ -185,7 +198,9 @@ impl Engine {
         tokio::task::spawn_blocking(move || {
             let history = History::of(&events, false);
             let point = Point::After(history.starts.get(&key).copied().unwrap_or(0));
-            shell::plan_files(&store, &root, &exclude, &history, &point, &target, force)
+            shell::plan_files(
+                &store, &root, &exclude, &history, &point, &target, force, &withhold,
+            )
         })
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
@@ -199,7 +214,13 @@ impl Engine {
     /// files end as its snapshot has them (whatever it finds there, a
     /// restore writes only what differs). A failure is in its
     /// `RevertFinished`; the caller goes on.
-    pub(crate) async fn finish_revert(&self, log: &RunLog, wf: &Workflow, open: &OpenRevert) {
+    pub(crate) async fn finish_revert(
+        &self,
+        log: &RunLog,
+        wf: &Workflow,
+        open: &OpenRevert,
+        withhold: &Arc<Vec<Vec<u8>>>,
+    ) {
         let scope = Scope::node(open.node_id.clone(), open.iteration).with_attempt(open.attempt);
         let (store, workspace) = match (self.snapshot_store(), self.inner.services.workspace(wf)) {
             (Ok(s), Ok(w)) => (s, w),
@@ -215,7 +236,7 @@ impl Engine {
             }
         };
         // The restore's outcome is in the log either way.
-        let _ = revert_files_again(self, log, scope, &store, &workspace, open).await;
+        let _ = revert_files_again(self, log, scope, &store, &workspace, open, withhold).await;
     }
 
     async fn close_open_revert(&self, log: &RunLog, scope: Scope, open: &OpenRevert, why: String) {
@@ -313,11 +334,19 @@ async fn revert_files_again(
     store: &Arc<SnapshotStore>,
     workspace: &(std::path::PathBuf, Vec<std::path::PathBuf>),
     open: &OpenRevert,
+    withhold: &Arc<Vec<Vec<u8>>>,
 ) -> Result<(), ()> {
-    let result = match open_revert_paths(engine, log.run_id(), store, workspace).await {
+    let result = match open_revert_paths(engine, log.run_id(), store, workspace, withhold).await {
         Ok(Some(paths)) => {
-            crate::driver::restore_paths(store, &workspace.0, &workspace.1, &open.snapshot, paths)
-                .await
+            crate::driver::restore_paths(
+                store,
+                &workspace.0,
+                &workspace.1,
+                &open.snapshot,
+                paths,
+                withhold,
+            )
+            .await
         }
         Ok(None) => Err(cairn_events::ErrorInfo::new(
             "revert",
@@ -348,12 +377,14 @@ async fn open_revert_paths(
     run_id: &RunId,
     store: &Arc<SnapshotStore>,
     workspace: &(std::path::PathBuf, Vec<std::path::PathBuf>),
+    withhold: &Arc<Vec<Vec<u8>>>,
 ) -> Result<Option<Vec<crate::touched::RelPath>>, EngineError> {
     let id = run_id.clone();
     let events = engine
         .blocking(move |e| shell::history_events(e.backend().as_ref(), &id, None))
         .await?;
     let (store, root, exclude) = (store.clone(), workspace.0.clone(), workspace.1.clone());
+    let withhold = withhold.clone();
     tokio::task::spawn_blocking(move || {
         let mut history = History::of(&events, false);
         let Some(open) = history
@@ -376,6 +407,7 @@ async fn open_revert_paths(
             &point,
             &open.target,
             true,
+            &withhold,
         )
         .map(|p| Some(p.plan.paths()))
         .map_err(|source| EngineError::Files {

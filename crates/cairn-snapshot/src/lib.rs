@@ -296,7 +296,7 @@ impl SnapshotStore {
         id: ObjectId,
         exclude: &[PathBuf],
     ) -> Result<Restored, SnapshotError> {
-        self.restore_with(root, id, exclude, None)
+        self.restore_with(root, id, exclude, None, &[])
     }
 
     /// Makes each path in `paths` (root-relative, '/'-separated bytes) what
@@ -315,12 +315,28 @@ impl SnapshotStore {
         paths: &[Vec<u8>],
         exclude: &[PathBuf],
     ) -> Result<Restored, SnapshotError> {
+        self.restore_paths_withholding(root, id, paths, exclude, &[])
+    }
+
+    /// [`SnapshotStore::restore_paths`], where a file or link that holds
+    /// one of the values in `withhold` (a run's secrets) is never read into
+    /// the snapshots the restore takes of the root before and after it: to
+    /// the restore it is a path left out, left alone unless it is one of
+    /// `paths`, and then a conflict when the snapshot has it.
+    pub fn restore_paths_withholding(
+        &self,
+        root: &Path,
+        id: ObjectId,
+        paths: &[Vec<u8>],
+        exclude: &[PathBuf],
+        withhold: &[Vec<u8>],
+    ) -> Result<Restored, SnapshotError> {
         let mut set = std::collections::BTreeSet::new();
         for p in paths {
             check_rel(p)?;
             set.insert(p.clone());
         }
-        self.restore_with(root, id, exclude, Some(&set))
+        self.restore_with(root, id, exclude, Some(&set), withhold)
     }
 
     /// Snapshot `id` as a flat list: each file's and link's path (relative
@@ -339,6 +355,7 @@ impl SnapshotStore {
         id: ObjectId,
         exclude: &[PathBuf],
         only: Option<&std::collections::BTreeSet<Vec<u8>>>,
+        withhold: &[Vec<u8>],
     ) -> Result<Restored, SnapshotError> {
         let root = canonical(root)?;
         let target = restore::flatten(&self.objects, id)?;
@@ -352,7 +369,7 @@ impl SnapshotStore {
         let skip = walk::Skip {
             exclude: &exclude,
             stage: None,
-            withhold: &[],
+            withhold,
         };
         let cache = self.cache_of(&root);
         let mut cache = cache.lock().unwrap();
@@ -374,7 +391,7 @@ impl SnapshotStore {
         let skip = walk::Skip {
             exclude: &exclude,
             stage: stage.as_deref(),
-            withhold: &[],
+            withhold,
         };
         // What was written is checked, not assumed: a walk of the root now
         // must give the snapshot's own id (or, for some paths, what the

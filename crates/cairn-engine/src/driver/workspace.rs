@@ -142,7 +142,16 @@ impl Driver {
                     };
                     let ws = (store.clone(), root.clone(), exclude.clone());
                     let scope = scope.with_attempt(prev);
-                    let r = retry_revert(&log, backend, scope, failed, &ws, &snapshot).await;
+                    let r = retry_revert(
+                        &log,
+                        backend,
+                        scope,
+                        failed,
+                        &ws,
+                        &snapshot,
+                        withhold.clone(),
+                    )
+                    .await;
                     revert_failed = r.err();
                 }
                 Some(None) => {
@@ -274,6 +283,7 @@ async fn retry_revert(
     failed: AttemptKey,
     ws: &(Arc<SnapshotStore>, PathBuf, Vec<PathBuf>),
     snapshot: &str,
+    withhold: Arc<Vec<Vec<u8>>>,
 ) -> Result<Restored, ErrorInfo> {
     let revert_err = |m: String| ErrorInfo::new("revert", m);
     // The failed attempt's end is in the log before its history is read.
@@ -282,13 +292,16 @@ async fn retry_revert(
         .map_err(|e| ErrorInfo::new("store", e.to_string()))?;
     let (store, root, exclude) = ws.clone();
     let (run, target) = (log.run_id().clone(), snapshot.to_string());
+    let secrets = withhold.clone();
     let planned = tokio::task::spawn_blocking(move || {
         let events = shell::history_events(backend.as_ref(), &run, Some(&failed.node))
             .map_err(|e| e.to_string())?;
         let history = History::of(&events, true);
         let point = Point::Attempt(failed);
-        shell::plan_files(&store, &root, &exclude, &history, &point, &target, false)
-            .map_err(|e| e.to_string())
+        shell::plan_files(
+            &store, &root, &exclude, &history, &point, &target, false, &secrets,
+        )
+        .map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| revert_err(format!("the revert's task died: {e}")))?
@@ -333,7 +346,15 @@ async fn retry_revert(
         return Err(revert_err(message));
     }
     let (store, root, exclude) = ws;
-    revert_files(log, scope, store, root, exclude, snapshot, plan.paths()).await
+    revert_files(
+        log,
+        scope,
+        (store, root, exclude),
+        snapshot,
+        plan.paths(),
+        &withhold,
+    )
+    .await
 }
 
 /// Restores `paths` of `root` as `snapshot` has them, as the log says:
@@ -345,11 +366,10 @@ async fn retry_revert(
 pub(crate) async fn revert_files(
     log: &RunLog,
     scope: Scope,
-    store: &Arc<SnapshotStore>,
-    root: &Path,
-    exclude: &[PathBuf],
+    (store, root, exclude): (&Arc<SnapshotStore>, &Path, &[PathBuf]),
     snapshot: &str,
     paths: Vec<RelPath>,
+    withhold: &Arc<Vec<Vec<u8>>>,
 ) -> Result<Restored, ErrorInfo> {
     let store_err = |e: cairn_store::StoreError| ErrorInfo::new("store", e.to_string());
     log.append_durable(
@@ -360,7 +380,7 @@ pub(crate) async fn revert_files(
     )
     .await
     .map_err(store_err)?;
-    let result = restore_paths(store, root, exclude, snapshot, paths).await;
+    let result = restore_paths(store, root, exclude, snapshot, paths, withhold).await;
     log.append_durable(
         scope,
         EventKind::RevertFinished {
@@ -382,14 +402,16 @@ pub(crate) async fn restore_paths(
     exclude: &[PathBuf],
     snapshot: &str,
     paths: Vec<RelPath>,
+    withhold: &Arc<Vec<Vec<u8>>>,
 ) -> Result<Restored, ErrorInfo> {
-    let (store, root, exclude, snapshot) = (
+    let (store, root, exclude, snapshot, withhold) = (
         store.clone(),
         root.to_path_buf(),
         exclude.to_vec(),
         snapshot.to_string(),
+        withhold.clone(),
     );
-    let restore = move || shell::restore(&store, &root, &exclude, &snapshot, &paths);
+    let restore = move || shell::restore(&store, &root, &exclude, &snapshot, &paths, &withhold);
     match tokio::task::spawn_blocking(restore).await {
         Ok(r) => r.map_err(|e| ErrorInfo::new("revert", e.to_string())),
         Err(e) => Err(ErrorInfo::new(

@@ -22,7 +22,9 @@ pub(crate) struct Planned {
 
 /// Plans putting back, as snapshot `target` has them, the paths the run
 /// changed since `point` (see [`super::plan`]), against the root as it is
-/// now.
+/// now. `withhold` is the run's secrets: a file that holds one is not read
+/// into the snapshot of the root now, and the plan leaves it alone.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_files(
     store: &SnapshotStore,
     root: &Path,
@@ -31,8 +33,9 @@ pub(crate) fn plan_files(
     point: &Point,
     target: &str,
     force: bool,
+    withhold: &[Vec<u8>],
 ) -> Result<Planned, SnapshotError> {
-    let (before, now) = current(store, root, exclude)?;
+    let (before, now) = current(store, root, exclude, withhold)?;
     let mut ctx = Reader::new(store, history, &now.flat);
     let changes = ctx.changes(point, u64::MAX)?;
     let target_flat = ctx.flat(target)?;
@@ -63,9 +66,10 @@ pub(crate) fn restore(
     exclude: &[PathBuf],
     target: &str,
     paths: &[RelPath],
+    withhold: &[Vec<u8>],
 ) -> Result<Restored, SnapshotError> {
     let id: ObjectId = target.parse()?;
-    store.restore_paths(root, id, paths, exclude)
+    store.restore_paths_withholding(root, id, paths, exclude, withhold)
 }
 
 /// The root as it is now: a snapshot of it, as a flat map, with what the
@@ -74,8 +78,9 @@ fn current(
     store: &SnapshotStore,
     root: &Path,
     exclude: &[PathBuf],
+    withhold: &[Vec<u8>],
 ) -> Result<(ObjectId, Current), SnapshotError> {
-    let snap = store.snapshot(root, exclude)?;
+    let snap = store.snapshot_withholding(root, exclude, withhold)?;
     let flat = store.flat(snap.id)?;
     let unknown = snap
         .skipped
