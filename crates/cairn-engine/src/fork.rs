@@ -158,7 +158,9 @@ impl Engine {
         };
         // The files first: a fork cut short here leaves no run behind, and
         // is made again the same way.
-        let files = self.put_files_back(runs, &events, seq, &req).await?;
+        let files = self
+            .put_files_back(runs, &at_point, &events, seq, &req)
+            .await?;
         let made = !files.planned_only;
         if made {
             let copy = copy_of(
@@ -213,6 +215,7 @@ impl Engine {
     async fn put_files_back(
         &self,
         runs: &Workflow,
+        original: &Workflow,
         events: &[Event],
         seq: u64,
         req: &ForkRequest,
@@ -241,9 +244,16 @@ impl Engine {
         // The original's whole log: its changes after the point, up to
         // now, are what is put back.
         let (force, dry_run) = (req.force, req.dry_run);
-        // The fork's secrets (those of the workflow it runs): files that
-        // hold one are never read into the snapshot of the root now.
-        let withhold = crate::secrets::resolve_for(runs).await?.to_withhold();
+        // The secrets of the workflow the fork runs and of the one that
+        // wrote the files: a file that holds one is never read into the
+        // snapshots of the root now.
+        let mut withhold = crate::secrets::resolve_for(runs).await?.to_withhold();
+        if req.workflow.is_some() {
+            let more = crate::secrets::resolve_for(original).await?.to_withhold();
+            let mut all = (*withhold).clone();
+            all.extend(more.iter().cloned());
+            withhold = std::sync::Arc::new(all);
+        }
         let history = History::of(events, false);
         let done = tokio::task::spawn_blocking(move || {
             let point = Point::After(point_seq);
