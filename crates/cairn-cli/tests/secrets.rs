@@ -205,3 +205,69 @@ fn undeclared_secrets_and_templates_of_secrets_are_refused_by_validate() {
     );
     assert!(stderr.contains("did you mean `TOKEN`?"), "{stderr}");
 }
+
+/// A node that writes its secret into a file that was there before (an
+/// attacker hiding a change from the snapshots): the file is withheld
+/// from every snapshot, so to the history the node removed it; a revert
+/// then refuses rather than skip it silently (exit 5, the file as it is);
+/// --force does not make it read the file either: the restore stops on
+/// that path (exit 1) and a person puts it back. No object ever holds the
+/// value.
+#[test]
+fn a_secret_written_into_an_existing_file_does_not_hide_the_change_from_a_revert() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("work")).unwrap();
+    std::fs::write(dir.path().join("work/config.txt"), "original\n").unwrap();
+    std::fs::write(
+        dir.path().join("wf.yaml"),
+        r#"
+name: taint
+sandbox: { root: work }
+secrets:
+  TOKEN: { env: CAIRN_TEST_SECRET_TOKEN }
+nodes:
+  - id: taint
+    secrets: [TOKEN]
+    command: ["sh", "-c", "printf 'x=%s\n' \"$TOKEN\" >> config.txt"]
+"#,
+    )
+    .unwrap();
+    let out = cairn(dir.path(), &["run", "wf.yaml", "--run-id", "t1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tainted = format!("original\nx={FROM_ENV}\n");
+    let config = || std::fs::read_to_string(dir.path().join("work/config.txt")).unwrap();
+    assert_eq!(config(), tainted);
+    let refused = cairn(dir.path(), &["revert", "t1", "taint"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(5),
+        "{}{}",
+        String::from_utf8_lossy(&refused.stdout),
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(config(), tainted, "a refused revert touches nothing");
+    let forced = cairn(dir.path(), &["revert", "t1", "taint", "--force"]);
+    assert_eq!(
+        forced.status.code(),
+        Some(1),
+        "{}{}",
+        String::from_utf8_lossy(&forced.stdout),
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    assert!(String::from_utf8_lossy(&forced.stderr).contains("snapshots leave out"));
+    assert_eq!(
+        config(),
+        tainted,
+        "the file that holds the secret is never read"
+    );
+    let mut files = Vec::new();
+    every_byte(&dir.path().join(".cairn"), &mut files);
+    for (path, bytes) in &files {
+        assert!(!contains(bytes, FROM_ENV), "{path} holds the secret");
+    }
+}
