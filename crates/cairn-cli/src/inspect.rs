@@ -210,7 +210,8 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
                     .await
                     .map_err(client_error)?;
                 if !gates.is_empty() {
-                    let mut note = crate::people::describe(&run, &gates);
+                    let mut note =
+                        crate::people::describe(&run, &gates, &format!(" --server {url}"));
                     note.push_str(&format!(
                         "(through {url}: the server drives the run and goes on once answered)"
                     ));
@@ -235,7 +236,7 @@ pub async fn status(g: &Global, a: StatusArgs) -> anyhow::Result<u8> {
                 let mut note = String::new();
                 let gates = crate::people::open_gates(&engine, &rec.run_id)?;
                 if !gates.is_empty() {
-                    note.push_str(&crate::people::describe(&rec.run_id, &gates));
+                    note.push_str(&crate::people::describe(&rec.run_id, &gates, ""));
                     note.push('\n');
                 }
                 note.push_str(&driver_line(backend.as_ref(), &rec.run_id));

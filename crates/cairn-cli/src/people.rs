@@ -259,8 +259,9 @@ pub fn constraints(schema: &Value) -> Option<String> {
 }
 
 /// The open gates of a run for `cairn status`: each with where it is and
-/// the command that answers it, on the run the person named.
-pub fn describe(root: &RunId, gates: &[Open]) -> String {
+/// the command that answers it, on the run the person named; `via` ends
+/// each command (` --server URL` for a server's run, else nothing).
+pub fn describe(root: &RunId, gates: &[Open], via: &str) -> String {
     let mut out = String::from("waiting for people:\n");
     for g in gates {
         let place = if &g.run == root {
@@ -283,12 +284,12 @@ pub fn describe(root: &RunId, gates: &[Open]) -> String {
                 } else {
                     format!("{request_id} ")
                 };
-                out.push_str(&format!("    cairn answer {root} {which}'<answer>'\n"));
+                out.push_str(&format!("    cairn answer {root} {which}'<answer>'{via}\n"));
             }
             Gate::Approval { message } => {
                 out.push_str(&format!("{place} waits for approval: {}\n", message.trim()));
                 out.push_str(&format!(
-                    "    cairn approve {root} {}   (or: cairn deny {root} {})\n",
+                    "    cairn approve {root} {}{via}   (or: cairn deny {root} {}{via})\n",
                     g.node, g.node
                 ));
             }

@@ -187,6 +187,11 @@ fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
     let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
     assert!(shown.contains("gate waits for approval: Go on?"), "{shown}");
     assert!(shown.contains("integer from 1 to 5"), "{shown}");
+    // The commands it shows go to the same server.
+    assert!(
+        shown.contains(&format!("cairn answer p1 '<answer>' --server {url}")),
+        "{shown}"
+    );
     let ok = cli(here.path(), &["answer", "p1", "3"], tok);
     expect_code(&ok, 0);
     assert!(
