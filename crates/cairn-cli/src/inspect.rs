@@ -784,20 +784,7 @@ pub fn validate(a: FileArgs) -> anyhow::Result<u8> {
         }
         Err(e) => {
             if a.json {
-                let problems: Vec<Value> = e
-                    .problems
-                    .iter()
-                    .map(|p| {
-                        serde_json::json!({
-                            "file": p.file.display().to_string(),
-                            "line": p.line,
-                            "column": p.column,
-                            "field": p.field,
-                            "message": p.message,
-                            "hint": p.hint,
-                        })
-                    })
-                    .collect();
+                let problems: Vec<Value> = e.problems.iter().map(|p| p.to_json()).collect();
                 println!(
                     "{}",
                     serde_json::json!({ "ok": false, "problems": problems })

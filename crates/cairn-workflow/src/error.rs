@@ -37,6 +37,22 @@ pub struct Problem {
     pub hint: Option<String>,
 }
 
+impl Problem {
+    /// The problem as one JSON object (`file`, `line`, `column`, `field`,
+    /// `message`, `hint`): what `cairn validate --json` prints and a failed
+    /// reload's `details` carry.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "file": self.file.display().to_string(),
+            "line": self.line,
+            "column": self.column,
+            "field": self.field,
+            "message": self.message,
+            "hint": self.hint,
+        })
+    }
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file.display())?;

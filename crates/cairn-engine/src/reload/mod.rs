@@ -180,19 +180,7 @@ fn workflow_error(e: &WorkflowError, base: &Path) -> ErrorInfo {
         .map(|p| p.to_string())
         .collect::<Vec<_>>()
         .join("\n");
-    let details: Vec<serde_json::Value> = problems
-        .iter()
-        .map(|p| {
-            json!({
-                "file": p.file.display().to_string(),
-                "line": p.line,
-                "column": p.column,
-                "field": p.field,
-                "message": p.message,
-                "hint": p.hint,
-            })
-        })
-        .collect();
+    let details: Vec<serde_json::Value> = problems.iter().map(|p| p.to_json()).collect();
     let mut info = ErrorInfo::new("workflow", message);
     info.details = Some(json!({ "problems": details }));
     info
