@@ -20,6 +20,7 @@ mod activity;
 mod bodies;
 mod error;
 mod events;
+mod files;
 mod nodes;
 mod runs;
 mod scores;
@@ -31,6 +32,7 @@ pub use bodies::{
 };
 pub use error::{ErrorBody, ErrorInfo, InputViolation, ProblemLocation};
 pub use events::{events_page_json, EventsPage};
+pub use files::{FileConflict, FilesPlan, ForkBody, Forked, RevertBody, Reverted};
 pub use nodes::{Plan, PlanCase, PlanNode, ToolCall, ToolCalls};
 pub use runs::{RunDetail, RunList, RunMeta, RunSummary};
 pub use scores::{GenerationScores, ScoreReport, ScorerStats, WorkflowScores};

@@ -591,6 +591,34 @@ fn samples() -> Vec<(&'static str, Value)> {
             to_json(RunAccepted { run_id: rid("r1") }),
         ),
         (
+            "POST /v1/runs/{id}/revert request",
+            to_json(RevertBody {
+                node: "build".into(),
+                iteration: Some(0),
+                attempt: Some(1),
+                force: true,
+                dry_run: true,
+            }),
+        ),
+        ("POST /v1/runs/{id}/revert 200", to_json(reverted(None))),
+        (
+            "POST /v1/runs/{id}/revert 200",
+            to_json(reverted(Some("disk full"))),
+        ),
+        (
+            "POST /v1/runs/{id}/fork request",
+            to_json(ForkBody {
+                at: "build".into(),
+                input: Some(json!({"x": 2})),
+                workflow: Some("pipe".into()),
+                run_id: Some("f1".into()),
+                force: true,
+                dry_run: true,
+            }),
+        ),
+        ("POST /v1/runs/{id}/fork 200", to_json(forked(false))),
+        ("POST /v1/runs/{id}/fork 201", to_json(forked(true))),
+        (
             "GET /v1/scores 200",
             to_json(ScoreReport {
                 workflows: vec![WorkflowScores {
@@ -607,6 +635,51 @@ fn samples() -> Vec<(&'static str, Value)> {
             }),
         ),
     ]
+}
+
+fn files_plan() -> FilesPlan {
+    FilesPlan {
+        snapshot: "ab12".into(),
+        write: vec!["a.txt".into()],
+        remove: vec!["b.txt".into()],
+        conflicts: vec![FileConflict {
+            path: "a.txt".into(),
+            why: "changed since".into(),
+        }],
+        force: true,
+        unknown: vec!["node x attempt 1".into()],
+    }
+}
+
+fn reverted(error: Option<&str>) -> Reverted {
+    Reverted {
+        plan: files_plan(),
+        node: "build".into(),
+        iteration: 0,
+        attempt: 1,
+        dry_run: false,
+        applied: true,
+        before: "cd34".into(),
+        written: 1,
+        removed: 1,
+        finished_open: error.map(|_| "fetch".into()),
+        error: error.map(str::to_string),
+    }
+}
+
+fn forked(made: bool) -> Forked {
+    Forked {
+        run_id: made.then(|| rid("f1")),
+        from: rid("orig"),
+        seq: 12,
+        starts_after: if made { 13 } else { 0 },
+        snapshot: made.then(|| "ab12".into()),
+        made,
+        dry_run: !made,
+        written: 1,
+        removed: 0,
+        plan: files_plan(),
+    }
 }
 
 /// What every error answer may be.

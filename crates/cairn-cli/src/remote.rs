@@ -4,14 +4,16 @@
 
 use std::io::IsTerminal;
 
-use cairn_api::{AnswerBody, CancelBody, DecideBody, ResumeBody, StartBody};
+use cairn_api::{AnswerBody, CancelBody, DecideBody, ForkBody, Forked, ResumeBody, StartBody};
 use cairn_client::{Client, ClientError};
 use cairn_engine::RunOutcome;
 use cairn_events::{Event, EventKind, NodePath, RunId, RunStatus};
 use cairn_store::StoredEvent;
 
 use crate::bad_input;
-use crate::cli::{AnswerArgs, CancelArgs, DecideArgs, Global, ResumeArgs, RunArgs};
+use crate::cli::{
+    AnswerArgs, CancelArgs, DecideArgs, DisplayArgs, ForkArgs, Global, ResumeArgs, RunArgs,
+};
 use crate::display::{Mode, Progress};
 
 /// The client of the server at `url`, with the token of `g`.
@@ -165,16 +167,78 @@ pub async fn run(url: &str, g: &Global, a: RunArgs) -> anyhow::Result<u8> {
         max_concurrency: a.display.max_concurrency.map(|n| n as usize),
     };
     let accepted = c.start(&body).await.map_err(client_error)?;
-    let run = accepted.run_id;
-    let mode = if a.display.json {
+    follow(&c, url, &accepted.run_id, &a.display, 0).await
+}
+
+/// `cairn fork` through a server: the fork is made and driven there (its
+/// files put back on the server's machine; `--workflow` names a workflow
+/// of the server's folder), and shown here as `cairn run --server` shows
+/// a run.
+pub async fn fork(url: &str, g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
+    if a.watch {
+        return Err(bad_input(
+            "--watch reloads files on this machine; a server's runs reload with `cairn serve --watch`",
+        ));
+    }
+    let c = client(url, g)?;
+    let from = crate::store::run_id(&a.run)?;
+    let input = a
+        .input
+        .as_deref()
+        .map(|i| crate::run::parse_input(Some(i)))
+        .transpose()?;
+    let run_id = a
+        .run_id
+        .as_deref()
+        .map(crate::run::check_run_id)
+        .transpose()?;
+    let body = ForkBody {
+        at: a.at.clone(),
+        input,
+        workflow: a
+            .workflow
+            .as_ref()
+            .map(|w| w.to_string_lossy().into_owned()),
+        run_id: run_id.map(|r| r.to_string()),
+        force: a.force,
+        dry_run: a.dry_run,
+    };
+    let forked = match c.fork(&from, &body).await {
+        Ok(f) => f,
+        Err(e) => match crate::revert::refused_answer::<Forked>(&e) {
+            Some(f) => f,
+            None => return Err(client_error(e)),
+        },
+    };
+    let Some(run) = forked.run_id.clone().filter(|_| forked.made) else {
+        return Ok(crate::run::fork_not_made(&a, &forked));
+    };
+    crate::run::told_forked(&a, &forked);
+    follow(&c, url, &run, &a.display, forked.starts_after).await
+}
+
+/// Shows a run the server drives, from after `after`, until it ends (or
+/// waits, with `--exit-on-wait`, or the server stops); the exit code a
+/// local run would have.
+async fn follow(
+    c: &Client,
+    url: &str,
+    run: &RunId,
+    display: &DisplayArgs,
+    after: u64,
+) -> anyhow::Result<u8> {
+    let run = run.clone();
+    let mode = if display.json {
         Mode::Json
     } else if std::io::stdout().is_terminal() {
         Mode::Tty
     } else {
         Mode::Plain
     };
-    let mut progress = Progress::new(mode, &run, 0).through_server(url);
+    let mut progress = Progress::new(mode, &run, after).through_server(url);
     let mut told_waiting = std::collections::HashSet::new();
+    // From the start: the events up to `after` build the display's state
+    // (what finished before a fork's point) without being shown.
     let mut stream = c.events(&run, 0, false).await.map_err(client_error)?;
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -203,9 +267,12 @@ pub async fn run(url: &str, g: &Global, a: RunArgs) -> anyhow::Result<u8> {
             json: line.into(),
         };
         if let Some(ask) = progress.on_event(&stored) {
-            if !a.display.exit_on_wait && told_waiting.insert(ask.node_id.clone()) {
+            if !display.exit_on_wait && told_waiting.insert(ask.node_id.clone()) {
                 progress.note_waiting_elsewhere(&ask);
             }
+        }
+        if event.seq.get() <= after {
+            continue;
         }
         match event.kind {
             EventKind::RunFinished { output, .. } => break RunOutcome::Finished(output),
@@ -213,7 +280,7 @@ pub async fn run(url: &str, g: &Global, a: RunArgs) -> anyhow::Result<u8> {
             EventKind::RunCancelled { .. } => break RunOutcome::Cancelled,
             EventKind::RunStatusChanged {
                 status: RunStatus::WaitingApproval | RunStatus::WaitingInput,
-            } if a.display.exit_on_wait => {
+            } if display.exit_on_wait => {
                 break RunOutcome::Waiting;
             }
             _ => {}

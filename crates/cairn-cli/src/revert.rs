@@ -1,7 +1,9 @@
 //! `cairn revert`: the paths the run changed since an attempt of a node
 //! started put back as they were then (docs/snapshots.md).
 
-use cairn_engine::{FilesPlan, RevertRequest, Reverted};
+use cairn_api::{FilesPlan, RevertBody, Reverted};
+use cairn_client::ClientError;
+use cairn_engine::RevertRequest;
 
 use crate::cli::{Global, RevertArgs};
 use crate::store;
@@ -18,7 +20,7 @@ pub async fn revert(g: &Global, a: RevertArgs) -> anyhow::Result<u8> {
         .revert(
             &run,
             RevertRequest {
-                node: a.node,
+                node: a.node.clone(),
                 iteration: a.iteration,
                 attempt: a.attempt,
                 force: a.force,
@@ -28,8 +30,74 @@ pub async fn revert(g: &Global, a: RevertArgs) -> anyhow::Result<u8> {
         .await;
     engine.journal().close();
     let r = r?;
+    Ok(report(&a, &answer_of(r, a.dry_run)))
+}
+
+/// `cairn revert` through a server: the files put back on the server's
+/// machine, told here as a local revert tells them.
+pub async fn revert_remote(url: &str, g: &Global, a: RevertArgs) -> anyhow::Result<u8> {
+    let c = crate::remote::client(url, g)?;
+    let run = store::run_id(&a.run)?;
+    let body = RevertBody {
+        node: a.node.clone(),
+        iteration: a.iteration,
+        attempt: a.attempt,
+        force: a.force,
+        dry_run: a.dry_run,
+    };
+    let r = match c.revert(&run, &body).await {
+        Ok(r) => r,
+        Err(e) => match refused_answer::<Reverted>(&e) {
+            Some(r) => r,
+            None => return Err(crate::remote::client_error(e)),
+        },
+    };
+    Ok(report(&a, &r))
+}
+
+/// A 409 `files_conflict`'s refused answer, from its details.
+pub fn refused_answer<T: serde::de::DeserializeOwned>(e: &ClientError) -> Option<T> {
+    match e {
+        ClientError::Status {
+            status: 409,
+            code,
+            details: Some(d),
+            ..
+        } if code == "files_conflict" => serde_json::from_value(d.clone()).ok(),
+        _ => None,
+    }
+}
+
+/// The engine's answer in the API's shape, which is what `--json` prints
+/// and what a server sends.
+fn answer_of(r: cairn_engine::Reverted, dry_run: bool) -> Reverted {
+    Reverted {
+        plan: plan_of(&r.plan),
+        node: r.node,
+        iteration: r.iteration,
+        attempt: r.attempt,
+        dry_run,
+        applied: r.applied,
+        before: r.before,
+        written: r.written,
+        removed: r.removed,
+        finished_open: r.finished_open,
+        error: r.error.map(|e| e.message),
+    }
+}
+
+/// The engine's plan in the API's shape.
+pub fn plan_of(plan: &cairn_engine::FilesPlan) -> FilesPlan {
+    serde_json::from_value(plan.to_json()).expect("a files plan reads as the API's plan")
+}
+
+/// Prints what the revert did, planned or refused; its exit code.
+fn report(a: &RevertArgs, r: &Reverted) -> u8 {
     if a.json {
-        println!("{}", as_json(&r, a.dry_run));
+        println!(
+            "{}",
+            serde_json::to_string(r).expect("an answer serializes")
+        );
     }
     if !r.applied {
         if !a.json {
@@ -43,51 +111,47 @@ pub async fn revert(g: &Global, a: RevertArgs) -> anyhow::Result<u8> {
                 r.node,
                 r.iteration,
                 r.attempt,
-                r.snapshot
+                r.plan.snapshot
             );
             print_plan(&r.plan);
         }
         if r.plan.refused() {
             eprintln!("{}", refusal(&r.plan, "revert"));
-            return Ok(crate::EXIT_CONFLICT);
+            return crate::EXIT_CONFLICT;
         }
-        return Ok(crate::EXIT_OK);
+        return crate::EXIT_OK;
     }
     if a.json {
-        return Ok(match r.error {
+        return match r.error {
             Some(_) => crate::EXIT_FAILED,
             None => crate::EXIT_OK,
-        });
+        };
     }
     if let Some(node) = &r.finished_open {
         println!("finished the revert of node {node} that a stopped process left half-way");
     }
     if let Some(e) = &r.error {
         eprintln!(
-            "error: the revert of node {} (pass {}, attempt {}) to snapshot {} failed: {}",
-            r.node, r.iteration, r.attempt, r.snapshot, e.message
+            "error: the revert of node {} (pass {}, attempt {}) to snapshot {} failed: {e}",
+            r.node, r.iteration, r.attempt, r.plan.snapshot
         );
-        return Ok(crate::EXIT_FAILED);
+        return crate::EXIT_FAILED;
     }
     println!(
         "reverted the files to snapshot {} (before node {} pass {} attempt {}): {} written, {} removed",
-        r.snapshot, r.node, r.iteration, r.attempt, r.written, r.removed
+        r.plan.snapshot, r.node, r.iteration, r.attempt, r.written, r.removed
     );
     println!(
         "the files as they were before this revert are snapshot {}",
         r.before
     );
     for c in &r.plan.conflicts {
-        println!(
-            "overwrote (--force) {}: {}",
-            String::from_utf8_lossy(&c.path),
-            c.why
-        );
+        println!("overwrote (--force) {}: {}", c.path, c.why);
     }
     for u in &r.plan.unknown {
         println!("note: {u}");
     }
-    Ok(crate::EXIT_OK)
+    crate::EXIT_OK
 }
 
 /// The plan, one path a line, indented.
@@ -108,24 +172,4 @@ pub fn refusal(plan: &FilesPlan, what: &str) -> String {
          done. Look at them, then {what} again, with --force to overwrite them",
         plan.conflicts.len()
     )
-}
-
-fn as_json(r: &Reverted, dry_run: bool) -> serde_json::Value {
-    let mut v = r.plan.to_json();
-    let o = v.as_object_mut().expect("a plan is an object");
-    o.insert("node".into(), r.node.clone().into());
-    o.insert("iteration".into(), r.iteration.into());
-    o.insert("attempt".into(), r.attempt.into());
-    o.insert("dryRun".into(), dry_run.into());
-    o.insert("applied".into(), r.applied.into());
-    o.insert("before".into(), r.before.clone().into());
-    o.insert("written".into(), r.written.into());
-    o.insert("removed".into(), r.removed.into());
-    o.insert(
-        "error".into(),
-        r.error
-            .as_ref()
-            .map_or(serde_json::Value::Null, |e| e.message.clone().into()),
-    );
-    v
 }

@@ -160,29 +160,11 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
             },
         )
         .await?;
+    let answer = fork_answer(&from, &forked, a.dry_run);
     if !forked.made {
-        return Ok(fork_not_made(&a, &forked));
+        return Ok(fork_not_made(&a, &answer));
     }
-    for c in &forked.plan.conflicts {
-        println!(
-            "overwrote (--force) {}: {}",
-            String::from_utf8_lossy(&c.path),
-            c.why
-        );
-    }
-    let files = match &forked.snapshot {
-        Some(s) => format!(
-            "files put back to snapshot {s} ({} written, {} removed)",
-            forked.written, forked.removed
-        ),
-        None => "no snapshot at that point: files left as they are".into(),
-    };
-    if !a.display.json {
-        println!(
-            "forked run {} from {} at seq {}; {files}",
-            forked.run_id, a.run, forked.seq
-        );
-    }
+    told_forked(&a, &answer);
     let from = engine.journal().backend().last_seq(&forked.run_id)?;
     let session = Session::new(&engine, &forked.run_id, &a.display, Some(from))?;
     let opts = StartOptions {
@@ -193,18 +175,51 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
     session.drive(&engine, handle, &telemetry).await
 }
 
-/// A dry run, or a fork refused for conflicts: its plan, and the exit code.
-fn fork_not_made(a: &ForkArgs, forked: &cairn_engine::Forked) -> u8 {
+/// The engine's fork in the API's shape, which `--json` prints and a
+/// server sends.
+fn fork_answer(from: &RunId, f: &cairn_engine::Forked, dry_run: bool) -> cairn_api::Forked {
+    cairn_api::Forked {
+        run_id: f.made.then(|| f.run_id.clone()),
+        from: from.clone(),
+        seq: f.seq,
+        starts_after: 0,
+        snapshot: f.snapshot.clone(),
+        made: f.made,
+        dry_run,
+        written: f.written,
+        removed: f.removed,
+        plan: crate::revert::plan_of(&f.plan),
+    }
+}
+
+/// A fork made: what was overwritten and where the files are.
+pub fn told_forked(a: &ForkArgs, f: &cairn_api::Forked) {
     if a.display.json {
-        let mut v = forked.plan.to_json();
-        let o = v.as_object_mut().expect("a plan is an object");
-        o.insert("from".into(), a.run.clone().into());
-        o.insert("seq".into(), forked.seq.into());
-        o.insert("snapshot".into(), forked.snapshot.clone().into());
-        o.insert("dryRun".into(), a.dry_run.into());
-        println!("{v}");
+        return;
+    }
+    for c in &f.plan.conflicts {
+        println!("overwrote (--force) {}: {}", c.path, c.why);
+    }
+    let files = match &f.snapshot {
+        Some(s) => format!(
+            "files put back to snapshot {s} ({} written, {} removed)",
+            f.written, f.removed
+        ),
+        None => "no snapshot at that point: files left as they are".into(),
+    };
+    let id = f.run_id.as_ref().map(|r| r.to_string()).unwrap_or_default();
+    println!("forked run {id} from {} at seq {}; {files}", f.from, f.seq);
+}
+
+/// A dry run, or a fork refused for conflicts: its plan, and the exit code.
+pub fn fork_not_made(a: &ForkArgs, f: &cairn_api::Forked) -> u8 {
+    if a.display.json {
+        println!(
+            "{}",
+            serde_json::to_string(f).expect("an answer serializes")
+        );
     } else {
-        match &forked.snapshot {
+        match &f.snapshot {
             Some(s) => {
                 println!(
                     "{} of run {} at seq {}: files put back to snapshot {s}:",
@@ -213,20 +228,20 @@ fn fork_not_made(a: &ForkArgs, forked: &cairn_engine::Forked) -> u8 {
                     } else {
                         "refused: a fork"
                     },
-                    a.run,
-                    forked.seq
+                    f.from,
+                    f.seq
                 );
-                crate::revert::print_plan(&forked.plan);
+                crate::revert::print_plan(&f.plan);
             }
             None => println!(
                 "the plan of a fork of run {} at seq {}: no snapshot at that point, files left \
                  as they are",
-                a.run, forked.seq
+                f.from, f.seq
             ),
         }
     }
-    if forked.plan.refused() {
-        eprintln!("{}", crate::revert::refusal(&forked.plan, "fork"));
+    if f.plan.refused() {
+        eprintln!("{}", crate::revert::refusal(&f.plan, "fork"));
         return crate::EXIT_CONFLICT;
     }
     crate::EXIT_OK

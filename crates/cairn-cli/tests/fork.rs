@@ -132,12 +132,17 @@ fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("conflict build.txt"));
     let out = fork_f1(&["--dry-run", "--force", "--json"]);
     expect_code(&out, 0);
-    let plan: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let answer: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    // As `POST /v1/runs/{id}/fork` answers.
+    assert_eq!(answer["dryRun"], true, "{answer}");
+    assert_eq!(answer["made"], false, "{answer}");
+    assert_eq!(answer["runId"], Value::Null, "{answer}");
+    assert_eq!(answer["from"], "orig", "{answer}");
+    let plan = &answer["plan"];
     // build.txt was not there when `build` first started.
     assert_eq!(plan["write"], serde_json::json!([]), "{plan}");
     assert_eq!(plan["remove"], serde_json::json!(["build.txt"]), "{plan}");
     assert_eq!(plan["conflicts"][0]["path"], "build.txt", "{plan}");
-    assert_eq!(plan["dryRun"], true);
     assert_eq!(files(dir), before_fork);
     assert!(
         !cairn(dir, &["status", "f1"]).status.success(),

@@ -1,6 +1,7 @@
 //! The CLI against a server: a profile in `.cairn.toml` names the server
 //! and where its token comes from; `run`, `runs`, `answer`, `approve`,
-//! `status` and `scores` go through it; what needs a store says so; and every
+//! `status`, `scores`, `revert` and `fork` go through it; what needs a store
+//! says so; and every
 //! command's `--json` is one object of a documented shape.
 
 mod common;
@@ -228,9 +229,9 @@ fn a_profile_names_a_server_and_its_token_and_the_cli_works_through_it() {
 
     // What needs a store says so; a bad token, a missing token variable
     // and an unknown profile are bad input.
-    let fork = cli(here.path(), &["fork", "r1", "--at", "3"], tok);
-    expect_code(&fork, 4);
-    assert!(String::from_utf8_lossy(&fork.stderr).contains("works on a store"));
+    let gc = cli(here.path(), &["gc", "--older-than", "1d"], tok);
+    expect_code(&gc, 4);
+    assert!(String::from_utf8_lossy(&gc.stderr).contains("works on a store"));
     expect_code(&cli(here.path(), &["runs"], Some("wrong")), 4);
     let unset = cli(here.path(), &["runs"], None);
     expect_code(&unset, 4);
@@ -274,4 +275,201 @@ fn validate_and_doctor_say_it_as_one_object() {
     let doc = cli(dir.path(), &["doctor", "--json"], None);
     let v = json(&doc);
     assert!(v["sandboxOk"].is_boolean() && v["checks"].as_array().is_some_and(|c| !c.is_empty()));
+}
+
+const PIPE: &str = r#"
+name: pipe
+input:
+  type: object
+  properties: { x: { type: integer } }
+nodes:
+  - id: fetch
+    command: ["sh", "-c", "echo fetched >> fetch.txt; echo F"]
+  - id: build
+    needs: [fetch]
+    command: ["sh", "-c", "echo built-{{ input.x }} > build.txt; echo B{{ input.x }}"]
+  - id: join
+    needs: [build]
+    value: "{{ nodes.fetch.output }}{{ nodes.build.output }}"
+output: "{{ nodes.join.output }}"
+"#;
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A person at another machine reverts and forks a run of the server's:
+/// the files are put back on the server's machine, conflicts are refused
+/// with the plan shown (exit 5) as a local revert refuses them, and the
+/// fork is made and driven by the server and shown here to its end.
+#[test]
+fn revert_and_fork_go_through_a_server() {
+    let srv = tempfile::tempdir().unwrap();
+    let root = srv.path();
+    std::fs::write(root.join("pipe.yaml"), PIPE).unwrap();
+    // Another workflow of the server's folder, for a fork that changes it.
+    std::fs::write(
+        root.join("pipe2.yaml"),
+        PIPE.replace(
+            "{{ nodes.fetch.output }}{{ nodes.build.output }}",
+            "v2-{{ nodes.build.output }}",
+        ),
+    )
+    .unwrap();
+    let orig = cairn(
+        root,
+        &[
+            "run",
+            "pipe.yaml",
+            "--run-id",
+            "orig",
+            "--input",
+            r#"{"x":1}"#,
+        ],
+    );
+    expect_code(&orig, 0);
+    let read = |name: &str| std::fs::read_to_string(root.join(name)).unwrap_or_default();
+    assert_eq!(read("build.txt"), "built-1\n");
+    let port = free_port();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(root)
+        .args(["--store", ".cairn/cairn.db", "serve", "--addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--workflows", "."])
+        .env_remove("CAIRN_TOKEN")
+        .env_remove("CAIRN_LOG_DIR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the server", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let url = format!("http://127.0.0.1:{port}");
+    let here = tempfile::tempdir().unwrap();
+    let at = |args: &[&str]| {
+        let mut all = vec!["--server", url.as_str()];
+        all.extend_from_slice(args);
+        cli(here.path(), &all, None)
+    };
+
+    // The plan, as the API answers it; nothing touched.
+    let plan = at(&["revert", "orig", "build", "--dry-run", "--json"]);
+    expect_code(&plan, 0);
+    let plan = json(&plan);
+    assert_eq!(plan["dryRun"], true, "{plan}");
+    assert_eq!(plan["applied"], false, "{plan}");
+    assert_eq!(plan["remove"], serde_json::json!(["build.txt"]), "{plan}");
+    assert_eq!(read("build.txt"), "built-1\n");
+
+    // Something on the server's machine changed the file since: refused,
+    // the conflict shown, nothing done.
+    std::fs::write(root.join("build.txt"), "edited by hand\n").unwrap();
+    let refused = at(&["revert", "orig", "build"]);
+    expect_code(&refused, 5);
+    let said = text(&refused);
+    assert!(said.contains("conflict build.txt"), "{said}");
+    assert!(said.contains("--force"), "{said}");
+    assert_eq!(read("build.txt"), "edited by hand\n");
+    let refused = at(&["revert", "orig", "build", "--json"]);
+    expect_code(&refused, 5);
+    assert_eq!(json(&refused)["conflicts"][0]["path"], "build.txt");
+
+    // Forced: put back as it was before `build` (it did not exist).
+    let done = at(&["revert", "orig", "build", "--force", "--json"]);
+    expect_code(&done, 0);
+    let done = json(&done);
+    assert_eq!(done["applied"], true, "{done}");
+    assert_eq!(done["removed"], 1, "{done}");
+    assert!(!root.join("build.txt").exists());
+
+    // A fork at `build` with another input: made and driven by the server,
+    // shown here to its end; `fetch` is not run again.
+    let fork = at(&[
+        "fork",
+        "orig",
+        "--at",
+        "build",
+        "--input",
+        r#"{"x":2}"#,
+        "--run-id",
+        "f1",
+    ]);
+    expect_code(&fork, 0);
+    let said = text(&fork);
+    assert!(said.contains("forked run f1 from orig at seq"), "{said}");
+    assert!(said.contains("run f1 finished"), "{said}");
+    assert!(said.contains("output: FB2"), "{said}");
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.contains("fetch") && l.contains("attempt")),
+        "the copied part is not shown: {said}"
+    );
+    assert_eq!(read("build.txt"), "built-2\n");
+    assert_eq!(read("fetch.txt"), "fetched\n");
+
+    // A fork of the fork, with a workflow of the server's folder, by name;
+    // as NDJSON, only its own events. (`orig` is not forked at `join`:
+    // its revert deleted build.txt and `f1` made it since, a conflict.)
+    let fork = at(&[
+        "fork",
+        "f1",
+        "--at",
+        "join",
+        "--workflow",
+        "pipe2",
+        "--run-id",
+        "f2",
+        "--json",
+    ]);
+    expect_code(&fork, 0);
+    let events: Vec<Value> = String::from_utf8_lossy(&fork.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.last().unwrap()["type"], "RunFinished");
+    assert_eq!(events.last().unwrap()["output"], "v2-B2");
+    // The copied log (its first event at seq 1) is not shown again: the
+    // first shown is the fork's own start.
+    assert_eq!(events[0]["type"], "RunStarted");
+    assert_eq!(events[0]["resumed"], true, "{}", events[0]);
+    assert!(events[0]["seq"].as_u64().unwrap() > 1, "{}", events[0]);
+
+    // A dry run answers as the API does and makes no run.
+    let dry = at(&["fork", "f1", "--at", "build", "--dry-run", "--json"]);
+    expect_code(&dry, 0);
+    let dry = json(&dry);
+    assert_eq!(dry["made"], false, "{dry}");
+    assert_eq!(dry["runId"], Value::Null, "{dry}");
+    assert_eq!(dry["from"], "f1", "{dry}");
+
+    // Bad input is exit 4, with the server's reason.
+    for bad in [
+        &["fork", "nope", "--at", "1"][..],
+        &["fork", "orig", "--at", "no_such_node"],
+        &["fork", "orig", "--at", "build", "--watch"],
+        &[
+            "fork",
+            "orig",
+            "--at",
+            "build",
+            "--workflow",
+            "../pipe.yaml",
+        ],
+        &["fork", "f1", "--at", "build", "--run-id", "f2"],
+        &["revert", "orig", "no_such_node"],
+        &["revert", "nope", "build"],
+    ] {
+        let out = at(bad);
+        expect_code(&out, 4);
+    }
+
+    // SAFETY: signalling the server this test started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut server);
 }

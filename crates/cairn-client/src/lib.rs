@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use cairn_api::{
     ActivityPage, AnswerBody, Answered, CancelBody, Cancelled, DecideBody, Decided, ErrorBody,
-    EventsPage, Health, Plan, ResumeBody, RunAccepted, RunDetail, RunList, ScoreReport, Session,
-    StartBody, ToolCalls,
+    EventsPage, ForkBody, Forked, Health, Plan, ResumeBody, RevertBody, Reverted, RunAccepted,
+    RunDetail, RunList, ScoreReport, Session, StartBody, ToolCalls,
 };
 /// The typed ids the methods take, so a caller needs no other crate to
 /// name a run or a node.
@@ -69,6 +69,9 @@ pub enum ClientError {
         code: String,
         /// The API's message.
         message: String,
+        /// The API's details, for the codes that have them (the refused
+        /// plan of a `files_conflict`, an `invalid_input`'s violations).
+        details: Option<Value>,
     },
     /// The server stopped while the stream was open; reconnect (with
     /// `after = last_seq`) once it is back.
@@ -339,6 +342,24 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/runs/{id}/revert`: puts the run's files back as they were
+    /// before an attempt of a node. A plan refused for its conflicts is a
+    /// [`ClientError::Status`] 409 `files_conflict` whose details are the
+    /// refused [`Reverted`].
+    pub async fn revert(&self, run_id: &RunId, body: &RevertBody) -> Result<Reverted, ClientError> {
+        self.post(&format!("/v1/runs/{}/revert", segment(run_id)), body)
+            .await
+    }
+
+    /// `POST /v1/runs/{id}/fork`: a new run from a point of this one, which
+    /// the server drives. A plan refused for its conflicts is a
+    /// [`ClientError::Status`] 409 `files_conflict` whose details are the
+    /// refused [`Forked`].
+    pub async fn fork(&self, run_id: &RunId, body: &ForkBody) -> Result<Forked, ClientError> {
+        self.post(&format!("/v1/runs/{}/fork", segment(run_id)), body)
+            .await
+    }
+
     /// `GET /v1/scores`: what the scorers said across the server's runs,
     /// narrowed to a workflow and a node when given.
     pub async fn scores(
@@ -395,14 +416,15 @@ async fn json_of<T: DeserializeOwned>(resp: Response<Incoming>) -> Result<T, Cli
 /// The API's error (`{"error": {"code", "message"}}`) as a [`ClientError`];
 /// a body of another shape still gives its status.
 fn api_error(status: StatusCode, v: &Value) -> ClientError {
-    let (code, message) = match ErrorBody::deserialize(v) {
-        Ok(ErrorBody { error }) => (error.code, error.message),
-        Err(_) => ("unknown".to_string(), "(no message)".to_string()),
+    let (code, message, details) = match ErrorBody::deserialize(v) {
+        Ok(ErrorBody { error }) => (error.code, error.message, error.details),
+        Err(_) => ("unknown".to_string(), "(no message)".to_string(), None),
     };
     ClientError::Status {
         status: status.as_u16(),
         code,
         message,
+        details,
     }
 }
 

@@ -249,6 +249,16 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
             on(MethodFilter::POST, resume),
         ),
         (
+            Method::POST,
+            "/v1/runs/{id}/revert",
+            on(MethodFilter::POST, crate::files::revert),
+        ),
+        (
+            Method::POST,
+            "/v1/runs/{id}/fork",
+            on(MethodFilter::POST, crate::files::fork),
+        ),
+        (
             Method::GET,
             "/v1/scores",
             on(MethodFilter::GET, crate::scores::scores),
