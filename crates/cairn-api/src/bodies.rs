@@ -1,5 +1,5 @@
 //! The bodies of the routes that act (start, decide, answer, cancel,
-//! resume, log in) and their small answers.
+//! resume, hijack, log in) and their small answers.
 //!
 //! Requests refuse fields they do not know, so a typo is an error rather
 //! than a silently ignored option; the client leaves out what it does not
@@ -104,6 +104,30 @@ pub struct CancelBody {
     /// Who cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+}
+
+/// `POST /v1/runs/{id}/nodes/{node}/hijack`; may be empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HijackBody {
+    /// Who takes the conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// `POST /v1/runs/{id}/nodes/{node}/hijack` (202): the agent was asked to
+/// stop at its next step boundary; what follows is in the run's events
+/// after `seq` (the person's turns are questions whose ids start `h-`,
+/// answered at `POST /v1/runs/{id}/inputs/{requestId}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HijackRequested {
+    /// The run.
+    pub run_id: RunId,
+    /// The agent node.
+    pub node_id: String,
+    /// The seq of the `RunHijackRequested` that took the request.
+    pub seq: u64,
 }
 
 /// `POST /v1/session`: a login with the server's token.

@@ -28,7 +28,7 @@ mod scores;
 pub use activity::{ActivityEntry, ActivityPage, DelegatedBy};
 pub use bodies::{
     AnswerBody, Answered, CancelBody, CancelMechanism, Cancelled, DecideBody, Decided, Health,
-    LoginBody, ResumeBody, RunAccepted, Session, StartBody,
+    HijackBody, HijackRequested, LoginBody, ResumeBody, RunAccepted, Session, StartBody,
 };
 pub use error::{ErrorBody, ErrorInfo, InputViolation, ProblemLocation};
 pub use events::{events_page_json, EventsPage};

@@ -591,6 +591,20 @@ fn samples() -> Vec<(&'static str, Value)> {
             to_json(RunAccepted { run_id: rid("r1") }),
         ),
         (
+            "POST /v1/runs/{id}/nodes/{node}/hijack request",
+            to_json(HijackBody {
+                by: Some("ana".into()),
+            }),
+        ),
+        (
+            "POST /v1/runs/{id}/nodes/{node}/hijack 202",
+            to_json(HijackRequested {
+                run_id: rid("r1"),
+                node_id: "coder".into(),
+                seq: 7,
+            }),
+        ),
+        (
             "POST /v1/runs/{id}/revert request",
             to_json(RevertBody {
                 node: "build".into(),

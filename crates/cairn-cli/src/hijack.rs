@@ -1,14 +1,21 @@
 //! `cairn hijack`: take a running agent's conversation in the terminal
-//! (docs/hijack.md). The run goes on in the process that drives it; this
-//! one sends the request and the person's turns through the run's inbox,
-//! and shows what the agent answers and does from the run's log.
+//! (docs/hijack.md). The run goes on in the process that drives it (or the
+//! server); this one sends the request and the person's turns through the
+//! run's inbox (or the server's API), and shows what the agent answers and
+//! does from the run's log.
 
 use std::io::{BufRead, Write};
 
-use cairn_events::{Event, EventKind, RunCommand};
+use cairn_api::{AnswerBody, HijackBody};
+use cairn_client::{Client, EventStream};
+use cairn_engine::Engine;
+use cairn_events::{Event, EventKind, NodePath, RunCommand, RunId};
+use cairn_store::Subscription;
 use serde_json::Value;
 
+use crate::bad_input;
 use crate::cli::{Global, HijackArgs};
+use crate::remote::client_error;
 use crate::store;
 
 /// Exit 0 once the conversation is handed back or ended, 1 when the run
@@ -16,13 +23,12 @@ use crate::store;
 pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
     let engine = store::engine(g, false)?;
     let run = store::require_run(engine.journal(), &a.run)?.run_id;
-    let by = std::env::var("USER").ok();
     let asked = engine
         .send(
             &run,
             RunCommand::Hijack {
                 node_id: a.node.clone(),
-                by,
+                by: by(),
             },
         )
         .await;
@@ -33,6 +39,112 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
             return Err(e.into());
         }
     };
+    let sub = engine.journal().subscribe(&run, asked.seq.get());
+    let sub = match sub {
+        Ok(s) => s,
+        Err(e) => {
+            engine.journal().close();
+            return Err(e.into());
+        }
+    };
+    let mut link = Link::Local {
+        engine: &engine,
+        sub,
+    };
+    let code = converse(&a, &run, &mut link).await;
+    engine.journal().close();
+    code
+}
+
+/// `cairn hijack` through a server: the request, the person's turns and
+/// the agent's steps go over the API (`POST .../nodes/{node}/hijack`, the
+/// run's event stream, `POST .../inputs/{requestId}`). An external CLI's
+/// session cannot be handed over from here: it lives on the server's
+/// machine; it is handed back at once, saying so.
+pub async fn hijack_remote(url: &str, g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
+    let c = crate::remote::client(url, g)?;
+    let run = store::run_id(&a.run)?;
+    let node =
+        NodePath::parse(&a.node).map_err(|e| bad_input(format!("node `{}`: {e}", a.node)))?;
+    let asked = c
+        .hijack(&run, &node, &HijackBody { by: by() })
+        .await
+        .map_err(client_error)?;
+    let events = c
+        .events(&run, asked.seq, false)
+        .await
+        .map_err(client_error)?;
+    let mut link = Link::Remote { client: c, events };
+    converse(&a, &run, &mut link).await
+}
+
+fn by() -> Option<String> {
+    std::env::var("USER").ok()
+}
+
+/// Where the conversation's events come from and its turns go: this
+/// process's store, or a server.
+enum Link<'a> {
+    Local {
+        engine: &'a Engine,
+        sub: Subscription,
+    },
+    Remote {
+        client: Client,
+        events: EventStream,
+    },
+}
+
+impl Link<'_> {
+    /// The run's next event; `None` once the run has ended.
+    async fn next(&mut self) -> anyhow::Result<Option<Event>> {
+        match self {
+            Link::Local { sub, .. } => match sub.next().await {
+                None => Ok(None),
+                Some(next) => Ok(Some(next?.decode()?)),
+            },
+            Link::Remote { events, .. } => match events.next_event().await {
+                None => Ok(None),
+                Some(line) => {
+                    let line = line.map_err(client_error)?;
+                    let ev = Event::from_json(&line).map_err(|e| {
+                        anyhow::anyhow!("the server sent an event Cairn cannot read ({e}): {line}")
+                    })?;
+                    Ok(Some(ev))
+                }
+            },
+        }
+    }
+
+    /// Answers one of the person's turns.
+    async fn answer(&self, run: &RunId, request_id: &str, text: String) -> anyhow::Result<()> {
+        match self {
+            Link::Local { engine, .. } => {
+                engine
+                    .answer(run, request_id, Value::String(text), None)
+                    .await?;
+            }
+            Link::Remote { client, .. } => {
+                let body = AnswerBody {
+                    value: Value::String(text),
+                    by: by(),
+                };
+                client
+                    .answer(run, request_id, &body)
+                    .await
+                    .map_err(client_error)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn is_remote(&self) -> bool {
+        matches!(self, Link::Remote { .. })
+    }
+}
+
+/// The conversation, from the request taken to the hand-back or the end.
+async fn converse(a: &HijackArgs, run: &RunId, link: &mut Link<'_>) -> anyhow::Result<u8> {
     let mut out = std::io::stdout();
     writeln!(
         out,
@@ -41,13 +153,11 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
         a.node
     )?;
     out.flush()?;
-    let mut sub = engine.journal().subscribe(&run, asked.seq.get())?;
     let mut terminal = Terminal::default();
     let code = loop {
-        let Some(next) = sub.next().await else {
+        let Some(ev) = link.next().await? else {
             break crate::EXIT_FAILED;
         };
-        let ev: Event = next?.decode()?;
         let ours = ev.scope.node_id.as_deref() == Some(a.node.as_str());
         match &ev.kind {
             EventKind::AgentStepFinished { message, .. } if ours => show_step(&mut out, message)?,
@@ -61,18 +171,24 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
                 request_id, schema, ..
             } if ours && request_id.starts_with("h-") && handoff(schema.as_ref()).is_some() => {
                 let (argv, cwd) = handoff(schema.as_ref()).unwrap_or_default();
-                hand_over(&mut out, &argv, &cwd)?;
-                engine
-                    .answer(&run, request_id, Value::String("/back".into()), None)
-                    .await?;
+                if link.is_remote() {
+                    writeln!(
+                        out,
+                        "the agent's session is an external CLI's on the server's machine ({} in \
+                         {cwd}); it cannot be handed over from here: handing it back (run \
+                         `cairn hijack` there to work in it)",
+                        argv.join(" ")
+                    )?;
+                } else {
+                    hand_over(&mut out, &argv, &cwd)?;
+                }
+                link.answer(run, request_id, "/back".into()).await?;
             }
             EventKind::InputRequested { request_id, .. }
                 if ours && request_id.starts_with("h-") =>
             {
                 let text = terminal.turn(&mut out).await?;
-                engine
-                    .answer(&run, request_id, Value::String(text), None)
-                    .await?;
+                link.answer(run, request_id, text).await?;
             }
             EventKind::RunHijacked { resumed, .. } if ours => {
                 if *resumed {
@@ -102,7 +218,6 @@ pub async fn hijack(g: &Global, a: HijackArgs) -> anyhow::Result<u8> {
         out.flush()?;
     };
     out.flush()?;
-    engine.journal().close();
     // The reader thread may be blocked on the terminal: it ends with the
     // process.
     drop(terminal);

@@ -251,7 +251,7 @@ async fn through_server(
         Command::Run(a) => remote::run(url, g, a).await,
         Command::Revert(a) => revert::revert_remote(url, g, a).await,
         Command::Fork(a) => remote::fork(url, g, a).await,
-        Command::Hijack(_) => Err(remote::store_only("hijack")),
+        Command::Hijack(a) => hijack::hijack_remote(url, g, a).await,
         Command::Export(_) => Err(remote::store_only("export")),
         Command::Trace(_) => Err(remote::store_only("trace")),
         Command::Gc(_) => Err(remote::store_only("gc")),

@@ -74,10 +74,16 @@ impl Tty {
         // SAFETY: both came from openpty just now and nothing else owns them.
         let (master, slave) =
             unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        // Through a server, or on the store here.
+        let store: &[&str] = if args.contains(&"--server") {
+            &[]
+        } else {
+            &["--store", ".cairn/cairn.db"]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .current_dir(dir)
             .args(args)
-            .args(["--store", ".cairn/cairn.db"])
+            .args(store)
             .env_remove("CAIRN_STORE")
             .env_remove("CAIRN_LOG_DIR")
             .stdin(Stdio::from(slave.try_clone().unwrap()))
@@ -201,6 +207,81 @@ fn a_person_takes_the_conversation_on_a_terminal_and_hands_it_back() {
             "finished \"Done by myself.\"",
         ]
     );
+}
+
+/// The same conversation with a run a server drives, taken from another
+/// folder through `--server`: the request, the turns and the agent's
+/// steps go over the API.
+#[test]
+fn a_person_takes_a_servers_agent_through_the_api() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    let port = free_port();
+    let mut server = serve(dir, &["--store", ".cairn/cairn.db"], port);
+    wait_until("the server", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let url = format!("http://127.0.0.1:{port}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let start = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(elsewhere.path())
+        .args(["run", "hj", "--run-id", "h5", "--server", &url])
+        .env_remove("CAIRN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the first step's call", || {
+        mirror(dir, "h5").contains("\"ToolCallStarted\"")
+    });
+
+    let mut tty = Tty::spawn(
+        elsewhere.path(),
+        &["hijack", "h5", "author", "--server", &url],
+    );
+    tty.wait_shown("you> ", 1);
+    tty.type_line("please write hello.txt");
+    tty.wait_shown("agent> Wrote it.", 1);
+    tty.wait_shown("you> ", 2);
+    let shown = tty.text();
+    assert!(
+        shown.contains("agent> Writing hello.txt as you asked."),
+        "{shown}"
+    );
+    assert!(shown.contains("write: success"), "{shown}");
+    tty.type_line("/back");
+    tty.wait_shown("handed back", 1);
+    assert_eq!(wait_exit(&mut tty.child).code(), Some(0), "{}", tty.text());
+    let mut start = start;
+    assert_eq!(wait_exit(&mut start).code(), Some(0));
+    // The file is written on the server's machine, in the run's root.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("hello.txt")).unwrap(),
+        "hello\n"
+    );
+    let log = mirror(dir, "h5");
+    assert!(log.contains("\"RunHijacked\""), "{log}");
+    assert!(log.contains("please write hello.txt"), "{log}");
+
+    // What cannot be hijacked is refused as it is locally (exit 4).
+    for args in [
+        &["hijack", "h5", "author", "--server", &url][..],
+        &["hijack", "nope", "author", "--server", &url],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .current_dir(elsewhere.path())
+            .args(args)
+            .env_remove("CAIRN_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "{args:?}");
+    }
+    // SAFETY: signalling the server this test started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut server);
 }
 
 #[test]

@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use cairn_api::{
     ActivityPage, AnswerBody, Answered, CancelBody, Cancelled, DecideBody, Decided, ErrorBody,
-    EventsPage, ForkBody, Forked, Health, Plan, ResumeBody, RevertBody, Reverted, RunAccepted,
-    RunDetail, RunList, ScoreReport, Session, StartBody, ToolCalls,
+    EventsPage, ForkBody, Forked, Health, HijackBody, HijackRequested, Plan, ResumeBody,
+    RevertBody, Reverted, RunAccepted, RunDetail, RunList, ScoreReport, Session, StartBody,
+    ToolCalls,
 };
 /// The typed ids the methods take, so a caller needs no other crate to
 /// name a run or a node.
@@ -340,6 +341,22 @@ impl Client {
     ) -> Result<RunAccepted, ClientError> {
         self.post(&format!("/v1/runs/{}/resume", segment(run_id)), body)
             .await
+    }
+
+    /// `POST /v1/runs/{id}/nodes/{node}/hijack`: asks the agent to stop
+    /// at its next step boundary and take its turns from a person.
+    pub async fn hijack(
+        &self,
+        run_id: &RunId,
+        node: &NodePath,
+        body: &HijackBody,
+    ) -> Result<HijackRequested, ClientError> {
+        let path = format!(
+            "/v1/runs/{}/nodes/{}/hijack",
+            segment(run_id),
+            segment(node)
+        );
+        self.post(&path, body).await
     }
 
     /// `POST /v1/runs/{id}/revert`: puts the run's files back as they were

@@ -13,10 +13,12 @@ use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use cairn_api::{
     ActivityEntry, ActivityPage, AnswerBody, Answered, CancelBody, CancelMechanism, Cancelled,
-    DecideBody, Decided, Health, ResumeBody, RunAccepted, RunDetail, RunList, RunMeta, RunSummary,
-    StartBody,
+    DecideBody, Decided, Health, HijackBody, HijackRequested, ResumeBody, RunAccepted, RunDetail,
+    RunList, RunMeta, RunSummary, StartBody,
 };
-use cairn_events::{ActivityFolder, Event, EventType, Metrics, RunId, RunState, RunStatus};
+use cairn_events::{
+    ActivityFolder, Event, EventType, Metrics, RunCommand, RunId, RunState, RunStatus,
+};
 use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -247,6 +249,11 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
             Method::POST,
             "/v1/runs/{id}/resume",
             on(MethodFilter::POST, resume),
+        ),
+        (
+            Method::POST,
+            "/v1/runs/{id}/nodes/{node}/hijack",
+            on(MethodFilter::POST, hijack),
         ),
         (
             Method::POST,
@@ -757,6 +764,40 @@ async fn decide(
         node_id: node,
         approved: body.approved,
     }))
+}
+
+async fn hijack(
+    State(state): State<AppState>,
+    Path((id, node)): Path<(String, String)>,
+    JsonBody(body): JsonBody<HijackBody>,
+) -> Result<Response, ApiError> {
+    if state.draining() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is stopping and takes no hijacks",
+        ));
+    }
+    let run = existing_run(&state, &id).await?.run_id;
+    let ev = state
+        .engine()
+        .send(
+            &run,
+            RunCommand::Hijack {
+                node_id: node.clone(),
+                by: body.by,
+            },
+        )
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(HijackRequested {
+            run_id: run,
+            node_id: node,
+            seq: ev.seq.get(),
+        }),
+    )
+        .into_response())
 }
 
 async fn answer(
