@@ -252,8 +252,12 @@ async fn through_server(
         Command::Revert(a) => revert::revert_remote(url, g, a).await,
         Command::Fork(a) => remote::fork(url, g, a).await,
         Command::Hijack(a) => hijack::hijack_remote(url, g, a).await,
-        Command::Export(_) => Err(remote::store_only("export")),
-        Command::Trace(_) => Err(remote::store_only("trace")),
+        Command::Export(a) => Err(bad_input(format!(
+            "`cairn export` rewrites the mirror beside a store; through a server, \
+             `cairn logs {} --json --server {url}` prints the same lines",
+            a.run
+        ))),
+        Command::Trace(a) => trace::trace_remote(url, g, a).await,
         Command::Gc(_) => Err(remote::store_only("gc")),
         Command::Store(_) => Err(remote::store_only("store copy")),
         Command::Serve(_) => Err(remote::store_only("serve")),

@@ -4,12 +4,15 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use cairn_events::RunId;
-use cairn_otel::{OtlpClient, OtlpConfig, TraceExporter};
-use cairn_store::Journal;
+use cairn_client::{Client, ClientError, EventsQuery, RunsQuery};
+use cairn_events::{Event, RunId};
+use cairn_otel::proto::trace::v1::Span;
+use cairn_otel::{OtlpClient, OtlpConfig, RunReader, TraceExporter};
+use cairn_store::{EventQuery, Journal, StoredEvent};
 use tokio::sync::mpsc;
 
 use crate::cli::{Global, TraceArgs};
+use crate::remote::client_error;
 use crate::{bad_input, store};
 
 /// Failures kept for the end of a command, at most.
@@ -100,6 +103,39 @@ impl Telemetry {
 /// OTLP endpoint or printed as OTLP JSON.
 pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
     let run = store::run_id(&a.run)?;
+    let (client, resource) = exporter(&a)?;
+    let journal = store::open(g, false)?;
+    store::require_run(&journal, &a.run)?;
+    let backend = journal.backend().clone();
+    let sent = send_tree(client, resource, move |each| {
+        Ok(cairn_otel::visit_tree(backend.as_ref(), &run, each)?)
+    })
+    .await;
+    journal.close();
+    sent
+}
+
+/// `cairn trace` through a server: the same spans, with the same ids, built
+/// here from the run's events and child runs read over the API.
+pub async fn trace_remote(url: &str, g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
+    let run = store::run_id(&a.run)?;
+    let (client, resource) = exporter(&a)?;
+    let reader = ServerReader {
+        client: crate::remote::client(url, g)?,
+        rt: tokio::runtime::Handle::current(),
+    };
+    send_tree(client, resource, move |each| {
+        cairn_otel::visit_tree(&reader, &run, each)
+    })
+    .await
+}
+
+/// The resource's attributes every span is sent with.
+type Resource = Vec<(String, String)>;
+
+/// Where the spans go: the OTLP endpoint of the environment, or (with
+/// `--print`) standard output with the environment's resource.
+fn exporter(a: &TraceArgs) -> anyhow::Result<(Option<OtlpClient>, Resource)> {
     let client = if a.print {
         None
     } else {
@@ -113,17 +149,20 @@ pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
         Some(c) => c.config().resource.clone(),
         None => cairn_otel::resource_from_env().map_err(|e| bad_input(e.to_string()))?,
     };
-    let journal = store::open(g, false)?;
-    store::require_run(&journal, &a.run)?;
-    // The store is read on the blocking pool, one run at a time, while
-    // the run before is sent: a large tree is never held whole.
+    Ok((client, resource))
+}
+
+/// Reads the tree on the blocking pool (`read` hands each run's spans to
+/// the function it is given), one run at a time, while the run before is
+/// sent: a large tree is never held whole.
+async fn send_tree(
+    client: Option<OtlpClient>,
+    resource: Resource,
+    read: impl FnOnce(&mut dyn FnMut(Vec<Span>) -> bool) -> anyhow::Result<usize> + Send + 'static,
+) -> anyhow::Result<u8> {
     let (tx, mut rx) = mpsc::channel(2);
-    let backend = journal.backend().clone();
-    let reader = tokio::task::spawn_blocking(move || {
-        cairn_otel::visit_tree(backend.as_ref(), &run, |spans| {
-            tx.blocking_send(spans).is_ok()
-        })
-    });
+    let reader =
+        tokio::task::spawn_blocking(move || read(&mut |spans| tx.blocking_send(spans).is_ok()));
     let mut spans_sent = 0usize;
     let mut failed = None;
     let mut out = std::io::stdout().lock();
@@ -147,7 +186,6 @@ pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
     out.flush()?;
     drop(rx);
     let runs = reader.await??;
-    journal.close();
     if let Some(e) = failed {
         return Err(e.into());
     }
@@ -159,4 +197,84 @@ pub async fn trace(g: &Global, a: TraceArgs) -> anyhow::Result<u8> {
         );
     }
     Ok(crate::EXIT_OK)
+}
+
+/// A server's runs, read for spans: each read waits on the API from the
+/// blocking pool, where the tree is read.
+struct ServerReader {
+    client: Client,
+    rt: tokio::runtime::Handle,
+}
+
+/// Runs asked for at a time when listing a run's children.
+const CHILDREN_PAGE: usize = 1000;
+
+impl RunReader for ServerReader {
+    type Error = anyhow::Error;
+
+    fn run_parent(&self, run_id: &RunId) -> anyhow::Result<Option<Option<RunId>>> {
+        match self.rt.block_on(self.client.run(run_id)) {
+            Ok(detail) => {
+                let parent = detail
+                    .as_value()
+                    .get("parentRunId")
+                    .and_then(|p| p.as_str())
+                    .and_then(|p| RunId::parse(p).ok());
+                Ok(Some(parent))
+            }
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(client_error(e)),
+        }
+    }
+
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> anyhow::Result<Vec<StoredEvent>> {
+        let query = EventsQuery {
+            after: q.after,
+            types: q.types.iter().map(|t| t.as_str().to_string()).collect(),
+            node: q.node.clone(),
+            limit: q.limit,
+        };
+        let page = self
+            .rt
+            .block_on(self.client.events_page(run_id, &query))
+            .map_err(client_error)?;
+        page.events
+            .iter()
+            .map(|raw| {
+                let text = raw.get();
+                let ev = Event::from_json(text).map_err(|e| {
+                    anyhow::anyhow!("the server sent an event Cairn cannot read ({e}): {text}")
+                })?;
+                Ok(StoredEvent {
+                    run_id: ev.run_id.clone(),
+                    seq: ev.seq.get(),
+                    type_name: ev.type_name().to_string(),
+                    node_id: ev.scope.node_id.clone(),
+                    timestamp_ms: ev.timestamp_ms,
+                    json: text.into(),
+                })
+            })
+            .collect()
+    }
+
+    fn children(&self, run_id: &RunId) -> anyhow::Result<Vec<RunId>> {
+        let mut out = Vec::new();
+        loop {
+            let q = RunsQuery {
+                parent: Some(run_id.clone()),
+                limit: Some(CHILDREN_PAGE),
+                offset: Some(out.len()),
+                ..Default::default()
+            };
+            let page = self
+                .rt
+                .block_on(self.client.runs(&q))
+                .map_err(client_error)?;
+            let n = page.runs.len();
+            out.extend(page.runs.into_iter().map(|r| r.run_id));
+            if n < CHILDREN_PAGE || out.len() >= cairn_otel::MAX_TREE_RUNS {
+                return Ok(out);
+            }
+        }
+    }
 }

@@ -448,6 +448,57 @@ fn a_run_is_one_trace_of_run_attempt_model_and_tool_spans_with_its_child_inside(
     let child_id = string(child, "cairn.run.id").unwrap();
     let hello = one(&spans, child_id, "node hello");
     assert_eq!(hello.parent_span_id, child.span_id);
+
+    // Through a server of the same store: the same spans, byte for byte,
+    // built from the events and child runs the API gives; and sent.
+    let local = output(cairn(dir, &["trace", "t1", "--print"], &[]));
+    assert_eq!(local.status.code(), Some(0), "{}", text(&local));
+    let port = free_port();
+    let mut server = serve(dir, &["--store", ".cairn/cairn.db"], port);
+    wait_until("the server", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let server_url = format!("http://127.0.0.1:{port}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let remote = |args: &[&str], otel: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        c.current_dir(elsewhere.path())
+            .args(args)
+            .args(["--server", &server_url])
+            .env_remove("CAIRN_STORE")
+            .env_remove("CAIRN_TOKEN")
+            .stdin(Stdio::null());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("OTEL_") {
+                c.env_remove(k);
+            }
+        }
+        for (k, v) in otel {
+            c.env(k, v);
+        }
+        output(c)
+    };
+    let printed = remote(&["trace", "t1", "--print"], &[]);
+    assert_eq!(printed.status.code(), Some(0), "{}", text(&printed));
+    assert!(!local.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&printed.stdout),
+        String::from_utf8_lossy(&local.stdout)
+    );
+    let before = receiver.got().len();
+    let sent = remote(&["trace", "t1"], &[(k, &url)]);
+    assert_eq!(sent.status.code(), Some(0), "{}", text(&sent));
+    assert!(
+        String::from_utf8_lossy(&sent.stderr).contains("of 2 runs"),
+        "{}",
+        text(&sent)
+    );
+    assert!(receiver.got().len() > before);
+    let nope = remote(&["trace", "nope", "--print"], &[]);
+    assert_eq!(nope.status.code(), Some(4), "{}", text(&nope));
+    // SAFETY: signalling the server this test started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut server);
 }
 
 #[test]

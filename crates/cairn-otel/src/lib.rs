@@ -28,7 +28,7 @@ pub use config::{
 };
 pub use export::{requests, to_json, ExportError, OtlpClient, MAX_SPANS_PER_REQUEST};
 pub use ids::{span_id, trace_id, SpanKey};
-pub use read::{lineage, run_spans, visit_tree, MAX_ANCESTORS, MAX_TREE_RUNS};
+pub use read::{lineage, run_spans, visit_tree, RunReader, MAX_ANCESTORS, MAX_TREE_RUNS};
 pub use spans::{
     build_spans, Lineage, ParentSpan, TraceBuilder, MAX_ATTRIBUTE_LEN, MAX_EVENTS_PER_SPAN,
     MAX_SPANS_PER_RUN,

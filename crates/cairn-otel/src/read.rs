@@ -1,11 +1,13 @@
 //! What spans need from the store: a run's log, read page by page so that
 //! memory follows the spans and not the log, and the chain of parents that
-//! says which trace a child run belongs to.
+//! says which trace a child run belongs to. A store is one such reader; a
+//! server's API is another ([`RunReader`]), so `cairn trace --server`
+//! builds the same spans as `cairn trace` on the store.
 
 use std::collections::{HashSet, VecDeque};
 
 use cairn_events::{EventKind, EventType, RunId};
-use cairn_store::{Backend, EventQuery, RunFilter, StoreError};
+use cairn_store::{Backend, EventQuery, RunFilter, StoreError, StoredEvent};
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 use crate::spans::{Lineage, ParentSpan, TraceBuilder};
@@ -19,12 +21,52 @@ pub const MAX_TREE_RUNS: usize = 10_000;
 /// Events read from the store at a time.
 const PAGE: usize = 1024;
 
+/// What spans are built from: a run's record, its events, its children.
+pub trait RunReader {
+    /// What a read fails with; a run that is not there is
+    /// [`StoreError::RunNotFound`], converted.
+    type Error: From<StoreError>;
+
+    /// The run's parent as its record names it; `None` when there is no
+    /// such run.
+    fn run_parent(&self, run_id: &RunId) -> Result<Option<Option<RunId>>, Self::Error>;
+
+    /// A page of the run's events, as the store's query selects them.
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, Self::Error>;
+
+    /// The runs whose parent is this run.
+    fn children(&self, run_id: &RunId) -> Result<Vec<RunId>, Self::Error>;
+}
+
+impl<B: Backend + ?Sized> RunReader for B {
+    type Error = StoreError;
+
+    fn run_parent(&self, run_id: &RunId) -> Result<Option<Option<RunId>>, StoreError> {
+        Ok(self.get_run(run_id)?.map(|r| r.parent_run_id))
+    }
+
+    fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        cairn_store::EventLog::read_events(self, run_id, q)
+    }
+
+    fn children(&self, run_id: &RunId) -> Result<Vec<RunId>, StoreError> {
+        Ok(self
+            .list_runs(&RunFilter {
+                parent: Some(run_id.clone()),
+                ..Default::default()
+            })?
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect())
+    }
+}
+
 /// The run's parent and the node in it that started the run, from its
 /// first `RunStarted` (or its row, when the log has none yet).
-fn parent_of(
-    backend: &dyn Backend,
+fn parent_of<R: RunReader + ?Sized>(
+    backend: &R,
     run_id: &RunId,
-) -> Result<Option<(RunId, Option<String>)>, StoreError> {
+) -> Result<Option<(RunId, Option<String>)>, R::Error> {
     let first = backend.read_events(
         run_id,
         &EventQuery {
@@ -43,21 +85,18 @@ fn parent_of(
             return Ok(parent_run_id.map(|p| (p, parent_node_id)));
         }
     }
-    Ok(backend
-        .get_run(run_id)?
-        .and_then(|r| r.parent_run_id)
-        .map(|p| (p, None)))
+    Ok(backend.run_parent(run_id)?.flatten().map(|p| (p, None)))
 }
 
 /// The attempt of `parent` whose `DelegationStarted` first named `child`,
 /// looked for among `node`'s events when the child's log names its node
 /// (a parent with many children is not read whole for each of them).
-fn delegating_attempt(
-    backend: &dyn Backend,
+fn delegating_attempt<R: RunReader + ?Sized>(
+    backend: &R,
     parent: &RunId,
     node: Option<&str>,
     child: &str,
-) -> Result<Option<ParentSpan>, StoreError> {
+) -> Result<Option<ParentSpan>, R::Error> {
     let mut after = 0;
     loop {
         let page = backend.read_events(
@@ -96,7 +135,7 @@ fn delegating_attempt(
 /// Where a run sits in its tree: its root (walking up at most
 /// [`MAX_ANCESTORS`] parents, stopping at a loop) and the span of the
 /// parent's attempt that started it.
-pub fn lineage(backend: &dyn Backend, run_id: &RunId) -> Result<Lineage, StoreError> {
+pub fn lineage<R: RunReader + ?Sized>(backend: &R, run_id: &RunId) -> Result<Lineage, R::Error> {
     let Some((parent, node)) = parent_of(backend, run_id)? else {
         return Ok(Lineage::root(run_id));
     };
@@ -123,11 +162,11 @@ pub fn lineage(backend: &dyn Backend, run_id: &RunId) -> Result<Lineage, StoreEr
 }
 
 /// Folds a run's stored log into `builder`, a page at a time.
-fn fold(
-    backend: &dyn Backend,
+fn fold<R: RunReader + ?Sized>(
+    backend: &R,
     run_id: &RunId,
     builder: &mut TraceBuilder,
-) -> Result<(), StoreError> {
+) -> Result<(), R::Error> {
     let mut after = 0;
     loop {
         let page = backend.read_events(
@@ -153,9 +192,12 @@ fn fold(
 
 /// The spans of one run's whole log, in the trace of its tree.
 /// [`StoreError::RunNotFound`] when the store has no such run.
-pub fn run_spans(backend: &dyn Backend, run_id: &RunId) -> Result<Vec<Span>, StoreError> {
-    if backend.get_run(run_id)?.is_none() {
-        return Err(StoreError::RunNotFound(run_id.to_string()));
+pub fn run_spans<R: RunReader + ?Sized>(
+    backend: &R,
+    run_id: &RunId,
+) -> Result<Vec<Span>, R::Error> {
+    if backend.run_parent(run_id)?.is_none() {
+        return Err(StoreError::RunNotFound(run_id.to_string()).into());
     }
     let mut builder = TraceBuilder::new(lineage(backend, run_id)?);
     fold(backend, run_id, &mut builder)?;
@@ -168,13 +210,13 @@ pub fn run_spans(backend: &dyn Backend, run_id: &RunId) -> Result<Vec<Span>, Sto
 /// tree is never held whole. `each` returns `false` to stop. Returns how
 /// many runs were handed over; [`StoreError::RunNotFound`] when the store has
 /// no such run.
-pub fn visit_tree(
-    backend: &dyn Backend,
+pub fn visit_tree<R: RunReader + ?Sized>(
+    backend: &R,
     run_id: &RunId,
     mut each: impl FnMut(Vec<Span>) -> bool,
-) -> Result<usize, StoreError> {
-    if backend.get_run(run_id)?.is_none() {
-        return Err(StoreError::RunNotFound(run_id.to_string()));
+) -> Result<usize, R::Error> {
+    if backend.run_parent(run_id)?.is_none() {
+        return Err(StoreError::RunNotFound(run_id.to_string()).into());
     }
     let mut seen = HashSet::from([run_id.clone()]);
     let mut queue = VecDeque::from([(run_id.clone(), lineage(backend, run_id)?)]);
@@ -182,10 +224,7 @@ pub fn visit_tree(
     while let Some((run, lin)) = queue.pop_front() {
         let mut builder = TraceBuilder::new(lin);
         fold(backend, &run, &mut builder)?;
-        let children = backend.list_runs(&RunFilter {
-            parent: Some(run.clone()),
-            ..Default::default()
-        })?;
+        let children = backend.children(&run)?;
         for child in children {
             if seen.len() >= MAX_TREE_RUNS {
                 tracing::warn!(
@@ -194,9 +233,9 @@ pub fn visit_tree(
                 );
                 break;
             }
-            if seen.insert(child.run_id.clone()) {
-                let lin = builder.child_lineage(&child.run_id);
-                queue.push_back((child.run_id, lin));
+            if seen.insert(child.clone()) {
+                let lin = builder.child_lineage(&child);
+                queue.push_back((child, lin));
             }
         }
         visited += 1;
