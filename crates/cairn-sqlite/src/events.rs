@@ -24,7 +24,7 @@ use crate::BadColumn;
 /// No foreign key to runs: an insert per event would pay for the check,
 /// events of a run without a row are kept, and gc deletes a run's events
 /// and key explicitly.
-const TABLES: &str = r#"
+pub(crate) const TABLES: &str = r#"
 CREATE TABLE event_runs (
     run    INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL UNIQUE
@@ -88,16 +88,7 @@ pub(crate) fn to_v7(conn: &Connection) -> rusqlite::Result<()> {
          ALTER TABLE events RENAME TO events_v6;",
     )?;
     conn.execute_batch(TABLES)?;
-    conn.execute(
-        "INSERT INTO event_types (type, name) VALUES (?1, ?2)",
-        params![STREAM_CODE, STREAM_TYPE.as_str()],
-    )?;
-    {
-        let mut st = conn.prepare("INSERT INTO event_types (name) VALUES (?1)")?;
-        for t in EventType::ALL.iter().filter(|t| **t != STREAM_TYPE) {
-            st.execute([t.as_str()])?;
-        }
-    }
+    fill_types(conn)?;
     // Names this build does not know (a store's own) keep their rows; keys
     // follow the old order of runs, so rows go in in key order.
     conn.execute_batch(
@@ -135,6 +126,28 @@ pub(crate) fn to_v7(conn: &Connection) -> rusqlite::Result<()> {
     }
     conn.execute_batch("DROP TABLE events_v6;")?;
     conn.execute_batch(EVENTS_BY_TYPE)
+}
+
+/// Gives every event type this build knows its code: the output stream
+/// [`STREAM_CODE`], the others from 1 in the contract's order. One
+/// statement (the names are the contract's, plain identifiers).
+pub(crate) fn fill_types(conn: &Connection) -> rusqlite::Result<()> {
+    let mut sql = format!(
+        "INSERT INTO event_types (type, name) VALUES ({STREAM_CODE}, '{}');\n\
+         INSERT INTO event_types (name) VALUES ",
+        STREAM_TYPE.as_str()
+    );
+    let rest: Vec<String> = EventType::ALL
+        .iter()
+        .filter(|t| **t != STREAM_TYPE)
+        .map(|t| {
+            debug_assert!(t.as_str().bytes().all(|b| b.is_ascii_alphanumeric()));
+            format!("('{}')", t.as_str())
+        })
+        .collect();
+    sql.push_str(&rest.join(", "));
+    sql.push(';');
+    conn.execute_batch(&sql)
 }
 
 /// The type codes this process has seen committed, by name. Codes never
@@ -363,8 +376,9 @@ mod tests {
     /// A store as version 6 made it, with `rows` in its events table.
     fn v6_store(db: &std::path::Path, rows: &[V6Row<'_>]) {
         let c = Connection::open(db).unwrap();
+        let v1 = crate::v1_schema();
         for sql in [
-            crate::SCHEMA,
+            v1.as_str(),
             crate::EVENTS_BY_TYPE_V2,
             crate::INBOX,
             crate::SOURCES,

@@ -102,7 +102,15 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle read connections kept for reuse.
 const READ_POOL_MAX: usize = 4;
 
-const SCHEMA: &str = r#"
+/// Version 1's tables: [`RUNS`] and the events of versions 1 to 6 (the
+/// base that migrations and the tests of old stores start from).
+#[cfg(test)]
+fn v1_schema() -> String {
+    format!("{RUNS}{V1_EVENTS}")
+}
+
+/// Runs and their tool calls, as every version since 1 has them.
+const RUNS: &str = r#"
 CREATE TABLE runs (
     run_id          TEXT PRIMARY KEY,
     workflow        TEXT NOT NULL,
@@ -116,18 +124,6 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_by_created ON runs(created_ms);
 CREATE INDEX runs_by_status ON runs(status, updated_ms);
-
--- Versions 1 to 6's events, which a new store's creation and the migration
--- to version 7 turn into the tables of the `events` module.
-CREATE TABLE events (
-    run_id  TEXT NOT NULL,
-    seq     INTEGER NOT NULL,
-    type    TEXT NOT NULL,
-    node_id TEXT,
-    ts      INTEGER NOT NULL,
-    json    TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
 
 CREATE TABLE tool_calls (
     run_id          TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
@@ -147,6 +143,20 @@ CREATE TABLE tool_calls (
     error           TEXT,
     PRIMARY KEY (run_id, node_id, iteration, attempt, tool_seq)
 );
+"#;
+
+/// Versions 1 to 6's events, which the migration to version 7 turns into
+/// the tables of the `events` module.
+const V1_EVENTS: &str = r#"
+CREATE TABLE events (
+    run_id  TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    type    TEXT NOT NULL,
+    node_id TEXT,
+    ts      INTEGER NOT NULL,
+    json    TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
 "#;
 
 /// Commands to runs (approve, deny, answer, cancel), applied in id order by
@@ -206,6 +216,20 @@ CREATE TABLE IF NOT EXISTS generations (
 /// Version 6: each generation keeps the texts of the files its workflow
 /// refers to (child workflows, model scripts), pinned when it began.
 const PINNED_FILES: &str = "ALTER TABLE generations ADD COLUMN files TEXT NOT NULL DEFAULT '[]';";
+
+/// [`GENERATIONS`] with [`PINNED_FILES`]' column, for a new store: an
+/// `ALTER TABLE` makes SQLite parse the whole schema again.
+const GENERATIONS_V6: &str = r#"
+CREATE TABLE generations (
+    run_id        TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    generation    INTEGER NOT NULL,
+    workflow_hash TEXT NOT NULL,
+    source        TEXT NOT NULL,
+    created_ms    INTEGER NOT NULL,
+    files TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (run_id, generation)
+);
+"#;
 
 /// The tables a Cairn store has; a file with other tables is someone else's.
 const TABLES: &[&str] = &[
@@ -351,8 +375,22 @@ impl SqliteBackend {
             // two disk syncs (its own and its folder's) of a new store's five.
             // The file's own sync stays, and the log's (with its folder's)
             // comes before anything is committed.
+            //
+            // Nor any disk sync while the new file is made (the first
+            // page, the log's header, its folder): the three were most of
+            // what a new store cost over an existing one (about 1 ms each
+            // on a journaling file system, a new file's first sync
+            // committing its creation). What they would protect is a store
+            // that holds nothing yet; the guarantee stays NORMAL's: a
+            // process crash loses nothing committed (the writes are in the
+            // OS), a power loss may lose the last transactions, SQLite's
+            // checksums drop a log frame that did not reach the disk whole,
+            // and the first checkpoint syncs the file, the log and its
+            // folder. The setup is back to NORMAL before anything is
+            // committed but the schema.
             conn.execute_batch(&format!(
-                "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = OFF"
+                "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = OFF; \
+                 PRAGMA synchronous = OFF"
             ))
             .map_err(|e| map_err(&path, e))?;
         }
@@ -367,6 +405,10 @@ impl SqliteBackend {
             create_schema(&conn).map_err(|e| map_err(&path, e))?;
         } else if version < SCHEMA_VERSION {
             migrate(&conn).map_err(|e| map_err(&path, e))?;
+        }
+        if existing_len == 0 {
+            conn.execute_batch("PRAGMA synchronous = NORMAL")
+                .map_err(|e| map_err(&path, e))?;
         }
         let wake = WakeDir::new(&path, dir.join("wake"));
         make_kept(&path, &dir);
@@ -763,14 +805,17 @@ fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
 fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     in_schema_transaction(conn, |v| {
         // Another process may have created it while we waited for the lock.
+        // The tables as they are now, made in one batch: the migrations'
+        // renames, copies and `ALTER TABLE`s (each a parse of the whole
+        // schema) were most of a new store's cost. A test holds the result
+        // to a store migrated from version 1.
         if v == 0 {
-            conn.execute_batch(SCHEMA)?;
-            conn.execute_batch(INBOX)?;
-            conn.execute_batch(SOURCES)?;
-            conn.execute_batch(RUNS_BY_PARENT)?;
-            conn.execute_batch(GENERATIONS)?;
-            conn.execute_batch(PINNED_FILES)?;
-            events::to_v7(conn)?;
+            conn.execute_batch(&format!(
+                "{RUNS}{INBOX}{SOURCES}{RUNS_BY_PARENT}{GENERATIONS_V6}{}{}",
+                events::TABLES,
+                events::EVENTS_BY_TYPE
+            ))?;
+            events::fill_types(conn)?;
         }
         Ok(())
     })
@@ -1666,7 +1711,7 @@ mod tests {
         let db = dir.path().join("s.db");
         {
             let c = Connection::open(&db).unwrap();
-            c.execute_batch(SCHEMA).unwrap();
+            c.execute_batch(&v1_schema()).unwrap();
             c.execute_batch(RUNS_BEFORE_3).unwrap();
             c.execute_batch(EVENTS_BY_TYPE_V2).unwrap();
             c.execute_batch(INBOX).unwrap();
@@ -1699,13 +1744,105 @@ mod tests {
         assert!(!cols.iter().any(|n| n == "workflow_source"), "{cols:?}");
     }
 
+    /// Every table's columns, every index's columns and condition, and the
+    /// type codes: what a store's shape is, in SQLite's own words.
+    fn shape(c: &Connection) -> Vec<String> {
+        let rows = |sql: &str| -> Vec<String> {
+            let mut st = c.prepare(sql).unwrap();
+            let n = st.column_count();
+            st.query_map([], |r| {
+                Ok((0..n)
+                    .map(|i| match r.get_ref(i).unwrap() {
+                        rusqlite::types::ValueRef::Text(t) => {
+                            String::from_utf8_lossy(t).into_owned()
+                        }
+                        other => format!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" "))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+        };
+        let mut out = rows("PRAGMA user_version");
+        let tables = rows(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+             ORDER BY name",
+        );
+        for t in &tables {
+            out.push(format!("table {t}"));
+            out.extend(rows(&format!("PRAGMA table_xinfo('{t}')")));
+            // WITHOUT ROWID or not.
+            out.extend(rows(&format!(
+                "SELECT instr(sql, 'WITHOUT ROWID') > 0 FROM sqlite_master WHERE name = '{t}'"
+            )));
+            for ix in rows(&format!(
+                "SELECT name, \"unique\", origin, partial FROM pragma_index_list('{t}') ORDER BY name"
+            )) {
+                out.push(format!("index {ix}"));
+                let name = ix.split(' ').next().unwrap();
+                out.extend(rows(&format!("PRAGMA index_xinfo('{name}')")));
+                // A partial index's condition, as written.
+                out.extend(rows(&format!(
+                    "SELECT substr(sql, instr(sql, ' WHERE ')) FROM sqlite_master \
+                     WHERE name = '{name}' AND sql LIKE '% WHERE %'"
+                )));
+            }
+        }
+        out.extend(rows("SELECT type, name FROM event_types ORDER BY type"));
+        out
+    }
+
+    /// A new store is made in one batch, not through the migrations: its
+    /// tables, columns, keys, indexes and type codes are those of a store
+    /// made by version 1 and migrated.
+    #[test]
+    fn a_new_store_has_the_shape_of_a_migrated_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.db");
+        {
+            let c = Connection::open(&old).unwrap();
+            c.execute_batch(&v1_schema()).unwrap();
+            c.execute_batch(RUNS_BEFORE_3).unwrap();
+            c.execute_batch(
+                "CREATE TABLE controls (
+                     id INTEGER PRIMARY KEY AUTOINCREMENT,
+                     run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+                     kind TEXT NOT NULL, node_id TEXT, payload TEXT NOT NULL,
+                     created_ms INTEGER NOT NULL, consumed_ms INTEGER);
+                 CREATE INDEX events_by_type ON events(run_id, type, seq);
+                 CREATE INDEX events_by_node ON events(run_id, node_id, seq);
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let migrated = SqliteBackend::open(&old).unwrap();
+        let new = SqliteBackend::open(&dir.path().join("new.db")).unwrap();
+        let (a, b) = (
+            shape(&migrated.write.lock().unwrap()),
+            shape(&new.write.lock().unwrap()),
+        );
+        let tables = a.iter().filter(|l| l.starts_with("table ")).count();
+        assert_eq!(tables, 9, "{a:#?}");
+        assert!(a.iter().any(|l| l.contains("files")), "{a:#?}");
+        let differ: Vec<String> = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x != y)
+            .map(|(x, y)| format!("migrated: {x}\n     new: {y}"))
+            .collect();
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
+        assert_eq!(a.len(), b.len(), "{a:#?}\n{b:#?}");
+    }
+
     #[test]
     fn a_version_1_store_is_migrated_and_keeps_its_events() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("s.db");
         {
             let c = Connection::open(&db).unwrap();
-            c.execute_batch(SCHEMA).unwrap();
+            c.execute_batch(&v1_schema()).unwrap();
             c.execute_batch(RUNS_BEFORE_3).unwrap();
             c.execute_batch(
                 "CREATE TABLE controls (
