@@ -6,7 +6,10 @@
 //! written before `COMMIT` returns); after a power loss or an operating system
 //! crash the last transactions before it may be lost, but the database stays
 //! consistent. That is the trade the contract asks for: lifecycle events are
-//! durable before anyone acts on them, as far as a process crash goes.
+//! durable before anyone acts on them, as far as a process crash goes. A
+//! new store is made the same way, without waiting for the disk: after a
+//! power cut in its first seconds it may hold less, or (its file left as
+//! zeros) be made again, never a half store.
 //!
 //! The write-ahead log is part of the store: `cairn.db`, `cairn.db-wal` and
 //! `cairn.db-shm` together hold it. A process that stops writing moves the
@@ -767,6 +770,9 @@ fn check_header(path: &Path) -> Result<u64, StoreError> {
     }
     let mut head = [0u8; 16];
     let n = f.read(&mut head).map_err(|e| StoreError::io(path, e))?;
+    if head == [0; 16] && len <= NEVER_WRITTEN_MAX && never_written(&mut f, path)? {
+        return Ok(0);
+    }
     if len < 100 || n < 16 || &head != b"SQLite format 3\0" {
         return Err(StoreError::Corrupt {
             store: path.display().to_string(),
@@ -774,6 +780,32 @@ fn check_header(path: &Path) -> Result<u64, StoreError> {
         });
     }
     Ok(len)
+}
+
+/// The largest file [`never_written`] looks at: a new store's first page
+/// and then some.
+const NEVER_WRITTEN_MAX: u64 = 64 * 1024;
+
+/// Whether the file holds only zero bytes: a new store's first page that
+/// never reached the disk (a power cut before the system wrote it back,
+/// which a new store's creation does not wait for) leaves that on some
+/// file systems. It holds nothing, so it is emptied and made again (its
+/// write-ahead log, if it reached the disk, still holds what was
+/// committed). `f` has read the first bytes.
+fn never_written(f: &mut File, path: &Path) -> Result<bool, StoreError> {
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest)
+        .map_err(|e| StoreError::io(path, e))?;
+    if rest.iter().any(|b| *b != 0) {
+        return Ok(false);
+    }
+    tracing::warn!(store = %path.display(), "the store's file holds only zeros (its first write never reached the disk); making it again");
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|w| w.set_len(0))
+        .map_err(|e| StoreError::io(path, e))?;
+    Ok(true)
 }
 
 fn open_conn(path: &Path, read_only: bool) -> Result<Connection, StoreError> {

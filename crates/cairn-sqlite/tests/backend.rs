@@ -36,6 +36,29 @@ fn garbage_file_is_corrupt_and_left_untouched() {
     assert_eq!(files_in(dir.path()), vec!["cairn.db"]);
 }
 
+/// A new store is made without waiting for the disk: a power cut soon
+/// after can leave its file as zeros (written back never, or only the
+/// allocation). Such a file holds nothing and is made again; a file with
+/// one byte that is not zero is somebody's, and left alone.
+#[test]
+fn a_store_file_of_zeros_is_made_again_and_one_with_data_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cairn.db");
+    std::fs::write(&db, vec![0u8; 8192]).unwrap();
+    let b = SqliteBackend::open(&db).expect("a file of zeros is a store not yet written");
+    assert!(b.list_runs(&RunFilter::default()).unwrap().is_empty());
+    drop(b);
+    assert_eq!(&std::fs::read(&db).unwrap()[..16], b"SQLite format 3\0");
+
+    let other = dir.path().join("other.db");
+    let mut almost = vec![0u8; 8192];
+    almost[5000] = 1;
+    std::fs::write(&other, &almost).unwrap();
+    let err = SqliteBackend::open(&other).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert_eq!(std::fs::read(&other).unwrap(), almost);
+}
+
 #[test]
 fn foreign_sqlite_database_is_rejected_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
