@@ -149,7 +149,8 @@ CREATE TABLE tool_calls (
 "#;
 
 /// Versions 1 to 6's events, which the migration to version 7 turns into
-/// the tables of the `events` module.
+/// the tables of the `events` module (kept for the tests of old stores).
+#[cfg(test)]
 const V1_EVENTS: &str = r#"
 CREATE TABLE events (
     run_id  TEXT NOT NULL,
