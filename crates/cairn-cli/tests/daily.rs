@@ -290,3 +290,55 @@ fn completions_and_the_man_page_come_from_the_cli_definition() {
         "{page}"
     );
 }
+
+/// A run whose process stopped at a gate (`--exit-on-wait`), cancelled
+/// later from another process: its clean-up handler runs (in the process
+/// that cancels, which waits for it) before the run ends cancelled.
+#[test]
+fn cancelling_a_parked_run_runs_its_clean_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("deploy.yaml"),
+        r#"
+name: deploy
+nodes:
+  - id: gate
+    approval: "Deploy?"
+  - id: deploy
+    needs: [gate]
+    command: ["sh", "-c", "echo deployed > deployed.txt"]
+  - id: cleanup
+    needs: [deploy]
+    if: "always()"
+    command: ["sh", "-c", "echo cleaned > cleaned.txt"]
+"#,
+    )
+    .unwrap();
+    let out = cairn_here(
+        dir,
+        &["run", "deploy.yaml", "--run-id", "d1", "--exit-on-wait"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let out = cairn_here(dir, &["cancel", "d1", "--reason", "not today"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("cleaned.txt")).unwrap(),
+        "cleaned\n"
+    );
+    assert!(!dir.join("deployed.txt").exists());
+    let st = cairn_here(dir, &["status", "d1", "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(st["status"], "cancelled", "{st}");
+    let node = |id: &str| {
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["nodeId"] == id)
+            .unwrap_or_else(|| panic!("no node {id}: {st}"))["status"]
+            .clone()
+    };
+    assert_eq!(node("cleanup"), "finished", "{st}");
+    assert_eq!(node("deploy"), "cancelled", "{st}");
+}

@@ -564,18 +564,21 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
-        self.drive_with(run_id, log, opts, Mode::Drive).await
+        self.drive_with(run_id, log, opts, Mode::Drive, true).await
     }
 
     /// Starts a driver on a run whose lease `log` holds: a resume
     /// (`Mode::Drive`, with its `RunStarted`) or an application of the
-    /// inbox's commands (`Mode::Apply`, which writes only what they cause).
+    /// inbox's commands (`Mode::Apply`, which writes only what they cause,
+    /// and runs only the failure handlers a stop lets run). `reads_secrets`
+    /// for a command that may stop the run (the handlers get theirs).
     async fn drive_with(
         &self,
         run_id: &RunId,
         log: Arc<cairn_store::RunLog>,
         opts: StartOptions,
         mode: Mode,
+        reads_secrets: bool,
     ) -> Result<RunHandle, EngineError> {
         let id = run_id.clone();
         let (rec, mut state, wf) = self
@@ -610,13 +613,39 @@ impl Engine {
         // with nothing in it: the run starts now, with its stored input.
         let fresh = state.last_seq == 0;
         // Read again on every resume (a rotated token is picked up, a
-        // removed one stops the resume before anything runs); a driver
-        // that only applies commands runs no process and needs none.
+        // removed one stops the resume before anything runs). A driver
+        // that only applies commands runs no process but the failure
+        // handlers of a stop: it reads them for a command that may stop
+        // the run, and one it cannot read does not refuse the command (a
+        // cancel must always go through): the handlers run without it,
+        // which the log says.
+        let mut unread = None;
         let secrets = match mode {
             Mode::Drive => secrets::resolve_for(&wf).await?,
+            Mode::Apply if reads_secrets && wf.nodes.iter().any(has_handler) => {
+                match secrets::resolve_for(&wf).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        unread = Some(e.to_string());
+                        Arc::default()
+                    }
+                }
+            }
             Mode::Apply => Arc::default(),
         };
         log.set_redactor(secrets.redactor());
+        if let Some(why) = unread {
+            log.append(
+                Scope::run(),
+                EventKind::Diagnostic {
+                    level: cairn_events::Level::Warn,
+                    source: "secrets".into(),
+                    message: format!(
+                        "the failure handlers this command may start run without the run's secrets: {why}"
+                    ),
+                },
+            );
+        }
         if mode == Mode::Drive {
             let ev = log
                 .append_durable(
@@ -787,7 +816,8 @@ impl Engine {
                             } else {
                                 Mode::Apply
                             };
-                            match self.drive_with(run_id, Arc::new(log), StartOptions::default(), mode).await {
+                            let reads_secrets = mode == Mode::Drive || may_stop(&command);
+                            match self.drive_with(run_id, Arc::new(log), StartOptions::default(), mode, reads_secrets).await {
                                 Ok(h) => applier = Some(h),
                                 // The run ended (drive_with's one conflict)
                                 // after the subscription last read the log:
@@ -1303,6 +1333,21 @@ pub(crate) fn schema_errors(
             }
         })
         .collect()
+}
+
+/// Whether applying `command` may stop the run (a cancel, a denial),
+/// which lets its failure handlers run.
+fn may_stop(command: &RunCommand) -> bool {
+    matches!(command, RunCommand::Cancel { .. } | RunCommand::Deny { .. })
+}
+
+/// Whether `spec` or a node inside it is a failure handler.
+fn has_handler(spec: &cairn_workflow::NodeSpec) -> bool {
+    spec.handler
+        || spec
+            .kind
+            .children()
+            .is_some_and(|c| c.iter().any(has_handler))
 }
 
 #[cfg(test)]

@@ -179,6 +179,94 @@ nodes:
     assert_eq!(status(&st, "on_failure"), "skipped");
 }
 
+const PARKED: &str = r#"
+name: parked
+secrets:
+  TOKEN: { env: CAIRN_TEST_HANDLER_TOKEN }
+nodes:
+  - id: gate
+    approval: "Ship?"
+  - id: ship
+    needs: [gate]
+    value: shipped
+  - id: on_cancel
+    needs: [gate]
+    if: "cancelled()"
+    secrets: [TOKEN]
+    command: ["sh", "-c", "echo \"cleaned with $TOKEN\" > cleaned.txt; echo cleaned"]
+  - id: on_failure
+    needs: [gate]
+    if: "failure()"
+    value: "told of the denial"
+  - id: always
+    needs: [gate]
+    if: "always()"
+    value: "always ran"
+"#;
+
+/// A run parked at an approval (its process stopped waiting): `dir`, the
+/// engine, and the run.
+async fn parked(dir: &std::path::Path) -> (cairn_engine::Engine, cairn_events::RunId) {
+    let (engine, wf) = setup(dir, PARKED);
+    let handle = engine
+        .start(
+            wf,
+            json!({}),
+            StartOptions {
+                exit_on_wait: true,
+                ..StartOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let run_id = handle.run_id.clone();
+    assert_eq!(handle.wait().await, RunOutcome::Waiting);
+    (engine, run_id)
+}
+
+/// A cancel of a run nobody drives (a `cairn cancel` of a run whose
+/// process stopped at a gate) runs its `cancelled()` and `always()`
+/// handlers, with their secrets, before the run ends cancelled, as in a
+/// driven run; a denial runs the `failure()` ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_or_denial_of_a_run_nobody_drives_runs_its_handlers() {
+    // SAFETY: this test binary's tests do not read this variable elsewhere.
+    unsafe { std::env::set_var("CAIRN_TEST_HANDLER_TOKEN", "t0k3n-value") };
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, run_id) = parked(dir.path()).await;
+    engine
+        .cancel(&run_id, false, Some("not today".into()), None)
+        .await
+        .unwrap();
+    let st = engine.state(&run_id).unwrap();
+    assert_eq!(st.status.map(|s| s.as_str()), Some("cancelled"));
+    assert_eq!(status(&st, "gate"), "cancelled");
+    assert_eq!(status(&st, "ship"), "cancelled");
+    assert_eq!(status(&st, "on_cancel"), "finished");
+    assert_eq!(output(&st, "on_cancel"), json!("cleaned"));
+    assert_eq!(status(&st, "always"), "finished");
+    assert_eq!(status(&st, "on_failure"), "skipped");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("cleaned.txt")).unwrap(),
+        "cleaned with t0k3n-value\n"
+    );
+    common::stored(&engine, run_id.as_str());
+
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, run_id) = parked(dir.path()).await;
+    engine
+        .decide(&run_id, "gate", false, Some("no".into()), None)
+        .await
+        .unwrap();
+    let st = engine.state(&run_id).unwrap();
+    assert_eq!(st.status.map(|s| s.as_str()), Some("failed"));
+    assert_eq!(status(&st, "on_failure"), "finished");
+    assert_eq!(output(&st, "on_failure"), json!("told of the denial"));
+    assert_eq!(status(&st, "always"), "finished");
+    assert_eq!(status(&st, "on_cancel"), "skipped");
+    common::stored(&engine, run_id.as_str());
+}
+
 /// A handler that is a group runs its members while the run stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_group_runs_its_members() {

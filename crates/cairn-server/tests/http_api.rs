@@ -382,7 +382,7 @@ async fn every_documented_route_is_served() {
             n += 1;
         }
     }
-    assert_eq!(n, 22);
+    assert_eq!(n, 25);
     srv.stop().await;
 }
 

@@ -286,7 +286,10 @@ impl Driver {
     fn attempt_ctx(&mut self, inst: &Inst, attempt: u32) -> NodeCtx {
         let key = &inst.key;
         let vars = self.vars_for(inst, false);
-        let cancel = self.run_cancel.child_token();
+        let cancel = match &self.stopped {
+            Some(stopped) if !self.sched.is_handler(inst) => stopped.child_token(),
+            _ => self.run_cancel.child_token(),
+        };
         let timeout = inst.spec.timeout.or(self.wf.defaults.timeout);
         let scope = self.node_scope(key).with_attempt(attempt);
         let mut ctx = NodeCtx::new(

@@ -198,7 +198,7 @@ impl Driver {
         if stopping {
             // The nodes that will not run are cancelled first; the failure
             // handlers that this lets be asked run before the run ends.
-            let held = self.cancel_leftovers(self.mode == Mode::Apply);
+            let held = self.cancel_leftovers(false);
             if held > 0 {
                 if self.sched.has_checks() || self.sched.has_ready() {
                     return None;

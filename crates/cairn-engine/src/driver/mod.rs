@@ -182,6 +182,11 @@ pub(crate) struct Driver {
     mcp: Arc<crate::mcp::McpPool>,
     /// Stops every attempt and scorer of the run.
     run_cancel: CancellationToken,
+    /// The token an immediate stop cancelled, once the failure handlers
+    /// run under a new one: an attempt that was queued before the stop and
+    /// starts after it (a gate a driver that applies commands continues)
+    /// gets this one, and so ends at once, cancelled.
+    stopped: Option<CancellationToken>,
     /// The run's secrets: given to the processes of the nodes that name
     /// them (the log masks them already).
     secrets: Arc<crate::secrets::Secrets>,
@@ -277,6 +282,7 @@ impl Driver {
             parking: Default::default(),
             mcp,
             run_cancel,
+            stopped: None,
             msg_tx,
             msg_rx,
             ask_tx,

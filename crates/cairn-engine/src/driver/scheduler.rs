@@ -756,9 +756,9 @@ impl Driver {
             return true;
         }
         if self.ending.stopping() {
-            if self.mode != Mode::Apply {
-                self.start_handlers(to_spawn);
-            }
+            // Also when only applying commands: a cancel or a denial of a
+            // run nobody drives runs its handlers, as in a driven run.
+            self.start_handlers(to_spawn);
             return true;
         }
         if self.mode == Mode::Apply {
@@ -799,7 +799,11 @@ impl Driver {
             // The stop cancelled what ran then; the handlers that start
             // now run under a token of their own, or they would be
             // cancelled as they start. A later immediate cancel stops them.
-            self.run_cancel = tokio_util::sync::CancellationToken::new();
+            let stopped = std::mem::replace(
+                &mut self.run_cancel,
+                tokio_util::sync::CancellationToken::new(),
+            );
+            self.stopped.get_or_insert(stopped);
         }
         for key in self.sched.take_ready_handlers() {
             let Some(inst) = self.sched.inst(&key).cloned() else {
