@@ -30,7 +30,10 @@ pub async fn revert(g: &Global, a: RevertArgs) -> anyhow::Result<u8> {
         .await;
     engine.journal().close();
     let r = r?;
-    Ok(report(&a, &answer_of(r, a.dry_run)))
+    Ok(report(
+        &a,
+        &cairn_server::files::reverted_body(r, a.dry_run),
+    ))
 }
 
 /// `cairn revert` through a server: the files put back on the server's
@@ -66,29 +69,6 @@ pub fn refused_answer<T: serde::de::DeserializeOwned>(e: &ClientError) -> Option
         } if code == "files_conflict" => serde_json::from_value(d.clone()).ok(),
         _ => None,
     }
-}
-
-/// The engine's answer in the API's shape, which is what `--json` prints
-/// and what a server sends.
-fn answer_of(r: cairn_engine::Reverted, dry_run: bool) -> Reverted {
-    Reverted {
-        plan: plan_of(&r.plan),
-        node: r.node,
-        iteration: r.iteration,
-        attempt: r.attempt,
-        dry_run,
-        applied: r.applied,
-        before: r.before,
-        written: r.written,
-        removed: r.removed,
-        finished_open: r.finished_open,
-        error: r.error.map(|e| e.message),
-    }
-}
-
-/// The engine's plan in the API's shape.
-pub fn plan_of(plan: &cairn_engine::FilesPlan) -> FilesPlan {
-    serde_json::from_value(plan.to_json()).expect("a files plan reads as the API's plan")
 }
 
 /// Prints what the revert did, planned or refused; its exit code.

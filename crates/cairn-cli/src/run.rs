@@ -160,7 +160,7 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
             },
         )
         .await?;
-    let answer = fork_answer(&from, &forked, a.dry_run);
+    let answer = cairn_server::files::forked_body(&from, &forked, a.dry_run);
     if !forked.made {
         return Ok(fork_not_made(&a, &answer));
     }
@@ -173,23 +173,6 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
     };
     let handle = engine.resume(&forked.run_id, opts).await;
     session.drive(&engine, handle, &telemetry).await
-}
-
-/// The engine's fork in the API's shape, which `--json` prints and a
-/// server sends.
-fn fork_answer(from: &RunId, f: &cairn_engine::Forked, dry_run: bool) -> cairn_api::Forked {
-    cairn_api::Forked {
-        run_id: f.made.then(|| f.run_id.clone()),
-        from: from.clone(),
-        seq: f.seq,
-        starts_after: 0,
-        snapshot: f.snapshot.clone(),
-        made: f.made,
-        dry_run,
-        written: f.written,
-        removed: f.removed,
-        plan: crate::revert::plan_of(&f.plan),
-    }
 }
 
 /// A fork made: what was overwritten and where the files are.

@@ -53,23 +53,6 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
     out
 }
 
-const PIPE: &str = r#"
-name: pipe
-input:
-  type: object
-  properties: { x: { type: integer } }
-nodes:
-  - id: fetch
-    command: ["sh", "-c", "echo fetched >> fetch.txt; echo F"]
-  - id: build
-    needs: [fetch]
-    command: ["sh", "-c", "echo built-{{ input.x }} > build.txt; echo B{{ input.x }}"]
-  - id: join
-    needs: [build]
-    value: "{{ nodes.fetch.output }}{{ nodes.build.output }}"
-output: "{{ nodes.join.output }}"
-"#;
-
 #[test]
 fn a_fork_at_a_node_keeps_what_finished_and_puts_the_files_back() {
     let tmp = tempfile::tempdir().unwrap();

@@ -277,23 +277,6 @@ fn validate_and_doctor_say_it_as_one_object() {
     assert!(v["sandboxOk"].is_boolean() && v["checks"].as_array().is_some_and(|c| !c.is_empty()));
 }
 
-const PIPE: &str = r#"
-name: pipe
-input:
-  type: object
-  properties: { x: { type: integer } }
-nodes:
-  - id: fetch
-    command: ["sh", "-c", "echo fetched >> fetch.txt; echo F"]
-  - id: build
-    needs: [fetch]
-    command: ["sh", "-c", "echo built-{{ input.x }} > build.txt; echo B{{ input.x }}"]
-  - id: join
-    needs: [build]
-    value: "{{ nodes.fetch.output }}{{ nodes.build.output }}"
-output: "{{ nodes.join.output }}"
-"#;
-
 fn text(o: &Output) -> String {
     format!(
         "{}{}",

@@ -1,6 +1,8 @@
 //! `POST /v1/runs/{id}/revert` and `POST /v1/runs/{id}/fork`: a run's files
 //! put back, on the machine that holds them (the server's), so that a
 //! person at another machine reverts or forks through `cairn --server`.
+//! The engine's answers become the API's bodies here, for the server and
+//! for `cairn revert`/`fork` on a store, which print the same JSON.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -15,8 +17,43 @@ use crate::error::ApiError;
 
 /// The API's plan from the engine's: the same JSON `--dry-run --json`
 /// prints, read back into its type.
-pub(crate) fn plan_body(plan: &cairn_engine::FilesPlan) -> FilesPlan {
+pub fn plan_body(plan: &cairn_engine::FilesPlan) -> FilesPlan {
     serde_json::from_value(plan.to_json()).expect("a files plan reads as the API's plan")
+}
+
+/// The engine's revert as the API answers it (and `cairn revert --json`
+/// prints it).
+pub fn reverted_body(r: cairn_engine::Reverted, dry_run: bool) -> Reverted {
+    Reverted {
+        plan: plan_body(&r.plan),
+        node: r.node,
+        iteration: r.iteration,
+        attempt: r.attempt,
+        dry_run,
+        applied: r.applied,
+        before: r.before,
+        written: r.written,
+        removed: r.removed,
+        finished_open: r.finished_open,
+        error: r.error.map(|e| e.message),
+    }
+}
+
+/// The engine's fork of `from` as the API answers it (`starts_after` is
+/// set by whoever drives the fork).
+pub fn forked_body(from: &RunId, f: &cairn_engine::Forked, dry_run: bool) -> Forked {
+    Forked {
+        run_id: f.made.then(|| f.run_id.clone()),
+        from: from.clone(),
+        seq: f.seq,
+        starts_after: 0,
+        snapshot: f.snapshot.clone(),
+        made: f.made,
+        dry_run,
+        written: f.written,
+        removed: f.removed,
+        plan: plan_body(&f.plan),
+    }
 }
 
 /// A plan refused for its conflicts: 409 `files_conflict`, the refused
@@ -54,19 +91,7 @@ pub(crate) async fn revert(
             },
         )
         .await?;
-    let out = Reverted {
-        plan: plan_body(&r.plan),
-        node: r.node,
-        iteration: r.iteration,
-        attempt: r.attempt,
-        dry_run,
-        applied: r.applied,
-        before: r.before,
-        written: r.written,
-        removed: r.removed,
-        finished_open: r.finished_open,
-        error: r.error.map(|e| e.message),
-    };
+    let out = reverted_body(r, dry_run);
     if !out.applied && out.plan.refused() {
         let n = out.plan.conflicts.len();
         return Err(refused(
@@ -118,18 +143,7 @@ pub(crate) async fn fork(
             },
         )
         .await?;
-    let mut out = Forked {
-        run_id: None,
-        from,
-        seq: forked.seq,
-        starts_after: 0,
-        snapshot: forked.snapshot.clone(),
-        made: forked.made,
-        dry_run,
-        written: forked.written,
-        removed: forked.removed,
-        plan: plan_body(&forked.plan),
-    };
+    let mut out = forked_body(&from, &forked, dry_run);
     if !forked.made {
         if out.plan.refused() {
             let n = out.plan.conflicts.len();

@@ -16,7 +16,7 @@ mod auth;
 pub mod descriptors;
 mod error;
 mod feed;
-mod files;
+pub mod files;
 mod frames;
 mod guard;
 mod listen;

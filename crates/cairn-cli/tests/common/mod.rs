@@ -239,3 +239,23 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Three nodes that write files (`fetch.txt` appended, `build.txt`
+/// rewritten from the input's `x`) and join their outputs: the forks' and
+/// reverts' workflow.
+pub const PIPE: &str = r#"
+name: pipe
+input:
+  type: object
+  properties: { x: { type: integer } }
+nodes:
+  - id: fetch
+    command: ["sh", "-c", "echo fetched >> fetch.txt; echo F"]
+  - id: build
+    needs: [fetch]
+    command: ["sh", "-c", "echo built-{{ input.x }} > build.txt; echo B{{ input.x }}"]
+  - id: join
+    needs: [build]
+    value: "{{ nodes.fetch.output }}{{ nodes.build.output }}"
+output: "{{ nodes.join.output }}"
+"#;
