@@ -1777,6 +1777,25 @@ mod tests {
         assert!(!cols.iter().any(|n| n == "workflow_source"), "{cols:?}");
     }
 
+    /// A store as version 1 made it, with `rows` (SQL) run in it.
+    fn v1_store(db: &Path, rows: &str) {
+        let c = Connection::open(db).unwrap();
+        c.execute_batch(&v1_schema()).unwrap();
+        c.execute_batch(RUNS_BEFORE_3).unwrap();
+        c.execute_batch(
+            "CREATE TABLE controls (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+                 kind TEXT NOT NULL, node_id TEXT, payload TEXT NOT NULL,
+                 created_ms INTEGER NOT NULL, consumed_ms INTEGER);
+             CREATE INDEX events_by_type ON events(run_id, type, seq);
+             CREATE INDEX events_by_node ON events(run_id, node_id, seq);",
+        )
+        .unwrap();
+        c.execute_batch(rows).unwrap();
+        c.execute_batch("PRAGMA user_version = 1;").unwrap();
+    }
+
     /// Every table's columns, every index's columns and condition, and the
     /// type codes: what a store's shape is, in SQLite's own words.
     fn shape(c: &Connection) -> Vec<String> {
@@ -1834,22 +1853,7 @@ mod tests {
     fn a_new_store_has_the_shape_of_a_migrated_one() {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("old.db");
-        {
-            let c = Connection::open(&old).unwrap();
-            c.execute_batch(&v1_schema()).unwrap();
-            c.execute_batch(RUNS_BEFORE_3).unwrap();
-            c.execute_batch(
-                "CREATE TABLE controls (
-                     id INTEGER PRIMARY KEY AUTOINCREMENT,
-                     run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-                     kind TEXT NOT NULL, node_id TEXT, payload TEXT NOT NULL,
-                     created_ms INTEGER NOT NULL, consumed_ms INTEGER);
-                 CREATE INDEX events_by_type ON events(run_id, type, seq);
-                 CREATE INDEX events_by_node ON events(run_id, node_id, seq);
-                 PRAGMA user_version = 1;",
-            )
-            .unwrap();
-        }
+        v1_store(&old, "");
         let migrated = SqliteBackend::open(&old).unwrap();
         let new = SqliteBackend::open(&dir.path().join("new.db")).unwrap();
         let (a, b) = (
@@ -1873,23 +1877,10 @@ mod tests {
     fn a_version_1_store_is_migrated_and_keeps_its_events() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("s.db");
-        {
-            let c = Connection::open(&db).unwrap();
-            c.execute_batch(&v1_schema()).unwrap();
-            c.execute_batch(RUNS_BEFORE_3).unwrap();
-            c.execute_batch(
-                "CREATE TABLE controls (
-                     id INTEGER PRIMARY KEY AUTOINCREMENT,
-                     run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-                     kind TEXT NOT NULL, node_id TEXT, payload TEXT NOT NULL,
-                     created_ms INTEGER NOT NULL, consumed_ms INTEGER);
-                 CREATE INDEX events_by_type ON events(run_id, type, seq);
-                 CREATE INDEX events_by_node ON events(run_id, node_id, seq);
-                 INSERT INTO events VALUES ('r', 1, 'RunStarted', NULL, 5, '{}');
-                 PRAGMA user_version = 1;",
-            )
-            .unwrap();
-        }
+        v1_store(
+            &db,
+            "INSERT INTO events VALUES ('r', 1, 'RunStarted', NULL, 5, '{}');",
+        );
         let b = SqliteBackend::open(&db).unwrap();
         assert_eq!(b.last_seq(&RunId::parse("r").unwrap()).unwrap(), 1);
         let c = b.write.lock().unwrap();
