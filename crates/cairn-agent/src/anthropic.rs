@@ -98,26 +98,68 @@ impl Anthropic {
                 }
             }
         }
+        let cache = self.config.prompt_cache_on();
+        if cache {
+            mark_history(&mut messages);
+        }
         let mut body = json!({
             "model": self.config.model,
             "max_tokens": self.config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
             "stream": true,
         });
         if let Some(s) = &req.conversation.system {
-            body["system"] = json!(s);
+            body["system"] = if cache {
+                json!([{"type": "text", "text": s, "cache_control": ephemeral()}])
+            } else {
+                json!(s)
+            };
         }
         body["messages"] = Value::Array(messages);
         if !req.tools.is_empty() {
-            body["tools"] = req
+            let mut tools: Vec<Value> = req
                 .tools
                 .iter()
                 .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
                 .collect();
+            if let (true, Some(last)) = (cache, tools.last_mut()) {
+                last["cache_control"] = ephemeral();
+            }
+            body["tools"] = Value::Array(tools);
         }
         if let Some(t) = self.config.temperature {
             body["temperature"] = json!(t);
         }
         body
+    }
+}
+
+/// Anthropic's mark of a cache breakpoint: the prompt up to and including
+/// the marked block is cached for five minutes.
+fn ephemeral() -> Value {
+    json!({"type": "ephemeral"})
+}
+
+/// Marks the stable prefix of the history for the prompt cache: the last
+/// block of the last message (what the next step will find cached) and of
+/// the message the previous step ended with (what that step cached, read
+/// now). With the tools' and the system prompt's, that is the API's
+/// limit of four breakpoints. The marks depend on the conversation alone,
+/// so a conversation rebuilt after a crash gives the same bytes.
+fn mark_history(messages: &mut [Value]) {
+    let last = messages.len().checked_sub(1);
+    // The previous request ended just before the latest answer.
+    let previous = messages
+        .iter()
+        .rposition(|m| m["role"] == "assistant")
+        .and_then(|i| i.checked_sub(1));
+    for i in [previous, last].into_iter().flatten() {
+        let m = &mut messages[i];
+        if let Some(text) = m["content"].as_str() {
+            m["content"] = json!([{"type": "text", "text": text}]);
+        }
+        if let Some(block) = m["content"].as_array_mut().and_then(|c| c.last_mut()) {
+            block["cache_control"] = ephemeral();
+        }
     }
 }
 

@@ -19,6 +19,9 @@ pub struct ModelRequest<'a> {
     pub conversation: &'a Conversation,
     /// The tools the model may call.
     pub tools: &'a [ToolDef],
+    /// A key that stays the same for every call of one conversation, for
+    /// the provider's prompt cache (OpenAI's `prompt_cache_key`).
+    pub cache_key: Option<&'a str>,
 }
 
 /// What a call reports while it runs.

@@ -73,6 +73,19 @@ impl ModelErrorKind {
     }
 }
 
+impl ModelErrorKind {
+    /// Whether a model's `fallback` is asked after this: the provider
+    /// turned the call away (rate limits, its own errors, no connection)
+    /// after every retry, before any byte of an answer, so another model
+    /// may answer the same request.
+    pub fn falls_back(self) -> bool {
+        matches!(
+            self,
+            ModelErrorKind::RateLimited | ModelErrorKind::Server | ModelErrorKind::Network
+        )
+    }
+}
+
 impl ModelError {
     /// An error of `kind` with a message.
     pub fn new(kind: ModelErrorKind, message: impl Into<String>) -> ModelError {

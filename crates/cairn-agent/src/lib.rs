@@ -28,6 +28,7 @@ mod client;
 mod config;
 mod error;
 mod http;
+pub mod limits;
 mod message;
 pub mod openai;
 mod price;
@@ -37,12 +38,13 @@ pub mod sse;
 pub mod testing;
 
 pub use cairn_models::{
-    builtin_price, Backoff, ModelConfig, Price, Provider, ProviderKind, RetryPolicy, WireFormat,
+    builtin_price, Backoff, Limits, ModelConfig, Price, Provider, ProviderKind, RetryPolicy, WireFormat,
     PROVIDERS,
 };
 pub use client::{client_for, ModelClient, ModelRequest, StreamEvent};
 pub use config::{DEFAULT_IDLE_TIMEOUT, DEFAULT_RETRY};
 pub use error::{ModelError, ModelErrorKind};
+pub use limits::{gate_for, Gate, Permit, WaitReason};
 pub use message::{
     AssistantMessage, Conversation, FinishReason, Message, ModelResponse, ToolCall, ToolDef,
     ToolResult, Usage,

@@ -15,6 +15,39 @@ pub struct Conversation {
     pub messages: Vec<Message>,
 }
 
+impl Conversation {
+    /// About how many tokens a request of this conversation and `tools`
+    /// holds: a quarter of its bytes, and a few for each message's
+    /// framing. Rough on purpose (every model counts its own way); what
+    /// the provider reports corrects it where that matters.
+    pub fn estimated_tokens(&self, tools: &[ToolDef]) -> u64 {
+        let mut bytes = self.system.as_ref().map_or(0, String::len);
+        let mut framing = 0usize;
+        for m in &self.messages {
+            framing += 1;
+            bytes += match m {
+                Message::User { text } => text.len(),
+                Message::Assistant(a) => {
+                    a.text.as_ref().map_or(0, String::len)
+                        + a.reasoning.as_ref().map_or(0, String::len)
+                        + a.tool_calls
+                            .iter()
+                            .map(|c| c.name.len() + c.args.len() + c.id.len())
+                            .sum::<usize>()
+                }
+                Message::ToolResults(rs) => {
+                    framing += rs.len();
+                    rs.iter().map(|r| r.content.len() + r.call_id.len()).sum()
+                }
+            };
+        }
+        for t in tools {
+            bytes += t.name.len() + t.description.len() + t.parameters.to_string().len();
+        }
+        (bytes as u64).div_ceil(4) + 4 * framing as u64
+    }
+}
+
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {

@@ -103,6 +103,11 @@ impl OpenAi {
                 })
                 .collect();
         }
+        if let (true, Some(k)) = (self.config.prompt_cache_on(), req.cache_key) {
+            // OpenAI caches every long prefix by itself; the key keeps one
+            // conversation's requests where its prefix is cached.
+            body["prompt_cache_key"] = json!(k);
+        }
         if let Some(n) = self.config.max_tokens {
             body["max_tokens"] = json!(n);
         }

@@ -65,6 +65,7 @@ async fn call(
     let req = ModelRequest {
         conversation: c,
         tools: &tools,
+        cache_key: None,
     };
     let mut seen = Vec::new();
     let mut on = |e: StreamEvent<'_>| {
@@ -221,6 +222,7 @@ async fn openai_sends_the_conversation_back_as_it_was() {
     let req = ModelRequest {
         conversation: &conversation,
         tools: &tools,
+        cache_key: None,
     };
     assert_eq!(again.body(&req).to_string(), again.body(&req).to_string());
 }

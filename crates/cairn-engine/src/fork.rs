@@ -559,6 +559,8 @@ fn step_boundary(prefix: &[Event]) -> Option<u64> {
             | K::InputReceived { .. }
             | K::AgentStepStarted { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::ToolCallFinished { .. }

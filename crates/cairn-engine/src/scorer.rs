@@ -114,6 +114,7 @@ async fn ask_model(agent: &ScorerAgent, ctx: &NodeCtx) -> Result<Score, ScoreErr
     let req = ModelRequest {
         conversation: &convo,
         tools: &[],
+        cache_key: None,
     };
     let mut on = |_: StreamEvent<'_>| {};
     let response = tokio::select! {

@@ -1128,6 +1128,8 @@ impl NodeLog {
             | K::AgentStepStarted { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::DelegationStarted { .. }
@@ -1348,6 +1350,8 @@ impl Walk<'_> {
             | K::AgentStepStarted { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::ToolCallStarted { .. }

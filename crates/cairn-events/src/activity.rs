@@ -330,6 +330,8 @@ impl ActivityFolder {
             | K::AgentStepStarted { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::McpServerStarting { .. }

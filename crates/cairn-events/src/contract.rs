@@ -156,6 +156,8 @@ impl Log<'_> {
             | K::AgentStepStarted { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::ToolCallStarted { .. }
@@ -386,6 +388,8 @@ impl Pass {
             | K::NodeWaitingApproval {}
             | K::NodeWaitingInput { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::DelegationStarted { .. }

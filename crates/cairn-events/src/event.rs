@@ -523,6 +523,28 @@ pub enum EventKind {
         step: u32,
         reason: String,
     },
+    /// The conversation was made shorter before `step` was asked, so that
+    /// it fits the model's context window.
+    AgentContextCompacted {
+        step: u32,
+        /// `truncate-tool-results` or `summarize`.
+        strategy: String,
+        tokens_before: u64,
+        tokens_after: u64,
+        /// The summary that replaces the older turns (`summarize`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// A step waits for its share of a limit every agent on the model
+    /// shares.
+    AgentWaiting {
+        step: u32,
+        model: String,
+        /// `concurrency`, `requests_per_minute` or `tokens_per_minute`.
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
+    },
     AgentEvent {
         engine: String,
         event: Value,
@@ -746,6 +768,8 @@ impl EventKind {
             | K::InputReceived { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::ToolCallStarted { .. }

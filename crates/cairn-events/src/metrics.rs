@@ -186,6 +186,8 @@ impl Metrics {
             | K::AgentStepStarted { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::ToolCallStarted { .. }
             | K::DelegationStarted { .. }

@@ -840,6 +840,8 @@ impl RunState {
             }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::ToolCallFinished { .. }
             | K::McpServerStarting { .. }

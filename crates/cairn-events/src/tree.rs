@@ -76,6 +76,8 @@ pub fn check_tree(parent: &[Event], children: &BTreeMap<String, Vec<Event>>) -> 
             | K::AgentStepStarted { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::ToolCallStarted { .. }

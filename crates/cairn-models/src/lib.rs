@@ -15,7 +15,7 @@
 mod providers;
 mod retry;
 
-pub use providers::{builtin_price, Price, Provider, ProviderKind, WireFormat, PROVIDERS};
+pub use providers::{builtin_price, builtin_window, Price, Provider, ProviderKind, WireFormat, PROVIDERS};
 pub use retry::{Backoff, RetryPolicy, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_MAX_DELAY};
 
 use std::time::Duration;
@@ -67,6 +67,42 @@ pub struct ModelConfig {
     pub price: Option<Price>,
     /// A scripted model's file of turns, relative to the workflow's folder.
     pub script: Option<String>,
+    /// Whether requests mark what the provider may cache (`prompt_cache`;
+    /// default on): Anthropic's `cache_control` breakpoints, OpenAI's
+    /// `prompt_cache_key`.
+    pub prompt_cache: Option<bool>,
+    /// The most tokens a request may hold (`context_window`; default the
+    /// built-in figure of a known model): past it, the agent compacts the
+    /// conversation first.
+    pub context_window: Option<u64>,
+    /// Limits every agent of the process shares on this model.
+    pub limits: Limits,
+    /// The models of the same workflow asked instead, in order, once the
+    /// retries of a rate limit or a server error ran out (`fallback`).
+    pub fallback: Vec<String>,
+}
+
+/// What every agent calling one model shares (`max_concurrency`,
+/// `requests_per_minute`, `tokens_per_minute`): a call waits for its share
+/// rather than failing at the provider.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Most calls in flight at once.
+    pub max_concurrency: Option<u32>,
+    /// Most calls begun in any minute.
+    pub requests_per_minute: Option<u32>,
+    /// Most tokens (the request's estimate, then what the provider
+    /// reported) in any minute.
+    pub tokens_per_minute: Option<u64>,
+}
+
+impl Limits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.max_concurrency.is_some()
+            || self.requests_per_minute.is_some()
+            || self.tokens_per_minute.is_some()
+    }
 }
 
 impl ModelConfig {
@@ -87,7 +123,21 @@ impl ModelConfig {
             retry: None,
             price: None,
             script: None,
+            prompt_cache: None,
+            context_window: None,
+            limits: Limits::default(),
+            fallback: Vec::new(),
         }
+    }
+
+    /// The context window Cairn knows for this model, if any.
+    pub fn builtin_context_window(&self) -> Option<u64> {
+        builtin_window(self.provider, &self.model)
+    }
+
+    /// Whether requests mark what the provider may cache.
+    pub fn prompt_cache_on(&self) -> bool {
+        self.prompt_cache.unwrap_or(true)
     }
 
     /// The price of this model: its own, else the built-in table's.

@@ -71,6 +71,9 @@ pub struct Provider {
     /// (model id prefix, input, output, cache read, cache write), USD per
     /// million tokens.
     pub prices: &'static [(&'static str, f64, f64, f64, f64)],
+    /// (model id prefix, context window in tokens): what one request may
+    /// hold, its answer included.
+    pub windows: &'static [(&'static str, u64)],
 }
 
 /// Every provider, in the order messages list them.
@@ -93,6 +96,7 @@ static ANTHROPIC: Provider = Provider {
         ("claude-3-5-haiku", 0.80, 4.0, 0.08, 1.0),
         ("claude-3-haiku", 0.25, 1.25, 0.03, 0.30),
     ],
+    windows: &[("claude-", 200_000)],
 };
 
 static OPENAI: Provider = Provider {
@@ -116,7 +120,19 @@ static OPENAI: Provider = Provider {
         ("o3-mini", 1.10, 4.40, 0.55, 0.0),
         ("o3", 2.0, 8.0, 0.50, 0.0),
     ],
+    windows: OPENAI_WINDOWS,
 };
+
+/// The context windows of OpenAI's models, whichever API they are called
+/// through.
+static OPENAI_WINDOWS: &[(&str, u64)] = &[
+    ("gpt-4o", 128_000),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-5", 400_000),
+    ("o1", 200_000),
+    ("o3", 200_000),
+    ("o4-mini", 200_000),
+];
 
 static SCRIPTED: Provider = Provider {
     kind: ProviderKind::Scripted,
@@ -127,6 +143,7 @@ static SCRIPTED: Provider = Provider {
     base_url: None,
     prices_url: None,
     prices: &[],
+    windows: &[],
 };
 
 impl ProviderKind {
@@ -172,6 +189,19 @@ pub fn builtin_price(provider: ProviderKind, model: &str) -> Option<Price> {
             cache_read,
             cache_write,
         })
+}
+
+/// The built-in context window of a model: the longest known prefix of
+/// its id, as for prices.
+pub fn builtin_window(provider: ProviderKind, model: &str) -> Option<u64> {
+    let id = model.rsplit('/').next().unwrap_or(model);
+    provider
+        .def()
+        .windows
+        .iter()
+        .filter(|(p, _)| id.starts_with(p))
+        .max_by_key(|(p, _)| p.len())
+        .map(|&(_, w)| w)
 }
 
 #[cfg(test)]

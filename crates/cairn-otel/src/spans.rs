@@ -734,6 +734,34 @@ impl TraceBuilder {
             K::AgentGenerationRetried { step, reason } => {
                 self.generation_retried(ev, *step, reason)
             }
+            K::AgentContextCompacted {
+                step,
+                strategy,
+                tokens_before,
+                tokens_after,
+                ..
+            } => self.step_note(
+                ev,
+                *step,
+                "context compacted",
+                vec![
+                    kv_str("cairn.compaction.strategy", strategy),
+                    kv_u64("cairn.compaction.tokens_before", *tokens_before),
+                    kv_u64("cairn.compaction.tokens_after", *tokens_after),
+                ],
+            ),
+            K::AgentWaiting {
+                step,
+                reason,
+                wait_ms,
+                ..
+            } => {
+                let mut attrs = vec![kv_str("cairn.wait.reason", reason)];
+                if let Some(ms) = wait_ms {
+                    attrs.push(kv_u64("cairn.wait.ms", *ms));
+                }
+                self.step_note(ev, *step, "waiting for the model's limits", attrs)
+            }
             K::TokenUsageReported {
                 provider,
                 model,
@@ -1040,13 +1068,17 @@ impl TraceBuilder {
     }
 
     fn generation_retried(&mut self, ev: &Event, step: u32, reason: &str) {
+        let attrs = vec![kv_str("cairn.retry.reason", reason)];
+        self.step_note(ev, step, "generation retried", attrs);
+    }
+
+    /// A span event on a model call's span, or its attempt's when the call
+    /// has not started yet (a compaction comes before its step).
+    fn step_note(&mut self, ev: &Event, step: u32, name: &str, mut attrs: Vec<KeyValue>) {
         if let Some(a) = self.attempt_of(ev, true) {
             let t = self.steps.get(&(a, step)).copied().unwrap_or(a);
-            let attrs = vec![
-                kv_u64("cairn.agent.step", step.into()),
-                kv_str("cairn.retry.reason", reason),
-            ];
-            self.accs[t].event(ev.timestamp_ms, "generation retried", attrs);
+            attrs.insert(0, kv_u64("cairn.agent.step", step.into()));
+            self.accs[t].event(ev.timestamp_ms, name, attrs);
         }
     }
 

@@ -35,6 +35,8 @@ export const IGNORED_EVENTS = new Set([
   'NodeOutput',
   'AgentStepFinished',
   'AgentGenerationRetried',
+  'AgentContextCompacted',
+  'AgentWaiting',
   'AgentEvent',
   'ToolCallFinished',
   'McpServerStarting',

@@ -253,6 +253,17 @@ export class NodePanel {
         s.usage.append(h('span', { class: 'warn' }, ` · retried: ${ev.reason}`));
         break;
       }
+      case 'AgentWaiting': {
+        const s = this.step(a, ev.step);
+        const wait = ev.waitMs !== undefined ? ` ${(ev.waitMs / 1000).toFixed(1)} s` : '';
+        s.usage.append(h('span', { class: 'warn' }, ` · waiting${wait} for ${ev.model}'s ${ev.reason.replaceAll('_', ' ')}`));
+        break;
+      }
+      case 'AgentContextCompacted': {
+        const s = this.step(a, ev.step);
+        s.usage.append(h('span', { class: 'finish' }, ` · conversation compacted (${ev.strategy}): ${fmtCount(ev.tokensBefore)} → ${fmtCount(ev.tokensAfter)} tokens`));
+        break;
+      }
       case 'ToolCallStarted': {
         this.hasTools = true;
         const i = a.pending.findIndex((p) => p.name === ev.toolName);

@@ -14,7 +14,7 @@ mod templates;
 mod yaml;
 
 pub use cairn_models::{
-    ApiKey, Backoff, ModelConfig, Price, ProviderKind, RetryPolicy, DEFAULT_RETRY_DELAY,
+    ApiKey, Backoff, Limits, ModelConfig, Price, ProviderKind, RetryPolicy, DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_MAX_DELAY,
 };
 pub use duration::parse_duration;

@@ -40,6 +40,9 @@ pub(super) struct History {
     /// How many hijacks of this conversation ended (`RunHijacked`): a
     /// replay does not log them again.
     pub hijacks_ended: u32,
+    /// The compactions of the conversation in the log's order: the step
+    /// each came before, its strategy, and a summary's text.
+    pub compactions: Vec<(u32, String, Option<String>)>,
 }
 
 impl History {
@@ -56,6 +59,7 @@ impl History {
                 key_run: ctx.run_id.clone(),
                 hijack_asked: HashSet::new(),
                 hijacks_ended: 0,
+                compactions: Vec::new(),
             });
         }
         let backend = ctx.services.journal.backend().clone();
@@ -92,6 +96,7 @@ impl History {
             started,
             finished,
             spent,
+            compacted,
         } = seen;
         // The attempts before this one that a crash cut short belong to
         // this conversation; the first one that ended otherwise does not.
@@ -125,6 +130,11 @@ impl History {
             key_run,
             hijacks_ended: hijacked.iter().filter(|a| ours(**a)).count() as u32,
             hijack_asked,
+            compactions: compacted
+                .into_iter()
+                .filter(|(a, ..)| ours(*a))
+                .map(|(_, step, strategy, message)| (step, strategy, message))
+                .collect(),
         })
     }
 }
@@ -191,11 +201,13 @@ struct Seen {
     finished: Vec<(u32, u32, Value)>,
     /// What the model calls cost.
     spent: f64,
+    /// (attempt, step, strategy, summary) of each compaction, in order.
+    compacted: Vec<(u32, u32, String, Option<String>)>,
 }
 
 impl Seen {
     /// The event types [`Seen::fold`] reads: the query asks for these only.
-    const TYPES: [EventType; 7] = [
+    const TYPES: [EventType; 8] = [
         EventType::NodeStarted,
         EventType::NodeFailed,
         EventType::AgentStepStarted,
@@ -203,6 +215,7 @@ impl Seen {
         EventType::TokenUsageReported,
         EventType::InputRequested,
         EventType::RunHijacked,
+        EventType::AgentContextCompacted,
     ];
 
     /// Folds one event of the pass. Every event type has its arm: a new
@@ -231,6 +244,12 @@ impl Seen {
                 }
             }
             K::RunHijacked { .. } => self.hijacked.push(attempt),
+            K::AgentContextCompacted {
+                step,
+                strategy,
+                message,
+                ..
+            } => self.compacted.push((attempt, step, strategy, message)),
             // Not part of the conversation (and not read).
             K::RunStarted { .. }
             | K::RunStatusChanged { .. }
@@ -260,6 +279,7 @@ impl Seen {
             | K::ApprovalDenied { .. }
             | K::InputReceived { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::ToolCallStarted { .. }
             | K::ToolCallFinished { .. }

@@ -19,6 +19,7 @@
 //! The wire formats, retries and prices are `cairn-agent`'s; this module
 //! knows the engine's side: events, tools, people, budgets.
 
+mod compact;
 mod history;
 pub(crate) mod models;
 mod toolbox;
@@ -26,7 +27,7 @@ mod toolbox;
 use std::sync::Mutex;
 
 use cairn_agent::{
-    AssistantMessage, Conversation, Message, ModelClient, ModelRequest, StreamEvent, ToolResult,
+    AssistantMessage, Conversation, Message, ModelRequest, StreamEvent, ToolResult,
 };
 use cairn_events::{ErrorInfo, EventKind, OutputStream};
 use cairn_workflow::AgentSpec;
@@ -117,20 +118,27 @@ struct Talk<'h> {
     spent: f64,
     /// Hijack sessions this attempt went through (replayed ones too).
     sessions: u32,
+    /// The conversation's key for the provider's prompt cache.
+    cache_key: String,
+    /// The first message as the prompt rendered it (a summary of older
+    /// turns joins it).
+    task: String,
+    /// The compactions the log holds, replayed before their steps.
+    compactions: std::iter::Peekable<std::slice::Iter<'h, (u32, String, Option<String>)>>,
 }
 
 /// One attempt of an agent node.
 struct Agent<'a> {
     spec: &'a AgentSpec,
     ctx: &'a NodeCtx,
-    client: std::sync::Arc<dyn ModelClient>,
+    model: models::Model,
     tools: Toolbox<'a>,
     schema: Option<jsonschema::Validator>,
 }
 
 impl<'a> Agent<'a> {
     async fn new(spec: &'a AgentSpec, ctx: &'a NodeCtx) -> Result<Agent<'a>, NodeError> {
-        let client = models::client(ctx, spec)?;
+        let model = models::client(ctx, spec)?;
         let tools = Toolbox::new(ctx, &spec.tools, &spec.delegates).await?;
         let schema = match &spec.output_schema {
             Some(s) => Some(jsonschema::validator_for(s).map_err(|e| {
@@ -144,7 +152,7 @@ impl<'a> Agent<'a> {
         Ok(Agent {
             spec,
             ctx,
-            client,
+            model,
             tools,
             schema,
         })
@@ -153,14 +161,13 @@ impl<'a> Agent<'a> {
     async fn run(&self) -> Result<Value, NodeError> {
         let ctx = self.ctx;
         let history = History::load(ctx).await?;
+        let task = self.prompt(&history).await?;
         let convo = Conversation {
             system: match &self.spec.system {
                 Some(t) => Some(render_text(ctx, t)?),
                 None => None,
             },
-            messages: vec![Message::User {
-                text: self.prompt(&history).await?,
-            }],
+            messages: vec![Message::User { text: task.clone() }],
         };
         let mut t = Talk {
             history: &history,
@@ -169,6 +176,9 @@ impl<'a> Agent<'a> {
             step: 0,
             spent: history.spent_usd,
             sessions: 0,
+            cache_key: cache_key(ctx, &history),
+            task,
+            compactions: history.compactions.iter().peekable(),
         };
         let mut schema_failures = 0u32;
         loop {
@@ -226,6 +236,9 @@ impl<'a> Agent<'a> {
     async fn next_message(&self, t: &mut Talk<'_>) -> Result<AssistantMessage, NodeError> {
         t.step += 1;
         let step = t.step;
+        while let Some((_, strategy, summary)) = t.compactions.next_if(|(s, ..)| *s == step) {
+            replay_compaction(t, strategy, summary.as_deref());
+        }
         if let Some((_, m)) = t.replay.next_if(|(s, _)| *s == step) {
             return Ok(m.clone());
         }
@@ -238,11 +251,124 @@ impl<'a> Agent<'a> {
                 ),
             ));
         }
+        self.fit(t).await?;
         let interrupted = t.history.unanswered == Some(step);
-        let (message, cost) = self.ask_model(&t.convo, step, interrupted).await?;
+        let (message, cost) = self
+            .ask_model(&t.convo, &t.cache_key, step, interrupted)
+            .await?;
         t.spent += cost;
         self.check_budget(t.spent)?;
         Ok(message)
+    }
+
+    /// Makes the conversation fit the model's context window before step
+    /// `t.step` is asked: old tool results cut first, then older turns
+    /// summarised; each logged. A conversation that fits no matter what
+    /// fails the node (`context`).
+    async fn fit(&self, t: &mut Talk<'_>) -> Result<(), NodeError> {
+        let Some(window) = self.model.context_window else {
+            return Ok(());
+        };
+        let budget = compact::budget(window, self.model.max_tokens);
+        let tools = self.tools.defs();
+        let mut before = t.convo.estimated_tokens(tools);
+        if before <= budget {
+            return Ok(());
+        }
+        if compact::truncate_tool_results(&mut t.convo) {
+            let after = t.convo.estimated_tokens(tools);
+            self.ctx
+                .emit_durable(EventKind::AgentContextCompacted {
+                    step: t.step,
+                    strategy: compact::TRUNCATE.into(),
+                    tokens_before: before,
+                    tokens_after: after,
+                    message: None,
+                })
+                .await?;
+            if after <= budget {
+                return Ok(());
+            }
+            before = after;
+        }
+        let too_long = |why: &str| {
+            NodeError::fatal(
+                "context",
+                format!(
+                    "the conversation holds about {before} tokens, more than model `{}`'s \
+                     context window of {window} leaves for it ({budget}), and {why}",
+                    self.model.name
+                ),
+            )
+        };
+        let Some(cut) = compact::summary_cut(&t.convo) else {
+            return Err(too_long("has no older turns to summarise"));
+        };
+        let summary = self.summarize(t, cut, budget).await?;
+        compact::apply_summary(&mut t.convo, &t.task, cut, &summary);
+        let after = t.convo.estimated_tokens(tools);
+        self.ctx
+            .emit_durable(EventKind::AgentContextCompacted {
+                step: t.step,
+                strategy: compact::SUMMARIZE.into(),
+                tokens_before: before,
+                tokens_after: after,
+                message: Some(summary),
+            })
+            .await?;
+        if after > budget {
+            return Err(too_long("a summary of its older turns is still too long"));
+        }
+        Ok(())
+    }
+
+    /// Asks the model for a summary of the turns before `cut`; its usage
+    /// is reported and counted like a step's, its text not streamed.
+    async fn summarize(&self, t: &mut Talk<'_>, cut: usize, budget: u64) -> Result<String, NodeError> {
+        let max_bytes = usize::try_from(budget.saturating_mul(3)).unwrap_or(usize::MAX);
+        let convo = Conversation {
+            system: Some(compact::SUMMARY_SYSTEM.to_string()),
+            messages: vec![Message::User {
+                text: compact::transcript(&t.convo, &t.task, cut, max_bytes),
+            }],
+        };
+        let req = ModelRequest {
+            conversation: &convo,
+            tools: &[],
+            cache_key: None,
+        };
+        let estimate = convo.estimated_tokens(&[]);
+        let model = &self.model;
+        let response = self
+            .call(model, &req, t.step, estimate, false)
+            .await?
+            .map_err(|e| model_error(model, e))?;
+        self.report_usage(model, &response);
+        self.ctx.spend.add(&response.usage, response.cost_usd);
+        t.spent += response.cost_usd.unwrap_or(0.0);
+        self.check_budget(t.spent)?;
+        match response.message.text.filter(|s| !s.trim().is_empty()) {
+            Some(s) => Ok(s),
+            None => Err(NodeError::new(
+                "context",
+                format!("model `{}` answered the request for a summary with no text", model.name),
+            )),
+        }
+    }
+
+    /// Logs one call's tokens and cost, under the model that answered.
+    fn report_usage(&self, model: &models::Model, response: &cairn_agent::ModelResponse) {
+        let usage = &response.usage;
+        self.ctx.emit(EventKind::TokenUsageReported {
+            provider: model.client.provider().to_string(),
+            model: model.client.model().to_string(),
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            cache_read_tokens: usage.cache_read_tokens,
+            cache_write_tokens: usage.cache_write_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
+            cost_usd: response.cost_usd,
+        });
     }
 
     /// Runs a message's tool calls and adds both to the conversation.
@@ -388,6 +514,7 @@ impl<'a> Agent<'a> {
     async fn ask_model(
         &self,
         convo: &Conversation,
+        cache_key: &str,
         step: u32,
         interrupted: bool,
     ) -> Result<(AssistantMessage, f64), NodeError> {
@@ -401,7 +528,7 @@ impl<'a> Agent<'a> {
         };
         ctx.emit_durable(EventKind::AgentStepStarted {
             step,
-            model: self.client.model().to_string(),
+            model: self.model.client.model().to_string(),
             snapshot,
         })
         .await?;
@@ -414,46 +541,33 @@ impl<'a> Agent<'a> {
         let req = ModelRequest {
             conversation: convo,
             tools: self.tools.defs(),
+            cache_key: Some(cache_key),
         };
-        let mut stream = Streamer::new(ctx);
-        let mut on = |ev: StreamEvent<'_>| match ev {
-            StreamEvent::Text(t) => stream.push(OutputStream::Text, t),
-            StreamEvent::Reasoning(t) => stream.push(OutputStream::Reasoning, t),
-            StreamEvent::Retrying { reason, .. } => {
-                stream.flush();
-                ctx.emit(EventKind::AgentGenerationRetried { step, reason });
-            }
+        let estimate = convo.estimated_tokens(self.tools.defs());
+        let mut fallbacks = self.model.fallback.iter();
+        let mut instead: Option<models::Model> = None;
+        let (model, response) = loop {
+            let model = instead.as_ref().unwrap_or(&self.model);
+            let e = match self.call(model, &req, step, estimate, true).await? {
+                Ok(r) => break (model, r),
+                Err(e) => e,
+            };
+            let next = match fallbacks.next() {
+                Some(next) if e.kind.falls_back() => next,
+                _ => return Err(model_error(model, e)),
+            };
+            // The log says which model answers the step in its stead.
+            ctx.emit(EventKind::AgentGenerationRetried {
+                step,
+                reason: format!(
+                    "model `{}` failed ({}): asking `{next}` instead",
+                    model.name,
+                    cut(&e.message, 300)
+                ),
+            });
+            instead = Some(models::model(ctx, next)?);
         };
-        let response = tokio::select! {
-            r = self.client.complete(&req, &mut on) => r,
-            _ = ctx.cancel.cancelled() => {
-                return Err(NodeError::cancelled("cancelled while the model answered"));
-            }
-        };
-        stream.flush();
-        let response = response.map_err(|e| {
-            let kind = e.kind.as_str();
-            let retryable = !matches!(kind, "config" | "auth" | "bad_request");
-            NodeError {
-                info: Box::new(ErrorInfo::new(
-                    kind,
-                    format!("model `{}`: {e}", self.client.model()),
-                )),
-                retryable,
-                cancelled: false,
-            }
-        })?;
-        let usage = &response.usage;
-        ctx.emit(EventKind::TokenUsageReported {
-            provider: self.client.provider().to_string(),
-            model: self.client.model().to_string(),
-            input_tokens: usage.input_tokens,
-            output_tokens: usage.output_tokens,
-            cache_read_tokens: usage.cache_read_tokens,
-            cache_write_tokens: usage.cache_write_tokens,
-            reasoning_tokens: usage.reasoning_tokens,
-            cost_usd: response.cost_usd,
-        });
+        self.report_usage(model, &response);
         let message = response.message;
         ctx.emit_durable(EventKind::AgentStepFinished {
             step,
@@ -465,6 +579,79 @@ impl<'a> Agent<'a> {
         .await?;
         ctx.spend.add(&response.usage, response.cost_usd);
         Ok((message, response.cost_usd.unwrap_or(0.0)))
+    }
+
+    /// One call of one model: its share of the model's shared budget
+    /// (waits logged as `AgentWaiting`), then the streamed answer, its
+    /// text logged as it comes. The outer error is the node's (a cancel,
+    /// the log), the inner the model's.
+    async fn call(
+        &self,
+        model: &models::Model,
+        req: &ModelRequest<'_>,
+        step: u32,
+        estimate: u64,
+        show: bool,
+    ) -> Result<Result<cairn_agent::ModelResponse, cairn_agent::ModelError>, NodeError> {
+        let ctx = self.ctx;
+        let name = model.client.model().to_string();
+        let mut on_wait = |why: cairn_agent::WaitReason, d: Option<std::time::Duration>| {
+            ctx.emit(EventKind::AgentWaiting {
+                step,
+                model: name.clone(),
+                reason: why.as_str().to_string(),
+                wait_ms: d.map(|d| d.as_millis().min(u64::MAX as u128) as u64),
+            });
+        };
+        let mut permit = tokio::select! {
+            p = model.gate.acquire(estimate, &mut on_wait) => p,
+            _ = ctx.cancel.cancelled() => {
+                return Err(NodeError::cancelled("cancelled while waiting for the model"));
+            }
+        };
+        let stream = std::sync::Mutex::new(Streamer::new(ctx));
+        let armed = tokio::sync::Notify::new();
+        let lock = || stream.lock().unwrap_or_else(|e| e.into_inner());
+        let gate = &model.gate;
+        let mut on = |ev: StreamEvent<'_>| match ev {
+            StreamEvent::Text(t) if show => lock().push(OutputStream::Text, t, &armed),
+            StreamEvent::Reasoning(t) if show => lock().push(OutputStream::Reasoning, t, &armed),
+            StreamEvent::Text(_) | StreamEvent::Reasoning(_) => {}
+            StreamEvent::Retrying {
+                reason, delay, ..
+            } => {
+                lock().flush();
+                if reason == "http 429" {
+                    // Every agent on the model keeps the wait the
+                    // provider asked this one for.
+                    gate.pause(delay);
+                }
+                ctx.emit(EventKind::AgentGenerationRetried { step, reason });
+            }
+        };
+        let call = model.client.complete(req, &mut on);
+        tokio::pin!(call);
+        // Pieces wait in the streamer at most `STREAM_HOLD`: a timer armed
+        // when the first piece of a batch arrives flushes it even while the
+        // provider is silent.
+        let response = loop {
+            let due = lock().due();
+            tokio::select! {
+                r = &mut call => break r,
+                _ = ctx.cancel.cancelled() => {
+                    return Err(NodeError::cancelled("cancelled while the model answered"));
+                }
+                _ = armed.notified(), if due.is_none() => {}
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                    lock().flush();
+                }
+            }
+        };
+        lock().flush();
+        if let Ok(r) = &response {
+            permit.settle(r.usage.input_tokens + r.usage.output_tokens);
+        }
+        Ok(response)
     }
 
     /// Fails the node once it, or its run, spent more than its budget.
@@ -506,6 +693,50 @@ impl<'a> Agent<'a> {
         } else {
             Err(errors)
         }
+    }
+}
+
+/// The key of a conversation for the provider's prompt cache: the same for
+/// every step of it, across a crash and in a fork that takes it up (whose
+/// prefix is the same), and different for every other conversation, so
+/// that the provider routes its requests to where the prefix is cached.
+fn cache_key(ctx: &NodeCtx, history: &History) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(history.key_run.as_str().as_bytes());
+    h.update([0]);
+    h.update(ctx.node_id.as_str().as_bytes());
+    h.update([0]);
+    h.update(ctx.iteration.to_le_bytes());
+    h.update(history.origin.to_le_bytes());
+    format!("cairn-{}", hex::encode(&h.finalize()[..12]))
+}
+
+/// Applies a compaction the log holds to the conversation being rebuilt.
+fn replay_compaction(t: &mut Talk<'_>, strategy: &str, summary: Option<&str>) {
+    match (strategy, summary) {
+        (compact::SUMMARIZE, Some(summary)) => {
+            if let Some(cut) = compact::summary_cut(&t.convo) {
+                compact::apply_summary(&mut t.convo, &t.task, cut, summary);
+            }
+        }
+        _ => {
+            compact::truncate_tool_results(&mut t.convo);
+        }
+    }
+}
+
+/// A model's failure as the node's: retried unless no retry can mend it.
+fn model_error(model: &models::Model, e: cairn_agent::ModelError) -> NodeError {
+    let kind = e.kind.as_str();
+    let retryable = !matches!(kind, "config" | "auth" | "bad_request");
+    NodeError {
+        info: Box::new(ErrorInfo::new(
+            kind,
+            format!("model `{}`: {e}", model.client.model()),
+        )),
+        retryable,
+        cancelled: false,
     }
 }
 
@@ -553,12 +784,23 @@ fn cut(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
-/// Streams a model's text to the log in pieces of a line or a few hundred
-/// bytes, not one event per token.
+/// Longest a piece of streamed text waits before it is logged: watchers see
+/// text within this of its arrival, and a step that streams for a minute
+/// logs at most a few tens of events a second, not one per token.
+const STREAM_HOLD: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Most bytes logged as one piece: a fast model's text is cut at this size
+/// even within [`STREAM_HOLD`].
+const STREAM_PIECE: usize = 4096;
+
+/// Streams a model's text to the log in pieces gathered over
+/// [`STREAM_HOLD`] (or up to [`STREAM_PIECE`] bytes), in the order it came.
 struct Streamer<'a> {
     ctx: &'a NodeCtx,
     stream: OutputStream,
     buf: String,
+    /// When the oldest piece in `buf` arrived.
+    since: Option<tokio::time::Instant>,
 }
 
 impl<'a> Streamer<'a> {
@@ -567,21 +809,39 @@ impl<'a> Streamer<'a> {
             ctx,
             stream: OutputStream::Text,
             buf: String::new(),
+            since: None,
         }
     }
 
-    fn push(&mut self, stream: OutputStream, text: &str) {
+    /// Takes a piece; `armed` is told when it starts a batch, so that the
+    /// caller's timer is set for it.
+    fn push(&mut self, stream: OutputStream, text: &str, armed: &tokio::sync::Notify) {
         if stream != self.stream {
             self.flush();
             self.stream = stream;
         }
         self.buf.push_str(text);
-        if self.buf.len() >= 512 || text.contains('\n') {
+        let now = tokio::time::Instant::now();
+        match self.since {
+            None => {
+                self.since = Some(now);
+                armed.notify_one();
+            }
+            Some(t) if now.duration_since(t) >= STREAM_HOLD => self.flush(),
+            Some(_) => {}
+        }
+        if self.buf.len() >= STREAM_PIECE {
             self.flush();
         }
     }
 
+    /// When the text held now must be logged.
+    fn due(&self) -> Option<tokio::time::Instant> {
+        self.since.map(|t| t + STREAM_HOLD)
+    }
+
     fn flush(&mut self) {
+        self.since = None;
         if !self.buf.is_empty() {
             self.ctx.output(self.stream, &self.buf);
             self.buf.clear();

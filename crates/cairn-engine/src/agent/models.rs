@@ -2,15 +2,36 @@
 
 use std::sync::Arc;
 
-use cairn_agent::{ModelClient, Script};
+use cairn_agent::{Gate, ModelClient, Script};
 use cairn_events::ErrorInfo;
 use cairn_workflow::{AgentSpec, ModelConfig, Workflow};
 
 use crate::node::{NodeCtx, NodeError};
 
-/// The client of the model an agent node names.
-pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Arc<dyn ModelClient>, NodeError> {
-    let name = spec.model.as_deref().unwrap_or_default();
+/// A model as an agent step calls it: its client, the budget it shares
+/// with every agent of the process, and what the step needs of its
+/// settings.
+pub(super) struct Model {
+    /// Its name in the workflow's `models:`.
+    pub name: String,
+    pub client: Arc<dyn ModelClient>,
+    pub gate: Arc<Gate>,
+    /// The most tokens one request may hold, when known.
+    pub context_window: Option<u64>,
+    /// The most tokens of one answer, when set.
+    pub max_tokens: Option<u32>,
+    /// The models asked instead when this one's retries ran out.
+    pub fallback: Vec<String>,
+}
+
+/// The model an agent node names.
+pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Model, NodeError> {
+    model(ctx, spec.model.as_deref().unwrap_or_default())
+}
+
+/// The model of the workflow named `name`, its key read from the secret
+/// it names, if any.
+pub(super) fn model(ctx: &NodeCtx, name: &str) -> Result<Model, NodeError> {
     let def = ctx.workflow.models.get(name).ok_or_else(|| {
         NodeError::fatal(
             "config",
@@ -31,13 +52,21 @@ pub(super) fn client(ctx: &NodeCtx, spec: &AgentSpec) -> Result<Arc<dyn ModelCli
         }
         None => def,
     };
-    cairn_agent::client_for(def, script).map_err(|e| NodeError {
+    let client = cairn_agent::client_for(def, script).map_err(|e| NodeError {
         info: Box::new(ErrorInfo::new(
             e.kind.as_str(),
             format!("model `{name}`: {e}"),
         )),
         retryable: e.kind.retryable(),
         cancelled: false,
+    })?;
+    Ok(Model {
+        name: name.to_string(),
+        client,
+        gate: cairn_agent::gate_for(def),
+        context_window: def.context_window.or_else(|| def.builtin_context_window()),
+        max_tokens: def.max_tokens,
+        fallback: def.fallback.clone(),
     })
 }
 

@@ -243,6 +243,8 @@ impl Reading {
             | K::InputReceived { .. }
             | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
+            | K::AgentContextCompacted { .. }
+            | K::AgentWaiting { .. }
             | K::AgentEvent { .. }
             | K::TokenUsageReported { .. }
             | K::ToolCallStarted { .. }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use super::{is_node_id, join, Cx, Fields};
 use crate::yaml::{Node, Yaml};
-use cairn_models::{ModelConfig, Price, ProviderKind, WireFormat, PROVIDERS};
+use cairn_models::{Limits, ModelConfig, Price, ProviderKind, WireFormat, PROVIDERS};
 
 pub(super) const MODEL_FIELDS: &[&str] = &[
     "provider",
@@ -19,6 +19,12 @@ pub(super) const MODEL_FIELDS: &[&str] = &[
     "retry",
     "price",
     "script",
+    "prompt_cache",
+    "context_window",
+    "max_concurrency",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "fallback",
 ];
 pub(super) const PRICE_FIELDS: &[&str] = &["input", "output", "cache_read", "cache_write"];
 
@@ -56,7 +62,38 @@ impl Cx {
                 out.insert(name, def);
             }
         }
+        self.check_fallbacks(entries, &out);
         out
+    }
+
+    /// Each `fallback` names another model of the file.
+    fn check_fallbacks(&mut self, entries: &[(Node, Node)], models: &BTreeMap<String, ModelConfig>) {
+        for (k, v) in entries {
+            let name = k.key_text();
+            let Some(def) = models.get(&name) else {
+                continue;
+            };
+            let Yaml::Map(fields) = &v.value else {
+                continue;
+            };
+            let Some((_, list)) = fields.iter().find(|(fk, _)| fk.key_text() == "fallback") else {
+                continue;
+            };
+            let items: Vec<&Node> = match &list.value {
+                Yaml::Seq(items) => items.iter().collect(),
+                _ => vec![list],
+            };
+            for (i, other) in def.fallback.iter().enumerate() {
+                let pos = items.get(i).map_or(list.pos, |n| n.pos);
+                let field = format!("{}[{i}]", join(&join("models", &name), "fallback"));
+                if *other == name {
+                    self.at(pos, Some(&field), format!("model `{name}` cannot be its own fallback"));
+                } else if !models.contains_key(other) {
+                    let hint = unknown_model_hint(models);
+                    self.at(pos, Some(&field), format!("no model named `{other}`{hint}"));
+                }
+            }
+        }
     }
 
     fn model(&mut self, node: &Node, field: &str, name: &str) -> Option<ModelConfig> {
@@ -111,6 +148,23 @@ impl Cx {
             .get("retry")
             .and_then(|(_, v)| self.retry(v, &join(field, "retry")));
         let price = self.model_price(field, &f)?;
+        let prompt_cache = f
+            .get("prompt_cache")
+            .and_then(|(_, v)| self.bool(v, &join(field, "prompt_cache")));
+        let count = |cx: &mut Cx, key: &str, min: i64| {
+            f.get(key).and_then(|(_, v)| cx.uint(v, &join(field, key), min))
+        };
+        let context_window = count(self, "context_window", 256);
+        let limits = Limits {
+            max_concurrency: count(self, "max_concurrency", 1).map(|n| n.min(u32::MAX as u64) as u32),
+            requests_per_minute: count(self, "requests_per_minute", 1)
+                .map(|n| n.min(u32::MAX as u64) as u32),
+            tokens_per_minute: count(self, "tokens_per_minute", 1),
+        };
+        let fallback = match f.get("fallback") {
+            Some((_, v)) => self.model_names(v, &join(field, "fallback"))?,
+            None => Vec::new(),
+        };
         Some(ModelConfig {
             provider,
             model,
@@ -125,7 +179,32 @@ impl Cx {
             retry,
             price,
             script,
+            prompt_cache,
+            context_window,
+            limits,
+            fallback,
         })
+    }
+
+    /// A list of model names (one name alone is a list of one).
+    fn model_names(&mut self, node: &Node, field: &str) -> Option<Vec<String>> {
+        let items: Vec<&Node> = match &node.value {
+            Yaml::Seq(items) => items.iter().collect(),
+            Yaml::Str(_) => vec![node],
+            other => {
+                self.at(
+                    node.pos,
+                    Some(field),
+                    format!("expected a list of model names, found {}", other.type_name()),
+                );
+                return None;
+            }
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| self.string(item, &format!("{field}[{i}]")))
+            .collect()
     }
 
     /// The model's `provider`, which is required and must be one Cairn knows.
