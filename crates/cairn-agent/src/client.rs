@@ -47,7 +47,8 @@ pub enum StreamEvent<'a> {
 /// A model, as the agent loop calls it.
 #[async_trait]
 pub trait ModelClient: Send + Sync {
-    /// The provider's name: `openai`, `anthropic` or `scripted`.
+    /// The provider's name as workflows write it: `openai`, `anthropic`,
+    /// `gemini`, ...
     fn provider(&self) -> &'static str;
 
     /// The model's id.
@@ -81,6 +82,13 @@ pub fn client_for(
             config,
             key(config)?,
         )?)),
+        WireFormat::Responses => Ok(Arc::new(crate::openai_responses::OpenAiResponses::new(
+            config,
+            key(config)?,
+        )?)),
+        WireFormat::GenerateContent => {
+            Ok(Arc::new(crate::gemini::Gemini::new(config, key(config)?)?))
+        }
     }
 }
 

@@ -229,6 +229,14 @@ pub(crate) trait Decoder: Default {
         on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
     ) -> Result<bool, ModelError>;
 
+    /// Whether the body ending here ends the answer properly. A format
+    /// with an end event says no (the default): a body that stops before
+    /// it was cut. One without (Gemini's) says yes once it saw what a
+    /// whole answer carries last.
+    fn at_eof(&self) -> bool {
+        false
+    }
+
     /// The whole answer.
     fn finish(self, config: &ModelConfig) -> Result<ModelResponse, ModelError>;
 }
@@ -261,6 +269,9 @@ pub(crate) async fn call_sse<D: Decoder>(
                     return answer.finish(config);
                 }
             }
+        }
+        if answer.at_eof() {
+            return answer.finish(config);
         }
         Err(ModelError::new(
             ModelErrorKind::Interrupted,
@@ -322,9 +333,14 @@ async fn error_body(resp: reqwest::Response, key: &str) -> String {
         }
     }
     let text = String::from_utf8_lossy(&buf);
-    // The provider's own message, when it sends the usual JSON.
+    // The provider's own message, when it sends the usual JSON (Google's
+    // APIs may wrap it in an array).
     let msg = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
+        .map(|v| match v {
+            serde_json::Value::Array(mut a) if !a.is_empty() => a.swap_remove(0),
+            v => v,
+        })
         .and_then(|v| {
             v["error"]["message"]
                 .as_str()

@@ -5,12 +5,17 @@
 //! model's [`AssistantMessage`]s and the tools' results) and asks a
 //! [`ModelClient`] for the next message; the client streams the text and
 //! reasoning to a callback ([`StreamEvent`]) and returns the whole message
-//! with its [`Usage`], [`FinishReason`] and cost. Three providers:
+//! with its [`Usage`], [`FinishReason`] and cost. Five providers, in four
+//! wire formats and a script:
 //!
 //! - [`openai`]: Chat Completions, as OpenAI, vLLM, Ollama, llama.cpp's
 //!   server and OpenRouter speak it;
+//! - [`openai_responses`]: OpenAI's Responses API, stateless, reasoning
+//!   items sent back with their encrypted content;
 //! - [`anthropic`]: the Messages API, thinking blocks and their signatures
 //!   sent back as the API requires;
+//! - [`gemini`]: Google's Gemini API, parts sent back with their thought
+//!   signatures;
 //! - [`scripted`]: a file of turns, for demos and tests.
 //!
 //! Before an answer begins, a call is retried on 429, 5xx and dropped or
@@ -27,10 +32,12 @@ pub mod anthropic;
 mod client;
 mod config;
 mod error;
+pub mod gemini;
 mod http;
 pub mod limits;
 mod message;
 pub mod openai;
+pub mod openai_responses;
 mod price;
 pub mod scripted;
 pub mod sse;

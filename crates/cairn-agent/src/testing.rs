@@ -1,7 +1,7 @@
 //! A fake model provider for tests: a real HTTP server on 127.0.0.1 that
 //! answers each request with the next reply of a queue (a status, headers
 //! and body chunks with delays, or silence), and records every request.
-//! It speaks whatever the replies say, so one server serves both wire
+//! It speaks whatever the replies say, so one server serves every wire
 //! formats.
 
 use std::collections::VecDeque;
@@ -134,6 +134,8 @@ impl Reply {
 pub struct Recorded {
     /// Its path.
     pub path: String,
+    /// Its query string, without the `?` (empty when none).
+    pub query: String,
     /// Its headers, lower-case names.
     pub headers: Vec<(String, String)>,
     /// Its body as JSON (`Null` when not JSON).
@@ -220,6 +222,7 @@ impl FakeProvider {
 
 async fn serve(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
     let headers = req
         .headers()
         .iter()
@@ -230,6 +233,7 @@ async fn serve(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         .unwrap_or_default();
     let recorded = Recorded {
         path,
+        query,
         headers,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     };

@@ -8,6 +8,10 @@ pub enum ProviderKind {
     OpenAi,
     /// Anthropic's Messages.
     Anthropic,
+    /// OpenAI's Responses, with reasoning items sent back statelessly.
+    OpenAiResponses,
+    /// Google's Gemini API (`streamGenerateContent`).
+    Gemini,
     /// Replays a file of turns: demos and tests.
     Scripted,
 }
@@ -21,6 +25,10 @@ pub enum WireFormat {
     ChatCompletions,
     /// Anthropic's Messages, streamed.
     Messages,
+    /// OpenAI's Responses, streamed.
+    Responses,
+    /// Google's `streamGenerateContent`, as server-sent events.
+    GenerateContent,
     /// No wire: turns read from a file.
     Script,
 }
@@ -28,10 +36,13 @@ pub enum WireFormat {
 impl WireFormat {
     /// Whether the usage a call reports counts the tokens read from the
     /// prompt cache inside its input tokens (OpenAI's) rather than beside
-    /// them (Anthropic's).
+    /// them (Anthropic's). Gemini's `promptTokenCount` includes its
+    /// `cachedContentTokenCount`, as OpenAI's do.
     pub fn cache_in_input(self) -> bool {
         match self {
-            WireFormat::ChatCompletions => true,
+            WireFormat::ChatCompletions | WireFormat::Responses | WireFormat::GenerateContent => {
+                true
+            }
             WireFormat::Messages | WireFormat::Script => false,
         }
     }
@@ -77,7 +88,7 @@ pub struct Provider {
 }
 
 /// Every provider, in the order messages list them.
-pub static PROVIDERS: &[&Provider] = &[&ANTHROPIC, &OPENAI, &SCRIPTED];
+pub static PROVIDERS: &[&Provider] = &[&ANTHROPIC, &GEMINI, &OPENAI, &OPENAI_RESPONSES, &SCRIPTED];
 
 static ANTHROPIC: Provider = Provider {
     kind: ProviderKind::Anthropic,
@@ -132,7 +143,57 @@ static OPENAI_WINDOWS: &[(&str, u64)] = &[
     ("o1", 200_000),
     ("o3", 200_000),
     ("o4-mini", 200_000),
+    ("codex-mini", 200_000),
 ];
+
+static OPENAI_RESPONSES: Provider = Provider {
+    kind: ProviderKind::OpenAiResponses,
+    name: "openai-responses",
+    also_for: None,
+    wire: WireFormat::Responses,
+    key_env: Some("OPENAI_API_KEY"),
+    base_url: Some("https://api.openai.com/v1"),
+    prices_url: Some("https://openai.com/api/pricing/"),
+    // The same models as Chat Completions at the same prices, and those
+    // only the Responses API serves or that Cairn lists here first.
+    prices: &[
+        ("gpt-4o-mini", 0.15, 0.60, 0.075, 0.0),
+        ("gpt-4o", 2.50, 10.0, 1.25, 0.0),
+        ("gpt-4.1-nano", 0.10, 0.40, 0.025, 0.0),
+        ("gpt-4.1-mini", 0.40, 1.60, 0.10, 0.0),
+        ("gpt-4.1", 2.0, 8.0, 0.50, 0.0),
+        ("gpt-5-nano", 0.05, 0.40, 0.005, 0.0),
+        ("gpt-5-mini", 0.25, 2.0, 0.025, 0.0),
+        ("gpt-5", 1.25, 10.0, 0.125, 0.0),
+        ("gpt-5.1", 1.25, 10.0, 0.125, 0.0),
+        ("o4-mini", 1.10, 4.40, 0.275, 0.0),
+        ("o3-mini", 1.10, 4.40, 0.55, 0.0),
+        ("o3", 2.0, 8.0, 0.50, 0.0),
+        ("o1-mini", 1.10, 4.40, 0.55, 0.0),
+        ("o1", 15.0, 60.0, 7.50, 0.0),
+        ("codex-mini", 1.50, 6.0, 0.375, 0.0),
+    ],
+    windows: OPENAI_WINDOWS,
+};
+
+static GEMINI: Provider = Provider {
+    kind: ProviderKind::Gemini,
+    name: "gemini",
+    also_for: None,
+    wire: WireFormat::GenerateContent,
+    key_env: Some("GEMINI_API_KEY"),
+    base_url: Some("https://generativelanguage.googleapis.com"),
+    prices_url: Some("https://ai.google.dev/gemini-api/docs/pricing"),
+    // Prompts up to 200k tokens (2.5 Pro costs more past them); cache
+    // reads only, since an implicit cache costs nothing to write.
+    prices: &[
+        ("gemini-2.5-pro", 1.25, 10.0, 0.31, 0.0),
+        ("gemini-2.5-flash", 0.30, 2.50, 0.075, 0.0),
+        ("gemini-2.5-flash-lite", 0.10, 0.40, 0.025, 0.0),
+        ("gemini-2.0-flash", 0.10, 0.40, 0.025, 0.0),
+    ],
+    windows: &[("gemini-", 1_048_576)],
+};
 
 static SCRIPTED: Provider = Provider {
     kind: ProviderKind::Scripted,
@@ -152,6 +213,8 @@ impl ProviderKind {
         match self {
             ProviderKind::OpenAi => &OPENAI,
             ProviderKind::Anthropic => &ANTHROPIC,
+            ProviderKind::OpenAiResponses => &OPENAI_RESPONSES,
+            ProviderKind::Gemini => &GEMINI,
             ProviderKind::Scripted => &SCRIPTED,
         }
     }
@@ -231,5 +294,30 @@ mod tests {
         );
         assert!(builtin_price(ProviderKind::OpenAi, "qwen2.5-coder").is_none());
         assert!(builtin_price(ProviderKind::Scripted, "gpt-4o").is_none());
+    }
+
+    #[test]
+    fn the_new_wire_formats_price_their_families() {
+        let r = |m| builtin_price(ProviderKind::OpenAiResponses, m).unwrap();
+        assert_eq!(r("gpt-5.1-2025-11-13").input, 1.25);
+        assert_eq!(r("o1-2024-12-17").output, 60.0);
+        assert_eq!(r("o1-mini").input, 1.10);
+        assert_eq!(r("gpt-4o").cache_read, 1.25);
+        let g = |m| builtin_price(ProviderKind::Gemini, m).unwrap();
+        assert_eq!(g("gemini-2.5-flash-lite-preview-06-17").input, 0.10);
+        assert_eq!(g("gemini-2.5-flash").input, 0.30);
+        assert_eq!(g("models/gemini-2.5-pro").cache_read, 0.31);
+        assert!(builtin_price(ProviderKind::Gemini, "gemma-3").is_none());
+        for p in [ProviderKind::OpenAiResponses, ProviderKind::Gemini] {
+            assert!(p.def().wire.cache_in_input(), "{}", p.as_str());
+        }
+        assert_eq!(
+            ProviderKind::parse("openai-responses"),
+            Some(ProviderKind::OpenAiResponses)
+        );
+        assert_eq!(
+            ProviderKind::Gemini.default_key_env(),
+            Some("GEMINI_API_KEY")
+        );
     }
 }
