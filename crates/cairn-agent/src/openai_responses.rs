@@ -135,7 +135,7 @@ impl OpenAiResponses {
         if let Some(t) = self.config.temperature {
             body["temperature"] = json!(t);
         }
-        if let Some(k) = req.cache_key {
+        if let (true, Some(k)) = (self.config.prompt_cache_on(), req.cache_key) {
             body["prompt_cache_key"] = json!(k);
         }
         body

@@ -449,9 +449,20 @@ async fn anthropic_thinking_tools_and_cumulative_usage() {
     assert_eq!(req.path, "/v1/messages");
     assert_eq!(req.header("x-api-key"), Some(KEY));
     assert_eq!(req.header("anthropic-version"), Some("2023-06-01"));
-    assert_eq!(req.body["system"], "Be brief.");
+    // Prompt caching: breakpoints on the system prompt, the last tool and
+    // the last message.
+    let ephemeral = json!({"type": "ephemeral"});
+    assert_eq!(
+        req.body["system"],
+        json!([{"type": "text", "text": "Be brief.", "cache_control": ephemeral}])
+    );
     assert_eq!(req.body["max_tokens"], 8192);
     assert_eq!(req.body["tools"][0]["input_schema"]["type"], "object");
+    assert_eq!(req.body["tools"][0]["cache_control"], ephemeral);
+    assert_eq!(
+        req.body["messages"][0]["content"],
+        json!([{"type": "text", "text": "Read a.txt", "cache_control": ephemeral}])
+    );
 
     // The next request carries the thinking block with its signature first.
     server.push(Reply::named_sse(vec![
@@ -490,6 +501,26 @@ async fn anthropic_thinking_tools_and_cumulative_usage() {
     let results = &body["messages"][2]["content"];
     assert_eq!(results[1]["is_error"], true);
     assert_eq!(results[0]["tool_use_id"], "toolu_1");
+    // The second step reads what the first cached (its last message is
+    // still marked) and marks its own end for the third; nothing else.
+    assert_eq!(body["messages"][0]["content"][0]["cache_control"], ephemeral);
+    assert_eq!(results[1]["cache_control"], ephemeral);
+    assert!(results[0].get("cache_control").is_none());
+    let marks = body.to_string().matches("\"cache_control\"").count();
+    assert_eq!(marks, 4, "the API allows four breakpoints");
+    // Without prompt caching, no marks and the system prompt as text.
+    let mut off = c.clone();
+    off.prompt_cache = Some(false);
+    let plain = cairn_agent::anthropic::Anthropic::new(&off, KEY.into()).unwrap();
+    let tools = tools();
+    let req = ModelRequest {
+        conversation: &next,
+        tools: &tools,
+        cache_key: Some("k"),
+    };
+    let body = plain.body(&req);
+    assert_eq!(body["system"], "Be brief.");
+    assert!(!body.to_string().contains("cache_control"));
 }
 
 #[tokio::test]
@@ -1339,4 +1370,23 @@ fn the_new_providers_read_their_keys_from_their_variables() {
         assert_eq!(e.kind, ModelErrorKind::Auth);
         assert_eq!(p.default_key_env(), Some(var));
     }
+}
+
+#[tokio::test]
+async fn openai_requests_carry_the_conversations_cache_key() {
+    let server = FakeProvider::start().await;
+    let c = config(ProviderKind::OpenAi, &server);
+    let tools = tools();
+    let conversation = convo();
+    let req = ModelRequest {
+        conversation: &conversation,
+        tools: &tools,
+        cache_key: Some("cairn-0123"),
+    };
+    let on = cairn_agent::openai::OpenAi::new(&c, KEY.into()).unwrap();
+    assert_eq!(on.body(&req)["prompt_cache_key"], "cairn-0123");
+    let mut off = c.clone();
+    off.prompt_cache = Some(false);
+    let off = cairn_agent::openai::OpenAi::new(&off, KEY.into()).unwrap();
+    assert!(off.body(&req).get("prompt_cache_key").is_none());
 }
