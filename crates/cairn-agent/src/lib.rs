@@ -45,8 +45,8 @@ pub mod sse;
 pub mod testing;
 
 pub use cairn_models::{
-    builtin_price, Backoff, Limits, ModelConfig, Price, Provider, ProviderKind, RetryPolicy, WireFormat,
-    PROVIDERS,
+    builtin_price, Backoff, Limits, ModelConfig, Price, Provider, ProviderKind, RetryPolicy,
+    WireFormat, PROVIDERS,
 };
 pub use client::{client_for, ModelClient, ModelRequest, StreamEvent};
 pub use config::{DEFAULT_IDLE_TIMEOUT, DEFAULT_RETRY};

@@ -79,14 +79,23 @@ impl Windows {
         while self.starts.front().is_some_and(|t| now >= *t + WINDOW) {
             self.starts.pop_front();
         }
-        while self.tokens.front().is_some_and(|(t, ..)| now >= *t + WINDOW) {
+        while self
+            .tokens
+            .front()
+            .is_some_and(|(t, ..)| now >= *t + WINDOW)
+        {
             self.tokens.pop_front();
         }
     }
 
     /// How long a call of `estimate` tokens must wait, and why; `None`
     /// when it may begin now.
-    fn wait(&mut self, limits: &Limits, estimate: u64, now: Instant) -> Option<(WaitReason, Duration)> {
+    fn wait(
+        &mut self,
+        limits: &Limits,
+        estimate: u64,
+        now: Instant,
+    ) -> Option<(WaitReason, Duration)> {
         self.expire(now);
         if let Some(until) = self.paused_until.filter(|u| *u > now) {
             return Some((WaitReason::RequestsPerMinute, until - now));

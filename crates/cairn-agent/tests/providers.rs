@@ -503,7 +503,10 @@ async fn anthropic_thinking_tools_and_cumulative_usage() {
     assert_eq!(results[0]["tool_use_id"], "toolu_1");
     // The second step reads what the first cached (its last message is
     // still marked) and marks its own end for the third; nothing else.
-    assert_eq!(body["messages"][0]["content"][0]["cache_control"], ephemeral);
+    assert_eq!(
+        body["messages"][0]["content"][0]["cache_control"],
+        ephemeral
+    );
     assert_eq!(results[1]["cache_control"], ephemeral);
     assert!(results[0].get("cache_control").is_none());
     let marks = body.to_string().matches("\"cache_control\"").count();

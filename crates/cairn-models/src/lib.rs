@@ -15,7 +15,9 @@
 mod providers;
 mod retry;
 
-pub use providers::{builtin_price, builtin_window, Price, Provider, ProviderKind, WireFormat, PROVIDERS};
+pub use providers::{
+    builtin_price, builtin_window, Price, Provider, ProviderKind, WireFormat, PROVIDERS,
+};
 pub use retry::{Backoff, RetryPolicy, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_MAX_DELAY};
 
 use std::time::Duration;

@@ -98,8 +98,14 @@ pub(super) fn transcript(convo: &Conversation, task: &str, cut: usize, max_bytes
     const EACH: usize = 4096;
     let mut parts: Vec<String> = Vec::new();
     if let Some(Message::User { text }) = convo.messages.first() {
-        if let Some(earlier) = text.strip_prefix(task).and_then(|r| r.strip_prefix(SUMMARY_MARK)) {
-            parts.push(format!("[summary of what came before]\n{}", clip(earlier, EACH * 2)));
+        if let Some(earlier) = text
+            .strip_prefix(task)
+            .and_then(|r| r.strip_prefix(SUMMARY_MARK))
+        {
+            parts.push(format!(
+                "[summary of what came before]\n{}",
+                clip(earlier, EACH * 2)
+            ));
         }
     }
     for m in &convo.messages[1..cut] {
@@ -234,13 +240,18 @@ mod tests {
         assert!(text.contains("step 0") && text.contains("step 2") && !text.contains("step 3"));
         apply_summary(&mut c, "task", cut, "S1");
         assert_eq!(c.messages.len(), 1 + 2 * 2);
-        assert!(matches!(&c.messages[1], Message::Assistant(a) if a.text.as_deref() == Some("step 3")));
+        assert!(
+            matches!(&c.messages[1], Message::Assistant(a) if a.text.as_deref() == Some("step 3"))
+        );
         // Nothing older than the kept turns: no second summary yet.
         assert_eq!(summary_cut(&c), None);
         c.messages.extend(turn(5, "y"));
         let cut = summary_cut(&c).unwrap();
         let text = transcript(&c, "task", cut, 1 << 20);
-        assert!(text.starts_with("[summary of what came before]\nS1"), "{text}");
+        assert!(
+            text.starts_with("[summary of what came before]\nS1"),
+            "{text}"
+        );
         apply_summary(&mut c, "task", cut, "S2");
         let Message::User { text } = &c.messages[0] else {
             panic!()
@@ -250,7 +261,11 @@ mod tests {
         let big = convo(30, &"z".repeat(3000));
         let cut = summary_cut(&big).unwrap();
         let t = transcript(&big, "task", cut, 10_000);
-        assert!(t.len() <= 10_100 && t.starts_with('[') && t.contains("step 27"), "{}", t.len());
+        assert!(
+            t.len() <= 10_100 && t.starts_with('[') && t.contains("step 27"),
+            "{}",
+            t.len()
+        );
     }
 
     #[test]

@@ -26,9 +26,7 @@ mod toolbox;
 
 use std::sync::Mutex;
 
-use cairn_agent::{
-    AssistantMessage, Conversation, Message, ModelRequest, StreamEvent, ToolResult,
-};
+use cairn_agent::{AssistantMessage, Conversation, Message, ModelRequest, StreamEvent, ToolResult};
 use cairn_events::{ErrorInfo, EventKind, OutputStream};
 use cairn_workflow::AgentSpec;
 use serde_json::{json, Value};
@@ -324,7 +322,12 @@ impl<'a> Agent<'a> {
 
     /// Asks the model for a summary of the turns before `cut`; its usage
     /// is reported and counted like a step's, its text not streamed.
-    async fn summarize(&self, t: &mut Talk<'_>, cut: usize, budget: u64) -> Result<String, NodeError> {
+    async fn summarize(
+        &self,
+        t: &mut Talk<'_>,
+        cut: usize,
+        budget: u64,
+    ) -> Result<String, NodeError> {
         let max_bytes = usize::try_from(budget.saturating_mul(3)).unwrap_or(usize::MAX);
         let convo = Conversation {
             system: Some(compact::SUMMARY_SYSTEM.to_string()),
@@ -351,7 +354,10 @@ impl<'a> Agent<'a> {
             Some(s) => Ok(s),
             None => Err(NodeError::new(
                 "context",
-                format!("model `{}` answered the request for a summary with no text", model.name),
+                format!(
+                    "model `{}` answered the request for a summary with no text",
+                    model.name
+                ),
             )),
         }
     }
@@ -617,9 +623,7 @@ impl<'a> Agent<'a> {
             StreamEvent::Text(t) if show => lock().push(OutputStream::Text, t, &armed),
             StreamEvent::Reasoning(t) if show => lock().push(OutputStream::Reasoning, t, &armed),
             StreamEvent::Text(_) | StreamEvent::Reasoning(_) => {}
-            StreamEvent::Retrying {
-                reason, delay, ..
-            } => {
+            StreamEvent::Retrying { reason, delay, .. } => {
                 lock().flush();
                 if reason == "http 429" {
                     // Every agent on the model keeps the wait the

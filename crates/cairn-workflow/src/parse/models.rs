@@ -67,7 +67,11 @@ impl Cx {
     }
 
     /// Each `fallback` names another model of the file.
-    fn check_fallbacks(&mut self, entries: &[(Node, Node)], models: &BTreeMap<String, ModelConfig>) {
+    fn check_fallbacks(
+        &mut self,
+        entries: &[(Node, Node)],
+        models: &BTreeMap<String, ModelConfig>,
+    ) {
         for (k, v) in entries {
             let name = k.key_text();
             let Some(def) = models.get(&name) else {
@@ -87,7 +91,11 @@ impl Cx {
                 let pos = items.get(i).map_or(list.pos, |n| n.pos);
                 let field = format!("{}[{i}]", join(&join("models", &name), "fallback"));
                 if *other == name {
-                    self.at(pos, Some(&field), format!("model `{name}` cannot be its own fallback"));
+                    self.at(
+                        pos,
+                        Some(&field),
+                        format!("model `{name}` cannot be its own fallback"),
+                    );
                 } else if !models.contains_key(other) {
                     let hint = unknown_model_hint(models);
                     self.at(pos, Some(&field), format!("no model named `{other}`{hint}"));
@@ -152,11 +160,13 @@ impl Cx {
             .get("prompt_cache")
             .and_then(|(_, v)| self.bool(v, &join(field, "prompt_cache")));
         let count = |cx: &mut Cx, key: &str, min: i64| {
-            f.get(key).and_then(|(_, v)| cx.uint(v, &join(field, key), min))
+            f.get(key)
+                .and_then(|(_, v)| cx.uint(v, &join(field, key), min))
         };
         let context_window = count(self, "context_window", 256);
         let limits = Limits {
-            max_concurrency: count(self, "max_concurrency", 1).map(|n| n.min(u32::MAX as u64) as u32),
+            max_concurrency: count(self, "max_concurrency", 1)
+                .map(|n| n.min(u32::MAX as u64) as u32),
             requests_per_minute: count(self, "requests_per_minute", 1)
                 .map(|n| n.min(u32::MAX as u64) as u32),
             tokens_per_minute: count(self, "tokens_per_minute", 1),
@@ -195,7 +205,10 @@ impl Cx {
                 self.at(
                     node.pos,
                     Some(field),
-                    format!("expected a list of model names, found {}", other.type_name()),
+                    format!(
+                        "expected a list of model names, found {}",
+                        other.type_name()
+                    ),
                 );
                 return None;
             }
