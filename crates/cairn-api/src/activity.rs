@@ -58,6 +58,14 @@ pub struct ActivityEntry {
     /// The child run a `delegation` entry started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_run_id: Option<RunId>,
+    /// What the action was about: the file, the command, the pattern, the
+    /// child run's workflow, the question, a tool's arguments (cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// For an agent's action, the first line of what the model thought (or
+    /// said) in the step that asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// The parent run and node of a child run's entry.
@@ -90,6 +98,8 @@ impl From<cairn_events::Activity> for ActivityEntry {
             updated_seq,
             error,
             child_run_id,
+            detail,
+            reasoning,
         } = a;
         ActivityEntry {
             id,
@@ -110,6 +120,8 @@ impl From<cairn_events::Activity> for ActivityEntry {
             updated_seq,
             error,
             child_run_id,
+            detail,
+            reasoning,
         }
     }
 }

@@ -312,6 +312,8 @@ fn entry(full: bool) -> ActivityEntry {
         updated_seq: 4,
         error: some("exit 1"),
         child_run_id: Some(rid("c1")),
+        detail: some("make"),
+        reasoning: some("The build is stale."),
     }
 }
 

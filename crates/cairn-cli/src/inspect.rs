@@ -331,6 +331,9 @@ fn render_activity(entries: &[ActivityEntry]) -> String {
             e.node_id.as_deref().unwrap_or(""),
             e.title,
         ));
+        if let Some(why) = &e.reasoning {
+            out.push_str(&format!("{indent}{:>10}why: {why}\n", ""));
+        }
         if let Some(err) = &e.error {
             out.push_str(&format!(
                 "{indent}{:>10}{}\n",

@@ -117,6 +117,16 @@ fn the_readme_tour_then_daily_use() {
     assert!(says(&asked).contains("asks:"), "{}", says(&asked));
     expect_code(&cairn_in(here, &["answer", "ag", "yes"]), 0);
     expect_code(&cairn_in(here, &["resume", "ag"]), 0);
+    // The agent's activity says what each action was about, and why.
+    let story = cairn_in(here, &["activity", "ag"]);
+    expect_code(&story, 0);
+    for told in [
+        "Read work/README.md (fix)",
+        "Searched for `Helo` in work (fix)",
+        "why: The task names the file; the README may say how it is run.",
+    ] {
+        assert!(says(&story).contains(told), "{told}: {}", says(&story));
+    }
     expect_code(
         &cairn_in(
             here,

@@ -74,6 +74,14 @@ pub struct Activity {
     /// in a tree's view.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub child_run_id: Option<RunId>,
+    /// What the action was about: the file, the command, the pattern, the
+    /// child run's workflow, the question, the tool's arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// For an agent's action, the first line of what the model thought or
+    /// said in the step that asked for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// The Activity view of a whole log.
@@ -119,6 +127,11 @@ pub struct ActivityFolder {
     questions: HashMap<String, usize>,
     /// Open delegations by child run id.
     delegations: HashMap<RunId, usize>,
+    /// The tool calls an agent's latest step asked for, not started yet,
+    /// by attempt: where a call's entry finds its arguments.
+    asked: HashMap<AttemptKey, Vec<(String, String)>>,
+    /// The first line of each agent attempt's latest step's reasoning.
+    thought: HashMap<AttemptKey, String>,
 }
 
 impl ActivityFolder {
@@ -198,6 +211,8 @@ impl ActivityFolder {
             updated_seq: ev.seq.get(),
             error: None,
             child_run_id: None,
+            detail: None,
+            reasoning: None,
         });
         self.entries.len() - 1
     }
@@ -265,6 +280,7 @@ impl ActivityFolder {
                 tool_seq,
                 ..
             } => self.tool_started(ev, tool_name, *tool_seq),
+            K::AgentStepFinished { message, .. } => self.step_finished(ev, message),
             K::ToolCallFinished {
                 tool_seq,
                 status,
@@ -328,7 +344,6 @@ impl ActivityFolder {
             | K::NodeWaitingApproval {}
             | K::NodeWaitingInput { .. }
             | K::AgentStepStarted { .. }
-            | K::AgentStepFinished { .. }
             | K::AgentGenerationRetried { .. }
             | K::AgentContextCompacted { .. }
             | K::AgentWaiting { .. }
@@ -406,6 +421,7 @@ impl ActivityFolder {
             return;
         };
         let started = self.attempts.remove(&key);
+        self.forget_steps(&key);
         if let Some(idx) = self.commands.remove(&key) {
             self.close(idx, ev, "success", None);
             return;
@@ -425,6 +441,7 @@ impl ActivityFolder {
             return;
         };
         self.attempts.remove(&key);
+        self.forget_steps(&key);
         if let Some(idx) = self.commands.remove(&key) {
             self.close(idx, ev, "error", Some(message.to_string()));
         }
@@ -448,6 +465,7 @@ impl ActivityFolder {
             .collect();
         for key in keys {
             self.attempts.remove(&key);
+            self.forget_steps(&key);
             if let Some(idx) = self.commands.remove(&key) {
                 self.close(idx, ev, "cancelled", None);
             }
@@ -465,10 +483,60 @@ impl ActivityFolder {
         if let Some(a) = self.attempts.get_mut(&key) {
             a.2 = true;
         }
-        let (kind, title) = tool_story(tool_name, &key.0);
+        // The call's arguments, from the step that asked for it (calls of
+        // one name start in the model's order).
+        let args = self.asked.get_mut(&key).and_then(|asked| {
+            let i = asked.iter().position(|(name, _)| name == tool_name)?;
+            Some(asked.remove(i).1)
+        });
+        let detail = args.as_deref().and_then(|a| about(tool_name, a));
+        let (kind, title) = tool_story(tool_name, &key.0, detail.as_deref());
         let idx = self.push(ev, kind, title, "running");
+        self.entries[idx].detail = detail;
+        self.entries[idx].reasoning = self.thought.get(&key).cloned();
         let (node, iteration, attempt) = key;
         self.tools.insert((node, iteration, attempt, tool_seq), idx);
+    }
+
+    /// The latest reasoning of the attempt `ev` is of.
+    fn thought_of(&self, ev: &Event) -> Option<String> {
+        self.thought.get(&Self::attempt_key(ev)?).cloned()
+    }
+
+    /// An attempt ended: what was kept of its steps goes.
+    fn forget_steps(&mut self, key: &AttemptKey) {
+        self.asked.remove(key);
+        self.thought.remove(key);
+    }
+
+    /// An agent's step: the calls it asked for, and the first line of
+    /// its reasoning (or, without any, of its text).
+    fn step_finished(&mut self, ev: &Event, message: &serde_json::Value) {
+        let Some(key) = Self::attempt_key(ev) else {
+            return;
+        };
+        let calls = message["toolCalls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| {
+                        let name = c["name"].as_str().unwrap_or_default().to_string();
+                        (name, c["args"].as_str().unwrap_or_default().to_string())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.asked.insert(key.clone(), calls);
+        let line = [&message["reasoning"], &message["text"]]
+            .into_iter()
+            .filter_map(|v| v.as_str())
+            .find_map(|t| t.lines().map(str::trim).find(|l| !l.is_empty()))
+            .map(|l| clip(l, 160));
+        match line {
+            Some(l) => self.thought.insert(key, l),
+            None => self.thought.remove(&key),
+        };
     }
 
     fn tool_finished(
@@ -499,6 +567,7 @@ impl ActivityFolder {
             None => format!("Asked for approval of {node}"),
         };
         let idx = self.push(ev, "approval", title, "waiting");
+        self.entries[idx].detail = message.map(|m| clip(m, 300));
         self.waits
             .insert((node, ev.scope.iteration.unwrap_or(0)), idx);
     }
@@ -538,6 +607,8 @@ impl ActivityFolder {
             return;
         }
         let idx = self.push(ev, "input", format!("Asked for input: {prompt}"), "waiting");
+        self.entries[idx].detail = Some(clip(prompt, 300));
+        self.entries[idx].reasoning = self.thought_of(ev);
         self.questions.insert(request_id.to_string(), idx);
     }
 
@@ -565,6 +636,8 @@ impl ActivityFolder {
         let title = format!("Delegated to {agent} ({workflow}, run {child_run_id})");
         let idx = self.push(ev, "delegation", title, "running");
         self.entries[idx].child_run_id = Some(child_run_id.clone());
+        self.entries[idx].detail = Some(format!("{workflow} as run {child_run_id}"));
+        self.entries[idx].reasoning = self.thought_of(ev);
         self.delegations.insert(child_run_id.clone(), idx);
     }
 
@@ -602,6 +675,8 @@ impl ActivityFolder {
         open.extend(self.questions.drain().map(|(_, i)| i));
         open.extend(self.delegations.drain().map(|(_, i)| i));
         self.attempts.clear();
+        self.asked.clear();
+        self.thought.clear();
         for idx in open {
             if self.entries[idx].ended_ms.is_none() {
                 self.close(idx, ev, "cancelled", None);
@@ -625,15 +700,81 @@ fn strip_indices(node_id: &str) -> String {
     out
 }
 
-fn tool_story(tool: &str, node: &str) -> (&'static str, String) {
-    match tool {
-        "read" => ("file-read", format!("Read a file ({node})")),
-        "write" => ("file-written", format!("Wrote a file ({node})")),
-        "edit" => ("file-edited", format!("Edited a file ({node})")),
-        "grep" => ("search", format!("Searched files ({node})")),
-        "bash" => ("command", format!("Ran a shell command ({node})")),
-        other => ("tool", format!("Called tool {other} ({node})")),
+/// The kind and title of a tool call's entry, naming what it was about
+/// when the log says.
+fn tool_story(tool: &str, node: &str, detail: Option<&str>) -> (&'static str, String) {
+    let kind = match tool {
+        "read" => "file-read",
+        "write" => "file-written",
+        "edit" => "file-edited",
+        "grep" => "search",
+        "bash" => "command",
+        _ => "tool",
+    };
+    let title = match (tool, detail) {
+        ("read", Some(d)) => format!("Read {d} ({node})"),
+        ("write", Some(d)) => format!("Wrote {d} ({node})"),
+        ("edit", Some(d)) => format!("Edited {d} ({node})"),
+        ("grep", Some(d)) => format!("Searched for {d} ({node})"),
+        ("bash", Some(d)) => format!("Ran `{d}` ({node})"),
+        (other, Some(d)) => format!("Called tool {other}: {d} ({node})"),
+        ("read", None) => format!("Read a file ({node})"),
+        ("write", None) => format!("Wrote a file ({node})"),
+        ("edit", None) => format!("Edited a file ({node})"),
+        ("grep", None) => format!("Searched files ({node})"),
+        ("bash", None) => format!("Ran a shell command ({node})"),
+        (other, None) => format!("Called tool {other} ({node})"),
+    };
+    (kind, title)
+}
+
+/// What a call with these arguments is about, in a few words: the path,
+/// the command line, the pattern and where, the question, else the
+/// arguments themselves (cut). Arguments that are not JSON are shown as
+/// they are, cut.
+fn about(tool: &str, args: &str) -> Option<String> {
+    let Ok(serde_json::Value::Object(a)) = serde_json::from_str::<serde_json::Value>(args) else {
+        let t = args.trim();
+        return (!t.is_empty()).then(|| clip(t, 120));
+    };
+    let text = |k: &str| a.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let out = match tool {
+        "read" | "write" | "edit" => text("path"),
+        "grep" => text("pattern").map(|p| match text("path") {
+            Some(at) => format!("`{p}` in {at}"),
+            None => format!("`{p}`"),
+        }),
+        "bash" => a.get("argv").and_then(|v| v.as_array()).map(|argv| {
+            argv.iter()
+                .map(|x| {
+                    let s = x.as_str().map_or_else(|| x.to_string(), str::to_string);
+                    if s.is_empty() || s.contains(char::is_whitespace) {
+                        format!("'{s}'")
+                    } else {
+                        s
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        "ask_user" => text("question"),
+        _ => None,
+    };
+    let out = out.unwrap_or_else(|| serde_json::Value::Object(a).to_string());
+    (!out.is_empty()).then(|| clip(&out, 160))
+}
+
+/// At most `max` bytes of one line of `s`, cut at a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    let s = s.replace(['\n', '\r'], " ");
+    if s.len() <= max {
+        return s;
     }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 fn human_ms(ms: u64) -> String {
@@ -836,6 +977,86 @@ mod tests {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), story.len(), "ids are unique");
+    }
+
+    #[test]
+    fn an_agents_calls_say_what_they_were_about_and_why() {
+        let call = |seq, tool: &str, n| {
+            ev(
+                seq,
+                a("fix", 1),
+                EventKind::ToolCallStarted {
+                    tool_name: tool.into(),
+                    tool_seq: n,
+                    idempotency_key: format!("k{n}"),
+                    side_effect: tool == "bash",
+                },
+            )
+        };
+        let log = vec![
+            started(1, None),
+            ev(2, a("fix", 1), EventKind::NodeStarted { snapshot: None }),
+            ev(
+                3,
+                a("fix", 1),
+                EventKind::AgentStepFinished {
+                    step: 1,
+                    tool_calls: 5,
+                    finish_reason: "tool_calls".into(),
+                    message: serde_json::json!({
+                        "reasoning": "\n  The failing test reads the config first.\nSo look there.",
+                        "text": "Let me look.",
+                        "toolCalls": [
+                            {"id": "1", "name": "read", "args": "{\"path\": \"src/config.rs\"}"},
+                            {"id": "2", "name": "grep", "args": "{\"pattern\": \"fn load\", \"path\": \"src\"}"},
+                            {"id": "3", "name": "read", "args": "{\"path\": \"Cargo.toml\"}"},
+                            {"id": "4", "name": "bash", "args": "{\"argv\": [\"cargo\", \"test\", \"config loads\"]}"},
+                            {"id": "5", "name": "docs.search", "args": "{\"query\": \"serde\"}"},
+                        ],
+                    }),
+                },
+            ),
+            call(4, "grep", 1),
+            call(5, "read", 2),
+            call(6, "read", 3),
+            call(7, "bash", 4),
+            call(8, "docs.search", 5),
+        ];
+        let story = activity(&log);
+        let told: Vec<(&str, Option<&str>)> = story[1..]
+            .iter()
+            .map(|e| (e.title.as_str(), e.detail.as_deref()))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                (
+                    "Searched for `fn load` in src (fix)",
+                    Some("`fn load` in src")
+                ),
+                ("Read src/config.rs (fix)", Some("src/config.rs")),
+                ("Read Cargo.toml (fix)", Some("Cargo.toml")),
+                (
+                    "Ran `cargo test 'config loads'` (fix)",
+                    Some("cargo test 'config loads'")
+                ),
+                (
+                    "Called tool docs.search: {\"query\":\"serde\"} (fix)",
+                    Some("{\"query\":\"serde\"}")
+                ),
+            ]
+        );
+        for e in &story[1..] {
+            assert_eq!(
+                e.reasoning.as_deref(),
+                Some("The failing test reads the config first.")
+            );
+        }
+        // A tool node's calls (no step asked for them) keep the plain titles.
+        let plain = activity(&[started(1, None), call(2, "read", 1)]);
+        assert_eq!(plain[1].title, "Read a file (fix)");
+        assert_eq!(plain[1].detail, None);
+        assert_eq!(plain[1].reasoning, None);
     }
 
     #[test]

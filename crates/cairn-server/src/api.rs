@@ -16,9 +16,7 @@ use cairn_api::{
     DecideBody, Decided, Health, HijackBody, HijackRequested, ResumeBody, RunAccepted, RunDetail,
     RunList, RunMeta, RunSummary, StartBody,
 };
-use cairn_events::{
-    ActivityFolder, Event, EventType, Metrics, RunCommand, RunId, RunState, RunStatus,
-};
+use cairn_events::{ActivityFolder, Event, EventType, RunCommand, RunId, RunState, RunStatus};
 use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
@@ -35,7 +33,7 @@ pub(crate) struct AppState(Arc<Inner>);
 struct Inner {
     engine: Engine,
     cfg: ServeConfig,
-    metrics: Mutex<Metrics>,
+    metrics: Arc<Mutex<crate::metrics::StoreMetrics>>,
     draining: AtomicBool,
     /// Flips to true when watchers must end their streams.
     closing: watch::Sender<bool>,
@@ -54,7 +52,7 @@ impl AppState {
         AppState(Arc::new(Inner {
             engine,
             cfg,
-            metrics: Mutex::new(Metrics::new()),
+            metrics: Arc::new(Mutex::new(crate::metrics::StoreMetrics::new())),
             draining: AtomicBool::new(false),
             closing: watch::channel(false).0,
             feeds: Arc::default(),
@@ -419,31 +417,30 @@ async fn openapi() -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state.0.metrics.lock().unwrap().render_prometheus();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    let text = tokio::task::spawn_blocking(move || state.metrics_now()).await;
+    match text {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
-/// Folds every event this process commits into the metrics.
-pub(crate) async fn fold_metrics(state: AppState) {
-    let mut rx = state.journal().subscribe_all();
-    loop {
-        match rx.recv().await {
-            Ok(stored) => match stored.decode() {
-                Ok(ev) => state.0.metrics.lock().unwrap().apply(&ev),
-                Err(e) => tracing::warn!(run = %stored.run_id, seq = stored.seq, "metrics: {e}"),
-            },
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!("metrics fell behind and missed {n} events");
-            }
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+impl AppState {
+    /// The whole store's metrics, caught up with its logs first (blocking:
+    /// it reads the store). A store that cannot be read leaves the counts
+    /// where they were, said in the server's log.
+    pub(crate) fn metrics_now(&self) -> String {
+        let mut m = self.0.metrics.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = m.catch_up(self.journal().backend().as_ref()) {
+            tracing::warn!("metrics: the store could not be read: {e}");
         }
+        m.render()
     }
 }
 

@@ -20,6 +20,7 @@ pub mod files;
 mod frames;
 mod guard;
 mod listen;
+mod metrics;
 mod nodes;
 mod scores;
 mod sse;
@@ -236,7 +237,11 @@ impl Server {
             let runs: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
             tracing::info!(runs = ?runs, "resumed interrupted runs");
         }
-        let metrics_task = tokio::spawn(api::fold_metrics(state.clone()));
+        // The whole store is folded once now, not at the first scrape.
+        let metrics_task = {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || drop(state.metrics_now()))
+        };
         let takeover_task = state
             .cfg()
             .takeover

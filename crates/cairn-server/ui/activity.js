@@ -71,10 +71,12 @@ export class Activity {
     const e = this.entries[i];
     const depth = this.depth.get(e.runId) || 0;
     const dur = e.endedMs ? fmtDuration(e.endedMs - e.startedMs) : '';
-    const el = h('div', { role: 'listitem', class: `act s-${e.status} d-${Math.min(depth, 6)}`, title: e.error || e.title },
+    const tip = [e.title, e.reasoning && `why: ${e.reasoning}`, e.error].filter(Boolean).join('\n');
+    const el = h('div', { role: 'listitem', class: `act s-${e.status} d-${Math.min(depth, 6)}`, title: tip },
       h('span', { class: 'time' }, fmtTime(e.startedMs)),
       h('span', { class: 'kind' }, e.kind),
-      h('span', { class: 'title' }, depth ? '↳ ' : '', e.title),
+      h('span', { class: 'title' }, depth ? '↳ ' : '', e.title,
+        e.reasoning ? h('span', { class: 'why' }, ` — ${e.reasoning}`) : null),
       h('span', { class: 'status' }, statusText(e.status)),
       h('span', { class: 'dur' }, dur));
     el.append(e.runId === this.runId
