@@ -483,3 +483,149 @@ fn journal(dir: &std::path::Path) -> cairn_store::Journal {
     )
     .unwrap()
 }
+
+/// A Responses API answer: a reasoning item with its encrypted content and
+/// a `read` call, or (once the call's result is in the request) text.
+fn responses_reply(r: &Recorded) -> Reply {
+    let ev = |v: Value| (v["type"].as_str().unwrap().to_string(), v.to_string());
+    let done = |usage: Value| {
+        ev(json!({"type": "response.completed", "sequence_number": 9,
+            "response": {"id": "resp_1", "status": "completed", "usage": usage}}))
+    };
+    if r.body.to_string().contains("function_call_output") {
+        return Reply::named_sse(vec![
+            ev(
+                json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_2",
+                "output_index": 0, "content_index": 0, "delta": "It says hello."}),
+            ),
+            done(json!({"input_tokens": 60, "output_tokens": 5})),
+        ]);
+    }
+    let reasoning = json!({"id": "rs_1", "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "Read the file."}],
+        "encrypted_content": "gAAAAB-opaque"});
+    let call = json!({"id": "fc_1", "type": "function_call", "status": "completed",
+        "arguments": "{\"path\": \"a.txt\"}", "call_id": "call_a", "name": "read"});
+    Reply::named_sse(vec![
+        ev(
+            json!({"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+            "item": {"id": "rs_1", "type": "reasoning", "summary": []}}),
+        ),
+        ev(
+            json!({"type": "response.reasoning_summary_text.delta", "sequence_number": 2,
+            "item_id": "rs_1", "output_index": 0, "summary_index": 0, "delta": "Read the file."}),
+        ),
+        ev(
+            json!({"type": "response.output_item.done", "sequence_number": 3, "output_index": 0,
+            "item": reasoning}),
+        ),
+        ev(
+            json!({"type": "response.output_item.done", "sequence_number": 4, "output_index": 1,
+            "item": call}),
+        ),
+        done(json!({"input_tokens": 40, "output_tokens": 20,
+            "output_tokens_details": {"reasoning_tokens": 12}})),
+    ])
+}
+
+/// A Gemini answer: a thought and a signed `read` call, or (once the
+/// call's result is in the request) text.
+fn gemini_reply(r: &Recorded) -> Reply {
+    let chunk = |parts: Value, usage: Value| {
+        json!({"candidates": [{"content": {"parts": parts, "role": "model"}, "index": 0,
+            "finishReason": "STOP"}], "usageMetadata": usage})
+        .to_string()
+    };
+    if r.body.to_string().contains("functionResponse") {
+        return Reply::sse(vec![chunk(
+            json!([{"text": "It says hello."}]),
+            json!({"promptTokenCount": 60, "candidatesTokenCount": 5}),
+        )]);
+    }
+    Reply::sse(vec![chunk(
+        json!([
+            {"text": "Read the file.", "thought": true},
+            {"functionCall": {"name": "read", "args": {"path": "a.txt"}}, "thoughtSignature": "c2ln"}
+        ]),
+        json!({"promptTokenCount": 40, "candidatesTokenCount": 8, "thoughtsTokenCount": 12}),
+    )])
+}
+
+/// Runs one agent of `provider` to its end, stopped after its first step
+/// when `stop`, and returns the request of its second step.
+async fn second_request(
+    provider: &str,
+    model: &str,
+    reply: fn(&Recorded) -> Reply,
+    stop: bool,
+) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+    let server = FakeProvider::start().await;
+    server.respond_with(reply);
+    std::env::set_var("CAIRN_TEST_NEW_PROVIDER_KEY", "k-0123456789");
+    let yaml = format!(
+        "name: t\nmodels:\n  m: {{ provider: {provider}, model: {model}, base_url: \"{}\", api_key_env: CAIRN_TEST_NEW_PROVIDER_KEY }}\nnodes:\n  - id: a\n    agent: {{ model: m, system: Be brief., prompt: read a.txt, tools: [read] }}\n",
+        server.url()
+    );
+    let (engine, wf) = setup(dir.path(), &yaml);
+    let mut opts = StartOptions {
+        run_id: Some(RunId::parse("p").unwrap()),
+        ..StartOptions::default()
+    };
+    if stop {
+        let e = engine.clone();
+        let rt = tokio::runtime::Handle::current();
+        opts.observer = Some(Arc::new(move |ev: &Event| {
+            if matches!(ev.kind, EventKind::AgentStepFinished { step: 1, .. }) {
+                let e = e.clone();
+                rt.spawn(async move { e.shutdown(Duration::ZERO).await });
+            }
+        }));
+    }
+    let outcome = engine
+        .start(wf, json!({}), opts)
+        .await
+        .unwrap()
+        .wait()
+        .await;
+    let engine = if stop {
+        assert!(matches!(outcome, RunOutcome::Interrupted), "{outcome:?}");
+        engine.shutdown(Duration::ZERO).await;
+        engine.journal().close();
+        let again = Engine::new(journal(dir.path()), EngineOptions::default());
+        let handle = again
+            .resume(&RunId::parse("p").unwrap(), StartOptions::default())
+            .await
+            .unwrap();
+        let outcome = handle.wait().await;
+        assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+        again
+    } else {
+        assert!(matches!(outcome, RunOutcome::Finished(_)), "{outcome:?}");
+        engine
+    };
+    assert_eq!(output_of(&stored(&engine, "p")), json!("It says hello."));
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 2, "each step asked once");
+    reqs[1].body.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newer_providers_resume_a_conversation_with_the_same_request() {
+    // The Responses API: the reasoning item goes back with its encrypted
+    // content, and the conversation's cache key is sent.
+    let whole = second_request("openai-responses", "gpt-5.1", responses_reply, false).await;
+    let resumed = second_request("openai-responses", "gpt-5.1", responses_reply, true).await;
+    assert_eq!(whole.to_string(), resumed.to_string());
+    assert!(whole["prompt_cache_key"]
+        .as_str()
+        .unwrap()
+        .starts_with("cairn-"));
+    assert!(whole.to_string().contains("gAAAAB-opaque"));
+    // Gemini: the call goes back on its part, with its signature.
+    let whole = second_request("gemini", "gemini-2.5-flash", gemini_reply, false).await;
+    let resumed = second_request("gemini", "gemini-2.5-flash", gemini_reply, true).await;
+    assert_eq!(whole.to_string(), resumed.to_string());
+    assert!(whole.to_string().contains("\"thoughtSignature\":\"c2ln\""));
+}
