@@ -682,3 +682,62 @@ fn a_loop_member_reads_the_previous_pass() {
     );
     assert_eq!(ps.len(), 1, "{ps:#?}");
 }
+
+#[test]
+fn model_limits_windows_and_fallbacks_are_checked() {
+    let node = "nodes:\n  - id: a\n    agent: { model: m, prompt: go }\n";
+    one(
+        &format!(
+            "name: t\nmodels:\n  m:\n    provider: openai\n    model: x\n    fallback: [m]\n{node}"
+        ),
+        6,
+        16,
+        Some("models.m.fallback[0]"),
+        "cannot be its own fallback",
+    );
+    one(
+        &format!("name: t\nmodels:\n  m:\n    provider: openai\n    model: x\n    fallback: [spare, backup]\n  spare: {{ provider: openai, model: y }}\n{node}"),
+        6,
+        23,
+        Some("models.m.fallback[1]"),
+        "no model named `backup`",
+    );
+    one(
+        &format!("name: t\nmodels:\n  m:\n    provider: openai\n    model: x\n    max_concurrency: 0\n{node}"),
+        6,
+        22,
+        Some("models.m.max_concurrency"),
+        "",
+    );
+    one(
+        &format!("name: t\nmodels:\n  m:\n    provider: openai\n    model: x\n    context_window: lots\n{node}"),
+        6,
+        21,
+        Some("models.m.context_window"),
+        "",
+    );
+    one(
+        &format!("name: t\nmodels:\n  m:\n    provider: openai\n    model: x\n    prompt_cache: sometimes\n{node}"),
+        6,
+        19,
+        Some("models.m.prompt_cache"),
+        "",
+    );
+    // All of them right: the model carries them.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.yaml");
+    std::fs::write(
+        &path,
+        format!("name: t\nmodels:\n  m:\n    provider: gemini\n    model: gemini-2.5-flash\n    max_concurrency: 4\n    requests_per_minute: 60\n    tokens_per_minute: 100000\n    context_window: 32768\n    prompt_cache: false\n    fallback: spare\n  spare: {{ provider: openai-responses, model: gpt-5.1 }}\n{node}"),
+    )
+    .unwrap();
+    let wf = load(&path).unwrap();
+    let m = &wf.models["m"];
+    assert_eq!(m.limits.max_concurrency, Some(4));
+    assert_eq!(m.limits.requests_per_minute, Some(60));
+    assert_eq!(m.limits.tokens_per_minute, Some(100_000));
+    assert_eq!(m.context_window, Some(32768));
+    assert_eq!(m.prompt_cache, Some(false));
+    assert_eq!(m.fallback, ["spare"]);
+    assert_eq!(wf.models["spare"].builtin_context_window(), Some(400_000));
+}

@@ -98,7 +98,11 @@ impl Cx {
                     );
                 } else if !models.contains_key(other) {
                     let hint = unknown_model_hint(models);
-                    self.at(pos, Some(&field), format!("no model named `{other}`{hint}"));
+                    self.at(
+                        pos,
+                        Some(&field),
+                        format!("no model named `{other}`; {hint}"),
+                    );
                 }
             }
         }
