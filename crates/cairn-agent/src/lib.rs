@@ -51,7 +51,7 @@ pub use cairn_models::{
 pub use client::{client_for, ModelClient, ModelRequest, StreamEvent};
 pub use config::{DEFAULT_IDLE_TIMEOUT, DEFAULT_RETRY};
 pub use error::{ModelError, ModelErrorKind};
-pub use limits::{gate_for, Gate, Permit, WaitReason};
+pub use limits::{budget_key, gate_for, Gate, Permit, WaitReason};
 pub use message::{
     AssistantMessage, Conversation, FinishReason, Message, ModelResponse, ToolCall, ToolDef,
     ToolResult, Usage,

@@ -250,34 +250,38 @@ impl Gate {
     }
 }
 
-/// What makes two models share a gate.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct GateKey {
-    provider: &'static str,
-    base_url: Option<String>,
-    model: String,
-    limits: Limits,
+/// What makes two models share a budget, as text: the provider, its
+/// address, the model id and the limits. The same in every process, so a
+/// store that many processes share keys its budgets by it too.
+pub fn budget_key(config: &ModelConfig) -> String {
+    let base = config
+        .base_url
+        .as_deref()
+        .or(config.provider.def().base_url)
+        .unwrap_or("");
+    let l = &config.limits;
+    let n = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    format!(
+        "{} {base} {} c{} r{} t{}",
+        config.provider.as_str(),
+        config.model,
+        n(l.max_concurrency.map(u64::from)),
+        n(l.requests_per_minute.map(u64::from)),
+        n(l.tokens_per_minute),
+    )
 }
 
 /// The gate of `config`'s model, shared by every model of the process
-/// with the same provider, address, model id and limits.
+/// with the same provider, address, model id and limits
+/// ([`budget_key`]).
 pub fn gate_for(config: &ModelConfig) -> Arc<Gate> {
-    static GATES: OnceLock<Mutex<HashMap<GateKey, Arc<Gate>>>> = OnceLock::new();
-    let key = GateKey {
-        provider: config.provider.as_str(),
-        base_url: config
-            .base_url
-            .clone()
-            .or_else(|| config.provider.def().base_url.map(str::to_string)),
-        model: config.model.clone(),
-        limits: config.limits,
-    };
+    static GATES: OnceLock<Mutex<HashMap<String, Arc<Gate>>>> = OnceLock::new();
     let mut gates = GATES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     gates
-        .entry(key)
+        .entry(budget_key(config))
         .or_insert_with(|| Arc::new(Gate::new(config.limits)))
         .clone()
 }

@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+mod budget;
 mod config;
 mod db;
 mod events;
@@ -36,9 +37,10 @@ use std::time::Duration;
 
 use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
-    AsyncReads, Backend, EventLog, EventQuery, GenerationRecord, Generations, Inbox, InboxEntry,
-    LeaseHolder, Listener, NewRun, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs,
-    StoreError, StoreFuture, StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
+    AsyncReads, Backend, BudgetLimits, BudgetWait, EventLog, EventQuery, GenerationRecord,
+    Generations, Inbox, InboxEntry, LeaseHolder, Listener, ModelBudgets, NewRun, ProcessRecord,
+    Processes, RunFilter, RunLease, RunRecord, Runs, StoreError, StoreFuture, StoredEvent,
+    ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -360,5 +362,28 @@ impl Wakeups for PgBackend {
 impl Backend for PgBackend {
     fn store_id(&self) -> String {
         self.shared.store_id.clone()
+    }
+
+    fn model_budgets(&self) -> Option<&dyn ModelBudgets> {
+        Some(self)
+    }
+}
+
+impl ModelBudgets for PgBackend {
+    fn begin_call(
+        &self,
+        key: &str,
+        limits: &BudgetLimits,
+        estimate: u64,
+        lease: Duration,
+    ) -> Result<Result<u64, BudgetWait>, StoreError> {
+        let (key, limits) = (key.to_string(), *limits);
+        self.run(
+            move |db| async move { budget::begin_call(&db, &key, limits, estimate, lease).await },
+        )
+    }
+
+    fn end_call(&self, id: u64, tokens: u64) -> Result<(), StoreError> {
+        self.run(move |db| async move { budget::end_call(&db, id, tokens).await })
     }
 }

@@ -7,10 +7,10 @@ use crate::db::Db;
 
 /// The schema version this build writes, kept in the `cairn_schema` table.
 /// A database at a newer version is refused ([`StoreError::TooNew`]).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The tables a store of the current version has; a schema with one of
 /// them but no version is someone else's.
@@ -25,6 +25,7 @@ const TABLES: &[&str] = &[
     "generations",
     "event_runs",
     "event_types",
+    "model_calls",
 ];
 
 /// Version 1. As on SQLite, with these differences:
@@ -192,6 +193,20 @@ DROP TABLE events;
 ALTER TABLE events_v4 RENAME TO events;
 ALTER INDEX events_v4_pkey RENAME TO events_pkey;
 CREATE INDEX events_by_node ON events (run, node_id, seq) WHERE node_id IS NOT NULL;
+"#;
+
+/// Version 5: the models' shared budgets. A row per model call, kept while
+/// the call runs (`open_until_ms`: its lease, for a process that dies in
+/// it) and for a minute after it began (the per-minute windows count it).
+const V5: &str = r#"
+CREATE TABLE model_calls (
+    id            BIGSERIAL PRIMARY KEY,
+    model_key     TEXT NOT NULL,
+    started_ms    BIGINT NOT NULL,
+    tokens        BIGINT NOT NULL,
+    open_until_ms BIGINT
+);
+CREATE INDEX model_calls_by_key ON model_calls (model_key, started_ms);
 "#;
 
 /// Brings `schema` (created if missing) to [`SCHEMA_VERSION`] in one

@@ -236,4 +236,51 @@ pub trait Backend:
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
+    /// The models' budgets every process on this store shares, for a
+    /// backend that many machines share (PostgreSQL); `None` where each
+    /// process keeps its own (the default).
+    fn model_budgets(&self) -> Option<&dyn ModelBudgets> {
+        None
+    }
+}
+
+/// The limits of one model that every process on a store shares: calls
+/// in flight, calls begun and tokens used in the last minute. A call is a
+/// row while it runs and for a minute after; a process that dies in a
+/// call leaves its row until the call's lease runs out.
+pub trait ModelBudgets: Send + Sync {
+    /// Begins a call of about `estimate` tokens on the model `key` names,
+    /// if `limits` allow it now: the call's id, else why and how long to
+    /// wait (`None`: until another call ends). `lease` is how long the
+    /// call may hold its place if its process dies.
+    fn begin_call(
+        &self,
+        key: &str,
+        limits: &BudgetLimits,
+        estimate: u64,
+        lease: std::time::Duration,
+    ) -> Result<Result<u64, BudgetWait>, StoreError>;
+    /// Ends a call, counting the tokens it really used.
+    fn end_call(&self, id: u64, tokens: u64) -> Result<(), StoreError>;
+}
+
+/// A model's shared limits (`max_concurrency`, `requests_per_minute`,
+/// `tokens_per_minute`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetLimits {
+    /// Most calls in flight at once.
+    pub max_concurrency: Option<u32>,
+    /// Most calls begun in any minute.
+    pub requests_per_minute: Option<u32>,
+    /// Most tokens in any minute.
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// Why a call may not begin yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetWait {
+    /// `concurrency`, `requests_per_minute` or `tokens_per_minute`.
+    pub reason: &'static str,
+    /// How long until the limit lets a call through, when known.
+    pub wait: Option<std::time::Duration>,
 }

@@ -21,8 +21,8 @@ pub mod records;
 mod url;
 
 pub use backend::{
-    hex_prefix, AsyncReads, Backend, EventLog, Generations, Inbox, Leases, Listener, Processes,
-    RunLease, Runs, StoreFuture, ToolCalls, Wakeups,
+    hex_prefix, AsyncReads, Backend, BudgetLimits, BudgetWait, EventLog, Generations, Inbox,
+    Leases, Listener, ModelBudgets, Processes, RunLease, Runs, StoreFuture, ToolCalls, Wakeups,
 };
 pub use error::StoreError;
 pub use records::{

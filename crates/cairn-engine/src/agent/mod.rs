@@ -601,20 +601,22 @@ impl<'a> Agent<'a> {
     ) -> Result<Result<cairn_agent::ModelResponse, cairn_agent::ModelError>, NodeError> {
         let ctx = self.ctx;
         let name = model.client.model().to_string();
-        let mut on_wait = |why: cairn_agent::WaitReason, d: Option<std::time::Duration>| {
+        let waited = |why: &str, d: Option<std::time::Duration>| {
             ctx.emit(EventKind::AgentWaiting {
                 step,
                 model: name.clone(),
-                reason: why.as_str().to_string(),
+                reason: why.to_string(),
                 wait_ms: d.map(|d| d.as_millis().min(u64::MAX as u128) as u64),
             });
         };
+        let mut on_wait = |why: cairn_agent::WaitReason, d| waited(why.as_str(), d);
         let mut permit = tokio::select! {
             p = model.gate.acquire(estimate, &mut on_wait) => p,
             _ = ctx.cancel.cancelled() => {
                 return Err(NodeError::cancelled("cancelled while waiting for the model"));
             }
         };
+        let mut shared = self.shared_slot(model, estimate, &waited).await?;
         let stream = std::sync::Mutex::new(Streamer::new(ctx));
         let armed = tokio::sync::Notify::new();
         let lock = || stream.lock().unwrap_or_else(|e| e.into_inner());
@@ -653,9 +655,69 @@ impl<'a> Agent<'a> {
         };
         lock().flush();
         if let Ok(r) = &response {
-            permit.settle(r.usage.input_tokens + r.usage.output_tokens);
+            let used = r.usage.input_tokens + r.usage.output_tokens;
+            permit.settle(used);
+            if let Some(s) = &mut shared {
+                s.tokens = used;
+            }
         }
         Ok(response)
+    }
+
+    /// A place in the model's budget that every process on the store
+    /// shares (a PostgreSQL store's), when the model sets limits: waits,
+    /// logging why, until the store lets the call begin. `None` where the
+    /// store keeps no shared budgets (each process keeps its own gate).
+    async fn shared_slot(
+        &self,
+        model: &models::Model,
+        estimate: u64,
+        waited: &(dyn Fn(&str, Option<std::time::Duration>) + Sync),
+    ) -> Result<Option<SharedCall>, NodeError> {
+        let ctx = self.ctx;
+        let backend = ctx.services.journal.backend().clone();
+        if !model.limits.any() || backend.model_budgets().is_none() {
+            return Ok(None);
+        }
+        let limits = cairn_store::BudgetLimits {
+            max_concurrency: model.limits.max_concurrency,
+            requests_per_minute: model.limits.requests_per_minute,
+            tokens_per_minute: model.limits.tokens_per_minute,
+        };
+        let mut last: Option<&'static str> = None;
+        loop {
+            let (b, key, lease) = (backend.clone(), model.budget_key.clone(), model.lease);
+            let asked = tokio::task::spawn_blocking(move || match b.model_budgets() {
+                Some(budgets) => budgets.begin_call(&key, &limits, estimate, lease),
+                None => Ok(Ok(0)),
+            })
+            .await
+            .map_err(|e| NodeError::new("internal", e.to_string()))??;
+            let wait = match asked {
+                Ok(id) => {
+                    return Ok(Some(SharedCall {
+                        backend,
+                        id,
+                        tokens: estimate,
+                    }))
+                }
+                Err(w) => w,
+            };
+            if last != Some(wait.reason) {
+                waited(wait.reason, wait.wait);
+                last = Some(wait.reason);
+            }
+            let pause = wait
+                .wait
+                .unwrap_or(std::time::Duration::from_millis(200))
+                .min(std::time::Duration::from_secs(5));
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = ctx.cancel.cancelled() => {
+                    return Err(NodeError::cancelled("cancelled while waiting for the model"));
+                }
+            }
+        }
     }
 
     /// Fails the node once it, or its run, spent more than its budget.
@@ -727,6 +789,29 @@ fn replay_compaction(t: &mut Talk<'_>, strategy: &str, summary: Option<&str>) {
         _ => {
             compact::truncate_tool_results(&mut t.convo);
         }
+    }
+}
+
+/// A call's place in a budget the store keeps for every process: given
+/// back when the call ends, however it ends (its tokens then counted).
+struct SharedCall {
+    backend: std::sync::Arc<dyn cairn_store::Backend>,
+    id: u64,
+    tokens: u64,
+}
+
+impl Drop for SharedCall {
+    fn drop(&mut self) {
+        let (backend, id, tokens) = (self.backend.clone(), self.id, self.tokens);
+        // The store is not waited for: a place not given back is swept
+        // when its lease runs out.
+        tokio::task::spawn_blocking(move || {
+            if let Some(b) = backend.model_budgets() {
+                if let Err(e) = b.end_call(id, tokens) {
+                    tracing::warn!("a model's shared budget: {e}");
+                }
+            }
+        });
     }
 }
 

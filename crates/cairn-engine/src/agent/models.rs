@@ -22,6 +22,13 @@ pub(super) struct Model {
     pub max_tokens: Option<u32>,
     /// The models asked instead when this one's retries ran out.
     pub fallback: Vec<String>,
+    /// Its shared limits, and the key a store that many processes share
+    /// counts them under.
+    pub limits: cairn_workflow::Limits,
+    pub budget_key: String,
+    /// Longest a call may hold its place in a shared budget if its
+    /// process dies: the model's `timeout`, else ten minutes.
+    pub lease: std::time::Duration,
 }
 
 /// The model an agent node names.
@@ -67,6 +74,9 @@ pub(super) fn model(ctx: &NodeCtx, name: &str) -> Result<Model, NodeError> {
         context_window: def.context_window.or_else(|| def.builtin_context_window()),
         max_tokens: def.max_tokens,
         fallback: def.fallback.clone(),
+        limits: def.limits,
+        budget_key: cairn_agent::budget_key(def),
+        lease: def.timeout.unwrap_or(std::time::Duration::from_secs(600)),
     })
 }
 
