@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
@@ -38,12 +38,7 @@ pub struct Anthropic {
 impl Anthropic {
     /// A client of `config`'s model with `key`.
     pub fn new(config: &ModelConfig, key: String) -> Result<Anthropic, ModelError> {
-        let base = config
-            .base_url
-            .as_deref()
-            .or(config.provider.def().base_url)
-            .unwrap_or_default()
-            .trim_end_matches('/');
+        let base = http::base_url(config);
         Ok(Anthropic {
             config: config.clone(),
             key,
@@ -178,20 +173,11 @@ impl ModelClient for Anthropic {
         req: &ModelRequest<'_>,
         on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
     ) -> Result<ModelResponse, ModelError> {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut headers = http::json_headers(&self.key, http::KeyHeader::Named("x-api-key"))?;
         headers.insert(
             HeaderName::from_static("anthropic-version"),
             HeaderValue::from_static("2023-06-01"),
         );
-        let mut key = HeaderValue::from_str(&self.key).map_err(|_| {
-            ModelError::new(
-                ModelErrorKind::Auth,
-                "the API key is not a valid header value",
-            )
-        })?;
-        key.set_sensitive(true);
-        headers.insert(HeaderName::from_static("x-api-key"), key);
         let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
         http::call_sse::<Answer>(
             &self.http,

@@ -21,7 +21,6 @@
 //! that no error or log that shows the address shows the key.
 
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde_json::{json, Value};
 
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
@@ -50,12 +49,7 @@ impl Gemini {
     /// A client of `config`'s model with `key` (empty: no key header, for
     /// a compatible server of one's own).
     pub fn new(config: &ModelConfig, key: String) -> Result<Gemini, ModelError> {
-        let base = config
-            .base_url
-            .as_deref()
-            .or(config.provider.def().base_url)
-            .unwrap_or_default()
-            .trim_end_matches('/');
+        let base = http::base_url(config);
         // The API names models `models/<id>`; either spelling is taken.
         let model = config
             .model
@@ -200,18 +194,7 @@ impl ModelClient for Gemini {
         req: &ModelRequest<'_>,
         on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
     ) -> Result<ModelResponse, ModelError> {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if !self.key.is_empty() {
-            let mut key = HeaderValue::from_str(&self.key).map_err(|_| {
-                ModelError::new(
-                    ModelErrorKind::Auth,
-                    "the API key is not a valid header value",
-                )
-            })?;
-            key.set_sensitive(true);
-            headers.insert(HeaderName::from_static("x-goog-api-key"), key);
-        }
+        let headers = http::json_headers(&self.key, http::KeyHeader::Named("x-goog-api-key"))?;
         let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
         http::call_sse::<Answer>(
             &self.http,

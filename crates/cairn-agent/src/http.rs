@@ -216,6 +216,50 @@ async fn send_once(
     Try::Again(reason, asked, failure)
 }
 
+/// The address of `config`'s provider: the model's `base_url`, else the
+/// provider's own, without a trailing `/`.
+pub(crate) fn base_url(config: &ModelConfig) -> &str {
+    config
+        .base_url
+        .as_deref()
+        .or(config.provider.def().base_url)
+        .unwrap_or_default()
+        .trim_end_matches('/')
+}
+
+/// Where a provider wants its key.
+pub(crate) enum KeyHeader {
+    /// `Authorization: Bearer <key>`.
+    Bearer,
+    /// A header of its own (`x-api-key`).
+    Named(&'static str),
+}
+
+/// The headers of a JSON request with `key` where the provider wants it,
+/// marked sensitive (never logged); an empty key (a local server of
+/// one's own) sends none.
+pub(crate) fn json_headers(key: &str, at: KeyHeader) -> Result<HeaderMap, ModelError> {
+    use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if key.is_empty() {
+        return Ok(headers);
+    }
+    let (name, text) = match at {
+        KeyHeader::Bearer => (AUTHORIZATION, format!("Bearer {key}")),
+        KeyHeader::Named(n) => (HeaderName::from_static(n), key.to_string()),
+    };
+    let mut v = HeaderValue::from_str(&text).map_err(|_| {
+        ModelError::new(
+            ModelErrorKind::Auth,
+            "the API key is not a valid header value",
+        )
+    })?;
+    v.set_sensitive(true);
+    headers.insert(name, v);
+    Ok(headers)
+}
+
 /// A wire format's answer, built from the stream's events.
 pub(crate) trait Decoder: Default {
     /// The event that ends an answer, named in the error of a stream that

@@ -17,7 +17,6 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{json, Value};
 
 use crate::client::{ModelClient, ModelRequest, StreamEvent};
@@ -41,12 +40,7 @@ pub struct OpenAiResponses {
 impl OpenAiResponses {
     /// A client of `config`'s model with `key` (empty: no `Authorization`).
     pub fn new(config: &ModelConfig, key: String) -> Result<OpenAiResponses, ModelError> {
-        let base = config
-            .base_url
-            .as_deref()
-            .or(config.provider.def().base_url)
-            .unwrap_or_default()
-            .trim_end_matches('/');
+        let base = http::base_url(config);
         Ok(OpenAiResponses {
             config: config.clone(),
             key,
@@ -169,18 +163,7 @@ impl ModelClient for OpenAiResponses {
         req: &ModelRequest<'_>,
         on: &mut (dyn for<'e> FnMut(StreamEvent<'e>) + Send),
     ) -> Result<ModelResponse, ModelError> {
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if !self.key.is_empty() {
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", self.key)).map_err(|_| {
-                ModelError::new(
-                    ModelErrorKind::Auth,
-                    "the API key is not a valid header value",
-                )
-            })?;
-            v.set_sensitive(true);
-            headers.insert(AUTHORIZATION, v);
-        }
+        let headers = http::json_headers(&self.key, http::KeyHeader::Bearer)?;
         let body = serde_json::to_vec(&self.body(req)).expect("JSON values serialize");
         http::call_sse::<Answer>(
             &self.http,
