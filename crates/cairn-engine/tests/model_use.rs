@@ -552,7 +552,7 @@ fn gemini_reply(r: &Recorded) -> Reply {
 }
 
 /// Runs one agent of `provider` to its end, stopped after its first step
-/// when `stop`, and returns the request of its second step.
+/// when `stop`, and returns the request its second step was answered for.
 async fn second_request(
     provider: &str,
     model: &str,
@@ -606,9 +606,15 @@ async fn second_request(
         engine
     };
     assert_eq!(output_of(&stored(&engine, "p")), json!("It says hello."));
+    // The stop may land while the second step streams: a crash costs at
+    // most that step, asked again after the resume.
     let reqs = server.requests();
-    assert_eq!(reqs.len(), 2, "each step asked once");
-    reqs[1].body.clone()
+    assert!(
+        reqs.len() == 2 || (stop && reqs.len() == 3),
+        "{} requests",
+        reqs.len()
+    );
+    reqs.last().unwrap().body.clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
