@@ -34,9 +34,10 @@
 //!   it, per run of the wave (all of them are under way at the peak), and
 //!   RSS `CAIRN_BENCH_SETTLE_SECS` after the wave;
 //! - events and bytes stored per step, read from the store (read-only):
-//!   the events' count and stored JSON (`length(body)`), and the growth of
-//!   the database's used pages (`page_count - freelist_count`, which counts
-//!   what the write-ahead log holds too, so no checkpoint is needed);
+//!   the events' count (and how many are `NodeOutput`) and stored JSON
+//!   (`length(body)`), and the growth of the database's used pages
+//!   (`page_count - freelist_count`, which counts what the write-ahead log
+//!   holds too, so no checkpoint is needed);
 //! - the time to start all runs (to the last `202`) and the wave's time.
 //!
 //! `cargo bench -p cairn-cli --bench agents_at_scale`. Environment:
@@ -563,6 +564,7 @@ struct WaveResult {
     rss_after: u64,
     most_open: usize,
     events: u64,
+    outputs: u64,
     json_bytes: u64,
     page_bytes: u64,
     watched_events: usize,
@@ -737,6 +739,7 @@ async fn wave(
         rss_after,
         most_open: provider.shared.counts.most_open.load(Ordering::Relaxed),
         events: stored.events - stored0.events,
+        outputs: stored.outputs - stored0.outputs,
         json_bytes: stored.json_bytes - stored0.json_bytes,
         page_bytes: stored.used_bytes.saturating_sub(stored0.used_bytes),
         watched_events,
@@ -804,6 +807,7 @@ struct Store {
 #[derive(Default)]
 struct Totals {
     events: u64,
+    outputs: u64,
     json_bytes: u64,
     used_bytes: u64,
 }
@@ -880,10 +884,17 @@ impl Store {
                 [],
                 |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
             )?;
+            let outputs = c.query_row(
+                "SELECT count(*) FROM events WHERE type = \
+                 (SELECT type FROM event_types WHERE name = 'NodeOutput')",
+                [],
+                |r| r.get::<_, i64>(0),
+            )? as u64;
             let pragma = |p: &str| c.query_row(&format!("PRAGMA {p}"), [], |r| r.get::<_, i64>(0));
             let used = (pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?;
             Ok(Totals {
                 events,
+                outputs,
                 json_bytes,
                 used_bytes: used as u64,
             })
@@ -987,7 +998,7 @@ impl Row {
              server CPU {:.2} s ({:.2} s of it starting: {:.2} ms per run): {:.1} µs per token ({:.2}x the baseline's {:.1}), {:.2} ms per step; bench CPU {:.2} s, other processes {:.2} s\n  \
              delay provider -> watcher: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} chunks in {} events; baseline p50 {:.1}, p99 {:.1} ms)\n  \
              RSS before {:.1} MB, peak {:.1} MB: {:.3} MB per active run; {:.1} MB after the wave\n  \
-             stored: {:.1} events per step, {:.0} B of JSON per step, {:.0} B of pages per step",
+             stored: {:.1} events per step ({:.1} of them `NodeOutput`), {:.0} B of JSON per step, {:.0} B of pages per step",
             self.wave,
             self.runs,
             w.load,
@@ -1017,6 +1028,7 @@ impl Row {
             self.per_run_mb(),
             mb(w.rss_after),
             w.events as f64 / steps,
+            w.outputs as f64 / steps,
             w.json_bytes as f64 / steps,
             w.page_bytes as f64 / steps,
         );
