@@ -118,21 +118,29 @@ static OPENAI: Provider = Provider {
     key_env: Some("OPENAI_API_KEY"),
     base_url: Some("https://api.openai.com/v1"),
     prices_url: Some("https://openai.com/api/pricing/"),
-    prices: &[
-        ("gpt-4o-mini", 0.15, 0.60, 0.075, 0.0),
-        ("gpt-4o", 2.50, 10.0, 1.25, 0.0),
-        ("gpt-4.1-nano", 0.10, 0.40, 0.025, 0.0),
-        ("gpt-4.1-mini", 0.40, 1.60, 0.10, 0.0),
-        ("gpt-4.1", 2.0, 8.0, 0.50, 0.0),
-        ("gpt-5-nano", 0.05, 0.40, 0.005, 0.0),
-        ("gpt-5-mini", 0.25, 2.0, 0.025, 0.0),
-        ("gpt-5", 1.25, 10.0, 0.125, 0.0),
-        ("o4-mini", 1.10, 4.40, 0.275, 0.0),
-        ("o3-mini", 1.10, 4.40, 0.55, 0.0),
-        ("o3", 2.0, 8.0, 0.50, 0.0),
-    ],
+    prices: OPENAI_PRICES,
     windows: OPENAI_WINDOWS,
 };
+
+/// The prices of OpenAI's models (USD per million tokens: input, output,
+/// cache read, cache write), whichever API they are called through.
+static OPENAI_PRICES: &[(&str, f64, f64, f64, f64)] = &[
+    ("gpt-4o-mini", 0.15, 0.60, 0.075, 0.0),
+    ("gpt-4o", 2.50, 10.0, 1.25, 0.0),
+    ("gpt-4.1-nano", 0.10, 0.40, 0.025, 0.0),
+    ("gpt-4.1-mini", 0.40, 1.60, 0.10, 0.0),
+    ("gpt-4.1", 2.0, 8.0, 0.50, 0.0),
+    ("gpt-5-nano", 0.05, 0.40, 0.005, 0.0),
+    ("gpt-5-mini", 0.25, 2.0, 0.025, 0.0),
+    ("gpt-5", 1.25, 10.0, 0.125, 0.0),
+    ("gpt-5.1", 1.25, 10.0, 0.125, 0.0),
+    ("o4-mini", 1.10, 4.40, 0.275, 0.0),
+    ("o3-mini", 1.10, 4.40, 0.55, 0.0),
+    ("o3", 2.0, 8.0, 0.50, 0.0),
+    ("o1-mini", 1.10, 4.40, 0.55, 0.0),
+    ("o1", 15.0, 60.0, 7.50, 0.0),
+    ("codex-mini", 1.50, 6.0, 0.375, 0.0),
+];
 
 /// The context windows of OpenAI's models, whichever API they are called
 /// through.
@@ -154,25 +162,7 @@ static OPENAI_RESPONSES: Provider = Provider {
     key_env: Some("OPENAI_API_KEY"),
     base_url: Some("https://api.openai.com/v1"),
     prices_url: Some("https://openai.com/api/pricing/"),
-    // The same models as Chat Completions at the same prices, and those
-    // only the Responses API serves or that Cairn lists here first.
-    prices: &[
-        ("gpt-4o-mini", 0.15, 0.60, 0.075, 0.0),
-        ("gpt-4o", 2.50, 10.0, 1.25, 0.0),
-        ("gpt-4.1-nano", 0.10, 0.40, 0.025, 0.0),
-        ("gpt-4.1-mini", 0.40, 1.60, 0.10, 0.0),
-        ("gpt-4.1", 2.0, 8.0, 0.50, 0.0),
-        ("gpt-5-nano", 0.05, 0.40, 0.005, 0.0),
-        ("gpt-5-mini", 0.25, 2.0, 0.025, 0.0),
-        ("gpt-5", 1.25, 10.0, 0.125, 0.0),
-        ("gpt-5.1", 1.25, 10.0, 0.125, 0.0),
-        ("o4-mini", 1.10, 4.40, 0.275, 0.0),
-        ("o3-mini", 1.10, 4.40, 0.55, 0.0),
-        ("o3", 2.0, 8.0, 0.50, 0.0),
-        ("o1-mini", 1.10, 4.40, 0.55, 0.0),
-        ("o1", 15.0, 60.0, 7.50, 0.0),
-        ("codex-mini", 1.50, 6.0, 0.375, 0.0),
-    ],
+    prices: OPENAI_PRICES,
     windows: OPENAI_WINDOWS,
 };
 
