@@ -454,11 +454,45 @@ impl HttpClient {
     }
 }
 
+/// The TLS set-up every provider's client shares, made once per process:
+/// reqwest would otherwise list and parse the system's root certificates
+/// for each client it builds (about 3 ms of CPU), and a server starting a
+/// thousand agent runs builds a thousand clients. A set-up that could not
+/// be made is tried again by the next client.
+fn tls_config() -> Result<rustls::ClientConfig, ModelError> {
+    use rustls_platform_verifier::BuilderVerifierExt;
+    static TLS: std::sync::OnceLock<rustls::ClientConfig> = std::sync::OnceLock::new();
+    if let Some(c) = TLS.get() {
+        return Ok(c.clone());
+    }
+    install_tls_provider();
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| std::sync::Arc::new(rustls::crypto::ring::default_provider()));
+    let made = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_platform_verifier());
+    let mut config = match made {
+        Ok(b) => b.with_no_client_auth(),
+        Err(e) => {
+            let kind = if out_of_descriptors(&e) {
+                ModelErrorKind::Network
+            } else {
+                ModelErrorKind::Config
+            };
+            return Err(ModelError::new(kind, format!("HTTP client: TLS: {e}")));
+        }
+    };
+    // reqwest is built without HTTP/2.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TLS.get_or_init(|| config).clone())
+}
+
 /// No overall timeout (answers stream for minutes; idle timeouts guard
 /// them instead).
 fn build_client() -> Result<reqwest::Client, ModelError> {
-    install_tls_provider();
     reqwest::Client::builder()
+        .tls_backend_preconfigured(tls_config()?)
         .connect_timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| {

@@ -48,7 +48,9 @@
 //! (default 100), `CAIRN_BENCH_STARTS` (start requests in flight, default
 //! 32), `CAIRN_BENCH_SETTLE_SECS` (default 5), `CAIRN_BENCH_THREADS` (this
 //! process's runtime threads, default 2), `CAIRN_BENCH_BIN` (another
-//! `cairn` binary to measure; default the one cargo built).
+//! `cairn` binary to measure; default the one cargo built),
+//! `CAIRN_BENCH_TIMELINE` (set: print each wave's delays by when their
+//! chunks were sent, 250 ms at a time).
 //! Bounded: it gives up after 30 minutes.
 
 #[path = "../tests/waves/mod.rs"]
@@ -143,6 +145,9 @@ fn scan(text: &[u8], now: u64, out: &mut Vec<u32>) -> usize {
 
 fn main() {
     waves::raise_fd_limit();
+    if std::env::var_os("CAIRN_BENCH_TIMELINE").is_some() {
+        let _ = TIMELINE.set(Mutex::new(Vec::new()));
+    }
     now_us();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(env("CAIRN_BENCH_THREADS", 2).max(1))
@@ -649,11 +654,12 @@ async fn wave(
     }
 
     // The store says when every run ended; reading it costs the server
-    // nothing.
+    // nothing. The read blocks, so it leaves the runtime's thread to the
+    // watchers, whose delays are being timed.
     let target = before + runs;
     let (mut last, mut since) = (0, Instant::now());
     loop {
-        let ended = store.ended();
+        let ended = tokio::task::block_in_place(|| store.ended());
         if ended >= target {
             break;
         }
@@ -711,6 +717,9 @@ async fn wave(
         delays.extend(d);
     }
     delays.sort_unstable();
+    if let Some(line) = TIMELINE.get() {
+        print_timeline(&mut line.lock().unwrap());
+    }
 
     tokio::time::sleep(cfg.settle).await;
     let rss_after = rss_kb(pid).unwrap_or(0);
@@ -778,11 +787,48 @@ async fn watch(client: Client, run: String) -> (String, usize, String, Vec<u32>)
         last = v["type"].as_str().unwrap_or("?").to_string();
         if last == "NodeOutput" {
             if let Some(t) = v["text"].as_str() {
+                let from = delays.len();
                 scan(t.as_bytes(), now, &mut delays);
+                if let Some(line) = TIMELINE.get() {
+                    let mut line = line.lock().unwrap();
+                    line.extend(delays[from..].iter().map(|&d| (now - d as u64, d)));
+                }
             }
         }
     }
     (run, n, last, delays)
+}
+
+/// With `CAIRN_BENCH_TIMELINE` set, every timed chunk of the wave: (sent,
+/// delay), both in µs; for finding when in a wave the slow chunks were.
+static TIMELINE: OnceLock<Mutex<Vec<(u64, u32)>>> = OnceLock::new();
+
+/// The wave's delays by when their chunks were sent, in windows of 250 ms:
+/// a stall shows as a window whose p99 stands out.
+fn print_timeline(line: &mut Vec<(u64, u32)>) {
+    line.sort_unstable();
+    let Some(&(t0, _)) = line.first() else {
+        return;
+    };
+    let mut i = 0;
+    while i < line.len() {
+        let w = (line[i].0 - t0) / 250_000;
+        let mut d: Vec<u32> = Vec::new();
+        while i < line.len() && (line[i].0 - t0) / 250_000 == w {
+            d.push(line[i].1);
+            i += 1;
+        }
+        d.sort_unstable();
+        println!(
+            "  timeline {:>5.2} s: {:>5} chunks, p50 {:>4.0} ms, p99 {:>4.0} ms, max {:>4.0} ms",
+            w as f64 / 4.0,
+            d.len(),
+            ms(pct(&d, 50.0)),
+            ms(pct(&d, 99.0)),
+            ms(pct(&d, 100.0))
+        );
+    }
+    line.clear();
 }
 
 fn fail(dir: &Path, what: &str) -> ! {

@@ -538,7 +538,9 @@ impl NodeCtx {
             status: ToolCallStatus::Running,
             error: None,
         };
-        self.services.journal.backend().put_tool_call(&record)?;
+        // Committed with the event below, which is waited for: the row is
+        // stored before the tool runs.
+        self.log.record_tool_call(record.clone());
         self.emit_durable(EventKind::ToolCallStarted {
             tool_name: call.name.to_string(),
             tool_seq,
@@ -573,7 +575,7 @@ impl NodeCtx {
                 Err(info)
             }
         };
-        self.services.journal.backend().put_tool_call(&record)?;
+        self.log.record_tool_call(record);
         let (status, error) = match &result {
             Ok(_) => (ToolStatus::Success, None),
             Err(info) => (ToolStatus::Error, Some(info.clone())),

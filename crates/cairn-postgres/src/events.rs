@@ -1,7 +1,7 @@
 //! Run logs: appending batches, reading them back.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -9,7 +9,9 @@ use tokio_postgres::Row;
 
 use cairn_events::{NodePath, RunId};
 use cairn_storage::envelope::{self, Envelope};
-use cairn_storage::{EventQuery, GenerationRecord, RunRecord, StoreError, StoredEvent};
+use cairn_storage::{
+    EventQuery, GenerationRecord, RunRecord, StoreError, StoredEvent, ToolCallRecord,
+};
 
 use crate::db::Db;
 use crate::lease;
@@ -139,10 +141,12 @@ impl<'a> RunUpdates<'a> {
             timestamps: Vec::new(),
             statuses: Vec::new(),
         };
+        // A busy server's batch holds a thousand runs: found by id, not by
+        // a scan per event.
+        let mut index: HashMap<&str, usize> = HashMap::new();
         for ev in batch {
             let status = status_of(ev);
-            // Batches rarely hold more than a few runs: a scan beats a map.
-            match u.runs.iter().position(|r| *r == ev.run_id) {
+            match index.get(ev.run_id.as_str()).copied() {
                 Some(i) => {
                     u.timestamps[i] = u.timestamps[i].max(ev.timestamp_ms);
                     if status.is_some() {
@@ -150,6 +154,7 @@ impl<'a> RunUpdates<'a> {
                     }
                 }
                 None => {
+                    index.insert(ev.run_id.as_str(), u.runs.len());
                     u.runs.push(ev.run_id.as_str());
                     u.timestamps.push(ev.timestamp_ms);
                     u.statuses.push(status);
@@ -192,8 +197,13 @@ impl From<tokio_postgres::Error> for Failed {
 
 /// Commits `batch` in one transaction, unless a run of it is leased by
 /// another owner than `owner` (see [`lease::fenced_run`]).
-pub(crate) async fn append(db: &Db, owner: &str, batch: &[StoredEvent]) -> Result<(), StoreError> {
-    write(db, owner, None, None, batch).await
+pub(crate) async fn append(
+    db: &Db,
+    owner: &str,
+    calls: &[ToolCallRecord],
+    batch: &[StoredEvent],
+) -> Result<(), StoreError> {
+    write(db, owner, None, None, calls, batch).await
 }
 
 /// A run's start in one transaction (see `Runs::start_run`): its row, its
@@ -206,7 +216,7 @@ pub(crate) async fn start_run(
     pinned: Option<&GenerationRecord>,
     first: &StoredEvent,
 ) -> Result<(), StoreError> {
-    write(db, owner, record, pinned, std::slice::from_ref(first)).await
+    write(db, owner, record, pinned, &[], std::slice::from_ref(first)).await
 }
 
 /// Commits a new run's `record` and `pinned` files when given, then
@@ -219,9 +229,10 @@ async fn write(
     owner: &str,
     record: Option<&RunRecord>,
     pinned: Option<&GenerationRecord>,
+    calls: &[ToolCallRecord],
     batch: &[StoredEvent],
 ) -> Result<(), StoreError> {
-    if batch.is_empty() {
+    if batch.is_empty() && calls.is_empty() {
         return Ok(());
     }
     let cols = Columns::of(batch)?;
@@ -230,7 +241,8 @@ async fn write(
     let mut tries = 0;
     loop {
         tries += 1;
-        let e = match try_write(&mut client, owner, record, pinned, &cols, &updates).await {
+        let attempt = try_write(&mut client, owner, record, pinned, calls, &cols, &updates);
+        let e = match attempt.await {
             Ok(()) => return Ok(()),
             Err(Failed::Refused(e)) => return Err(e),
             Err(Failed::Pg(e)) => e,
@@ -244,7 +256,13 @@ async fn write(
                 return Err(duplicate(&client, batch, &cols, &e).await)
             }
             Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
-                return Err(StoreError::RunNotFound(batch[0].run_id.to_string()))
+                let run = match (calls.first(), batch.first()) {
+                    (Some(c), _) if table == "tool_calls" => c.run_id.as_str(),
+                    (_, Some(ev)) => ev.run_id.as_str(),
+                    (Some(c), None) => c.run_id.as_str(),
+                    (None, None) => "",
+                };
+                return Err(StoreError::RunNotFound(run.to_string()));
             }
             Some(&SqlState::T_R_DEADLOCK_DETECTED) | Some(&SqlState::T_R_SERIALIZATION_FAILURE)
                 if tries < APPEND_TRIES =>
@@ -262,6 +280,7 @@ async fn try_write(
     owner: &str,
     record: Option<&RunRecord>,
     pinned: Option<&GenerationRecord>,
+    calls: &[ToolCallRecord],
     cols: &Columns<'_>,
     updates: &RunUpdates<'_>,
 ) -> Result<(), Failed> {
@@ -272,7 +291,24 @@ async fn try_write(
     if let Some(g) = pinned {
         crate::records::insert_generation(&tx, g).await?;
     }
-    write_batch(&tx, owner, cols, updates).await?;
+    if !cols.seqs.is_empty() {
+        write_batch(&tx, owner, cols, updates).await?;
+    }
+    // The calls' rows are fenced as the events are: only the process that
+    // holds a run writes them.
+    let unfenced: Vec<&str> = calls
+        .iter()
+        .map(|c| c.run_id.as_str())
+        .filter(|r| !updates.runs.contains(r))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    if !unfenced.is_empty() {
+        if let Some(run) = lease::fenced_run(&tx, owner, &unfenced).await? {
+            return Err(Failed::Refused(StoreError::LeaseHeld { run }));
+        }
+    }
+    crate::records::put_tool_calls_in(&tx, calls).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -183,7 +183,7 @@ impl EventLog for PgBackend {
         }
         let batch = batch.to_vec();
         let owner = self.shared.leases.owner().to_string();
-        self.run(move |db| async move { events::append(&db, &owner, &batch).await })
+        self.run(move |db| async move { events::append(&db, &owner, &[], &batch).await })
     }
 
     fn read_events(&self, run_id: &RunId, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
@@ -360,6 +360,19 @@ impl Wakeups for PgBackend {
 }
 
 impl Backend for PgBackend {
+    fn append_with_calls(
+        &self,
+        calls: &[ToolCallRecord],
+        batch: &[StoredEvent],
+    ) -> Result<(), StoreError> {
+        if batch.is_empty() && calls.is_empty() {
+            return Ok(());
+        }
+        let (calls, batch) = (calls.to_vec(), batch.to_vec());
+        let owner = self.shared.leases.owner().to_string();
+        self.run(move |db| async move { events::append(&db, &owner, &calls, &batch).await })
+    }
+
     fn store_id(&self) -> String {
         self.shared.store_id.clone()
     }

@@ -51,33 +51,58 @@ pub(crate) async fn put_tool_call(db: &Db, rec: &ToolCallRecord) -> Result<(), S
         .prepare_cached(PUT_TOOL_CALL)
         .await
         .map_err(|e| db.err(e))?;
-    let input = json_text(&rec.input);
-    let output = rec.output.as_ref().map(json_text);
-    let error = rec.error.as_ref().map(json_text);
-    client
-        .execute(
-            &st,
-            &[
-                &rec.run_id.as_str(),
-                &rec.node_id,
-                &i64::from(rec.iteration),
-                &i64::from(rec.attempt),
-                &i64::from(rec.tool_seq),
-                &rec.tool,
-                &rec.idempotency_key,
-                &rec.side_effect,
-                &rec.idempotent,
-                &input,
-                &output,
-                &rec.started_ms,
-                &rec.finished_ms,
-                &rec.status.as_str(),
-                &error,
-            ],
-        )
+    execute_tool_call(&**client, &st, rec)
         .await
         .map_err(|e| no_run(db, e, &rec.run_id))?;
     Ok(())
+}
+
+/// Tool calls' rows in `tx`, beside a batch of events (see
+/// `Backend::append_with_calls`).
+pub(crate) async fn put_tool_calls_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    calls: &[ToolCallRecord],
+) -> Result<(), tokio_postgres::Error> {
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let st = tx.prepare_cached(PUT_TOOL_CALL).await?;
+    for rec in calls {
+        execute_tool_call(&**tx, &st, rec).await?;
+    }
+    Ok(())
+}
+
+/// Runs `PUT_TOOL_CALL` (prepared as `st`) with the record's values.
+async fn execute_tool_call<C: tokio_postgres::GenericClient>(
+    c: &C,
+    st: &tokio_postgres::Statement,
+    rec: &ToolCallRecord,
+) -> Result<u64, tokio_postgres::Error> {
+    let input = json_text(&rec.input);
+    let output = rec.output.as_ref().map(json_text);
+    let error = rec.error.as_ref().map(json_text);
+    c.execute(
+        st,
+        &[
+            &rec.run_id.as_str(),
+            &rec.node_id,
+            &i64::from(rec.iteration),
+            &i64::from(rec.attempt),
+            &i64::from(rec.tool_seq),
+            &rec.tool,
+            &rec.idempotency_key,
+            &rec.side_effect,
+            &rec.idempotent,
+            &input,
+            &output,
+            &rec.started_ms,
+            &rec.finished_ms,
+            &rec.status.as_str(),
+            &error,
+        ],
+    )
+    .await
 }
 
 /// The tool calls of one node pass, by attempt then tool_seq.

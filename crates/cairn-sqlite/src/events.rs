@@ -192,14 +192,14 @@ impl Appender<'_> {
         batch: &[StoredEvent],
     ) -> Result<Vec<(String, i64)>, StoreError> {
         let mut ins = tx.prepare_cached(INSERT).map_err(self.err)?;
-        let mut runs: Vec<(&str, i64)> = Vec::new();
+        let mut runs: HashMap<&str, i64> = HashMap::new();
         let mut learned: Vec<(String, i64)> = Vec::new();
         for ev in batch {
-            let run = match runs.iter().find(|r| r.0 == ev.run_id) {
-                Some(r) => r.1,
+            let run = match runs.get(ev.run_id.as_str()) {
+                Some(&k) => k,
                 None => {
                     let key = key_of_run(tx, &ev.run_id).map_err(self.err)?;
-                    runs.push((ev.run_id.as_str(), key));
+                    runs.insert(ev.run_id.as_str(), key);
                     key
                 }
             };

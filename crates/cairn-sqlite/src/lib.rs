@@ -19,6 +19,7 @@
 //! a new log's header as well; a short `cairn run` would otherwise spend
 //! most of its time in those four syncs.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -40,6 +41,8 @@ use cairn_storage::{
 };
 
 use crate::wake::WakeDir;
+
+mod checkpoint;
 
 mod locks;
 
@@ -90,6 +93,24 @@ const PAGE_SIZE: u32 = 8192;
 /// still bounds it during long runs. A one-node run adds about 150 KB: one
 /// short run in 7 pays for a checkpoint.
 pub const CHECKPOINT_FROM: u64 = 1 << 20;
+
+/// A tool call's row, inserted or replacing the one with its key.
+const PUT_TOOL_CALL: &str = "INSERT INTO tool_calls (run_id, node_id, iteration, attempt, \
+     tool_seq, tool, idempotency_key, side_effect, idempotent, input, output, started_ms, \
+     finished_ms, status, error) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+     ON CONFLICT (run_id, node_id, iteration, attempt, tool_seq) DO UPDATE SET \
+     tool = excluded.tool, idempotency_key = excluded.idempotency_key, \
+     side_effect = excluded.side_effect, idempotent = excluded.idempotent, \
+     input = excluded.input, output = excluded.output, started_ms = excluded.started_ms, \
+     finished_ms = excluded.finished_ms, status = excluded.status, error = excluded.error";
+
+/// The write connection's page cache, in KiB. Events are kept by run, so a
+/// server streaming a thousand runs appends to a thousand leaf pages; with
+/// SQLite's default of 2 MiB they did not all fit, and every commit read
+/// back from the file the pages the one before had just written. SQLite
+/// fills the cache as pages are used, so a small store does not pay for it.
+const WRITE_CACHE_KIB: u32 = 16 * 1024;
 
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -261,6 +282,8 @@ pub struct SqliteBackend {
     lock_dir: PathBuf,
     wake: WakeDir,
     write: Mutex<Connection>,
+    /// Checkpoints the log beside the writer (see `checkpoint`).
+    checkpointer: checkpoint::Checkpointer,
     readers: Arc<Mutex<Vec<Connection>>>,
     types: events::TypeCodes,
 }
@@ -414,11 +437,15 @@ impl SqliteBackend {
             conn.execute_batch("PRAGMA synchronous = NORMAL")
                 .map_err(|e| map_err(&path, e))?;
         }
+        conn.execute_batch(&format!("PRAGMA cache_size = -{WRITE_CACHE_KIB}"))
+            .map_err(|e| map_err(&path, e))?;
+        checkpoint::watch_log(&conn).map_err(|e| map_err(&path, e))?;
         let wake = WakeDir::new(&path, dir.join("wake"));
         make_kept(&path, &dir);
         let readers = Arc::new(Mutex::new(Vec::new()));
 
         Ok(SqliteBackend {
+            checkpointer: checkpoint::Checkpointer::new(&path),
             wake,
             lock_dir: dir.join("locks"),
             path,
@@ -502,6 +529,16 @@ impl SqliteBackend {
             .map_err(|e| self.err(e))?;
         let out = f(&tx)?;
         tx.commit().map_err(|e| self.err(e))?;
+        let pages = checkpoint::log_pages_after_commit();
+        if pages >= checkpoint::INLINE_PAGES {
+            // The thread's checkpoints never caught up with the log's end:
+            // copy the rest here, so that the next commit starts it over.
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::debug!(store = %self.path.display(), error = %e, "a checkpoint after a commit failed; a later one takes its pages");
+            }
+        } else if pages >= checkpoint::CHECKPOINT_PAGES {
+            self.checkpointer.ask();
+        }
         Ok(out)
     }
 
@@ -520,18 +557,24 @@ impl SqliteBackend {
         };
         let learned = appender.insert(tx, batch)?;
         // (run, latest ts, latest status) per run of the batch, in order
-        // of first appearance; batches rarely hold more than a few runs.
+        // of first appearance; a busy server's batch holds a thousand runs,
+        // found by id rather than by a scan per event.
         let mut runs: Vec<(&str, i64, Option<String>)> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
         for ev in batch {
             let status = status_of(ev);
-            match runs.iter_mut().find(|r| r.0 == ev.run_id) {
-                Some(r) => {
+            match index.get(ev.run_id.as_str()) {
+                Some(&i) => {
+                    let r = &mut runs[i];
                     r.1 = r.1.max(ev.timestamp_ms);
                     if status.is_some() {
                         r.2 = status;
                     }
                 }
-                None => runs.push((ev.run_id.as_str(), ev.timestamp_ms, status)),
+                None => {
+                    index.insert(ev.run_id.as_str(), runs.len());
+                    runs.push((ev.run_id.as_str(), ev.timestamp_ms, status));
+                }
             }
         }
         let mut upd = tx
@@ -544,6 +587,36 @@ impl SqliteBackend {
                 .map_err(|e| self.err(e))?;
         }
         Ok(learned)
+    }
+
+    /// Inserts or replaces a tool call's row in `tx`.
+    fn put_tool_call_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        rec: &ToolCallRecord,
+    ) -> Result<(), StoreError> {
+        tx.prepare_cached(PUT_TOOL_CALL)
+            .and_then(|mut st| {
+                st.execute(params![
+                    rec.run_id.as_str(),
+                    rec.node_id,
+                    rec.iteration,
+                    rec.attempt,
+                    rec.tool_seq,
+                    rec.tool,
+                    rec.idempotency_key,
+                    rec.side_effect,
+                    rec.idempotent,
+                    json_text(&rec.input),
+                    rec.output.as_ref().map(json_text),
+                    rec.started_ms,
+                    rec.finished_ms,
+                    rec.status.as_str(),
+                    rec.error.as_ref().map(json_text)
+                ])
+            })
+            .map_err(self.or_no_run(&rec.run_id))?;
+        Ok(())
     }
 
     /// Inserts a run's row and its workflow text in `tx`.
@@ -1439,37 +1512,7 @@ impl Leases for SqliteBackend {
 
 impl ToolCalls for SqliteBackend {
     fn put_tool_call(&self, rec: &ToolCallRecord) -> Result<(), StoreError> {
-        self.write(|tx| {
-            tx.execute(
-                "INSERT INTO tool_calls (run_id, node_id, iteration, attempt, tool_seq, tool, \
-                 idempotency_key, side_effect, idempotent, input, output, started_ms, finished_ms, \
-                 status, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
-                 ON CONFLICT (run_id, node_id, iteration, attempt, tool_seq) DO UPDATE SET \
-                 tool = excluded.tool, idempotency_key = excluded.idempotency_key, \
-                 side_effect = excluded.side_effect, idempotent = excluded.idempotent, \
-                 input = excluded.input, output = excluded.output, started_ms = excluded.started_ms, \
-                 finished_ms = excluded.finished_ms, status = excluded.status, error = excluded.error",
-                params![
-                    rec.run_id.as_str(),
-                    rec.node_id,
-                    rec.iteration,
-                    rec.attempt,
-                    rec.tool_seq,
-                    rec.tool,
-                    rec.idempotency_key,
-                    rec.side_effect,
-                    rec.idempotent,
-                    json_text(&rec.input),
-                    rec.output.as_ref().map(json_text),
-                    rec.started_ms,
-                    rec.finished_ms,
-                    rec.status.as_str(),
-                    rec.error.as_ref().map(json_text)
-                ],
-            )
-            .map_err(self.or_no_run(&rec.run_id))?;
-            Ok(())
-        })
+        self.write(|tx| self.put_tool_call_in(tx, rec))
     }
 
     fn tool_calls(
@@ -1581,12 +1624,34 @@ impl Wakeups for SqliteBackend {
         self.wake.notify(topic);
     }
 
+    fn notify_all(&self, topics: &[Topic<'_>]) {
+        self.wake.notify_all(topics);
+    }
+
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
         self.wake.listen(topic)
     }
 }
 
 impl Backend for SqliteBackend {
+    fn append_with_calls(
+        &self,
+        calls: &[ToolCallRecord],
+        batch: &[StoredEvent],
+    ) -> Result<(), StoreError> {
+        if calls.is_empty() {
+            return self.append(batch);
+        }
+        let learned = self.write(|tx| {
+            for c in calls {
+                self.put_tool_call_in(tx, c)?;
+            }
+            self.append_in(tx, batch)
+        })?;
+        self.types.learn(learned);
+        Ok(())
+    }
+
     fn files(&self) -> Vec<PathBuf> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         let mut files = vec![self.path.clone()];

@@ -12,6 +12,7 @@
 //! Abstract sockets belong to a network namespace, so a node's sandbox with
 //! a namespace of its own cannot reach them.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::io::ErrorKind;
 use std::os::linux::net::SocketAddrExt;
@@ -51,8 +52,20 @@ impl WakeDir {
     fn topic_dir(&self, topic: Topic<'_>) -> (String, PathBuf) {
         let tag = short_hash(topic.key().as_bytes());
         // Stores that share a folder keep their markers apart.
-        let dir = self.dir.join(&self.store_tag).join(&tag);
+        let dir = self.kind_dir(topic).join(&tag);
         (tag, dir)
+    }
+
+    /// The folder of every topic of `topic`'s kind. Kinds are kept apart so
+    /// that [`WakeDir::notify_all`] lists only its own: every run's driver
+    /// listens to its inbox, while a run's events have listeners only when
+    /// another process watches it.
+    fn kind_dir(&self, topic: Topic<'_>) -> PathBuf {
+        let kind = match topic {
+            Topic::Inbox(_) => "inbox",
+            Topic::Events(_) => "events",
+        };
+        self.dir.join(&self.store_tag).join(kind)
     }
 
     fn address(&self, topic_tag: &str, name: &str) -> std::io::Result<SocketAddr> {
@@ -64,7 +77,44 @@ impl WakeDir {
     /// a listener until its own fallback poll.
     pub(crate) fn notify(&self, topic: Topic<'_>) {
         let (tag, dir) = self.topic_dir(topic);
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+        self.wake_dir(&tag, &dir);
+    }
+
+    /// Wakes the listeners of every topic: one listing of the store's
+    /// registry finds the topics anyone listens to, instead of one failed
+    /// open per topic, which a commit of a thousand runs would pay a
+    /// thousand times.
+    pub(crate) fn notify_all(&self, topics: &[Topic<'_>]) {
+        if topics.len() < 2 {
+            topics.iter().for_each(|t| self.notify(*t));
+            return;
+        }
+        // One folder per kind: `topics` are of one kind, or listed by kind.
+        let mut listed: Vec<(PathBuf, HashSet<std::ffi::OsString>)> = Vec::new();
+        for &topic in topics {
+            let kind = self.kind_dir(topic);
+            let listened = match listed.iter().position(|(k, _)| *k == kind) {
+                Some(i) => &listed[i].1,
+                None => {
+                    let names = std::fs::read_dir(&kind)
+                        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+                        .unwrap_or_default();
+                    listed.push((kind, names));
+                    &listed[listed.len() - 1].1
+                }
+            };
+            if listened.is_empty() {
+                continue;
+            }
+            let (tag, dir) = self.topic_dir(topic);
+            if listened.contains(std::ffi::OsStr::new(&tag)) {
+                self.wake_dir(&tag, &dir);
+            }
+        }
+    }
+
+    fn wake_dir(&self, tag: &str, dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
             // No listener ever registered: the common case, one syscall.
             return;
         };
@@ -75,7 +125,7 @@ impl WakeDir {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
-            let Ok(addr) = self.address(&tag, name) else {
+            let Ok(addr) = self.address(tag, name) else {
                 continue;
             };
             match sock.send_to_addr(&[], &addr) {

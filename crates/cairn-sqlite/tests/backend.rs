@@ -224,12 +224,15 @@ async fn wake_ups_cross_handles_of_one_store() {
 async fn wake_up_folders_go_with_their_last_listener() {
     let dir = tempfile::tempdir().unwrap();
     let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
-    // Topic folders: `wake/<store>/<topic>/`.
+    // Topic folders: `wake/<store>/<kind>/<topic>/`.
     let wake = dir.path().join("wake");
     let folders = || -> usize {
         walk(&wake)
             .iter()
-            .filter(|p| p.is_dir() && p.parent().and_then(|s| s.parent()) == Some(&*wake))
+            .filter(|p| {
+                p.is_dir()
+                    && p.parent().and_then(|k| k.parent()).and_then(|s| s.parent()) == Some(&*wake)
+            })
             .count()
     };
     let before = folders();
@@ -250,6 +253,32 @@ async fn wake_up_folders_go_with_their_last_listener() {
     tokio::time::timeout(std::time::Duration::from_secs(10), again.wait())
         .await
         .expect("a new listener is woken");
+}
+
+/// Waking the runs of a commit at once reaches the listeners among them,
+/// and only those: an inbox listener of the same run hears nothing of its
+/// events.
+#[tokio::test]
+async fn a_commits_runs_are_woken_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+    let mut events = b.listen(Topic::Events("r7")).unwrap();
+    let mut inbox = b.listen(Topic::Inbox("r7")).unwrap();
+    let runs: Vec<String> = (0..50).map(|i| format!("r{i}")).collect();
+    let topics: Vec<Topic<'_>> = runs.iter().map(|r| Topic::Events(r)).collect();
+    b.notify_all(&topics);
+    tokio::time::timeout(std::time::Duration::from_secs(10), events.wait())
+        .await
+        .expect("the events listener among the batch is woken");
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(200), inbox.wait())
+            .await
+            .is_err(),
+        "an inbox listener was woken by events"
+    );
+    // Nobody listening: nothing to do, and no error.
+    drop(events);
+    b.notify_all(&topics);
 }
 
 /// Every path under `dir`, folders and files.

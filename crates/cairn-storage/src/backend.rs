@@ -177,6 +177,14 @@ pub trait Wakeups {
     /// Wakes the listeners of a topic, in this process and others. Best
     /// effort: listeners also poll, slowly.
     fn notify(&self, topic: Topic<'_>);
+    /// Wakes the listeners of each topic, as [`Wakeups::notify`] does one.
+    /// A commit of a busy server touches a thousand runs; a backend can
+    /// find their listeners at once rather than one lookup each.
+    fn notify_all(&self, topics: &[Topic<'_>]) {
+        for t in topics {
+            self.notify(*t);
+        }
+    }
     /// Registers for wake-ups of a topic.
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
 }
@@ -219,6 +227,22 @@ pub trait Backend:
     + Sync
     + 'static
 {
+    /// Commits tool calls' rows ([`ToolCalls::put_tool_call`]) and a batch
+    /// of events ([`EventLog::append`]) in one transaction: all of it or
+    /// none. The journal's writer commits the rows an agent records beside
+    /// the events queued with them, so that a thousand agents calling tools
+    /// at once share a commit instead of taking a transaction each. The
+    /// default writes the rows, then the batch, each alone.
+    fn append_with_calls(
+        &self,
+        calls: &[ToolCallRecord],
+        batch: &[StoredEvent],
+    ) -> Result<(), StoreError> {
+        for c in calls {
+            self.put_tool_call(c)?;
+        }
+        self.append(batch)
+    }
     /// A name for this store, the same in every process that opens it and
     /// different for another store: the engine marks the processes it
     /// starts with it, so that a resume kills only its own store's

@@ -37,6 +37,10 @@ pub type Check = fn(Factory<'_>);
 pub const CHECKS: &[(&str, Check)] = &[
     ("append_and_read", append_and_read),
     (
+        "tool_calls_commit_with_their_events",
+        tool_calls_commit_with_their_events,
+    ),
+    (
         "batches_are_atomic_and_seqs_unique",
         batches_are_atomic_and_seqs_unique,
     ),
@@ -111,6 +115,7 @@ macro_rules! backend_conformance_tests {
             runs_start_whole_or_not_at_all,
             leases_are_exclusive_until_dropped,
             tool_calls_are_kept_by_key,
+            tool_calls_commit_with_their_events,
             bad_rows_are_refused,
             appenders_of_different_runs_run_at_once,
             checkpoint_keeps_everything,
@@ -873,6 +878,60 @@ pub fn tool_calls_are_kept_by_key(fresh: Factory<'_>) {
         matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err:?}"
     );
+}
+
+/// Tool calls' rows committed with a batch of events: kept with it, replaced
+/// by key as `put_tool_call` replaces them, alone when the batch is empty,
+/// and not kept at all when the batch fails.
+pub fn tool_calls_commit_with_their_events(fresh: Factory<'_>) {
+    let b = fresh();
+    b.create_run(&record("r", "running", 1)).unwrap();
+    b.create_run(&record("s", "running", 1)).unwrap();
+    let out = |run: &str, seq| event(run, seq, 10, node("a"), output(&format!("{run} {seq}")));
+    let mut first = tool_call("r", 1, 1);
+    let other = tool_call("s", 1, 1);
+    b.append_with_calls(&[first.clone(), other.clone()], &[out("r", 1), out("s", 1)])
+        .unwrap();
+    assert_eq!(b.last_seq(&rid("r")).unwrap(), 1);
+    assert_eq!(b.last_seq(&rid("s")).unwrap(), 1);
+    let calls = |run: &str| {
+        b.tool_calls(&rid(run), &NodePath::from("agent"), 0)
+            .unwrap()
+    };
+    assert_eq!(calls("r"), vec![first.clone()]);
+    assert_eq!(calls("s"), vec![other]);
+    // The finished row replaces the running one; rows alone are kept too.
+    first.status = ToolCallStatus::Success;
+    first.output = Some(json!({"bytes": 3}));
+    first.finished_ms = Some(12);
+    b.append_with_calls(std::slice::from_ref(&first), &[])
+        .unwrap();
+    assert_eq!(calls("r"), vec![first.clone()]);
+    // A batch that fails takes its rows with it, of every run.
+    let second = tool_call("r", 1, 2);
+    let err = b
+        .append_with_calls(&[second, tool_call("s", 1, 2)], &[out("s", 2), out("r", 1)])
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::BadRow { ref run, .. } if run == "r"),
+        "{err:?}"
+    );
+    assert_eq!(calls("r"), vec![first], "a failed batch must store no row");
+    assert_eq!(
+        calls("s").len(),
+        1,
+        "a failed batch must store no row of any run"
+    );
+    assert_eq!(b.last_seq(&rid("s")).unwrap(), 1);
+    // A row of a run without a row is refused, and its batch with it.
+    let err = b
+        .append_with_calls(&[tool_call("ghost", 1, 1)], &[out("r", 2)])
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
+        "{err:?}"
+    );
+    assert_eq!(b.last_seq(&rid("r")).unwrap(), 1);
 }
 
 /// A row the store cannot take is refused with [`StoreError::BadRow`] naming

@@ -26,7 +26,8 @@ use crate::mirror::{Mirrors, WrapWriter};
 use cairn_sqlite::SqliteBackend;
 use cairn_storage::prelude::*;
 use cairn_storage::{
-    EventQuery, GenerationRecord, NewRun, RunLease, RunRecord, StoreError, StoredEvent, Topic,
+    EventQuery, GenerationRecord, NewRun, RunLease, RunRecord, StoreError, StoredEvent,
+    ToolCallRecord, Topic,
 };
 
 /// Most events one transaction commits; more wait for the next one.
@@ -136,6 +137,9 @@ impl RunShared {
 
 enum Msg {
     Event(StoredEvent, Arc<RunShared>),
+    /// A tool call's row, committed with the events queued beside it
+    /// ([`RunLog::record_tool_call`]).
+    Call(Box<ToolCallRecord>, Arc<RunShared>),
     /// A run's first event, committed already with the run's row
     /// ([`Journal::start_run`]): to be mirrored and published only.
     Started(StoredEvent, Arc<RunShared>),
@@ -593,23 +597,24 @@ impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Msg>) {
         let mut stopping = false;
         while let Ok(first) = rx.recv() {
-            let mut events: Vec<(StoredEvent, Arc<RunShared>)> = Vec::new();
+            let mut pending = Pending::default();
             let mut releases = Vec::new();
             let mut msg = Some(first);
             loop {
                 match msg.take() {
-                    Some(Msg::Event(e, s)) => events.push((e, s)),
+                    Some(Msg::Event(e, s)) => pending.events.push((e, s)),
+                    Some(Msg::Call(c, s)) => pending.calls.push((*c, s)),
                     Some(Msg::Started(e, s)) => {
                         // What was queued before it is committed and
                         // published first, so every feed keeps commit order.
-                        self.commit(std::mem::take(&mut events));
+                        self.commit(std::mem::take(&mut pending));
                         self.publish(vec![e], vec![s]);
                     }
                     Some(Msg::Release(l, s, r)) => releases.push((l, s, r)),
                     Some(Msg::Stop) => stopping = true,
                     None => {}
                 }
-                if events.len() >= MAX_BATCH {
+                if pending.len() >= MAX_BATCH {
                     break;
                 }
                 match rx.try_recv() {
@@ -617,28 +622,29 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit(events);
+            self.commit(pending);
             self.release(releases);
             if stopping {
                 // Take what was queued before the stop too, then end.
                 let rest: Vec<Msg> = rx.try_iter().collect();
-                let mut events = Vec::new();
+                let mut pending = Pending::default();
                 let mut releases = Vec::new();
                 for m in rest {
                     match m {
-                        Msg::Event(e, s) => events.push((e, s)),
+                        Msg::Event(e, s) => pending.events.push((e, s)),
+                        Msg::Call(c, s) => pending.calls.push((*c, s)),
                         Msg::Started(e, s) => {
-                            self.commit(std::mem::take(&mut events));
+                            self.commit(std::mem::take(&mut pending));
                             self.publish(vec![e], vec![s]);
                         }
                         Msg::Release(l, s, r) => releases.push((l, s, r)),
                         Msg::Stop => {}
                     }
-                    if events.len() >= MAX_BATCH {
-                        self.commit(std::mem::take(&mut events));
+                    if pending.len() >= MAX_BATCH {
+                        self.commit(std::mem::take(&mut pending));
                     }
                 }
-                self.commit(events);
+                self.commit(pending);
                 self.release(releases);
                 if let Some(m) = &mut self.mirrors {
                     m.close_all(&*self.backend);
@@ -653,7 +659,7 @@ impl Writer {
         self.closed.store(true, Ordering::SeqCst);
         for m in rx.try_iter() {
             match m {
-                Msg::Event(_, s) => s.update(|c| {
+                Msg::Event(_, s) | Msg::Call(_, s) => s.update(|c| {
                     c.failure.get_or_insert(Failure::Closed);
                 }),
                 // Committed already; only its mirror line and live
@@ -704,20 +710,22 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, events: Vec<Queued>) {
-        // Events of runs whose log already lost events are refused: storing
-        // them would leave a gap in seq. The events go to the backend as they
-        // are, without a copy; their runs' shared states follow beside them.
-        let (batch, shared): (Vec<StoredEvent>, Vec<Arc<RunShared>>) = events
-            .into_iter()
-            .filter(|(_, s)| s.committed.borrow().failure.is_none())
-            .unzip();
-        if batch.is_empty() {
+    fn commit(&mut self, pending: Pending) {
+        // Events and rows of runs whose log already lost events are refused:
+        // storing them would leave a gap in seq. The events go to the
+        // backend as they are, without a copy; their runs' shared states
+        // follow beside them.
+        let ok = |s: &Arc<RunShared>| s.committed.borrow().failure.is_none();
+        let (batch, shared): (Vec<StoredEvent>, Vec<Arc<RunShared>>) =
+            pending.events.into_iter().filter(|(_, s)| ok(s)).unzip();
+        let (calls, call_shared): (Vec<ToolCallRecord>, Vec<Arc<RunShared>>) =
+            pending.calls.into_iter().filter(|(_, s)| ok(s)).unzip();
+        if batch.is_empty() && calls.is_empty() {
             return;
         }
-        match self.backend.append(&batch) {
+        match self.backend.append_with_calls(&calls, &batch) {
             Ok(()) => self.publish(batch, shared),
-            Err(e) => self.retry_by_run(batch, shared, e),
+            Err(e) => self.retry_by_run(batch, shared, calls, call_shared, e),
         }
     }
 
@@ -727,33 +735,57 @@ impl Writer {
         &mut self,
         batch: Vec<StoredEvent>,
         shared: Vec<Arc<RunShared>>,
+        calls: Vec<ToolCallRecord>,
+        call_shared: Vec<Arc<RunShared>>,
         e: StoreError,
     ) {
-        tracing::error!(error = %e, "committing {} events failed", batch.len());
-        type RunPart = (RunId, Vec<StoredEvent>, Vec<Arc<RunShared>>);
-        let mut by_run: Vec<RunPart> = Vec::new();
-        for (ev, s) in batch.into_iter().zip(shared) {
-            match by_run.iter_mut().find(|(r, _, _)| *r == ev.run_id) {
-                Some((_, evs, shs)) => {
-                    evs.push(ev);
-                    shs.push(s);
-                }
-                None => by_run.push((ev.run_id.clone(), vec![ev], vec![s])),
-            }
+        tracing::error!(error = %e, "committing {} events and {} tool calls failed", batch.len(), calls.len());
+        /// One run's share of the failed batch.
+        struct RunPart {
+            run: RunId,
+            shared: Arc<RunShared>,
+            events: Vec<StoredEvent>,
+            event_shared: Vec<Arc<RunShared>>,
+            calls: Vec<ToolCallRecord>,
         }
-        let single = by_run.len() == 1;
-        for (run, evs, shs) in by_run {
+        let mut parts: Vec<RunPart> = Vec::new();
+        let mut index: HashMap<RunId, usize> = HashMap::new();
+        let mut part_of = |run: &RunId, s: &Arc<RunShared>, parts: &mut Vec<RunPart>| {
+            *index.entry(run.clone()).or_insert_with(|| {
+                parts.push(RunPart {
+                    run: run.clone(),
+                    shared: s.clone(),
+                    events: Vec::new(),
+                    event_shared: Vec::new(),
+                    calls: Vec::new(),
+                });
+                parts.len() - 1
+            })
+        };
+        for (c, s) in calls.into_iter().zip(call_shared) {
+            let i = part_of(&c.run_id, &s, &mut parts);
+            parts[i].calls.push(c);
+        }
+        for (ev, s) in batch.into_iter().zip(shared) {
+            let i = part_of(&ev.run_id, &s, &mut parts);
+            parts[i].events.push(ev);
+            parts[i].event_shared.push(s);
+        }
+        let single = parts.len() == 1;
+        for p in parts {
             let result = if single {
                 Err(e.to_string())
             } else {
-                self.backend.append(&evs).map_err(|e| e.to_string())
+                self.backend
+                    .append_with_calls(&p.calls, &p.events)
+                    .map_err(|e| e.to_string())
             };
             match result {
-                Ok(()) => self.publish(evs, shs),
+                Ok(()) => self.publish(p.events, p.event_shared),
                 Err(msg) => {
-                    tracing::error!(run = %run, error = %msg, "events lost; the run's log stops here");
+                    tracing::error!(run = %p.run, error = %msg, "events lost; the run's log stops here");
                     let failure = Failure::Commit(Arc::from(msg));
-                    shs[0].update(|c| c.failure = Some(failure));
+                    p.shared.update(|c| c.failure = Some(failure));
                 }
             }
         }
@@ -764,30 +796,35 @@ impl Writer {
         if self.mirrors.is_some() {
             self.mirror(&events);
         }
-        let mut last: Vec<(Arc<RunShared>, u64)> = Vec::new();
-        let mut runs: Vec<RunId> = Vec::new();
+        // Each run of the batch once, in order of first appearance, with its
+        // last seq here. A busy server's batch holds a thousand runs, so
+        // they are found by id, not by a scan per event.
+        let mut runs: Vec<(RunId, Arc<RunShared>, u64)> = Vec::new();
+        let mut index: HashMap<RunId, usize> = HashMap::new();
         for (ev, shared) in events.into_iter().zip(shared) {
             let seq = ev.seq;
-            if runs.last() != Some(&ev.run_id) && !runs.contains(&ev.run_id) {
-                runs.push(ev.run_id.clone());
+            match runs.last_mut() {
+                Some(last) if last.0 == ev.run_id => last.2 = seq,
+                _ => match index.get(&ev.run_id) {
+                    Some(&i) => runs[i].2 = seq,
+                    None => {
+                        index.insert(ev.run_id.clone(), runs.len());
+                        runs.push((ev.run_id.clone(), shared.clone(), seq));
+                    }
+                },
             }
             let ev = Arc::new(ev);
             let _ = shared.live.send(ev.clone());
             if let Some(all) = self.all.get() {
                 let _ = all.send(ev);
             }
-            match last.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &shared)) {
-                Some(l) => l.1 = seq,
-                None => last.push((shared, seq)),
-            }
         }
-        for (shared, seq) in last {
-            shared.update(|c| c.seq = c.seq.max(seq));
+        for (_, shared, seq) in &runs {
+            shared.update(|c| c.seq = c.seq.max(*seq));
         }
         // Subscribers in other processes learn of the commit without polling.
-        for run in &runs {
-            self.backend.notify(Topic::Events(run));
-        }
+        let topics: Vec<Topic<'_>> = runs.iter().map(|(r, _, _)| Topic::Events(r)).collect();
+        self.backend.notify_all(&topics);
     }
 
     fn mirror(&mut self, events: &[StoredEvent]) {
@@ -804,10 +841,12 @@ impl Writer {
             ended: bool,
         }
         let mut runs: Vec<Lines<'_>> = Vec::new();
+        let mut index: HashMap<&RunId, usize> = HashMap::new();
         for ev in events {
-            let l = match runs.iter_mut().position(|l| *l.run == ev.run_id) {
-                Some(i) => &mut runs[i],
+            let l = match index.get(&ev.run_id) {
+                Some(&i) => &mut runs[i],
                 None => {
+                    index.insert(&ev.run_id, runs.len());
                     runs.push(Lines {
                         run: &ev.run_id,
                         first: ev.seq,
@@ -840,6 +879,20 @@ impl Writer {
 pub type Observer = Box<dyn Fn(&Event) + Send + Sync>;
 /// An event waiting for the writer, with its run's shared state.
 type Queued = (StoredEvent, Arc<RunShared>);
+
+/// What the writer commits next, in one transaction.
+#[derive(Default)]
+struct Pending {
+    events: Vec<Queued>,
+    /// Tool calls' rows, with their runs' shared states.
+    calls: Vec<(ToolCallRecord, Arc<RunShared>)>,
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        self.events.len() + self.calls.len()
+    }
+}
 
 /// A new run's start, for [`Journal::start_run`].
 pub struct RunStart {
@@ -940,6 +993,24 @@ impl RunLog {
             obs(&ev);
         }
         ev
+    }
+
+    /// Queues a tool call's row, to be committed with the events queued
+    /// beside it (in one transaction where the backend can) and never after
+    /// an event appended later. Never blocks: a thousand agents calling
+    /// tools at once share the writer's commits instead of each taking the
+    /// store's write lock on a runtime thread. A row that cannot be stored
+    /// fails the run's log as an event would: the next
+    /// [`RunLog::append_durable`] or [`RunLog::sync`] says so.
+    pub fn record_tool_call(&self, rec: ToolCallRecord) {
+        let sent = self
+            .tx
+            .send(Msg::Call(Box::new(rec), self.shared().clone()));
+        if sent.is_err() || self.inner.closed.load(Ordering::SeqCst) {
+            self.shared().update(|c| {
+                c.failure.get_or_insert(Failure::Closed);
+            });
+        }
     }
 
     /// Appends and waits until the event is committed. Use it for lifecycle

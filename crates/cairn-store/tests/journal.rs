@@ -172,6 +172,87 @@ fn seq_continues_across_reopen_and_observer_sees_seq_order() {
     j.close();
 }
 
+/// A tool call's row queued on the log is committed with the event
+/// appended after it: whoever waits for that event finds the row; a row
+/// the store refuses stops the run's log, as a lost event does.
+#[tokio::test]
+async fn tool_call_rows_commit_with_the_events_after_them() {
+    use cairn_store::{ToolCallRecord, ToolCallStatus};
+    let dir = tempfile::tempdir().unwrap();
+    let j = open(&dir.path().join("s.db"), None);
+    let call = |run: &str, seq: u32| ToolCallRecord {
+        run_id: cairn_events::RunId::parse(run).unwrap(),
+        node_id: "a".into(),
+        iteration: 0,
+        attempt: 1,
+        tool_seq: seq,
+        tool: "read".into(),
+        idempotency_key: format!("{run}/a/0/1/{seq}"),
+        side_effect: false,
+        idempotent: true,
+        input: serde_json::json!({"path": "x"}),
+        output: None,
+        started_ms: 1,
+        finished_ms: None,
+        status: ToolCallStatus::Running,
+        error: None,
+    };
+    let rows = |run: &str| {
+        j.backend()
+            .tool_calls(
+                &cairn_events::RunId::parse(run).unwrap(),
+                &cairn_events::NodePath::from("a"),
+                0,
+            )
+            .unwrap()
+    };
+    j.backend()
+        .create_run(&run_record("r", "running", 1))
+        .unwrap();
+    let log = j
+        .run_log(&cairn_events::RunId::parse("r").unwrap())
+        .unwrap();
+    log.append_durable(Scope::run(), started()).await.unwrap();
+    for seq in 1..=50 {
+        log.record_tool_call(call("r", seq));
+        log.append(node("a"), output("between"));
+    }
+    let mut done = call("r", 50);
+    done.status = ToolCallStatus::Success;
+    done.finished_ms = Some(2);
+    log.record_tool_call(done.clone());
+    log.append_durable(node("a"), output("after"))
+        .await
+        .unwrap();
+    let kept = rows("r");
+    assert_eq!(kept.len(), 50);
+    assert_eq!(kept[49], done, "the later row replaces the earlier");
+
+    // A run with no row: its call is refused, and the log stops there.
+    let ghost = j
+        .run_log(&cairn_events::RunId::parse("ghost").unwrap())
+        .unwrap();
+    ghost.append_durable(Scope::run(), started()).await.unwrap();
+    ghost.record_tool_call(call("ghost", 1));
+    let err = ghost
+        .append_durable(node("a"), output("after the call"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("ghost"), "{err}");
+    assert_eq!(
+        j.backend()
+            .last_seq(&cairn_events::RunId::parse("ghost").unwrap())
+            .unwrap(),
+        1
+    );
+    // The other run's log goes on.
+    log.record_tool_call(call("r", 51));
+    log.append_durable(node("a"), output("still"))
+        .await
+        .unwrap();
+    assert_eq!(rows("r").len(), 51);
+}
+
 #[tokio::test]
 async fn appends_after_close_fail_their_waiters() {
     let dir = tempfile::tempdir().unwrap();

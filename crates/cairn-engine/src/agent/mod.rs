@@ -639,16 +639,30 @@ impl<'a> Agent<'a> {
         tokio::pin!(call);
         // Pieces wait in the streamer at most `STREAM_HOLD`: a timer armed
         // when the first piece of a batch arrives flushes it even while the
-        // provider is silent.
+        // provider is silent. The timer and the cancel's future live across
+        // the loop: made anew per piece, they were a timer-wheel insert and
+        // removal for every token of a thousand streams.
+        let cancelled = ctx.cancel.cancelled();
+        tokio::pin!(cancelled);
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
+        let mut set_for = None;
         let response = loop {
             let due = lock().due();
+            if let Some(d) = due {
+                if set_for != Some(d) {
+                    timer.as_mut().reset(d);
+                    set_for = Some(d);
+                }
+            }
             tokio::select! {
                 r = &mut call => break r,
-                _ = ctx.cancel.cancelled() => {
+                _ = &mut cancelled => {
                     return Err(NodeError::cancelled("cancelled while the model answered"));
                 }
                 _ = armed.notified(), if due.is_none() => {}
-                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                _ = &mut timer, if due.is_some() => {
+                    set_for = None;
                     lock().flush();
                 }
             }

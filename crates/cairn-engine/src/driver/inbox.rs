@@ -109,6 +109,7 @@ impl Driver {
     /// caused is durable, so a crash in between applies it again on resume
     /// (where a second decision is refused, harmlessly).
     pub(super) async fn drain_inbox(&mut self) -> usize {
+        self.polls = 0;
         let backend = self.services.journal.backend().clone();
         let run = self.run_id.clone();
         let pending = tokio::task::spawn_blocking(move || backend.pending_commands(&run)).await;

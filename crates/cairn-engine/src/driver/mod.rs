@@ -84,6 +84,11 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 /// How often the driver reads its inbox when no wake-up came: wake-ups are
 /// best effort, the inbox in the store is the truth.
 const INBOX_POLL: Duration = Duration::from_secs(1);
+/// Polls skipped between two reads of the inbox while its wake-ups are
+/// heard (a lost one then waits up to ten seconds): a read is a blocking
+/// thread and a query, and a server driving a thousand runs made a thousand
+/// of them a second for commands that nearly always came with a wake-up.
+const POLLS_WHILE_LISTENING: u32 = 10;
 /// Most checks or starts decided between two looks at the inbox and the
 /// shutdown signal, so that a cancel or a SIGTERM takes effect within a
 /// round however large the round is.
@@ -200,6 +205,8 @@ pub(crate) struct Driver {
     inbox: Option<Box<dyn Listener>>,
     /// Whether the driver subscribed to those wake-ups (or tried to).
     listening: bool,
+    /// Inbox polls since the last read of the inbox.
+    polls: u32,
     /// What the watcher of the run's files says (`--watch`); `None` for a
     /// run not watched.
     reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
@@ -289,6 +296,7 @@ impl Driver {
             ask_rx,
             inbox: None,
             listening: false,
+            polls: 0,
             reloads: init.reloads,
             shutdown: init.shutdown,
             store_error: None,
@@ -516,7 +524,12 @@ impl Driver {
             Some(m) = self.msg_rx.recv() => self.on_msg(m),
             Some(a) = self.ask_rx.recv() => self.on_ask(a),
             _ = wait_for(&mut self.inbox) => { self.drain_inbox().await; }
-            _ = poll.tick() => { self.drain_inbox().await; }
+            _ = poll.tick() => {
+                self.polls += 1;
+                if self.inbox.is_none() || self.polls >= POLLS_WHILE_LISTENING {
+                    self.drain_inbox().await;
+                }
+            }
             note = reload::next_note(&mut self.reloads) => self.on_note(note).await,
             _ = self.shutdown.token.cancelled(), if !self.ending.shutting_down() => {
                 self.begin_shutdown();
