@@ -142,7 +142,10 @@ async fn send_once(
             ),
         ),
         Ok(Err(e)) => {
-            let msg = scrub(&e.to_string(), key);
+            // With its causes: reqwest's own text ("error sending request")
+            // leaves out what failed (a refused connection, a certificate
+            // nobody vouches for).
+            let msg = scrub(&causes(&e), key);
             (
                 format!("connection: {}", cut(&msg, 200)),
                 None,
