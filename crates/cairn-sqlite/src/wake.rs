@@ -2,17 +2,25 @@
 //!
 //! SQLite has no LISTEN/NOTIFY, so the store brings its own: each listener
 //! binds a datagram socket in Linux's abstract namespace (no file to clean
-//! up: the kernel drops the name with the socket) and leaves a marker file
-//! named after it in `<store dir>/wake/<store>/<topic>/`, so that a notifier can find
-//! it. A notification is one empty datagram to every listener of the topic;
-//! a listener that died is found by the refused send and its marker removed.
+//! up: the kernel drops the name with the socket) and leaves an empty marker
+//! file named after its topic and itself in `<store dir>/wake/<store>/<kind>/`,
+//! so that a notifier can find it. A notification is one empty datagram to
+//! every listener of the topic; a listener that died is found by the refused
+//! send and its marker removed.
+//!
+//! Markers are files in one folder per kind, not folders per topic: a folder
+//! holds a block of the disk, and on a file system mounted with `discard`,
+//! removing the last folder of a run's topic waited for the device to discard
+//! that block, on the runtime thread that dropped the listener (a thousand
+//! runs ending at once held both runtime threads for tens of milliseconds).
+//! An empty file has no block to give back.
 //!
 //! A wake-up carries nothing but "look again": the data is always in the
 //! store, so a lost or forged datagram costs a read, never correctness.
 //! Abstract sockets belong to a network namespace, so a node's sandbox with
 //! a namespace of its own cannot reach them.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::io::ErrorKind;
 use std::os::linux::net::SocketAddrExt;
@@ -49,11 +57,8 @@ impl WakeDir {
         }
     }
 
-    fn topic_dir(&self, topic: Topic<'_>) -> (String, PathBuf) {
-        let tag = short_hash(topic.key().as_bytes());
-        // Stores that share a folder keep their markers apart.
-        let dir = self.kind_dir(topic).join(&tag);
-        (tag, dir)
+    fn topic_tag(topic: Topic<'_>) -> String {
+        short_hash(topic.key().as_bytes())
     }
 
     /// The folder of every topic of `topic`'s kind. Kinds are kept apart so
@@ -76,46 +81,69 @@ impl WakeDir {
     /// Wakes every listener of `topic`. Best effort: a failure only delays
     /// a listener until its own fallback poll.
     pub(crate) fn notify(&self, topic: Topic<'_>) {
-        let (tag, dir) = self.topic_dir(topic);
-        self.wake_dir(&tag, &dir);
+        self.notify_all(std::slice::from_ref(&topic));
     }
 
-    /// Wakes the listeners of every topic: one listing of the store's
-    /// registry finds the topics anyone listens to, instead of one failed
-    /// open per topic, which a commit of a thousand runs would pay a
-    /// thousand times.
+    /// Wakes the listeners of every topic: one listing per kind finds the
+    /// topics anyone listens to, instead of one look per topic, which a
+    /// commit of a thousand runs would pay a thousand times.
     pub(crate) fn notify_all(&self, topics: &[Topic<'_>]) {
-        if topics.len() < 2 {
-            topics.iter().for_each(|t| self.notify(*t));
-            return;
-        }
-        // One folder per kind: `topics` are of one kind, or listed by kind.
-        let mut listed: Vec<(PathBuf, HashSet<std::ffi::OsString>)> = Vec::new();
+        let mut listed: Vec<(PathBuf, Listed)> = Vec::new();
+        let mut sock: Option<UnixDatagram> = None;
         for &topic in topics {
             let kind = self.kind_dir(topic);
-            let listened = match listed.iter().position(|(k, _)| *k == kind) {
-                Some(i) => &listed[i].1,
+            let i = match listed.iter().position(|(k, _)| *k == kind) {
+                Some(i) => i,
                 None => {
-                    let names = std::fs::read_dir(&kind)
-                        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
-                        .unwrap_or_default();
-                    listed.push((kind, names));
-                    &listed[listed.len() - 1].1
+                    let l = Listed::read(&kind);
+                    listed.push((kind, l));
+                    listed.len() - 1
                 }
             };
-            if listened.is_empty() {
-                continue;
+            let (kind, l) = &listed[i];
+            let tag = Self::topic_tag(topic);
+            if let Some(names) = l.markers.get(&tag) {
+                let sock = match &sock {
+                    Some(s) => s,
+                    None => match UnixDatagram::unbound() {
+                        Ok(s) => {
+                            let _ = s.set_nonblocking(true);
+                            sock.insert(s)
+                        }
+                        Err(_) => return,
+                    },
+                };
+                for name in names {
+                    self.wake_one(sock, &tag, name, &kind.join(format!("{tag}-{name}")));
+                }
             }
-            let (tag, dir) = self.topic_dir(topic);
-            if listened.contains(std::ffi::OsStr::new(&tag)) {
-                self.wake_dir(&tag, &dir);
+            if l.folders.contains(&tag) {
+                self.wake_folder(&tag, &kind.join(&tag));
             }
         }
     }
 
-    fn wake_dir(&self, tag: &str, dir: &Path) {
+    /// Sends one wake-up; a listener whose name nobody binds any more died,
+    /// and its marker goes.
+    fn wake_one(&self, sock: &UnixDatagram, tag: &str, name: &str, marker: &Path) {
+        let Ok(addr) = self.address(tag, name) else {
+            return;
+        };
+        match sock.send_to_addr(&[], &addr) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                let _ = std::fs::remove_file(marker);
+            }
+            // A full queue already holds a wake-up for it.
+            Err(_) => {}
+        }
+    }
+
+    /// Wakes the listeners of a topic folder, where builds before the flat
+    /// layout leave their markers: such a process may share the store
+    /// during an upgrade.
+    fn wake_folder(&self, tag: &str, dir: &Path) {
         let Ok(entries) = std::fs::read_dir(dir) else {
-            // No listener ever registered: the common case, one syscall.
             return;
         };
         let Ok(sock) = UnixDatagram::unbound() else {
@@ -123,27 +151,16 @@ impl WakeDir {
         };
         let _ = sock.set_nonblocking(true);
         for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Ok(addr) = self.address(tag, name) else {
-                continue;
-            };
-            match sock.send_to_addr(&[], &addr) {
-                Ok(_) => {}
-                // Nobody bound the name: the listener's process died.
-                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-                // A full queue already holds a wake-up for it.
-                Err(_) => {}
+            if let Some(name) = entry.file_name().to_str() {
+                self.wake_one(&sock, tag, name, &entry.path());
             }
         }
     }
 
     /// Registers a listener of `topic`.
     pub(crate) fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
-        let (tag, dir) = self.topic_dir(topic);
-        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        let tag = Self::topic_tag(topic);
+        let dir = self.kind_dir(topic);
         let name = format!(
             "{}-{}",
             std::process::id(),
@@ -155,23 +172,55 @@ impl WakeDir {
         let sock = UnixDatagram::bind_addr(&addr).map_err(|e| StoreError::io(&dir, e))?;
         sock.set_nonblocking(true)
             .map_err(|e| StoreError::io(&dir, e))?;
-        let marker = dir.join(&name);
-        // The last listener of a topic removes its folder when it goes; one
-        // doing so between our `create_dir_all` and this write leaves no
-        // folder to write in, so make it again.
-        let mut tries = 0;
-        while let Err(e) = std::fs::write(&marker, b"") {
-            tries += 1;
-            if e.kind() != ErrorKind::NotFound || tries > 3 {
+        let marker = dir.join(format!("{tag}-{name}"));
+        if let Err(e) = std::fs::write(&marker, b"") {
+            if e.kind() != ErrorKind::NotFound {
                 return Err(StoreError::io(&marker, e));
             }
+            // The kind's folder is made once and stays.
             std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+            std::fs::write(&marker, b"").map_err(|e| StoreError::io(&marker, e))?;
         }
         Ok(Box::new(SocketListener {
             std: Some(sock),
             tokio: None,
             marker,
         }))
+    }
+}
+
+/// What one listing of a kind's folder found.
+#[derive(Default)]
+struct Listed {
+    /// Listener names by topic tag, from markers `<tag>-<name>`.
+    markers: HashMap<String, Vec<String>>,
+    /// Topic folders of builds before the flat layout.
+    folders: HashSet<String>,
+}
+
+impl Listed {
+    fn read(kind: &Path) -> Listed {
+        let mut l = Listed::default();
+        let Ok(entries) = std::fs::read_dir(kind) else {
+            // Nobody ever listened: the common case, one syscall.
+            return l;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            // Tags are hex, so the first `-` ends one.
+            match name.split_once('-') {
+                Some((tag, who)) => l
+                    .markers
+                    .entry(tag.to_string())
+                    .or_default()
+                    .push(who.to_string()),
+                None => {
+                    l.folders.insert(name.to_string());
+                }
+            }
+        }
+        l
     }
 }
 
@@ -220,11 +269,38 @@ impl Listener for SocketListener {
 impl Drop for SocketListener {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.marker);
-        // A topic is usually one run's: without this, every run would leave
-        // an empty folder behind for good. Fails, harmlessly, while another
-        // listener's marker is there.
-        if let Some(dir) = self.marker.parent() {
-            let _ = std::fs::remove_dir(dir);
-        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process of a build that kept a folder per topic may share the
+    /// store during an upgrade: its listeners are still woken.
+    #[test]
+    fn listeners_in_topic_folders_are_woken() {
+        let dir = tempfile::tempdir().unwrap();
+        let wake = WakeDir::new(&dir.path().join("s.db"), dir.path().join("wake"));
+        let topic = Topic::Inbox("r");
+        let tag = WakeDir::topic_tag(topic);
+        let name = format!("{}-legacy", std::process::id());
+        let sock = UnixDatagram::bind_addr(&wake.address(&tag, &name).unwrap()).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let folder = wake.kind_dir(topic).join(&tag);
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join(&name), b"").unwrap();
+        // A marker of a listener that died goes when a wake-up finds it.
+        let dead = folder.join(format!("{}-gone", std::process::id()));
+        std::fs::write(&dead, b"").unwrap();
+        wake.notify(topic);
+        let mut buf = [0u8; 4];
+        assert_eq!(
+            sock.recv(&mut buf).unwrap(),
+            0,
+            "a wake-up is an empty datagram"
+        );
+        assert!(!dead.exists(), "the dead listener's marker stayed");
+        assert!(folder.join(&name).exists());
     }
 }

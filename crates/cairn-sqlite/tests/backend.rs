@@ -217,37 +217,36 @@ async fn wake_ups_cross_handles_of_one_store() {
         .expect("the inbox listener is woken");
 }
 
-/// A topic's wake-up folder goes with its last listener (a run's topics
-/// would otherwise leave a folder each, for good); while another listener
-/// is there it stays, and that listener is still woken.
+/// A listener's marker goes with it, and a topic makes no folder of its
+/// own (a folder holds a disk block, which a run's end would give back); a
+/// topic's other listener stays and is still woken.
 #[tokio::test]
-async fn wake_up_folders_go_with_their_last_listener() {
+async fn wake_up_markers_go_with_their_listener() {
     let dir = tempfile::tempdir().unwrap();
     let b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
-    // Topic folders: `wake/<store>/<kind>/<topic>/`.
+    // Markers: `wake/<store>/<kind>/<topic>-<listener>`.
     let wake = dir.path().join("wake");
-    let folders = || -> usize {
+    let markers = || -> usize {
         walk(&wake)
             .iter()
             .filter(|p| {
-                p.is_dir()
-                    && p.parent().and_then(|k| k.parent()).and_then(|s| s.parent()) == Some(&*wake)
+                p.parent().and_then(|k| k.parent()).and_then(|s| s.parent()) == Some(&*wake)
             })
+            .inspect(|p| assert!(p.is_file(), "{} is not a marker file", p.display()))
             .count()
     };
-    let before = folders();
+    let before = markers();
     let first = b.listen(Topic::Inbox("r")).unwrap();
     let mut second = b.listen(Topic::Inbox("r")).unwrap();
-    assert_eq!(folders(), before + 1);
+    assert_eq!(markers(), before + 2);
     drop(first);
-    assert_eq!(folders(), before + 1, "the other listener's folder went");
+    assert_eq!(markers(), before + 1, "the first listener's marker stayed");
     b.notify(Topic::Inbox("r"));
     tokio::time::timeout(std::time::Duration::from_secs(10), second.wait())
         .await
         .expect("the remaining listener is woken");
     drop(second);
-    assert_eq!(folders(), before, "the topic's folder stayed");
-    // And a new listener of the topic makes it again.
+    assert_eq!(markers(), before, "the second listener's marker stayed");
     let mut again = b.listen(Topic::Inbox("r")).unwrap();
     b.notify(Topic::Inbox("r"));
     tokio::time::timeout(std::time::Duration::from_secs(10), again.wait())
