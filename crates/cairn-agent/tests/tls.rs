@@ -4,7 +4,7 @@
 //! the roots at a test authority through `SSL_CERT_FILE` before the first
 //! client of the process is built.
 //!
-//! `tests/tls/` holds a test authority (`ca.pem`), a certificate it signed
+//! `testdata/tls/` holds a test authority (`ca.pem`), a certificate it signed
 //! for `localhost` and 127.0.0.1 (`leaf.pem`, `leaf.key`) and one for the
 //! same names that signed itself (`stranger.pem`, `stranger.key`), all valid
 //! for a hundred years; nothing else trusts that authority.
@@ -20,11 +20,11 @@ use cairn_agent::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-const CA: &str = include_str!("tls/ca.pem");
-const LEAF: &str = include_str!("tls/leaf.pem");
-const LEAF_KEY: &str = include_str!("tls/leaf.key");
-const STRANGER: &str = include_str!("tls/stranger.pem");
-const STRANGER_KEY: &str = include_str!("tls/stranger.key");
+const CA: &str = include_str!("../../../testdata/tls/ca.pem");
+const LEAF: &str = include_str!("../../../testdata/tls/leaf.pem");
+const LEAF_KEY: &str = include_str!("../../../testdata/tls/leaf.key");
+const STRANGER: &str = include_str!("../../../testdata/tls/stranger.pem");
+const STRANGER_KEY: &str = include_str!("../../../testdata/tls/stranger.key");
 
 /// Serves one connection with `cert`: reads one request and answers it with
 /// a short Chat Completions stream. A handshake the client refuses just

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::config::Host;
 use tokio_postgres::Config;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use cairn_storage::StoreError;
 
@@ -24,14 +25,26 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_IDENTIFIER: usize = 63;
 
 /// A parsed store location.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Target {
     /// How the pool connects: every session's `search_path` is the schema.
     pub(crate) config: Config,
+    /// How connections set up TLS, as the URL's `sslmode` says.
+    pub(crate) tls: MakeRustlsConnect,
     /// The schema holding the tables, a plain lowercase identifier.
     pub(crate) schema: String,
     /// What errors name as the store (no password).
     pub(crate) place: String,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the config: it may hold a password.
+        f.debug_struct("Target")
+            .field("schema", &self.schema)
+            .field("place", &self.place)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Target {
@@ -40,7 +53,11 @@ impl Target {
     pub(crate) fn parse(url: &str, schema: Option<&str>) -> Result<Target, StoreError> {
         // The URL may hold a password: no error repeats it.
         let unparsed = || "(the PostgreSQL URL)".to_string();
-        let mut config = Config::from_str(url).map_err(|e| StoreError::Open {
+        let (url, tls) = crate::tls::split(url).map_err(|detail| StoreError::Open {
+            store: unparsed(),
+            detail,
+        })?;
+        let mut config = Config::from_str(&url).map_err(|e| StoreError::Open {
             store: unparsed(),
             detail: crate::db::describe(&e),
         })?;
@@ -50,6 +67,11 @@ impl Target {
             store: place.clone(),
             detail,
         })?;
+        let (mode, tls) = tls.connector().map_err(|detail| StoreError::Open {
+            store: place.clone(),
+            detail,
+        })?;
+        config.ssl_mode(mode);
         let options = match config.get_options() {
             Some(o) if !o.trim().is_empty() => format!("{o} -c search_path={schema}"),
             _ => format!("-c search_path={schema}"),
@@ -63,6 +85,7 @@ impl Target {
         }
         Ok(Target {
             config,
+            tls,
             schema,
             place,
         })

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::error::{DbError, SqlState};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use cairn_storage::StoreError;
 
@@ -22,12 +22,13 @@ impl Db {
     /// lazily: nothing is opened until the first query.
     pub(crate) fn new(
         config: tokio_postgres::Config,
+        tls: MakeRustlsConnect,
         size: usize,
         place: String,
     ) -> Result<Db, StoreError> {
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             // A connection the server closed is dropped on return; one that
             // died silently fails its next query, which the caller sees.
             ManagerConfig {

@@ -29,6 +29,7 @@ mod runs;
 mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tls;
 mod wake;
 
 use std::future::Future;
@@ -125,15 +126,24 @@ impl PgBackend {
             store: target.place.clone(),
             detail: format!("cannot start the client's threads: {e}"),
         })?;
-        let db = Db::new(target.config.clone(), opts.pool_size, target.place.clone())?;
+        let db = Db::new(
+            target.config.clone(),
+            target.tls.clone(),
+            opts.pool_size,
+            target.place.clone(),
+        )?;
 
         let (migrating, schema) = (db.clone(), target.schema.clone());
         let store_id = bridge.run(async move { schema::migrate(&migrating, &schema).await })?;
 
-        let (wake_config, channel, place) =
-            (target.wake_config(), target.channel(), target.place.clone());
+        let (wake_config, tls, channel, place) = (
+            target.wake_config(),
+            target.tls.clone(),
+            target.channel(),
+            target.place.clone(),
+        );
         let wake = bridge.run(async move {
-            Wake::start(wake_config, channel)
+            Wake::start(wake_config, tls, channel)
                 .await
                 .map_err(|detail| StoreError::Open {
                     store: place,

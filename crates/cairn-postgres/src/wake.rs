@@ -22,7 +22,8 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Notification, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Notification, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use cairn_storage::{Listener, Topic};
 
@@ -133,12 +134,16 @@ impl Wake {
     /// Connects and LISTENs on `channel`, then keeps the connection (and
     /// makes it again when it drops) on the current runtime. Fails if the
     /// first connection does.
-    pub(crate) async fn start(config: Config, channel: String) -> Result<Wake, String> {
+    pub(crate) async fn start(
+        config: Config,
+        tls: MakeRustlsConnect,
+        channel: String,
+    ) -> Result<Wake, String> {
         let mut config = config;
         if config.get_keepalives_idle() == Config::new().get_keepalives_idle() {
             config.keepalives_idle(KEEPALIVE_IDLE);
         }
-        let session = Session::open(&config, &channel)
+        let session = Session::open(&config, &tls, &channel)
             .await
             .map_err(|e| e.to_string())?;
         let wake = Wake {
@@ -148,7 +153,9 @@ impl Wake {
             handle: Handle::current(),
         };
         let (registry, link) = (wake.registry.clone(), wake.link.clone());
-        tokio::spawn(keep_listening(config, channel, registry, link, session));
+        tokio::spawn(keep_listening(
+            config, tls, channel, registry, link, session,
+        ));
         Ok(wake)
     }
 
@@ -194,8 +201,12 @@ struct Session {
 }
 
 impl Session {
-    async fn open(config: &Config, channel: &str) -> Result<Session, LinkError> {
-        let (client, mut connection) = config.connect(NoTls).await?;
+    async fn open(
+        config: &Config,
+        tls: &MakeRustlsConnect,
+        channel: &str,
+    ) -> Result<Session, LinkError> {
+        let (client, mut connection) = config.connect(tls.clone()).await?;
         let mut messages: Messages = Box::pin(futures::stream::poll_fn(move |cx| {
             connection.poll_message(cx)
         }));
@@ -270,6 +281,7 @@ async fn drive<T>(
 /// Keeps a wake-up connection for as long as the runtime runs.
 async fn keep_listening(
     config: Config,
+    tls: MakeRustlsConnect,
     channel: String,
     registry: Arc<Registry>,
     link: Arc<Mutex<Option<Link>>>,
@@ -279,18 +291,18 @@ async fn keep_listening(
         let why = session.pump(&registry).await;
         *link.lock().unwrap_or_else(|p| p.into_inner()) = None;
         tracing::warn!(error = %why, "lost the wake-up connection to PostgreSQL; connecting again");
-        session = reconnect(&config, &channel).await;
+        session = reconnect(&config, &tls, &channel).await;
         *link.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.link.clone());
         // Whatever was notified while we were away is lost: look again.
         registry.wake_all();
     }
 }
 
-async fn reconnect(config: &Config, channel: &str) -> Session {
+async fn reconnect(config: &Config, tls: &MakeRustlsConnect, channel: &str) -> Session {
     let mut delay = RECONNECT_FIRST;
     loop {
         tokio::time::sleep(delay).await;
-        match Session::open(config, channel).await {
+        match Session::open(config, tls, channel).await {
             Ok(s) => {
                 tracing::info!("wake-up connection to PostgreSQL restored");
                 return s;
