@@ -322,3 +322,100 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     drop(backend);
     cairn_postgres::testing::drop_database(server, &db);
 }
+
+/// Waits, asking `client`, until `run` has `status`.
+async fn reaches(client: &Client, run: &str, status: &str, within: Duration) {
+    let t0 = Instant::now();
+    let id = RunId::parse(run).unwrap();
+    loop {
+        let state = client.run(&id).await.unwrap();
+        if state["status"] == status {
+            return;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{run} is not {status} after {within:?}: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A SIGTERMed instance gives its runs back and wakes the other instances,
+/// which go on with them at once. The lease here lasts ten minutes, so the
+/// other instance would find the runs by itself only after five (its
+/// periodic look): each run finishing within a minute is the hand-over's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_instance_hands_its_runs_over_at_once() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let db = format!("cairn_handover_{}", std::process::id());
+    let store = cairn_postgres::testing::create_database(server, &db);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
+    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+    let ports = [free_port(), free_port()];
+    let long_lease =
+        |p: u16| common::serve(dir.path(), &["--store", &store, "--lease-ttl", "600s"], p);
+    let mut servers = Instances(ports.iter().map(|&p| Some(long_lease(p))).collect());
+    let mut clients = Vec::new();
+    for &p in &ports {
+        let url = format!("http://127.0.0.1:{p}");
+        wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+        clients.push(Client::new(&url, None).unwrap());
+    }
+    let start = |workflow: &'static str| {
+        let c = clients[0].clone();
+        async move {
+            c.post_json("/v1/runs", &json!({ "workflow": workflow }))
+                .await
+                .unwrap()["runId"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    // Both driven by the first instance: one waits for a person, one is
+    // part-way through its commands when the instance stops.
+    let gated = start("gated").await;
+    waiting(&clients[0], &gated).await;
+    let long = start("long").await;
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(dir.path().join("marks"))
+        .unwrap_or_default()
+        .contains(&format!("{long} b"))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the long run never reached b"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut first = servers.0[0].take().unwrap();
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    let status = first.wait().unwrap();
+    assert!(
+        status.success(),
+        "the stopped instance exited with {status}"
+    );
+
+    let other = &clients[1];
+    reaches(other, &long, "finished", Duration::from_secs(60)).await;
+    // The gate still waits, now on the other instance, and its approval
+    // there lets the run end.
+    waiting(other, &gated).await;
+    other
+        .post_json(
+            &format!("/v1/runs/{gated}/approvals/gate"),
+            &json!({"approved": true, "by": "test"}),
+        )
+        .await
+        .unwrap();
+    reaches(other, &gated, "finished", Duration::from_secs(60)).await;
+    // Nothing of the long run ran twice past what the stop cut short: the
+    // command running at the stop may run again, no finished one does.
+    let marks = std::fs::read_to_string(dir.path().join("marks")).unwrap();
+    let a = marks.lines().filter(|l| *l == format!("{long} a")).count();
+    assert_eq!(a, 1, "node a ran again after it finished: {marks}");
+}

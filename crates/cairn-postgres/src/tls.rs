@@ -57,9 +57,11 @@ impl SslMode {
                         .into(),
                 )
             }
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "invalid sslmode `{other}`: use disable, prefer, require, verify-ca or verify-full"
-            )),
+            ))
+            }
         })
     }
 }

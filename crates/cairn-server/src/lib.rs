@@ -36,6 +36,8 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use cairn_store::Topic;
+
 pub use api::{run_activity, ActivityError};
 pub use cairn_engine::{Engine, EngineError, EngineOptions};
 pub use guard::GuardConfigError;
@@ -253,6 +255,7 @@ impl Server {
             tracing::info!("stopping: no new runs; waiting for running nodes");
             stopping.begin_drain();
             stopping.engine().shutdown(stopping.grace()).await;
+            give_back(&stopping).await;
             // Every event is committed now: watchers may go.
             stopping.close_watchers();
         };
@@ -271,11 +274,66 @@ impl Server {
     }
 }
 
-/// Takes over, every `every`, the runs whose driver is gone; stops looking
-/// once the server drains.
+/// How long a stopping server waits for its runs' leases to be given back
+/// before it wakes the others anyway.
+const GIVE_BACK_WAIT: Duration = Duration::from_secs(5);
+
+/// After another server's wake-up, looks made this often ...
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+/// ... this many times, besides the one at the wake-up.
+const LOOKS_AFTER_WAKE: u32 = 3;
+
+/// Once this server's drivers have stopped: waits until their leases are
+/// given back, then wakes the store's other servers, which take the runs
+/// over at once instead of at their next look.
+async fn give_back(state: &api::AppState) {
+    // A driver's last holders of its run's log (a node's task, a watcher's
+    // fold) may let go of it a moment after the driver ends.
+    let deadline = tokio::time::Instant::now() + GIVE_BACK_WAIT;
+    while state.engine().journal().held_runs() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let engine = state.engine().clone();
+    let settled = tokio::task::spawn_blocking(move || {
+        engine.journal().settle();
+        engine.journal().backend().notify(Topic::Work);
+    })
+    .await;
+    if let Err(e) = settled {
+        tracing::warn!(error = %e, "could not wake the other servers; they take this one's runs over at their next look");
+    }
+}
+
+/// Takes over the runs whose driver is gone: every `every`, and whenever
+/// another server gives its runs back as it stops; stops looking once the
+/// server drains.
 async fn take_over(state: api::AppState, every: Duration) {
+    let mut given_back = match state.engine().journal().backend().listen(Topic::Work) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot hear other servers stop; looking for their runs every {every:?}");
+            None
+        }
+    };
+    // Looks still to make soon after a wake-up: a run whose lease the
+    // stopping server gave back a moment after it woke us is found by one.
+    let mut soon = 0u32;
     loop {
-        tokio::time::sleep(every).await;
+        let woken = async {
+            match given_back.as_mut() {
+                Some(l) => l.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        let wait = if soon > 0 {
+            LOOK_AGAIN.min(every)
+        } else {
+            every
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => soon = soon.saturating_sub(1),
+            _ = woken => soon = LOOKS_AFTER_WAKE,
+        }
         if state.draining() {
             return;
         }

@@ -69,6 +69,7 @@ impl WakeDir {
         let kind = match topic {
             Topic::Inbox(_) => "inbox",
             Topic::Events(_) => "events",
+            Topic::Work => "work",
         };
         self.dir.join(&self.store_tag).join(kind)
     }

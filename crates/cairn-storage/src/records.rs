@@ -287,6 +287,9 @@ pub enum Topic<'a> {
     Inbox(&'a str),
     /// A run's log got events; subscribers in other processes listen.
     Events(&'a str),
+    /// Runs may be waiting for someone to drive them (an instance gave its
+    /// runs back as it stopped); every instance that takes runs over listens.
+    Work,
 }
 
 impl Topic<'_> {
@@ -295,6 +298,7 @@ impl Topic<'_> {
         match self {
             Topic::Inbox(run) => format!("inbox:{run}"),
             Topic::Events(run) => format!("events:{run}"),
+            Topic::Work => "work".to_string(),
         }
     }
 }

@@ -146,6 +146,9 @@ enum Msg {
     /// The run's `RunLog` was dropped: release its lease once everything
     /// queued before is committed, so no other process reads a stale last seq.
     Release(Box<dyn RunLease>, Arc<RunShared>, RunId),
+    /// [`Journal::settle`]: answered once everything queued before it is
+    /// committed and every lease queued for release is released.
+    Settle(std::sync::mpsc::Sender<()>),
     Stop,
 }
 
@@ -563,6 +566,28 @@ impl Journal {
         r.map(|_| path)
     }
 
+    /// How many `RunLog`s of this journal hold their run's lease: those
+    /// alive, and those dropped whose lease the writer has not given back
+    /// yet.
+    pub fn held_runs(&self) -> usize {
+        self.inner.logs.load(Ordering::SeqCst)
+    }
+
+    /// Waits until everything appended so far is committed and the leases
+    /// of every dropped `RunLog` are given back: what another process sees
+    /// of this one's runs once this returns. Blocks; returns at once when
+    /// the journal is closed.
+    pub fn settle(&self) {
+        let (done, wait) = std::sync::mpsc::channel();
+        let sent = match &*self.inner.tx.lock().unwrap() {
+            Some(tx) => tx.send(Msg::Settle(done)).is_ok(),
+            None => false,
+        };
+        if sent {
+            let _ = wait.recv();
+        }
+    }
+
     /// Waits until everything appended so far is committed, then stops the
     /// writer. Appends after this are refused (their waiters get
     /// [`StoreError::Closed`]). Call it before the process exits: events
@@ -611,6 +636,11 @@ impl Writer {
                         self.publish(vec![e], vec![s]);
                     }
                     Some(Msg::Release(l, s, r)) => releases.push((l, s, r)),
+                    Some(Msg::Settle(done)) => {
+                        self.commit(std::mem::take(&mut pending));
+                        self.release(std::mem::take(&mut releases));
+                        let _ = done.send(());
+                    }
                     Some(Msg::Stop) => stopping = true,
                     None => {}
                 }
@@ -638,6 +668,11 @@ impl Writer {
                             self.publish(vec![e], vec![s]);
                         }
                         Msg::Release(l, s, r) => releases.push((l, s, r)),
+                        Msg::Settle(done) => {
+                            self.commit(std::mem::take(&mut pending));
+                            self.release(std::mem::take(&mut releases));
+                            let _ = done.send(());
+                        }
                         Msg::Stop => {}
                     }
                     if pending.len() >= MAX_BATCH {
@@ -671,6 +706,9 @@ impl Writer {
                     self.logs.fetch_sub(1, Ordering::SeqCst);
                     drop(s);
                     self.runs.maybe_forget(&run_id);
+                }
+                Msg::Settle(done) => {
+                    let _ = done.send(());
                 }
                 Msg::Stop => {}
             }

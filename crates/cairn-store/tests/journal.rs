@@ -975,3 +975,38 @@ fn a_refused_start_keeps_nothing_not_even_the_lease() {
     drop(j.run_log(&run).expect("the lease is free"));
     j.close();
 }
+
+/// `settle` returns once the leases of dropped logs are given back: another
+/// process (here another journal on the same store) can take the run at
+/// once, with nothing left queued, and `held_runs` counts it no more.
+#[test]
+fn settle_waits_for_given_back_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let j = open(&db, None);
+    let other = open(&db, None);
+    let id = cairn_events::RunId::parse("r").unwrap();
+    for round in 0..20 {
+        let log = j.run_log(&id).unwrap();
+        assert_eq!(j.held_runs(), 1);
+        log.append(Scope::run(), started());
+        for i in 0..50 {
+            log.append(node("a"), output(&format!("{round} {i}")));
+        }
+        drop(log);
+        j.settle();
+        assert_eq!(j.held_runs(), 0, "round {round}");
+        let theirs = other
+            .run_log(&id)
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(
+            theirs.last_seq(),
+            51 * (round + 1),
+            "round {round}: the other journal saw a stale last seq"
+        );
+        drop(theirs);
+        other.settle();
+    }
+    j.close();
+    other.close();
+}
