@@ -54,6 +54,9 @@ pub struct RunSummary {
     /// What its model calls cost, where priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+    /// The instance that drives it now, while one holds its lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 impl RunSummary {
@@ -72,6 +75,7 @@ impl RunSummary {
             started_ms: None,
             ended_ms: None,
             cost_usd: None,
+            instance: None,
         }
     }
 
@@ -125,6 +129,13 @@ impl RunDetail {
             v["parentRunId"] = json!(p.as_str());
         }
         RunDetail(v)
+    }
+
+    /// Names the instance that drives the run now (none: nobody does).
+    pub fn with_instance(&mut self, instance: Option<String>) {
+        if let Some(name) = instance {
+            self.0["instance"] = json!(name);
+        }
     }
 
     /// Gives each child run listed in the state (`children`) the status its

@@ -379,6 +379,7 @@ fn summary(full: bool) -> RunSummary {
         started_ms: full.then_some(1),
         ended_ms: full.then_some(3),
         cost_usd: full.then_some(0.01),
+        instance: full.then(|| "web-1".into()),
     }
 }
 
@@ -395,6 +396,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         parent_run_id: Some(&p1),
     };
     let mut detail = RunDetail::new(&rich_state(RunStatus::Finished), &meta);
+    detail.with_instance(Some("web-1".into()));
     detail.with_child_states(|_| Some("waiting-approval".into()));
     let events = vec![
         event(r#"{"type":"RunStarted","runId":"r1","seq":1,"timestampMs":5,"workflow":"w"}"#),

@@ -43,6 +43,11 @@ pub struct Global {
         default_value = "5s"
     )]
     pub lease_ttl: String,
+    /// What this process is called where runs say who drives them (`cairn
+    /// runs`, the API, the web page, `/metrics`): letters, digits, `.`,
+    /// `-`, `_`, `:` [default: the host name and pid, e.g. build-3-4242]
+    #[arg(long, global = true, env = "CAIRN_INSTANCE_NAME", value_name = "NAME")]
+    pub instance_name: Option<String>,
     /// Where each run's NDJSON mirror (`<run>/events.ndjson`) is written
     /// [default: `logs` beside the store, i.e. .cairn/logs]
     #[arg(long, global = true, env = "CAIRN_LOG_DIR", value_name = "DIR")]

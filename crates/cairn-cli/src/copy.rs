@@ -25,6 +25,7 @@ fn open(
         lease_ttl: Some(crate::store::lease_ttl(g)?),
         // Reads are a copy's bulk, made in one go: nothing to make ahead.
         reads_first: false,
+        instance: crate::store::instance_name(g)?,
     };
     match cairn_store::open(place, &opts) {
         Err(StoreError::Missing { .. }) => {

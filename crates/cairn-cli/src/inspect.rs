@@ -90,6 +90,15 @@ fn local_runs(
         }
         list.runs.push(summary);
     }
+    let open: Vec<cairn_events::RunId> = runs
+        .iter()
+        .filter(|r| !r.status.is_terminal())
+        .map(|r| r.run_id.clone())
+        .collect();
+    let mut drivers = j.backend().drivers(&open)?;
+    for s in &mut list.runs {
+        s.instance = drivers.remove(&s.run_id);
+    }
     j.close();
     Ok(list)
 }
@@ -127,8 +136,13 @@ fn render_runs(runs: &[cairn_api::RunSummary]) -> String {
             }
             _ => String::new(),
         };
+        let driver = r
+            .instance
+            .as_ref()
+            .map(|i| format!("  driven by {i}"))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}{spent}\n",
+            "{:<id_w$}  {:<wf_w$}  {:<16}  {:<20}  {}{spent}{driver}\n",
             format!("{indent}{}", r.run_id),
             r.workflow,
             r.status,
@@ -995,6 +1009,8 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
             .is_postgres()
             .then(|| store::lease_ttl(g).map(|ttl| ttl / 2))
             .transpose()?,
+        instance: crate::store::instance_name(g)?
+            .unwrap_or_else(cairn_store::default_instance_name),
         ..Default::default()
     };
     let shutdown = async {

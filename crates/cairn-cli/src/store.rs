@@ -28,9 +28,22 @@ fn open_for(g: &Global, create: bool, reads_first: bool) -> anyhow::Result<Journ
             create,
             lease_ttl: Some(lease_ttl(g)?),
             reads_first,
+            instance: instance_name(g)?,
         },
     )?;
     Ok(Journal::open(backend, opts)?)
+}
+
+/// `--instance-name`, checked.
+pub fn instance_name(g: &Global) -> anyhow::Result<Option<String>> {
+    match &g.instance_name {
+        Some(n) => {
+            cairn_store::check_instance_name(n)
+                .map_err(|e| bad_input(format!("--instance-name: {e}")))?;
+            Ok(Some(n.clone()))
+        }
+        None => Ok(None),
+    }
 }
 
 /// `--lease-ttl`, checked.

@@ -355,9 +355,28 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
     std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
     std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
     let ports = [free_port(), free_port()];
-    let long_lease =
-        |p: u16| common::serve(dir.path(), &["--store", &store, "--lease-ttl", "600s"], p);
-    let mut servers = Instances(ports.iter().map(|&p| Some(long_lease(p))).collect());
+    let names = ["first", "second"];
+    let long_lease = |p: u16, name: &str| {
+        common::serve(
+            dir.path(),
+            &[
+                "--store",
+                &store,
+                "--lease-ttl",
+                "600s",
+                "--instance-name",
+                name,
+            ],
+            p,
+        )
+    };
+    let mut servers = Instances(
+        ports
+            .iter()
+            .zip(names)
+            .map(|(&p, n)| Some(long_lease(p, n)))
+            .collect(),
+    );
     let mut clients = Vec::new();
     for &p in &ports {
         let url = format!("http://127.0.0.1:{p}");
@@ -392,6 +411,26 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // Who drives them, asked of the other instance: the first.
+    let gated_id = RunId::parse(&gated).unwrap();
+    let state = clients[1].run(&gated_id).await.unwrap();
+    assert_eq!(state["instance"], "first", "{state}");
+    let listed_driver = |v: &Value, run: &str| {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["runId"] == run)
+            .and_then(|r| r["instance"].as_str().map(str::to_string))
+    };
+    let listed = clients[1].get_json("/v1/runs").await.unwrap();
+    assert_eq!(listed_driver(&listed, &gated).as_deref(), Some("first"));
+    let metrics = get_metrics(ports[0]);
+    assert!(
+        metrics.contains("cairn_instance_driven_runs{instance=\"first\"} 2"),
+        "{metrics}"
+    );
+
     let mut first = servers.0[0].take().unwrap();
     unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
     let status = first.wait().unwrap();
@@ -405,6 +444,8 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
     // The gate still waits, now on the other instance, and its approval
     // there lets the run end.
     waiting(other, &gated).await;
+    let state = other.run(&gated_id).await.unwrap();
+    assert_eq!(state["instance"], "second", "{state}");
     other
         .post_json(
             &format!("/v1/runs/{gated}/approvals/gate"),
@@ -413,9 +454,31 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
         .await
         .unwrap();
     reaches(other, &gated, "finished", Duration::from_secs(60)).await;
+    let listed = other.get_json("/v1/runs").await.unwrap();
+    assert_eq!(
+        listed_driver(&listed, &gated),
+        None,
+        "an ended run names a driver"
+    );
     // Nothing of the long run ran twice past what the stop cut short: the
     // command running at the stop may run again, no finished one does.
     let marks = std::fs::read_to_string(dir.path().join("marks")).unwrap();
     let a = marks.lines().filter(|l| *l == format!("{long} a")).count();
     assert_eq!(a, 1, "node a ran again after it finished: {marks}");
+}
+
+/// `GET /metrics` of the server on `port`, as text.
+fn get_metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
 }

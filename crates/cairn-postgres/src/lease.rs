@@ -99,10 +99,10 @@ struct Claim {
 
 impl Leases {
     /// An empty set for a new owner.
-    pub(crate) fn new(ttl: Duration) -> Leases {
+    pub(crate) fn new(ttl: Duration, instance: &str) -> Leases {
         let me = Holder::this_process();
         Leases {
-            owner: owner_id(rand::random::<u64>(), &me),
+            owner: owner_id(rand::random::<u64>(), &me, instance),
             me,
             ttl,
             held: Mutex::new(HashMap::new()),
@@ -171,15 +171,27 @@ impl Leases {
 /// An owner id: `<random> pid=<pid> start=<ticks> host=<boot>/<pid ns>
 /// name=<hostname>`, readable in `psql` and by [`parse_owner`]. The random
 /// part alone tells backends apart; the rest says who holds the lease.
-pub(crate) fn owner_id(random: u64, me: &Holder) -> String {
+pub(crate) fn owner_id(random: u64, me: &Holder, instance: &str) -> String {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     format!(
-        "{random:016x} pid={} start={} host={} name={}",
+        "{random:016x} pid={} start={} host={} instance={instance} name={}",
         me.pid,
         opt(me.start.map(|s| s.to_string())),
         opt(me.host.clone()),
         me.hostname
     )
+}
+
+/// The instance an owner id names (`instance=`, a checked name without
+/// spaces); `None` for an id of a Cairn from before instance names.
+pub(crate) fn owner_instance(owner: &str) -> Option<String> {
+    let fields = owner.split_once(" name=").map_or(owner, |(f, _)| f);
+    fields
+        .split(' ')
+        .skip(1)
+        .find_map(|f| f.strip_prefix("instance="))
+        .filter(|i| cairn_storage::check_instance_name(i).is_ok())
+        .map(str::to_string)
 }
 
 /// Who an owner id names; fields it lacks (an id of an older Cairn, or an
@@ -310,9 +322,44 @@ impl Shared {
             holder: holder.describe(),
             expires_in: Some(Duration::from_secs_f64(left.max(0.0))),
             alive_here,
+            instance: owner_instance(&owner),
         }))
     }
+
+    /// `Backend::drivers`: one query for the whole list.
+    pub(crate) fn drivers(&self, runs: &[RunId]) -> Result<HashMap<RunId, String>, StoreError> {
+        if runs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let db = self.db.clone();
+        let ids: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
+        let rows = self.bridge.run(async move {
+            let client = db.client().await?;
+            let st = client
+                .prepare_cached(DRIVERS)
+                .await
+                .map_err(|e| db.err(e))?;
+            let rows = client.query(&st, &[&ids]).await.map_err(|e| db.err(e))?;
+            Ok::<_, StoreError>(
+                rows.iter()
+                    .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                    .collect::<Vec<_>>(),
+            )
+        })?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(run, owner)| {
+                let run = RunId::parse(&run).ok()?;
+                let name = owner_instance(&owner).unwrap_or_else(|| parse_owner(&owner).describe());
+                Some((run, name))
+            })
+            .collect())
+    }
 }
+
+/// The live leases of a list of runs, with their owners.
+const DRIVERS: &str = "SELECT run_id, owner FROM leases \
+     WHERE run_id = ANY($1::text[]) AND expires_at >= clock_timestamp()";
 
 /// Takes the run's lease in the database: free, expired or ours, or held by
 /// a process this one sees dead (on this machine). Whoever holds it live,
@@ -465,21 +512,27 @@ mod tests {
     #[test]
     fn owner_ids_name_their_holder_and_odd_ones_name_nobody() {
         let me = Holder::this_process();
-        let id = owner_id(0xabc, &me);
+        let id = owner_id(0xabc, &me, "web-1");
         assert!(id.starts_with("0000000000000abc pid="), "{id}");
         assert_eq!(parse_owner(&id), me);
+        assert_eq!(owner_instance(&id).as_deref(), Some("web-1"));
         let odd = Holder {
             host: Some("b/pid:[4]".into()),
             hostname: "a name= with spaces".into(),
             pid: 7,
             start: None,
         };
-        assert_eq!(parse_owner(&owner_id(1, &odd)), odd);
+        assert_eq!(parse_owner(&owner_id(1, &odd, "w")), odd);
+        assert_eq!(
+            owner_instance(&owner_id(1, &odd, "w")).as_deref(),
+            Some("w")
+        );
         // An older Cairn's id, or garbage: nobody, so never judged dead.
         for other in ["4242-00000000deadbeef", "", "x pid=abc host=-", "x name="] {
             let h = parse_owner(other);
             assert_eq!((h.pid, h.host.as_deref()), (0, None), "{other}");
             assert_eq!(me.judge(&h), Liveness::Unknown, "{other}");
+            assert_eq!(owner_instance(other), None, "{other}");
         }
     }
 }

@@ -67,6 +67,10 @@ pub struct PgOptions {
     /// The most connections the backend opens for queries (one more is kept
     /// for wake-ups). Default 4; 0 counts as 1.
     pub pool_size: usize,
+    /// The name its leases give, for people asking who drives a run
+    /// (`Leases::drivers`); checked by `cairn_storage::check_instance_name`.
+    /// `None` is the host name and pid.
+    pub instance: Option<String>,
 }
 
 impl Default for PgOptions {
@@ -75,6 +79,7 @@ impl Default for PgOptions {
             schema: None,
             lease_ttl: Duration::from_secs(5),
             pool_size: 4,
+            instance: None,
         }
     }
 }
@@ -151,7 +156,15 @@ impl PgBackend {
                 })
         })?;
 
-        let leases = Arc::new(Leases::new(opts.lease_ttl));
+        let instance = opts
+            .instance
+            .clone()
+            .unwrap_or_else(cairn_storage::default_instance_name);
+        cairn_storage::check_instance_name(&instance).map_err(|detail| StoreError::Open {
+            store: target.place.clone(),
+            detail,
+        })?;
+        let leases = Arc::new(Leases::new(opts.lease_ttl, &instance));
         bridge
             .handle()
             .spawn(lease::heartbeat(db.clone(), leases.clone()));
@@ -306,6 +319,13 @@ impl cairn_storage::Leases for PgBackend {
 
     fn lease_holder(&self, run_id: &RunId) -> Result<Option<LeaseHolder>, StoreError> {
         self.shared.lease_holder(run_id)
+    }
+
+    fn drivers(
+        &self,
+        runs: &[RunId],
+    ) -> Result<std::collections::HashMap<RunId, String>, StoreError> {
+        self.shared.drivers(runs)
     }
 }
 

@@ -150,7 +150,11 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// The lease owner id a backend in process `pid` of this machine would
 /// write, for tests that plant a lease of another (soon dead) process.
 pub fn lease_owner_of(pid: u32) -> String {
-    crate::lease::owner_id(rand::random(), &crate::holder::Holder::of(pid))
+    crate::lease::owner_id(
+        rand::random(),
+        &crate::holder::Holder::of(pid),
+        &format!("planted-{pid}"),
+    )
 }
 
 /// A schema name no other test (or test run) uses.

@@ -704,3 +704,52 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Who drives a run: the instance named by the backend that holds its
+/// lease, for every backend of the store (its own runs included), and
+/// nobody once the lease is given back.
+#[test]
+fn drivers_name_the_instance_that_holds_each_run() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let named = |name: &str| {
+        s.open(
+            &schema,
+            PgOptions {
+                instance: Some(name.into()),
+                ..PgOptions::default()
+            },
+        )
+    };
+    let (alpha, beta) = (named("alpha"), named("beta:2"));
+    let bad = PgBackend::open_with(
+        s.url,
+        PgOptions {
+            schema: Some(schema.clone()),
+            instance: Some("has space".into()),
+            ..PgOptions::default()
+        },
+    );
+    assert!(
+        matches!(bad, Err(StoreError::Open { .. })),
+        "a bad name was taken"
+    );
+    let (r, q) = (
+        cairn_events::RunId::parse("r").unwrap(),
+        cairn_events::RunId::parse("q").unwrap(),
+    );
+    let lease = alpha.try_lock_run(&r).unwrap().unwrap();
+    let theirs = beta.try_lock_run(&q).unwrap().unwrap();
+    let both = [r.clone(), q.clone()];
+    for b in [&alpha, &beta] {
+        let d = b.drivers(&both).unwrap();
+        assert_eq!(d.get(&r).map(String::as_str), Some("alpha"));
+        assert_eq!(d.get(&q).map(String::as_str), Some("beta:2"));
+    }
+    let held = beta.lease_holder(&r).unwrap().expect("alpha holds r");
+    assert_eq!(held.instance.as_deref(), Some("alpha"));
+    drop(lease);
+    assert_eq!(beta.drivers(&both).unwrap().len(), 1);
+    drop(theirs);
+    assert!(alpha.drivers(&both).unwrap().is_empty());
+}

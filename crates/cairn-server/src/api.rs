@@ -440,7 +440,17 @@ impl AppState {
         if let Err(e) = m.catch_up(self.journal().backend().as_ref()) {
             tracing::warn!("metrics: the store could not be read: {e}");
         }
-        m.render()
+        let mut text = m.render();
+        drop(m);
+        // This instance's own share, by its name (checked: no quoting needed).
+        text.push_str(&format!(
+            "# HELP cairn_instance_driven_runs Runs this instance drives now, by its name.\n\
+             # TYPE cairn_instance_driven_runs gauge\n\
+             cairn_instance_driven_runs{{instance=\"{}\"}} {}\n",
+            self.cfg().instance,
+            self.engine().active_runs().len()
+        ));
+        text
     }
 }
 
@@ -517,7 +527,24 @@ async fn list_runs(
     runs.truncate(limit);
     // A summary may fold a run's log into its state: blocking work.
     let st = state.clone();
-    let runs = blocking(move || Ok(runs.iter().map(|r| run_summary(&st, r)).collect())).await?;
+    let runs = blocking(move || {
+        let mut out: Vec<RunSummary> = runs.iter().map(|r| run_summary(&st, r)).collect();
+        // Who drives the page's runs that have not ended: one look.
+        let open: Vec<RunId> = runs
+            .iter()
+            .filter(|r| !r.status.is_terminal())
+            .map(|r| r.run_id.clone())
+            .collect();
+        let mut drivers = st.journal().backend().drivers(&open).unwrap_or_else(|e| {
+            tracing::warn!("listing runs: who drives them: {e}");
+            Default::default()
+        });
+        for s in &mut out {
+            s.instance = drivers.remove(&s.run_id);
+        }
+        Ok(out)
+    })
+    .await?;
     Ok(Json(RunList {
         runs,
         limit,
@@ -570,6 +597,15 @@ async fn get_run(
     let v = blocking(move || {
         let mut v = st.with_state(&rec, |s| RunDetail::new(s, &run_meta(&rec)))?;
         let backend = st.journal().backend();
+        if !rec.status.is_terminal() {
+            let id = std::slice::from_ref(&rec.run_id);
+            v.with_instance(
+                backend
+                    .drivers(id)
+                    .ok()
+                    .and_then(|mut d| d.remove(&rec.run_id)),
+            );
+        }
         v.with_child_states(|child| {
             let child = RunId::parse(child).ok()?;
             Some(backend.get_run(&child).ok()??.status.to_string())

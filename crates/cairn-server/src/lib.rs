@@ -110,6 +110,9 @@ pub struct ServeConfig {
     /// server is the store's only user. Servers that share a PostgreSQL
     /// store set it, so that a run survives the death of its instance.
     pub takeover: Option<Duration>,
+    /// This server's name where runs say who drives them (`/metrics`
+    /// labels its share with it); the store's leases carry the same name.
+    pub instance: String,
 }
 
 impl Default for ServeConfig {
@@ -131,6 +134,7 @@ impl Default for ServeConfig {
             ws_message_limit: 64 * 1024,
             watcher_queue: 8192,
             takeover: None,
+            instance: cairn_store::default_instance_name(),
         }
     }
 }

@@ -82,6 +82,7 @@ export class RunModel {
     this.error = state.error;
     this.output = state.output;
     this.parentRunId = state.parentRunId;
+    this.instance = state.instance;
     this.cancelRequested = state.cancelRequested;
     this.children = (state.children || []).map((c) => ({ ...c }));
     this.questions = new Map(Object.entries(state.questions || {}));

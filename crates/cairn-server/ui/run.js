@@ -200,7 +200,8 @@ export class RunView {
       h('dt', null, 'Started'), h('dd', null, fmtTime(m.startedMs) || '—'),
       h('dt', null, 'Duration'), this.duration,
       h('dt', null, 'Tokens'), h('dd', { title: `${m.tokens.input || 0} in, ${m.tokens.output || 0} out` }, fmtCount(tokens)),
-      h('dt', null, 'Cost'), h('dd', null, fmtCost(m.costUsd) || '—'));
+      h('dt', null, 'Cost'), h('dd', null, fmtCost(m.costUsd) || '—'),
+      h('dt', null, 'Driven by'), h('dd', { class: 'instance' }, (!isTerminal(m.status) && m.instance) || '—'));
     this.renderDuration();
     const ended = isTerminal(m.status);
     this.cancelBtn.disabled = ended;

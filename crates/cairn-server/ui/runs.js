@@ -172,6 +172,8 @@ export class RunsView {
       c.status.dataset.v = status;
       c.status.replaceChildren(badge(status));
     }
+    c.status.title = x.instance ? `driven by ${x.instance}` : '';
+    c.status.dataset.instance = x.instance || '';
     c.workflow.textContent = x.workflow;
     const href = `#/runs/${encodeURIComponent(x.runId)}`;
     if (row.link.getAttribute('href') !== href) row.link.setAttribute('href', href);

@@ -280,6 +280,8 @@ const TABLES: &[&str] = &[
 pub struct SqliteBackend {
     path: PathBuf,
     lock_dir: PathBuf,
+    /// The name this process's leases give (see [`SqliteBackend::name_instance`]).
+    instance: Mutex<String>,
     wake: WakeDir,
     write: Mutex<Connection>,
     /// Checkpoints the log beside the writer (see `checkpoint`).
@@ -448,11 +450,43 @@ impl SqliteBackend {
             checkpointer: checkpoint::Checkpointer::new(&path),
             wake,
             lock_dir: dir.join("locks"),
+            instance: Mutex::new(cairn_storage::default_instance_name()),
             path,
             write: Mutex::new(conn),
             readers,
             types: events::TypeCodes::default(),
         })
+    }
+
+    /// Names the instance whose leases this backend takes, for people
+    /// asking who drives a run ([`Leases::drivers`]): written into each
+    /// run's lock file as the lock is taken. The host name and pid unless
+    /// named.
+    pub fn name_instance(&self, name: &str) -> Result<(), StoreError> {
+        cairn_storage::check_instance_name(name).map_err(|detail| StoreError::Open {
+            store: self.path.display().to_string(),
+            detail,
+        })?;
+        *self.instance.lock().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+        Ok(())
+    }
+
+    /// The instance named in the lock file at `path`, if someone holds it.
+    fn lock_owner(&self, path: &Path, held: &HashMap<u64, u32>) -> Option<(u32, String)> {
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(path).ok()?.ino();
+        let pid = *held.get(&inode)?;
+        // Bounded: a lock file holds a name of at most 100 bytes.
+        let mut name = String::new();
+        let f = std::fs::File::open(path).ok()?;
+        let _ = std::io::Read::read_to_string(&mut std::io::Read::take(f, 128), &mut name);
+        let name = name.trim();
+        let name = if cairn_storage::check_instance_name(name).is_ok() {
+            name.to_string()
+        } else {
+            format!("pid {pid} on this machine")
+        };
+        Some((pid, name))
     }
 
     /// Opens the pool's first read connection on a thread of its own,
@@ -1476,6 +1510,18 @@ impl Leases for SqliteBackend {
         // the lock when the descriptor closes, including on process death.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc == 0 {
+            // Who drives the run, for people; the lock alone decides.
+            let name = self
+                .instance
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let named = file
+                .set_len(0)
+                .and_then(|_| std::os::unix::fs::FileExt::write_all_at(&file, name.as_bytes(), 0));
+            if let Err(e) = named {
+                tracing::debug!(run = %run_id, error = %e, "could not name the lock's holder");
+            }
             return Ok(Some(Box::new(FlockLease { _file: file })));
         }
         let err = std::io::Error::last_os_error();
@@ -1491,22 +1537,44 @@ impl Leases for SqliteBackend {
     /// take the run from under a resume that is starting. A lock lasts
     /// exactly as long as its holder, so the holder is alive here.
     fn lease_holder(&self, run_id: &RunId) -> Result<Option<LeaseHolder>, StoreError> {
-        use std::os::unix::fs::MetadataExt;
         let path = self.lock_dir.join(format!("{run_id}.lock"));
-        let inode = match std::fs::metadata(&path) {
-            Ok(m) => m.ino(),
+        match std::fs::metadata(&path) {
+            Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::io(&path, e)),
-        };
+        }
         let Ok(table) = std::fs::read_to_string("/proc/locks") else {
             return Ok(None);
         };
-        let holder = locks::flock_holder(&table, inode).filter(|&pid| pid != std::process::id());
-        Ok(holder.map(|pid| LeaseHolder {
+        let held = locks::flock_holders(&table);
+        let holder = self
+            .lock_owner(&path, &held)
+            .filter(|(pid, _)| *pid != std::process::id());
+        Ok(holder.map(|(pid, instance)| LeaseHolder {
             holder: format!("pid {pid} on this machine"),
             expires_in: None,
             alive_here: true,
+            instance: Some(instance),
         }))
+    }
+
+    /// From the kernel's table of locks, read once for the whole list.
+    fn drivers(&self, runs: &[RunId]) -> Result<HashMap<RunId, String>, StoreError> {
+        if runs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let Ok(table) = std::fs::read_to_string("/proc/locks") else {
+            return Ok(HashMap::new());
+        };
+        let held = locks::flock_holders(&table);
+        Ok(runs
+            .iter()
+            .filter_map(|r| {
+                let path = self.lock_dir.join(format!("{r}.lock"));
+                self.lock_owner(&path, &held)
+                    .map(|(_, name)| (r.clone(), name))
+            })
+            .collect())
     }
 }
 

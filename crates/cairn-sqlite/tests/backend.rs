@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cairn_events::{EventKind, RunCommand, Scope};
+use cairn_events::{EventKind, RunCommand, RunId, Scope};
 use cairn_sqlite::SqliteBackend;
 use cairn_storage::conformance::{finished, node, output, record as run_record, rid, started};
 use cairn_storage::prelude::*;
@@ -487,4 +487,37 @@ fn a_new_store_is_a_wal_database_with_its_page_size() {
     assert_eq!(&head[18..20], &[2, 2]);
     let b = SqliteBackend::open(&db).unwrap();
     assert!(b.get_run(&rid("r")).unwrap().is_some());
+}
+
+/// Who drives a run: the instance named by the backend that holds its lock,
+/// as every backend on the store sees it (its own runs included), and nobody
+/// once the lock is given back, though the lock file stays.
+#[test]
+fn drivers_name_the_instance_that_holds_each_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let alpha = SqliteBackend::open(&db).unwrap();
+    alpha.name_instance("alpha").unwrap();
+    let beta = SqliteBackend::open(&db).unwrap();
+    beta.name_instance("beta:2").unwrap();
+    assert!(alpha.name_instance("has space").is_err());
+    let (r, s) = (RunId::parse("r").unwrap(), RunId::parse("s").unwrap());
+    let lease = alpha.try_lock_run(&r).unwrap().unwrap();
+    let theirs = beta.try_lock_run(&s).unwrap().unwrap();
+    let both = [r.clone(), s.clone()];
+    for b in [&alpha, &beta] {
+        let d = b.drivers(&both).unwrap();
+        assert_eq!(d.get(&r).map(String::as_str), Some("alpha"));
+        assert_eq!(d.get(&s).map(String::as_str), Some("beta:2"));
+    }
+    drop(lease);
+    assert_eq!(beta.drivers(&both).unwrap().len(), 1);
+    // The next holder's name replaces the last one's.
+    let again = beta.try_lock_run(&r).unwrap().unwrap();
+    assert_eq!(
+        alpha.drivers(&both).unwrap().get(&r).map(String::as_str),
+        Some("beta:2")
+    );
+    drop((again, theirs));
+    assert!(alpha.drivers(&both).unwrap().is_empty());
 }

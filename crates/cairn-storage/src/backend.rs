@@ -16,6 +16,7 @@
 //! database works, and one whose calls block runs them on tokio's blocking
 //! pool itself, so the caller need not know which it has.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -131,6 +132,14 @@ pub trait Leases {
     fn lease_holder(&self, run_id: &RunId) -> Result<Option<LeaseHolder>, StoreError> {
         let _ = run_id;
         Ok(None)
+    }
+    /// The instance driving each of `runs` now, by name: every run of
+    /// `runs` whose lease is held, by this backend too. Runs with no live
+    /// lease are left out. For people (`cairn runs`, the API); one look at
+    /// the store for the whole list.
+    fn drivers(&self, runs: &[RunId]) -> Result<HashMap<RunId, String>, StoreError> {
+        let _ = runs;
+        Ok(HashMap::new())
     }
 }
 

@@ -26,9 +26,9 @@ pub use backend::{
 };
 pub use error::StoreError;
 pub use records::{
-    run_id_from_row, EventQuery, GenerationRecord, InboxEntry, LeaseHolder, NewRun, PinnedFile,
-    ProcessRecord, RecordStatus, RunFilter, RunRecord, StoredEvent, ToolCallRecord, ToolCallStatus,
-    Topic,
+    check_instance_name, default_instance_name, run_id_from_row, EventQuery, GenerationRecord,
+    InboxEntry, LeaseHolder, NewRun, PinnedFile, ProcessRecord, RecordStatus, RunFilter, RunRecord,
+    StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
 pub use url::{redact, BadStoreUrl, StoreUrl};
 

@@ -405,4 +405,42 @@ pub struct LeaseHolder {
     /// The holder is a process seen running on this machine: the run is
     /// being driven, and waiting for the lease to expire is pointless.
     pub alive_here: bool,
+    /// The instance that holds it, by its name (`--instance-name`), when
+    /// the holder gave one.
+    pub instance: Option<String>,
+}
+
+/// The name an instance goes by when none is given: the machine's host
+/// name and the process id (`build-3-4242`), unique while the process runs.
+pub fn default_instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .take(64)
+        .collect();
+    if host.is_empty() {
+        format!("pid-{}", std::process::id())
+    } else {
+        format!("{host}-{}", std::process::id())
+    }
+}
+
+/// Checks an instance name: 1 to 100 ASCII letters, digits, `.`, `-`,
+/// `_` and `:`, which every backend can keep and every page show as is.
+pub fn check_instance_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "instance name `{name}`: use 1 to 100 letters, digits, `.`, `-`, `_` or `:`"
+        ))
+    }
 }

@@ -44,6 +44,10 @@ pub struct OpenOptions {
     /// does next (see `SqliteBackend::warm_readers`). A caller that writes
     /// first, such as `cairn run` starting its run, leaves it off.
     pub reads_first: bool,
+    /// The name of the instance whose leases the backend takes, shown as
+    /// who drives a run (`Leases::drivers`); the host name and pid when
+    /// `None`. Checked: [`cairn_storage::check_instance_name`].
+    pub instance: Option<String>,
 }
 
 /// Opens the store at `url`: the one place where an address becomes a
@@ -66,6 +70,9 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Backend>, Stor
                 });
             }
             let backend = SqliteBackend::open(path)?;
+            if let Some(name) = &opts.instance {
+                backend.name_instance(name)?;
+            }
             if opts.reads_first {
                 backend.warm_readers();
             }
@@ -76,6 +83,7 @@ pub fn open(url: &StoreUrl, opts: &OpenOptions) -> Result<Arc<dyn Backend>, Stor
             if let Some(ttl) = opts.lease_ttl {
                 pg.lease_ttl = ttl;
             }
+            pg.instance = opts.instance.clone();
             Ok(Arc::new(cairn_postgres::PgBackend::open_with(text, pg)?))
         }
     }
