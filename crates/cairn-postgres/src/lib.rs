@@ -384,6 +384,14 @@ impl Wakeups for PgBackend {
         self.shared.wake.notify(topic);
     }
 
+    fn notify_sent(&self, topic: Topic<'_>) {
+        let (shared, key) = (self.shared.clone(), topic.key());
+        let _ = self.shared.bridge.run(async move {
+            shared.wake.notify_sent(key).await;
+            Ok::<(), StoreError>(())
+        });
+    }
+
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError> {
         Ok(self.shared.wake.listen(topic))
     }

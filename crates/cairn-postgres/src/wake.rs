@@ -177,6 +177,24 @@ impl Wake {
         });
     }
 
+    /// [`Wake::notify`] of the topic whose key is `key`, the NOTIFY sent by
+    /// the time the future resolves.
+    pub(crate) async fn notify_sent(&self, key: String) {
+        self.registry.wake(&key);
+        let link = self.link.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(link) = link else {
+            tracing::debug!(topic = %key, "no wake-up connection; other processes will poll");
+            return;
+        };
+        if let Err(e) = link
+            .client
+            .execute(&link.notify, &[&self.channel, &key])
+            .await
+        {
+            tracing::warn!(topic = %key, error = %crate::db::describe(&e), "could not send a wake-up");
+        }
+    }
+
     /// Registers a listener of `topic`.
     pub(crate) fn listen(&self, topic: Topic<'_>) -> Box<dyn Listener> {
         let key = topic.key();

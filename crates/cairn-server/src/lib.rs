@@ -300,7 +300,8 @@ async fn give_back(state: &api::AppState) {
     let engine = state.engine().clone();
     let settled = tokio::task::spawn_blocking(move || {
         engine.journal().settle();
-        engine.journal().backend().notify(Topic::Work);
+        // Sent before this process goes: a wake-up queued is lost with it.
+        engine.journal().backend().notify_sent(Topic::Work);
     })
     .await;
     if let Err(e) = settled {

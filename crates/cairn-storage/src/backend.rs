@@ -194,6 +194,12 @@ pub trait Wakeups {
             self.notify(*t);
         }
     }
+    /// [`Wakeups::notify`], returning once the wake-up has left this
+    /// process: for a process about to exit, whose queued wake-ups would
+    /// go with it. The default's wake-ups leave at once.
+    fn notify_sent(&self, topic: Topic<'_>) {
+        self.notify(topic);
+    }
     /// Registers for wake-ups of a topic.
     fn listen(&self, topic: Topic<'_>) -> Result<Box<dyn Listener>, StoreError>;
 }
