@@ -425,7 +425,7 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
     };
     let listed = clients[1].get_json("/v1/runs").await.unwrap();
     assert_eq!(listed_driver(&listed, &gated).as_deref(), Some("first"));
-    let metrics = get_metrics(ports[0]);
+    let metrics = common::metrics(ports[0]);
     assert!(
         metrics.contains("cairn_instance_driven_runs{instance=\"first\"} 2"),
         "{metrics}"
@@ -465,20 +465,4 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
     let marks = std::fs::read_to_string(dir.path().join("marks")).unwrap();
     let a = marks.lines().filter(|l| *l == format!("{long} a")).count();
     assert_eq!(a, 1, "node a ran again after it finished: {marks}");
-}
-
-/// `GET /metrics` of the server on `port`, as text.
-fn get_metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text
 }

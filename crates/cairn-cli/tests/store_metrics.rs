@@ -3,9 +3,8 @@
 //! again after the server restarts.
 
 mod common;
-use common::{cairn, free_port};
+use common::{cairn, free_port, metrics};
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 /// A workflow of two command nodes, the second failing when `fail`.
@@ -14,21 +13,6 @@ fn workflow(fail: bool) -> String {
     format!(
         "name: counted\nnodes:\n  - id: build\n    command: [\"sh\", \"-c\", \"echo built\"]\n  - id: check\n    needs: [build]\n    command: [\"{last}\"]\n"
     )
-}
-
-/// `GET /metrics` of the server on `port`, as text.
-fn metrics(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text
 }
 
 /// The value of a sample line (`name{labels} value`).

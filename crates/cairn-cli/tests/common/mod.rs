@@ -163,6 +163,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `GET /metrics` of the server on `port`, as text (status line and
+/// headers included).
+pub fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text
+}
+
 /// `cairn <store_args> serve` on `port`, starting the workflows of `dir`,
 /// without a token, quiet.
 pub fn serve(dir: &std::path::Path, store_args: &[&str], port: u16) -> Child {
