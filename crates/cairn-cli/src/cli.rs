@@ -577,6 +577,11 @@ pub struct ServeArgs {
     /// repeatable. Requests with any other `Origin` are refused.
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origins: Vec<String>,
+    /// Drive runs and answer only /healthz and /metrics: an instance of a
+    /// fleet on a PostgreSQL store whose requests other instances serve. It
+    /// takes over runs whose instance died or stopped.
+    #[arg(long)]
+    pub worker: bool,
     /// Connections open at once (event streams and WebSockets included);
     /// one more is answered 503 and closed.
     #[arg(long, value_name = "N", default_value_t = 1024,

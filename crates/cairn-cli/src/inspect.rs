@@ -1011,6 +1011,7 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
             .transpose()?,
         instance: crate::store::instance_name(g)?
             .unwrap_or_else(cairn_store::default_instance_name),
+        worker: a.worker,
         ..Default::default()
     };
     let shutdown = async {

@@ -466,3 +466,120 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
     let a = marks.lines().filter(|l| *l == format!("{long} a")).count();
     assert_eq!(a, 1, "node a ran again after it finished: {marks}");
 }
+
+/// `cairn serve --worker` answers only `/healthz` and `/metrics`, and
+/// drives runs: here one that an HTTP instance gave back as it stopped,
+/// which then goes on with an approval sent by the CLI to the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_only_its_monitors_and_drives_runs() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    let db = format!("cairn_worker_{}", std::process::id());
+    let store = cairn_postgres::testing::create_database(server, &db);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+    let (web_port, worker_port) = (free_port(), free_port());
+    let args = |name: &'static str| {
+        [
+            "--store",
+            &store,
+            "--lease-ttl",
+            "600s",
+            "--instance-name",
+            name,
+        ]
+    };
+    let mut servers = Instances(vec![
+        Some(common::serve(dir.path(), &args("web"), web_port)),
+        None,
+    ]);
+    let web = Client::new(&format!("http://127.0.0.1:{web_port}"), None).unwrap();
+    wait_healthy(
+        &format!("http://127.0.0.1:{web_port}"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let gated = web
+        .post_json("/v1/runs", &json!({"workflow": "gated"}))
+        .await
+        .unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    waiting(&web, &gated).await;
+
+    let worker = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(args("worker"))
+        .args([
+            "serve",
+            "--worker",
+            "--addr",
+            &format!("127.0.0.1:{worker_port}"),
+        ])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    servers.0[1] = Some(worker);
+    let url = format!("http://127.0.0.1:{worker_port}");
+    wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+    let w = Client::new(&url, None).unwrap();
+    for path in [
+        "/v1/runs",
+        &format!("/v1/runs/{gated}"),
+        "/openapi.json",
+        "/",
+    ] {
+        let err = w.get_json(path).await.expect_err(path).to_string();
+        assert!(err.contains("404"), "{path}: {err}");
+    }
+    assert!(w
+        .post_json("/v1/runs", &json!({"workflow": "gated"}))
+        .await
+        .is_err());
+
+    // The web instance stops and gives its run back; the worker takes it.
+    let mut first = servers.0[0].take().unwrap();
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    assert!(first.wait().unwrap().success());
+    let t0 = Instant::now();
+    while !common::metrics(worker_port)
+        .contains("cairn_instance_driven_runs{instance=\"worker\"} 1")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the worker never took the run"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let approve = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["--store", &store, "approve", &gated, "gate", "--by", "test"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        approve.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approve.stderr)
+    );
+    let t0 = Instant::now();
+    while !common::metrics(worker_port)
+        .contains("cairn_instance_driven_runs{instance=\"worker\"} 0")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the run never ended on the worker"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["--store", &store, "runs", "--json"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(listed["runs"][0]["status"], "finished", "{listed}");
+}

@@ -278,7 +278,12 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
 
 pub(crate) fn router(state: AppState) -> Router {
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
-    for (method, path, mr) in routes() {
+    // A worker drives runs and answers only its monitors.
+    let worker = state.cfg().worker;
+    let served = routes()
+        .into_iter()
+        .filter(|(_, path, _)| !worker || matches!(*path, "/healthz" | "/metrics"));
+    for (method, path, mr) in served {
         let mr = if method == Method::POST {
             mr.route_layer(axum::middleware::from_fn(crate::guard::require_json))
         } else {

@@ -113,6 +113,10 @@ pub struct ServeConfig {
     /// This server's name where runs say who drives them (`/metrics`
     /// labels its share with it); the store's leases carry the same name.
     pub instance: String,
+    /// Serve only `/healthz` and `/metrics` (`cairn serve --worker`): an
+    /// instance that drives runs (those it takes over) for a fleet whose
+    /// requests other instances answer.
+    pub worker: bool,
 }
 
 impl Default for ServeConfig {
@@ -135,6 +139,7 @@ impl Default for ServeConfig {
             watcher_queue: 8192,
             takeover: None,
             instance: cairn_store::default_instance_name(),
+            worker: false,
         }
     }
 }
@@ -364,6 +369,13 @@ pub async fn serve(
     } else if !has_token {
         eprintln!("cairn serve: no token configured; the API is open to local clients");
     }
-    eprintln!("cairn serve: listening on http://{}", server.local_addr());
+    if server.state.cfg().worker {
+        eprintln!(
+            "cairn serve: a worker: serving /healthz and /metrics on http://{}",
+            server.local_addr()
+        );
+    } else {
+        eprintln!("cairn serve: listening on http://{}", server.local_addr());
+    }
     server.run(shutdown).await
 }
