@@ -545,16 +545,7 @@ async fn a_worker_serves_only_its_monitors_and_drives_runs() {
     let mut first = servers.0[0].take().unwrap();
     unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
     assert!(first.wait().unwrap().success());
-    let t0 = Instant::now();
-    while !common::metrics(worker_port)
-        .contains("cairn_instance_driven_runs{instance=\"worker\"} 1")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the worker never took the run"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drives(worker_port, "worker", 1, "the worker never took the run").await;
     let approve = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["--store", &store, "approve", &gated, "gate", "--by", "test"])
         .current_dir(dir.path())
@@ -565,16 +556,13 @@ async fn a_worker_serves_only_its_monitors_and_drives_runs() {
         "{}",
         String::from_utf8_lossy(&approve.stderr)
     );
-    let t0 = Instant::now();
-    while !common::metrics(worker_port)
-        .contains("cairn_instance_driven_runs{instance=\"worker\"} 0")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "the run never ended on the worker"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drives(
+        worker_port,
+        "worker",
+        0,
+        "the run never ended on the worker",
+    )
+    .await;
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["--store", &store, "runs", "--json"])
         .current_dir(dir.path())
@@ -582,4 +570,15 @@ async fn a_worker_serves_only_its_monitors_and_drives_runs() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(listed["runs"][0]["status"], "finished", "{listed}");
+}
+
+/// Waits until the server on `port`, named `name`, says in `/metrics` that
+/// it drives `runs` runs.
+async fn drives(port: u16, name: &str, runs: usize, otherwise: &str) {
+    let sample = format!("cairn_instance_driven_runs{{instance=\"{name}\"}} {runs}\n");
+    let t0 = Instant::now();
+    while !common::metrics(port).contains(&sample) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{otherwise}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
