@@ -57,6 +57,41 @@ const INSTANCES: usize = 3;
 const RUNS: usize = 6;
 const LEASE_TTL: &str = "1s";
 
+/// A database of its own on the test server (named after the test and
+/// this process's pid), dropped with it, and a folder with the tests'
+/// workflows.
+struct Fleet {
+    server: &'static str,
+    db: String,
+    store: String,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// `None` when the test server is not configured (the test then says
+    /// it skips).
+    fn new(prefix: &str) -> Option<Fleet> {
+        let server = cairn_postgres::testing::server_or_skip()?;
+        let db = format!("{prefix}_{}", std::process::id());
+        let store = cairn_postgres::testing::create_database(server, &db);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
+        std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+        Some(Fleet {
+            server,
+            db,
+            store,
+            dir,
+        })
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        cairn_postgres::testing::drop_database(self.server, &self.db);
+    }
+}
+
 fn serve(dir: &Path, store: &str, port: u16) -> Child {
     common::serve(dir, &["--store", store, "--lease-ttl", LEASE_TTL], port)
 }
@@ -129,20 +164,16 @@ async fn watch(clients: Vec<Client>, first: usize, run: String) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_each_event_once() {
-    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+    let Some(fleet) = Fleet::new("cairn_multi") else {
         return;
     };
-    let db = format!("cairn_multi_{}", std::process::id());
-    let store = cairn_postgres::testing::create_database(server, &db);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
-    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
 
     let ports: Vec<u16> = (0..INSTANCES).map(|_| free_port()).collect();
     let mut servers = Instances(
         ports
             .iter()
-            .map(|&p| Some(serve(dir.path(), &store, p)))
+            .map(|&p| Some(serve(dir.path(), store, p)))
             .collect(),
     );
     let mut clients = Vec::new();
@@ -232,7 +263,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
         seen_by.insert(run, seen);
     }
 
-    let backend = cairn_postgres::PgBackend::open(&store).unwrap();
+    let backend = cairn_postgres::PgBackend::open(store).unwrap();
     let mut taken_over = 0;
     for (run, seen) in &seen_by {
         use cairn_store::prelude::*;
@@ -320,7 +351,6 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
         assert!(status.success(), "{status:?}");
     }
     drop(backend);
-    cairn_postgres::testing::drop_database(server, &db);
 }
 
 /// Waits, asking `client`, until `run` has `status`.
@@ -346,14 +376,10 @@ async fn reaches(client: &Client, run: &str, status: &str, within: Duration) {
 /// periodic look): each run finishing within a minute is the hand-over's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_instance_hands_its_runs_over_at_once() {
-    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+    let Some(fleet) = Fleet::new("cairn_handover") else {
         return;
     };
-    let db = format!("cairn_handover_{}", std::process::id());
-    let store = cairn_postgres::testing::create_database(server, &db);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
-    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
     let ports = [free_port(), free_port()];
     let names = ["first", "second"];
     let long_lease = |p: u16, name: &str| {
@@ -361,7 +387,7 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
             dir.path(),
             &[
                 "--store",
-                &store,
+                store,
                 "--lease-ttl",
                 "600s",
                 "--instance-name",
@@ -472,18 +498,15 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
 /// which then goes on with an approval sent by the CLI to the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_serves_only_its_monitors_and_drives_runs() {
-    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+    let Some(fleet) = Fleet::new("cairn_worker") else {
         return;
     };
-    let db = format!("cairn_worker_{}", std::process::id());
-    let store = cairn_postgres::testing::create_database(server, &db);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
     let (web_port, worker_port) = (free_port(), free_port());
     let args = |name: &'static str| {
         [
             "--store",
-            &store,
+            store,
             "--lease-ttl",
             "600s",
             "--instance-name",
@@ -547,7 +570,7 @@ async fn a_worker_serves_only_its_monitors_and_drives_runs() {
     assert!(first.wait().unwrap().success());
     drives(worker_port, "worker", 1, "the worker never took the run").await;
     let approve = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["--store", &store, "approve", &gated, "gate", "--by", "test"])
+        .args(["--store", store, "approve", &gated, "gate", "--by", "test"])
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -564,7 +587,7 @@ async fn a_worker_serves_only_its_monitors_and_drives_runs() {
     )
     .await;
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["--store", &store, "runs", "--json"])
+        .args(["--store", store, "runs", "--json"])
         .current_dir(dir.path())
         .output()
         .unwrap();
