@@ -92,6 +92,17 @@ impl Drop for Fleet {
     }
 }
 
+/// A client of each server on `ports`, once each answers `/healthz`.
+async fn healthy_clients(ports: &[u16]) -> Vec<Client> {
+    let mut clients = Vec::new();
+    for &p in ports {
+        let url = format!("http://127.0.0.1:{p}");
+        wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+        clients.push(Client::new(&url, None).unwrap());
+    }
+    clients
+}
+
 fn serve(dir: &Path, store: &str, port: u16) -> Child {
     common::serve(dir, &["--store", store, "--lease-ttl", LEASE_TTL], port)
 }
@@ -176,12 +187,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
             .map(|&p| Some(serve(dir.path(), store, p)))
             .collect(),
     );
-    let mut clients = Vec::new();
-    for &p in &ports {
-        let url = format!("http://127.0.0.1:{p}");
-        wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
-        clients.push(Client::new(&url, None).unwrap());
-    }
+    let clients = healthy_clients(&ports).await;
 
     // Runs round-robin; run i is driven by instance i % 3 and watched on
     // the next one.
@@ -403,12 +409,7 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
             .map(|(&p, n)| Some(long_lease(p, n)))
             .collect(),
     );
-    let mut clients = Vec::new();
-    for &p in &ports {
-        let url = format!("http://127.0.0.1:{p}");
-        wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
-        clients.push(Client::new(&url, None).unwrap());
-    }
+    let clients = healthy_clients(&ports).await;
     let start = |workflow: &'static str| {
         let c = clients[0].clone();
         async move {
