@@ -579,9 +579,15 @@ pub struct ServeArgs {
     pub allow_origins: Vec<String>,
     /// Drive runs and answer only /healthz and /metrics: an instance of a
     /// fleet on a PostgreSQL store whose requests other instances serve. It
-    /// takes over runs whose instance died or stopped.
+    /// claims queued runs and takes over runs whose instance died or stopped.
     #[arg(long)]
     pub worker: bool,
+    /// Most runs this instance drives at once on a PostgreSQL store, runs
+    /// waiting for a person not counted: it claims queued runs up to this,
+    /// and no more than its share while another instance has room
+    /// [default: 256 per core].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: Option<u32>,
     /// Connections open at once (event streams and WebSockets included);
     /// one more is answered 503 and closed.
     #[arg(long, value_name = "N", default_value_t = 1024,

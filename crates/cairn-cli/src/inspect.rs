@@ -988,6 +988,9 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
             // Load comes in waves; what a wave freed goes back between them.
             release_memory_when_idle: true,
             snapshot_dir: store::snapshot_dir(g),
+            // On a shared store, runs started through any instance (and
+            // their children) are queued for the fleet to claim.
+            queue: true,
             ..Default::default()
         },
     );
@@ -1012,6 +1015,9 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         instance: crate::store::instance_name(g)?
             .unwrap_or_else(cairn_store::default_instance_name),
         worker: a.worker,
+        max_runs: a
+            .max_runs
+            .map_or_else(cairn_server::default_max_runs, |n| n as usize),
         ..Default::default()
     };
     let shutdown = async {

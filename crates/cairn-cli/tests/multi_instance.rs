@@ -53,6 +53,29 @@ nodes:
     command: ["sh", "-c", "echo shipped"]
 "#;
 
+/// Holds its first node until the test writes `go`, so that every run is
+/// driven at once and who drives each can be asked.
+const HELD: &str = r#"
+name: held
+nodes:
+  - id: a
+    command: ["sh", "-c", "echo \"$CAIRN_RUN_ID a\" >> marks; while [ ! -f go ]; do sleep 0.5; done"]
+  - id: b
+    needs: [a]
+    command: ["sh", "-c", "echo \"$CAIRN_RUN_ID b\" >> marks; sleep 0.2; echo b"]
+"#;
+
+/// A parent whose child holds until `go`.
+const PARENT: &str = r#"
+name: parent
+nodes:
+  - id: call
+    workflow: held.yaml
+  - id: after
+    needs: [call]
+    value: { done: true }
+"#;
+
 const INSTANCES: usize = 3;
 const RUNS: usize = 6;
 const LEASE_TTL: &str = "1s";
@@ -77,6 +100,8 @@ impl Fleet {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("long.yaml"), LONG).unwrap();
         std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
+        std::fs::write(dir.path().join("held.yaml"), HELD).unwrap();
+        std::fs::write(dir.path().join("parent.yaml"), PARENT).unwrap();
         Some(Fleet {
             server,
             db,
@@ -189,8 +214,9 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     );
     let clients = healthy_clients(&ports).await;
 
-    // Runs round-robin; run i is driven by instance i % 3 and watched on
-    // the next one.
+    // Runs started round-robin (queued: whichever instance's share it is
+    // claims each); run i is watched on the instance after the one that
+    // started it.
     let mut runs = Vec::new();
     for i in 0..RUNS {
         let run = clients[i % INSTANCES]
@@ -202,7 +228,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
             .to_string();
         runs.push(run);
     }
-    // A gated run on instance 1, approved through instance 2.
+    // A gated run started on instance 1, approved through instance 2.
     let gated = clients[1]
         .post_json("/v1/runs", &json!({"workflow": "gated"}))
         .await
@@ -211,7 +237,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
         .unwrap()
         .to_string();
 
-    // Another on instance 2, cancelled through instance 1.
+    // Another started on instance 2, cancelled through instance 1.
     let cancelled = clients[2]
         .post_json("/v1/runs", &json!({"workflow": "gated"}))
         .await
@@ -402,14 +428,9 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
             p,
         )
     };
-    let mut servers = Instances(
-        ports
-            .iter()
-            .zip(names)
-            .map(|(&p, n)| Some(long_lease(p, n)))
-            .collect(),
-    );
-    let clients = healthy_clients(&ports).await;
+    // The second instance starts once the first has claimed both runs.
+    let mut servers = Instances(vec![Some(long_lease(ports[0], names[0])), None]);
+    let clients = healthy_clients(&ports[..1]).await;
     let start = |workflow: &'static str| {
         let c = clients[0].clone();
         async move {
@@ -421,22 +442,25 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
                 .to_string()
         }
     };
-    // Both driven by the first instance: one waits for a person, one is
-    // part-way through its commands when the instance stops.
+    // Both driven by the first instance: one waits for a person, one holds
+    // in its first node when the instance stops.
     let gated = start("gated").await;
     waiting(&clients[0], &gated).await;
-    let long = start("long").await;
+    let long = start("held").await;
     let t0 = Instant::now();
     while !std::fs::read_to_string(dir.path().join("marks"))
         .unwrap_or_default()
-        .contains(&format!("{long} b"))
+        .contains(&format!("{long} a"))
     {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
-            "the long run never reached b"
+            "the held run never reached a"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+
+    servers.0[1] = Some(long_lease(ports[1], names[1]));
+    let clients = healthy_clients(&ports).await;
 
     // Who drives them, asked of the other instance: the first.
     let gated_id = RunId::parse(&gated).unwrap();
@@ -458,8 +482,12 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
         "{metrics}"
     );
 
+    // Stopped while node a holds; a is let go during the stop's grace, so
+    // the first instance finishes a and gives the run back before b.
     let mut first = servers.0[0].take().unwrap();
     unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
     let status = first.wait().unwrap();
     assert!(
         status.success(),
@@ -490,8 +518,13 @@ async fn a_stopped_instance_hands_its_runs_over_at_once() {
     // Nothing of the long run ran twice past what the stop cut short: the
     // command running at the stop may run again, no finished one does.
     let marks = std::fs::read_to_string(dir.path().join("marks")).unwrap();
-    let a = marks.lines().filter(|l| *l == format!("{long} a")).count();
-    assert_eq!(a, 1, "node a ran again after it finished: {marks}");
+    for node in ["a", "b"] {
+        let ran = marks
+            .lines()
+            .filter(|l| *l == format!("{long} {node}"))
+            .count();
+        assert_eq!(ran, 1, "node {node} ran {ran} times: {marks}");
+    }
 }
 
 /// `cairn serve --worker` answers only `/healthz` and `/metrics`, and
@@ -604,5 +637,293 @@ async fn drives(port: u16, name: &str, runs: usize, otherwise: &str) {
     while !common::metrics(port).contains(&sample) {
         assert!(t0.elapsed() < Duration::from_secs(60), "{otherwise}");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The runs each instance of `names` (on `ports`) says in `/metrics` that
+/// it drives.
+fn driven_by(ports: &[u16], names: &[&str]) -> Vec<usize> {
+    ports
+        .iter()
+        .zip(names)
+        .map(|(&p, name)| {
+            let sample = format!("cairn_instance_driven_runs{{instance=\"{name}\"}} ");
+            let text = common::metrics(p);
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&sample))
+                .unwrap_or_else(|| panic!("no driven runs for {name}: {text}"));
+            line.trim().parse().unwrap()
+        })
+        .collect()
+}
+
+/// The checks of the crash tests, on one run's stored log: it finished,
+/// its seqs have no gap, it keeps the contract, and no node started again
+/// after it finished. Returns how many times the run was started (a take
+/// over adds one).
+fn check_run(backend: &cairn_postgres::PgBackend, run: &str) -> usize {
+    use cairn_store::prelude::*;
+    let stored: Vec<Event> = backend
+        .read_events(
+            &cairn_events::RunId::parse(run).unwrap(),
+            &Default::default(),
+        )
+        .unwrap()
+        .iter()
+        .map(|s| s.decode().unwrap())
+        .collect();
+    let seqs: Vec<u64> = stored.iter().map(|e| e.seq.get()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{run}");
+    assert!(
+        matches!(stored.last().unwrap().kind, EventKind::RunFinished { .. }),
+        "{run} did not finish: {}",
+        stored.last().unwrap().to_json()
+    );
+    cairn_events::check_log(&stored).unwrap_or_else(|e| panic!("{run}: {e}"));
+    let mut finished = std::collections::BTreeSet::new();
+    for e in &stored {
+        let Some(node) = e.scope.node_id.as_deref() else {
+            continue;
+        };
+        let key = (node.to_string(), e.scope.iteration);
+        match &e.kind {
+            EventKind::NodeFinished { .. } => {
+                assert!(finished.insert(key), "{run}: {node} finished twice");
+            }
+            EventKind::NodeStarted { .. } => {
+                assert!(
+                    !finished.contains(&key),
+                    "{run}: {node} started again after it finished"
+                );
+            }
+            _ => {}
+        }
+    }
+    stored
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
+        .count()
+}
+
+/// 300 runs started through one instance are queued and claimed by all
+/// three, each its share (at least a fifth); one instance killed with
+/// SIGKILL while they run loses none of them and repeats no finished node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_started_through_one_instance_are_driven_by_all() {
+    let Some(fleet) = Fleet::new("cairn_spread") else {
+        return;
+    };
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
+    const SPREAD: usize = 300;
+    let names = ["one", "two", "three"];
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let mut servers = Instances(
+        ports
+            .iter()
+            .zip(names)
+            .map(|(&p, name)| {
+                Some(common::serve(
+                    dir.path(),
+                    &[
+                        "--store",
+                        store,
+                        "--lease-ttl",
+                        LEASE_TTL,
+                        "--instance-name",
+                        name,
+                    ],
+                    p,
+                ))
+            })
+            .collect(),
+    );
+    let clients = healthy_clients(&ports).await;
+    let mut runs = Vec::new();
+    for _ in 0..SPREAD {
+        let accepted = clients[0]
+            .post_json("/v1/runs", &json!({"workflow": "held"}))
+            .await
+            .unwrap();
+        runs.push(accepted["runId"].as_str().unwrap().to_string());
+    }
+    // Every run driven at once (each holds in its first node), by all three.
+    let t0 = Instant::now();
+    let counts = loop {
+        let counts = driven_by(&ports, &names);
+        if counts.iter().sum::<usize>() == SPREAD {
+            break counts;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "the runs were not all claimed: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("driven by one, two, three: {counts:?}");
+    for (name, n) in names.iter().zip(&counts) {
+        assert!(
+            *n >= SPREAD / 5,
+            "{name} drives {n} of {SPREAD}, less than a fifth: {counts:?}"
+        );
+    }
+    // The API names the driver too.
+    let state = clients[1]
+        .run(&RunId::parse(&runs[0]).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        names.contains(&state["instance"].as_str().unwrap_or_default()),
+        "{state}"
+    );
+
+    // Let them go, and kill the third instance in the middle.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut dead = servers.0[2].take().unwrap();
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+
+    for run in &runs {
+        reaches(&clients[0], run, "finished", Duration::from_secs(180)).await;
+    }
+    let backend = cairn_postgres::PgBackend::open(store).unwrap();
+    let taken_over = runs
+        .iter()
+        .filter(|run| check_run(&backend, run) > 1)
+        .count();
+    eprintln!("{taken_over} run(s) taken over from the killed instance");
+    assert!(
+        taken_over >= 1,
+        "no run was taken over from the killed instance"
+    );
+    let marks = std::fs::read_to_string(dir.path().join("marks")).unwrap();
+    for run in &runs {
+        for node in ["a", "b"] {
+            assert!(
+                marks.lines().any(|l| l == format!("{run} {node}")),
+                "{run} {node} never ran"
+            );
+        }
+    }
+    for s in servers.0.iter_mut().flatten() {
+        unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
+    }
+    for s in std::mem::take(&mut servers.0).into_iter().flatten() {
+        let mut s = s;
+        let status = tokio::task::spawn_blocking(move || s.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+    drop(backend);
+}
+
+/// A child run is queued like any run: the instance whose share it is
+/// claims it, here the one that does not drive its parent, and the parent
+/// still finishes once the child has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_run_is_driven_by_another_instance_than_its_parent() {
+    let Some(fleet) = Fleet::new("cairn_child") else {
+        return;
+    };
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
+    let names = ["one", "two"];
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let _servers = Instances(
+        ports
+            .iter()
+            .zip(names)
+            .map(|(&p, name)| {
+                Some(common::serve(
+                    dir.path(),
+                    &[
+                        "--store",
+                        store,
+                        "--lease-ttl",
+                        LEASE_TTL,
+                        "--instance-name",
+                        name,
+                    ],
+                    p,
+                ))
+            })
+            .collect(),
+    );
+    let clients = healthy_clients(&ports).await;
+    let parent = clients[0]
+        .post_json("/v1/runs", &json!({"workflow": "parent"}))
+        .await
+        .unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let t0 = Instant::now();
+    let (child, child_driver) = loop {
+        let listed = clients[1]
+            .get_json(&format!("/v1/runs?parent={parent}"))
+            .await
+            .unwrap();
+        let driven = listed["runs"].as_array().unwrap().first().and_then(|r| {
+            Some((
+                r["runId"].as_str()?.to_string(),
+                r["instance"].as_str()?.to_string(),
+            ))
+        });
+        if let Some(found) = driven {
+            break found;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the child was never driven: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let state = clients[1]
+        .run(&RunId::parse(&parent).unwrap())
+        .await
+        .unwrap();
+    let parent_driver = state["instance"].as_str().unwrap().to_string();
+    assert_ne!(
+        parent_driver, child_driver,
+        "the child {child} is driven by its parent's instance"
+    );
+    let child_state = clients[0]
+        .run(&RunId::parse(&child).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(child_state["parentRunId"], parent.as_str(), "{child_state}");
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    reaches(&clients[0], &parent, "finished", Duration::from_secs(60)).await;
+    reaches(&clients[1], &child, "finished", Duration::from_secs(60)).await;
+    let backend = cairn_postgres::PgBackend::open(store).unwrap();
+    check_run(&backend, &parent);
+    check_run(&backend, &child);
+    // The child's `RunStarted`, written by the instance that claimed it,
+    // names its parent and the node that started it.
+    use cairn_store::prelude::*;
+    let first = backend
+        .read_events(
+            &cairn_events::RunId::parse(&child).unwrap(),
+            &Default::default(),
+        )
+        .unwrap()[0]
+        .decode()
+        .unwrap();
+    match first.kind {
+        EventKind::RunStarted {
+            parent_run_id,
+            parent_node_id,
+            depth,
+            ..
+        } => {
+            assert_eq!(
+                parent_run_id.as_ref().map(|r| r.as_str()),
+                Some(parent.as_str())
+            );
+            assert_eq!(parent_node_id.as_deref(), Some("call"));
+            assert_eq!(depth, 1);
+        }
+        other => panic!("{other:?}"),
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_events::{ErrorInfo, Event, EventKind, RunId, RunStatus};
-use cairn_store::EventQuery;
+use cairn_store::{EventQuery, RecordStatus};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -31,6 +31,10 @@ use crate::{Engine, EngineError, RunHandle, RunOutcome, StartOptions};
 /// How long a parent waits before it looks again at a child that another
 /// process drives (a `cairn answer` applying a command to it, say).
 const BUSY_RETRY: Duration = Duration::from_millis(100);
+
+/// How often a parent looks at a child that may be driven by another
+/// instance of a shared store (its row: one small read).
+const ELSEWHERE_POLL: Duration = Duration::from_millis(200);
 
 /// Who a child run's parent is, as its `RunStarted` says.
 pub(crate) struct Lineage {
@@ -189,6 +193,36 @@ impl NodeCtx {
             Some((_, true)) => {
                 self.delegation_started(&spec).await?;
                 None
+            }
+            // Queued by an earlier attempt: an instance claims it.
+            Some((rec, false)) if rec.status == RecordStatus::Queued => {
+                self.delegation_started(&spec).await?;
+                None
+            }
+            None if engine.queues() => {
+                let wf = self.child_workflow(&engine, &spec).await?;
+                self.delegation_started(&spec).await?;
+                let lineage = Lineage {
+                    run_id: self.run_id.clone(),
+                    node_id: self.node_id.to_string(),
+                    depth: self.depth + 1,
+                    record_exists: false,
+                };
+                let opts = StartOptions {
+                    run_id: Some(spec.run_id.clone()),
+                    ..StartOptions::default()
+                };
+                match engine
+                    .enqueue(wf, spec.input.clone(), &opts, Some(&lineage))
+                    .await
+                {
+                    // Queued by a moment-earlier attempt: wait for it.
+                    Ok(_) | Err(EngineError::Store(cairn_store::StoreError::RunExists(_))) => None,
+                    Err(EngineError::ShuttingDown) => {
+                        return Err(NodeError::cancelled("the engine stops"))
+                    }
+                    Err(e) => return Err(NodeError::new("child", e.to_string())),
+                }
             }
             unstarted => {
                 let wf = self.child_workflow(&engine, &spec).await?;
@@ -362,10 +396,28 @@ impl NodeCtx {
         mut handle: Option<(RunHandle, mpsc::UnboundedReceiver<Option<RunStatus>>)>,
     ) -> Result<ChildEnd, NodeError> {
         let mut cancel_sent = false;
+        // What the parent was last told of a child driven elsewhere.
+        let mut told: Option<Option<RunStatus>> = None;
         loop {
             let Some((h, statuses)) = handle.as_mut() else {
-                if let Some(end) = engine.ended(child).await? {
-                    return Ok(end);
+                let status = engine.record_status(child).await?;
+                if status.is_terminal() {
+                    if let Some(end) = engine.ended(child).await? {
+                        return Ok(end);
+                    }
+                }
+                // A child another instance drives tells its waits through
+                // its row: so does the parent.
+                let waits = match status {
+                    RecordStatus::Run(
+                        s @ (RunStatus::WaitingApproval | RunStatus::WaitingInput),
+                    ) => Some(s),
+                    _ => None,
+                };
+                if told != Some(waits) {
+                    let key = (self.node_id.clone(), self.iteration);
+                    let _ = self.asks.send(Ask::Child { key, status: waits });
+                    told = Some(waits);
                 }
                 if engine.is_active(child) {
                     // Driven here already (another attempt's leftover, or a
@@ -379,14 +431,31 @@ impl NodeCtx {
                     }
                     continue;
                 }
+                // Queued: it is for the instance whose share it is, this
+                // one included, to claim.
+                if status == RecordStatus::Queued && engine.queues() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(ELSEWHERE_POLL) => {}
+                        _ = self.cancel.cancelled(), if !cancel_sent => {
+                            cancel_sent = self.cancel_child(engine, child).await;
+                        }
+                    }
+                    continue;
+                }
                 let (opts, rx) = self.child_options(child);
                 match engine.resume(child, opts).await {
                     Ok(h) => handle = Some((h, rx)),
                     Err(EngineError::LeaseHeld { .. } | EngineError::ResumeRefused { .. }) => {
-                        // Another process holds its lease for a moment, or
-                        // it ended in between: look again.
+                        // Another process holds its lease (for a moment, or
+                        // it drives the child), or it ended in between: look
+                        // again.
+                        let wait = if engine.queues() {
+                            ELSEWHERE_POLL
+                        } else {
+                            BUSY_RETRY
+                        };
                         tokio::select! {
-                            _ = tokio::time::sleep(BUSY_RETRY) => {}
+                            _ = tokio::time::sleep(wait) => {}
                             _ = self.cancel.cancelled() => {
                                 if !cancel_sent {
                                     cancel_sent = self.cancel_child(engine, child).await;
@@ -474,6 +543,14 @@ impl NodeCtx {
 }
 
 impl Engine {
+    /// Where a run's row says it stands.
+    async fn record_status(&self, run_id: &RunId) -> Result<RecordStatus, NodeError> {
+        self.require_run_off(run_id)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| NodeError::new("child", format!("cannot read child run `{run_id}`: {e}")))
+    }
+
     /// How a run ended, from its log; `None` while it has not.
     async fn ended(&self, run_id: &RunId) -> Result<Option<ChildEnd>, NodeError> {
         let id = run_id.clone();

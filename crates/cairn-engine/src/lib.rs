@@ -27,6 +27,7 @@
 mod agent;
 mod alloc;
 mod child;
+mod claim;
 mod driver;
 mod error;
 mod fork;
@@ -128,6 +129,7 @@ pub type Observer = Arc<dyn Fn(&Event) + Send + Sync>;
 /// id and how the session ended (see [`EngineOptions::on_run_stopped`]).
 pub type RunStopped = Arc<dyn Fn(&RunId, &RunOutcome) + Send + Sync>;
 
+pub use claim::Submitted;
 pub use error::{
     EngineError, FilesTask, ForkRefusal, HijackRefusal, IntegrityProblem, ResumeRefusal,
     RevertRefusal, Wanted,
@@ -135,6 +137,16 @@ pub use error::{
 pub use fork::{ForkPoint, ForkRequest, Forked, FORKING};
 pub use revert::{RevertRequest, Reverted};
 pub use touched::{Conflict, FilesPlan};
+
+/// A run checked and ready to be written ([`Engine::prepare`]).
+struct Prepared {
+    run_id: RunId,
+    /// The workflow, its text moved to `rec`.
+    wf: Workflow,
+    rec: RunRecord,
+    pinned: Option<cairn_store::GenerationRecord>,
+    secrets: Arc<secrets::Secrets>,
+}
 
 /// Options of one run (or one resume).
 #[derive(Default, Clone)]
@@ -188,6 +200,12 @@ pub struct EngineOptions {
     /// `snapshots` beside a store kept in files (SQLite), and no snapshots
     /// for a store that has none (PostgreSQL; the CLI gives `.cairn/snapshots`).
     pub snapshot_dir: Option<PathBuf>,
+    /// Start runs as work for the store's instances to claim, when the
+    /// store offers it ([`cairn_store::Claims`], a shared PostgreSQL
+    /// store): [`Engine::submit`] queues a run instead of driving it, and
+    /// a child run is queued for any instance to drive (`cairn serve`).
+    /// Off, the process that starts a run drives it (the CLI).
+    pub queue: bool,
 }
 
 impl Default for EngineOptions {
@@ -200,6 +218,7 @@ impl Default for EngineOptions {
             watch: false,
             release_memory_when_idle: false,
             snapshot_dir: None,
+            queue: false,
         }
     }
 }
@@ -247,6 +266,8 @@ struct Inner {
     watch_hub: std::sync::OnceLock<Result<Arc<reload::hub::Hub>, String>>,
     /// [`EngineOptions::release_memory_when_idle`].
     release_when_idle: bool,
+    /// [`EngineOptions::queue`], and the store offers claims.
+    queue: bool,
     /// Counts the times the engine went idle (its last run ended), so that
     /// a release planned for one idle spell is skipped once runs came and
     /// went since.
@@ -287,6 +308,7 @@ pub struct Engine {
 impl Engine {
     /// An engine over a journal.
     pub fn new(journal: Journal, opts: EngineOptions) -> Engine {
+        let journal_claims = journal.backend().claims().is_some();
         Engine {
             inner: Arc::new_cyclic(|me| Inner {
                 services: Arc::new(services::Services::new(
@@ -309,6 +331,7 @@ impl Engine {
                 watch_all: opts.watch,
                 watch_hub: std::sync::OnceLock::new(),
                 release_when_idle: opts.release_memory_when_idle,
+                queue: opts.queue && journal_claims,
                 idle_spells: std::sync::atomic::AtomicU64::new(0),
             }),
         }
@@ -389,55 +412,27 @@ impl Engine {
     /// [`Engine::start`], as the child of `parent` when there is one.
     pub(crate) async fn start_as(
         &self,
-        mut wf: Workflow,
+        wf: Workflow,
         input: Value,
         opts: StartOptions,
         parent: Option<child::Lineage>,
     ) -> Result<RunHandle, EngineError> {
-        if self.inner.closing.load(Ordering::SeqCst) {
-            return Err(EngineError::ShuttingDown);
-        }
-        wf.validate_input(&input)?;
-        let secrets = secrets::resolve_for(&wf).await?;
-        let run_id = opts.run_id.clone().unwrap_or_else(new_run_id);
-        // The files the workflow refers to, read now and kept with the
-        // run: what it will use, whatever a node writes to them later
-        // (`reload::pin`). A child takes them from its parent's.
-        // Read in place: a workflow that refers to no file reads nothing,
-        // and one that does reads a few small files.
-        let files = reload::pin::pin(&wf)?;
-        reload::pin::attach(&mut wf, &files);
-        let now = node::now_ms();
-        let pinned = (!files.is_empty()).then(|| cairn_store::GenerationRecord {
-            run_id: run_id.clone(),
-            generation: 0,
-            workflow_hash: wf.hash.clone(),
-            workflow_source: wf.source.clone(),
-            files,
-            created_ms: now,
-        });
-        let rec = RunRecord {
-            run_id: run_id.clone(),
-            workflow: wf.name.clone(),
-            workflow_path: wf.path.display().to_string(),
-            workflow_hash: wf.hash.clone(),
-            // The text goes to the store and is read from there (a resume,
-            // the API); the driver needs only what was parsed from it, and a
-            // 100,000-node file is megabytes.
-            workflow_source: std::mem::take(&mut wf.source),
-            input: input.clone(),
-            status: RecordStatus::Pending,
-            created_ms: now,
-            updated_ms: now,
-            parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
-        };
+        let Prepared {
+            run_id,
+            wf,
+            rec,
+            pinned,
+            secrets,
+        } = self
+            .prepare(wf, input, &opts, parent.as_ref(), RecordStatus::Pending)
+            .await?;
         // A child whose record a crash left without its `RunStarted` is
         // started in that record.
         let exists = parent.as_ref().is_some_and(|p| p.record_exists);
         let started = EventKind::RunStarted {
             workflow: wf.name.clone(),
             workflow_hash: wf.hash.clone(),
-            input: Some(input),
+            input: Some(rec.input.clone()),
             resumed: false,
             parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
             parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
@@ -471,6 +466,65 @@ impl Engine {
             None,
             secrets,
         ))
+    }
+
+    /// What starting a run checks and reads before anything is written:
+    /// the input against the workflow, the secrets (so that a run that
+    /// cannot read them is refused now, not failed later), and the files
+    /// the workflow refers to, pinned (`reload::pin`); and the run's row,
+    /// with `status`.
+    async fn prepare(
+        &self,
+        mut wf: Workflow,
+        input: Value,
+        opts: &StartOptions,
+        parent: Option<&child::Lineage>,
+        status: RecordStatus,
+    ) -> Result<Prepared, EngineError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        wf.validate_input(&input)?;
+        let secrets = secrets::resolve_for(&wf).await?;
+        let run_id = opts.run_id.clone().unwrap_or_else(new_run_id);
+        // The files the workflow refers to, read now and kept with the
+        // run: what it will use, whatever a node writes to them later
+        // (`reload::pin`). A child takes them from its parent's.
+        // Read in place: a workflow that refers to no file reads nothing,
+        // and one that does reads a few small files.
+        let files = reload::pin::pin(&wf)?;
+        reload::pin::attach(&mut wf, &files);
+        let now = node::now_ms();
+        let pinned = (!files.is_empty()).then(|| cairn_store::GenerationRecord {
+            run_id: run_id.clone(),
+            generation: 0,
+            workflow_hash: wf.hash.clone(),
+            workflow_source: wf.source.clone(),
+            files,
+            created_ms: now,
+        });
+        let rec = RunRecord {
+            run_id: run_id.clone(),
+            workflow: wf.name.clone(),
+            workflow_path: wf.path.display().to_string(),
+            workflow_hash: wf.hash.clone(),
+            // The text goes to the store and is read from there (a resume,
+            // the API); the driver needs only what was parsed from it, and a
+            // 100,000-node file is megabytes.
+            workflow_source: std::mem::take(&mut wf.source),
+            input,
+            status,
+            created_ms: now,
+            updated_ms: now,
+            parent_run_id: parent.map(|p| p.run_id.clone()),
+        };
+        Ok(Prepared {
+            run_id,
+            wf,
+            rec,
+            pinned,
+            secrets,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -610,8 +664,17 @@ impl Engine {
         // that goes on is still being cancelled.
         let cancel_requested = state.cancel_requested.clone();
         // A crash between the run's record and its first event left a log
-        // with nothing in it: the run starts now, with its stored input.
+        // with nothing in it, or the run was queued: it starts now, with
+        // its stored input, and as a run (a command for it waits for that).
         let fresh = state.last_seq == 0;
+        let mode = if fresh { Mode::Drive } else { mode };
+        if fresh {
+            let rec = rec.clone();
+            let (parent, node, depth) = self.blocking(move |e| e.lineage_of(&rec)).await?;
+            state.parent_run_id = parent;
+            state.parent_node_id = node;
+            state.depth = depth;
+        }
         // Read again on every resume (a rotated token is picked up, a
         // removed one stops the resume before anything runs). A driver
         // that only applies commands runs no process but the failure
@@ -759,6 +822,12 @@ impl Engine {
                 other => return other,
             }
         }
+    }
+
+    /// Counts the times a driver of this engine stopped driving a run:
+    /// changes whenever one does (room freed for another).
+    pub fn runs_stopped(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.inner.done_tx.subscribe()
     }
 
     /// Runs driven by this engine right now.

@@ -17,7 +17,7 @@
 //! and the fence refuses the dead holder's writes as after an expiry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -115,7 +115,7 @@ impl Leases {
         &self.owner
     }
 
-    fn ttl_secs(&self) -> f64 {
+    pub(crate) fn ttl_secs(&self) -> f64 {
         self.ttl.as_secs_f64()
     }
 
@@ -124,7 +124,7 @@ impl Leases {
     }
 
     /// Claims `run` locally; `None` if this process holds or is taking it.
-    fn reserve(&self, run: &RunId) -> Option<u64> {
+    pub(crate) fn reserve(&self, run: &RunId) -> Option<u64> {
         let mut held = self.lock();
         if held.contains_key(run) {
             return None;
@@ -134,13 +134,13 @@ impl Leases {
         Some(token)
     }
 
-    fn set_live(&self, run: &str, token: u64, live: bool) {
+    pub(crate) fn set_live(&self, run: &str, token: u64, live: bool) {
         if let Some(c) = self.lock().get_mut(run).filter(|c| c.token == token) {
             c.live = live;
         }
     }
 
-    fn forget(&self, run: &str, token: u64) {
+    pub(crate) fn forget(&self, run: &str, token: u64) {
         let mut held = self.lock();
         if held.get(run).is_some_and(|c| c.token == token) {
             held.remove(run);
@@ -221,13 +221,13 @@ fn parse_owner(owner: &str) -> Holder {
 }
 
 /// A run's lease; dropping it deletes its row.
-struct PgLease {
-    run_id: RunId,
-    token: u64,
+pub(crate) struct PgLease {
+    pub(crate) run_id: RunId,
+    pub(crate) token: u64,
     /// Weak, so that a lease kept past its backend (or leaked) does not keep
     /// the backend's runtime alive: its row then expires like a dead
     /// process's.
-    home: Weak<Shared>,
+    pub(crate) home: Weak<Shared>,
 }
 
 impl RunLease for PgLease {}
@@ -460,12 +460,17 @@ pub(crate) async fn fenced_run(
 /// Renews this backend's leases every third of the ttl, for as long as the
 /// backend's runtime runs. A lease found taken over (or deleted) is logged
 /// and forgotten: its holder's appends are fenced off from then on.
-pub(crate) async fn heartbeat(db: Db, leases: Arc<Leases>) {
+pub(crate) async fn heartbeat(db: Db, leases: Arc<Leases>, claimer: Arc<AtomicBool>) {
     let period = (leases.ttl / 3).max(MIN_RENEW_PERIOD);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if claimer.load(Ordering::SeqCst) {
+            if let Err(e) = crate::claims::seen(&db, leases.owner()).await {
+                tracing::warn!(error = %e, "could not tell the store this instance still claims runs");
+            }
+        }
         let held = leases.live();
         if held.is_empty() {
             continue;

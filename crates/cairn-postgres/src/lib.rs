@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod budget;
+mod claims;
 mod config;
 mod db;
 mod events;
@@ -38,10 +39,10 @@ use std::time::Duration;
 
 use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
-    AsyncReads, Backend, BudgetLimits, BudgetWait, EventLog, EventQuery, GenerationRecord,
-    Generations, Inbox, InboxEntry, LeaseHolder, Listener, ModelBudgets, NewRun, ProcessRecord,
-    Processes, RunFilter, RunLease, RunRecord, Runs, StoreError, StoreFuture, StoredEvent,
-    ToolCallRecord, ToolCalls, Topic, Wakeups,
+    AsyncReads, Backend, BudgetLimits, BudgetWait, Claims, EventLog, EventQuery, Fleet,
+    GenerationRecord, Generations, Inbox, InboxEntry, LeaseHolder, Listener, ModelBudgets, NewRun,
+    ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs, StoreError, StoreFuture,
+    StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -106,6 +107,12 @@ pub(crate) struct Shared {
     store_id: String,
     pub(crate) db: Db,
     pub(crate) leases: Arc<Leases>,
+    /// This backend's instance name (`--instance-name`).
+    instance: String,
+    /// The advisory lock claimers of this schema take turns on.
+    pub(crate) claim_lock: i64,
+    /// Registered as a claimer ([`Claims::join`]): the heartbeat says so.
+    claimer: Arc<std::sync::atomic::AtomicBool>,
     wake: Wake,
     /// Last, so that it stops once the rest is dropped.
     pub(crate) bridge: Bridge,
@@ -165,14 +172,21 @@ impl PgBackend {
             detail,
         })?;
         let leases = Arc::new(Leases::new(opts.lease_ttl, &instance));
-        bridge
-            .handle()
-            .spawn(lease::heartbeat(db.clone(), leases.clone()));
+        let claimer = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        bridge.handle().spawn(lease::heartbeat(
+            db.clone(),
+            leases.clone(),
+            claimer.clone(),
+        ));
+        let claim_lock = config::fnv1a(format!("cairn claims {}", target.schema).as_bytes()) as i64;
         Ok(PgBackend {
             shared: Arc::new(Shared {
                 store_id,
                 db,
                 leases,
+                instance,
+                claim_lock,
+                claimer,
                 wake,
                 bridge,
             }),
@@ -417,6 +431,52 @@ impl Backend for PgBackend {
 
     fn model_budgets(&self) -> Option<&dyn ModelBudgets> {
         Some(self)
+    }
+
+    fn claims(&self) -> Option<&dyn Claims> {
+        Some(self)
+    }
+}
+
+impl Claims for PgBackend {
+    fn queue_run(
+        &self,
+        rec: &RunRecord,
+        pinned: Option<&GenerationRecord>,
+    ) -> Result<(), StoreError> {
+        let (rec, pinned) = (rec.clone(), pinned.cloned());
+        self.run(move |db| async move { claims::queue_run(&db, &rec, pinned.as_ref()).await })?;
+        self.notify(Topic::Queued);
+        Ok(())
+    }
+
+    fn join(&self, capacity: usize) -> Result<(), StoreError> {
+        let owner = self.shared.leases.owner().to_string();
+        let name = self.shared.instance.clone();
+        let capacity = i64::try_from(capacity).unwrap_or(i64::MAX);
+        self.run(move |db| async move { claims::join(&db, &owner, &name, capacity).await })?;
+        self.shared
+            .claimer
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn leave(&self) -> Result<(), StoreError> {
+        self.shared
+            .claimer
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let owner = self.shared.leases.owner().to_string();
+        self.run(move |db| async move { claims::leave(&db, &owner).await })
+    }
+
+    fn claim(&self, max: usize) -> Result<Vec<cairn_storage::Claimed>, StoreError> {
+        self.shared.claim(max)
+    }
+
+    fn fleet(&self) -> Result<Fleet, StoreError> {
+        let owner = self.shared.leases.owner().to_string();
+        let ttl = self.shared.leases.ttl_secs();
+        self.run(move |db| async move { claims::fleet(&db, &owner, ttl).await })
     }
 }
 

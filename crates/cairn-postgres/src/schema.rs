@@ -7,10 +7,10 @@ use crate::db::Db;
 
 /// The schema version this build writes, kept in the `cairn_schema` table.
 /// A database at a newer version is refused ([`StoreError::TooNew`]).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// The tables a store of the current version has; a schema with one of
 /// them but no version is someone else's.
@@ -26,6 +26,7 @@ const TABLES: &[&str] = &[
     "event_runs",
     "event_types",
     "model_calls",
+    "instances",
 ];
 
 /// Version 1. As on SQLite, with these differences:
@@ -207,6 +208,18 @@ CREATE TABLE model_calls (
     open_until_ms BIGINT
 );
 CREATE INDEX model_calls_by_key ON model_calls (model_key, started_ms);
+"#;
+
+/// Version 6: the instances that claim queued runs (`claims.rs`): who,
+/// with room for how many runs, last seen when. Queued runs are found by
+/// `runs_by_status`.
+const V6: &str = r#"
+CREATE TABLE instances (
+    owner    TEXT PRIMARY KEY,
+    name     TEXT NOT NULL,
+    capacity BIGINT NOT NULL,
+    seen_at  TIMESTAMPTZ NOT NULL
+);
 "#;
 
 /// Brings `schema` (created if missing) to [`SCHEMA_VERSION`] in one

@@ -753,3 +753,101 @@ fn drivers_name_the_instance_that_holds_each_run() {
     drop(theirs);
     assert!(alpha.drivers(&both).unwrap().is_empty());
 }
+
+/// Queued runs are claimed as shares: each of two instances with room
+/// takes half, none takes a run twice, a claim is the run's lease, a claim
+/// given up unstarted makes the run claimable again, and an instance that
+/// leaves stops counting.
+#[test]
+fn queued_runs_are_claimed_in_shares_and_once() {
+    let Some(s) = Scratch::new() else { return };
+    let schema = s.schema();
+    let named = |name: &str| {
+        s.open(
+            &schema,
+            PgOptions {
+                instance: Some(name.into()),
+                ..PgOptions::default()
+            },
+        )
+    };
+    let (a, b) = (named("a"), named("b"));
+    // Not a claimer yet: nothing to claim, whatever is queued.
+    let mut queued = record("q00");
+    queued.status = cairn_storage::RecordStatus::Queued;
+    a.queue_run(&queued, None).unwrap();
+    assert!(a.claim(10).unwrap().is_empty());
+    assert!(matches!(
+        a.queue_run(&queued, None),
+        Err(StoreError::RunExists(_))
+    ));
+    a.join(100).unwrap();
+    b.join(100).unwrap();
+    for i in 1..30 {
+        let mut rec = record(&format!("q{i:02}"));
+        rec.status = cairn_storage::RecordStatus::Queued;
+        rec.created_ms = i;
+        a.queue_run(&rec, None).unwrap();
+    }
+    let fleet = a.fleet().unwrap();
+    assert_eq!(fleet.queued, 30);
+    assert_eq!(fleet.instances.len(), 2);
+    let mine = a.claim(100).unwrap();
+    assert_eq!(mine.len(), 15, "a takes its half");
+    assert!(
+        a.claim(100).unwrap().is_empty(),
+        "and no more while b has room"
+    );
+    let theirs = b.claim(4).unwrap();
+    assert_eq!(theirs.len(), 4, "b takes no more than it asks");
+    let rest = b.claim(100).unwrap();
+    assert_eq!(rest.len(), 11);
+    let mut all: Vec<String> = mine
+        .iter()
+        .chain(&theirs)
+        .chain(&rest)
+        .map(|(r, _)| r.to_string())
+        .collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 30, "every run claimed once");
+    // The oldest first.
+    assert_eq!(mine[0].0.as_str(), "q00");
+    // A claim is the lease.
+    let (run, _) = &mine[0];
+    assert!(b.try_lock_run(run).unwrap().is_none());
+    assert_eq!(b.drivers(std::slice::from_ref(run)).unwrap()[run], "a");
+    let fleet = b.fleet().unwrap();
+    assert_eq!(fleet.queued, 0);
+    let loads: Vec<(String, u64, bool)> = fleet
+        .instances
+        .iter()
+        .map(|i| (i.instance.clone(), i.driving, i.me))
+        .collect();
+    assert_eq!(
+        loads,
+        [("a".to_string(), 15, false), ("b".to_string(), 15, true)]
+    );
+    // Given up before the run started: claimable again, by whoever has
+    // the least.
+    let mut mine = mine;
+    let (given_back, lease) = mine.remove(0);
+    drop(lease);
+    let again = a.claim(100).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0, given_back);
+    // Alone once b leaves: a takes what its room allows.
+    b.leave().unwrap();
+    drop((theirs, rest, mine));
+    for i in 30..40 {
+        let mut rec = record(&format!("q{i:02}"));
+        rec.status = cairn_storage::RecordStatus::Queued;
+        a.queue_run(&rec, None).unwrap();
+    }
+    assert_eq!(a.fleet().unwrap().instances.len(), 1);
+    assert_eq!(
+        a.claim(100).unwrap().len(),
+        39,
+        "all but its own, 10 of them new"
+    );
+}

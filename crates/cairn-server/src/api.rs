@@ -455,6 +455,30 @@ impl AppState {
             self.cfg().instance,
             self.engine().active_runs().len()
         ));
+        if self.engine().queues() {
+            text.push_str(&format!(
+                "# HELP cairn_instance_capacity Most runs this instance drives at once (--max-runs), by its name.\n\
+                 # TYPE cairn_instance_capacity gauge\n\
+                 cairn_instance_capacity{{instance=\"{}\"}} {}\n",
+                self.cfg().instance,
+                self.cfg().max_runs
+            ));
+            // The queue is the fleet's: every instance tells the same.
+            match self.journal().backend().claims().map(|c| c.fleet()) {
+                Some(Ok(fleet)) => text.push_str(&format!(
+                    "# HELP cairn_runs_queued Runs queued in the store that no instance has claimed yet.\n\
+                     # TYPE cairn_runs_queued gauge\n\
+                     cairn_runs_queued {}\n\
+                     # HELP cairn_fleet_instances Instances claiming runs from the store.\n\
+                     # TYPE cairn_fleet_instances gauge\n\
+                     cairn_fleet_instances {}\n",
+                    fleet.queued,
+                    fleet.instances.len()
+                )),
+                Some(Err(e)) => tracing::warn!("metrics: the fleet could not be read: {e}"),
+                None => {}
+            }
+        }
         text
     }
 }
@@ -585,11 +609,12 @@ async fn start_run(
         ..StartOptions::default()
     };
     let input = body.input.unwrap_or_else(|| json!({}));
-    let handle = state.engine().start(wf, input, opts).await?;
+    // Queued for the fleet's instances to claim on a shared store, else
+    // driven here; nobody here waits for its end.
+    let submitted = state.engine().submit(wf, input, opts).await?;
     drop(admitted);
-    let run_id = handle.run_id.clone();
-    // The run goes on in the engine; nobody here waits for its end.
-    drop(handle);
+    let run_id = submitted.run_id().clone();
+    drop(submitted);
     Ok((StatusCode::CREATED, Json(RunAccepted { run_id })).into_response())
 }
 

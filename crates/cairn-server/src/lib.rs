@@ -114,9 +114,14 @@ pub struct ServeConfig {
     /// labels its share with it); the store's leases carry the same name.
     pub instance: String,
     /// Serve only `/healthz` and `/metrics` (`cairn serve --worker`): an
-    /// instance that drives runs (those it takes over) for a fleet whose
-    /// requests other instances answer.
+    /// instance that drives runs (those it claims and takes over) for a
+    /// fleet whose requests other instances answer.
     pub worker: bool,
+    /// Most runs this instance drives at once, runs waiting for a person
+    /// not counted, when runs are claimed from a shared store
+    /// ([`cairn_engine::Engine::queues`]): it claims no more, and no more
+    /// than its share while another instance has room.
+    pub max_runs: usize,
 }
 
 impl Default for ServeConfig {
@@ -140,8 +145,15 @@ impl Default for ServeConfig {
             takeover: None,
             instance: cairn_store::default_instance_name(),
             worker: false,
+            max_runs: default_max_runs(),
         }
     }
+}
+
+/// Runs an instance drives at once by default: 256 per core. A run that
+/// waits on a model or a process costs about 0.1 MB and little CPU.
+pub fn default_max_runs() -> usize {
+    256 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// How long a request's body may take to arrive by default: a full body
@@ -257,12 +269,17 @@ impl Server {
             .cfg()
             .takeover
             .map(|every| tokio::spawn(take_over(state.clone(), every)));
+        let claim_task = match join_claimers(&state).await {
+            true => Some(tokio::spawn(claim_queued(state.clone()))),
+            false => None,
+        };
         let router = api::router(state.clone());
         let stopping = state.clone();
         let graceful = async move {
             shutdown.await;
             tracing::info!("stopping: no new runs; waiting for running nodes");
             stopping.begin_drain();
+            leave_claimers(&stopping).await;
             stopping.engine().shutdown(stopping.grace()).await;
             give_back(&stopping).await;
             // Every event is committed now: watchers may go.
@@ -276,7 +293,7 @@ impl Server {
         };
         let result = listen::serve(self.listener, router, limits, graceful).await;
         metrics_task.abort();
-        if let Some(t) = takeover_task {
+        for t in [takeover_task, claim_task].into_iter().flatten() {
             t.abort();
         }
         result.map_err(ServerError::Io)
@@ -306,7 +323,7 @@ async fn give_back(state: &api::AppState) {
     let settled = tokio::task::spawn_blocking(move || {
         engine.journal().settle();
         // Sent before this process goes: a wake-up queued is lost with it.
-        engine.journal().backend().notify_sent(Topic::Work);
+        engine.journal().backend().notify_sent(Topic::Released);
     })
     .await;
     if let Err(e) = settled {
@@ -318,7 +335,7 @@ async fn give_back(state: &api::AppState) {
 /// another server gives its runs back as it stops; stops looking once the
 /// server drains.
 async fn take_over(state: api::AppState, every: Duration) {
-    let mut given_back = match state.engine().journal().backend().listen(Topic::Work) {
+    let mut given_back = match state.engine().journal().backend().listen(Topic::Released) {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(error = %e, "cannot hear other servers stop; looking for their runs every {every:?}");
@@ -351,6 +368,94 @@ async fn take_over(state: api::AppState, every: Duration) {
         if !resumed.is_empty() {
             let runs: Vec<&str> = resumed.iter().map(|r| r.as_str()).collect();
             tracing::info!(runs = ?runs, "took over runs whose process stopped");
+        }
+    }
+}
+
+/// Most runs one claim asks for: a claimer goes on claiming at once while
+/// it gets this many, so a large queue is taken in steps that let the
+/// other instances' claims interleave.
+const CLAIM_BATCH: usize = 16;
+
+/// How often a claimer looks at the queue when nothing woke it: a
+/// wake-up lost (a reconnection) costs at most this.
+const CLAIM_EVERY: Duration = Duration::from_secs(1);
+
+/// Registers this server as a claimer of the store's queued runs, when
+/// its engine queues them; says whether it did.
+async fn join_claimers(state: &api::AppState) -> bool {
+    if !state.engine().queues() {
+        return false;
+    }
+    let (engine, capacity) = (state.engine().clone(), state.cfg().max_runs);
+    let joined = tokio::task::spawn_blocking(move || match engine.journal().backend().claims() {
+        Some(c) => c.join(capacity),
+        None => Ok(()),
+    })
+    .await;
+    match joined {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot register as a claimer of queued runs; this instance claims none");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// Takes this server out of the claimers as it stops, so that the others'
+/// shares no longer count it.
+async fn leave_claimers(state: &api::AppState) {
+    if !state.engine().queues() {
+        return;
+    }
+    let engine = state.engine().clone();
+    let left = tokio::task::spawn_blocking(move || match engine.journal().backend().claims() {
+        Some(c) => c.leave(),
+        None => Ok(()),
+    })
+    .await;
+    if let Ok(Err(e)) = left {
+        tracing::warn!(error = %e, "cannot leave the claimers; the others stop counting this instance once it is no longer seen");
+    }
+}
+
+/// Claims queued runs while this server has room: when runs are queued
+/// (a wake-up from whichever instance queued them), when a run here stops
+/// (room freed), and every [`CLAIM_EVERY`]; stops once the server drains.
+async fn claim_queued(state: api::AppState) {
+    let engine = state.engine().clone();
+    let mut queued = match engine.journal().backend().listen(Topic::Queued) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot hear runs being queued; looking for them every {CLAIM_EVERY:?}");
+            None
+        }
+    };
+    let mut stopped = engine.runs_stopped();
+    loop {
+        if state.draining() {
+            return;
+        }
+        match engine.claim(CLAIM_BATCH).await {
+            // There may be more, and this instance's share may allow them.
+            Ok(got) if got.len() == CLAIM_BATCH => {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot claim queued runs"),
+        }
+        let woken = async {
+            match queued.as_mut() {
+                Some(l) => l.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = woken => {}
+            _ = stopped.changed() => {}
+            _ = tokio::time::sleep(CLAIM_EVERY) => {}
         }
     }
 }

@@ -69,7 +69,8 @@ impl WakeDir {
         let kind = match topic {
             Topic::Inbox(_) => "inbox",
             Topic::Events(_) => "events",
-            Topic::Work => "work",
+            Topic::Released => "work",
+            Topic::Queued => "queued",
         };
         self.dir.join(&self.store_tag).join(kind)
     }

@@ -281,6 +281,104 @@ pub trait Backend:
     fn model_budgets(&self) -> Option<&dyn ModelBudgets> {
         None
     }
+    /// Runs as shared work that any instance of the store claims, for a
+    /// backend that many machines share (PostgreSQL); `None` where the
+    /// process that starts a run drives it (the default).
+    fn claims(&self) -> Option<&dyn Claims> {
+        None
+    }
+}
+
+/// Runs as work any instance of a shared store claims: a run is queued
+/// (its row, no event), and each instance with room claims queued runs,
+/// no more than its share while another has room. A claim is the run's
+/// lease ([`Leases`]), so the fence guards it as any other.
+///
+/// An instance registers with its capacity and is seen live while its
+/// backend runs (it stays registered until [`Claims::leave`], or until it
+/// is no longer seen for a lease's ttl). Its load is the runs whose lease
+/// it holds and that are not waiting for a person: a waiting run holds no
+/// capacity.
+pub trait Claims: Send + Sync {
+    /// Writes a run as work to claim: its row, status
+    /// [`crate::RecordStatus::Queued`], with its pinned files, in one
+    /// transaction ([`StoreError::RunExists`] if the id is taken); then
+    /// wakes the claimers ([`crate::Topic::Queued`]).
+    fn queue_run(
+        &self,
+        rec: &crate::RunRecord,
+        pinned: Option<&crate::GenerationRecord>,
+    ) -> Result<(), StoreError>;
+    /// Registers this backend's instance as a claimer with room for
+    /// `capacity` runs at once (again: a new capacity).
+    fn join(&self, capacity: usize) -> Result<(), StoreError>;
+    /// Takes this instance out of the claimers (it stops).
+    fn leave(&self) -> Result<(), StoreError>;
+    /// Claims up to `max` queued runs, oldest first: as many as this
+    /// instance's share allows, given the queue and the load and capacity
+    /// of every live claimer, decided under one lock so that two claimers
+    /// never judge the same picture. Each claimed run comes with its lease.
+    fn claim(&self, max: usize) -> Result<Vec<Claimed>, StoreError>;
+    /// Every live claimer with its capacity and load, and the runs queued.
+    fn fleet(&self) -> Result<Fleet, StoreError>;
+}
+
+/// A run claimed ([`Claims::claim`]), with its lease.
+pub type Claimed = (RunId, Box<dyn RunLease>);
+
+/// The claimers of a store, as [`Claims::fleet`] sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fleet {
+    /// Every live claimer.
+    pub instances: Vec<InstanceLoad>,
+    /// Runs queued and not yet claimed.
+    pub queued: u64,
+}
+
+/// One claimer of a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceLoad {
+    /// Its name (`--instance-name`).
+    pub instance: String,
+    /// Most runs it drives at once.
+    pub capacity: u64,
+    /// Runs it drives that are not waiting for a person.
+    pub driving: u64,
+    /// This backend's own instance.
+    pub me: bool,
+}
+
+/// How many queued runs an instance may claim now, out of `queued`: its
+/// fair share of the work (queued and driven) by capacity, never beyond
+/// its room, and at least one while it is the least loaded claimer with
+/// room (so that rounding never leaves work unclaimed). `instances` holds
+/// every live claimer, this one marked [`InstanceLoad::me`].
+pub fn fair_share(instances: &[InstanceLoad], queued: u64) -> u64 {
+    let Some(me) = instances.iter().find(|i| i.me) else {
+        return 0;
+    };
+    let room = me.capacity.saturating_sub(me.driving);
+    if room == 0 || queued == 0 {
+        return 0;
+    }
+    // Others that are full take nothing: the work is shared among the
+    // claimers with room, by capacity.
+    let open: Vec<&InstanceLoad> = instances
+        .iter()
+        .filter(|i| i.me || i.driving < i.capacity)
+        .collect();
+    let work: u64 = queued + open.iter().map(|i| i.driving).sum::<u64>();
+    let capacity: u64 = open.iter().map(|i| i.capacity.max(1)).sum();
+    let share = (work * me.capacity.max(1)).div_ceil(capacity.max(1));
+    let mut take = share.saturating_sub(me.driving);
+    let least = open
+        .iter()
+        .filter(|i| !i.me)
+        .all(|i| i.driving >= me.driving);
+    if take == 0 && least {
+        take = 1;
+    }
+    take.min(room).min(queued)
 }
 
 /// The limits of one model that every process on a store shares: calls
@@ -322,4 +420,61 @@ pub struct BudgetWait {
     pub reason: &'static str,
     /// How long until the limit lets a call through, when known.
     pub wait: Option<std::time::Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(me: bool, capacity: u64, driving: u64) -> InstanceLoad {
+        InstanceLoad {
+            instance: String::new(),
+            capacity,
+            driving,
+            me,
+        }
+    }
+
+    #[test]
+    fn a_claimer_takes_its_share_and_no_more() {
+        // Three equal instances, 300 runs queued: a third each.
+        let idle = [
+            inst(true, 1000, 0),
+            inst(false, 1000, 0),
+            inst(false, 1000, 0),
+        ];
+        assert_eq!(fair_share(&idle, 300), 100);
+        // The first took its third: it takes nothing more while the others
+        // have room and nothing.
+        let mine = [
+            inst(true, 1000, 100),
+            inst(false, 1000, 0),
+            inst(false, 1000, 0),
+        ];
+        assert_eq!(fair_share(&mine, 200), 0);
+        // ... but the second takes its part.
+        let second = [
+            inst(false, 1000, 100),
+            inst(true, 1000, 0),
+            inst(false, 1000, 0),
+        ];
+        assert_eq!(fair_share(&second, 200), 100);
+        // Alone, it takes what its room allows.
+        assert_eq!(fair_share(&[inst(true, 10, 4)], 300), 6);
+        // Others full: the work is this one's.
+        let full = [inst(true, 100, 0), inst(false, 5, 5)];
+        assert_eq!(fair_share(&full, 50), 50);
+        // Twice the capacity, twice the share.
+        let big = [inst(true, 20, 0), inst(false, 10, 0)];
+        assert_eq!(fair_share(&big, 30), 20);
+        // Rounding never leaves a run behind: the least loaded takes it.
+        let one = [inst(true, 10, 1), inst(false, 10, 1), inst(false, 10, 1)];
+        assert_eq!(fair_share(&one, 1), 1);
+        let busier = [inst(true, 10, 2), inst(false, 10, 1)];
+        assert_eq!(fair_share(&busier, 1), 0);
+        // No room, no queue, not registered: nothing.
+        assert_eq!(fair_share(&[inst(true, 3, 3)], 9), 0);
+        assert_eq!(fair_share(&idle, 0), 0);
+        assert_eq!(fair_share(&[inst(false, 3, 0)], 9), 0);
+    }
 }

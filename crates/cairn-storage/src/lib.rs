@@ -21,8 +21,9 @@ pub mod records;
 mod url;
 
 pub use backend::{
-    hex_prefix, AsyncReads, Backend, BudgetLimits, BudgetWait, EventLog, Generations, Inbox,
-    Leases, Listener, ModelBudgets, Processes, RunLease, Runs, StoreFuture, ToolCalls, Wakeups,
+    fair_share, hex_prefix, AsyncReads, Backend, BudgetLimits, BudgetWait, Claimed, Claims,
+    EventLog, Fleet, Generations, Inbox, InstanceLoad, Leases, Listener, ModelBudgets, Processes,
+    RunLease, Runs, StoreFuture, ToolCalls, Wakeups,
 };
 pub use error::StoreError;
 pub use records::{
@@ -36,7 +37,7 @@ pub use url::{redact, BadStoreUrl, StoreUrl};
 /// methods can be called only where it is in scope.
 pub mod prelude {
     pub use crate::backend::{
-        AsyncReads, Backend, EventLog, Generations, Inbox, Leases, Processes, Runs, ToolCalls,
-        Wakeups,
+        AsyncReads, Backend, Claims, EventLog, Generations, Inbox, Leases, Processes, Runs,
+        ToolCalls, Wakeups,
     };
 }

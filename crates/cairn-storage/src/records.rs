@@ -102,12 +102,16 @@ pub fn run_id_from_row(run: &str, column: &str, text: &str) -> Result<RunId, Sto
 }
 
 /// Where a run's row says the run stands. Stored as text: `pending`,
-/// `forking` or [`RunStatus::as_str`]; a row whose text is none of them is
+/// `queued`, `forking` or [`RunStatus::as_str`]; a row whose text is none of them is
 /// [`StoreError::BadRow`] when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordStatus {
     /// Created, no event written yet.
     Pending,
+    /// Written as work for any instance of a shared store to claim
+    /// ([`crate::Claims`]): no event yet; the instance that claims it
+    /// writes its `RunStarted`.
+    Queued,
     /// A fork's copy of its source's log is under way (`cairn fork`): the
     /// row exists so the id is taken, the log is not yet the run's.
     Forking,
@@ -120,6 +124,7 @@ impl RecordStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             RecordStatus::Pending => "pending",
+            RecordStatus::Queued => "queued",
             RecordStatus::Forking => "forking",
             RecordStatus::Run(s) => s.as_str(),
         }
@@ -129,6 +134,7 @@ impl RecordStatus {
     pub fn parse(text: &str) -> Option<Self> {
         match text {
             "pending" => Some(RecordStatus::Pending),
+            "queued" => Some(RecordStatus::Queued),
             "forking" => Some(RecordStatus::Forking),
             _ => RunStatus::parse(text).map(RecordStatus::Run),
         }
@@ -289,7 +295,10 @@ pub enum Topic<'a> {
     Events(&'a str),
     /// Runs may be waiting for someone to drive them (an instance gave its
     /// runs back as it stopped); every instance that takes runs over listens.
-    Work,
+    Released,
+    /// Runs were queued, or capacity was freed: every instance that claims
+    /// runs ([`crate::Claims`]) listens.
+    Queued,
 }
 
 impl Topic<'_> {
@@ -298,7 +307,8 @@ impl Topic<'_> {
         match self {
             Topic::Inbox(run) => format!("inbox:{run}"),
             Topic::Events(run) => format!("events:{run}"),
-            Topic::Work => "work".to_string(),
+            Topic::Released => "work".to_string(),
+            Topic::Queued => "queued".to_string(),
         }
     }
 }

@@ -313,6 +313,25 @@ impl Journal {
         Ok(self.log_after(run_id.clone(), tx, lease, last, 0, None))
     }
 
+    /// The sequencer of a run whose lease is taken already (a claim,
+    /// [`cairn_storage::Claims::claim`]), continuing from the store's last
+    /// seq. The lease goes as [`Journal::run_log`]'s does.
+    pub fn claimed_log(
+        &self,
+        run_id: &RunId,
+        lease: Box<dyn RunLease>,
+    ) -> Result<RunLog, StoreError> {
+        let tx = self
+            .inner
+            .tx
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let last = self.inner.backend.last_seq(run_id)?;
+        Ok(self.log_after(run_id.clone(), tx, lease, last, 0, None))
+    }
+
     /// Starts a new run: takes its lease, then writes its row, its pinned
     /// files and its first event (`first`, stamped now, seq 1 after a row
     /// made here) in one transaction ([`Runs::start_run`]), and returns its
