@@ -413,7 +413,8 @@ pub struct RevertArgs {
 #[derive(Debug, Args)]
 pub struct RunsArgs {
     /// Only runs with this status: running, waiting-approval, waiting-input,
-    /// finished, failed, cancelled, pending.
+    /// finished, failed, cancelled, queued (waiting for an instance of a
+    /// shared store to claim it), pending.
     #[arg(long, value_name = "S")]
     pub status: Option<String>,
     /// At most this many runs.

@@ -22,10 +22,12 @@ use crate::store;
 pub async fn runs(g: &Global, a: RunsArgs) -> anyhow::Result<u8> {
     let status = match &a.status {
         Some(s) => match RecordStatus::parse(s) {
-            Some(st @ (RecordStatus::Pending | RecordStatus::Run(_))) => Some(st),
+            Some(st @ (RecordStatus::Pending | RecordStatus::Queued | RecordStatus::Run(_))) => {
+                Some(st)
+            }
             _ => {
                 return Err(bad_input(format!(
-                    "--status `{s}`: use one of pending, running, waiting-approval, waiting-input, finished, failed, cancelled"
+                    "--status `{s}`: use one of pending, queued, running, waiting-approval, waiting-input, finished, failed, cancelled"
                 )))
             }
         },

@@ -927,3 +927,91 @@ async fn a_child_run_is_driven_by_another_instance_than_its_parent() {
         other => panic!("{other:?}"),
     }
 }
+
+/// An instance claims no more than `--max-runs`: a run beyond it stays
+/// queued (so shown, and listed by `?status=queued`) until room is freed;
+/// a queued run cancelled ends without running a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_claims_no_more_than_its_capacity() {
+    let Some(fleet) = Fleet::new("cairn_capacity") else {
+        return;
+    };
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
+    let port = free_port();
+    let _servers = Instances(vec![Some(
+        std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["--store", store, "--instance-name", "small"])
+            .args(["serve", "--max-runs", "1", "--addr"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--workflows")
+            .arg(dir.path())
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )]);
+    let client = healthy_clients(&[port]).await.remove(0);
+    let start = || async {
+        client
+            .post_json("/v1/runs", &json!({"workflow": "held"}))
+            .await
+            .unwrap()["runId"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let first = start().await;
+    drives(port, "small", 1, "the first run was never claimed").await;
+    let (second, third) = (start().await, start().await);
+    // Room for one: the others wait, queued, and say so.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for run in [&second, &third] {
+        let state = client.run(&RunId::parse(run).unwrap()).await.unwrap();
+        assert_eq!(state["status"], "queued", "{state}");
+    }
+    let queued = client.get_json("/v1/runs?status=queued").await.unwrap();
+    let mut listed: Vec<&str> = queued["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["runId"].as_str().unwrap())
+        .collect();
+    listed.sort();
+    let mut expected = vec![second.as_str(), third.as_str()];
+    expected.sort();
+    assert_eq!(listed, expected, "{queued}");
+    let metrics = common::metrics(port);
+    for sample in [
+        "cairn_instance_capacity{instance=\"small\"} 1\n",
+        "cairn_runs_queued 2\n",
+        "cairn_fleet_instances 1\n",
+    ] {
+        assert!(metrics.contains(sample), "{sample}: {metrics}");
+    }
+    // Cancelled while queued: it ends, and its first node never ran.
+    client
+        .post_json(&format!("/v1/runs/{third}/cancel"), &json!({"by": "test"}))
+        .await
+        .unwrap();
+    reaches(&client, &third, "cancelled", Duration::from_secs(30)).await;
+    // Room freed: the second is claimed once the first ends.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    reaches(&client, &first, "finished", Duration::from_secs(60)).await;
+    reaches(&client, &second, "finished", Duration::from_secs(60)).await;
+    let marks = std::fs::read_to_string(dir.path().join("marks")).unwrap();
+    assert!(
+        !marks.contains(&third),
+        "the cancelled queued run ran a node: {marks}"
+    );
+    let backend = cairn_postgres::PgBackend::open(store).unwrap();
+    use cairn_store::prelude::*;
+    let stored: Vec<Event> = backend
+        .read_events(&RunId::parse(&third).unwrap(), &Default::default())
+        .unwrap()
+        .iter()
+        .map(|s| s.decode().unwrap())
+        .collect();
+    cairn_events::check_log(&stored).unwrap();
+    assert!(matches!(stored[0].kind, EventKind::RunStarted { .. }));
+}

@@ -667,7 +667,6 @@ impl Engine {
         // with nothing in it, or the run was queued: it starts now, with
         // its stored input, and as a run (a command for it waits for that).
         let fresh = state.last_seq == 0;
-        let mode = if fresh { Mode::Drive } else { mode };
         if fresh {
             let rec = rec.clone();
             let (parent, node, depth) = self.blocking(move |e| e.lineage_of(&rec)).await?;
@@ -709,7 +708,10 @@ impl Engine {
                 },
             );
         }
-        if mode == Mode::Drive {
+        // A run that never started starts now, even to apply a command:
+        // a queued run cancelled before any instance claimed it ends with
+        // `RunStarted` then its cancel, no node run.
+        if mode == Mode::Drive || fresh {
             let ev = log
                 .append_durable(
                     Scope::run(),
@@ -880,7 +882,20 @@ impl Engine {
                     let id = run_id.clone();
                     match self.blocking(move |e| e.journal().run_log(&id)).await {
                         Ok(log) => {
-                            let mode = if self.inner.adopt_idle_runs && !self.inner.closing.load(Ordering::SeqCst) {
+                            // A queued run being cancelled is not started
+                            // to be cancelled: its first nodes would run.
+                            let cancels_queued = may_stop(&command) && {
+                                let id = run_id.clone();
+                                self.blocking(move |e| e.backend().get_run(&id))
+                                    .await
+                                    .ok()
+                                    .flatten()
+                                    .is_some_and(|r| r.status == RecordStatus::Queued)
+                            };
+                            let mode = if self.inner.adopt_idle_runs
+                                && !self.inner.closing.load(Ordering::SeqCst)
+                                && !cancels_queued
+                            {
                                 Mode::Drive
                             } else {
                                 Mode::Apply

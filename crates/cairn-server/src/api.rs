@@ -513,11 +513,11 @@ async fn list_runs(
 ) -> Result<Json<RunList>, ApiError> {
     known_params(&q, &["status", "workflow", "parent", "limit", "offset"])?;
     let status = match q.get("status") {
-        Some(s) => match RunStatus::parse(s) {
-            Some(st) => Some(RecordStatus::Run(st)),
-            None => {
+        Some(s) => match RecordStatus::parse(s) {
+            Some(st @ (RecordStatus::Queued | RecordStatus::Run(_))) => Some(st),
+            _ => {
                 return Err(ApiError::bad_request(format!(
-                    "query parameter `status`: `{s}` is not one of running, waiting-approval, waiting-input, finished, failed, cancelled"
+                    "query parameter `status`: `{s}` is not one of queued, running, waiting-approval, waiting-input, finished, failed, cancelled"
                 )))
             }
         },
