@@ -16,7 +16,7 @@ use cairn_api::{
     DecideBody, Decided, Health, HijackBody, HijackRequested, ResumeBody, RunAccepted, RunDetail,
     RunList, RunMeta, RunSummary, StartBody,
 };
-use cairn_events::{ActivityFolder, Event, EventType, RunCommand, RunId, RunState, RunStatus};
+use cairn_events::{ActivityFolder, Event, EventType, RunCommand, RunId, RunState};
 use cairn_store::{EventQuery, Journal, RecordStatus, RunFilter, RunRecord};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
