@@ -912,13 +912,16 @@ pub async fn gc(g: &Global, a: GcArgs) -> anyhow::Result<u8> {
         deleted.len(),
         if deleted.len() == 1 { "" } else { "s" }
     );
-    if let Some(p) = pruned.filter(|p| p.objects > 0) {
-        println!(
-            "deleted {} workspace snapshot object{} ({:.1} MiB) no run names",
-            p.objects,
-            if p.objects == 1 { "" } else { "s" },
-            p.bytes as f64 / (1024.0 * 1024.0)
-        );
+    let pruned = pruned.unwrap_or_default();
+    for (p, where_) in [(Some(pruned.local), ""), (pruned.shared, " from the store")] {
+        if let Some(p) = p.filter(|p| p.objects > 0) {
+            println!(
+                "deleted {} workspace snapshot object{}{where_} ({:.1} MiB) no run names",
+                p.objects,
+                if p.objects == 1 { "" } else { "s" },
+                p.bytes as f64 / (1024.0 * 1024.0)
+            );
+        }
     }
     Ok(crate::EXIT_OK)
 }

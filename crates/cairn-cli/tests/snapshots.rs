@@ -798,3 +798,91 @@ fn on_retry_revert_leaves_another_processs_file_alone() {
         EventKind::NodeFailed { error, will_retry: false, .. }
             if error.kind == "revert" && error.message.contains("tried.txt"))));
 }
+
+/// `cairn --store <postgres> <args>` in `dir`, nothing from the
+/// environment's store.
+fn cairn_on(dir: &Path, store: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .args(["--store", store])
+        .args(args)
+        .env_remove("CAIRN_STORE")
+        .env_remove("CAIRN_LOG_DIR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run cairn")
+}
+
+/// On PostgreSQL the snapshot objects are kept in the database too: a
+/// run's files are reverted from another machine (here another folder,
+/// whose snapshot repository never saw the run), an object damaged in the
+/// database is refused rather than restored, and `cairn gc` prunes the
+/// database's objects as well as the folder's.
+#[test]
+fn on_postgres_a_revert_works_where_the_run_never_was() {
+    let Some(server) = cairn_postgres::testing::server_or_skip() else {
+        return;
+    };
+    struct Db(&'static str, String);
+    impl Drop for Db {
+        fn drop(&mut self) {
+            cairn_postgres::testing::drop_database(self.0, &self.1);
+        }
+    }
+    let db = Db(server, format!("cairn_snaps_{}", std::process::id()));
+    let store = cairn_postgres::testing::create_database(server, &db.1);
+    let tmp = tempfile::tempdir().unwrap();
+    let (work, here, there, third) = (
+        tmp.path().join("work"),
+        tmp.path().join("here"),
+        tmp.path().join("there"),
+        tmp.path().join("third"),
+    );
+    for d in [&work, &here, &there, &third] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(work.join("w.yaml"), EDITS).unwrap();
+    std::fs::write(work.join("a.txt"), "mine\n").unwrap();
+    let before = picture(&work, false);
+    expect_code(
+        &cairn_on(&here, &store, &["run", "../work/w.yaml", "--run-id", "r"]),
+        0,
+    );
+    let stored =
+        || cairn_postgres::testing::query_i64(&store, "SELECT count(*) FROM snapshot_objects");
+    assert!(stored() > 0, "no snapshot object reached the database");
+    assert!(walk_count(&here.join(".cairn/snapshots/objects")) > 0);
+    assert!(!there.join(".cairn").exists());
+
+    // Elsewhere: the objects come from the database.
+    let out = cairn_on(&there, &store, &["revert", "r", "edit"]);
+    expect_code(&out, 0);
+    assert_eq!(picture(&work, false), before, "the revert from elsewhere");
+    assert!(walk_count(&there.join(".cairn/snapshots/objects")) > 0);
+
+    // A damaged copy in the database is refused, not written to the root.
+    cairn_postgres::testing::sql(
+        &store,
+        "UPDATE snapshot_objects SET body = convert_to('planted', 'UTF8') WHERE kind = 'blob'",
+    );
+    std::fs::write(work.join("a.txt"), "mine\nrun\n").unwrap();
+    let out = cairn_on(&third, &store, &["revert", "r", "edit", "--force"]);
+    assert!(!out.status.success(), "a damaged object was restored");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("damaged"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("a.txt")).unwrap(),
+        "mine\nrun\n"
+    );
+
+    // gc: the run goes, and with it its objects, here and in the database.
+    let out = cairn_on(
+        &there,
+        &store,
+        &["gc", "--older-than", "0s", "--snapshot-grace", "0s"],
+    );
+    expect_code(&out, 0);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("from the store"), "{said}");
+    assert_eq!(stored(), 0, "{said}");
+}

@@ -92,8 +92,9 @@ impl Engine {
         Ok(run_id)
     }
 
-    /// Claims up to `max` queued runs (as many as this instance's share
-    /// allows) and drives each. Returns the runs now driven here. A run
+    /// Claims up to `max` claimable runs (queued, or left by an instance
+    /// that stopped or died; as many as this instance's share allows) and
+    /// drives each: a queued run starts, another one resumes. Returns the runs now driven here. A run
     /// that cannot start here (a secret this instance cannot read, a
     /// workflow that no longer loads) fails, with why, rather than going
     /// back to the queue to fail on every instance in turn.
@@ -132,7 +133,14 @@ impl Engine {
             {
                 Ok(_) => driven.push(run_id),
                 Err(EngineError::ShuttingDown) => {}
-                Err(e) => self.fail_unstarted(&log, e).await,
+                // Never started: it fails here, with why.
+                Err(e) if log.last_seq() == 0 => self.fail_unstarted(&log, e).await,
+                // A run taken over that cannot go on here (it ended
+                // meanwhile, a secret this instance cannot read): left
+                // for the next look, here or elsewhere.
+                Err(e) => {
+                    tracing::warn!(run = %run_id, error = %e, "cannot go on with a claimed run");
+                }
             }
         }
         Ok(driven)

@@ -135,7 +135,7 @@ pub use error::{
     RevertRefusal, Wanted,
 };
 pub use fork::{ForkPoint, ForkRequest, Forked, FORKING};
-pub use revert::{RevertRequest, Reverted};
+pub use revert::{RevertRequest, Reverted, SnapshotsPruned};
 pub use touched::{Conflict, FilesPlan};
 
 /// A run checked and ready to be written ([`Engine::prepare`]).

@@ -20,6 +20,15 @@ use crate::driver::revert_files;
 use crate::touched::{shell, AttemptKey, FilesPlan, History, Point};
 use crate::{reload, Engine, EngineError, FilesTask, RevertRefusal, Wanted};
 
+/// What [`Engine::prune_snapshots`] deleted.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotsPruned {
+    /// From this machine's snapshot repository.
+    pub local: cairn_snapshot::Pruned,
+    /// From the store's shared objects, for a store that keeps them.
+    pub shared: Option<cairn_snapshot::Pruned>,
+}
+
 /// Which attempt's snapshot to restore.
 #[derive(Debug, Clone, Default)]
 pub struct RevertRequest {
@@ -260,20 +269,20 @@ impl Engine {
     pub async fn prune_snapshots(
         &self,
         grace: std::time::Duration,
-    ) -> Result<Option<cairn_snapshot::Pruned>, EngineError> {
+    ) -> Result<Option<SnapshotsPruned>, EngineError> {
         let Some(store) = self.inner.services.snapshot_store() else {
             return Ok(None);
         };
         let store = store.map_err(|detail| EngineError::SnapshotsUnavailable { detail })?;
         self.blocking(move |e| {
             let keep = e.named_snapshots()?;
-            store
-                .prune(&keep, grace)
-                .map(Some)
-                .map_err(|source| EngineError::Files {
-                    task: FilesTask::Prune,
-                    source,
-                })
+            let failed = |source| EngineError::Files {
+                task: FilesTask::Prune,
+                source,
+            };
+            let local = store.prune(&keep, grace).map_err(failed)?;
+            let shared = store.prune_mirror(&keep, grace).map_err(failed)?;
+            Ok(Some(SnapshotsPruned { local, shared }))
         })
         .await
     }

@@ -81,7 +81,14 @@ impl Services {
         Some(
             self.snapshots
                 .get_or_init(|| {
+                    let backend = self.journal.backend().clone();
                     SnapshotStore::open(dir, cairn_snapshot::Options::default())
+                        .map(|s| match backend.snapshot_objects() {
+                            // A store many machines share keeps the
+                            // objects too; the folder is this machine's copy.
+                            Some(_) => s.with_mirror(Arc::new(StoreObjects(backend))),
+                            None => s,
+                        })
                         .map(Arc::new)
                         .map_err(|e| format!("the snapshot repository: {e}"))
                 })
@@ -328,4 +335,80 @@ fn hidden_paths(root: &Path, files: Vec<PathBuf>) -> Vec<PathBuf> {
         }
     }
     hidden
+}
+
+/// The store's snapshot objects ([`cairn_store::SnapshotObjects`]) as the
+/// mirror of the snapshot repository, for a store many machines share.
+struct StoreObjects(Arc<dyn cairn_store::Backend>);
+
+impl StoreObjects {
+    fn objects(&self) -> Result<&dyn cairn_store::SnapshotObjects, String> {
+        self.0
+            .snapshot_objects()
+            .ok_or_else(|| "the store keeps no snapshot objects".to_string())
+    }
+}
+
+impl cairn_snapshot::ObjectMirror for StoreObjects {
+    fn holds(
+        &self,
+        ids: &[cairn_snapshot::ObjectId],
+    ) -> Result<std::collections::HashSet<cairn_snapshot::ObjectId>, String> {
+        let raw: Vec<[u8; 20]> = ids.iter().map(|i| i.0).collect();
+        self.objects()?
+            .objects_held(&raw)
+            .map(|held| held.into_iter().map(cairn_snapshot::ObjectId).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    fn put(&self, objects: &[cairn_snapshot::MirroredObject]) -> Result<(), String> {
+        let rows: Vec<cairn_store::StoredObject> = objects
+            .iter()
+            .map(|o| cairn_store::StoredObject {
+                id: o.id.0,
+                kind: o.kind.name().to_string(),
+                body: o.body.clone(),
+            })
+            .collect();
+        self.objects()?
+            .put_objects(&rows)
+            .map_err(|e| e.to_string())
+    }
+
+    fn get(
+        &self,
+        ids: &[cairn_snapshot::ObjectId],
+    ) -> Result<Vec<cairn_snapshot::MirroredObject>, String> {
+        let raw: Vec<[u8; 20]> = ids.iter().map(|i| i.0).collect();
+        let rows = self
+            .objects()?
+            .get_objects(&raw)
+            .map_err(|e| e.to_string())?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                Some(cairn_snapshot::MirroredObject {
+                    id: cairn_snapshot::ObjectId(r.id),
+                    kind: cairn_snapshot::Kind::parse(&r.kind)?,
+                    body: r.body,
+                })
+            })
+            .collect())
+    }
+
+    fn retain(
+        &self,
+        live: &std::collections::HashSet<cairn_snapshot::ObjectId>,
+        grace: Duration,
+    ) -> Result<(u64, u64, u64), String> {
+        let live: std::collections::HashSet<[u8; 20]> = live.iter().map(|i| i.0).collect();
+        let before = std::time::SystemTime::now()
+            .checked_sub(grace)
+            .unwrap_or(std::time::UNIX_EPOCH)
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        self.objects()?
+            .retain_objects(&live, before)
+            .map_err(|e| e.to_string())
+    }
 }

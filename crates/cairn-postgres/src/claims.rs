@@ -33,18 +33,28 @@ const LOADS: &str = "SELECT i.owner, i.name, i.capacity, coalesce(d.n, 0) \
      WHERE i.seen_at > clock_timestamp() - $1::float8 * interval '1 second' \
      ORDER BY i.name, i.owner";
 
-/// Queued runs nobody has claimed (a claim whose claimer died before the
-/// run's first event has an expired lease: the run is claimable again).
-const QUEUED: &str = "SELECT count(*) FROM runs r WHERE r.status = 'queued' \
+/// Claimable runs: queued, or not ended and driven by nobody (their
+/// instance stopped and gave them back, or died and its lease expired: a
+/// failover is a claim too, so the runs of a dead instance are shared as
+/// new ones are). A claim whose claimer died before the run's first
+/// event has an expired lease: the run is claimable again.
+const CLAIMABLE: &str = "r.status IN ('queued', 'running', 'waiting-approval', 'waiting-input') \
      AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = r.run_id \
        AND l.expires_at > clock_timestamp())";
 
-/// The oldest `$1` claimable runs, locked (a run being deleted or claimed
-/// by a writer that skipped the advisory lock is skipped).
-const PICK: &str = "SELECT r.run_id FROM runs r WHERE r.status = 'queued' \
-     AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.run_id = r.run_id \
-       AND l.expires_at > clock_timestamp()) \
-     ORDER BY r.created_ms, r.created_order LIMIT $1 FOR UPDATE OF r SKIP LOCKED";
+/// How many runs are claimable.
+fn queued_query() -> String {
+    format!("SELECT count(*) FROM runs r WHERE {CLAIMABLE}")
+}
+
+/// The oldest `$1` claimable runs, locked (a run being deleted, or claimed
+/// by a writer that skipped the advisory lock, is skipped).
+fn pick_query() -> String {
+    format!(
+        "SELECT r.run_id FROM runs r WHERE {CLAIMABLE} \
+         ORDER BY r.created_ms, r.created_order LIMIT $1 FOR UPDATE OF r SKIP LOCKED"
+    )
+}
 
 /// Takes the leases of `$1` for `$2`, where free or expired.
 const TAKE: &str = "INSERT INTO leases (run_id, owner, expires_at) \
@@ -140,7 +150,7 @@ async fn fleet_in<C: tokio_postgres::GenericClient>(
             driving: row.try_get::<_, i64>(3)?.max(0) as u64,
         });
     }
-    let queued: i64 = c.query_one(QUEUED, &[]).await?.try_get(0)?;
+    let queued: i64 = c.query_one(&queued_query(), &[]).await?.try_get(0)?;
     Ok(Fleet {
         instances,
         queued: queued.max(0) as u64,
@@ -178,7 +188,7 @@ impl Shared {
                 return Ok(Vec::new());
             }
             let picked: Vec<String> = tx
-                .query(PICK, &[&n])
+                .query(&pick_query(), &[&n])
                 .await
                 .map_err(|e| db.err(e))?
                 .iter()

@@ -24,6 +24,7 @@ mod db;
 mod events;
 mod holder;
 mod lease;
+mod objects;
 mod records;
 mod rt;
 mod runs;
@@ -41,8 +42,8 @@ use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
     AsyncReads, Backend, BudgetLimits, BudgetWait, Claims, EventLog, EventQuery, Fleet,
     GenerationRecord, Generations, Inbox, InboxEntry, LeaseHolder, Listener, ModelBudgets, NewRun,
-    ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs, StoreError, StoreFuture,
-    StoredEvent, ToolCallRecord, ToolCalls, Topic, Wakeups,
+    ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs, SnapshotObjects, StoreError,
+    StoreFuture, StoredEvent, StoredObject, ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -435,6 +436,36 @@ impl Backend for PgBackend {
 
     fn claims(&self) -> Option<&dyn Claims> {
         Some(self)
+    }
+
+    fn snapshot_objects(&self) -> Option<&dyn SnapshotObjects> {
+        Some(self)
+    }
+}
+
+impl SnapshotObjects for PgBackend {
+    fn objects_held(&self, ids: &[[u8; 20]]) -> Result<Vec<[u8; 20]>, StoreError> {
+        let ids = ids.to_vec();
+        self.run(move |db| async move { objects::held(&db, &ids).await })
+    }
+
+    fn put_objects(&self, objects: &[StoredObject]) -> Result<(), StoreError> {
+        let objects = objects.to_vec();
+        self.run(move |db| async move { objects::put(&db, &objects).await })
+    }
+
+    fn get_objects(&self, ids: &[[u8; 20]]) -> Result<Vec<StoredObject>, StoreError> {
+        let ids = ids.to_vec();
+        self.run(move |db| async move { objects::get(&db, &ids).await })
+    }
+
+    fn retain_objects(
+        &self,
+        live: &std::collections::HashSet<[u8; 20]>,
+        before_ms: i64,
+    ) -> Result<(u64, u64, u64), StoreError> {
+        let live = live.clone();
+        self.run(move |db| async move { objects::retain(&db, &live, before_ms).await })
     }
 }
 

@@ -7,10 +7,10 @@ use crate::db::Db;
 
 /// The schema version this build writes, kept in the `cairn_schema` table.
 /// A database at a newer version is refused ([`StoreError::TooNew`]).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The tables a store of the current version has; a schema with one of
 /// them but no version is someone else's.
@@ -27,6 +27,7 @@ const TABLES: &[&str] = &[
     "event_types",
     "model_calls",
     "instances",
+    "snapshot_objects",
 ];
 
 /// Version 1. As on SQLite, with these differences:
@@ -219,6 +220,18 @@ CREATE TABLE instances (
     name     TEXT NOT NULL,
     capacity BIGINT NOT NULL,
     seen_at  TIMESTAMPTZ NOT NULL
+);
+"#;
+
+/// Version 7: workspace snapshot objects (`objects.rs`), so that a revert
+/// or a fork works on any machine of the store. `stored_ms` spares a
+/// snapshot under way from a prune.
+const V7: &str = r#"
+CREATE TABLE snapshot_objects (
+    id        BYTEA PRIMARY KEY,
+    kind      TEXT NOT NULL,
+    body      BYTEA NOT NULL,
+    stored_ms BIGINT NOT NULL
 );
 "#;
 

@@ -466,7 +466,7 @@ impl AppState {
             // The queue is the fleet's: every instance tells the same.
             match self.journal().backend().claims().map(|c| c.fleet()) {
                 Some(Ok(fleet)) => text.push_str(&format!(
-                    "# HELP cairn_runs_queued Runs queued in the store that no instance has claimed yet.\n\
+                    "# HELP cairn_runs_queued Runs waiting for an instance: queued and not yet claimed, or left by an instance that stopped or died.\n\
                      # TYPE cairn_runs_queued gauge\n\
                      cairn_runs_queued {}\n\
                      # HELP cairn_fleet_instances Instances claiming runs from the store.\n\

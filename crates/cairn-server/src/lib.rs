@@ -265,13 +265,18 @@ impl Server {
             let state = state.clone();
             tokio::task::spawn_blocking(move || drop(state.metrics_now()))
         };
-        let takeover_task = state
-            .cfg()
-            .takeover
-            .map(|every| tokio::spawn(take_over(state.clone(), every)));
+        // A claimer takes over runs by claiming them, as its share allows;
+        // otherwise it looks for them every `takeover`.
         let claim_task = match join_claimers(&state).await {
             true => Some(tokio::spawn(claim_queued(state.clone()))),
             false => None,
+        };
+        let takeover_task = match claim_task {
+            Some(_) => None,
+            None => state
+                .cfg()
+                .takeover
+                .map(|every| tokio::spawn(take_over(state.clone(), every))),
         };
         let router = api::router(state.clone());
         let stopping = state.clone();
@@ -420,18 +425,20 @@ async fn leave_claimers(state: &api::AppState) {
     }
 }
 
-/// Claims queued runs while this server has room: when runs are queued
-/// (a wake-up from whichever instance queued them), when a run here stops
-/// (room freed), and every [`CLAIM_EVERY`]; stops once the server drains.
+/// Claims runs while this server has room: queued ones, and those another
+/// instance gave back or left by dying. When runs are queued or given back
+/// (a wake-up from whichever instance did it), when a run here stops (room
+/// freed), and every [`CLAIM_EVERY`]; stops once the server drains.
 async fn claim_queued(state: api::AppState) {
     let engine = state.engine().clone();
-    let mut queued = match engine.journal().backend().listen(Topic::Queued) {
+    let listen = |topic| match engine.journal().backend().listen(topic) {
         Ok(l) => Some(l),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot hear runs being queued; looking for them every {CLAIM_EVERY:?}");
+            tracing::warn!(error = %e, "cannot hear runs being queued or given back; looking for them every {CLAIM_EVERY:?}");
             None
         }
     };
+    let (mut queued, mut released) = (listen(Topic::Queued), listen(Topic::Released));
     let mut stopped = engine.runs_stopped();
     loop {
         if state.draining() {
@@ -446,17 +453,20 @@ async fn claim_queued(state: api::AppState) {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot claim queued runs"),
         }
-        let woken = async {
-            match queued.as_mut() {
-                Some(l) => l.wait().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            _ = woken => {}
+            _ = woken(queued.as_mut()) => {}
+            _ = woken(released.as_mut()) => {}
             _ = stopped.changed() => {}
             _ = tokio::time::sleep(CLAIM_EVERY) => {}
         }
+    }
+}
+
+/// A wake-up of `listener`, or never without one.
+async fn woken(listener: Option<&mut Box<dyn cairn_store::Listener>>) {
+    match listener {
+        Some(l) => l.wait().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -26,6 +26,7 @@
 //! too, by a lock file in the repository.
 
 mod cache;
+mod mirror;
 mod object;
 mod restore;
 mod walk;
@@ -39,7 +40,8 @@ use std::time::{Duration, SystemTime};
 
 use sha1::{Digest, Sha1};
 
-pub use object::{Mode, ObjectId};
+pub use mirror::{reachable_in, MirroredObject, ObjectMirror};
+pub use object::{Kind, Mode, ObjectId};
 
 use cache::StatCache;
 use object::Objects;
@@ -89,6 +91,10 @@ pub enum SnapshotError {
     /// The root is larger than a snapshot may be ([`Options`]).
     #[error("the sandbox root is too large to snapshot: {0}")]
     TooLarge(String),
+    /// The shared store that mirrors the repository's objects failed
+    /// ([`SnapshotStore::with_mirror`]).
+    #[error("the store's snapshot objects: {0}")]
+    Mirror(String),
 }
 
 impl SnapshotError {
@@ -198,6 +204,8 @@ pub struct SnapshotStore {
     opts: Options,
     /// Each root's stat cache, loaded once per process.
     caches: Mutex<HashMap<PathBuf, Arc<Mutex<StatCache>>>>,
+    /// Where the objects are kept for other machines too, if anywhere.
+    mirror: Option<mirror::Mirrored>,
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -238,7 +246,51 @@ impl SnapshotStore {
             dir,
             opts,
             caches: Mutex::new(HashMap::new()),
+            mirror: None,
         })
+    }
+
+    /// Keeps the objects in `mirror` too (the database of a store that
+    /// many machines share): a snapshot copies there what it lacks before
+    /// its id is returned, and a restore, a listing or a reading of a
+    /// snapshot first copies from there what this folder lacks.
+    pub fn with_mirror(mut self, mirror: Arc<dyn ObjectMirror>) -> SnapshotStore {
+        self.mirror = Some(mirror::Mirrored::new(mirror));
+        self
+    }
+
+    /// Brings the objects of snapshot `id` from the mirror when this
+    /// folder lacks some of them.
+    fn pull(&self, id: ObjectId) -> Result<(), SnapshotError> {
+        if let Some(m) = &self.mirror {
+            m.pull(&self.objects, id)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes from the mirror the objects that no snapshot in `keep`
+    /// reaches (its trees read from the mirror), sparing those stored
+    /// within `grace`: a snapshot under way copies its objects before its
+    /// id is in any log. `None` without a mirror.
+    pub fn prune_mirror(
+        &self,
+        keep: &[ObjectId],
+        grace: Duration,
+    ) -> Result<Option<Pruned>, SnapshotError> {
+        let Some(m) = &self.mirror else {
+            return Ok(None);
+        };
+        let live = reachable_in(m.mirror.as_ref(), keep)?;
+        let (objects, bytes, kept) = m
+            .mirror
+            .retain(&live, grace)
+            .map_err(SnapshotError::Mirror)?;
+        m.forget_all();
+        Ok(Some(Pruned {
+            objects,
+            bytes,
+            kept,
+        }))
     }
 
     /// The repository's folder.
@@ -286,6 +338,9 @@ impl SnapshotStore {
         }
         let (snap, _) = self.walk(&dir, &skip, &mut cache, false)?;
         cache.save(&self.cache_path(&root))?;
+        if let Some(m) = &self.mirror {
+            m.push(&self.objects, snap.id)?;
+        }
         Ok(snap)
     }
 
@@ -346,6 +401,7 @@ impl SnapshotStore {
         &self,
         id: ObjectId,
     ) -> Result<std::collections::BTreeMap<Vec<u8>, (Mode, ObjectId)>, SnapshotError> {
+        self.pull(id)?;
         Ok(restore::flatten(&self.objects, id)?.leaves)
     }
 
@@ -358,6 +414,7 @@ impl SnapshotStore {
         withhold: &[Vec<u8>],
     ) -> Result<Restored, SnapshotError> {
         let root = canonical(root)?;
+        self.pull(id)?;
         let target = restore::flatten(&self.objects, id)?;
         let _lock = self.lock(&root)?;
         let dir = open_root(&root)?;
@@ -487,6 +544,7 @@ impl SnapshotStore {
 
     /// The paths of a snapshot's files and links, sorted, with their modes.
     pub fn list(&self, id: ObjectId) -> Result<Vec<(String, Mode)>, SnapshotError> {
+        self.pull(id)?;
         Ok(restore::flatten(&self.objects, id)?
             .leaves
             .into_iter()

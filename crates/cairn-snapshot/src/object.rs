@@ -73,10 +73,20 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// Its name in git's object headers: `blob` or `tree`.
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Blob => "blob",
             Kind::Tree => "tree",
+        }
+    }
+
+    /// The kind [`Kind::name`] names.
+    pub fn parse(name: &str) -> Option<Kind> {
+        match name {
+            "blob" => Some(Kind::Blob),
+            "tree" => Some(Kind::Tree),
+            _ => None,
         }
     }
 }

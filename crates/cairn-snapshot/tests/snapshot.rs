@@ -774,3 +774,100 @@ fn files_and_links_that_hold_a_withheld_value_are_left_out_and_left_alone() {
 fn memchr_find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
+
+/// A mirror in memory, as the database of a shared store keeps objects.
+#[derive(Default)]
+struct MemoryMirror(
+    std::sync::Mutex<std::collections::HashMap<ObjectId, cairn_snapshot::MirroredObject>>,
+);
+
+impl cairn_snapshot::ObjectMirror for MemoryMirror {
+    fn holds(&self, ids: &[ObjectId]) -> Result<std::collections::HashSet<ObjectId>, String> {
+        let m = self.0.lock().unwrap();
+        Ok(ids.iter().filter(|i| m.contains_key(i)).copied().collect())
+    }
+    fn put(&self, objects: &[cairn_snapshot::MirroredObject]) -> Result<(), String> {
+        let mut m = self.0.lock().unwrap();
+        for o in objects {
+            m.entry(o.id).or_insert_with(|| o.clone());
+        }
+        Ok(())
+    }
+    fn get(&self, ids: &[ObjectId]) -> Result<Vec<cairn_snapshot::MirroredObject>, String> {
+        let m = self.0.lock().unwrap();
+        Ok(ids.iter().filter_map(|i| m.get(i).cloned()).collect())
+    }
+    fn retain(
+        &self,
+        live: &std::collections::HashSet<ObjectId>,
+        _grace: std::time::Duration,
+    ) -> Result<(u64, u64, u64), String> {
+        let mut m = self.0.lock().unwrap();
+        let before = m.len();
+        let mut bytes = 0;
+        m.retain(|id, o| {
+            let keep = live.contains(id);
+            if !keep {
+                bytes += o.body.len() as u64;
+            }
+            keep
+        });
+        Ok(((before - m.len()) as u64, bytes, m.len() as u64))
+    }
+}
+
+/// With a mirror, a snapshot taken through one repository restores
+/// through another that never saw it (the objects come from the mirror,
+/// each checked against its name), and a prune of the mirror keeps what
+/// the named snapshots reach.
+#[test]
+fn a_mirrored_snapshot_restores_through_another_repository() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("d/e")).unwrap();
+    fs::write(root.join("d/e/deep"), "deep").unwrap();
+    fs::write(root.join("top"), "top").unwrap();
+    symlink("top", root.join("link")).unwrap();
+    let mirror = std::sync::Arc::new(MemoryMirror::default());
+    let open = |name: &str| {
+        SnapshotStore::open(tmp.path().join(name), Options::default())
+            .unwrap()
+            .with_mirror(mirror.clone())
+    };
+    let here = open("here");
+    let snap = here.snapshot(&root, &[]).unwrap();
+    let before = picture(&root);
+    // Trees root, d, d/e; blobs deep, top, and the link's target (= top).
+    assert_eq!(mirror.0.lock().unwrap().len(), 5);
+    fs::remove_dir_all(root.join("d")).unwrap();
+    fs::write(root.join("top"), "changed").unwrap();
+    let there = open("there");
+    there.restore(&root, snap.id, &[]).unwrap();
+    assert_eq!(picture(&root), before);
+    // Without the mirror, that repository never had it.
+    let alone = SnapshotStore::open(tmp.path().join("alone"), Options::default()).unwrap();
+    assert!(matches!(
+        alone.restore(&root, snap.id, &[]),
+        Err(SnapshotError::Missing(_))
+    ));
+    // A damaged copy is refused and written nowhere.
+    let deep = ObjectId::of(cairn_snapshot::Kind::Blob, b"deep");
+    mirror.0.lock().unwrap().get_mut(&deep).unwrap().body = b"planted".to_vec();
+    fs::remove_dir_all(root.join("d")).unwrap();
+    let third = open("third");
+    assert!(matches!(
+        third.restore(&root, snap.id, &[]),
+        Err(SnapshotError::Corrupt { .. })
+    ));
+    assert!(!root.join("d").exists());
+    // Pruned: a snapshot named keeps what it reaches.
+    fs::write(root.join("extra"), "extra").unwrap();
+    let second = here.snapshot(&root, &[]).unwrap();
+    let pruned = here
+        .prune_mirror(&[snap.id], std::time::Duration::ZERO)
+        .unwrap()
+        .unwrap();
+    assert!(pruned.objects >= 2, "{pruned:?}");
+    assert!(mirror.0.lock().unwrap().contains_key(&snap.id));
+    assert!(!mirror.0.lock().unwrap().contains_key(&second.id));
+}

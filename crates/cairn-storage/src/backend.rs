@@ -287,6 +287,44 @@ pub trait Backend:
     fn claims(&self) -> Option<&dyn Claims> {
         None
     }
+    /// Workspace snapshot objects kept in the store, for a backend that
+    /// many machines share (PostgreSQL), so that a snapshot taken on one
+    /// restores on another; `None` where the local snapshot repository is
+    /// the only one (the default).
+    fn snapshot_objects(&self) -> Option<&dyn SnapshotObjects> {
+        None
+    }
+}
+
+/// Workspace snapshot objects (git blobs and trees, named by the SHA-1 of
+/// their kind, length and bytes) kept in the store beside the runs that
+/// name them. An id names its bytes: writing one that is there changes
+/// nothing, so any process may write any object.
+pub trait SnapshotObjects: Send + Sync {
+    /// Which of `ids` the store holds.
+    fn objects_held(&self, ids: &[[u8; 20]]) -> Result<Vec<[u8; 20]>, StoreError>;
+    /// Stores objects, leaving those it holds as they are.
+    fn put_objects(&self, objects: &[StoredObject]) -> Result<(), StoreError>;
+    /// The objects of `ids` the store holds.
+    fn get_objects(&self, ids: &[[u8; 20]]) -> Result<Vec<StoredObject>, StoreError>;
+    /// Deletes every object not in `live` stored before `before_ms` (Unix
+    /// ms); returns the objects and bytes deleted and the objects kept.
+    fn retain_objects(
+        &self,
+        live: &std::collections::HashSet<[u8; 20]>,
+        before_ms: i64,
+    ) -> Result<(u64, u64, u64), StoreError>;
+}
+
+/// A snapshot object as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    /// Its id.
+    pub id: [u8; 20],
+    /// `blob` or `tree`.
+    pub kind: String,
+    /// Its bytes, uncompressed.
+    pub body: Vec<u8>,
 }
 
 /// Runs as work any instance of a shared store claims: a run is queued
@@ -314,12 +352,15 @@ pub trait Claims: Send + Sync {
     fn join(&self, capacity: usize) -> Result<(), StoreError>;
     /// Takes this instance out of the claimers (it stops).
     fn leave(&self) -> Result<(), StoreError>;
-    /// Claims up to `max` queued runs, oldest first: as many as this
+    /// Claims up to `max` claimable runs, oldest first: queued ones, and
+    /// those not ended that nobody drives (their instance gave them back
+    /// or died: a failover is a claim). As many as this
     /// instance's share allows, given the queue and the load and capacity
     /// of every live claimer, decided under one lock so that two claimers
     /// never judge the same picture. Each claimed run comes with its lease.
     fn claim(&self, max: usize) -> Result<Vec<Claimed>, StoreError>;
-    /// Every live claimer with its capacity and load, and the runs queued.
+    /// Every live claimer with its capacity and load, and the claimable
+    /// runs.
     fn fleet(&self) -> Result<Fleet, StoreError>;
 }
 
@@ -331,7 +372,8 @@ pub type Claimed = (RunId, Box<dyn RunLease>);
 pub struct Fleet {
     /// Every live claimer.
     pub instances: Vec<InstanceLoad>,
-    /// Runs queued and not yet claimed.
+    /// Runs waiting for an instance: queued and not yet claimed, or not
+    /// ended and driven by nobody.
     pub queued: u64,
 }
 

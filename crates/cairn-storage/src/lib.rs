@@ -23,7 +23,7 @@ mod url;
 pub use backend::{
     fair_share, hex_prefix, AsyncReads, Backend, BudgetLimits, BudgetWait, Claimed, Claims,
     EventLog, Fleet, Generations, Inbox, InstanceLoad, Leases, Listener, ModelBudgets, Processes,
-    RunLease, Runs, StoreFuture, ToolCalls, Wakeups,
+    RunLease, Runs, SnapshotObjects, StoreFuture, StoredObject, ToolCalls, Wakeups,
 };
 pub use error::StoreError;
 pub use records::{
