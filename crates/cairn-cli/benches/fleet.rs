@@ -11,10 +11,11 @@
 //!
 //! - **Burst**: `CAIRN_BENCH_RUNS` runs (default 600) started at once (32
 //!   start requests in flight); the time from the first start to the last
-//!   run's end, so runs per second started and finished; the instances'
-//!   CPU (utime + stime over the burst) as cores busy, to tell how much
-//!   the machine's cores, which the instances and PostgreSQL share, limit
-//!   it; and how the runs were spread: the instance that drives each run
+//!   run's end, so runs per second started and finished; the CPU of the
+//!   instances and of PostgreSQL's processes (utime + stime over the
+//!   burst) and the machine's busy cores (`/proc/stat`), to tell how much
+//!   the machine's cores, which the instances, PostgreSQL and the bench
+//!   share, limit it; and how the runs were spread: the instance that drives each run
 //!   (the API's `instance`), sampled while the burst runs (a run that
 //!   ended before it was sampled is not counted).
 //! - **Claim latency**: `CAIRN_BENCH_PACED` runs (default 200) started one
@@ -90,7 +91,13 @@ struct Row {
     instances: usize,
     runs: usize,
     wall: Duration,
+    /// Until the last start was answered.
+    starts: Duration,
     cpu_s: f64,
+    /// PostgreSQL's processes' CPU over the burst.
+    pg_cpu_s: f64,
+    /// The whole machine's busy cores over the burst.
+    machine_busy: f64,
     spread: Vec<usize>,
     paced: Vec<f64>,
 }
@@ -136,8 +143,8 @@ async fn bench() {
             rows.push(row);
         }
     }
-    println!("\n| workload | instances | runs | burst time | runs/s | vs 1 instance | instances' CPU (cores busy) | spread | first node p50 | p99 | max |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|");
+    println!("\n| workload | instances | runs | burst time | runs/s | vs 1 instance | instances' cores | PostgreSQL's cores | machine's cores busy | spread | first node p50 | p99 | max |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|");
     for r in &rows {
         let base = rows
             .iter()
@@ -156,16 +163,19 @@ impl Row {
     }
 
     fn print(&self, base: Option<&Row>) {
+        let wall = self.wall.as_secs_f64();
         println!(
-            "{} x{}: {} runs in {:.2} s = {:.0} runs/s ({} the fleet of one); instances' CPU {:.1} s = {:.2} cores busy; spread {:?}; first node p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} paced runs)",
+            "{} x{}: {} runs in {:.2} s (started in {:.2} s) = {:.0} runs/s ({} the fleet of one); CPU: instances {:.2} cores, PostgreSQL {:.2} cores, machine {:.2} of its cores busy; spread {:?}; first node p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} paced runs)",
             self.workload,
             self.instances,
             self.runs,
-            self.wall.as_secs_f64(),
+            wall,
+            self.starts.as_secs_f64(),
             self.rate(),
             self.ratio(base),
-            self.cpu_s,
-            self.cpu_s / self.wall.as_secs_f64(),
+            self.cpu_s / wall,
+            self.pg_cpu_s / wall,
+            self.machine_busy,
             self.spread,
             pct(&self.paced, 50.0),
             pct(&self.paced, 99.0),
@@ -175,15 +185,18 @@ impl Row {
     }
 
     fn table_line(&self, base: Option<&Row>) {
+        let wall = self.wall.as_secs_f64();
         println!(
-            "| {} | {} | {} | {:.2} s | {:.0} | {} | {:.2} | {:?} | {:.1} ms | {:.1} ms | {:.1} ms |",
+            "| {} | {} | {} | {:.2} s | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:?} | {:.1} ms | {:.1} ms | {:.1} ms |",
             self.workload,
             self.instances,
             self.runs,
-            self.wall.as_secs_f64(),
+            wall,
             self.rate(),
             self.ratio(base),
-            self.cpu_s / self.wall.as_secs_f64(),
+            self.cpu_s / wall,
+            self.pg_cpu_s / wall,
+            self.machine_busy,
             self.spread,
             pct(&self.paced, 50.0),
             pct(&self.paced, 99.0),
@@ -243,8 +256,10 @@ async fn fleet(
 
     // The burst.
     let cpu0: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    let (pg0, machine0) = (postgres_ticks(), machine_ticks());
     let t0 = Instant::now();
     let started = start_all(&clients[0], workload, runs).await;
+    let starts = t0.elapsed();
     let mut driver: std::collections::HashMap<String, usize> = Default::default();
     let mut last = (0, Instant::now());
     loop {
@@ -287,6 +302,11 @@ async fn fleet(
     }
     let cpu1: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
     let cpu_s = (cpu1 - cpu0) as f64 / ticks_per_second();
+    let pg_cpu_s = postgres_ticks().saturating_sub(pg0) as f64 / ticks_per_second();
+    let machine1 = machine_ticks();
+    let machine_busy = (machine1.0.saturating_sub(machine0.0)) as f64
+        / (machine1.1.saturating_sub(machine0.1)).max(1) as f64
+        * std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     check_finished(&backend, &started);
 
     // Paced runs, one at a time on the idle fleet.
@@ -325,7 +345,10 @@ async fn fleet(
         instances: n,
         runs,
         wall,
+        starts,
         cpu_s,
+        pg_cpu_s,
+        machine_busy,
         spread,
         paced: delays,
     }
@@ -410,6 +433,41 @@ fn cpu_ticks(pid: u32) -> u64 {
     let get = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // Fields 14 and 15 of stat, counted after the name's `)`.
     get(11) + get(12)
+}
+
+/// utime + stime of every process named `postgres` (the server's
+/// backends and its background processes), in clock ticks.
+fn postgres_ticks() -> u64 {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(cpu_ticks)
+        .sum()
+}
+
+/// The machine's busy and total CPU time (`/proc/stat`'s first line), in
+/// clock ticks over all cores.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    // idle and iowait are not busy.
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total.saturating_sub(idle), total)
 }
 
 fn ticks_per_second() -> f64 {
