@@ -23,6 +23,11 @@
 //!   idle fleet: from the run's row (queued, `createdMs`) to its first
 //!   `NodeStarted`, p50, p99 and max, read from the store afterwards.
 //!
+//! - **Hand-over** (fleets of two or more): 30 runs waiting for a person,
+//!   spread over the fleet; the last instance is sent SIGTERM, and the
+//!   time from its exit until the others drive every run it drove (their
+//!   `cairn_instance_driven_runs`).
+//!
 //! The baseline, measured in the same run, is the fleet of one: ratios
 //! of runs per second are against it.
 //!
@@ -54,6 +59,14 @@ nodes:
   - id: b
     needs: [a]
     value: { y: 2 }
+"#;
+
+/// Waits for a person: what a stopping instance hands over.
+const GATED: &str = r#"
+name: gated
+nodes:
+  - id: gate
+    approval: "go on?"
 "#;
 
 const COMMAND: &str = r#"
@@ -100,6 +113,9 @@ struct Row {
     machine_busy: f64,
     spread: Vec<usize>,
     paced: Vec<f64>,
+    /// The runs the last instance drove when it was sent SIGTERM, and how
+    /// long until the others drove all of them (fleets of two or more).
+    handover: Option<(usize, Duration)>,
 }
 
 async fn bench() {
@@ -143,8 +159,8 @@ async fn bench() {
             rows.push(row);
         }
     }
-    println!("\n| workload | instances | runs | burst time | runs/s | vs 1 instance | instances' cores | PostgreSQL's cores | machine's cores busy | spread | first node p50 | p99 | max |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|");
+    println!("\n| workload | instances | runs | burst time | runs/s | vs 1 instance | instances' cores | PostgreSQL's cores | machine's cores busy | spread | first node p50 | p99 | max | SIGTERM hand-over |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|");
     for r in &rows {
         let base = rows
             .iter()
@@ -165,7 +181,7 @@ impl Row {
     fn print(&self, base: Option<&Row>) {
         let wall = self.wall.as_secs_f64();
         println!(
-            "{} x{}: {} runs in {:.2} s (started in {:.2} s) = {:.0} runs/s ({} the fleet of one); CPU: instances {:.2} cores, PostgreSQL {:.2} cores, machine {:.2} of its cores busy; spread {:?}; first node p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} paced runs)",
+            "{} x{}: {} runs in {:.2} s (started in {:.2} s) = {:.0} runs/s ({} the fleet of one); CPU: instances {:.2} cores, PostgreSQL {:.2} cores, machine {:.2} of its cores busy; spread {:?}; first node p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} paced runs); {}",
             self.workload,
             self.instances,
             self.runs,
@@ -181,13 +197,24 @@ impl Row {
             pct(&self.paced, 99.0),
             pct(&self.paced, 100.0),
             self.paced.len(),
+            self.handover_text(),
         );
+    }
+
+    fn handover_text(&self) -> String {
+        match self.handover {
+            Some((runs, t)) => format!(
+                "{runs} waiting runs handed over in {:.0} ms after the SIGTERMed instance exited",
+                t.as_secs_f64() * 1000.0
+            ),
+            None => "no hand-over (one instance)".into(),
+        }
     }
 
     fn table_line(&self, base: Option<&Row>) {
         let wall = self.wall.as_secs_f64();
         println!(
-            "| {} | {} | {} | {:.2} s | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:?} | {:.1} ms | {:.1} ms | {:.1} ms |",
+            "| {} | {} | {} | {:.2} s | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:?} | {:.1} ms | {:.1} ms | {:.1} ms | {} |",
             self.workload,
             self.instances,
             self.runs,
@@ -201,6 +228,8 @@ impl Row {
             pct(&self.paced, 50.0),
             pct(&self.paced, 99.0),
             pct(&self.paced, 100.0),
+            self.handover
+                .map_or("-".into(), |(r, t)| format!("{r} in {:.0} ms", t.as_secs_f64() * 1000.0)),
         );
     }
 }
@@ -237,6 +266,7 @@ async fn fleet(
         if workload == "value" { VALUE } else { COMMAND },
     )
     .unwrap();
+    std::fs::write(dir.path().join("gated.yaml"), GATED).unwrap();
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let instances = Instances(
         ports
@@ -337,6 +367,12 @@ async fn fleet(
         let at = first[0].decode().unwrap().timestamp_ms;
         delays.push((at - rec.created_ms) as f64);
     }
+    let mut instances = instances;
+    let handover = if n > 1 {
+        Some(hand_over(&mut instances, &clients, &ports, n).await)
+    } else {
+        None
+    };
     drop(instances);
     drop(backend);
     cairn_postgres::testing::drop_database(server, &db);
@@ -351,7 +387,82 @@ async fn fleet(
         machine_busy,
         spread,
         paced: delays,
+        handover,
     }
+}
+
+/// Starts 30 runs that wait for a person, spread over the fleet, then
+/// sends SIGTERM to the last instance and measures how long until the
+/// others drive every run it drove (each instance's `/metrics`).
+async fn hand_over(
+    instances: &mut Instances,
+    clients: &[Client],
+    ports: &[u16],
+    n: usize,
+) -> (usize, Duration) {
+    const WAITING: usize = 30;
+    for _ in 0..WAITING {
+        start_one(&clients[0], "gated").await;
+    }
+    let driven = |port: u16, i: usize| async move {
+        let text = reqwest_metrics(port).await;
+        let sample = format!("cairn_instance_driven_runs{{instance=\"i{i}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&sample)?.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    let t = Instant::now();
+    loop {
+        let mut sum = 0;
+        for (i, p) in ports.iter().enumerate() {
+            sum += driven(*p, i).await;
+        }
+        if sum == WAITING {
+            break;
+        }
+        assert!(
+            t.elapsed() < STALL,
+            "the waiting runs were never all driven"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = n - 1;
+    let theirs = driven(ports[last], last).await;
+    let mut child = instances.0.remove(last);
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t0 = Instant::now();
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    loop {
+        let mut sum = 0;
+        for (i, p) in ports[..last].iter().enumerate() {
+            sum += driven(*p, i).await;
+        }
+        if sum == WAITING {
+            break;
+        }
+        assert!(
+            t0.elapsed() < STALL,
+            "the stopped instance's runs were never taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (theirs, t0.elapsed())
+}
+
+/// An instance's `/metrics`.
+async fn reqwest_metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return String::new();
+    };
+    let req =
+        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text).await;
+    text
 }
 
 fn serve(bin: &Path, dir: &Path, store: &str, name: &str, port: u16) -> Child {

@@ -378,8 +378,8 @@ async fn take_over(state: api::AppState, every: Duration) {
 }
 
 /// Most runs one claim asks for: a claimer goes on claiming at once while
-/// it gets this many, so a large queue is taken in steps that let the
-/// other instances' claims interleave.
+/// it gets any, so a large queue is taken in steps that let the other
+/// instances' claims interleave.
 const CLAIM_BATCH: usize = 16;
 
 /// How often a claimer looks at the queue when nothing woke it: a
@@ -445,8 +445,10 @@ async fn claim_queued(state: api::AppState) {
             return;
         }
         match engine.claim(CLAIM_BATCH).await {
-            // There may be more, and this instance's share may allow them.
-            Ok(got) if got.len() == CLAIM_BATCH => {
+            // There may be more, and this instance's share may allow them
+            // now: runs that wait for a person count for no one's share, so
+            // a claim of them leaves the next one as large a share.
+            Ok(got) if !got.is_empty() => {
                 tokio::task::yield_now().await;
                 continue;
             }
