@@ -261,6 +261,11 @@ pub struct RunArgs {
     /// run when they change (docs/reload.md).
     #[arg(long)]
     pub watch: bool,
+    /// Queue the run for the instances of a PostgreSQL store to claim
+    /// (`cairn serve`, docs/deploy.md#a-fleet) instead of driving it here:
+    /// prints its id once it is queued, and exits.
+    #[arg(long, conflicts_with = "watch")]
+    pub queue: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
 }

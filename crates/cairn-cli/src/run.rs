@@ -61,6 +61,9 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     let input = parse_input(a.input.as_deref())?;
     wf.validate_input(&input)?;
     let given = a.run_id.as_deref().map(check_run_id).transpose()?;
+    if a.queue {
+        return queue(g, wf, input, given).await;
+    }
     let (engine, telemetry) = store::driving_engine(g, true)?;
     // A generated id is new by construction; only one given is looked up.
     if let Some(run_id) = &given {
@@ -78,6 +81,52 @@ pub async fn run(g: &Global, a: RunArgs) -> anyhow::Result<u8> {
     };
     let handle = engine.start(wf, input, opts).await;
     session.drive(&engine, handle, &telemetry).await
+}
+
+/// `cairn run --queue`: the run written as work for the store's instances
+/// to claim; its id on stdout.
+async fn queue(
+    g: &Global,
+    wf: cairn_workflow::Workflow,
+    input: serde_json::Value,
+    given: Option<cairn_events::RunId>,
+) -> anyhow::Result<u8> {
+    if !g.store.is_postgres() {
+        return Err(bad_input(
+            "--queue: runs are queued for the instances of a store they share; this store is SQLite, where `cairn run` drives its run itself (use --store postgres://...)",
+        ));
+    }
+    let engine = cairn_engine::Engine::new(
+        store::open(g, true)?,
+        cairn_engine::EngineOptions {
+            queue: true,
+            snapshot_dir: store::snapshot_dir(g),
+            ..Default::default()
+        },
+    );
+    if !engine.queues() {
+        return Err(bad_input("--queue: this store takes no queued runs"));
+    }
+    if let Some(run_id) = &given {
+        if engine.journal().backend().get_run(run_id)?.is_some() {
+            return Err(bad_input(format!(
+                "a run `{run_id}` already exists in this store; pick another --run-id"
+            )));
+        }
+    }
+    let opts = StartOptions {
+        run_id: given,
+        ..Default::default()
+    };
+    let submitted = engine.submit(wf, input, opts).await?;
+    let run_id = submitted.run_id().clone();
+    drop(submitted);
+    engine.journal().close();
+    println!("{run_id}");
+    eprintln!(
+        "queued {run_id}: an instance of the store claims it; `cairn status {run_id}` or `cairn logs {run_id} --follow` to watch it"
+    );
+    Ok(crate::EXIT_OK)
 }
 
 /// Raises the soft file descriptor limit to the hard one, as `cairn serve`

@@ -1015,3 +1015,42 @@ async fn an_instance_claims_no_more_than_its_capacity() {
     cairn_events::check_log(&stored).unwrap();
     assert!(matches!(stored[0].kind, EventKind::RunStarted { .. }));
 }
+
+/// `cairn run --queue` against PostgreSQL writes the run as work for the
+/// fleet and exits with its id; an instance claims and finishes it. On
+/// SQLite it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_queues_a_run_for_the_fleet() {
+    let Some(fleet) = Fleet::new("cairn_cli_queue") else {
+        return;
+    };
+    let (store, dir) = (fleet.store.as_str(), &fleet.dir);
+    let port = free_port();
+    let _servers = Instances(vec![Some(common::serve(
+        dir.path(),
+        &["--store", store, "--instance-name", "only"],
+        port,
+    ))]);
+    let client = healthy_clients(&[port]).await.remove(0);
+    let queue = |store: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["--store", store, "run", "--queue", "held.yaml"])
+            .current_dir(dir.path())
+            .env_remove("CAIRN_STORE")
+            .output()
+            .unwrap()
+    };
+    let out = queue(store);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    drives(port, "only", 1, "the queued run was never claimed").await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    reaches(&client, &run, "finished", Duration::from_secs(60)).await;
+    let out = queue(".cairn/cairn.db");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--queue"));
+}
