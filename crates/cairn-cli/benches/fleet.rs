@@ -404,49 +404,61 @@ async fn hand_over(
     for _ in 0..WAITING {
         start_one(&clients[0], "gated").await;
     }
-    let driven = |port: u16, i: usize| async move {
-        let text = reqwest_metrics(port).await;
-        let sample = format!("cairn_instance_driven_runs{{instance=\"i{i}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&sample)?.trim().parse::<usize>().ok())
-            .unwrap_or(0)
-    };
     let t = Instant::now();
-    loop {
-        let mut sum = 0;
-        for (i, p) in ports.iter().enumerate() {
-            sum += driven(*p, i).await;
-        }
-        if sum == WAITING {
-            break;
-        }
-        assert!(
-            t.elapsed() < STALL,
-            "the waiting runs were never all driven"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    all_driven_by(
+        ports,
+        WAITING,
+        Duration::from_millis(20),
+        t,
+        "the waiting runs were never all driven",
+    )
+    .await;
     let last = n - 1;
     let theirs = driven(ports[last], last).await;
     let mut child = instances.0.remove(last);
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let t0 = Instant::now();
     let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    all_driven_by(
+        &ports[..last],
+        WAITING,
+        Duration::from_millis(5),
+        t0,
+        "the stopped instance's runs were never taken over",
+    )
+    .await;
+    (theirs, t0.elapsed())
+}
+
+/// The runs instance `i` (on `port`) drives, by its `/metrics`.
+async fn driven(port: u16, i: usize) -> usize {
+    let text = reqwest_metrics(port).await;
+    let sample = format!("cairn_instance_driven_runs{{instance=\"i{i}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&sample)?.trim().parse::<usize>().ok())
+        .unwrap_or(0)
+}
+
+/// Waits, looking every `every`, until the instances on `ports` (named
+/// `i0`, `i1`, ... in order) drive `runs` runs between them.
+async fn all_driven_by(
+    ports: &[u16],
+    runs: usize,
+    every: Duration,
+    since: Instant,
+    otherwise: &str,
+) {
     loop {
         let mut sum = 0;
-        for (i, p) in ports[..last].iter().enumerate() {
+        for (i, p) in ports.iter().enumerate() {
             sum += driven(*p, i).await;
         }
-        if sum == WAITING {
-            break;
+        if sum == runs {
+            return;
         }
-        assert!(
-            t0.elapsed() < STALL,
-            "the stopped instance's runs were never taken over"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(since.elapsed() < STALL, "{otherwise}");
+        tokio::time::sleep(every).await;
     }
-    (theirs, t0.elapsed())
 }
 
 /// An instance's `/metrics`.

@@ -299,15 +299,13 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
     let mut taken_over = 0;
     for (run, seen) in &seen_by {
         use cairn_store::prelude::*;
-        let stored: Vec<Event> = backend
-            .read_events(
-                &cairn_events::RunId::parse(run).unwrap(),
-                &Default::default(),
-            )
-            .unwrap()
-            .iter()
-            .map(|s| s.decode().unwrap())
-            .collect();
+        let stored = checked_log(&backend, run, |end| {
+            if *run == cancelled {
+                matches!(end, EventKind::RunCancelled { .. })
+            } else {
+                matches!(end, EventKind::RunFinished { .. })
+            }
+        });
         let stored_json: Vec<Value> = backend
             .read_events(
                 &cairn_events::RunId::parse(run).unwrap(),
@@ -321,48 +319,7 @@ async fn three_instances_one_killed_every_run_finishes_and_every_watcher_sees_ea
             seen, &stored_json,
             "{run}: the watcher's stream is not the stored log, once each"
         );
-        let seqs: Vec<u64> = stored.iter().map(|e| e.seq.get()).collect();
-        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{run}");
-        let end = &stored.last().unwrap().kind;
-        if *run == cancelled {
-            assert!(
-                matches!(end, EventKind::RunCancelled { .. }),
-                "{run} was not cancelled: {}",
-                stored.last().unwrap().to_json()
-            );
-        } else {
-            assert!(
-                matches!(end, EventKind::RunFinished { .. }),
-                "{run} did not finish: {}",
-                stored.last().unwrap().to_json()
-            );
-        }
-        cairn_events::check_log(&stored).unwrap_or_else(|e| panic!("{run}: {e}"));
-        // No node starts again once it has finished.
-        let mut finished = std::collections::BTreeSet::new();
-        for e in &stored {
-            let Some(node) = e.scope.node_id.as_deref() else {
-                continue;
-            };
-            let key = (node.to_string(), e.scope.iteration);
-            match &e.kind {
-                EventKind::NodeFinished { .. } => {
-                    assert!(finished.insert(key), "{run}: {node} finished twice");
-                }
-                EventKind::NodeStarted { .. } => {
-                    assert!(
-                        !finished.contains(&key),
-                        "{run}: {node} started again after it finished"
-                    );
-                }
-                _ => {}
-            }
-        }
-        let sessions = stored
-            .iter()
-            .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
-            .count();
-        taken_over += usize::from(sessions > 1);
+        taken_over += usize::from(sessions(&stored) > 1);
     }
     assert!(
         taken_over >= 1,
@@ -658,11 +615,14 @@ fn driven_by(ports: &[u16], names: &[&str]) -> Vec<usize> {
         .collect()
 }
 
-/// The checks of the crash tests, on one run's stored log: it finished,
-/// its seqs have no gap, it keeps the contract, and no node started again
-/// after it finished. Returns how many times the run was started (a take
-/// over adds one).
-fn check_run(backend: &cairn_postgres::PgBackend, run: &str) -> usize {
+/// The checks of the crash tests, on one run's stored log: it ended as
+/// `ended` wants, its seqs have no gap, it keeps the contract, and no
+/// node started again after it finished. Returns the log.
+fn checked_log(
+    backend: &cairn_postgres::PgBackend,
+    run: &str,
+    ended: impl Fn(&EventKind) -> bool,
+) -> Vec<Event> {
     use cairn_store::prelude::*;
     let stored: Vec<Event> = backend
         .read_events(
@@ -676,8 +636,8 @@ fn check_run(backend: &cairn_postgres::PgBackend, run: &str) -> usize {
     let seqs: Vec<u64> = stored.iter().map(|e| e.seq.get()).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{run}");
     assert!(
-        matches!(stored.last().unwrap().kind, EventKind::RunFinished { .. }),
-        "{run} did not finish: {}",
+        ended(&stored.last().unwrap().kind),
+        "{run} did not end as it should: {}",
         stored.last().unwrap().to_json()
     );
     cairn_events::check_log(&stored).unwrap_or_else(|e| panic!("{run}: {e}"));
@@ -701,9 +661,22 @@ fn check_run(backend: &cairn_postgres::PgBackend, run: &str) -> usize {
         }
     }
     stored
+}
+
+/// How many times a run was started: a take-over adds one.
+fn sessions(stored: &[Event]) -> usize {
+    stored
         .iter()
         .filter(|e| matches!(e.kind, EventKind::RunStarted { .. }))
         .count()
+}
+
+/// [`checked_log`] of a run that must have finished; how many times it
+/// was started.
+fn check_run(backend: &cairn_postgres::PgBackend, run: &str) -> usize {
+    sessions(&checked_log(backend, run, |end| {
+        matches!(end, EventKind::RunFinished { .. })
+    }))
 }
 
 /// 300 runs started through one instance are queued and claimed by all
