@@ -321,13 +321,7 @@ impl Journal {
         run_id: &RunId,
         lease: Box<dyn RunLease>,
     ) -> Result<RunLog, StoreError> {
-        let tx = self
-            .inner
-            .tx
-            .lock()
-            .unwrap()
-            .clone()
-            .ok_or(StoreError::Closed)?;
+        let tx = self.writer()?;
         let last = self.inner.backend.last_seq(run_id)?;
         Ok(self.log_after(run_id.clone(), tx, lease, last, 0, None))
     }
@@ -398,13 +392,7 @@ impl Journal {
         &self,
         run_id: &RunId,
     ) -> Result<(mpsc::Sender<Msg>, Box<dyn RunLease>), StoreError> {
-        let tx = self
-            .inner
-            .tx
-            .lock()
-            .unwrap()
-            .clone()
-            .ok_or(StoreError::Closed)?;
+        let tx = self.writer()?;
         let lease =
             self.inner
                 .backend
@@ -413,6 +401,16 @@ impl Journal {
                     run: run_id.to_string(),
                 })?;
         Ok((tx, lease))
+    }
+
+    /// The writer's queue; [`StoreError::Closed`] once the journal is.
+    fn writer(&self) -> Result<mpsc::Sender<Msg>, StoreError> {
+        self.inner
+            .tx
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(StoreError::Closed)
     }
 
     /// A run's log over its lease, whose events up to `last` (the latest
