@@ -1,0 +1,137 @@
+"""The asyncio client: the blocking one's calls, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Optional
+
+import httpx
+
+from . import _base as b
+from ._errors import CairnError, StreamGaveUp
+from ._sse import SseParser
+from ._types import Event, RunList, RunState, is_terminal
+
+#: Longest silence on an event stream before it is opened again: the
+#: server sends a heartbeat every 15 s by default.
+STREAM_READ_TIMEOUT = 60.0
+
+
+class AsyncClient:
+    """An asyncio client of one `cairn serve`; see [`cairn_client.Client`].
+
+    >>> async with AsyncClient("http://127.0.0.1:7700") as client:
+    ...     run = await client.start_run("hello", {"name": "Ada"})
+    ...     async for event in client.events(run):
+    ...         print(event["seq"], event["type"])
+    """
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 30.0, transport: Optional[httpx.AsyncBaseTransport] = None) -> None:
+        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=b.headers(token), timeout=timeout, transport=transport)
+
+    async def close(self) -> None:
+        """Closes the connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def _call(self, req: b.Request) -> Any:
+        resp = await self._http.request(req.method, req.path, params=req.params or None, json=req.body)
+        return b.result(resp)
+
+    async def start_run(self, workflow: str, input: Any = None, *, run_id: Optional[str] = None, max_concurrency: Optional[int] = None) -> str:
+        """Starts a run of a workflow of the server's workflows folder, by
+        name; returns its id once the run is durable (on a shared store,
+        queued for an instance to claim)."""
+        return (await self._call(b.start_run(workflow, input, run_id, max_concurrency)))["runId"]
+
+    async def list_runs(self, *, status: Optional[str] = None, workflow: Optional[str] = None, parent: Optional[str] = None, limit: Optional[int] = None, offset: Optional[int] = None) -> RunList:
+        """A page of runs, newest first."""
+        return await self._call(b.list_runs(status, workflow, parent, limit, offset))
+
+    async def get_run(self, run_id: str) -> RunState:
+        """A run's state, folded from its log."""
+        return await self._call(b.get_run(run_id))
+
+    async def events_page(self, run_id: str, after: int = 0, limit: Optional[int] = None) -> list:
+        """The stored events after `after` (one page)."""
+        return (await self._call(b.events_page(run_id, after, limit)))["events"]
+
+    async def approve(self, run_id: str, node: str, *, note: Optional[str] = None, by: Optional[str] = None) -> Event:
+        """Grants the approval gate `node`; returns the decision's event."""
+        return await self._call(b.decide(run_id, node, True, note, by))
+
+    async def deny(self, run_id: str, node: str, *, note: Optional[str] = None, by: Optional[str] = None) -> Event:
+        """Denies the approval gate `node`; returns the decision's event."""
+        return await self._call(b.decide(run_id, node, False, note, by))
+
+    async def answer(self, run_id: str, request_id: str, value: Any, *, by: Optional[str] = None) -> Event:
+        """Answers the question `request_id` a node asked."""
+        return await self._call(b.answer(run_id, request_id, value, by))
+
+    async def cancel(self, run_id: str, *, graceful: bool = False, reason: Optional[str] = None, by: Optional[str] = None) -> Event:
+        """Cancels a run; returns once the request is durable."""
+        return await self._call(b.cancel(run_id, graceful, reason, by))
+
+    async def resume(self, run_id: str, *, max_concurrency: Optional[int] = None) -> Any:
+        """Resumes a run that stopped (crashed, failed or cancelled)."""
+        return await self._call(b.resume(run_id, max_concurrency))
+
+    async def events(self, run_id: str, after: int = 0, *, follow: bool = False) -> AsyncIterator[Event]:
+        """The run's events after seq `after`, live, until its end (or,
+        with `follow`, across resumes, for as long as the caller reads).
+
+        A dropped connection (a server that restarted or stopped, a proxy
+        that timed out) is opened again from the last seq seen, on the
+        same URL: every event comes once, in order, with no gap. After
+        `MAX_RECONNECTS` failures in a row it raises [`StreamGaveUp`]."""
+        failures = 0
+        last_error: Optional[BaseException] = None
+        while True:
+            try:
+                async with self._http.stream(
+                    "GET",
+                    b.stream_path(run_id),
+                    params=b.stream_params(after, follow),
+                    headers={"Accept": "text/event-stream"},
+                    timeout=httpx.Timeout(10.0, read=STREAM_READ_TIMEOUT),
+                ) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        if resp.status_code < 500:
+                            b.result(resp)
+                        raise CairnError(resp.status_code, "unavailable", resp.text)
+                    parser = SseParser()
+                    async for line in resp.aiter_lines():
+                        ev = parser.feed(line)
+                        if ev is None:
+                            continue
+                        failures = 0
+                        seq = int(ev.get("seq", 0))
+                        if seq <= after:
+                            continue
+                        after = seq
+                        yield ev
+                        if not follow and is_terminal(ev):
+                            return
+            except CairnError as e:
+                if e.status < 500:
+                    raise
+                last_error = e
+            except httpx.TransportError as e:
+                last_error = e
+            # The stream ended before the run did: open it again.
+            failures += 1
+            if failures > b.MAX_RECONNECTS:
+                raise StreamGaveUp(run_id, after, last_error)
+            await asyncio.sleep(b.delay(failures))
+
+    async def wait(self, run_id: str) -> RunState:
+        """Follows the run to its end; returns its final state."""
+        async for _ in self.events(run_id):
+            pass
+        return await self.get_run(run_id)
