@@ -597,6 +597,28 @@ async fn drives(port: u16, name: &str, runs: usize, otherwise: &str) {
     }
 }
 
+/// An instance per name on the fleet's database (short leases), each on a
+/// free port; the ports in the same order.
+fn named_instances(fleet: &Fleet, names: &[&str]) -> (Instances, Vec<u16>) {
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let servers = ports
+        .iter()
+        .zip(names)
+        .map(|(&p, name)| {
+            let args = [
+                "--store",
+                fleet.store.as_str(),
+                "--lease-ttl",
+                LEASE_TTL,
+                "--instance-name",
+                name,
+            ];
+            Some(common::serve(fleet.dir.path(), &args, p))
+        })
+        .collect();
+    (Instances(servers), ports)
+}
+
 /// The runs each instance of `names` (on `ports`) says in `/metrics` that
 /// it drives.
 fn driven_by(ports: &[u16], names: &[&str]) -> Vec<usize> {
@@ -690,27 +712,7 @@ async fn runs_started_through_one_instance_are_driven_by_all() {
     let (store, dir) = (fleet.store.as_str(), &fleet.dir);
     const SPREAD: usize = 300;
     let names = ["one", "two", "three"];
-    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
-    let mut servers = Instances(
-        ports
-            .iter()
-            .zip(names)
-            .map(|(&p, name)| {
-                Some(common::serve(
-                    dir.path(),
-                    &[
-                        "--store",
-                        store,
-                        "--lease-ttl",
-                        LEASE_TTL,
-                        "--instance-name",
-                        name,
-                    ],
-                    p,
-                ))
-            })
-            .collect(),
-    );
+    let (mut servers, ports) = named_instances(&fleet, &names);
     let clients = healthy_clients(&ports).await;
     let mut runs = Vec::new();
     for _ in 0..SPREAD {
@@ -802,27 +804,7 @@ async fn a_child_run_is_driven_by_another_instance_than_its_parent() {
     };
     let (store, dir) = (fleet.store.as_str(), &fleet.dir);
     let names = ["one", "two"];
-    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
-    let _servers = Instances(
-        ports
-            .iter()
-            .zip(names)
-            .map(|(&p, name)| {
-                Some(common::serve(
-                    dir.path(),
-                    &[
-                        "--store",
-                        store,
-                        "--lease-ttl",
-                        LEASE_TTL,
-                        "--instance-name",
-                        name,
-                    ],
-                    p,
-                ))
-            })
-            .collect(),
-    );
+    let (_servers, ports) = named_instances(&fleet, &names);
     let clients = healthy_clients(&ports).await;
     let parent = clients[0]
         .post_json("/v1/runs", &json!({"workflow": "parent"}))

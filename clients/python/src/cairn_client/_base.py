@@ -9,7 +9,9 @@ from urllib.parse import quote
 
 import httpx
 
-from ._errors import CairnError
+from ._errors import CairnError, StreamGaveUp
+from ._sse import SseParser
+from ._types import Event, is_terminal
 
 #: Seconds to wait between attempts to follow a run again, growing to the
 #: last one.
@@ -114,6 +116,67 @@ def stream_params(after: int, follow: bool) -> Dict[str, Any]:
     if follow:
         params["follow"] = "true"
     return params
+
+
+class Follower:
+    """Where following a run's events stands, for both clients: the last
+    seq yielded, the failures in a row, and the parser of the stream now
+    open. Each client opens the stream; this decides what to yield, when
+    to stop, and how long to wait before opening it again."""
+
+    def __init__(self, run_id: str, after: int, follow: bool) -> None:
+        self.run_id = run_id
+        self.after = after
+        self.follow = follow
+        self.failures = 0
+        self.last_error: Optional[BaseException] = None
+        self.parser = SseParser()
+        self.done = False
+
+    def request(self) -> Dict[str, Any]:
+        """The stream's request, from the last seq yielded; a new parser."""
+        self.parser = SseParser()
+        return {
+            "method": "GET",
+            "url": stream_path(self.run_id),
+            "params": stream_params(self.after, self.follow),
+            "headers": {"Accept": "text/event-stream"},
+        }
+
+    def refused(self, resp: httpx.Response) -> None:
+        """An answer that is no stream (its body read): a refusal raises
+        at once; a server error counts as a failure."""
+        if resp.status_code < 500:
+            result(resp)
+        raise CairnError(resp.status_code, "unavailable", resp.text)
+
+    def line(self, line: str) -> Optional[Event]:
+        """The event to yield for a line of the stream, if any; after a
+        terminal one (unless following), `done` is set."""
+        ev = self.parser.feed(line)
+        if ev is None:
+            return None
+        self.failures = 0
+        seq = int(ev.get("seq", 0))
+        if seq <= self.after:
+            return None
+        self.after = seq
+        if not self.follow and is_terminal(ev):
+            self.done = True
+        return ev
+
+    def failed(self, error: Optional[BaseException]) -> float:
+        """The stream failed or ended before the run did: how long to wait
+        before opening it again; [`StreamGaveUp`] past `MAX_RECONNECTS`. A
+        refusal (4xx) raises as it is."""
+        if isinstance(error, CairnError) and error.status < 500:
+            raise error
+        if error is not None:
+            self.last_error = error
+        self.failures += 1
+        if self.failures > MAX_RECONNECTS:
+            raise StreamGaveUp(self.run_id, self.after, self.last_error)
+        return delay(self.failures)
 
 
 def delay(failures: int) -> float:

@@ -8,9 +8,8 @@ from typing import Any, Iterator, Optional
 import httpx
 
 from . import _base as b
-from ._errors import CairnError, StreamGaveUp
-from ._sse import SseParser
-from ._types import Event, RunList, RunState, is_terminal
+from ._errors import CairnError
+from ._types import Event, RunList, RunState
 
 #: Longest silence on an event stream before it is opened again: the
 #: server sends a heartbeat every 15 s by default.
@@ -89,46 +88,24 @@ class Client:
         that timed out) is opened again from the last seq seen, on the
         same URL: every event comes once, in order, with no gap. After
         `MAX_RECONNECTS` failures in a row it raises [`StreamGaveUp`]."""
-        failures = 0
-        last_error: Optional[BaseException] = None
+        f = b.Follower(run_id, after, follow)
         while True:
+            error: Optional[BaseException] = None
             try:
-                with self._http.stream(
-                    "GET",
-                    b.stream_path(run_id),
-                    params=b.stream_params(after, follow),
-                    headers={"Accept": "text/event-stream"},
-                    timeout=httpx.Timeout(10.0, read=STREAM_READ_TIMEOUT),
-                ) as resp:
+                req = f.request()
+                with self._http.stream(**req, timeout=httpx.Timeout(10.0, read=STREAM_READ_TIMEOUT)) as resp:
                     if resp.status_code >= 400:
                         resp.read()
-                        if resp.status_code < 500:
-                            b.result(resp)
-                        raise CairnError(resp.status_code, "unavailable", resp.text)
-                    parser = SseParser()
+                        f.refused(resp)
                     for line in resp.iter_lines():
-                        ev = parser.feed(line)
-                        if ev is None:
-                            continue
-                        failures = 0
-                        seq = int(ev.get("seq", 0))
-                        if seq <= after:
-                            continue
-                        after = seq
-                        yield ev
-                        if not follow and is_terminal(ev):
-                            return
-            except CairnError as e:
-                if e.status < 500:
-                    raise
-                last_error = e
-            except httpx.TransportError as e:
-                last_error = e
-            # The stream ended before the run did: open it again.
-            failures += 1
-            if failures > b.MAX_RECONNECTS:
-                raise StreamGaveUp(run_id, after, last_error)
-            time.sleep(b.delay(failures))
+                        ev = f.line(line)
+                        if ev is not None:
+                            yield ev
+                            if f.done:
+                                return
+            except (CairnError, httpx.TransportError) as e:
+                error = e
+            time.sleep(f.failed(error))
 
     def wait(self, run_id: str) -> RunState:
         """Follows the run to its end; returns its final state."""
