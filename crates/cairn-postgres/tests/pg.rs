@@ -65,6 +65,17 @@ fn started() -> EventKind {
     }
 }
 
+/// A backend of `schema` whose instance is `name`.
+fn named(s: &Scratch, schema: &str, name: &str) -> PgBackend {
+    s.open(
+        schema,
+        PgOptions {
+            instance: Some(name.into()),
+            ..PgOptions::default()
+        },
+    )
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -712,15 +723,7 @@ fn the_journal_appends_and_subscriptions_see_it_here_and_in_another_process() {
 fn drivers_name_the_instance_that_holds_each_run() {
     let Some(s) = Scratch::new() else { return };
     let schema = s.schema();
-    let named = |name: &str| {
-        s.open(
-            &schema,
-            PgOptions {
-                instance: Some(name.into()),
-                ..PgOptions::default()
-            },
-        )
-    };
+    let named = |name: &str| named(&s, &schema, name);
     let (alpha, beta) = (named("alpha"), named("beta:2"));
     let bad = PgBackend::open_with(
         s.url,
@@ -762,15 +765,7 @@ fn drivers_name_the_instance_that_holds_each_run() {
 fn queued_runs_are_claimed_in_shares_and_once() {
     let Some(s) = Scratch::new() else { return };
     let schema = s.schema();
-    let named = |name: &str| {
-        s.open(
-            &schema,
-            PgOptions {
-                instance: Some(name.into()),
-                ..PgOptions::default()
-            },
-        )
-    };
+    let named = |name: &str| named(&s, &schema, name);
     let (a, b) = (named("a"), named("b"));
     // Not a claimer yet: nothing to claim, whatever is queued.
     let mut queued = record("q00");
