@@ -24,6 +24,7 @@ mod files;
 mod nodes;
 mod runs;
 mod scores;
+mod triggers;
 
 pub use activity::{ActivityEntry, ActivityPage, DelegatedBy};
 pub use bodies::{
@@ -36,6 +37,7 @@ pub use files::{FileConflict, FilesPlan, ForkBody, Forked, RevertBody, Reverted}
 pub use nodes::{Plan, PlanCase, PlanNode, ToolCall, ToolCalls};
 pub use runs::{RunDetail, RunList, RunMeta, RunSummary};
 pub use scores::{GenerationScores, ScoreReport, ScorerStats, WorkflowScores};
+pub use triggers::{FireList, FireView, HookAccepted, ScheduleBody, ScheduleList, ScheduleView};
 
 /// The OpenAPI 3.1 document of the HTTP API, as `cairn serve` serves it at
 /// `/openapi.json`.

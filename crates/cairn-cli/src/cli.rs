@@ -594,6 +594,12 @@ pub struct ServeArgs {
     /// [default: 256 per core].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_runs: Option<u32>,
+    /// A triggers file: schedules that start runs at due times and
+    /// webhooks (`POST /v1/hooks/NAME`) that start runs on signed
+    /// deliveries (docs/integrations.md). Its workflows are names in
+    /// --workflows.
+    #[arg(long, value_name = "FILE")]
+    pub triggers: Option<PathBuf>,
     /// Connections open at once (event streams and WebSockets included);
     /// one more is answered 503 and closed.
     #[arg(long, value_name = "N", default_value_t = 1024,

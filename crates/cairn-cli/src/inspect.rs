@@ -973,6 +973,21 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
     if let Err(e) = checked.validate() {
         return Err(bad_input(format!("cairn serve: {e}")));
     }
+    let triggers = match &a.triggers {
+        Some(path) => {
+            let t = cairn_workflow::load_triggers(path)
+                .map_err(|e| bad_input(format!("cairn serve: --triggers: {e}")))?;
+            check_trigger_workflows(&t, a.workflows.as_deref(), a.max_workflow_bytes)?;
+            t
+        }
+        None => Default::default(),
+    };
+    let triggers_dir = a
+        .triggers
+        .as_deref()
+        .and_then(|p| p.parent())
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| std::path::PathBuf::from("."), std::path::PathBuf::from);
     let otlp = crate::trace::otlp_client()?;
     let journal = store::open(g, true)?;
     // Every run the server drives has its trace exported when its driver
@@ -1023,6 +1038,8 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
         max_runs: a
             .max_runs
             .map_or_else(cairn_server::default_max_runs, |n| n as usize),
+        triggers,
+        triggers_dir,
         ..Default::default()
     };
     let shutdown = async {
@@ -1039,4 +1056,32 @@ pub async fn serve(g: &Global, a: ServeArgs) -> anyhow::Result<u8> {
     telemetry.finish().await;
     r?;
     Ok(crate::EXIT_OK)
+}
+
+/// Every workflow a triggers file names loads from the workflows folder:
+/// a schedule or hook that could never start its run is refused now.
+fn check_trigger_workflows(
+    t: &cairn_workflow::triggers::Triggers,
+    dir: Option<&std::path::Path>,
+    max_bytes: u64,
+) -> anyhow::Result<()> {
+    let names = t
+        .schedules
+        .iter()
+        .map(|s| (format!("schedule `{}`", s.name), &s.workflow))
+        .chain(
+            t.hooks
+                .iter()
+                .map(|h| (format!("hook `{}`", h.name), &h.workflow)),
+        );
+    for (what, wf) in names {
+        let Some(dir) = dir else {
+            return Err(bad_input(format!(
+                "cairn serve: --triggers: {what} names workflow `{wf}`, but there is no --workflows folder"
+            )));
+        };
+        cairn_server::load_workflow(dir, wf, max_bytes)
+            .map_err(|e| bad_input(format!("cairn serve: --triggers: {what}: {e}")))?;
+    }
+    Ok(())
 }

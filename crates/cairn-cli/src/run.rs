@@ -357,6 +357,7 @@ impl Session {
                 appended.fetch_max(e.seq.get(), Ordering::SeqCst);
             })),
             watch: false,
+            trigger: None,
         }
     }
 

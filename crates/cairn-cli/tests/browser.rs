@@ -991,6 +991,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
             parent_node_id: None,
             depth: 0,
             forked_from: None,
+            trigger: None,
         },
     );
     log.append(

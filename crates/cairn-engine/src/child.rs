@@ -383,6 +383,7 @@ impl NodeCtx {
                 // A child runs the file as its parent's node found it; the
                 // parent's watcher watches the child's file.
                 watch: false,
+                trigger: None,
             },
             rx,
         )

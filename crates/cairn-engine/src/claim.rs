@@ -47,7 +47,8 @@ impl Engine {
     /// Starts a run as this engine does: queued for the store's instances
     /// to claim when it [`Engine::queues`], else driven here
     /// ([`Engine::start`]). Options only a driver here can honour (an
-    /// observer, a watch, a concurrency other than the workflow's) drive
+    /// observer, a watch, a concurrency other than the workflow's, a
+    /// trigger) drive
     /// the run here. Returns once the run is durable, queued or started.
     pub async fn submit(
         &self,
@@ -55,7 +56,12 @@ impl Engine {
         input: Value,
         opts: StartOptions,
     ) -> Result<Submitted, EngineError> {
-        let here = opts.observer.is_some() || opts.watch || opts.max_concurrency.is_some();
+        // A trigger is written in `RunStarted`, which the claimer writes
+        // from the run's row; the row has no place for it.
+        let here = opts.observer.is_some()
+            || opts.watch
+            || opts.max_concurrency.is_some()
+            || opts.trigger.is_some();
         if !self.queues() || here {
             return Ok(Submitted::Started(self.start(wf, input, opts).await?));
         }
@@ -173,6 +179,7 @@ impl Engine {
                     parent_node_id,
                     depth,
                     forked_from: None,
+                    trigger: None,
                 },
             );
         }

@@ -368,6 +368,7 @@ fn copy_of(
                 run_id: from.clone(),
                 seq,
             }),
+            trigger: None,
         },
     });
     for ev in &prefix[1..] {

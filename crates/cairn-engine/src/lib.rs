@@ -163,6 +163,8 @@ pub struct StartOptions {
     /// (`cairn run --watch`; see docs/reload.md). Runs started by another
     /// run are never watched: the parent's watcher watches their files.
     pub watch: bool,
+    /// The schedule or webhook that starts the run (`RunStarted.trigger`).
+    pub trigger: Option<cairn_events::Trigger>,
 }
 
 /// Options of an engine.
@@ -438,6 +440,7 @@ impl Engine {
             parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
             depth: parent.as_ref().map_or(0, |p| p.depth),
             forked_from: None,
+            trigger: opts.trigger.clone(),
         };
         let start = cairn_store::RunStart {
             run_id: run_id.clone(),
@@ -724,6 +727,7 @@ impl Engine {
                         parent_node_id: state.parent_node_id.clone(),
                         depth: state.depth,
                         forked_from: None,
+                        trigger: None,
                     },
                 )
                 .await?;

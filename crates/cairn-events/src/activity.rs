@@ -815,6 +815,7 @@ mod tests {
                 parent_node_id: parent.map(|p| p.1.to_string()),
                 depth: parent.map_or(0, |_| 1),
                 forked_from: None,
+                trigger: None,
             },
         )
     }

@@ -22,6 +22,33 @@ pub struct ForkedFrom {
     pub seq: u64,
 }
 
+/// What started a run that no person or client started by hand
+/// (`RunStarted.trigger`): a schedule's due time or a webhook's delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trigger {
+    /// A schedule or a webhook.
+    pub kind: TriggerKind,
+    /// The schedule's or the hook's name.
+    pub name: String,
+    /// The due time a schedule fired for (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_ms: Option<i64>,
+    /// The delivery's idempotency key, as the sender gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_id: Option<String>,
+}
+
+/// What kind of trigger started a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TriggerKind {
+    /// A schedule of `cairn serve`.
+    Schedule,
+    /// A delivery to `POST /v1/hooks/{name}`.
+    Webhook,
+}
+
 /// One entry of a run's log.
 ///
 /// ```
@@ -334,6 +361,9 @@ pub enum EventKind {
         /// The run and seq a fork copied its log from (`cairn fork`).
         #[serde(default)]
         forked_from: Option<ForkedFrom>,
+        /// The schedule or webhook that started the run.
+        #[serde(default)]
+        trigger: Option<Trigger>,
     },
     RunStatusChanged {
         status: RunStatus,
@@ -1270,6 +1300,7 @@ mod tests {
                 parent_node_id: None,
                 depth: 0,
                 forked_from: None,
+                trigger: None,
             },
         };
         let v: Value = serde_json::from_str(&ev.to_json()).unwrap();

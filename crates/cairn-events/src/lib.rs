@@ -22,7 +22,7 @@ pub use contract::check_log;
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, EventType, ForkedFrom, Level,
     NetworkAction, NodeCounts, NodeTiming, OutputStream, RunStatus, Scope, SnapshotAt, TokenTotals,
-    ToolStatus, UnknownEventType, EVENT_TYPES, MAX_EVENT_DEPTH,
+    ToolStatus, Trigger, TriggerKind, UnknownEventType, EVENT_TYPES, MAX_EVENT_DEPTH,
 };
 pub use ids::{
     InvalidNodePath, InvalidRunId, NodePath, RunId, Seq, MAX_NODE_PATH_LEN, MAX_RUN_ID_LEN,

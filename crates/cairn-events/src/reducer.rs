@@ -392,6 +392,9 @@ pub struct RunState {
     /// The run and seq this run's log was copied from (`cairn fork`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<crate::event::ForkedFrom>,
+    /// The schedule or webhook that started the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<crate::event::Trigger>,
     /// Agent nodes a person asked to take over (`RunHijackRequested`) whose
     /// conversation has not been handed back or ended (`RunHijacked`).
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
@@ -560,6 +563,7 @@ impl RunState {
             generation: Default::default(),
             generation_hash: Default::default(),
             forked_from: Default::default(),
+            trigger: None,
             hijack_requested: Default::default(),
             open_revert: Default::default(),
             index: Default::default(),
@@ -702,8 +706,12 @@ impl RunState {
                 parent_node_id,
                 depth,
                 forked_from,
+                trigger,
             } => {
                 self.lineage(parent_run_id, parent_node_id, *depth, forked_from);
+                if trigger.is_some() {
+                    self.trigger = trigger.clone();
+                }
                 self.run_started(ts, workflow, workflow_hash, input, *resumed);
             }
             K::RunStatusChanged { status } => self.status = Some(*status),
@@ -1376,6 +1384,7 @@ mod tests {
                     parent_node_id: None,
                     depth: 0,
                     forked_from: None,
+                    trigger: None,
                 },
             )
         };

@@ -284,6 +284,7 @@ mod tests {
                 parent_node_id: parent.map(|p| p.1.to_string()),
                 depth: 0,
                 forked_from: None,
+                trigger: None,
             },
         )];
         if let Some(c) = child {

@@ -28,6 +28,7 @@ mod objects;
 mod records;
 mod rt;
 mod runs;
+mod schedules;
 mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -40,10 +41,11 @@ use std::time::Duration;
 
 use cairn_events::{NodePath, RunCommand, RunId};
 use cairn_storage::{
-    AsyncReads, Backend, BudgetLimits, BudgetWait, Claims, EventLog, EventQuery, Fleet,
-    GenerationRecord, Generations, Inbox, InboxEntry, LeaseHolder, Listener, ModelBudgets, NewRun,
-    ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs, SnapshotObjects, StoreError,
-    StoreFuture, StoredEvent, StoredObject, ToolCallRecord, ToolCalls, Topic, Wakeups,
+    AsyncReads, Backend, BudgetLimits, BudgetWait, Claims, Cursor, EventLog, EventQuery,
+    FireRecord, Fleet, GenerationRecord, Generations, Inbox, InboxEntry, LeaseHolder, Listener,
+    ModelBudgets, NewRun, ProcessRecord, Processes, RunFilter, RunLease, RunRecord, Runs,
+    ScheduleRecord, SnapshotObjects, StoreError, StoreFuture, StoredEvent, StoredObject,
+    ToolCallRecord, ToolCalls, Topic, Wakeups,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -440,6 +442,61 @@ impl Backend for PgBackend {
 
     fn snapshot_objects(&self) -> Option<&dyn SnapshotObjects> {
         Some(self)
+    }
+
+    fn schedules(&self) -> Option<&dyn cairn_storage::Schedules> {
+        Some(self)
+    }
+}
+
+impl cairn_storage::Schedules for PgBackend {
+    fn put_schedule(&self, rec: &ScheduleRecord, replace: bool) -> Result<bool, StoreError> {
+        let rec = rec.clone();
+        self.run(move |db| async move { schedules::put(&db, rec, replace).await })
+    }
+
+    fn get_schedule(&self, name: &str) -> Result<Option<ScheduleRecord>, StoreError> {
+        let name = name.to_string();
+        self.run(move |db| async move { schedules::get(&db, name).await })
+    }
+
+    fn list_schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.run(move |db| async move { schedules::list(&db).await })
+    }
+
+    fn delete_schedule(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        self.run(move |db| async move { schedules::delete(&db, name).await })
+    }
+
+    fn set_paused(&self, name: &str, paused: bool, cursor: Cursor) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        self.run(move |db| async move { schedules::set_paused(&db, name, paused, cursor).await })
+    }
+
+    fn advance_schedule(
+        &self,
+        name: &str,
+        expected: Cursor,
+        new: Cursor,
+        fires: &[FireRecord],
+    ) -> Result<bool, StoreError> {
+        let (name, fires) = (name.to_string(), fires.to_vec());
+        self.run(move |db| async move { schedules::advance(&db, name, expected, new, fires).await })
+    }
+
+    fn update_fire(&self, fire: &FireRecord) -> Result<(), StoreError> {
+        let fire = fire.clone();
+        self.run(move |db| async move { schedules::update_fire(&db, fire).await })
+    }
+
+    fn fires(&self, name: &str, limit: usize) -> Result<Vec<FireRecord>, StoreError> {
+        let name = name.to_string();
+        self.run(move |db| async move { schedules::fires(&db, name, limit).await })
+    }
+
+    fn firing(&self) -> Result<Vec<FireRecord>, StoreError> {
+        self.run(move |db| async move { schedules::firing(&db).await })
     }
 }
 

@@ -7,10 +7,10 @@ use crate::db::Db;
 
 /// The schema version this build writes, kept in the `cairn_schema` table.
 /// A database at a newer version is refused ([`StoreError::TooNew`]).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// `MIGRATIONS[v]` takes a schema at version `v` to `v + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The tables a store of the current version has; a schema with one of
 /// them but no version is someone else's.
@@ -28,6 +28,8 @@ const TABLES: &[&str] = &[
     "model_calls",
     "instances",
     "snapshot_objects",
+    "schedules",
+    "schedule_fires",
 ];
 
 /// Version 1. As on SQLite, with these differences:
@@ -233,6 +235,31 @@ CREATE TABLE snapshot_objects (
     body      BYTEA NOT NULL,
     stored_ms BIGINT NOT NULL
 );
+"#;
+
+/// Version 8: `cairn serve`'s schedules, shared by every instance, and
+/// what each due time did (`schedules.rs`).
+const V8: &str = r#"
+CREATE TABLE schedules (
+    name            TEXT PRIMARY KEY,
+    definition      TEXT NOT NULL,
+    from_file       BOOLEAN NOT NULL,
+    paused          BOOLEAN NOT NULL,
+    next_due_ms     BIGINT,
+    pending_due_ms  BIGINT,
+    last_run_id     TEXT,
+    updated_ms      BIGINT NOT NULL
+);
+CREATE TABLE schedule_fires (
+    schedule    TEXT NOT NULL,
+    due_ms      BIGINT NOT NULL,
+    decided_ms  BIGINT NOT NULL,
+    outcome     TEXT NOT NULL,
+    run_id      TEXT,
+    detail      TEXT,
+    PRIMARY KEY (schedule, due_ms)
+);
+CREATE INDEX schedule_fires_firing ON schedule_fires (outcome) WHERE outcome = 'firing';
 "#;
 
 /// Brings `schema` (created if missing) to [`SCHEMA_VERSION`] in one

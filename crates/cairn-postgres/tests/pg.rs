@@ -62,6 +62,7 @@ fn started() -> EventKind {
         parent_node_id: None,
         depth: 0,
         forked_from: None,
+        trigger: None,
     }
 }
 

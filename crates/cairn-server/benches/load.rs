@@ -483,6 +483,7 @@ async fn server() {
             parent_node_id: None,
             depth: 0,
             forked_from: None,
+            trigger: None,
         },
     )
     .await

@@ -45,10 +45,19 @@ struct Inner {
     states: crate::states::StateCache,
     /// Failed logins by client address.
     logins: crate::auth::LoginThrottle,
+    /// The triggers file's webhooks, and what their deliveries came to.
+    hooks: crate::hooks::Hooks,
+    /// What the due times this instance decided did.
+    fire_counts: crate::schedules::FireCounts,
 }
 
 impl AppState {
-    pub fn new(cfg: ServeConfig, engine: Engine, guard: crate::guard::Guard) -> Self {
+    pub fn new(
+        cfg: ServeConfig,
+        engine: Engine,
+        guard: crate::guard::Guard,
+        hooks: crate::hooks::Hooks,
+    ) -> Self {
         AppState(Arc::new(Inner {
             engine,
             cfg,
@@ -59,7 +68,19 @@ impl AppState {
             guard,
             states: crate::states::StateCache::default(),
             logins: crate::auth::LoginThrottle::default(),
+            hooks,
+            fire_counts: Default::default(),
         }))
+    }
+
+    /// The triggers file's webhooks.
+    pub(crate) fn hooks(&self) -> &crate::hooks::Hooks {
+        &self.0.hooks
+    }
+
+    /// What the due times this instance decided did.
+    pub(crate) fn fire_counts(&self) -> &crate::schedules::FireCounts {
+        &self.0.fire_counts
     }
 
     /// Failed logins by client address (see [`crate::auth::login`]).
@@ -270,6 +291,51 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
         ),
         (
             Method::GET,
+            "/v1/schedules",
+            on(MethodFilter::GET, crate::schedules::list),
+        ),
+        (
+            Method::POST,
+            "/v1/schedules",
+            on(MethodFilter::POST, crate::schedules::create),
+        ),
+        (
+            Method::GET,
+            "/v1/schedules/{name}",
+            on(MethodFilter::GET, crate::schedules::get),
+        ),
+        (
+            Method::DELETE,
+            "/v1/schedules/{name}",
+            on(MethodFilter::DELETE, crate::schedules::delete),
+        ),
+        (
+            Method::POST,
+            "/v1/schedules/{name}/pause",
+            on(MethodFilter::POST, crate::schedules::pause),
+        ),
+        (
+            Method::POST,
+            "/v1/schedules/{name}/resume",
+            on(MethodFilter::POST, crate::schedules::resume),
+        ),
+        (
+            Method::POST,
+            "/v1/schedules/{name}/trigger",
+            on(MethodFilter::POST, crate::schedules::trigger),
+        ),
+        (
+            Method::GET,
+            "/v1/schedules/{name}/fires",
+            on(MethodFilter::GET, crate::schedules::fires),
+        ),
+        (
+            Method::POST,
+            "/v1/hooks/{name}",
+            on(MethodFilter::POST, crate::hooks::deliver),
+        ),
+        (
+            Method::GET,
             "/v1/ws",
             on(MethodFilter::GET, crate::ws::upgrade),
         ),
@@ -447,6 +513,8 @@ impl AppState {
         }
         let mut text = m.render();
         drop(m);
+        text.push_str(&self.hooks().render());
+        text.push_str(&self.fire_counts().render());
         // This instance's own share, by its name (checked: no quoting needed).
         text.push_str(&format!(
             "# HELP cairn_instance_driven_runs Runs this instance drives now, by its name.\n\

@@ -131,8 +131,9 @@ pub(crate) fn unauthorized(missing: bool) -> Response {
 }
 
 /// Every route needs the token but `/healthz`, the web page (which holds no
-/// data, and must load to show its login form) and `/v1/session` (the
-/// login itself). `/v1/ws` without a token is let through: a WebSocket
+/// data, and must load to show its login form), `/v1/session` (the
+/// login itself) and the webhooks (`/v1/hooks/{name}`, which check their
+/// deliveries' signatures). `/v1/ws` without a token is let through: a WebSocket
 /// client may send the token as its first message.
 pub(crate) async fn require_token(
     State(state): State<AppState>,
@@ -140,7 +141,12 @@ pub(crate) async fn require_token(
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    if path == "/healthz" || path == "/v1/session" || crate::ui::is_page(path) {
+    // A webhook's sender holds no token: the hook checks its signature.
+    if path == "/healthz"
+        || path == "/v1/session"
+        || path.starts_with("/v1/hooks/")
+        || crate::ui::is_page(path)
+    {
         return next.run(req).await;
     }
     match check(&state, req.headers()) {

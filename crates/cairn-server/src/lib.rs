@@ -19,9 +19,11 @@ mod feed;
 pub mod files;
 mod frames;
 mod guard;
+mod hooks;
 mod listen;
 mod metrics;
 mod nodes;
+mod schedules;
 mod scores;
 mod sse;
 mod states;
@@ -31,7 +33,7 @@ mod ws;
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -122,6 +124,13 @@ pub struct ServeConfig {
     /// ([`cairn_engine::Engine::queues`]): it claims no more, and no more
     /// than its share while another instance has room.
     pub max_runs: usize,
+    /// The schedules and webhooks of the triggers file (`--triggers`).
+    /// Schedules are written to the store and fired by whichever instance
+    /// decides each due time first; hooks answer `POST /v1/hooks/{name}`.
+    pub triggers: cairn_workflow::triggers::Triggers,
+    /// The folder a hook's `secret: { file }` is relative to (the
+    /// triggers file's).
+    pub triggers_dir: PathBuf,
 }
 
 impl Default for ServeConfig {
@@ -146,8 +155,21 @@ impl Default for ServeConfig {
             instance: cairn_store::default_instance_name(),
             worker: false,
             max_runs: default_max_runs(),
+            triggers: Default::default(),
+            triggers_dir: PathBuf::from("."),
         }
     }
+}
+
+/// Loads a workflow of `dir` by name as `POST /v1/runs` does (the checks
+/// of names and sizes included): for a caller that checks what a triggers
+/// file names before serving.
+pub fn load_workflow(
+    dir: &Path,
+    name: &str,
+    max_bytes: u64,
+) -> Result<cairn_workflow::Workflow, String> {
+    workflows::load(Some(dir), name, max_bytes).map_err(|e| e.message)
 }
 
 /// Runs an instance drives at once by default: 256 per core. A run that
@@ -200,6 +222,10 @@ pub enum ServerError {
     /// a connection cap of 0.
     #[error(transparent)]
     Config(#[from] GuardConfigError),
+    /// A hook of the triggers file cannot check signatures: its secret
+    /// cannot be read.
+    #[error(transparent)]
+    Hook(#[from] hooks::HookSetupError),
 }
 
 /// A bound server, ready to [`Server::run`]. Binding first lets callers (and
@@ -225,7 +251,8 @@ impl Server {
             .map_err(|source| ServerError::Bind { addr, source })?;
         let local = listener.local_addr().map_err(ServerError::Io)?;
         let guard = guard::Guard::new(local, &cfg.allowed_hosts, &cfg.allowed_origins)?;
-        let state = api::AppState::new(cfg, engine, guard);
+        let hooks = hooks::Hooks::new(&cfg.triggers.hooks, &cfg.triggers_dir)?;
+        let state = api::AppState::new(cfg, engine, guard, hooks);
         Ok(Server {
             listener,
             state,
@@ -278,6 +305,7 @@ impl Server {
                 .takeover
                 .map(|every| tokio::spawn(take_over(state.clone(), every))),
         };
+        let schedules_task = tokio::spawn(schedules::run(state.clone()));
         let router = api::router(state.clone());
         let stopping = state.clone();
         let graceful = async move {
@@ -298,6 +326,7 @@ impl Server {
         };
         let result = listen::serve(self.listener, router, limits, graceful).await;
         metrics_task.abort();
+        schedules_task.abort();
         for t in [takeover_task, claim_task].into_iter().flatten() {
             t.abort();
         }

@@ -239,6 +239,7 @@ mod tests {
             parent_node_id: None,
             depth: 0,
             forked_from: None,
+            trigger: None,
         }
     }
 

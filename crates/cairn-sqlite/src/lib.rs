@@ -47,6 +47,7 @@ mod checkpoint;
 mod locks;
 
 mod events;
+mod schedules;
 mod wake;
 
 /// The schema version kept in `PRAGMA user_version`. Version 1 indexed every
@@ -59,8 +60,9 @@ mod wake;
 /// generations that reloads adopt (see [`GENERATIONS`]); version 6 pins
 /// the files a generation refers to; version 7 keeps each event's envelope
 /// once, in columns, with runs and types as small integers (see the
-/// `events` module).
-const SCHEMA_VERSION: i64 = 7;
+/// `events` module); version 8 keeps `cairn serve`'s schedules and
+/// their history (`schedules`).
+const SCHEMA_VERSION: i64 = 8;
 
 /// Child runs by parent, for a parent's status and cancel; most runs have
 /// no parent, and the partial index leaves them out.
@@ -265,6 +267,8 @@ const TABLES: &[&str] = &[
     "inbox",
     "processes",
     "runs",
+    "schedules",
+    "schedule_fires",
     "sqlite_sequence",
     "tool_calls",
     "workflow_sources",
@@ -369,6 +373,17 @@ impl SqliteBackend {
                     "tool_calls",
                     "workflow_sources",
                 ],
+                7 => &[
+                    "generations",
+                    "runs",
+                    "events",
+                    "event_runs",
+                    "event_types",
+                    "inbox",
+                    "processes",
+                    "tool_calls",
+                    "workflow_sources",
+                ],
                 _ => &[
                     "generations",
                     "runs",
@@ -377,6 +392,8 @@ impl SqliteBackend {
                     "event_types",
                     "inbox",
                     "processes",
+                    "schedules",
+                    "schedule_fires",
                     "tool_calls",
                     "workflow_sources",
                 ],
@@ -951,9 +968,10 @@ fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
         // to a store migrated from version 1.
         if v == 0 {
             conn.execute_batch(&format!(
-                "{RUNS}{INBOX}{SOURCES}{RUNS_BY_PARENT}{GENERATIONS_V6}{}{}",
+                "{RUNS}{INBOX}{SOURCES}{RUNS_BY_PARENT}{GENERATIONS_V6}{}{}{}",
                 events::TABLES,
-                events::EVENTS_BY_TYPE
+                events::EVENTS_BY_TYPE,
+                schedules::SCHEDULES,
             ))?;
             events::fill_types(conn)?;
         }
@@ -990,6 +1008,9 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         }
         if v < 7 {
             events::to_v7(conn)?;
+        }
+        if v < 8 {
+            conn.execute_batch(schedules::SCHEDULES)?;
         }
         Ok(())
     })
@@ -1702,6 +1723,10 @@ impl Wakeups for SqliteBackend {
 }
 
 impl Backend for SqliteBackend {
+    fn schedules(&self) -> Option<&dyn cairn_storage::Schedules> {
+        Some(self)
+    }
+
     fn append_with_calls(
         &self,
         calls: &[ToolCallRecord],

@@ -294,6 +294,11 @@ pub trait Backend:
     fn snapshot_objects(&self) -> Option<&dyn SnapshotObjects> {
         None
     }
+    /// The schedules of `cairn serve` (its triggers), where the backend
+    /// keeps them; `None` for one that does not (the default).
+    fn schedules(&self) -> Option<&dyn crate::Schedules> {
+        None
+    }
 }
 
 /// Workspace snapshot objects (git blobs and trees, named by the SHA-1 of

@@ -171,6 +171,7 @@ pub fn started() -> EventKind {
         parent_node_id: None,
         depth: 0,
         forked_from: None,
+        trigger: None,
     }
 }
 

@@ -18,6 +18,7 @@ pub mod conformance;
 pub mod envelope;
 mod error;
 pub mod records;
+mod schedules;
 mod url;
 
 pub use backend::{
@@ -31,6 +32,7 @@ pub use records::{
     InboxEntry, LeaseHolder, NewRun, PinnedFile, ProcessRecord, RecordStatus, RunFilter, RunRecord,
     StoredEvent, ToolCallRecord, ToolCallStatus, Topic,
 };
+pub use schedules::{Cursor, FireOutcome, FireRecord, ScheduleRecord, Schedules, FIRES_KEPT};
 pub use url::{redact, BadStoreUrl, StoreUrl};
 
 /// The storage traits, for callers of a [`Backend`]'s methods: a trait's

@@ -11,6 +11,7 @@ mod model;
 mod parse;
 pub mod refs;
 mod templates;
+pub mod triggers;
 mod yaml;
 
 pub use cairn_models::{
@@ -25,7 +26,10 @@ pub use kinds::{
 };
 pub use limits::{check_depth, json_depth, DepthError};
 pub use model::*;
-pub use parse::{field_names, load, load_data, load_tree, parse, parse_data, read_file};
+pub use parse::{
+    field_names, load, load_data, load_tree, load_triggers, parse, parse_data, parse_schedule,
+    parse_triggers, read_file,
+};
 pub use templates::{
     Context, NeedsEnded, NodeEntries, NodeEntry, TemplateError, Templates, STATUS_FUNCTIONS,
 };

@@ -18,6 +18,9 @@ mod models;
 mod node;
 mod scorers;
 mod secrets;
+mod triggers;
+
+pub use triggers::{load_triggers, parse_schedule, parse_triggers};
 
 pub(crate) use models::unknown_model_hint;
 
@@ -274,13 +277,7 @@ fn parse_owned(source: String, path: &Path) -> Result<Workflow, WorkflowError> {
 
 /// The workflow in `source`, but for its `source` (left empty for the caller to fill).
 fn parse_text(source: &str, path: &Path) -> Result<Workflow, WorkflowError> {
-    let mut cx = Cx {
-        file: path.to_path_buf(),
-        problems: Vec::new(),
-        templates: Templates::new(),
-        last_settings: None,
-        sites: Vec::new(),
-    };
+    let mut cx = Cx::new(path);
     if source.len() as u64 > MAX_FILE_BYTES {
         cx.at(
             Pos::default(),
@@ -383,6 +380,16 @@ fn is_workflow_name(s: &str) -> bool {
 }
 
 impl Cx {
+    fn new(path: &Path) -> Cx {
+        Cx {
+            file: path.to_path_buf(),
+            problems: Vec::new(),
+            templates: Templates::new(),
+            last_settings: None,
+            sites: Vec::new(),
+        }
+    }
+
     fn into_error(self) -> WorkflowError {
         WorkflowError {
             problems: self.problems,

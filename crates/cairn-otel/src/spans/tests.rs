@@ -40,6 +40,7 @@ impl Log {
                 parent_node_id: None,
                 depth: 0,
                 forked_from: None,
+                trigger: None,
             },
         )
     }

@@ -132,6 +132,7 @@ impl TestServer {
                 parent_node_id: None,
                 depth: 0,
                 forked_from: None,
+                trigger: None,
             },
         );
         log
