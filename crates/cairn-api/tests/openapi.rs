@@ -267,6 +267,12 @@ fn rich_state(ended: RunStatus) -> RunState {
         run_id: RunId::parse("f1").unwrap(),
         seq: 3,
     });
+    st.trigger = Some(cairn_events::Trigger {
+        kind: cairn_events::TriggerKind::Schedule,
+        name: "nightly".into(),
+        due_ms: Some(1_000),
+        delivery_id: Some("d-1".into()),
+    });
     st.hijack_requested.insert("b".into());
     st.open_revert = Some(Box::new(cairn_events::OpenRevert {
         node_id: "a".into(),
@@ -652,7 +658,90 @@ fn samples() -> Vec<(&'static str, Value)> {
                 }],
             }),
         ),
+        (
+            "GET /v1/schedules 200",
+            to_json(ScheduleList {
+                schedules: vec![schedule(true), schedule(false)],
+            }),
+        ),
+        ("POST /v1/schedules request", to_json(schedule_body(true))),
+        ("POST /v1/schedules request", to_json(schedule_body(false))),
+        ("POST /v1/schedules 201", to_json(schedule(false))),
+        ("GET /v1/schedules/{name} 200", to_json(schedule(true))),
+        ("POST /v1/schedules/{name}/pause request", json!({})),
+        (
+            "POST /v1/schedules/{name}/pause 200",
+            to_json(schedule(true)),
+        ),
+        ("POST /v1/schedules/{name}/resume request", json!({})),
+        (
+            "POST /v1/schedules/{name}/resume 200",
+            to_json(schedule(false)),
+        ),
+        ("POST /v1/schedules/{name}/trigger request", json!({})),
+        ("POST /v1/schedules/{name}/trigger 201", to_json(fire(true))),
+        (
+            "GET /v1/schedules/{name}/fires 200",
+            to_json(FireList {
+                fires: vec![fire(true), fire(false)],
+            }),
+        ),
+        (
+            "POST /v1/hooks/{name} request",
+            json!({"action": "opened", "number": 1}),
+        ),
+        (
+            "POST /v1/hooks/{name} 201",
+            to_json(HookAccepted {
+                run_id: rid("hook-gh-ab"),
+                duplicate: false,
+            }),
+        ),
+        (
+            "POST /v1/hooks/{name} 200",
+            to_json(HookAccepted {
+                run_id: rid("hook-gh-ab"),
+                duplicate: true,
+            }),
+        ),
     ]
+}
+
+fn schedule(full: bool) -> ScheduleView {
+    ScheduleView {
+        name: "nightly".into(),
+        definition: json!({"name": "nightly", "workflow": "w", "every": "1000ms"}),
+        from_file: full,
+        paused: false,
+        next_due_ms: full.then_some(2_000),
+        pending_due_ms: full.then_some(1_000),
+        last_run_id: full.then(|| rid("sched-nightly-1000")),
+    }
+}
+
+fn schedule_body(full: bool) -> ScheduleBody {
+    ScheduleBody {
+        name: "nightly".into(),
+        workflow: "w".into(),
+        cron: full.then(|| "0 30 2 * * *".into()),
+        timezone: full.then(|| "Europe/Paris".into()),
+        every: full.then(|| "30s".into()),
+        input: full.then(|| json!({"x": 1})),
+        overlap: full.then(|| "queue_one".into()),
+        catchup: full.then(|| "all".into()),
+        catchup_limit: full.then_some(5),
+        grace: full.then(|| "10s".into()),
+    }
+}
+
+fn fire(full: bool) -> FireView {
+    FireView {
+        due_ms: 1_000,
+        decided_ms: 1_001,
+        outcome: if full { "started" } else { "missed" }.into(),
+        run_id: full.then(|| rid("sched-nightly-1000")),
+        detail: (!full).then(|| "3 due times missed while no instance ran".into()),
+    }
 }
 
 fn files_plan() -> FilesPlan {
