@@ -440,7 +440,7 @@ impl Engine {
             parent_node_id: parent.as_ref().map(|p| p.node_id.clone()),
             depth: parent.as_ref().map_or(0, |p| p.depth),
             forked_from: None,
-            trigger: opts.trigger.clone(),
+            trigger: opts.trigger.clone().map(Box::new),
         };
         let start = cairn_store::RunStart {
             run_id: run_id.clone(),

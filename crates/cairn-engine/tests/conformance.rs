@@ -719,6 +719,7 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
         exit_on_wait: case.exit_on_wait,
         observer: Some(observer),
         watch: false,
+        trigger: None,
     };
 
     // A subscription that joins before the run exists and follows it live.

@@ -361,9 +361,10 @@ pub enum EventKind {
         /// The run and seq a fork copied its log from (`cairn fork`).
         #[serde(default)]
         forked_from: Option<ForkedFrom>,
-        /// The schedule or webhook that started the run.
+        /// The schedule or webhook that started the run (boxed: most runs
+        /// have none, and every event is as large as the largest kind).
         #[serde(default)]
-        trigger: Option<Trigger>,
+        trigger: Option<Box<Trigger>>,
     },
     RunStatusChanged {
         status: RunStatus,

@@ -710,7 +710,7 @@ impl RunState {
             } => {
                 self.lineage(parent_run_id, parent_node_id, *depth, forked_from);
                 if trigger.is_some() {
-                    self.trigger = trigger.clone();
+                    self.trigger = trigger.as_deref().cloned();
                 }
                 self.run_started(ts, workflow, workflow_hash, input, *resumed);
             }

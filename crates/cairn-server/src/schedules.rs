@@ -606,7 +606,7 @@ pub(crate) async fn trigger(
             // Never a whole second, so never a due time of the schedule's
             // own (those are whole seconds): its row and run are apart.
             let due = match now_ms() {
-                t if t % 1000 == 0 => t + 1,
+                t if t.rem_euclid(1000) == 0 => t + 1,
                 t => t,
             };
             let fire = FireRecord {

@@ -29,6 +29,6 @@ cairn_storage::backend_conformance_tests!(fresh);
 
 #[test]
 fn run_all_runs_every_check() {
-    assert_eq!(cairn_storage::conformance::CHECKS.len(), 17);
+    assert_eq!(cairn_storage::conformance::CHECKS.len(), 18);
     cairn_storage::conformance::run_all(&fresh);
 }

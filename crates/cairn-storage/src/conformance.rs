@@ -91,6 +91,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "async_reads_answer_what_the_blocking_ones_do",
         async_reads_answer_what_the_blocking_ones_do,
     ),
+    (
+        "schedules_move_on_by_compare_and_set",
+        schedules_move_on_by_compare_and_set,
+    ),
 ];
 
 /// Runs every check on backends from `fresh`, panicking at the first one that
@@ -123,7 +127,8 @@ macro_rules! backend_conformance_tests {
             process_records_are_kept_until_removed,
             wake_ups_reach_the_listeners_of_their_topic,
             workflow_generations_are_kept_per_run,
-            async_reads_answer_what_the_blocking_ones_do
+            async_reads_answer_what_the_blocking_ones_do,
+            schedules_move_on_by_compare_and_set
         );
     };
     (@tests $fresh:expr; $($check:ident),*) => {
@@ -1358,4 +1363,123 @@ pub fn async_reads_answer_what_the_blocking_ones_do(fresh: Factory<'_>) {
     drop(rt);
     assert_eq!(b.last_seq(&rid("r")).unwrap(), 40);
     assert!(b.get_run(&rid("kid")).unwrap().is_some());
+}
+
+/// Schedules (for a backend that keeps them): a row written once unless
+/// replaced; the cursor moved only from what it is, so that of two
+/// instances deciding the same due time one does; the history kept per due
+/// time, a second row for one left as it is; a paused schedule not moved;
+/// a delete taking the history along.
+pub fn schedules_move_on_by_compare_and_set(fresh: Factory<'_>) {
+    use crate::{Cursor, FireOutcome, FireRecord, ScheduleRecord};
+    let b = fresh();
+    let Some(s) = b.schedules() else { return };
+    let at = |next: i64| Cursor {
+        next_due_ms: Some(next),
+        pending_due_ms: None,
+    };
+    let rec = ScheduleRecord {
+        name: "tick".into(),
+        definition: serde_json::json!({"name": "tick", "every": "1000ms"}),
+        from_file: true,
+        paused: false,
+        cursor: at(1_000),
+        last_run_id: None,
+        updated_ms: 1,
+    };
+    assert!(s.put_schedule(&rec, false).unwrap());
+    assert!(
+        !s.put_schedule(&rec, false).unwrap(),
+        "a name is taken once"
+    );
+    assert_eq!(s.get_schedule("tick").unwrap().unwrap(), rec);
+    let fire = |due: i64, outcome: FireOutcome| FireRecord {
+        schedule: "tick".into(),
+        due_ms: due,
+        decided_ms: due + 1,
+        outcome,
+        run_id: (outcome == FireOutcome::Firing).then(|| rid(&format!("sched-tick-{due}"))),
+        detail: None,
+    };
+    // Two deciders read cursor 1000; one moves it.
+    assert!(s
+        .advance_schedule(
+            "tick",
+            at(1_000),
+            at(2_000),
+            &[fire(1_000, FireOutcome::Firing)]
+        )
+        .unwrap());
+    assert!(!s
+        .advance_schedule(
+            "tick",
+            at(1_000),
+            at(2_000),
+            &[fire(1_000, FireOutcome::Skipped)]
+        )
+        .unwrap());
+    let got = s.get_schedule("tick").unwrap().unwrap();
+    assert_eq!(got.cursor, at(2_000));
+    assert_eq!(got.last_run_id, Some(rid("sched-tick-1000")));
+    assert_eq!(s.firing().unwrap(), vec![fire(1_000, FireOutcome::Firing)]);
+    let mut started = fire(1_000, FireOutcome::Started);
+    started.run_id = None;
+    s.update_fire(&started).unwrap();
+    assert!(s.firing().unwrap().is_empty());
+    let h = s.fires("tick", 10).unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].outcome, FireOutcome::Started);
+    assert_eq!(
+        h[0].run_id,
+        Some(rid("sched-tick-1000")),
+        "an update keeps the run"
+    );
+    // A pending due time is part of the cursor.
+    let pending = Cursor {
+        next_due_ms: Some(3_000),
+        pending_due_ms: Some(2_000),
+    };
+    assert!(s
+        .advance_schedule(
+            "tick",
+            at(2_000),
+            pending,
+            &[fire(2_000, FireOutcome::Queued)]
+        )
+        .unwrap());
+    assert!(!s
+        .advance_schedule("tick", at(3_000), at(4_000), &[])
+        .unwrap());
+    // Paused: nothing moves it, until resumed.
+    assert!(s.set_paused("tick", true, pending).unwrap());
+    assert!(!s.advance_schedule("tick", pending, at(4_000), &[]).unwrap());
+    assert!(s.set_paused("tick", false, at(9_000)).unwrap());
+    assert!(!s.set_paused("nope", true, at(0)).unwrap());
+    let got = s.get_schedule("tick").unwrap().unwrap();
+    assert_eq!((got.paused, got.cursor), (false, at(9_000)));
+    // Newest first, bounded.
+    let h = s.fires("tick", 10).unwrap();
+    assert_eq!(
+        h.iter().map(|f| f.due_ms).collect::<Vec<_>>(),
+        [2_000, 1_000]
+    );
+    assert_eq!(s.fires("tick", 1).unwrap().len(), 1);
+    // Replaced, listed, deleted with its history.
+    let mut other = rec.clone();
+    other.name = "a-first".into();
+    assert!(s.put_schedule(&other, false).unwrap());
+    let mut changed = rec.clone();
+    changed.from_file = false;
+    assert!(s.put_schedule(&changed, true).unwrap());
+    let names: Vec<String> = s
+        .list_schedules()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["a-first", "tick"]);
+    assert!(!s.get_schedule("tick").unwrap().unwrap().from_file);
+    assert!(s.delete_schedule("tick").unwrap());
+    assert!(!s.delete_schedule("tick").unwrap());
+    assert!(s.fires("tick", 10).unwrap().is_empty());
 }

@@ -569,3 +569,139 @@ impl Cx {
         (self.problem_count() == before).then_some(sig)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(src: &str) -> Vec<String> {
+        match parse_triggers(src, Path::new("t.yaml")) {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .problems
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}:{} {}",
+                        p.line.unwrap_or(0),
+                        p.field.clone().unwrap_or_default(),
+                        p.message
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_full_file_reads() {
+        let t = parse_triggers(
+            r#"
+schedules:
+  - name: nightly
+    workflow: team/report
+    cron: "0 30 2 * * *"
+    timezone: Europe/Paris
+    overlap: queue_one
+    catchup: all
+    catchup_limit: 3
+    grace: 5m
+    input: { day: "{{ schedule.due }}" }
+  - { name: tick, workflow: ping, every: 30s }
+hooks:
+  - name: stripe
+    workflow: billing
+    secret: { file: stripe.key }
+    signature:
+      header: Stripe-Signature
+      format: "t={timestamp},v1={signature}"
+      payload: "{timestamp}.{body}"
+      tolerance: 2m
+    idempotency: { field: /id }
+    max_body: 64KiB
+  - { name: open, workflow: ping, unsigned: true }
+"#,
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        assert_eq!(t.schedules.len(), 2);
+        let s = &t.schedules[0];
+        assert_eq!(
+            (s.overlap, s.catchup, s.catchup_limit),
+            (Overlap::QueueOne, Catchup::All, 3)
+        );
+        assert_eq!(s.grace, std::time::Duration::from_secs(300));
+        assert_eq!(
+            t.schedules[1].timing,
+            Timing::Every(std::time::Duration::from_secs(30))
+        );
+        let h = &t.hooks[0];
+        assert_eq!(h.signature.header, "stripe-signature");
+        assert!(h.signature.has_timestamp());
+        assert_eq!(h.idempotency, Some(Idempotency::Field("/id".into())));
+        assert_eq!(h.max_body, 64 * 1024);
+        assert!(t.hooks[1].secret.is_none());
+        // The stored form reads back the same.
+        let again = parse_schedule(&s.to_json().to_string(), Path::new("s")).unwrap();
+        assert_eq!(&again, s);
+    }
+
+    #[test]
+    fn problems_name_their_line_and_field() {
+        let p = problems(
+            r#"
+schedules:
+  - name: Bad Name
+    workflow: ping
+    every: 1s
+  - name: both
+    workflow: ping
+    every: 1s
+    cron: "* * * * *"
+  - name: tz
+    workflow: ping
+    cron: "0 9 * * *"
+    timezone: Mars/Base
+  - name: fast
+    workflow: ping
+    every: 500ms
+  - name: tick
+    workflow: ping
+    every: 1s
+    overlap: sometimes
+    catchup_limit: 5000
+  - { name: dup, workflow: ping, every: 1s }
+  - { name: dup, workflow: ping, every: 2s }
+hooks:
+  - name: open
+    workflow: ping
+  - name: ts
+    workflow: ping
+    secret: { env: S }
+    signature: { format: "t={timestamp},v1={signature}" }
+  - name: weird
+    workflow: ping
+    secret: { env: S }
+    signature: { format: "{signature},{timestamp}" }
+    idempotency: { field: id }
+"#,
+        );
+        let has = |line: usize, needle: &str| {
+            assert!(
+                p.iter()
+                    .any(|x| x.starts_with(&format!("{line}:")) && x.contains(needle)),
+                "no `{needle}` at line {line} in {p:#?}"
+            )
+        };
+        has(3, "not a schedule name");
+        has(8, "not both");
+        has(13, "time zone");
+        has(16, "at least 1s");
+        has(20, "sometimes");
+        has(21, "at most 1000");
+        has(23, "a second schedule named `dup`");
+        has(25, "needs a `secret`");
+        has(30, "not signed");
+        has(34, "needs a prefix");
+        has(35, "JSON pointer");
+    }
+}
