@@ -41,6 +41,8 @@ def test_start_list_approve_and_follow(server) -> None:
         # After a seq: the rest only, and the stored page agrees.
         tail = list(client.events(run, after=seqs[-3]))
         assert [e["seq"] for e in tail] == seqs[-2:]
+        # From the end itself: nothing, and the iterator ends.
+        assert list(client.events(run, after=seqs[-1])) == []
         assert [e["seq"] for e in client.events_page(run)] == seqs
 
 

@@ -3,6 +3,7 @@ data, and how an answer becomes a value or a [`CairnError`]."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 from urllib.parse import quote
@@ -152,10 +153,27 @@ class Follower:
 
     def line(self, line: str) -> Optional[Event]:
         """The event to yield for a line of the stream, if any; after a
-        terminal one (unless following), `done` is set."""
-        ev = self.parser.feed(line)
-        if ev is None:
+        terminal one (unless following), `done` is set.
+
+        A run's event resets the failures; one already yielded is dropped.
+        The server's own messages count too: `end` says nothing more comes
+        without `follow` (sent when `after` was already the run's end), so
+        `done` is set rather than asking again forever; an `error` closes
+        the stream and is kept as the failure's cause, without resetting
+        the failures (a store that keeps failing ends in `StreamGaveUp`)."""
+        msg = self.parser.feed(line)
+        if msg is None:
             return None
+        if msg.event == "end":
+            if not self.follow:
+                self.done = True
+            return None
+        if msg.event == "error":
+            self.last_error = RuntimeError(f"the server cut the stream: {msg.data}")
+            return None
+        if msg.event != "message":
+            return None
+        ev = json.loads(msg.data)
         self.failures = 0
         seq = int(ev.get("seq", 0))
         if seq <= self.after:

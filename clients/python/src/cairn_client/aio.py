@@ -101,8 +101,8 @@ class AsyncClient:
                         ev = f.line(line)
                         if ev is not None:
                             yield ev
-                            if f.done:
-                                return
+                        if f.done:
+                            return
             except (CairnError, httpx.TransportError) as e:
                 error = e
             await asyncio.sleep(f.failed(error))

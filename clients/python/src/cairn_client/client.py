@@ -101,8 +101,8 @@ class Client:
                         ev = f.line(line)
                         if ev is not None:
                             yield ev
-                            if f.done:
-                                return
+                        if f.done:
+                            return
             except (CairnError, httpx.TransportError) as e:
                 error = e
             time.sleep(f.failed(error))
