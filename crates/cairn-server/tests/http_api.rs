@@ -371,6 +371,7 @@ async fn every_documented_route_is_served() {
                 .replace("{id}", "r")
                 .replace("{node}", "n")
                 .replace("{requestId}", "q")
+                .replace("{name}", "x")
                 .replace("{file}", "main.js");
             let (status, body) = raw(
                 srv.addr,
@@ -382,7 +383,7 @@ async fn every_documented_route_is_served() {
             n += 1;
         }
     }
-    assert_eq!(n, 25);
+    assert_eq!(n, 34);
     srv.stop().await;
 }
 
