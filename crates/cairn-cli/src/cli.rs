@@ -174,6 +174,9 @@ pub enum Command {
     /// Show what the nodes' scorers said across runs: per workflow, node and
     /// scorer, and per generation of the workflow file, newest first.
     Scores(ScoresArgs),
+    /// List, show, pause, resume, trigger or delete the schedules of
+    /// `cairn serve --triggers` and of the API (docs/integrations.md).
+    Schedules(SchedulesArgs),
     /// Show a run's state: nodes, attempts, durations, outputs.
     Status(StatusArgs),
     /// Print a run's events.
@@ -443,6 +446,51 @@ pub struct ScoresArgs {
     /// The report as one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `cairn schedules`.
+#[derive(Debug, Args)]
+pub struct SchedulesArgs {
+    /// What to do; without one, list them.
+    #[command(subcommand)]
+    pub action: Option<ScheduleAction>,
+    /// As JSON (the API's bodies).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// What `cairn schedules` does to one schedule.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleAction {
+    /// Its definition, where its firing stands, and its last fires.
+    Show {
+        /// The schedule's name.
+        name: String,
+        /// How many of its last fires to show.
+        #[arg(long, default_value_t = 20)]
+        fires: usize,
+    },
+    /// Stop it firing until it is resumed.
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Let it fire again, from now: what fell due while paused does not fire.
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Start its run now, whatever its overlap policy (through a server:
+    /// the server has the workflows).
+    Trigger {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Delete one made through the API, with its history.
+    Delete {
+        /// The schedule's name.
+        name: String,
+    },
 }
 
 /// `cairn status`.

@@ -20,6 +20,7 @@ mod reload;
 mod remote;
 mod revert;
 mod run;
+mod schedules;
 mod scores;
 mod store;
 mod trace;
@@ -215,6 +216,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Hijack(a) => hijack::hijack(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a).await,
         Command::Scores(a) => scores::scores(&g, a).await,
+        Command::Schedules(a) => schedules::schedules(&g, a).await,
         Command::Status(a) => inspect::status(&g, a).await,
         Command::Logs(a) => inspect::logs(&g, a).await,
         Command::Activity(a) => inspect::activity(&g, a).await,
@@ -263,6 +265,7 @@ async fn through_server(
         Command::Serve(_) => Err(remote::store_only("serve")),
         other @ (Command::Runs(_)
         | Command::Scores(_)
+        | Command::Schedules(_)
         | Command::Status(_)
         | Command::Logs(_)
         | Command::Activity(_)

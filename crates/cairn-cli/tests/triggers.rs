@@ -738,3 +738,88 @@ hooks:
     common::expect_code(&out, 4);
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing"));
 }
+
+#[test]
+fn the_cli_shows_and_acts_on_schedules_here_and_through_a_server() {
+    let dir = folder(
+        r#"
+schedules:
+  - name: filed
+    workflow: ping
+    cron: "0 0 3 * * *"
+    timezone: Europe/Paris
+"#,
+    );
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let s = Served::start(dir.path(), &["--store", db.to_str().unwrap()], port);
+    let cairn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("CAIRN_TOKEN")
+            .env_remove("CAIRN_STORE")
+            .output()
+            .unwrap()
+    };
+    let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).to_string();
+    let out = cairn(&["schedules", "--server", &url]);
+    common::expect_code(&out, 0);
+    assert!(
+        text(&out).contains("filed") && text(&out).contains("cron 0 0 3 * * * (Europe/Paris)"),
+        "{}",
+        text(&out)
+    );
+    common::expect_code(
+        &cairn(&["schedules", "pause", "filed", "--server", &url]),
+        0,
+    );
+    let out = cairn(&["schedules", "show", "filed", "--json", "--server", &url]);
+    common::expect_code(&out, 0);
+    let v: Value = serde_json::from_str(&text(&out)).unwrap();
+    assert_eq!(v["schedule"]["paused"], json!(true));
+    common::expect_code(
+        &cairn(&["schedules", "resume", "filed", "--server", &url]),
+        0,
+    );
+    let out = cairn(&["schedules", "trigger", "filed", "--server", &url]);
+    common::expect_code(&out, 0);
+    assert!(
+        text(&out).starts_with("started sched-filed-"),
+        "{}",
+        text(&out)
+    );
+    common::expect_code(&cairn(&["schedules", "show", "nope", "--server", &url]), 4);
+    s.stop();
+
+    // Here, in the store: the same list; the history has the run by hand.
+    let store = db.to_str().unwrap();
+    let out = cairn(&["--store", store, "schedules", "show", "filed"]);
+    common::expect_code(&out, 0);
+    assert!(
+        text(&out).contains("started") && text(&out).contains("by hand"),
+        "{}",
+        text(&out)
+    );
+    common::expect_code(
+        &cairn(&["--store", store, "schedules", "pause", "filed"]),
+        0,
+    );
+    let out = cairn(&["--store", store, "schedules", "--json"]);
+    let v: Value = serde_json::from_str(&text(&out)).unwrap();
+    assert_eq!(v["schedules"][0]["paused"], json!(true));
+    common::expect_code(
+        &cairn(&["--store", store, "schedules", "resume", "filed"]),
+        0,
+    );
+    // The file's schedule is the file's; a run by hand needs the server.
+    common::expect_code(
+        &cairn(&["--store", store, "schedules", "delete", "filed"]),
+        4,
+    );
+    common::expect_code(
+        &cairn(&["--store", store, "schedules", "trigger", "filed"]),
+        4,
+    );
+}

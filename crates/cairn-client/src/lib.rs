@@ -191,6 +191,19 @@ impl Client {
         self.post(path, body).await
     }
 
+    /// DELETEs `path`; an answer without a body (204) is `Value::Null`.
+    pub async fn delete(&self, path: &str) -> Result<Value, ClientError> {
+        let req = self
+            .request(Method::DELETE, path)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let resp = self.send(req).await?;
+        if resp.status() == hyper::StatusCode::NO_CONTENT {
+            return Ok(Value::Null);
+        }
+        json_of(resp).await
+    }
+
     /// GETs `path` and reads the answer as a `T`.
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let req = self

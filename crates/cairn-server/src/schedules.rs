@@ -256,6 +256,11 @@ fn decide(
     now: i64,
 ) -> Result<Vec<FireRecord>, cairn_store::StoreError> {
     let cursor = rec.cursor;
+    let due_now = cursor.next_due_ms.filter(|d| *d <= now);
+    if due_now.is_none() && cursor.pending_due_ms.is_none() {
+        // Nothing to decide: the common case, and no read of a run.
+        return Ok(Vec::new());
+    }
     let mut busy = going(state, rec.last_run_id.as_ref());
     let fire = |due: i64, outcome: FireOutcome, detail: Option<String>| FireRecord {
         schedule: rec.name.clone(),
@@ -275,7 +280,6 @@ fn decide(
             busy = true;
         }
     }
-    let due_now = cursor.next_due_ms.filter(|d| *d <= now);
     if let Some(first) = due_now {
         let mut dues = Vec::new();
         let mut d = Some(first);
