@@ -2019,7 +2019,7 @@ mod tests {
             shape(&new.write.lock().unwrap()),
         );
         let tables = a.iter().filter(|l| l.starts_with("table ")).count();
-        assert_eq!(tables, 9, "{a:#?}");
+        assert_eq!(tables, 11, "{a:#?}");
         assert!(a.iter().any(|l| l.contains("files")), "{a:#?}");
         let differ: Vec<String> = a
             .iter()
