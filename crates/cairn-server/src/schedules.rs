@@ -21,7 +21,7 @@ use cairn_store::{Cursor, FireOutcome, FireRecord, ScheduleRecord, Schedules};
 use cairn_workflow::triggers::{Catchup, Overlap, ScheduleDef};
 use serde_json::json;
 
-use crate::api::{blocking, AppState};
+use crate::api::{blocking, AppState, JsonBody};
 use crate::error::ApiError;
 
 /// Longest the scheduler sleeps between looks: schedules created, paused
@@ -571,11 +571,27 @@ async fn set_paused(
     .await
 }
 
+/// The body of the routes that take none: empty, or `{}`; anything else
+/// is refused rather than ignored, so that a client that thinks it sends
+/// an option learns it does not.
+fn no_fields(body: &serde_json::Map<String, serde_json::Value>) -> Result<(), ApiError> {
+    match body.keys().next() {
+        None => Ok(()),
+        Some(k) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            format!("request body: unknown field `{k}`: this route takes none"),
+        )),
+    }
+}
+
 /// `POST /v1/schedules/{name}/pause`.
 pub(crate) async fn pause(
     State(state): State<AppState>,
     Path(name): Path<String>,
+    JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ScheduleView>, ApiError> {
+    no_fields(&body)?;
     set_paused(state, name, true).await
 }
 
@@ -583,7 +599,9 @@ pub(crate) async fn pause(
 pub(crate) async fn resume(
     State(state): State<AppState>,
     Path(name): Path<String>,
+    JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ScheduleView>, ApiError> {
+    no_fields(&body)?;
     set_paused(state, name, false).await
 }
 
@@ -593,7 +611,9 @@ pub(crate) async fn resume(
 pub(crate) async fn trigger(
     State(state): State<AppState>,
     Path(name): Path<String>,
+    JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Response, ApiError> {
+    no_fields(&body)?;
     if state.draining() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
