@@ -9,7 +9,8 @@
 use std::io::Write;
 
 use cairn_api::{FireList, FireView, ScheduleList, ScheduleView};
-use cairn_store::{Cursor, FireRecord, ScheduleRecord};
+use cairn_server::schedules::{fire_view, view};
+use cairn_store::{Cursor, ScheduleRecord};
 use serde_json::Value;
 
 use crate::bad_input;
@@ -190,28 +191,6 @@ fn now_ms() -> i64 {
 
 fn to_json(v: ScheduleView) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
-}
-
-fn view(rec: ScheduleRecord) -> ScheduleView {
-    ScheduleView {
-        name: rec.name,
-        definition: rec.definition,
-        from_file: rec.from_file,
-        paused: rec.paused,
-        next_due_ms: rec.cursor.next_due_ms,
-        pending_due_ms: rec.cursor.pending_due_ms,
-        last_run_id: rec.last_run_id,
-    }
-}
-
-fn fire_view(f: FireRecord) -> FireView {
-    FireView {
-        due_ms: f.due_ms,
-        decided_ms: f.decided_ms,
-        outcome: f.outcome.as_str().to_string(),
-        run_id: f.run_id,
-        detail: f.detail,
-    }
 }
 
 /// When a definition says it is due, in a few words.

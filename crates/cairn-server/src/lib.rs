@@ -23,7 +23,7 @@ mod hooks;
 mod listen;
 mod metrics;
 mod nodes;
-mod schedules;
+pub mod schedules;
 mod scores;
 mod sse;
 mod states;

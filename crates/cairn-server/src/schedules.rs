@@ -425,7 +425,9 @@ fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn view(rec: ScheduleRecord) -> ScheduleView {
+/// A schedule's row as the API shows it (also `cairn schedules` on a
+/// store here).
+pub fn view(rec: ScheduleRecord) -> ScheduleView {
     ScheduleView {
         name: rec.name,
         definition: rec.definition,
@@ -437,7 +439,8 @@ fn view(rec: ScheduleRecord) -> ScheduleView {
     }
 }
 
-fn fire_view(f: FireRecord) -> FireView {
+/// A history row as the API shows it.
+pub fn fire_view(f: FireRecord) -> FireView {
     FireView {
         due_ms: f.due_ms,
         decided_ms: f.decided_ms,

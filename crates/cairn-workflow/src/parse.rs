@@ -196,16 +196,6 @@ pub fn parse_data(source: &str, path: &Path) -> Result<serde_json::Value, Workfl
             format!("the file is too large: more than the {MAX_FILE_BYTES} bytes allowed"),
         ));
     }
-    /// Data files have no workflow node lists.
-    struct NoLists;
-    impl yaml::Lists for NoLists {
-        type Open = ();
-        fn open(&mut self, _: &str) {}
-        fn item(&mut self, _: &mut (), _: &str, _: &Node) {}
-        fn close(&mut self, _: (), _: Pos) -> Streamed {
-            Streamed::default()
-        }
-    }
     let root = yaml::load(source, &mut NoLists).map_err(|e| {
         let message = if e.limit {
             e.message
@@ -223,6 +213,19 @@ pub fn parse_data(source: &str, path: &Path) -> Result<serde_json::Value, Workfl
         return Err(problem(Some(pos.line), Some(pos.col), message));
     }
     Ok(root.to_json())
+}
+
+/// The sink of a file that has no workflow node lists (a data file, a
+/// triggers file).
+pub(crate) struct NoLists;
+
+impl yaml::Lists for NoLists {
+    type Open = ();
+    fn open(&mut self, _: &str) {}
+    fn item(&mut self, _: &mut (), _: &str, _: &Node) {}
+    fn close(&mut self, _: (), _: Pos) -> Streamed {
+        Streamed::default()
+    }
 }
 
 /// The file's text, refused past `max` bytes: by its size when it has one, and by reading at

@@ -4,11 +4,11 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::{join, Cx, Fields};
+use super::{join, Cx, Fields, NoLists};
 use crate::error::WorkflowError;
 use crate::model::SecretSource;
 use crate::triggers::*;
-use crate::yaml::{self, Node, Pos, Streamed, Yaml};
+use crate::yaml::{self, Node, Pos, Yaml};
 
 const TOP_FIELDS: &[&str] = &["schedules", "hooks"];
 const SCHEDULE_FIELDS: &[&str] = &[
@@ -43,18 +43,6 @@ const SIGNATURE_FIELDS: &[&str] = &[
 ];
 const IDEMPOTENCY_FIELDS: &[&str] = &["header", "field"];
 const SECRET_FIELDS: &[&str] = &["env", "file"];
-
-/// Triggers files have no workflow node lists.
-struct NoLists;
-
-impl yaml::Lists for NoLists {
-    type Open = ();
-    fn open(&mut self, _: &str) {}
-    fn item(&mut self, _: &mut (), _: &str, _: &Node) {}
-    fn close(&mut self, _: (), _: Pos) -> Streamed {
-        Streamed::default()
-    }
-}
 
 /// Reads and checks a triggers file.
 pub fn load_triggers(path: &Path) -> Result<Triggers, WorkflowError> {
