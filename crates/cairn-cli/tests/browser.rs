@@ -1331,3 +1331,74 @@ async fn a_switch_and_its_handlers_show_in_the_graph_and_the_node_panel() {
     )
     .await;
 }
+
+/// A run a schedule started says so on its page; an ended run offers no
+/// Resume (the server would refuse it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_run_says_what_started_it() {
+    let _one = ONE_BROWSER.lock().await;
+    let Some(b) = Browser::start("browser schedule", 1200, 900).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("ping.yaml"),
+        "name: ping\nnodes:\n  - id: a\n    value: 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("triggers.yaml"),
+        "schedules:\n  - { name: tick, workflow: ping, every: 1s }\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _server = Killed(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["--store", d.join("cairn.db").to_str().unwrap(), "serve"])
+            .arg("--addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--workflows")
+            .arg(d)
+            .arg("--triggers")
+            .arg(d.join("triggers.yaml"))
+            .env_remove("CAIRN_TOKEN")
+            .env_remove("CAIRN_LOG_DIR")
+            .current_dir(d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start cairn serve"),
+    );
+    wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+    let api = Client::new(&url, None).unwrap();
+    let run = loop {
+        let list = api
+            .runs(&cairn_client::RunsQuery {
+                status: Some("finished".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        if let Some(r) = list.runs.first() {
+            break r.run_id.to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let due: i64 = run.strip_prefix("sched-tick-").unwrap().parse().unwrap();
+    b.c.goto(&format!("{url}/#/runs/{run}")).await.unwrap();
+    b.wait(
+        "the trigger in the run's links",
+        "const l = document.querySelector('.links'); return l && l.textContent.includes('Started by schedule tick')",
+    )
+    .await;
+    let links = b.find(".links").await.text().await.unwrap();
+    assert!(links.contains("(due "), "{links}");
+    let resume = b
+        .js("return [...document.querySelectorAll('.actions button')].find((x) => x.textContent === 'Resume').disabled")
+        .await;
+    assert_eq!(resume, json!(true), "an ended run offers no Resume");
+    assert!(due % 1000 == 0);
+    b.shot("scheduled-run").await;
+}

@@ -82,6 +82,7 @@ export class RunModel {
     this.error = state.error;
     this.output = state.output;
     this.parentRunId = state.parentRunId;
+    this.trigger = state.trigger;
     this.instance = state.instance;
     this.cancelRequested = state.cancelRequested;
     this.children = (state.children || []).map((c) => ({ ...c }));
@@ -153,6 +154,7 @@ export class RunModel {
     switch (ev.type) {
       case 'RunStarted':
         if (!ev.resumed) this.startedMs = t;
+        if (ev.trigger) this.trigger = ev.trigger;
         if (this.startedMs === undefined) this.startedMs = t;
         this.status = 'running';
         this.endedMs = undefined;

@@ -205,10 +205,13 @@ export class RunView {
     this.renderDuration();
     const ended = isTerminal(m.status);
     this.cancelBtn.disabled = ended;
-    this.resumeBtn.disabled = !(m.status === 'failed' || m.status === 'cancelled');
+    // A run that ended has nothing to resume (the server answers 409), nor
+    // has one an instance drives: only a run left stopped part-way.
+    this.resumeBtn.disabled = ended || Boolean(m.instance);
     if (ended) this.showConfirm(false);
     const links = [];
     if (m.parentRunId) links.push('Child of ', h('a', { href: `#/runs/${encodeURIComponent(m.parentRunId)}` }, m.parentRunId), '. ');
+    if (m.trigger) links.push(triggerText(m.trigger), '. ');
     if (m.children.length) {
       links.push('Child runs: ');
       m.children.forEach((c, i) => links.push(i ? ', ' : '', h('a', { href: `#/runs/${encodeURIComponent(c.runId)}` }, c.runId), ` (${c.workflow}${c.status ? `, ${c.status}` : ''})`));
@@ -278,4 +281,14 @@ function eventTypes() {
     });
   }
   return knownTypes;
+}
+
+/** What started a run that no person started: a schedule's due time or a webhook's delivery. */
+function triggerText(t) {
+  if (t.kind === 'schedule') {
+    const due = t.dueMs === undefined ? '' : ` (due ${fmtTime(t.dueMs)})`;
+    return `Started by schedule ${t.name}${due}`;
+  }
+  const delivery = t.deliveryId ? ` (delivery ${t.deliveryId})` : '';
+  return `Started by webhook ${t.name}${delivery}`;
 }
