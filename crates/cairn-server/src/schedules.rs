@@ -162,33 +162,28 @@ pub(crate) async fn run(state: AppState) {
             return;
         }
         let st = state.clone();
-        match tokio::task::spawn_blocking(move || look(&st)).await {
-            Ok(Ok(fires)) => {
+        let soonest = match tokio::task::spawn_blocking(move || look(&st)).await {
+            Ok(Ok(Look { fires, soonest })) => {
                 for (def, fire) in fires {
                     start_fire(&state, &def, fire).await;
                 }
+                soonest
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "schedules: the store could not be read"),
-            Err(e) => tracing::warn!(error = %e, "schedules: a look failed"),
-        }
-        tokio::time::sleep(next_wait(&state).await).await;
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "schedules: the store could not be read");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "schedules: a look failed");
+                None
+            }
+        };
+        tokio::time::sleep(wait_for(soonest)).await;
     }
 }
 
-/// How long until the soonest due time, at most [`LOOK_EVERY`].
-async fn next_wait(state: &AppState) -> Duration {
-    let st = state.clone();
-    let soonest = tokio::task::spawn_blocking(move || {
-        let store = st.journal().backend().schedules()?;
-        let rows = store.list_schedules().ok()?;
-        rows.iter()
-            .filter(|r| !r.paused)
-            .filter_map(|r| r.cursor.next_due_ms)
-            .min()
-    })
-    .await
-    .ok()
-    .flatten();
+/// How long until `soonest`, at most [`LOOK_EVERY`].
+fn wait_for(soonest: Option<i64>) -> Duration {
     match soonest {
         Some(due) => {
             let ms = (due - now_ms()).clamp(0, LOOK_EVERY.as_millis() as i64);
@@ -209,15 +204,34 @@ fn going(state: &AppState, last: Option<&RunId>) -> bool {
     }
 }
 
-/// One look at every schedule: the due times it decided here, to start.
+/// What one look at the schedules found.
+struct Look {
+    /// The due times it decided here, to start.
+    fires: Vec<(ScheduleDef, FireRecord)>,
+    /// The soonest due time not decided yet, of every schedule.
+    soonest: Option<i64>,
+}
+
+/// One look at every schedule. A definition is read (and its cron
+/// expression parsed) only for a schedule with something to decide.
 /// Blocking.
-fn look(state: &AppState) -> Result<Vec<(ScheduleDef, FireRecord)>, cairn_store::StoreError> {
+fn look(state: &AppState) -> Result<Look, cairn_store::StoreError> {
+    let mut out = Look {
+        fires: Vec::new(),
+        soonest: None,
+    };
     let Some(store) = state.journal().backend().schedules() else {
-        return Ok(Vec::new());
+        return Ok(out);
     };
     let now = now_ms();
     let rows = store.list_schedules()?;
-    let mut out = Vec::new();
+    let mut sooner = |due: Option<i64>| {
+        out.soonest = match (out.soonest, due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    };
+    let mut fires = Vec::new();
     // Fires a crash left decided and not started.
     for f in store.firing()? {
         if now - f.decided_ms < FIRING_STALE_MS {
@@ -228,10 +242,15 @@ fn look(state: &AppState) -> Result<Vec<(ScheduleDef, FireRecord)>, cairn_store:
             .find(|r| r.name == f.schedule)
             .and_then(|r| definition(r).ok())
         {
-            out.push((def, f));
+            fires.push((def, f));
         }
     }
     for rec in rows.iter().filter(|r| !r.paused) {
+        let due = rec.cursor.next_due_ms.is_some_and(|d| d <= now);
+        if !due && rec.cursor.pending_due_ms.is_none() {
+            sooner(rec.cursor.next_due_ms);
+            continue;
+        }
         let def = match definition(rec) {
             Ok(d) => d,
             Err(e) => {
@@ -239,9 +258,11 @@ fn look(state: &AppState) -> Result<Vec<(ScheduleDef, FireRecord)>, cairn_store:
                 continue;
             }
         };
+        sooner(def.timing.next_after(now));
         let decided = decide(state, store, rec, &def, now)?;
-        out.extend(decided.into_iter().map(|f| (def.clone(), f)));
+        fires.extend(decided.into_iter().map(|f| (def.clone(), f)));
     }
+    out.fires = fires;
     Ok(out)
 }
 
