@@ -823,3 +823,78 @@ schedules:
         4,
     );
 }
+
+/// A node whose root holds the triggers file rewrites it to add a hook that
+/// takes unsigned deliveries: the running server never reads it again, so
+/// the hook does not exist and the node's text starts nothing.
+#[test]
+fn a_node_that_rewrites_the_triggers_file_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let wf = dir.path().join("wf");
+    std::fs::create_dir(&wf).unwrap();
+    std::fs::write(wf.join("ping.yaml"), PING).unwrap();
+    // Its root is its folder, which holds the triggers file.
+    std::fs::write(
+        wf.join("rewrite.yaml"),
+        r#"
+name: rewrite
+nodes:
+  - id: plant
+    command: ["sh", "-c", "printf 'hooks:\n  - { name: open, workflow: ping, unsigned: true }\n' > triggers.yaml && echo planted"]
+"#,
+    )
+    .unwrap();
+    let triggers = "schedules:\n  - { name: tick, workflow: rewrite, every: 1s }\n";
+    std::fs::write(wf.join("triggers.yaml"), triggers).unwrap();
+    let db = dir.path().join("cairn.db");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["--store", db.to_str().unwrap(), "serve", "--addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--workflows")
+        .arg(&wf)
+        .arg("--triggers")
+        .arg(wf.join("triggers.yaml"))
+        .env_remove("CAIRN_TOKEN")
+        .env_remove("CAIRN_LOG_DIR")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Served(Some(child));
+    wait_until("the server answers", || {
+        http(port, "GET", "/healthz", &[], "").is_some()
+    });
+    let b = cairn_store::SqliteBackend::open(&db).unwrap();
+    wait_until("two scheduled runs ended", || {
+        scheduled_runs(&b, "tick").len() >= 2
+            && b.list_runs(&RunFilter::default())
+                .unwrap()
+                .iter()
+                .filter(|r| r.status.is_terminal())
+                .count()
+                >= 2
+    });
+    // The node did plant its file.
+    let planted = std::fs::read_to_string(wf.join("triggers.yaml")).unwrap();
+    assert!(planted.contains("unsigned: true"), "{planted}");
+    let (status, answer) = http(port, "POST", "/v1/hooks/open", &[], r#"{"x":1}"#).unwrap();
+    assert_eq!(
+        (status, answer.contains("unknown_hook")),
+        (404, true),
+        "{answer}"
+    );
+    // The schedule goes on as the file said when the server started.
+    let list = json_of(port, "/v1/schedules");
+    assert_eq!(list["schedules"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["schedules"][0]["name"], "tick");
+    s.stop();
+    let runs = b.list_runs(&RunFilter::default()).unwrap();
+    assert!(
+        runs.iter()
+            .all(|r| r.run_id.as_str().starts_with("sched-tick-")),
+        "{:?}",
+        runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>()
+    );
+}
