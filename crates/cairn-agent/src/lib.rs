@@ -31,6 +31,7 @@
 pub mod anthropic;
 mod client;
 mod config;
+mod digest;
 mod error;
 pub mod gemini;
 mod http;
@@ -50,6 +51,7 @@ pub use cairn_models::{
 };
 pub use client::{client_for, ModelClient, ModelRequest, StreamEvent};
 pub use config::{DEFAULT_IDLE_TIMEOUT, DEFAULT_RETRY};
+pub use digest::{canonical_json, request_hash, tool_hash};
 pub use error::{ModelError, ModelErrorKind};
 pub use limits::{budget_key, gate_for, Gate, Permit, WaitReason};
 pub use message::{

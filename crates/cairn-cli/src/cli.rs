@@ -162,6 +162,11 @@ pub enum Command {
     /// its files put back as they were, then on from there (possibly with
     /// another workflow file or input).
     Fork(ForkArgs),
+    /// Run a recorded run's workflow again (or a changed one) as a
+    /// replay: the model's answers, the people's and (with --tools
+    /// recorded) the tools' come from the record where the same is asked;
+    /// then say where the two runs part.
+    Replay(ReplayArgs),
     /// Take a running agent's conversation in this terminal: it stops at
     /// its next step boundary, your lines are its user turns, /back hands
     /// it back.
@@ -378,6 +383,52 @@ pub struct ForkArgs {
     pub dry_run: bool,
     #[command(flatten)]
     pub display: DisplayArgs,
+}
+
+/// `cairn replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The recorded run.
+    pub run: String,
+    /// The workflow file to replay instead of the run's own (a prompt, a
+    /// tool or a node changed).
+    #[arg(long, value_name = "FILE")]
+    pub workflow: Option<PathBuf>,
+    /// The input instead of the run's: a JSON text, or @FILE.
+    #[arg(long)]
+    pub input: Option<String>,
+    /// Where the replay asks what the original never did, ask the model
+    /// or the person and go on (otherwise that node fails and the replay
+    /// stops there: exit 6).
+    #[arg(long)]
+    pub live: bool,
+    /// `real`: tools and commands run, in the replay's own copy of the
+    /// original's root; `recorded`: they answer as they did, and never run.
+    #[arg(long, value_enum, default_value_t = ReplayToolsArg::Real)]
+    pub tools: ReplayToolsArg,
+    /// The replay's id [default: generated].
+    #[arg(long)]
+    pub run_id: Option<String>,
+    #[command(flatten)]
+    pub display: DisplayArgs,
+}
+
+/// `cairn replay --tools`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReplayToolsArg {
+    /// Run them.
+    Real,
+    /// Answer from the record.
+    Recorded,
+}
+
+impl From<ReplayToolsArg> for cairn_events::ReplayTools {
+    fn from(a: ReplayToolsArg) -> Self {
+        match a {
+            ReplayToolsArg::Real => cairn_events::ReplayTools::Real,
+            ReplayToolsArg::Recorded => cairn_events::ReplayTools::Recorded,
+        }
+    }
 }
 
 /// `cairn hijack`.

@@ -18,6 +18,7 @@ mod people;
 mod project;
 mod reload;
 mod remote;
+mod replay;
 mod revert;
 mod run;
 mod schedules;
@@ -42,7 +43,9 @@ Exit codes:
   4  bad input: invalid workflow or input, unknown run or node, a store that
      is corrupt, locked, read-only or from a newer Cairn, bad flags
   5  revert or fork refused: files the run changed were changed since by
-     something else (listed; --force overwrites them)";
+     something else (listed; --force overwrites them)
+  6  a replay diverged: it asked what the original never did (cairn replay
+     without --live)";
 
 /// Exit code: the run finished, or the command did what it was asked.
 pub const EXIT_OK: u8 = 0;
@@ -53,6 +56,9 @@ pub const EXIT_BAD_INPUT: u8 = 4;
 /// Exit code: a revert or fork refused because something else changed
 /// files the run changed (`--force` overwrites them).
 pub const EXIT_CONFLICT: u8 = 5;
+
+/// Exit code: a replay asked what its original never did.
+pub const EXIT_DIVERGED: u8 = 6;
 
 /// An error the user caused (bad flag value, unknown run...): exit code 4.
 #[derive(Debug)]
@@ -164,7 +170,9 @@ fn main() -> ExitCode {
 fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
     let workers = match command {
         Command::Serve(_) => None,
-        Command::Resume(_) | Command::Fork(_) | Command::Hijack(_) => Some(worker_count()),
+        Command::Resume(_) | Command::Fork(_) | Command::Replay(_) | Command::Hijack(_) => {
+            Some(worker_count())
+        }
         Command::Run(a) if !is_small_workflow(&a.file) => Some(worker_count()),
         _ => {
             return tokio::runtime::Builder::new_current_thread()
@@ -213,6 +221,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Cancel(a) => run::cancel(&g, a).await,
         Command::Revert(a) => revert::revert(&g, a).await,
         Command::Fork(a) => run::fork(&g, a).await,
+        Command::Replay(a) => run::replay(&g, a).await,
         Command::Hijack(a) => hijack::hijack(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a).await,
         Command::Scores(a) => scores::scores(&g, a).await,
@@ -263,6 +272,7 @@ async fn through_server(
         Command::Gc(_) => Err(remote::store_only("gc")),
         Command::Store(_) => Err(remote::store_only("store copy")),
         Command::Serve(_) => Err(remote::store_only("serve")),
+        Command::Replay(_) => Err(remote::store_only("replay")),
         other @ (Command::Runs(_)
         | Command::Scores(_)
         | Command::Schedules(_)
@@ -351,6 +361,7 @@ fn engine_exit_code(e: &cairn_engine::EngineError) -> u8 {
         | EngineError::ResumeRefused { .. }
         | EngineError::RevertRefused { .. }
         | EngineError::ForkRefused { .. }
+        | EngineError::ReplayRefused { .. }
         | EngineError::NoSnapshots
         | EngineError::SnapshotsUnavailable { .. }
         | EngineError::Workspace(_)

@@ -224,6 +224,47 @@ pub async fn fork(g: &Global, a: ForkArgs) -> anyhow::Result<u8> {
     session.drive(&engine, handle, &telemetry).await
 }
 
+/// `cairn replay`: the run's workflow (or `--workflow`) run again as a
+/// replay of it, then the report of where the two part.
+pub async fn replay(g: &Global, a: crate::cli::ReplayArgs) -> anyhow::Result<u8> {
+    let wf = a.workflow.as_deref().map(load_workflow).transpose()?;
+    let input = a
+        .input
+        .as_deref()
+        .map(|i| parse_input(Some(i)))
+        .transpose()?;
+    let run_id = match a.run_id.as_deref() {
+        Some(id) => check_run_id(id)?,
+        None => cairn_engine::new_run_id(),
+    };
+    let (engine, telemetry) = store::driving_engine(g, false)?;
+    let original = store::require_run(engine.journal(), &a.run)?;
+    let wf = match wf {
+        Some(wf) => wf,
+        None => engine.definition_of(&original.run_id).await?,
+    };
+    let input = input.unwrap_or_else(|| original.input.clone());
+    let session = Session::new(&engine, &run_id, &a.display, None)?;
+    let opts = StartOptions {
+        replay: Some(cairn_events::ReplayOf {
+            run_id: original.run_id.clone(),
+            live: a.live,
+            tools: a.tools.into(),
+        }),
+        ..session.start_options(&a.display, &run_id)
+    };
+    let handle = engine.start(wf, input, opts).await;
+    let code = session.drive(&engine, handle, &telemetry).await?;
+    let backend = engine.journal().backend().clone();
+    let (from, to) = (original.run_id.clone(), run_id.clone());
+    let report = tokio::task::spawn_blocking(move || {
+        cairn_engine::replay::report::report(backend.as_ref(), &from, &to)
+    })
+    .await??;
+    crate::replay::print(&report, a.display.json);
+    Ok(crate::replay::exit_code(&report, code))
+}
+
 /// A fork made: what was overwritten and where the files are.
 pub fn told_forked(a: &ForkArgs, f: &cairn_api::Forked) {
     if a.display.json {
@@ -358,6 +399,7 @@ impl Session {
             })),
             watch: false,
             trigger: None,
+            replay: None,
         }
     }
 

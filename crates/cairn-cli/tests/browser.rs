@@ -992,6 +992,7 @@ fn big_run(dir: &Path, run: &str, layers: usize, width: usize, total: u64) {
             depth: 0,
             forked_from: None,
             trigger: None,
+            replay_of: None,
         },
     );
     log.append(

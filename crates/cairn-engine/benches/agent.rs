@@ -125,6 +125,8 @@ async fn baseline() -> f64 {
                 step,
                 model: "m".into(),
                 snapshot: None,
+                request_hash: None,
+                prompt: None,
             },
             EventKind::AgentStepFinished {
                 step,

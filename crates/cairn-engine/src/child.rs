@@ -227,7 +227,10 @@ impl NodeCtx {
             unstarted => {
                 let wf = self.child_workflow(&engine, &spec).await?;
                 self.delegation_started(&spec).await?;
-                let opts = self.child_options(&spec.run_id);
+                let mut opts = self.child_options(&spec.run_id);
+                if let Some(r) = &self.replay {
+                    opts.0.replay = r.child(self, &(self.node_id.to_string(), self.iteration))?;
+                }
                 let lineage = Lineage {
                     run_id: self.run_id.clone(),
                     node_id: self.node_id.to_string(),
@@ -384,6 +387,7 @@ impl NodeCtx {
                 // parent's watcher watches the child's file.
                 watch: false,
                 trigger: None,
+                replay: None,
             },
             rx,
         )

@@ -180,6 +180,7 @@ impl Engine {
                     depth,
                     forked_from: None,
                     trigger: None,
+                    replay_of: None,
                 },
             );
         }

@@ -187,6 +187,13 @@ pub enum EngineError {
     },
     /// Reverting or forking files needs workspace snapshots, and this
     /// engine keeps none.
+    /// A replay that cannot be made: its original is no run to replay, or
+    /// its copy of the root cannot be set up.
+    #[error("{reason}")]
+    ReplayRefused {
+        /// Why.
+        reason: String,
+    },
     #[error("this store keeps no workspace snapshots (give the engine a snapshot folder)")]
     NoSnapshots,
     /// The snapshot repository could not be opened.
@@ -438,12 +445,15 @@ pub enum FilesTask {
     ForkRestore,
     /// Pruning unused snapshots (`cairn gc`).
     Prune,
+    /// Copying the original's root for a replay.
+    ReplayCopy,
 }
 
 impl fmt::Display for FilesTask {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             FilesTask::RevertPlan => "the revert's plan",
+            FilesTask::ReplayCopy => "the replay's copy of the root",
             FilesTask::ForkRestore => "the files cannot be put back",
             FilesTask::Prune => "pruning the workspace snapshots",
         })

@@ -369,6 +369,7 @@ fn copy_of(
                 seq,
             }),
             trigger: None,
+            replay_of: None,
         },
     });
     for ev in &prefix[1..] {

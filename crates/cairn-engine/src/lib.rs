@@ -36,6 +36,7 @@ mod mcp;
 mod node;
 mod plan;
 mod reload;
+pub mod replay;
 mod revert;
 mod scorer;
 pub mod secrets;
@@ -165,6 +166,10 @@ pub struct StartOptions {
     pub watch: bool,
     /// The schedule or webhook that starts the run (`RunStarted.trigger`).
     pub trigger: Option<cairn_events::Trigger>,
+    /// Make the run a replay of another (`RunStarted.replayOf`, `cairn
+    /// replay`): answered from the original where it asks the same, its
+    /// tools working in a copy of the original's root.
+    pub replay: Option<cairn_events::ReplayOf>,
 }
 
 /// Options of an engine.
@@ -421,13 +426,17 @@ impl Engine {
     ) -> Result<RunHandle, EngineError> {
         let Prepared {
             run_id,
-            wf,
+            mut wf,
             rec,
             pinned,
             secrets,
         } = self
             .prepare(wf, input, &opts, parent.as_ref(), RecordStatus::Pending)
             .await?;
+        let replay = match opts.replay.clone() {
+            Some(of) => Some(self.replayer(&run_id, of, &mut wf, true).await?),
+            None => None,
+        };
         // A child whose record a crash left without its `RunStarted` is
         // started in that record.
         let exists = parent.as_ref().is_some_and(|p| p.record_exists);
@@ -441,6 +450,7 @@ impl Engine {
             depth: parent.as_ref().map_or(0, |p| p.depth),
             forked_from: None,
             trigger: opts.trigger.clone().map(Box::new),
+            replay_of: opts.replay.clone().map(Box::new),
         };
         let start = cairn_store::RunStart {
             run_id: run_id.clone(),
@@ -468,6 +478,7 @@ impl Engine {
             false,
             None,
             secrets,
+            replay,
         ))
     }
 
@@ -542,6 +553,7 @@ impl Engine {
         resumed: bool,
         cancel_requested: Option<String>,
         secrets: Arc<secrets::Secrets>,
+        replay: Option<Arc<replay::Replayer>>,
     ) -> RunHandle {
         self.inner.active.lock().unwrap().insert(run_id.clone());
         let watched = (opts.watch || self.inner.watch_all)
@@ -562,6 +574,7 @@ impl Engine {
             cancel_requested,
             reloads,
             secrets,
+            replay,
         });
         let inner = self.inner.clone();
         let id = run_id.clone();
@@ -728,6 +741,7 @@ impl Engine {
                         depth: state.depth,
                         forked_from: None,
                         trigger: None,
+                        replay_of: None,
                     },
                 )
                 .await?;
@@ -739,6 +753,10 @@ impl Engine {
                     .await;
             }
         }
+        let replay = match state.replay_of.clone() {
+            Some(of) => Some(self.replayer(run_id, of, &mut wf, false).await?),
+            None => None,
+        };
         Ok(self.spawn_driver(
             run_id.clone(),
             Arc::new(wf),
@@ -749,6 +767,7 @@ impl Engine {
             true,
             cancel_requested,
             secrets,
+            replay,
         ))
     }
 

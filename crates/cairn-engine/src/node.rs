@@ -109,6 +109,8 @@ pub(crate) enum Ask {
         key: Key,
         message: Option<String>,
         reply: oneshot::Sender<Decision>,
+        /// In a replay: the original's decision, recorded at once.
+        replayed: Option<Decision>,
     },
     /// A child run of the attempt waits for a person (`Some` with its
     /// status) or goes on again (`None`): the parent waits with it.
@@ -124,6 +126,8 @@ pub(crate) enum Ask {
         prompt: String,
         schema: Option<Value>,
         reply: oneshot::Sender<Value>,
+        /// In a replay: the original's answer, recorded at once.
+        replayed: Option<Value>,
     },
 }
 
@@ -227,6 +231,8 @@ pub struct NodeCtx {
     pub(crate) process_env: Vec<(String, String)>,
     /// The run's secrets (a model's `api_key_secret`).
     pub(crate) secrets: Arc<crate::secrets::Secrets>,
+    /// For a replay: the original's answers.
+    pub(crate) replay: Option<Arc<crate::replay::Replayer>>,
     tool_seq: AtomicU32,
 }
 
@@ -272,6 +278,7 @@ impl NodeCtx {
             hijack: None,
             process_env: Vec::new(),
             secrets: Arc::default(),
+            replay: None,
             tool_seq: AtomicU32::new(0),
         }
     }
@@ -343,12 +350,28 @@ impl NodeCtx {
     /// Asks a person to approve; returns once someone decided (or the
     /// decision already in the log, after a resume).
     pub async fn ask_approval(&self, message: Option<String>) -> Result<Decision, NodeError> {
+        let key = (self.node_id.clone(), self.iteration);
+        let replayed = match &self.replay {
+            Some(r) => match r.decision(&(key.0.to_string(), key.1)) {
+                Some(d) => Some(d),
+                None => {
+                    r.diverged(
+                        self,
+                        "asks for approval",
+                        serde_json::json!({"kind": "approval"}),
+                    )?;
+                    None
+                }
+            },
+            None => None,
+        };
         let (tx, rx) = oneshot::channel();
         self.asks
             .send(Ask::Approval {
-                key: (self.node_id.clone(), self.iteration),
+                key,
                 message,
                 reply: tx,
+                replayed,
             })
             .map_err(|_| NodeError::cancelled("run stopped"))?;
         tokio::select! {
@@ -379,6 +402,20 @@ impl NodeCtx {
         prompt: String,
         schema: Option<Value>,
     ) -> Result<Value, NodeError> {
+        let replayed = match &self.replay {
+            Some(r) => match r.answer(&(self.node_id.to_string(), self.iteration), &prompt) {
+                Some(a) => Some(a),
+                None => {
+                    r.diverged(
+                        self,
+                        &format!("asks a person {:?}", crate::agent::cut(&prompt, 200)),
+                        serde_json::json!({"kind": "question", "requestId": request_id}),
+                    )?;
+                    None
+                }
+            },
+            None => None,
+        };
         let (tx, rx) = oneshot::channel();
         self.asks
             .send(Ask::Input {
@@ -387,6 +424,7 @@ impl NodeCtx {
                 prompt,
                 schema,
                 reply: tx,
+                replayed,
             })
             .map_err(|_| NodeError::cancelled("run stopped"))?;
         tokio::select! {
@@ -459,6 +497,7 @@ impl NodeCtx {
         let limit = sandbox.limits().max_output_bytes;
         let as_recorded = key.is_some();
         let bash = spec.name == "bash";
+        let recorded = self.recorded_result(&spec.name, &args)?;
         let call = CallInfo {
             name: &spec.name,
             key,
@@ -468,6 +507,9 @@ impl NodeCtx {
         };
         let result = self
             .recorded_call(call, args.clone(), |tool_seq, key| async move {
+                if let Some(result) = recorded {
+                    return result;
+                }
                 let observer = EventObserver::new(self);
                 if bash && sandbox.isolation() == cairn_tools::Isolation::None {
                     self.unconfined_notice();
@@ -492,6 +534,29 @@ impl NodeCtx {
             Ok(v) if as_recorded => Ok(cut_json(&v, limit)),
             other => other,
         })
+    }
+
+    /// In a replay whose tools answer from the record: the original's
+    /// result of the same call, or a divergence (`Ok(None)` when the replay
+    /// is live, which runs the tool).
+    fn recorded_result(
+        &self,
+        tool: &str,
+        args: &Value,
+    ) -> Result<Option<Result<Value, ErrorInfo>>, NodeError> {
+        let Some(r) = self.replay.as_ref().filter(|r| r.recorded_tools()) else {
+            return Ok(None);
+        };
+        let key = (self.node_id.to_string(), self.iteration);
+        if let Some(result) = r.take_call(&key, tool, args) {
+            return Ok(Some(result));
+        }
+        r.diverged(
+            self,
+            &format!("calls tool `{tool}` with arguments"),
+            serde_json::json!({"kind": "tool", "tool": tool, "args": args}),
+        )?;
+        Ok(None)
     }
 
     /// Records one call of a tool around `body`: its `tool_calls` row

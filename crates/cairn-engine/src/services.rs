@@ -64,6 +64,21 @@ impl Services {
         }
     }
 
+    /// Where replays keep their copies of the root: `replays` beside the
+    /// snapshot repository. `None` for an engine that keeps no snapshots.
+    pub fn replay_dir(&self) -> Option<PathBuf> {
+        Some(self.snapshot_dir.as_ref()?.parent()?.join("replays"))
+    }
+
+    /// The root folder `wf` runs its nodes in.
+    pub fn root_of(wf: &Workflow) -> PathBuf {
+        match &wf.sandbox.root {
+            Some(r) if Path::new(r).is_absolute() => r.into(),
+            Some(r) => wf.base_dir.join(r),
+            None => wf.base_dir.clone(),
+        }
+    }
+
     /// The variables that mark a process as `run_id`'s in this store, so
     /// that a resume after a crash can find and kill what the dead engine
     /// left running, and nothing else.
@@ -196,14 +211,13 @@ impl Services {
     }
 
     fn workflow_sandbox(&self, wf: &Workflow) -> Result<Arc<Sandbox>, NodeError> {
-        if let Some(s) = self.sandboxes.lock().unwrap().get(&wf.hash) {
+        // By the definition and the root: a replay runs the same
+        // definition in a copy of the root.
+        let cache_key = format!("{}\0{}", wf.hash, wf.sandbox.root.as_deref().unwrap_or(""));
+        if let Some(s) = self.sandboxes.lock().unwrap().get(&cache_key) {
             return Ok(s.clone());
         }
-        let root = match &wf.sandbox.root {
-            Some(r) if std::path::Path::new(r).is_absolute() => r.into(),
-            Some(r) => wf.base_dir.join(r),
-            None => wf.base_dir.clone(),
-        };
+        let root = Services::root_of(wf);
         let defaults = Limits::default();
         let limits = Limits {
             max_output_bytes: wf
@@ -242,7 +256,7 @@ impl Services {
         self.sandboxes
             .lock()
             .unwrap()
-            .insert(wf.hash.clone(), sandbox.clone());
+            .insert(cache_key, sandbox.clone());
         Ok(sandbox)
     }
 }

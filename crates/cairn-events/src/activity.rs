@@ -816,6 +816,7 @@ mod tests {
                 depth: parent.map_or(0, |_| 1),
                 forked_from: None,
                 trigger: None,
+                replay_of: None,
             },
         )
     }

@@ -552,6 +552,7 @@ mod tests {
             depth: 0,
             forked_from: None,
             trigger: None,
+            replay_of: None,
         }
     }
 

@@ -49,6 +49,69 @@ pub enum TriggerKind {
     Webhook,
 }
 
+/// The run a replay takes its answers from (`RunStarted.replayOf`,
+/// `cairn replay`): the model's answers to requests the original made, the
+/// people's answers to questions it asked, and with `tools: recorded` its
+/// tools' results.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayOf {
+    /// The original run.
+    pub run_id: RunId,
+    /// A request or question the original never made goes to the model or
+    /// the person, instead of failing its node (`replay_diverged`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub live: bool,
+    /// Whether tools and commands run, or answer as they did.
+    #[serde(default, skip_serializing_if = "ReplayTools::is_real")]
+    pub tools: ReplayTools,
+}
+
+/// How a replay's tools and commands answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplayTools {
+    /// They run, in the replay's own copy of the root.
+    #[default]
+    Real,
+    /// They answer with the original's results, and never run.
+    Recorded,
+}
+
+impl ReplayTools {
+    /// The default, which the log leaves out.
+    pub fn is_real(&self) -> bool {
+        *self == ReplayTools::Real
+    }
+}
+
+/// What a step that begins a conversation was asked
+/// (`AgentStepStarted.prompt`): with the log's answers and the tools'
+/// results, every later request of the conversation follows from it, so a
+/// replay can show how a request of its own differs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepPrompt {
+    /// The system prompt, as rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// The first user message, as rendered.
+    pub user: String,
+    /// The tools offered: each name, with the hash of its description and
+    /// parameters.
+    #[serde(default)]
+    pub tools: Vec<ToolDigest>,
+}
+
+/// A tool as a request offered it, in brief.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolDigest {
+    /// Its name.
+    pub name: String,
+    /// SHA-256 (hex) of its description and parameters.
+    pub hash: String,
+}
+
 /// One entry of a run's log.
 ///
 /// ```
@@ -365,6 +428,9 @@ pub enum EventKind {
         /// have none, and every event is as large as the largest kind).
         #[serde(default)]
         trigger: Option<Box<Trigger>>,
+        /// The run a replay answers from (`cairn replay`).
+        #[serde(default)]
+        replay_of: Option<Box<ReplayOf>>,
     },
     RunStatusChanged {
         status: RunStatus,
@@ -538,6 +604,13 @@ pub enum EventKind {
         /// of the conversation starts from.
         #[serde(default)]
         snapshot: Option<String>,
+        /// SHA-256 (hex) of the request in canonical form: what a replay
+        /// matches a request of its own by.
+        #[serde(default)]
+        request_hash: Option<String>,
+        /// On a step that begins a conversation: its prompts and tools.
+        #[serde(default)]
+        prompt: Option<Box<StepPrompt>>,
     },
     AgentStepFinished {
         step: u32,
@@ -1302,6 +1375,7 @@ mod tests {
                 depth: 0,
                 forked_from: None,
                 trigger: None,
+                replay_of: None,
             },
         };
         let v: Value = serde_json::from_str(&ev.to_json()).unwrap();
@@ -1368,6 +1442,8 @@ mod tests {
                 step: 2,
                 model: "m".into(),
                 snapshot: s(),
+                request_hash: None,
+                prompt: None,
             },
             EventKind::NodeFinished {
                 duration_ms: 1,

@@ -21,8 +21,9 @@ pub use command::{InboxReply, RunCommand, INBOX_SOURCE};
 pub use contract::check_log;
 pub use event::{
     CancelMechanism, DecodeError, ErrorInfo, Event, EventKind, EventType, ForkedFrom, Level,
-    NetworkAction, NodeCounts, NodeTiming, OutputStream, RunStatus, Scope, SnapshotAt, TokenTotals,
-    ToolStatus, Trigger, TriggerKind, UnknownEventType, EVENT_TYPES, MAX_EVENT_DEPTH,
+    NetworkAction, NodeCounts, NodeTiming, OutputStream, ReplayOf, ReplayTools, RunStatus, Scope,
+    SnapshotAt, StepPrompt, TokenTotals, ToolDigest, ToolStatus, Trigger, TriggerKind,
+    UnknownEventType, EVENT_TYPES, MAX_EVENT_DEPTH,
 };
 pub use ids::{
     InvalidNodePath, InvalidRunId, NodePath, RunId, Seq, MAX_NODE_PATH_LEN, MAX_RUN_ID_LEN,

@@ -465,6 +465,7 @@ mod tests {
             depth: 0,
             forked_from: None,
             trigger: None,
+            replay_of: None,
         }
     }
 

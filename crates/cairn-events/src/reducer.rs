@@ -395,6 +395,9 @@ pub struct RunState {
     /// The schedule or webhook that started the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trigger: Option<crate::event::Trigger>,
+    /// The run a replay takes its answers from (`cairn replay`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<crate::event::ReplayOf>,
     /// Agent nodes a person asked to take over (`RunHijackRequested`) whose
     /// conversation has not been handed back or ended (`RunHijacked`).
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
@@ -564,6 +567,7 @@ impl RunState {
             generation_hash: Default::default(),
             forked_from: Default::default(),
             trigger: None,
+            replay_of: None,
             hijack_requested: Default::default(),
             open_revert: Default::default(),
             index: Default::default(),
@@ -707,10 +711,14 @@ impl RunState {
                 depth,
                 forked_from,
                 trigger,
+                replay_of,
             } => {
                 self.lineage(parent_run_id, parent_node_id, *depth, forked_from);
                 if trigger.is_some() {
                     self.trigger = trigger.as_deref().cloned();
+                }
+                if replay_of.is_some() {
+                    self.replay_of = replay_of.as_deref().cloned();
                 }
                 self.run_started(ts, workflow, workflow_hash, input, *resumed);
             }
@@ -1385,6 +1393,7 @@ mod tests {
                     depth: 0,
                     forked_from: None,
                     trigger: None,
+                    replay_of: None,
                 },
             )
         };

@@ -285,6 +285,7 @@ mod tests {
                 depth: 0,
                 forked_from: None,
                 trigger: None,
+                replay_of: None,
             },
         )];
         if let Some(c) = child {

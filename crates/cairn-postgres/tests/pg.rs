@@ -63,6 +63,7 @@ fn started() -> EventKind {
         depth: 0,
         forked_from: None,
         trigger: None,
+        replay_of: None,
     }
 }
 

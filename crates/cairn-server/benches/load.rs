@@ -484,6 +484,7 @@ async fn server() {
             depth: 0,
             forked_from: None,
             trigger: None,
+            replay_of: None,
         },
     )
     .await

@@ -202,6 +202,7 @@ fn engine_status(e: &EngineError) -> (StatusCode, &'static str) {
         | EngineError::LeaseHeld { .. }
         | EngineError::ResumeRefused { .. }
         | EngineError::NoSnapshots
+        | EngineError::ReplayRefused { .. }
         | EngineError::SnapshotsUnavailable { .. }
         | EngineError::Workspace(_)
         | EngineError::Files { .. } => (StatusCode::CONFLICT, "conflict"),

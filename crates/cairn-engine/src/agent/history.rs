@@ -340,7 +340,7 @@ fn key_run_of(
 /// How a recorded call ended: `None` when it started and never finished
 /// (the process died while it ran, or a cancel or a stop cut it short),
 /// else its result as the model saw it.
-pub(super) fn outcome(rec: &ToolCallRecord) -> Option<Result<Value, ErrorInfo>> {
+pub(crate) fn outcome(rec: &ToolCallRecord) -> Option<Result<Value, ErrorInfo>> {
     match rec.status {
         ToolCallStatus::Success => Some(Ok(rec.output.clone().unwrap_or(Value::Null))),
         ToolCallStatus::Error => Some(Err(rec

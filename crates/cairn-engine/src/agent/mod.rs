@@ -20,7 +20,7 @@
 //! knows the engine's side: events, tools, people, budgets.
 
 mod compact;
-mod history;
+pub(crate) mod history;
 pub(crate) mod models;
 mod toolbox;
 
@@ -340,6 +340,20 @@ impl<'a> Agent<'a> {
             tools: &[],
             cache_key: None,
         };
+        if let Some(r) = &self.ctx.replay {
+            let key = (self.ctx.node_id.to_string(), self.ctx.iteration);
+            if let Some(summary) = r.summary(&key, t.step) {
+                return Ok(summary);
+            }
+            r.diverged(
+                self.ctx,
+                &format!(
+                    "asks for a summary of its conversation before step {}",
+                    t.step
+                ),
+                json!({"kind": "request", "step": t.step}),
+            )?;
+        }
         let estimate = convo.estimated_tokens(&[]);
         let model = &self.model;
         let response = self
@@ -532,23 +546,38 @@ impl<'a> Agent<'a> {
             (Some(s), true) => s.take().await,
             _ => None,
         };
+        let req = ModelRequest {
+            conversation: convo,
+            tools: self.tools.defs(),
+            cache_key: Some(cache_key),
+        };
+        let client = &self.model.client;
+        let hash = cairn_agent::request_hash(client.provider(), client.model(), &req);
         ctx.emit_durable(EventKind::AgentStepStarted {
             step,
-            model: self.model.client.model().to_string(),
+            model: client.model().to_string(),
             snapshot,
+            request_hash: Some(hash.clone()),
+            prompt: opening_prompt(convo, self.tools.defs()),
         })
         .await?;
+        if let Some(r) = &ctx.replay {
+            let key = (ctx.node_id.to_string(), ctx.iteration);
+            if let Some(recorded) = r.take_step(&key, &hash) {
+                return self.replayed_step(step, recorded).await;
+            }
+            r.diverged(
+                ctx,
+                &format!("asks model `{}` a request at step {step}", client.model()),
+                json!({"kind": "request", "step": step, "requestHash": hash}),
+            )?;
+        }
         if interrupted {
             ctx.emit(EventKind::AgentGenerationRetried {
                 step,
                 reason: "interrupted".into(),
             });
         }
-        let req = ModelRequest {
-            conversation: convo,
-            tools: self.tools.defs(),
-            cache_key: Some(cache_key),
-        };
         let estimate = convo.estimated_tokens(self.tools.defs());
         let mut fallbacks = self.model.fallback.iter();
         let mut instead: Option<models::Model> = None;
@@ -585,6 +614,62 @@ impl<'a> Agent<'a> {
         .await?;
         ctx.spend.add(&response.usage, response.cost_usd);
         Ok((message, response.cost_usd.unwrap_or(0.0)))
+    }
+
+    /// A step a replay answers with the original's: its text streamed in
+    /// the pieces the original logged, its usage and its message as they
+    /// were. No request leaves the process.
+    async fn replayed_step(
+        &self,
+        step: u32,
+        recorded: crate::replay::RecStep,
+    ) -> Result<(AssistantMessage, f64), NodeError> {
+        let ctx = self.ctx;
+        for (stream, text) in &recorded.pieces {
+            ctx.output(*stream, text);
+        }
+        let mut cost = 0.0;
+        if let Some(usage @ EventKind::TokenUsageReported { .. }) = recorded.usage {
+            if let EventKind::TokenUsageReported {
+                input_tokens,
+                output_tokens,
+                cache_read_tokens,
+                cache_write_tokens,
+                reasoning_tokens,
+                cost_usd,
+                ..
+            } = &usage
+            {
+                let u = cairn_agent::Usage {
+                    input_tokens: *input_tokens,
+                    output_tokens: *output_tokens,
+                    cache_read_tokens: *cache_read_tokens,
+                    cache_write_tokens: *cache_write_tokens,
+                    reasoning_tokens: *reasoning_tokens,
+                };
+                ctx.spend.add(&u, *cost_usd);
+                cost = cost_usd.unwrap_or(0.0);
+            }
+            ctx.emit(usage);
+        }
+        let message: AssistantMessage =
+            serde_json::from_value(recorded.message.clone()).map_err(|e| {
+                NodeError::fatal(
+                    "replay",
+                    format!(
+                        "the original's answer at step {} is unreadable: {e}",
+                        recorded.step
+                    ),
+                )
+            })?;
+        ctx.emit_durable(EventKind::AgentStepFinished {
+            step,
+            tool_calls: message.tool_calls.len() as u32,
+            finish_reason: recorded.finish_reason,
+            message: recorded.message,
+        })
+        .await?;
+        Ok((message, cost))
     }
 
     /// One call of one model: its share of the model's shared budget
@@ -792,6 +877,29 @@ fn cache_key(ctx: &NodeCtx, history: &History) -> String {
     format!("cairn-{}", hex::encode(&h.finalize()[..12]))
 }
 
+/// What a request that opens a conversation was asked
+/// (`AgentStepStarted.prompt`): every later request of it follows from this
+/// and the log, so a replay's report can rebuild any of them.
+fn opening_prompt(
+    convo: &Conversation,
+    tools: &[cairn_agent::ToolDef],
+) -> Option<Box<cairn_events::StepPrompt>> {
+    let [Message::User { text }] = convo.messages.as_slice() else {
+        return None;
+    };
+    Some(Box::new(cairn_events::StepPrompt {
+        system: convo.system.clone(),
+        user: text.clone(),
+        tools: tools
+            .iter()
+            .map(|t| cairn_events::ToolDigest {
+                name: t.name.clone(),
+                hash: cairn_agent::tool_hash(t),
+            })
+            .collect(),
+    }))
+}
+
 /// Applies a compaction the log holds to the conversation being rebuilt.
 fn replay_compaction(t: &mut Talk<'_>, strategy: &str, summary: Option<&str>) {
     match (strategy, summary) {
@@ -876,7 +984,7 @@ fn render_text(ctx: &NodeCtx, template: &str) -> Result<String, NodeError> {
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
-fn cut(s: &str, max: usize) -> String {
+pub(crate) fn cut(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

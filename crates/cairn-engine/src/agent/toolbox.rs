@@ -283,7 +283,8 @@ impl<'a> Toolbox<'a> {
                         .await
                         .map_err(|e| *e.info)
                 })
-                .await;
+                .await
+                .and_then(diverged_fails_the_node);
         }
         if let Some(path) = self.delegates.get(&call.name) {
             return self.delegate(call, key, path, args, input).await;
@@ -558,5 +559,20 @@ mod tests {
             .unwrap_err()
             .message
             .contains("not valid JSON"));
+    }
+}
+
+/// A question a replay's original never asked stops the node, rather than
+/// being a result the model reads and answers around.
+fn diverged_fails_the_node(
+    r: Result<Value, ErrorInfo>,
+) -> Result<Result<Value, ErrorInfo>, NodeError> {
+    match r {
+        Err(info) if info.kind == crate::replay::DIVERGED => Err(NodeError {
+            info: Box::new(info),
+            retryable: false,
+            cancelled: false,
+        }),
+        other => Ok(other),
     }
 }

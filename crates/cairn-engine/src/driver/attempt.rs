@@ -318,6 +318,7 @@ impl Driver {
         ctx.step_snapshots = self.end_snapshot_of(inst);
         ctx.process_env = self.secrets.process_env(&self.wf, &inst.spec);
         ctx.secrets = self.secrets.clone();
+        ctx.replay = self.replay.clone();
         ctx
     }
 

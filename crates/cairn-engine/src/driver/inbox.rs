@@ -25,6 +25,7 @@ impl Driver {
                 key,
                 message,
                 reply,
+                replayed,
             } => {
                 // The attempt may have been cancelled, and its end handled,
                 // before its question came through: a gate opened now would
@@ -39,7 +40,17 @@ impl Driver {
                     reply,
                 };
                 let node = self.state.node(&key.0, key.1);
-                (key, self.gates.approval(ask, node, graceful))
+                let decided = node.and_then(|n| n.decision()).is_some();
+                let mut step = self.gates.approval(ask, node, graceful);
+                if let Some(d) = replayed.filter(|_| !decided && !step.cancel) {
+                    // A replay's gate is decided as the original's was, in
+                    // the log like any decision; the attempt hears of it
+                    // once that is durable (`hand_over_replayed`).
+                    let kind = gates::decision_event(d.approved, d.note.clone(), d.by.clone());
+                    step.events.push((self.node_scope(&key), kind));
+                    self.replayed.push(Replayed::Decision(key.clone(), d));
+                }
+                (key, step)
             }
             Ask::Input {
                 key,
@@ -47,6 +58,7 @@ impl Driver {
                 prompt,
                 schema,
                 reply,
+                replayed,
             } => {
                 if !self.attempts.is_running(&key) {
                     return;
@@ -56,6 +68,8 @@ impl Driver {
                     .state
                     .node(&key.0, key.1)
                     .is_some_and(|n| n.status == NodeStatus::WaitingInput);
+                let answered = asked.is_some_and(|q| q.answer.is_some());
+                let id = request_id.clone();
                 let ask = InputAsk {
                     key: key.clone(),
                     scope: self.node_scope(&key),
@@ -64,13 +78,45 @@ impl Driver {
                     schema,
                     reply,
                 };
-                (key, self.gates.input(ask, asked, waiting_already, graceful))
+                let mut step = self.gates.input(ask, asked, waiting_already, graceful);
+                if let Some(answer) = replayed.filter(|_| !answered && !step.cancel) {
+                    let by = Some(format!("replay of {}", self.replayed_from()));
+                    step.events.push((
+                        self.node_scope(&key),
+                        EventKind::InputReceived {
+                            request_id: id.clone(),
+                            answer: answer.clone(),
+                            answered_by: by,
+                        },
+                    ));
+                    self.replayed.push(Replayed::Answer(id, answer));
+                }
+                (key, step)
             }
         };
         if step.cancel {
             self.attempts.stop(&key);
         }
         self.emit_all(step.events);
+    }
+
+    /// The original a replay answers from (empty for another run).
+    fn replayed_from(&self) -> String {
+        self.replay
+            .as_ref()
+            .map(|r| r.original().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Hands the decisions and answers a replay recorded to the attempts
+    /// that asked, once the log holds them.
+    pub(super) fn hand_over_replayed(&mut self) {
+        for r in std::mem::take(&mut self.replayed) {
+            match r {
+                Replayed::Decision(key, d) => self.gates.decided(&key, d),
+                Replayed::Answer(id, answer) => self.gates.answered(&id, answer),
+            }
+        }
     }
 
     /// The run goes on after a person's decision or answer.
@@ -269,6 +315,13 @@ impl Driver {
         }
         Ok(())
     }
+}
+
+/// A decision or answer a replay recorded, waiting for the log before it
+/// reaches the attempt that asked.
+pub(super) enum Replayed {
+    Decision(Key, Decision),
+    Answer(String, Value),
 }
 
 /// Resolves at the listener's next wake-up; never without a listener.

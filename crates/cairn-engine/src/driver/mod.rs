@@ -195,6 +195,11 @@ pub(crate) struct Driver {
     /// The run's secrets: given to the processes of the nodes that name
     /// them (the log masks them already).
     secrets: Arc<crate::secrets::Secrets>,
+    /// For a replay: the original's answers.
+    replay: Option<Arc<crate::replay::Replayer>>,
+    /// Decisions and answers a replay recorded this round, handed over
+    /// once the log holds them.
+    replayed: Vec<inbox::Replayed>,
 
     // The channels.
     msg_tx: mpsc::UnboundedSender<Msg>,
@@ -237,6 +242,8 @@ pub(crate) struct DriverInit {
     pub reloads: Option<mpsc::UnboundedReceiver<crate::reload::Note>>,
     /// The run's secrets, read as it started or resumed.
     pub secrets: Arc<crate::secrets::Secrets>,
+    /// For a replay: the original's answers.
+    pub replay: Option<Arc<crate::replay::Replayer>>,
 }
 
 impl Driver {
@@ -303,6 +310,8 @@ impl Driver {
             synced_at: 0,
             wf: init.wf,
             secrets: init.secrets,
+            replay: init.replay,
+            replayed: Vec::new(),
         }
     }
 
@@ -461,6 +470,7 @@ impl Driver {
             self.drain_running().await;
             return Some(RunOutcome::Failed(ErrorInfo::new("store", err)));
         }
+        self.hand_over_replayed();
         for (key, attempt) in to_spawn.drain(..) {
             self.spawn_attempt(key, attempt);
         }

@@ -23,8 +23,45 @@ impl NodeRunner for CommandNode {
         let NodeKind::Command(argv) = &spec.kind else {
             unreachable!("runner_for maps only command nodes here")
         };
+        if let Some(recorded) = recorded(ctx)? {
+            return recorded;
+        }
         let stdout = run_command(spec, argv, ctx, None, EventObserver::new(ctx)).await?;
         parse_output(&stdout, spec.output)
+    }
+}
+
+/// In a replay whose commands answer from the record: the original's
+/// outcome of the same node pass, its output streamed again as it was.
+/// `Ok(None)` to run the command: not such a replay, or a live one where the
+/// original has no such pass.
+fn recorded(ctx: &NodeCtx) -> Result<Option<Result<Value, NodeError>>, NodeError> {
+    let Some(r) = ctx.replay.as_ref().filter(|r| r.recorded_tools()) else {
+        return Ok(None);
+    };
+    let key = (ctx.node_id.to_string(), ctx.iteration);
+    match r.command(&key) {
+        Some((end, pieces)) if matches!(end.status, "finished" | "failed") => {
+            for (stream, text) in pieces {
+                ctx.output(*stream, text);
+            }
+            Ok(Some(match (&end.output, &end.error) {
+                (_, Some(error)) => {
+                    let info: cairn_events::ErrorInfo = serde_json::from_value(error.clone())
+                        .unwrap_or_else(|_| cairn_events::ErrorInfo::new("command", "failed"));
+                    Err(NodeError {
+                        info: Box::new(info),
+                        retryable: false,
+                        cancelled: false,
+                    })
+                }
+                (output, None) => Ok(output.clone().unwrap_or(Value::Null)),
+            }))
+        }
+        _ => {
+            r.diverged(ctx, "runs a command", json!({"kind": "command"}))?;
+            Ok(None)
+        }
     }
 }
 
@@ -60,12 +97,14 @@ pub(crate) async fn run_command(
         Some(c) => Some(render(c)?),
         None => None,
     };
-    let cwd = working_dir(
-        cwd,
-        &ctx.workflow.base_dir,
-        confine.is_some(),
-        sandbox.root(),
-    );
+    // A replay's processes work in its copy of the root, never in the
+    // folder the original ran in.
+    let base_dir = ctx
+        .replay
+        .as_ref()
+        .and_then(|r| r.dir_for(&ctx.workflow.base_dir))
+        .unwrap_or_else(|| ctx.workflow.base_dir.clone());
+    let cwd = working_dir(cwd, &base_dir, confine.is_some(), sandbox.root());
     // The workflow's `env` and the node's secrets, then the node's own
     // `env` on top (a later variable of the same name wins).
     let mut env = ctx.process_env.clone();

@@ -275,6 +275,8 @@ fn the_history_bounds_each_attempts_work_by_its_snapshots() {
                 step: 2,
                 model: String::new(),
                 snapshot: Some(s.into()),
+                request_hash: None,
+                prompt: None,
             },
         )
     };

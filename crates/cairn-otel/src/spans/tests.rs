@@ -41,6 +41,7 @@ impl Log {
                 depth: 0,
                 forked_from: None,
                 trigger: None,
+                replay_of: None,
             },
         )
     }
@@ -145,6 +146,8 @@ fn agent_run() -> Log {
                 step: 1,
                 model: "gpt-4o".into(),
                 snapshot: None,
+                request_hash: None,
+                prompt: None,
             },
         )
         .at(
@@ -220,6 +223,8 @@ fn agent_run() -> Log {
                 step: 2,
                 model: "gpt-4o".into(),
                 snapshot: None,
+                request_hash: None,
+                prompt: None,
             },
         )
         .at(

@@ -133,6 +133,7 @@ impl TestServer {
                 depth: 0,
                 forked_from: None,
                 trigger: None,
+                replay_of: None,
             },
         );
         log

@@ -42,6 +42,7 @@ pub fn started() -> EventKind {
         depth: 0,
         forked_from: None,
         trigger: None,
+        replay_of: None,
     }
 }
 
