@@ -39,9 +39,8 @@ fn model(r: &Recorded) -> Reply {
         );
     } else {
         for piece in ["answer ", "to: ", prompt.as_str()] {
-            events.push(
-                json!({"choices": [{"index": 0, "delta": {"content": piece}}]}).to_string(),
-            );
+            events
+                .push(json!({"choices": [{"index": 0, "delta": {"content": piece}}]}).to_string());
         }
         events.push(
             json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).to_string(),
@@ -103,14 +102,23 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     std::fs::write(dir.join("wf.yaml"), workflow(&server.url(), "Summarize:")).unwrap();
 
     // The original: the gate waits for a person, who approves.
-    let out = cairn(dir, &["run", "wf.yaml", "--run-id", "orig", "--exit-on-wait"]);
+    let out = cairn(
+        dir,
+        &["run", "wf.yaml", "--run-id", "orig", "--exit-on-wait"],
+    );
     expect_code(&out, 3);
-    expect_code(&cairn(dir, &["approve", "orig", "gate", "--by", "alice"]), 0);
+    expect_code(
+        &cairn(dir, &["approve", "orig", "gate", "--by", "alice"]),
+        0,
+    );
     expect_code(&cairn(dir, &["resume", "orig"]), 0);
     let asked = server.requests().len();
     assert_eq!(asked, 3, "two steps of gather, one of write");
     let original = output_of(dir, "orig").expect("the original's output");
-    assert_eq!(original, json!("answer to: Summarize: answer to: Write the note."));
+    assert_eq!(
+        original,
+        json!("answer to: Summarize: answer to: Write the note.")
+    );
     // A person edits the file the run wrote: no replay may touch it.
     std::fs::write(dir.join("note.txt"), "the person's edit\n").unwrap();
 
@@ -147,7 +155,15 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     std::fs::write(dir.join("wf2.yaml"), workflow(&server.url(), "Sum up:")).unwrap();
     let out = cairn(
         dir,
-        &["replay", "orig", "--workflow", "wf2.yaml", "--run-id", "changed", "--json"],
+        &[
+            "replay",
+            "orig",
+            "--workflow",
+            "wf2.yaml",
+            "--run-id",
+            "changed",
+            "--json",
+        ],
     );
     expect_code(&out, 6);
     assert_eq!(server.requests().len(), asked, "a replay asked the model");
@@ -173,7 +189,14 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     let out = cairn(
         dir,
         &[
-            "replay", "orig", "--workflow", "wf2.yaml", "--live", "--run-id", "live", "--json",
+            "replay",
+            "orig",
+            "--workflow",
+            "wf2.yaml",
+            "--live",
+            "--run-id",
+            "live",
+            "--json",
         ],
     );
     expect_code(&out, 0);
@@ -191,7 +214,9 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     // Recorded tools: the bash call answers as it did and never runs.
     let out = cairn(
         dir,
-        &["replay", "orig", "--tools", "recorded", "--run-id", "rec", "--json"],
+        &[
+            "replay", "orig", "--tools", "recorded", "--run-id", "rec", "--json",
+        ],
     );
     expect_code(&out, 0);
     assert_eq!(server.requests().len(), asked + 1);

@@ -720,7 +720,7 @@ async fn run_case(case: &Case, dir: &Place, journal: Journal, run_id: &str) -> R
         observer: Some(observer),
         watch: false,
         trigger: None,
-        replay_of: None,
+        replay: None,
     };
 
     // A subscription that joins before the run exists and follows it live.

@@ -546,6 +546,21 @@ fn parse_args(raw: &str) -> Result<Value, ErrorInfo> {
     }
 }
 
+/// A question a replay's original never asked stops the node, rather than
+/// being a result the model reads and answers around.
+fn diverged_fails_the_node(
+    r: Result<Value, ErrorInfo>,
+) -> Result<Result<Value, ErrorInfo>, NodeError> {
+    match r {
+        Err(info) if info.kind == crate::replay::DIVERGED => Err(NodeError {
+            info: Box::new(info),
+            retryable: false,
+            cancelled: false,
+        }),
+        other => Ok(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_args;
@@ -559,20 +574,5 @@ mod tests {
             .unwrap_err()
             .message
             .contains("not valid JSON"));
-    }
-}
-
-/// A question a replay's original never asked stops the node, rather than
-/// being a result the model reads and answers around.
-fn diverged_fails_the_node(
-    r: Result<Value, ErrorInfo>,
-) -> Result<Result<Value, ErrorInfo>, NodeError> {
-    match r {
-        Err(info) if info.kind == crate::replay::DIVERGED => Err(NodeError {
-            info: Box::new(info),
-            retryable: false,
-            cancelled: false,
-        }),
-        other => Ok(other),
     }
 }
