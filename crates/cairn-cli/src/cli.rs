@@ -388,7 +388,8 @@ pub struct ForkArgs {
 /// `cairn replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The recorded run.
+    /// The recorded run: its id, or a bundle file (`cairn export
+    /// --bundle`), read into this store first.
     pub run: String,
     /// The workflow file to replay instead of the run's own (a prompt, a
     /// tool or a node changed).
@@ -602,6 +603,14 @@ pub struct FileArgs {
 pub struct ExportArgs {
     /// The run's id.
     pub run: String,
+    /// Write the run as a bundle instead (its log, its tool calls, its
+    /// child runs and the files of its first snapshot, in one text file
+    /// that `cairn replay` and `cairn test` read on any machine).
+    #[arg(long)]
+    pub bundle: bool,
+    /// The bundle's file [default: RUN.bundle; `-` for standard output].
+    #[arg(long, short, value_name = "FILE", requires = "bundle")]
+    pub out: Option<PathBuf>,
 }
 
 /// `cairn trace`.

@@ -231,6 +231,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Activity(a) => inspect::activity(&g, a).await,
         Command::Validate(a) => inspect::validate(a),
         Command::Graph(a) => inspect::graph(a),
+        Command::Export(a) if a.bundle => replay::export_bundle(&g, a).await,
         Command::Export(a) => inspect::export(&g, a),
         Command::Trace(a) => trace::trace(&g, a).await,
         Command::Gc(a) => inspect::gc(&g, a).await,

@@ -1,7 +1,67 @@
-//! How `cairn replay` tells where a replay and its original part.
+//! How `cairn replay` tells where a replay and its original part, and
+//! bundles written and read (`cairn export --bundle`).
+
+use std::path::{Path, PathBuf};
 
 use cairn_engine::replay::report::{Divergence, Report, RequestDiff};
+use cairn_engine::Engine;
+use cairn_events::RunId;
 use serde_json::Value;
+
+use crate::cli::{ExportArgs, Global};
+use crate::{bad_input, store};
+
+/// `cairn export --bundle`: the run in one file.
+pub async fn export_bundle(g: &Global, a: ExportArgs) -> anyhow::Result<u8> {
+    let (engine, _telemetry) = store::driving_engine(g, false)?;
+    let run = store::require_run(engine.journal(), &a.run)?.run_id;
+    let path = a
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("{run}.bundle")));
+    let to_stdout = path.as_os_str() == "-";
+    let out: Box<dyn std::io::Write + Send> = if to_stdout {
+        Box::new(std::io::BufWriter::new(std::io::stdout()))
+    } else {
+        // Written beside, then renamed: a bundle is whole or not there.
+        let tmp = path.with_extension("bundle.partial");
+        let file = std::fs::File::create(&tmp)
+            .map_err(|e| bad_input(format!("{}: {e}", tmp.display())))?;
+        Box::new(std::io::BufWriter::new(file))
+    };
+    let done = engine.export_bundle(&run, out).await?;
+    if !to_stdout {
+        std::fs::rename(path.with_extension("bundle.partial"), &path)?;
+        eprintln!(
+            "{}: run {run} ({} run{}, {} events, {} tool calls, {} snapshot objects)",
+            path.display(),
+            done.runs,
+            if done.runs == 1 { "" } else { "s" },
+            done.events,
+            done.tool_calls,
+            done.objects
+        );
+    }
+    Ok(crate::EXIT_OK)
+}
+
+/// The bundle file `arg` names, if it names a file (a run id never
+/// holds a `/` or a `.`, and is no file here).
+pub fn bundle_path(arg: &str) -> Option<PathBuf> {
+    let p = Path::new(arg);
+    p.is_file().then(|| p.to_path_buf())
+}
+
+/// Reads the bundle at `path` into the engine's store (a bundle read
+/// before is taken as read); the id of its run.
+pub async fn import(engine: &Engine, path: &Path) -> anyhow::Result<RunId> {
+    let file =
+        std::fs::File::open(path).map_err(|e| bad_input(format!("{}: {e}", path.display())))?;
+    let imported = engine
+        .import_bundle(Box::new(std::io::BufReader::new(file)))
+        .await
+        .map_err(|e| bad_input(format!("{}: {e}", path.display())))?;
+    Ok(imported.run_id)
+}
 
 /// Prints the report: one JSON object with `--json`, else a few lines.
 pub fn print(r: &Report, json: bool) {

@@ -237,8 +237,13 @@ pub async fn replay(g: &Global, a: crate::cli::ReplayArgs) -> anyhow::Result<u8>
         Some(id) => check_run_id(id)?,
         None => cairn_engine::new_run_id(),
     };
-    let (engine, telemetry) = store::driving_engine(g, false)?;
-    let original = store::require_run(engine.journal(), &a.run)?;
+    let bundle = crate::replay::bundle_path(&a.run);
+    let (engine, telemetry) = store::driving_engine(g, bundle.is_some())?;
+    let run = match &bundle {
+        Some(path) => crate::replay::import(&engine, path).await?.to_string(),
+        None => a.run.clone(),
+    };
+    let original = store::require_run(engine.journal(), &run)?;
     let wf = match wf {
         Some(wf) => wf,
         None => engine.definition_of(&original.run_id).await?,

@@ -40,7 +40,7 @@ use std::time::{Duration, SystemTime};
 
 use sha1::{Digest, Sha1};
 
-pub use mirror::{reachable_in, MirroredObject, ObjectMirror};
+pub use mirror::{reachable_in, MemoryMirror, MirroredObject, ObjectMirror};
 pub use object::{Kind, Mode, ObjectId};
 
 use cache::StatCache;
@@ -257,6 +257,28 @@ impl SnapshotStore {
     pub fn with_mirror(mut self, mirror: Arc<dyn ObjectMirror>) -> SnapshotStore {
         self.mirror = Some(mirror::Mirrored::new(mirror));
         self
+    }
+
+    /// Copies into `to` the objects of snapshot `id` it lacks (a bundle's
+    /// objects, `cairn export --bundle`). Returns how many.
+    pub fn export_snapshot(
+        &self,
+        id: ObjectId,
+        to: Arc<dyn ObjectMirror>,
+    ) -> Result<usize, SnapshotError> {
+        self.pull(id)?;
+        mirror::Mirrored::new(to).push(&self.objects, id)
+    }
+
+    /// Copies from `from` the objects of snapshot `id` this repository
+    /// lacks, each checked against its id (a bundle's objects, read in).
+    /// Returns how many.
+    pub fn import_snapshot(
+        &self,
+        id: ObjectId,
+        from: Arc<dyn ObjectMirror>,
+    ) -> Result<usize, SnapshotError> {
+        mirror::Mirrored::new(from).pull(&self.objects, id)
     }
 
     /// Brings the objects of snapshot `id` from the mirror when this

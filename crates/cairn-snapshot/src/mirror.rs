@@ -34,6 +34,66 @@ pub trait ObjectMirror: Send + Sync {
     ) -> Result<(u64, u64, u64), String>;
 }
 
+/// A mirror in memory: what a bundle carries, or is read into.
+#[derive(Debug, Default)]
+pub struct MemoryMirror {
+    objects: Mutex<std::collections::BTreeMap<ObjectId, MirroredObject>>,
+}
+
+impl MemoryMirror {
+    /// An empty one.
+    pub fn new() -> MemoryMirror {
+        MemoryMirror::default()
+    }
+
+    /// Its objects, by id.
+    pub fn objects(&self) -> Vec<MirroredObject> {
+        self.objects.lock().unwrap().values().cloned().collect()
+    }
+}
+
+impl ObjectMirror for MemoryMirror {
+    fn holds(&self, ids: &[ObjectId]) -> Result<HashSet<ObjectId>, String> {
+        let objects = self.objects.lock().unwrap();
+        Ok(ids
+            .iter()
+            .filter(|i| objects.contains_key(i))
+            .copied()
+            .collect())
+    }
+
+    fn put(&self, objects: &[MirroredObject]) -> Result<(), String> {
+        let mut held = self.objects.lock().unwrap();
+        for o in objects {
+            held.entry(o.id).or_insert_with(|| o.clone());
+        }
+        Ok(())
+    }
+
+    fn get(&self, ids: &[ObjectId]) -> Result<Vec<MirroredObject>, String> {
+        let objects = self.objects.lock().unwrap();
+        Ok(ids.iter().filter_map(|i| objects.get(i).cloned()).collect())
+    }
+
+    fn retain(
+        &self,
+        live: &HashSet<ObjectId>,
+        _grace: std::time::Duration,
+    ) -> Result<(u64, u64, u64), String> {
+        let mut objects = self.objects.lock().unwrap();
+        let before = objects.len() as u64;
+        let mut bytes = 0u64;
+        objects.retain(|id, o| {
+            let keep = live.contains(id);
+            if !keep {
+                bytes += o.body.len() as u64;
+            }
+            keep
+        });
+        Ok((before - objects.len() as u64, bytes, objects.len() as u64))
+    }
+}
+
 /// An object as a mirror keeps it: uncompressed, with its kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MirroredObject {

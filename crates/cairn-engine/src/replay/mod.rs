@@ -13,6 +13,7 @@
 //! the model or the person instead and says so (`Diagnostic`, source
 //! `replay`). The report ([`report`]) compares the two logs afterwards.
 
+pub mod bundle;
 mod record;
 pub mod report;
 mod start;
