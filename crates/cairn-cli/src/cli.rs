@@ -167,6 +167,10 @@ pub enum Command {
     /// recorded) the tools' come from the record where the same is asked;
     /// then say where the two runs part.
     Replay(ReplayArgs),
+    /// Replay a folder of recorded runs (bundles) against the workflows as
+    /// they are now, each judged by what is written beside it; exit 6 when
+    /// one fails.
+    Test(TestArgs),
     /// Take a running agent's conversation in this terminal: it stops at
     /// its next step boundary, your lines are its user turns, /back hands
     /// it back.
@@ -412,6 +416,27 @@ pub struct ReplayArgs {
     pub run_id: Option<String>,
     #[command(flatten)]
     pub display: DisplayArgs,
+}
+
+/// `cairn test`.
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// The folder of bundles (`*.bundle`, at any depth), each with an
+    /// optional `NAME.expect.yaml` beside it [default: .].
+    pub dir: Option<PathBuf>,
+    /// Most replays at once [default: the cores].
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Write a JUnit XML report here.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// One JSON object: every test with its failures and report.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the suite's store and copies of the roots (their folder is
+    /// printed) instead of deleting them.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// `cairn replay --tools`.

@@ -24,6 +24,7 @@ mod run;
 mod schedules;
 mod scores;
 mod store;
+mod suite;
 mod trace;
 
 use std::process::ExitCode;
@@ -45,7 +46,7 @@ Exit codes:
   5  revert or fork refused: files the run changed were changed since by
      something else (listed; --force overwrites them)
   6  a replay diverged: it asked what the original never did (cairn replay
-     without --live)";
+     without --live); or a test of cairn test failed";
 
 /// Exit code: the run finished, or the command did what it was asked.
 pub const EXIT_OK: u8 = 0;
@@ -222,6 +223,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Revert(a) => revert::revert(&g, a).await,
         Command::Fork(a) => run::fork(&g, a).await,
         Command::Replay(a) => run::replay(&g, a).await,
+        Command::Test(a) => suite::test(&g, a).await,
         Command::Hijack(a) => hijack::hijack(&g, a).await,
         Command::Runs(a) => inspect::runs(&g, a).await,
         Command::Scores(a) => scores::scores(&g, a).await,
@@ -274,6 +276,7 @@ async fn through_server(
         Command::Store(_) => Err(remote::store_only("store copy")),
         Command::Serve(_) => Err(remote::store_only("serve")),
         Command::Replay(_) => Err(remote::store_only("replay")),
+        Command::Test(_) => Err(remote::store_only("test")),
         other @ (Command::Runs(_)
         | Command::Scores(_)
         | Command::Schedules(_)

@@ -1412,7 +1412,7 @@ pub fn new_run_id() -> RunId {
 }
 
 /// Why `value` breaks `schema` (the first few problems), if it does.
-pub(crate) fn schema_problem(schema: &Value, value: &Value) -> Option<String> {
+pub fn schema_problem(schema: &Value, value: &Value) -> Option<String> {
     match jsonschema::validator_for(schema) {
         Ok(v) => {
             let problems = schema_errors(&v, value, 5);
