@@ -226,6 +226,93 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
 
     // An unknown original is bad input.
     expect_code(&cairn(dir, &["replay", "nope"]), 4);
+
+    // A bundle: exported here, replayed in a fresh folder with a fresh
+    // store once the original's folder is gone; the same output, and no
+    // request.
+    let out = cairn(dir, &["export", "--bundle", "orig", "-o", "orig.bundle"]);
+    expect_code(&out, 0);
+    let bundle = std::fs::read(dir.join("orig.bundle")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let there = elsewhere.path();
+    std::fs::write(there.join("orig.bundle"), &bundle).unwrap();
+    drop(tmp);
+    let out = cairn(there, &["replay", "orig.bundle", "--run-id", "there", "--json"]);
+    expect_code(&out, 0);
+    assert_eq!(server.requests().len(), asked + 1, "a replay asked the model");
+    let r = report(&out);
+    assert_eq!(r["sameOutput"], true, "{r}");
+    assert_eq!(output_of(there, "there"), output_of(there, "orig"));
+    assert_eq!(
+        std::fs::read_to_string(there.join(".cairn/replays/there/note.txt")).unwrap(),
+        "from-the-agent\n"
+    );
+    // Read again: taken as read.
+    expect_code(&cairn(there, &["replay", "orig.bundle", "--run-id", "again"]), 0);
+    // A bundle cut short or changed is refused, nothing written.
+    let cut = &bundle[..bundle.len() - 20];
+    std::fs::write(there.join("cut.bundle"), cut).unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    std::fs::write(fresh.path().join("cut.bundle"), cut).unwrap();
+    let out = cairn(fresh.path(), &["replay", "cut.bundle"]);
+    expect_code(&out, 4);
+    let text = String::from_utf8_lossy(&bundle).replace("Write the note.", "Write the nose.");
+    std::fs::write(fresh.path().join("changed.bundle"), text).unwrap();
+    let out = cairn(fresh.path(), &["replay", "changed.bundle"]);
+    expect_code(&out, 4);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("its end does not match"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A suite: the same bundle twice, judged two ways, against the
+    // workflows as they are now.
+    let suite = there.join("suite");
+    std::fs::create_dir_all(suite.join("nested")).unwrap();
+    std::fs::write(suite.join("same.bundle"), &bundle).unwrap();
+    std::fs::write(suite.join("nested/changed.bundle"), &bundle).unwrap();
+    std::fs::write(suite.join("wf2.yaml"), workflow(&server.url(), "Sum up:")).unwrap();
+    std::fs::write(
+        suite.join("same.expect.yaml"),
+        "expect:\n  output: \"answer to: Summarize: answer to: Write the note.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        suite.join("nested/changed.expect.yaml"),
+        "workflow: ../wf2.yaml\nexpect:\n  output_schema: {type: string, pattern: \"^answer\"}\n",
+    )
+    .unwrap();
+    let out = cairn(there, &["test", "suite", "--junit", "junit.xml", "--json"]);
+    expect_code(&out, 6);
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["passed"], 1, "{s}");
+    assert_eq!(s["failed"], 1, "{s}");
+    let tests = s["tests"].as_array().unwrap();
+    let changed = tests.iter().find(|t| t["name"] == "changed").unwrap();
+    assert!(
+        changed["failures"][0].as_str().unwrap().starts_with("diverged"),
+        "{changed}"
+    );
+    let junit = std::fs::read_to_string(there.join("junit.xml")).unwrap();
+    assert!(junit.contains("<testsuite name=\"cairn\" tests=\"2\" failures=\"1\""), "{junit}");
+    assert!(junit.contains("<failure message=\"diverged"), "{junit}");
+    // Live, the changed prompt passes its schema; the model is asked once.
+    std::fs::write(
+        suite.join("nested/changed.expect.yaml"),
+        "workflow: ../wf2.yaml\nlive: true\nexpect:\n  output_schema: {type: string, pattern: \"^answer\"}\n",
+    )
+    .unwrap();
+    let before = server.requests().len();
+    let out = cairn(there, &["test", "suite", "--concurrency", "2"]);
+    expect_code(&out, 0);
+    assert_eq!(server.requests().len(), before + 1);
+    // A bad expectation is bad input, naming its file and field.
+    std::fs::write(suite.join("same.expect.yaml"), "expect:\n  scores: {judge: high}\n").unwrap();
+    let out = cairn(there, &["test", "suite"]);
+    expect_code(&out, 4);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("same.expect.yaml") && err.contains("expect.scores.judge"), "{err}");
     drop(server);
     drop(rt);
 }
