@@ -1403,3 +1403,83 @@ async fn a_scheduled_run_says_what_started_it() {
     assert!(due % 1000 == 0);
     b.shot("scheduled-run").await;
 }
+
+/// A replay's page links to the comparison with its original, which shows
+/// where the two part (the changed prompt's lines) and every node side by
+/// side.
+#[tokio::test]
+async fn a_replay_is_compared_with_its_original_node_by_node() {
+    let _one = ONE_BROWSER.lock().await;
+    let Some(b) = Browser::start("browser compare", 1200, 900).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let wf = |prompt: &str| {
+        format!(
+            "name: cmp\nmodels:\n  m: {{ provider: scripted, script: turns.yaml }}\nnodes:\n  - id: first\n    value: 1\n  - id: ask\n    needs: [first]\n    agent: {{ model: m, prompt: \"{prompt}\" }}\n"
+        )
+    };
+    std::fs::write(d.join("turns.yaml"), "turns:\n  - text: done\n").unwrap();
+    std::fs::write(d.join("wf.yaml"), wf("Say done.")).unwrap();
+    std::fs::write(d.join("wf2.yaml"), wf("Say it is done.")).unwrap();
+    let cairn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["--store", d.join("cairn.db").to_str().unwrap()])
+            .args(args)
+            .env_remove("CAIRN_LOG_DIR")
+            .current_dir(d)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    assert!(cairn(&["run", "wf.yaml", "--run-id", "orig"])
+        .status
+        .success());
+    let out = cairn(&[
+        "replay",
+        "orig",
+        "--workflow",
+        "wf2.yaml",
+        "--run-id",
+        "rep",
+    ]);
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _server = Killed(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["--store", d.join("cairn.db").to_str().unwrap(), "serve"])
+            .arg("--addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .env_remove("CAIRN_TOKEN")
+            .env_remove("CAIRN_LOG_DIR")
+            .current_dir(d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start cairn serve"),
+    );
+    wait_healthy(&url, Duration::from_secs(30)).await.unwrap();
+    b.c.goto(&format!("{url}/#/runs/rep")).await.unwrap();
+    b.wait(
+        "the replay's link to its comparison",
+        "return !!document.querySelector('.links a.compare-link')",
+    )
+    .await;
+    b.find(".links a.compare-link").await.click().await.unwrap();
+    b.wait(
+        "the divergence",
+        "const d = document.querySelector('.compare-divergence'); return d && d.textContent.includes('ask')",
+    )
+    .await;
+    let del = b.find(".diff .diff-del").await.text().await.unwrap();
+    let add = b.find(".diff .diff-add").await.text().await.unwrap();
+    assert!(del.contains("-Say done."), "{del}");
+    assert!(add.contains("+Say it is done."), "{add}");
+    let rows = b
+        .js("return [...document.querySelectorAll('.compare-table tbody tr')].map((r) => r.className + ':' + r.querySelector('th').textContent)")
+        .await;
+    assert_eq!(rows, json!(["differs:ask", "same:first"]));
+    b.shot("compare").await;
+}

@@ -237,9 +237,16 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     let there = elsewhere.path();
     std::fs::write(there.join("orig.bundle"), &bundle).unwrap();
     drop(tmp);
-    let out = cairn(there, &["replay", "orig.bundle", "--run-id", "there", "--json"]);
+    let out = cairn(
+        there,
+        &["replay", "orig.bundle", "--run-id", "there", "--json"],
+    );
     expect_code(&out, 0);
-    assert_eq!(server.requests().len(), asked + 1, "a replay asked the model");
+    assert_eq!(
+        server.requests().len(),
+        asked + 1,
+        "a replay asked the model"
+    );
     let r = report(&out);
     assert_eq!(r["sameOutput"], true, "{r}");
     assert_eq!(output_of(there, "there"), output_of(there, "orig"));
@@ -248,7 +255,10 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
         "from-the-agent\n"
     );
     // Read again: taken as read.
-    expect_code(&cairn(there, &["replay", "orig.bundle", "--run-id", "again"]), 0);
+    expect_code(
+        &cairn(there, &["replay", "orig.bundle", "--run-id", "again"]),
+        0,
+    );
     // A bundle cut short or changed is refused, nothing written.
     let cut = &bundle[..bundle.len() - 20];
     std::fs::write(there.join("cut.bundle"), cut).unwrap();
@@ -291,11 +301,17 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     let tests = s["tests"].as_array().unwrap();
     let changed = tests.iter().find(|t| t["name"] == "changed").unwrap();
     assert!(
-        changed["failures"][0].as_str().unwrap().starts_with("diverged"),
+        changed["failures"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("diverged"),
         "{changed}"
     );
     let junit = std::fs::read_to_string(there.join("junit.xml")).unwrap();
-    assert!(junit.contains("<testsuite name=\"cairn\" tests=\"2\" failures=\"1\""), "{junit}");
+    assert!(
+        junit.contains("<testsuite name=\"cairn\" tests=\"2\" failures=\"1\""),
+        "{junit}"
+    );
     assert!(junit.contains("<failure message=\"diverged"), "{junit}");
     // Live, the changed prompt passes its schema; the model is asked once.
     std::fs::write(
@@ -308,11 +324,18 @@ fn a_recorded_run_replays_without_the_model_and_a_changed_prompt_is_the_divergen
     expect_code(&out, 0);
     assert_eq!(server.requests().len(), before + 1);
     // A bad expectation is bad input, naming its file and field.
-    std::fs::write(suite.join("same.expect.yaml"), "expect:\n  scores: {judge: high}\n").unwrap();
+    std::fs::write(
+        suite.join("same.expect.yaml"),
+        "expect:\n  scores: {judge: high}\n",
+    )
+    .unwrap();
     let out = cairn(there, &["test", "suite"]);
     expect_code(&out, 4);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("same.expect.yaml") && err.contains("expect.scores.judge"), "{err}");
+    assert!(
+        err.contains("same.expect.yaml") && err.contains("expect.scores.judge"),
+        "{err}"
+    );
     drop(server);
     drop(rt);
 }

@@ -231,6 +231,11 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<AppState>)> {
         ),
         (
             Method::GET,
+            "/v1/runs/{id}/compare/{other}",
+            on(MethodFilter::GET, compare),
+        ),
+        (
+            Method::GET,
             "/v1/runs/{id}/plan",
             on(MethodFilter::GET, crate::nodes::plan),
         ),
@@ -758,6 +763,23 @@ async fn activity(
         run_id,
         activity: entries.into_iter().map(ActivityEntry::from).collect(),
     }))
+}
+
+/// Two runs compared (docs/replay.md#the-report): run `id` as the
+/// original, `other` as its replay (any two runs can be compared).
+async fn compare(
+    State(state): State<AppState>,
+    Path((id, other)): Path<(String, String)>,
+) -> Result<Json<cairn_engine::replay::report::Report>, ApiError> {
+    let original = existing_run(&state, &id).await?.run_id;
+    let replay = existing_run(&state, &other).await?.run_id;
+    let journal = state.journal().clone();
+    blocking(move || {
+        cairn_engine::replay::report::report(journal.backend().as_ref(), &original, &replay)
+            .map(Json)
+            .map_err(ApiError::from)
+    })
+    .await
 }
 
 /// Why a run's Activity view could not be built.

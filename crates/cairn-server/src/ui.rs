@@ -68,6 +68,7 @@ const ASSETS: &[Asset] = &[
     asset!("vlist.js", JS),
     asset!("decisions.js", JS),
     asset!("schema.js", JS),
+    asset!("compare.js", JS),
 ];
 
 /// Each file's entity tag, from its content: computed once.

@@ -372,7 +372,8 @@ async fn every_documented_route_is_served() {
                 .replace("{node}", "n")
                 .replace("{requestId}", "q")
                 .replace("{name}", "x")
-                .replace("{file}", "main.js");
+                .replace("{file}", "main.js")
+                .replace("{other}", "r2");
             let (status, body) = raw(
                 srv.addr,
                 &request(&method.to_uppercase(), &concrete, None, "{}"),
@@ -383,7 +384,7 @@ async fn every_documented_route_is_served() {
             n += 1;
         }
     }
-    assert_eq!(n, 34);
+    assert_eq!(n, 35);
     srv.stop().await;
 }
 

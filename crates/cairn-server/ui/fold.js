@@ -83,6 +83,7 @@ export class RunModel {
     this.output = state.output;
     this.parentRunId = state.parentRunId;
     this.trigger = state.trigger;
+    this.replayOf = state.replayOf;
     this.instance = state.instance;
     this.cancelRequested = state.cancelRequested;
     this.children = (state.children || []).map((c) => ({ ...c }));
@@ -155,6 +156,7 @@ export class RunModel {
       case 'RunStarted':
         if (!ev.resumed) this.startedMs = t;
         if (ev.trigger) this.trigger = ev.trigger;
+        if (ev.replayOf) this.replayOf = ev.replayOf;
         if (this.startedMs === undefined) this.startedMs = t;
         this.status = 'running';
         this.endedMs = undefined;

@@ -1,11 +1,13 @@
 // The page's entry point: finds out whether a login is needed, routes
-// `#/` (the runs) and `#/runs/{id}[/{view}]` (a run), shows the live
+// `#/` (the runs), `#/runs/{id}[/{view}]` (a run) and
+// `#/compare/{original}/{replay}` (two runs side by side), shows the live
 // connection's state, and swaps in the login form whenever the API says 401.
 
 import { api, auth } from './api.js';
 import { LoginView } from './login.js';
 import { RunsView } from './runs.js';
 import { RunView } from './run.js';
+import { CompareView } from './compare.js';
 
 const main = document.getElementById('main');
 const conn = document.getElementById('conn');
@@ -44,6 +46,8 @@ function route() {
   const parts = hash.slice(2).split('/').map(decodeURIComponent);
   if (parts[0] === 'runs' && parts[1]) {
     mount(new RunView({ runId: parts[1], tab: parts[2], setConnection }), parts[1]);
+  } else if (parts[0] === 'compare' && parts[1] && parts[2]) {
+    mount(new CompareView({ original: parts[1], replay: parts[2], setConnection }), `${parts[2]} against ${parts[1]}`);
   } else {
     mount(new RunsView({ setConnection }), 'Runs');
   }

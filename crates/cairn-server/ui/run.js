@@ -212,6 +212,11 @@ export class RunView {
     const links = [];
     if (m.parentRunId) links.push('Child of ', h('a', { href: `#/runs/${encodeURIComponent(m.parentRunId)}` }, m.parentRunId), '. ');
     if (m.trigger) links.push(triggerText(m.trigger), '. ');
+    if (m.replayOf) {
+      const o = encodeURIComponent(m.replayOf.runId);
+      links.push('Replay of ', h('a', { href: `#/runs/${o}` }, m.replayOf.runId), ' (',
+        h('a', { href: `#/compare/${o}/${encodeURIComponent(m.runId || this.runId)}`, class: 'compare-link' }, 'compare the two'), '). ');
+    }
     if (m.children.length) {
       links.push('Child runs: ');
       m.children.forEach((c, i) => links.push(i ? ', ' : '', h('a', { href: `#/runs/${encodeURIComponent(c.runId)}` }, c.runId), ` (${c.workflow}${c.status ? `, ${c.status}` : ''})`));
