@@ -456,7 +456,7 @@ fn import(
             None => return Err(EngineError::NoSnapshots),
         };
         let mirror = Arc::new(MemoryMirror::new());
-        mirror.put(&bundle.objects).map_err(|e| bad(e))?;
+        mirror.put(&bundle.objects).map_err(bad)?;
         store
             .import_snapshot(id, mirror)
             .map_err(|source| EngineError::Files {
