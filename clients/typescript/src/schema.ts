@@ -66,6 +66,7 @@ export const SCHEMA_KEYS = {
       "generation",
       "forkedFrom",
       "trigger",
+      "replayOf",
       "hijackRequested",
       "openRevert",
     ],
@@ -73,6 +74,7 @@ export const SCHEMA_KEYS = {
   ErrorInfo: { required: ["kind", "message"], optional: ["details"] },
   ForkedFrom: { required: ["runId", "seq"], optional: [] },
   Trigger: { required: ["kind", "name"], optional: ["dueMs", "deliveryId"] },
+  ReplayOf: { required: ["runId"], optional: ["live", "tools"] },
   Question: {
     required: ["nodeId", "iteration", "prompt"],
     optional: ["schema", "answer", "answeredBy"],
@@ -167,7 +169,11 @@ export const EVENT_FIELDS = {
   InputRequested: { scope: "node", required: ["requestId", "prompt"], optional: ["schema"] },
   InputReceived: { scope: "node", required: ["requestId", "answer"], optional: ["answeredBy"] },
 
-  AgentStepStarted: { scope: "attempt", required: ["step", "model"], optional: ["snapshot"] },
+  AgentStepStarted: {
+    scope: "attempt",
+    required: ["step", "model"],
+    optional: ["snapshot", "requestHash", "prompt"],
+  },
   AgentStepFinished: {
     scope: "attempt",
     required: ["step", "toolCalls", "finishReason", "message"],

@@ -86,9 +86,21 @@ export interface Trigger {
   deliveryId?: string;
 }
 
-/** The run a replay was made of. */
+/** The run a replay was made of (`cairn replay`). */
 export interface ReplayOf {
   runId: string;
+  /** What the original never asked went to the model or the person. */
+  live?: boolean;
+  /** Tools and commands ran (`real`) or answered from the record. */
+  tools?: "real" | "recorded";
+}
+
+/** What a step that opens a conversation was asked. */
+export interface StepPrompt {
+  system?: string;
+  user: string;
+  /** Each tool offered, with the hash of its description and parameters. */
+  tools: { name: string; hash: string }[];
 }
 
 /** A question asked of people, as a run's state keeps it. */
@@ -238,6 +250,7 @@ export interface RunState {
   generation?: number;
   forkedFrom?: ForkedFrom;
   trigger?: Trigger;
+  replayOf?: ReplayOf;
   /** Agent nodes a person asked to take over. */
   hijackRequested?: string[];
   openRevert?: OpenRevert;
@@ -595,6 +608,10 @@ export interface AgentStepStartedEvent extends Base<"AgentStepStarted">, Attempt
   model: string;
   /** The workspace before this step. */
   snapshot?: string;
+  /** SHA-256 of the request in canonical form: what a replay matches it by. */
+  requestHash?: string;
+  /** On a step that opens a conversation: its prompts and tools. */
+  prompt?: StepPrompt;
 }
 
 /** The model's whole answer to one step. */

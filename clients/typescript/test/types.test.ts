@@ -34,6 +34,7 @@ import {
   type ForkedFrom,
   type OpenRevert,
   type Question,
+  type ReplayOf,
   type ResumeRequest,
   type Resumed,
   type RunAccepted,
@@ -66,6 +67,7 @@ interface Declared {
   ErrorInfo: ErrorInfo;
   ForkedFrom: ForkedFrom;
   Trigger: Trigger;
+  ReplayOf: ReplayOf;
   Question: Question;
   ChildRun: ChildRun;
   OpenRevert: OpenRevert;
@@ -148,6 +150,7 @@ const WHERE: Record<keyof Table, string[]> = {
   ErrorInfo: ["components", "schemas", "RunState", "properties", "error"],
   ForkedFrom: ["components", "schemas", "RunState", "properties", "forkedFrom"],
   Trigger: ["components", "schemas", "RunState", "properties", "trigger"],
+  ReplayOf: ["components", "schemas", "RunState", "properties", "replayOf"],
   Question: ["components", "schemas", "RunState", "properties", "questions", "additionalProperties"],
   ChildRun: ["components", "schemas", "RunState", "properties", "children", "items"],
   OpenRevert: ["components", "schemas", "RunState", "properties", "openRevert"],
