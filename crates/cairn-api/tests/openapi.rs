@@ -273,6 +273,11 @@ fn rich_state(ended: RunStatus) -> RunState {
         due_ms: Some(1_000),
         delivery_id: Some("d-1".into()),
     });
+    st.replay_of = Some(cairn_events::ReplayOf {
+        run_id: RunId::parse("orig").unwrap(),
+        live: true,
+        tools: cairn_events::ReplayTools::Recorded,
+    });
     st.hijack_requested.insert("b".into());
     st.open_revert = Some(Box::new(cairn_events::OpenRevert {
         node_id: "a".into(),
@@ -489,6 +494,10 @@ fn samples() -> Vec<(&'static str, Value)> {
                     parent_run_id: None,
                 },
             )),
+        ),
+        (
+            "GET /v1/runs/{id}/compare/{other} 200",
+            to_json(comparison()),
         ),
         (
             "GET /v1/runs/{id}/activity 200",
@@ -786,6 +795,67 @@ fn forked(made: bool) -> Forked {
         written: 1,
         removed: 0,
         plan: files_plan(),
+    }
+}
+
+/// Two runs compared, every field filled in.
+fn comparison() -> cairn_events::comparison::Comparison {
+    use cairn_events::comparison::*;
+    let side = |a: Option<&str>, b: Option<&str>| Side {
+        original: a.map(str::to_string),
+        replay: b.map(str::to_string),
+    };
+    Comparison {
+        original: "orig".into(),
+        replay: "rep".into(),
+        steps_replayed: 2,
+        steps_new: 1,
+        divergence: Some(Divergence {
+            node_id: "write".into(),
+            iteration: 0,
+            attempt: Some(1),
+            step: Some(1),
+            kind: "request".into(),
+            message:
+                "node `write` asked the model a request at step 1 that the original never made"
+                    .into(),
+            request: Some(RequestDiff {
+                original_found: true,
+                system: Some(side(Some("be brief"), None)),
+                messages: vec![MessageDiff {
+                    index: 0,
+                    role: side(Some("user"), Some("user")),
+                    text: side(Some("Summarize"), Some("Sum up")),
+                    diff: "-Summarize\n+Sum up\n".into(),
+                }],
+                tools_added: vec!["bash".into()],
+                tools_removed: vec!["read".into()],
+                tools_changed: vec!["grep".into()],
+            }),
+        }),
+        stopped: true,
+        nodes: vec![NodeCompared {
+            node_id: "write".into(),
+            iteration: 0,
+            status: Side {
+                original: "finished".into(),
+                replay: "failed".into(),
+            },
+            output: Side {
+                original: Some(json!("done")),
+                replay: None,
+            },
+            error: Side {
+                original: None,
+                replay: Some(json!({"kind": "replay_diverged", "message": "..."})),
+            },
+            same: false,
+        }],
+        output: Side {
+            original: Some(json!("done")),
+            replay: None,
+        },
+        same_output: false,
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod activity;
 mod command;
+pub mod comparison;
 mod contract;
 mod event;
 mod ids;
