@@ -102,7 +102,8 @@ pub enum ParentSpan {
 /// let ev = |seq, ts, kind| Event { run_id: RunId::parse("r").unwrap(), seq: Seq(seq), timestamp_ms: ts, scope: Scope::run(), kind };
 /// let log = vec![
 ///     ev(1, 1_000, EventKind::RunStarted { workflow: "w".into(), workflow_hash: "h".into(), input: None,
-///         resumed: false, parent_run_id: None, parent_node_id: None, depth: 0, forked_from: None, trigger: None }),
+///         resumed: false, parent_run_id: None, parent_node_id: None, depth: 0, forked_from: None, trigger: None,
+///         replay_of: None }),
 ///     ev(2, 1_500, EventKind::RunFinished { output: None, duration_ms: 500 }),
 /// ];
 /// let spans = build_spans(&log, &Lineage::root(&RunId::parse("r").unwrap()));

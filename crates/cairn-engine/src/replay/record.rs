@@ -72,6 +72,14 @@ pub(crate) struct Recording {
 impl Recording {
     /// Reads `run_id`'s log and its tool calls' rows.
     pub(crate) fn read(backend: &dyn Backend, run_id: &RunId) -> Result<Recording, EngineError> {
+        Ok(Recording::read_with_log(backend, run_id)?.1)
+    }
+
+    /// [`Recording::read`], with the log it was read from.
+    pub(crate) fn read_with_log(
+        backend: &dyn Backend,
+        run_id: &RunId,
+    ) -> Result<(Vec<Event>, Recording), EngineError> {
         let stored = backend.read_events(run_id, &EventQuery::default())?;
         let mut events = Vec::with_capacity(stored.len());
         for s in &stored {
@@ -85,7 +93,7 @@ impl Recording {
                 rec.calls.insert(key, rows);
             }
         }
-        Ok(rec)
+        Ok((events, rec))
     }
 
     /// What the events hold (no rows).

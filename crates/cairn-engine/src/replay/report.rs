@@ -37,19 +37,7 @@ struct Read {
 
 impl Read {
     fn new(backend: &dyn Backend, id: &RunId) -> Result<Read, EngineError> {
-        let stored = backend.read_events(id, &cairn_store::EventQuery::default())?;
-        let mut events = Vec::with_capacity(stored.len());
-        for s in &stored {
-            events.push(crate::decode_row(id, s)?);
-        }
-        let mut rec = Recording::fold(&events);
-        let passes: Vec<Key> = rec.ends.keys().cloned().collect();
-        for key in passes {
-            let rows = backend.tool_calls(id, &cairn_events::NodePath::from(&key.0), key.1)?;
-            if !rows.is_empty() {
-                rec.calls.insert(key, rows);
-            }
-        }
+        let (events, rec) = Recording::read_with_log(backend, id)?;
         Ok(Read {
             id: id.clone(),
             events,
