@@ -94,6 +94,35 @@ output: "{{{{ nodes.done.output }}}}"
     path
 }
 
+/// Starts a replay of `id` (its own workflow and input), as `cairn test`
+/// does.
+async fn start_replay(suite: &Engine, id: &RunId) -> cairn_engine::RunHandle {
+    let wf = suite.definition_of(id).await.unwrap();
+    let input = suite
+        .journal()
+        .backend()
+        .get_run(id)
+        .unwrap()
+        .unwrap()
+        .input;
+    suite
+        .start(
+            wf,
+            input,
+            StartOptions {
+                exit_on_wait: true,
+                replay: Some(ReplayOf {
+                    run_id: id.clone(),
+                    live: false,
+                    tools: Default::default(),
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -147,30 +176,7 @@ async fn bench() {
         imports.push(t0.elapsed());
         assert_eq!(&imported.run_id, id);
         let t0 = Instant::now();
-        let wf = suite.definition_of(id).await.unwrap();
-        let input = suite
-            .journal()
-            .backend()
-            .get_run(id)
-            .unwrap()
-            .unwrap()
-            .input;
-        let h = suite
-            .start(
-                wf,
-                input,
-                StartOptions {
-                    exit_on_wait: true,
-                    replay: Some(ReplayOf {
-                        run_id: id.clone(),
-                        live: false,
-                        tools: Default::default(),
-                    }),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let h = start_replay(&suite, id).await;
         let replay: RunId = h.run_id.clone();
         starts.push(t0.elapsed());
         let outcome = h.wait().await;
@@ -191,30 +197,7 @@ async fn bench() {
         let (suite, slots, id) = (suite.clone(), slots.clone(), id.clone());
         tasks.push(tokio::spawn(async move {
             let _slot = slots.acquire_owned().await;
-            let wf = suite.definition_of(&id).await.unwrap();
-            let input = suite
-                .journal()
-                .backend()
-                .get_run(&id)
-                .unwrap()
-                .unwrap()
-                .input;
-            let h = suite
-                .start(
-                    wf,
-                    input,
-                    StartOptions {
-                        exit_on_wait: true,
-                        replay: Some(ReplayOf {
-                            run_id: id,
-                            live: false,
-                            tools: Default::default(),
-                        }),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .unwrap();
+            let h = start_replay(&suite, &id).await;
             matches!(h.wait().await, RunOutcome::Finished(_))
         }));
     }
